@@ -1,0 +1,108 @@
+//! The fleet-wide retry budget: retries may be at most `ratio` of requests over a sliding
+//! window, plus a small floor, so that when every variant is slow, retries cannot multiply the
+//! load (the retry storm). This is the scheme Finagle and Linkerd use; keel's defaults are 20%
+//! over 10 s with a floor of 10 retries per second, which keeps a quiet service fully retryable
+//! while capping a busy one.
+//!
+//! Time is passed in (`now_ms`, any monotonic origin), so behaviour is exact under test.
+
+/// Budget parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryBudgetConfig {
+    pub ratio: f64,
+    pub window_ms: u64,
+    pub min_retries_per_sec: u64,
+}
+
+impl Default for RetryBudgetConfig {
+    fn default() -> Self {
+        RetryBudgetConfig { ratio: 0.2, window_ms: 10_000, min_retries_per_sec: 10 }
+    }
+}
+
+const BUCKETS: usize = 10;
+
+/// Sliding-window counts of requests and retries, in `BUCKETS` slices of the window.
+#[derive(Debug, Clone)]
+pub struct RetryBudget {
+    cfg: RetryBudgetConfig,
+    slice_ms: u64,
+    /// (slice number, requests, retries) per bucket.
+    buckets: [(u64, u64, u64); BUCKETS],
+}
+
+impl RetryBudget {
+    pub fn new(cfg: RetryBudgetConfig) -> Self {
+        let slice_ms = (cfg.window_ms / BUCKETS as u64).max(1);
+        RetryBudget { cfg, slice_ms, buckets: [(u64::MAX, 0, 0); BUCKETS] }
+    }
+
+    fn bucket(&mut self, now_ms: u64) -> &mut (u64, u64, u64) {
+        let slice = now_ms / self.slice_ms;
+        let b = &mut self.buckets[(slice % BUCKETS as u64) as usize];
+        if b.0 != slice {
+            *b = (slice, 0, 0);
+        }
+        b
+    }
+
+    fn totals(&self, now_ms: u64) -> (u64, u64) {
+        let slice = now_ms / self.slice_ms;
+        self.buckets
+            .iter()
+            .filter(|b| b.0 != u64::MAX && b.0 + BUCKETS as u64 > slice && b.0 <= slice)
+            .fold((0, 0), |(r, t), b| (r + b.1, t + b.2))
+    }
+
+    /// Counts one client request.
+    pub fn record_request(&mut self, now_ms: u64) {
+        self.bucket(now_ms).1 += 1;
+    }
+
+    /// Asks for one retry; true (and counted) when the budget allows it.
+    pub fn try_retry(&mut self, now_ms: u64) -> bool {
+        let (requests, retries) = self.totals(now_ms);
+        let floor = self.cfg.min_retries_per_sec * self.cfg.window_ms / 1000;
+        let allowed = (requests as f64 * self.cfg.ratio) as u64 + floor;
+        if retries < allowed {
+            self.bucket(now_ms).2 += 1;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floor_then_ratio() {
+        let cfg = RetryBudgetConfig { ratio: 0.2, window_ms: 10_000, min_retries_per_sec: 1 };
+        let mut b = RetryBudget::new(cfg);
+        // Floor: 10 retries in the window with no traffic at all.
+        for _ in 0..10 {
+            assert!(b.try_retry(0));
+        }
+        assert!(!b.try_retry(0));
+        // 100 requests allow 20 more.
+        for _ in 0..100 {
+            b.record_request(500);
+        }
+        let granted = (0..50).filter(|_| b.try_retry(600)).count();
+        assert_eq!(granted, 20);
+    }
+
+    #[test]
+    fn window_slides() {
+        let cfg = RetryBudgetConfig { ratio: 0.0, window_ms: 10_000, min_retries_per_sec: 1 };
+        let mut b = RetryBudget::new(cfg);
+        for _ in 0..10 {
+            assert!(b.try_retry(0));
+        }
+        assert!(!b.try_retry(9_999));
+        // After the window has passed, the old retries no longer count.
+        assert!(b.try_retry(10_000));
+    }
+}

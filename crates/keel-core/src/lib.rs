@@ -1,0 +1,17 @@
+//! keel-core: the pure routing core. No sockets, no clocks, no global state: time (`now_ms`) and
+//! randomness ([`rng::Rng`]) are passed in, so every decision can be unit-tested exactly and
+//! benchmarked per call.
+//!
+//! Modules follow the request's path: [`request`] (admission: parse, validate, canonical form),
+//! [`selection`] (an ordered plan of variants), [`outcome`] and [`budget`] (execution's
+//! decisions after each attempt), [`protocol`] and [`sse`] (delivery: wire shapes and streams).
+#![forbid(unsafe_code)]
+
+pub mod budget;
+pub mod outcome;
+pub mod protocol;
+pub mod request;
+pub mod rng;
+pub mod selection;
+pub mod sse;
+pub mod tokens;

@@ -1,0 +1,240 @@
+//! The canonical request: what admission makes of a client's body, and how an upstream body is
+//! derived from it for one variant.
+//!
+//! The client's JSON object is kept whole (unknown fields pass through untouched); keel reads
+//! only what it acts on: the model name, `stream`, the session key, `max_tokens`, and a token
+//! estimate. Cross-protocol translation (a later stage) slots in at [`CanonicalRequest::upstream_body`]:
+//! it receives the target endpoint and may rewrite the body for it.
+
+use serde_json::{Map, Value};
+
+use crate::protocol::{Endpoint, ErrorKind};
+use crate::tokens;
+
+/// A client error found while reading a request: kind plus a precise message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl RequestError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        RequestError { kind: ErrorKind::InvalidRequest, message: message.into() }
+    }
+}
+
+/// A parsed, validated request.
+#[derive(Debug, Clone)]
+pub struct CanonicalRequest {
+    pub endpoint: Endpoint,
+    /// The public model name the client asked for.
+    pub model: String,
+    pub stream: bool,
+    /// Stickiness key: `x-keel-session` (set by the caller), else OpenAI `user`, else Anthropic
+    /// `metadata.user_id`.
+    pub session: Option<String>,
+    /// The client's output limit, if it gave one.
+    pub max_tokens: Option<u64>,
+    /// Input tokens by keel's tokenizer rule (see [`crate::tokens`]).
+    pub estimated_input_tokens: u64,
+    /// The client's body, untouched.
+    pub body: Map<String, Value>,
+}
+
+/// Parses and validates a request body for `endpoint`.
+pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<CanonicalRequest, RequestError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        RequestError::invalid(format!("request body is not valid UTF-8 (invalid byte at offset {})", e.valid_up_to()))
+    })?;
+    if text.trim().is_empty() {
+        return Err(RequestError::invalid("request body is empty; expected a JSON object"));
+    }
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        RequestError::invalid(format!(
+            "request body is not valid JSON: {} at line {} column {}",
+            describe_json_error(&e),
+            e.line(),
+            e.column()
+        ))
+    })?;
+    let Value::Object(body) = value else {
+        return Err(RequestError::invalid("request body must be a JSON object"));
+    };
+
+    let model = match body.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        Some(Value::String(_)) => return Err(RequestError::invalid("`model` must not be empty")),
+        Some(_) => return Err(RequestError::invalid("`model` must be a string")),
+        None => return Err(RequestError::invalid("missing required field `model`")),
+    };
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(RequestError::invalid("`stream` must be a boolean")),
+    };
+
+    let mut input_text = String::new();
+    match endpoint {
+        Endpoint::ChatCompletions | Endpoint::Messages | Endpoint::CountTokens => {
+            match body.get("messages") {
+                Some(Value::Array(msgs)) if !msgs.is_empty() => {
+                    for (i, m) in msgs.iter().enumerate() {
+                        let Some(obj) = m.as_object() else {
+                            return Err(RequestError::invalid(format!("`messages[{i}]` must be an object")));
+                        };
+                        if !obj.get("role").is_some_and(Value::is_string) {
+                            return Err(RequestError::invalid(format!("missing required field `messages[{i}].role`")));
+                        }
+                        if let Some(c) = obj.get("content") {
+                            push_content_text(c, &mut input_text);
+                        }
+                    }
+                }
+                Some(Value::Array(_)) => return Err(RequestError::invalid("`messages` must not be empty")),
+                Some(_) => return Err(RequestError::invalid("`messages` must be an array")),
+                None => return Err(RequestError::invalid("missing required field `messages`")),
+            }
+            if let Some(system) = body.get("system") {
+                push_content_text(system, &mut input_text);
+            }
+        }
+        Endpoint::Completions => match body.get("prompt") {
+            Some(Value::String(p)) => input_text.push_str(p),
+            Some(Value::Array(parts)) if parts.iter().all(Value::is_string) => {
+                for p in parts {
+                    input_text.push_str(p.as_str().unwrap_or_default());
+                }
+            }
+            Some(_) => return Err(RequestError::invalid("`prompt` must be a string or an array of strings")),
+            None => return Err(RequestError::invalid("missing required field `prompt`")),
+        },
+    }
+
+    let max_tokens = match endpoint {
+        Endpoint::Messages => match body.get("max_tokens") {
+            Some(v) => Some(v.as_u64().ok_or_else(|| RequestError::invalid("`max_tokens` must be a non-negative integer"))?),
+            None => return Err(RequestError::invalid("missing required field `max_tokens`")),
+        },
+        _ => {
+            let v = body.get("max_completion_tokens").or_else(|| body.get("max_tokens"));
+            match v {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(v.as_u64().ok_or_else(|| RequestError::invalid("`max_tokens` must be a non-negative integer"))?),
+            }
+        }
+    };
+
+    let session = body
+        .get("user")
+        .and_then(Value::as_str)
+        .or_else(|| body.get("metadata").and_then(|m| m.get("user_id")).and_then(Value::as_str))
+        .map(str::to_owned);
+
+    Ok(CanonicalRequest {
+        endpoint,
+        model,
+        stream,
+        session,
+        max_tokens,
+        estimated_input_tokens: tokens::count(&input_text) as u64,
+        body,
+    })
+}
+
+/// Appends the text of a message `content` (a string, or an array of typed parts).
+fn push_content_text(content: &Value, out: &mut String) {
+    match content {
+        Value::String(s) => {
+            out.push_str(s);
+            out.push('\n');
+        }
+        Value::Array(parts) => {
+            for p in parts {
+                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                    out.push_str(t);
+                    out.push('\n');
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn describe_json_error(e: &serde_json::Error) -> String {
+    let s = e.to_string();
+    // serde_json appends " at line L column C"; keel states the position itself.
+    match s.rfind(" at line ") {
+        Some(i) => s[..i].to_owned(),
+        None => s,
+    }
+}
+
+/// Per-variant request overrides. Numeric output limits are caps (the smaller value wins);
+/// every other key replaces the client's value.
+pub const CAPPED_PARAMS: &[&str] = &["max_tokens", "max_completion_tokens"];
+
+impl CanonicalRequest {
+    /// The body to send to one variant: the client's body with the upstream model name and the
+    /// variant's parameter overrides applied.
+    pub fn upstream_body(&self, upstream_model: &str, params: &Map<String, Value>) -> Map<String, Value> {
+        let mut body = self.body.clone();
+        body.insert("model".into(), Value::String(upstream_model.to_owned()));
+        for (k, v) in params {
+            if CAPPED_PARAMS.contains(&k.as_str()) {
+                if let (Some(cap), Some(cur)) = (v.as_u64(), body.get(k).and_then(Value::as_u64)) {
+                    body.insert(k.clone(), Value::from(cur.min(cap)));
+                    continue;
+                }
+            }
+            body.insert(k.clone(), v.clone());
+        }
+        body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn reports_json_position() {
+        let e = parse(Endpoint::ChatCompletions, b"{\n  \"model\": \"x\",\n  oops\n}").unwrap_err();
+        assert!(e.message.contains("line 3 column 3"), "{}", e.message);
+    }
+
+    #[test]
+    fn names_missing_fields() {
+        let e = parse(Endpoint::Messages, br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap_err();
+        assert_eq!(e.message, "missing required field `max_tokens`");
+        let e = parse(Endpoint::ChatCompletions, br#"{"messages":[{"role":"user","content":"hi"}]}"#).unwrap_err();
+        assert_eq!(e.message, "missing required field `model`");
+        let e = parse(Endpoint::ChatCompletions, br#"{"model":"m"}"#).unwrap_err();
+        assert_eq!(e.message, "missing required field `messages`");
+        let e = parse(Endpoint::Completions, br#"{"model":"m"}"#).unwrap_err();
+        assert_eq!(e.message, "missing required field `prompt`");
+    }
+
+    #[test]
+    fn rejects_invalid_utf8() {
+        let e = parse(Endpoint::ChatCompletions, b"{\"model\":\"\xff\"}").unwrap_err();
+        assert!(e.message.contains("UTF-8"));
+    }
+
+    #[test]
+    fn upstream_body_keeps_unknown_fields_and_caps_limits() {
+        let r = parse(
+            Endpoint::ChatCompletions,
+            br#"{"model":"pub","messages":[{"role":"user","content":"hi"}],"max_tokens":500,"x_custom":{"a":1},"user":"u1"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.session.as_deref(), Some("u1"));
+        let params = json!({"max_tokens": 100, "temperature": 0}).as_object().unwrap().clone();
+        let b = r.upstream_body("real-model", &params);
+        assert_eq!(b["model"], "real-model");
+        assert_eq!(b["max_tokens"], 100);
+        assert_eq!(b["temperature"], 0);
+        assert_eq!(b["x_custom"], json!({"a":1}));
+    }
+}

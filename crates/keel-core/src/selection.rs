@@ -1,0 +1,166 @@
+//! Stage 1, selection: turn a pool's variants into an ordered plan (primary, then fallbacks).
+//!
+//! Selection sits behind one small trait, [`Selector`], so that policies are interchangeable and
+//! testable alone: a policy sees only plain data about the candidates and returns an order. It
+//! never reads a clock or a random source; availability (cooldowns) is decided by the caller
+//! with `now_ms` passed in.
+//!
+//! The policy shipped here is smooth weighted round robin (the algorithm nginx uses): every
+//! selection adds each candidate's weight to its running score, picks the highest score, and
+//! subtracts the total weight from the winner. Over any window the picks match the weights, and
+//! they are spread out rather than bunched (weights 5,1,1 give a a b a c a a, not a a a a a b c).
+
+/// What a policy knows about one variant for one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    /// Position of the variant in its pool.
+    pub index: usize,
+    pub weight: u32,
+    /// False while the variant is cooling down or its credential is marked broken.
+    pub available: bool,
+}
+
+/// An ordered list of variant indexes: the first is the primary, the rest are fallbacks.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    pub order: Vec<usize>,
+}
+
+/// A selection policy.
+pub trait Selector: Send {
+    /// Name used as the `policy` label in metrics and logs.
+    fn name(&self) -> &'static str;
+    /// Orders the available candidates. Unavailable ones are never part of the plan.
+    fn plan(&mut self, candidates: &[Candidate]) -> Plan;
+}
+
+/// Smooth weighted round robin; fallbacks follow in descending weight, ties by index.
+#[derive(Debug, Clone, Default)]
+pub struct WeightedRoundRobin {
+    /// Running score per pool index.
+    current: Vec<i64>,
+}
+
+impl WeightedRoundRobin {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Selector for WeightedRoundRobin {
+    fn name(&self) -> &'static str {
+        "weighted_round_robin"
+    }
+
+    fn plan(&mut self, candidates: &[Candidate]) -> Plan {
+        let max_index = candidates.iter().map(|c| c.index + 1).max().unwrap_or(0);
+        if self.current.len() < max_index {
+            self.current.resize(max_index, 0);
+        }
+        let live: Vec<&Candidate> = candidates.iter().filter(|c| c.available && c.weight > 0).collect();
+        if live.is_empty() {
+            return Plan::default();
+        }
+        let total: i64 = live.iter().map(|c| c.weight as i64).sum();
+        let mut best = live[0].index;
+        for c in &live {
+            self.current[c.index] += c.weight as i64;
+            if self.current[c.index] > self.current[best] {
+                best = c.index;
+            }
+        }
+        self.current[best] -= total;
+        let mut rest: Vec<&Candidate> = live.into_iter().filter(|c| c.index != best).collect();
+        rest.sort_by(|a, b| b.weight.cmp(&a.weight).then(a.index.cmp(&b.index)));
+        let mut order = Vec::with_capacity(rest.len() + 1);
+        order.push(best);
+        order.extend(rest.iter().map(|c| c.index));
+        Plan { order }
+    }
+}
+
+/// Whether a variant may take traffic now: cooldowns from `retry-after` and broken credentials.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Availability {
+    /// Unavailable until this time (ms, caller's monotonic origin).
+    pub cooldown_until_ms: u64,
+    /// Set when the upstream refused the variant's credential (401/403).
+    pub credential_broken: bool,
+}
+
+impl Availability {
+    pub fn available(&self, now_ms: u64) -> bool {
+        now_ms >= self.cooldown_until_ms
+    }
+
+    /// Keeps the variant out of rotation for `for_ms`; an existing longer cooldown stays.
+    pub fn cool_down(&mut self, now_ms: u64, for_ms: u64) {
+        self.cooldown_until_ms = self.cooldown_until_ms.max(now_ms.saturating_add(for_ms));
+    }
+
+    /// A refused credential: out of rotation for `recheck_ms`, then one request probes it again.
+    pub fn mark_credential_broken(&mut self, now_ms: u64, recheck_ms: u64) {
+        self.credential_broken = true;
+        self.cool_down(now_ms, recheck_ms);
+    }
+
+    /// A success clears the broken mark.
+    pub fn record_success(&mut self) {
+        self.credential_broken = false;
+    }
+
+    /// Milliseconds until the variant is available again (0 when it is).
+    pub fn available_in_ms(&self, now_ms: u64) -> u64 {
+        self.cooldown_until_ms.saturating_sub(now_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cands(weights: &[u32]) -> Vec<Candidate> {
+        weights.iter().enumerate().map(|(i, &w)| Candidate { index: i, weight: w, available: true }).collect()
+    }
+
+    #[test]
+    fn smooth_sequence_matches_nginx() {
+        let mut s = WeightedRoundRobin::new();
+        let c = cands(&[5, 1, 1]);
+        let picks: Vec<usize> = (0..7).map(|_| s.plan(&c).order[0]).collect();
+        assert_eq!(picks, vec![0, 0, 1, 0, 2, 0, 0]);
+    }
+
+    #[test]
+    fn plan_lists_every_available_variant_once() {
+        let mut s = WeightedRoundRobin::new();
+        let mut c = cands(&[1, 3, 2, 1]);
+        c[2].available = false;
+        let p = s.plan(&c);
+        assert_eq!(p.order, vec![1, 0, 3]);
+        let mut sorted = p.order.clone();
+        sorted.sort();
+        assert_eq!(sorted, vec![0, 1, 3]);
+    }
+
+    #[test]
+    fn nothing_available_gives_empty_plan() {
+        let mut s = WeightedRoundRobin::new();
+        let mut c = cands(&[1, 1]);
+        c[0].available = false;
+        c[1].weight = 0;
+        assert!(s.plan(&c).order.is_empty());
+    }
+
+    #[test]
+    fn cooldown_expires() {
+        let mut a = Availability::default();
+        a.cool_down(1_000, 2_000);
+        assert!(!a.available(2_999));
+        assert_eq!(a.available_in_ms(2_000), 1_000);
+        assert!(a.available(3_000));
+        a.cool_down(3_000, 10);
+        a.cool_down(3_000, 5);
+        assert_eq!(a.cooldown_until_ms, 3_010);
+    }
+}

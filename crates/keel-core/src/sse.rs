@@ -1,0 +1,244 @@
+//! Server-sent events: an incremental, strict decoder that keeps every event's raw bytes.
+//!
+//! keel forwards upstream events to the client byte for byte (so a client sees exactly what the
+//! model server wrote), but it must also understand each event to know when a stream is complete,
+//! when it failed, and (later) what text has been delivered. The decoder therefore returns both:
+//! the parsed fields and the raw block, including its terminating blank line.
+//!
+//! Framing follows the WHATWG EventSource rules: lines end in `\n`, `\r\n` or `\r`; a blank line
+//! dispatches the event; lines starting with `:` are comments; `data` lines are joined with `\n`.
+//! "Strict" means: a stream that ends with a partial event is an error ([`SseDecoder::finish`]),
+//! and a field line without a known name is reported rather than silently dropped.
+
+use std::fmt;
+
+/// One dispatched event.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SseEvent {
+    /// The `event:` field, if any (Anthropic names every event; OpenAI names none).
+    pub event: Option<String>,
+    /// The `data:` lines joined with `\n`.
+    pub data: String,
+    /// True when the block held only comments (`: keep-alive`), no fields.
+    pub comment_only: bool,
+    /// The exact bytes of the block as received, including the blank line that ended it.
+    pub raw: Vec<u8>,
+}
+
+impl SseEvent {
+    /// Builds an event and its wire form (`event:` line when named, one `data:` line per line).
+    pub fn new(event: Option<&str>, data: &str) -> Self {
+        let mut raw = Vec::with_capacity(data.len() + 32);
+        if let Some(name) = event {
+            raw.extend_from_slice(b"event: ");
+            raw.extend_from_slice(name.as_bytes());
+            raw.push(b'\n');
+        }
+        for line in data.split('\n') {
+            raw.extend_from_slice(b"data: ");
+            raw.extend_from_slice(line.as_bytes());
+            raw.push(b'\n');
+        }
+        raw.push(b'\n');
+        SseEvent { event: event.map(str::to_owned), data: data.to_owned(), comment_only: false, raw }
+    }
+
+    /// A comment block (`: text`), ignored by every SSE parser; keel reports late decisions this way.
+    pub fn comment(text: &str) -> Vec<u8> {
+        format!(": {text}\n\n").into_bytes()
+    }
+}
+
+/// A framing violation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SseError {
+    /// The stream ended in the middle of an event (no terminating blank line).
+    Truncated { pending_bytes: usize },
+    /// A line that is neither a comment nor a known field.
+    UnknownField { line: String },
+    /// Event bytes that are not UTF-8.
+    NotUtf8,
+}
+
+impl fmt::Display for SseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SseError::Truncated { pending_bytes } => {
+                write!(f, "stream ended inside an event ({pending_bytes} bytes without a blank line)")
+            }
+            SseError::UnknownField { line } => write!(f, "unknown SSE field line: {line:?}"),
+            SseError::NotUtf8 => write!(f, "SSE event is not valid UTF-8"),
+        }
+    }
+}
+
+impl std::error::Error for SseError {}
+
+/// Incremental decoder: feed arbitrary byte chunks, collect whole events.
+#[derive(Debug, Default)]
+pub struct SseDecoder {
+    /// Bytes of the current, not yet dispatched block.
+    block: Vec<u8>,
+    /// Offset in `block` where the next unparsed line starts.
+    line_start: usize,
+    event: Option<String>,
+    data: Option<String>,
+    saw_field: bool,
+    /// A `\r` ended the previous line; a `\n` right after it belongs to that line ending.
+    after_cr: bool,
+    /// A blank line ended in `\r`: dispatch once the next byte shows whether `\n` follows.
+    dispatch_pending: bool,
+}
+
+impl SseDecoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds bytes and appends every event they complete to `out`.
+    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), SseError> {
+        for &b in bytes {
+            if self.after_cr {
+                self.after_cr = false;
+                if b == b'\n' {
+                    self.block.push(b);
+                    self.line_start = self.block.len();
+                    if self.dispatch_pending {
+                        self.dispatch_pending = false;
+                        self.dispatch(out);
+                    }
+                    continue;
+                }
+                if self.dispatch_pending {
+                    self.dispatch_pending = false;
+                    self.dispatch(out);
+                }
+            }
+            self.block.push(b);
+            if b == b'\n' || b == b'\r' {
+                self.after_cr = b == b'\r';
+                let end = self.block.len() - 1;
+                let start = self.line_start;
+                self.line_start = self.block.len();
+                if start == end {
+                    if b == b'\r' {
+                        // Wait for a possible `\n` so the raw block keeps its whole line ending.
+                        self.dispatch_pending = true;
+                    } else {
+                        self.dispatch(out);
+                    }
+                } else {
+                    let line = std::str::from_utf8(&self.block[start..end])
+                        .map_err(|_| SseError::NotUtf8)?
+                        .to_owned();
+                    self.field(&line)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Declares the end of the stream: an unfinished event is a framing error.
+    pub fn finish(&self) -> Result<(), SseError> {
+        if self.dispatch_pending || self.block.iter().all(|b| *b == b'\n' || *b == b'\r') {
+            Ok(())
+        } else {
+            Err(SseError::Truncated { pending_bytes: self.block.len() })
+        }
+    }
+
+    fn field(&mut self, line: &str) -> Result<(), SseError> {
+        if line.starts_with(':') {
+            return Ok(());
+        }
+        let (name, value) = match line.split_once(':') {
+            Some((n, v)) => (n, v.strip_prefix(' ').unwrap_or(v)),
+            None => (line, ""),
+        };
+        match name {
+            "event" => self.event = Some(value.to_owned()),
+            "data" => match &mut self.data {
+                Some(d) => {
+                    d.push('\n');
+                    d.push_str(value);
+                }
+                None => self.data = Some(value.to_owned()),
+            },
+            "id" | "retry" => {}
+            _ => return Err(SseError::UnknownField { line: line.to_owned() }),
+        }
+        self.saw_field = true;
+        Ok(())
+    }
+
+    fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
+        let raw = std::mem::take(&mut self.block);
+        self.line_start = 0;
+        let only_blank = raw.iter().all(|b| *b == b'\n' || *b == b'\r');
+        if only_blank {
+            // Extra blank lines between events carry nothing.
+            return;
+        }
+        let comment_only = !self.saw_field;
+        out.push(SseEvent {
+            event: self.event.take(),
+            data: self.data.take().unwrap_or_default(),
+            comment_only,
+            raw,
+        });
+        self.saw_field = false;
+    }
+}
+
+/// Decodes a complete SSE body strictly (used by tests and by the load generator).
+pub fn decode_all(body: &[u8]) -> Result<Vec<SseEvent>, SseError> {
+    let mut dec = SseDecoder::new();
+    let mut out = Vec::new();
+    dec.feed(body, &mut out)?;
+    dec.finish()?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_across_arbitrary_chunk_boundaries() {
+        let body = b"event: a\r\ndata: 1\r\n\r\n: ping\n\ndata: x\ndata: y\n\n";
+        for cut in 0..body.len() {
+            let mut dec = SseDecoder::new();
+            let mut out = Vec::new();
+            dec.feed(&body[..cut], &mut out).unwrap();
+            dec.feed(&body[cut..], &mut out).unwrap();
+            dec.finish().unwrap();
+            assert_eq!(out.len(), 3, "cut at {cut}");
+            assert_eq!(out[0].event.as_deref(), Some("a"));
+            assert_eq!(out[0].data, "1");
+            assert_eq!(out[0].raw, b"event: a\r\ndata: 1\r\n\r\n");
+            assert!(out[1].comment_only);
+            assert_eq!(out[2].data, "x\ny");
+        }
+    }
+
+    #[test]
+    fn truncated_stream_is_an_error() {
+        let mut dec = SseDecoder::new();
+        let mut out = Vec::new();
+        dec.feed(b"data: {\"a\":1}\n", &mut out).unwrap();
+        assert!(out.is_empty());
+        assert!(matches!(dec.finish(), Err(SseError::Truncated { .. })));
+    }
+
+    #[test]
+    fn unknown_field_is_reported() {
+        assert!(matches!(decode_all(b"bogus line\n\n"), Err(SseError::UnknownField { .. })));
+    }
+
+    #[test]
+    fn encoder_round_trips() {
+        let ev = SseEvent::new(Some("message_start"), "{\"a\":\n1}");
+        let back = decode_all(&ev.raw).unwrap();
+        assert_eq!(back, vec![ev]);
+    }
+}
