@@ -1,0 +1,235 @@
+//! Fault injection. A fault is a kind with parameters and a trigger (`rate`: probability per
+//! request; `count`: the next N requests, after which it expires). Faults come from config or at
+//! runtime from `POST /sim/faults` (one object or an array) and are cleared by
+//! `DELETE /sim/faults`. Each server has its own list, so every fault is scoped to one server.
+//!
+//! For every request the active faults are resolved once into a [`RequestFaults`]: a plain
+//! description of what will go wrong with this request, which the server then acts out.
+
+use serde::{Deserialize, Serialize};
+
+use keel_core::rng::Rng;
+
+/// Names of the fault kinds.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// Answer with an error status (`status`: 429, 500, 503, 529, …; optional `retry_after_s`).
+    Error,
+    /// Close the connection before sending response headers.
+    Reset,
+    /// Send nothing for `ms` (or forever when absent) before the response head.
+    Hang,
+    /// Stop sending after `after_tokens` tokens for `ms` (or forever when absent).
+    Stall,
+    /// Drop the connection after `after_tokens` tokens.
+    Close,
+    /// Multiply inter-token gaps by `factor`.
+    Slowdown,
+    /// Add `extra_ms` to time to first token (for `count` requests: a cold start).
+    ColdStart,
+    /// Send a malformed SSE chunk after `after_tokens` tokens (non-streaming: a truncated body).
+    Malformed,
+    /// A sick instance (a GPU out of memory): `error_rate` of requests fail with 503, the rest are
+    /// `factor` times slower.
+    Degraded,
+    /// Added network delay of `ms` before the response head.
+    Delay,
+}
+
+/// One configured fault.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSpec {
+    pub kind: FaultKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_rate: Option<f64>,
+    /// Probability that the fault applies to a request (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    /// Apply to the next `count` requests only, then expire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+}
+
+impl FaultSpec {
+    pub fn new(kind: FaultKind) -> Self {
+        FaultSpec {
+            kind,
+            status: None,
+            retry_after_s: None,
+            ms: None,
+            after_tokens: None,
+            factor: None,
+            extra_ms: None,
+            error_rate: None,
+            rate: None,
+            count: None,
+        }
+    }
+
+    /// Checks the parameters the kind needs; the error starts with the field name.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(r) = self.rate {
+            if !(0.0..=1.0).contains(&r) {
+                return Err("rate: must be between 0 and 1".into());
+            }
+        }
+        match self.kind {
+            FaultKind::Error => match self.status {
+                Some(s) if (400..=599).contains(&s) => Ok(()),
+                Some(_) => Err("status: must be an HTTP error status (400–599)".into()),
+                None => Err("status: required for kind \"error\" (e.g. 429, 500, 503, 529)".into()),
+            },
+            FaultKind::Stall | FaultKind::Close | FaultKind::Malformed if self.after_tokens.is_none() => {
+                Err(format!("after_tokens: required for kind \"{}\"", kind_name(self.kind)))
+            }
+            FaultKind::Slowdown if !self.factor.is_some_and(|f| f.is_finite() && f >= 1.0) => {
+                Err("factor: required for kind \"slowdown\", a number ≥ 1".into())
+            }
+            FaultKind::ColdStart if self.extra_ms.is_none() => Err("extra_ms: required for kind \"cold_start\"".into()),
+            FaultKind::Delay if self.ms.is_none() => Err("ms: required for kind \"delay\"".into()),
+            FaultKind::Degraded if self.error_rate.is_some_and(|r| !(0.0..=1.0).contains(&r)) => {
+                Err("error_rate: must be between 0 and 1".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn kind_name(k: FaultKind) -> String {
+    serde_json::to_value(k).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+/// What goes wrong with one request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestFaults {
+    pub error: Option<(u16, Option<f64>)>,
+    pub reset: bool,
+    /// `Some(None)`: hang forever.
+    pub hang_ms: Option<Option<u64>>,
+    /// (after tokens, for ms or forever).
+    pub stall: Option<(u64, Option<u64>)>,
+    pub close_after: Option<u64>,
+    pub malformed_after: Option<u64>,
+    pub gap_factor: f64,
+    pub ttft_factor: f64,
+    pub extra_ttft_ms: u64,
+}
+
+/// A server's active faults with their remaining counts.
+#[derive(Debug, Default)]
+pub struct FaultSet {
+    active: Vec<(FaultSpec, Option<u64>)>,
+}
+
+impl FaultSet {
+    pub fn add(&mut self, f: FaultSpec) {
+        let remaining = f.count;
+        self.active.push((f, remaining));
+    }
+
+    pub fn clear(&mut self) {
+        self.active.clear();
+    }
+
+    pub fn list(&self) -> Vec<FaultSpec> {
+        self.active.iter().map(|(f, _)| f.clone()).collect()
+    }
+
+    /// Resolves the faults for one request, consuming counts.
+    pub fn resolve(&mut self, rng: &mut Rng) -> RequestFaults {
+        let mut out = RequestFaults { gap_factor: 1.0, ttft_factor: 1.0, ..Default::default() };
+        for (f, remaining) in &mut self.active {
+            if *remaining == Some(0) {
+                continue;
+            }
+            if let Some(rate) = f.rate {
+                if rng.next_f64() >= rate {
+                    continue;
+                }
+            }
+            if let Some(r) = remaining {
+                *r -= 1;
+            }
+            match f.kind {
+                FaultKind::Error => {
+                    if out.error.is_none() {
+                        out.error = Some((f.status.unwrap_or(500), f.retry_after_s));
+                    }
+                }
+                FaultKind::Reset => out.reset = true,
+                FaultKind::Hang => out.hang_ms = Some(f.ms),
+                FaultKind::Stall => out.stall = Some((f.after_tokens.unwrap_or(0), f.ms)),
+                FaultKind::Close => out.close_after = Some(f.after_tokens.unwrap_or(0)),
+                FaultKind::Malformed => out.malformed_after = Some(f.after_tokens.unwrap_or(0)),
+                FaultKind::Slowdown => out.gap_factor *= f.factor.unwrap_or(1.0),
+                FaultKind::ColdStart => out.extra_ttft_ms += f.extra_ms.unwrap_or(0),
+                FaultKind::Delay => out.extra_ttft_ms += f.ms.unwrap_or(0),
+                FaultKind::Degraded => {
+                    if rng.next_f64() < f.error_rate.unwrap_or(0.3) {
+                        if out.error.is_none() {
+                            out.error = Some((f.status.unwrap_or(503), f.retry_after_s));
+                        }
+                    } else {
+                        let k = f.factor.unwrap_or(4.0);
+                        out.gap_factor *= k;
+                        out.ttft_factor *= k;
+                    }
+                }
+            }
+        }
+        self.active.retain(|(_, r)| *r != Some(0));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counted_faults_expire() {
+        let mut set = FaultSet::default();
+        let mut f = FaultSpec::new(FaultKind::Error);
+        f.status = Some(503);
+        f.count = Some(2);
+        set.add(f);
+        let mut rng = Rng::new(1);
+        assert_eq!(set.resolve(&mut rng).error, Some((503, None)));
+        assert_eq!(set.resolve(&mut rng).error, Some((503, None)));
+        assert_eq!(set.resolve(&mut rng).error, None);
+        assert!(set.list().is_empty());
+    }
+
+    #[test]
+    fn rate_applies_to_a_share() {
+        let mut set = FaultSet::default();
+        let mut f = FaultSpec::new(FaultKind::Reset);
+        f.rate = Some(0.25);
+        set.add(f);
+        let mut rng = Rng::new(9);
+        let hits = (0..4000).filter(|_| set.resolve(&mut rng).reset).count();
+        assert!((800..1200).contains(&hits), "{hits}");
+    }
+
+    #[test]
+    fn json_errors_name_the_field() {
+        let e = serde_json::from_str::<FaultSpec>(r#"{"kind":"stall","afterr":3}"#).unwrap_err();
+        assert!(e.to_string().contains("afterr"));
+        let f: FaultSpec = serde_json::from_str(r#"{"kind":"error"}"#).unwrap();
+        assert!(f.validate().unwrap_err().starts_with("status:"));
+    }
+}
