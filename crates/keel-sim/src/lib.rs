@@ -48,3 +48,15 @@ impl Fleet {
         &self.servers[i]
     }
 }
+
+/// Installs the process-wide TLS crypto provider (ring) once; every HTTP client in keel's
+/// binaries and tests is built after this. Safe to call repeatedly.
+pub fn install_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A plain HTTP client for tests and tools (crypto provider installed).
+pub fn http_client() -> reqwest::Client {
+    install_crypto();
+    reqwest::Client::new()
+}

@@ -149,6 +149,7 @@ fn hist() -> Histogram<u64> {
 
 /// Runs the load and returns the report.
 pub async fn run(cfg: LoadConfig) -> LoadReport {
+    crate::install_crypto();
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .tcp_nodelay(true)
