@@ -157,8 +157,12 @@ pub fn stream_error_event(protocol: Protocol, kind: ErrorKind, message: &str) ->
 /// What a streamed upstream event means for the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventRole {
-    /// An event that carries (or may carry) generated output, or metadata about it.
-    Content,
+    /// Metadata before any output (OpenAI's role-only first chunk, Anthropic `message_start`,
+    /// `content_block_start`, `content_block_stop`).
+    Preamble,
+    /// An event carrying generated output (text, tool-call arguments, a finish reason, usage).
+    /// The first such event is the "first token".
+    Output,
     /// A keep-alive: comments, Anthropic `ping`.
     KeepAlive,
     /// The protocol's clean end: OpenAI `data: [DONE]`, Anthropic `message_stop`.
@@ -182,7 +186,8 @@ pub fn event_role(protocol: Protocol, ev: &SseEvent) -> EventRole {
             match serde_json::from_str::<Value>(&ev.data) {
                 Ok(v) => match v.get("error") {
                     Some(e) if !e.is_null() => EventRole::Error(error_message(&v)),
-                    _ => EventRole::Content,
+                    _ if openai_chunk_has_output(&v) => EventRole::Output,
+                    _ => EventRole::Preamble,
                 },
                 Err(e) => EventRole::Malformed(format!("invalid JSON in stream chunk: {e}")),
             }
@@ -196,12 +201,35 @@ pub fn event_role(protocol: Protocol, ev: &SseEvent) -> EventRole {
                     Ok(v) if name == "error" || v.get("type").and_then(Value::as_str) == Some("error") => {
                         EventRole::Error(error_message(&v))
                     }
-                    Ok(_) => EventRole::Content,
+                    Ok(_) if matches!(name, "content_block_delta" | "message_delta") => EventRole::Output,
+                    Ok(_) => EventRole::Preamble,
                     Err(e) => EventRole::Malformed(format!("invalid JSON in `{name}` event: {e}")),
                 },
             }
         }
     }
+}
+
+/// Whether an OpenAI chunk carries output: content, tool calls, a refusal, reasoning, completion
+/// text, a finish reason, or the final usage chunk.
+fn openai_chunk_has_output(v: &Value) -> bool {
+    let Some(choices) = v.get("choices").and_then(Value::as_array) else { return false };
+    if choices.is_empty() {
+        return v.get("usage").is_some_and(|u| !u.is_null());
+    }
+    let non_empty = |x: Option<&Value>| x.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
+    choices.iter().any(|c| {
+        let d = c.get("delta");
+        non_empty(c.get("text"))
+            || c.get("finish_reason").is_some_and(|f| !f.is_null())
+            || d.is_some_and(|d| {
+                non_empty(d.get("content"))
+                    || non_empty(d.get("refusal"))
+                    || non_empty(d.get("reasoning_content"))
+                    || d.get("tool_calls").is_some_and(|t| !t.is_null())
+                    || d.get("function_call").is_some_and(|t| !t.is_null())
+            })
+    })
 }
 
 /// The human message inside either protocol's error object.
@@ -219,7 +247,10 @@ mod tests {
     #[test]
     fn classifies_openai_events() {
         assert_eq!(event_role(Protocol::OpenAi, &SseEvent::new(None, "[DONE]")), EventRole::Terminal);
-        assert_eq!(event_role(Protocol::OpenAi, &SseEvent::new(None, "{\"choices\":[]}")), EventRole::Content);
+        let role_only = r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#;
+        assert_eq!(event_role(Protocol::OpenAi, &SseEvent::new(None, role_only)), EventRole::Preamble);
+        let text = r#"{"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}"#;
+        assert_eq!(event_role(Protocol::OpenAi, &SseEvent::new(None, text)), EventRole::Output);
         assert!(matches!(event_role(Protocol::OpenAi, &SseEvent::new(None, "{oops")), EventRole::Malformed(_)));
         let err = stream_error_event(Protocol::OpenAi, ErrorKind::BadGateway, "boom");
         assert_eq!(event_role(Protocol::OpenAi, &err), EventRole::Error("boom".into()));
@@ -229,6 +260,10 @@ mod tests {
     fn classifies_anthropic_events() {
         let stop = SseEvent::new(Some("message_stop"), "{\"type\":\"message_stop\"}");
         assert_eq!(event_role(Protocol::Anthropic, &stop), EventRole::Terminal);
+        let start = SseEvent::new(Some("message_start"), "{\"type\":\"message_start\"}");
+        assert_eq!(event_role(Protocol::Anthropic, &start), EventRole::Preamble);
+        let delta = SseEvent::new(Some("content_block_delta"), "{\"type\":\"content_block_delta\"}");
+        assert_eq!(event_role(Protocol::Anthropic, &delta), EventRole::Output);
         let ping = SseEvent::new(Some("ping"), "{\"type\":\"ping\"}");
         assert_eq!(event_role(Protocol::Anthropic, &ping), EventRole::KeepAlive);
         let err = stream_error_event(Protocol::Anthropic, ErrorKind::Overloaded, "busy");

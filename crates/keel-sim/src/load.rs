@@ -254,7 +254,7 @@ async fn one(client: &reqwest::Client, cfg: &LoadConfig, i: usize, scheduled: In
         dec.feed(&chunk, &mut events).map_err(|_| "stream_framing".to_owned())?;
         for ev in events.drain(..) {
             match event_role(protocol, &ev) {
-                EventRole::Content => {
+                EventRole::Output => {
                     let now = Instant::now();
                     match first {
                         None => first = Some(us(now)),
@@ -265,7 +265,7 @@ async fn one(client: &reqwest::Client, cfg: &LoadConfig, i: usize, scheduled: In
                 EventRole::Terminal => terminal = true,
                 EventRole::Error(_) => return Err("stream_error".into()),
                 EventRole::Malformed(_) => return Err("stream_malformed".into()),
-                EventRole::KeepAlive => {}
+                EventRole::KeepAlive | EventRole::Preamble => {}
             }
         }
     }

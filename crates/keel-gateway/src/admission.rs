@@ -1,0 +1,110 @@
+//! Stage 0, admission: bounded body read, parsing and validation (a precise 4xx in the client's
+//! protocol for every kind of bad input), resolution of the public model name to a pool, and the
+//! request controls (`x-keel-timeout-ms`, `x-keel-session`, `x-keel-force-variant`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use keel_core::protocol::{Endpoint, ErrorKind};
+use keel_core::request::{self, CanonicalRequest};
+
+use crate::errors::GatewayError;
+use crate::execution::RequestCtx;
+use crate::pools::Pool;
+use crate::{upstream, Gateway};
+
+/// A request that passed admission.
+pub struct Admitted {
+    pub req: CanonicalRequest,
+    pub pool: Arc<Pool>,
+    pub ctx: RequestCtx,
+}
+
+fn header<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
+    parts.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Reads the body within the size limit.
+pub async fn read_body(parts: &Parts, body: Incoming, limit: usize) -> Result<bytes::Bytes, GatewayError> {
+    if let Some(ct) = header(parts, "content-type") {
+        let essence = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        if essence != "application/json" && !essence.ends_with("+json") {
+            return Err(GatewayError::new(
+                ErrorKind::UnsupportedMediaType,
+                format!("unsupported content-type `{ct}`; send `application/json`"),
+            ));
+        }
+    }
+    if let Some(len) = header(parts, "content-length").and_then(|v| v.parse::<u64>().ok()) {
+        if len > limit as u64 {
+            return Err(too_large(limit));
+        }
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large(limit)),
+        Err(e) => Err(GatewayError::new(ErrorKind::InvalidRequest, format!("could not read the request body: {e}"))),
+    }
+}
+
+fn too_large(limit: usize) -> GatewayError {
+    GatewayError::new(ErrorKind::TooLarge, format!("request body exceeds the limit of {limit} bytes"))
+}
+
+/// Stage 0 for a generation endpoint.
+pub async fn admit(gw: &Gateway, endpoint: Endpoint, parts: &Parts, body: Incoming, id: &str, started: Instant) -> Result<Admitted, GatewayError> {
+    let bytes = read_body(parts, body, gw.cfg.max_body_bytes).await?;
+    let mut req = request::parse(endpoint, &bytes)?;
+    if let Some(s) = header(parts, "x-keel-session") {
+        req.session = Some(s.to_owned());
+    }
+    let pool = gw.pool(&req.model).ok_or_else(|| {
+        GatewayError::new(
+            ErrorKind::NotFound,
+            format!("model `{}` is not served here; known models: {}", req.model, gw.model_names().join(", ")),
+        )
+    })?;
+    // count_tokens on an OpenAI pool is answered locally (see server), so it is allowed here.
+    if pool.protocol != endpoint.protocol() && endpoint != Endpoint::CountTokens {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "model `{}` is served over the {} protocol; call it through its {} endpoint (cross-protocol translation is not enabled)",
+                req.model,
+                pool.protocol.as_str(),
+                pool.protocol.as_str()
+            ),
+        ));
+    }
+    let mut total = Duration::from_millis(pool.cfg.timeouts.total_ms);
+    if let Some(v) = header(parts, "x-keel-timeout-ms") {
+        let ms: u64 = v.trim().parse().ok().filter(|ms| *ms > 0).ok_or_else(|| {
+            GatewayError::new(ErrorKind::InvalidRequest, format!("x-keel-timeout-ms must be a positive integer of milliseconds, got `{v}`"))
+        })?;
+        total = total.min(Duration::from_millis(ms));
+    }
+    let force_variant = match header(parts, "x-keel-force-variant") {
+        Some(_) if !gw.cfg.allow_force_variant => {
+            return Err(GatewayError::new(
+                ErrorKind::InvalidRequest,
+                "x-keel-force-variant is disabled on this gateway (set allow_force_variant = true to enable it)",
+            ))
+        }
+        Some(v) => Some(v.to_owned()),
+        None => None,
+    };
+    let ctx = RequestCtx {
+        id: id.to_owned(),
+        started,
+        endpoint,
+        forwarded: upstream::forwarded_headers(&parts.headers),
+        deadline: started + total,
+        force_variant,
+    };
+    Ok(Admitted { req, pool: pool.clone(), ctx })
+}

@@ -1,0 +1,477 @@
+//! Configuration, read in two steps: raw TOML structs (`deny_unknown_fields`, with source spans)
+//! and then validated runtime types. Every error names the file, line, column and field, and
+//! says what was expected: `keel.toml:14:1: pools[0].variants[1].url: expected an http:// or
+//! https:// base URL, got "ftp://x"`.
+//!
+//! Strings in `url`, `api_key` and `upstream_model` may use `${ENV_VAR}`; a missing variable is
+//! an error (a key silently becoming empty would only show up as 401s in production).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use toml::Spanned;
+
+use keel_core::budget::RetryBudgetConfig;
+use keel_core::protocol::Protocol;
+
+/// How a variant can continue a generation started elsewhere (used by mid-stream migration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResumeMode {
+    Prefill,
+    Completion,
+    Instruction,
+    None,
+}
+
+/// The four timeouts, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// TCP (and TLS) connection establishment.
+    pub connect_ms: u64,
+    /// From sending the request to the first generated token (streams) or the response head.
+    pub first_token_ms: u64,
+    /// Longest silence between two stream events once the first token arrived.
+    pub stall_ms: u64,
+    /// The whole request, all attempts together.
+    pub total_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts { connect_ms: 1_000, first_token_ms: 15_000, stall_ms: 10_000, total_ms: 600_000 }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTimeouts {
+    connect_ms: Option<u64>,
+    first_token_ms: Option<u64>,
+    stall_ms: Option<u64>,
+    total_ms: Option<u64>,
+}
+
+impl RawTimeouts {
+    fn over(&self, base: Timeouts) -> Timeouts {
+        Timeouts {
+            connect_ms: self.connect_ms.unwrap_or(base.connect_ms),
+            first_token_ms: self.first_token_ms.unwrap_or(base.first_token_ms),
+            stall_ms: self.stall_ms.unwrap_or(base.stall_ms),
+            total_ms: self.total_ms.unwrap_or(base.total_ms),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<Spanned<String>>,
+    max_body_bytes: Option<usize>,
+    header_read_timeout_ms: Option<u64>,
+    drain_ms: Option<u64>,
+    max_attempts: Option<u32>,
+    allow_force_variant: Option<bool>,
+    #[serde(default)]
+    timeouts: RawTimeouts,
+    retry_budget: Option<RawBudget>,
+    #[serde(default)]
+    pools: Vec<Spanned<RawPool>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBudget {
+    ratio: Option<f64>,
+    window_ms: Option<u64>,
+    min_retries_per_sec: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPool {
+    name: String,
+    #[serde(default)]
+    aliases: Vec<String>,
+    max_attempts: Option<u32>,
+    #[serde(default)]
+    timeouts: RawTimeouts,
+    // Per-pool timeouts may also be written flat, as `first_token_ms = …` in the pool table.
+    connect_ms: Option<u64>,
+    first_token_ms: Option<u64>,
+    stall_ms: Option<u64>,
+    total_ms: Option<u64>,
+    #[serde(default)]
+    variants: Vec<Spanned<RawVariant>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVariant {
+    name: String,
+    url: String,
+    protocol: RawProtocol,
+    upstream_model: String,
+    api_key: Option<String>,
+    tier: Option<u8>,
+    context_window: Option<u64>,
+    max_concurrency: Option<u32>,
+    weight: Option<u32>,
+    #[serde(default)]
+    params: toml::Table,
+    resume: Option<ResumeMode>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum RawProtocol {
+    #[serde(rename = "openai")]
+    OpenAi,
+    Anthropic,
+}
+
+impl From<RawProtocol> for Protocol {
+    fn from(p: RawProtocol) -> Self {
+        match p {
+            RawProtocol::OpenAi => Protocol::OpenAi,
+            RawProtocol::Anthropic => Protocol::Anthropic,
+        }
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub max_body_bytes: usize,
+    pub header_read_timeout_ms: u64,
+    pub drain_ms: u64,
+    pub allow_force_variant: bool,
+    pub retry_budget: RetryBudgetConfig,
+    pub pools: Vec<PoolConfig>,
+    /// Warnings that do not stop the gateway (printed by `keel check` and at start).
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub name: String,
+    pub aliases: Vec<String>,
+    pub max_attempts: u32,
+    pub timeouts: Timeouts,
+    pub variants: Vec<VariantConfig>,
+}
+
+#[derive(Clone)]
+pub struct VariantConfig {
+    pub name: String,
+    /// Base URL as the provider's SDK takes it, without a trailing slash.
+    pub url: String,
+    pub protocol: Protocol,
+    pub upstream_model: String,
+    /// Never printed: `Debug` redacts it.
+    pub api_key: Option<String>,
+    pub tier: u8,
+    pub context_window: Option<u64>,
+    pub max_concurrency: Option<u32>,
+    pub weight: u32,
+    pub params: Map<String, Value>,
+    pub resume: ResumeMode,
+}
+
+impl fmt::Debug for VariantConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VariantConfig")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .field("protocol", &self.protocol)
+            .field("upstream_model", &self.upstream_model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("tier", &self.tier)
+            .field("weight", &self.weight)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A configuration error, already formatted with its position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Line and column (1-based) of a byte offset.
+fn position(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let line = text[..offset].matches('\n').count() + 1;
+    let col = offset - text[..offset].rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+    (line, col)
+}
+
+impl Config {
+    /// Reads and validates a file.
+    pub fn load(path: &str) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError(format!("{path}: cannot read: {e}")))?;
+        let env: HashMap<String, String> = std::env::vars().collect();
+        Config::parse(&text, path, &env)
+    }
+
+    /// Parses TOML text; `origin` names the file in errors; `env` resolves `${VAR}`.
+    pub fn parse(text: &str, origin: &str, env: &HashMap<String, String>) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let at = e.span().map(|s| position(text, s.start));
+            let msg = e.message().trim().to_owned();
+            match at {
+                Some((l, c)) => ConfigError(format!("{origin}:{l}:{c}: {msg}")),
+                None => ConfigError(format!("{origin}: {msg}")),
+            }
+        })?;
+        // Points at the field's own line when it is written inside the table that starts at
+        // `offset`, else at the table's header.
+        let err_at = |offset: usize, field: String, what: String| {
+            let key = field.rsplit('.').next().unwrap_or("");
+            let table_end = text[offset..].find("\n[").map(|i| offset + i).unwrap_or(text.len());
+            let at = text[offset..table_end]
+                .match_indices(key)
+                .map(|(i, _)| offset + i)
+                .find(|&i| {
+                    let line_start = text[..i].rfind('\n').map(|n| n + 1).unwrap_or(0);
+                    text[line_start..i].trim().is_empty() && text[i + key.len()..].trim_start().starts_with('=')
+                })
+                .unwrap_or(offset);
+            let (l, c) = position(text, at);
+            ConfigError(format!("{origin}:{l}:{c}: {field}: {what}"))
+        };
+
+        let listen = match &raw.listen {
+            Some(l) => l.get_ref().parse().map_err(|_| {
+                err_at(l.span().start, "listen".into(), format!("expected an address such as \"127.0.0.1:8080\", got {:?}", l.get_ref()))
+            })?,
+            None => SocketAddr::from(([127, 0, 0, 1], 8080)),
+        };
+        let base_timeouts = raw.timeouts.over(Timeouts::default());
+        let default_attempts = raw.max_attempts.unwrap_or(3);
+        let mut budget = RetryBudgetConfig::default();
+        if let Some(b) = &raw.retry_budget {
+            budget.ratio = b.ratio.unwrap_or(budget.ratio);
+            budget.window_ms = b.window_ms.unwrap_or(budget.window_ms);
+            budget.min_retries_per_sec = b.min_retries_per_sec.unwrap_or(budget.min_retries_per_sec);
+            if !(0.0..=10.0).contains(&budget.ratio) {
+                return Err(ConfigError(format!("{origin}: retry_budget.ratio: expected a number between 0 and 10")));
+            }
+            if budget.window_ms < 1000 {
+                return Err(ConfigError(format!("{origin}: retry_budget.window_ms: expected at least 1000")));
+            }
+        }
+        if raw.pools.is_empty() {
+            return Err(ConfigError(format!("{origin}: pools: at least one [[pools]] table is required")));
+        }
+
+        let mut warnings = Vec::new();
+        let mut names: HashMap<String, usize> = HashMap::new();
+        let mut pools = Vec::new();
+        for (pi, sp) in raw.pools.iter().enumerate() {
+            let p = sp.get_ref();
+            let at = sp.span().start;
+            let field = |f: &str| format!("pools[{pi}].{f}");
+            if p.name.is_empty() {
+                return Err(err_at(at, field("name"), "must not be empty".into()));
+            }
+            for n in std::iter::once(&p.name).chain(p.aliases.iter()) {
+                if let Some(other) = names.insert(n.clone(), pi) {
+                    return Err(err_at(at, field("name"), format!("model name `{n}` is already used by pools[{other}]")));
+                }
+            }
+            let flat = RawTimeouts { connect_ms: p.connect_ms, first_token_ms: p.first_token_ms, stall_ms: p.stall_ms, total_ms: p.total_ms };
+            let timeouts = flat.over(p.timeouts.over(base_timeouts));
+            for (n, v) in [("connect_ms", timeouts.connect_ms), ("first_token_ms", timeouts.first_token_ms), ("stall_ms", timeouts.stall_ms), ("total_ms", timeouts.total_ms)] {
+                if v == 0 {
+                    return Err(err_at(at, field(n), "must be greater than 0".into()));
+                }
+            }
+            let max_attempts = p.max_attempts.unwrap_or(default_attempts);
+            if max_attempts == 0 {
+                return Err(err_at(at, field("max_attempts"), "must be at least 1".into()));
+            }
+            if p.variants.is_empty() {
+                return Err(err_at(at, field("variants"), "at least one [[pools.variants]] table is required".into()));
+            }
+            let mut variants: Vec<VariantConfig> = Vec::new();
+            for (vi, sv) in p.variants.iter().enumerate() {
+                let v = sv.get_ref();
+                let vat = sv.span().start;
+                let vfield = |f: &str| format!("pools[{pi}].variants[{vi}].{f}");
+                let interp = |f: &str, s: &str| interpolate(s, env).map_err(|var| {
+                    err_at(vat, vfield(f), format!("environment variable `{var}` is not set"))
+                });
+                if v.name.is_empty() {
+                    return Err(err_at(vat, vfield("name"), "must not be empty".into()));
+                }
+                if variants.iter().any(|o| o.name == v.name) {
+                    return Err(err_at(vat, vfield("name"), format!("variant name `{}` is used twice in this pool", v.name)));
+                }
+                let protocol = Protocol::from(v.protocol);
+                let mut url = interp("url", &v.url)?.trim_end_matches('/').to_owned();
+                if !(url.starts_with("http://") || url.starts_with("https://")) || url.parse::<http::Uri>().is_err() {
+                    return Err(err_at(vat, vfield("url"), format!("expected an http:// or https:// base URL, got {:?}", v.url)));
+                }
+                if protocol == Protocol::Anthropic && url.ends_with("/v1") {
+                    // The Anthropic SDK's base URL has no /v1; accept the common slip.
+                    url.truncate(url.len() - 3);
+                    warnings.push(format!("pools[{pi}].variants[{vi}].url: Anthropic base URLs do not end in /v1; using {url}"));
+                }
+                let upstream_model = interp("upstream_model", &v.upstream_model)?;
+                let api_key = match &v.api_key {
+                    Some(k) => Some(interp("api_key", k)?),
+                    None => None,
+                };
+                let tier = v.tier.unwrap_or(1);
+                if tier == 0 {
+                    return Err(err_at(vat, vfield("tier"), "expected 1 (best fidelity) or more".into()));
+                }
+                let weight = v.weight.unwrap_or(1);
+                let params = match serde_json::to_value(&v.params) {
+                    Ok(Value::Object(m)) => m,
+                    _ => return Err(err_at(vat, vfield("params"), "expected a table of request fields".into())),
+                };
+                let resume = v.resume.unwrap_or(ResumeMode::Prefill);
+                if resume == ResumeMode::Completion && protocol == Protocol::Anthropic {
+                    warnings.push(format!(
+                        "pools[{pi}].variants[{vi}].resume: `completion` needs an OpenAI-compatible /v1/completions endpoint; Anthropic variants continue by `prefill`"
+                    ));
+                }
+                variants.push(VariantConfig {
+                    name: v.name.clone(),
+                    url,
+                    protocol,
+                    upstream_model,
+                    api_key,
+                    tier,
+                    context_window: v.context_window,
+                    max_concurrency: v.max_concurrency,
+                    weight,
+                    params,
+                    resume,
+                });
+            }
+            let protocol = variants[0].protocol;
+            if let Some((vi, other)) = variants.iter().enumerate().find(|(_, v)| v.protocol != protocol) {
+                return Err(err_at(
+                    p.variants[vi].span().start,
+                    format!("pools[{pi}].variants[{vi}].protocol"),
+                    format!(
+                        "`{}` differs from the pool's first variant (`{}`); a pool's variants share one protocol until cross-protocol translation lands",
+                        other.protocol.as_str(),
+                        protocol.as_str()
+                    ),
+                ));
+            }
+            if variants.iter().all(|v| v.weight == 0) {
+                return Err(err_at(at, field("variants"), "every variant has weight 0; at least one must take traffic".into()));
+            }
+            pools.push(PoolConfig { name: p.name.clone(), aliases: p.aliases.clone(), max_attempts, timeouts, variants });
+        }
+
+        Ok(Config {
+            listen,
+            max_body_bytes: raw.max_body_bytes.unwrap_or(10 * 1024 * 1024),
+            header_read_timeout_ms: raw.header_read_timeout_ms.unwrap_or(10_000),
+            drain_ms: raw.drain_ms.unwrap_or(30_000),
+            allow_force_variant: raw.allow_force_variant.unwrap_or(false),
+            retry_budget: budget,
+            pools,
+            warnings,
+        })
+    }
+}
+
+/// Replaces `${VAR}` with the variable's value; returns the missing variable's name on error.
+fn interpolate(s: &str, env: &HashMap<String, String>) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find("${") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        let Some(j) = after.find('}') else {
+            out.push_str(&rest[i..]);
+            return Ok(out);
+        };
+        let name = &after[..j];
+        out.push_str(env.get(name).ok_or_else(|| name.to_owned())?);
+        rest = &after[j + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env() -> HashMap<String, String> {
+        HashMap::from([("KEY".to_owned(), "sk-secret".to_owned())])
+    }
+
+    const GOOD: &str = r#"
+listen = "127.0.0.1:9000"
+[[pools]]
+name = "gpt"
+aliases = ["gpt-4o"]
+first_token_ms = 2000
+[[pools.variants]]
+name = "a"
+url = "http://127.0.0.1:8000/v1/"
+protocol = "openai"
+upstream_model = "m"
+api_key = "${KEY}"
+params = { max_tokens = 100 }
+"#;
+
+    #[test]
+    fn parses_and_applies_defaults() {
+        let c = Config::parse(GOOD, "keel.toml", &env()).unwrap();
+        assert_eq!(c.listen.port(), 9000);
+        let p = &c.pools[0];
+        assert_eq!(p.timeouts.first_token_ms, 2000);
+        assert_eq!(p.timeouts.connect_ms, 1000);
+        assert_eq!(p.max_attempts, 3);
+        let v = &p.variants[0];
+        assert_eq!(v.url, "http://127.0.0.1:8000/v1");
+        assert_eq!(v.api_key.as_deref(), Some("sk-secret"));
+        assert_eq!(v.params["max_tokens"], 100);
+        assert!(!format!("{v:?}").contains("sk-secret"), "Debug must redact the key");
+    }
+
+    #[test]
+    fn missing_env_var_names_line_and_field() {
+        let e = Config::parse(GOOD, "keel.toml", &HashMap::new()).unwrap_err();
+        assert_eq!(e.0, "keel.toml:12:1: pools[0].variants[0].api_key: environment variable `KEY` is not set");
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_values_are_precise() {
+        let e = Config::parse(&GOOD.replace("weight", "x").replace("upstream_model = \"m\"", "upstream_model = \"m\"\nwieght = 2"), "k.toml", &env()).unwrap_err();
+        assert!(e.0.starts_with("k.toml:12:1:") && e.0.contains("wieght"), "{}", e.0);
+        let e = Config::parse(&GOOD.replace("http://127.0.0.1:8000/v1/", "ftp://x"), "k.toml", &env()).unwrap_err();
+        assert!(e.0.contains("pools[0].variants[0].url: expected an http:// or https:// base URL"), "{}", e.0);
+        let e = Config::parse(&GOOD.replace("\"openai\"", "\"grpc\""), "k.toml", &env()).unwrap_err();
+        assert!(e.0.contains("unknown variant `grpc`"), "{}", e.0);
+        let e = Config::parse(&GOOD.replace("127.0.0.1:9000", "nope"), "k.toml", &env()).unwrap_err();
+        assert!(e.0.starts_with("k.toml:2:10: listen:"), "{}", e.0);
+    }
+
+    #[test]
+    fn duplicate_model_names_are_rejected() {
+        let twice = format!("{GOOD}\n[[pools]]\nname = \"gpt-4o\"\n[[pools.variants]]\nname=\"b\"\nurl=\"http://x\"\nprotocol=\"openai\"\nupstream_model=\"m\"\n");
+        let e = Config::parse(&twice, "k.toml", &env()).unwrap_err();
+        assert!(e.0.contains("`gpt-4o` is already used by pools[0]"), "{}", e.0);
+    }
+}

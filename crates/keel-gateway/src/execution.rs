@@ -1,0 +1,374 @@
+//! Stage 2, execution: attempts on the plan's variants until one serves, before any byte has
+//! reached the client.
+//!
+//! **The commit point.** Nothing is sent to the client until an attempt has produced its first
+//! token: for a stream, the first event carrying output (not the response head, not a role-only
+//! preamble, not a ping); for a whole response, the complete, valid body. Before that point any
+//! attempt may be abandoned silently and the next variant tried. After it, the response belongs
+//! to that attempt, and a failure can only end the stream with an explicit error event
+//! (see `delivery`), never a clean end.
+//!
+//! Each failure is classified once (`keel_core::outcome`): retryable failures move on to the next
+//! variant, honouring `retry-after` as a cooldown; 401/403 mark the variant's credential broken
+//! and move on; the client's own errors are returned unchanged. Attempts are bounded by the
+//! pool's `max_attempts`, by the total deadline, and by the fleet-wide retry budget.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use http::{HeaderMap, StatusCode};
+use tokio::time::{timeout_at, Instant};
+
+use keel_core::outcome::{parse_retry_after, AttemptFailure, Verdict};
+use keel_core::protocol::{error_message, event_role, Endpoint, ErrorKind, EventRole};
+use keel_core::request::CanonicalRequest;
+use keel_core::sse::{SseDecoder, SseEvent};
+
+use crate::errors::GatewayError;
+use crate::pools::{InFlight, Pool};
+use crate::{upstream, Gateway};
+
+/// Longest `retry-after` keel honours as a cooldown.
+const MAX_COOLDOWN_MS: u64 = 300_000;
+/// A refused connection is very likely refused again: keep the variant out briefly.
+const CONNECT_COOLDOWN_MS: u64 = 1_000;
+
+/// Per-request context shared by the stages.
+#[derive(Debug, Clone)]
+pub struct RequestCtx {
+    pub id: String,
+    pub started: Instant,
+    pub endpoint: Endpoint,
+    /// Client headers that travel upstream.
+    pub forwarded: HeaderMap,
+    /// All attempts together end here (pool `total_ms`, capped by `x-keel-timeout-ms`).
+    pub deadline: Instant,
+    pub force_variant: Option<String>,
+}
+
+/// Upstream bytes of a committed stream.
+pub type UpstreamBytes = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// A committed stream: what was received up to and including the first output event, and the
+/// rest still to read.
+pub struct StreamStart {
+    pub head: Vec<u8>,
+    /// Events received in the same read as the first output, not yet processed.
+    pub pending: Vec<SseEvent>,
+    pub decoder: SseDecoder,
+    pub upstream: UpstreamBytes,
+    pub headers: HeaderMap,
+    /// When the first output arrived.
+    pub first_token_at: Instant,
+    /// The head already holds the terminal event (an empty generation).
+    pub terminal_in_head: bool,
+}
+
+/// What the client gets.
+pub enum Served {
+    Whole { status: StatusCode, headers: HeaderMap, body: Bytes },
+    Stream(StreamStart),
+}
+
+/// One attempt, for headers, metrics and logs.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    pub variant: String,
+    pub outcome: String,
+}
+
+/// The result of stage 2.
+pub struct Executed {
+    /// The serving variant, what it served, and its in-flight guard (held until delivery ends).
+    pub outcome: Result<(usize, Served, InFlight), GatewayError>,
+    pub attempts: Vec<AttemptRecord>,
+}
+
+enum AttemptResult {
+    Served(Served),
+    /// The client's own error, returned as the upstream gave it.
+    ClientError(Served),
+    Failed(AttemptFailure),
+}
+
+/// Runs attempts over `order` (primary first) until one serves.
+pub async fn execute(gw: &Gateway, pool: &Arc<Pool>, req: &CanonicalRequest, ctx: &RequestCtx, order: &[usize]) -> Executed {
+    let max_attempts = pool.cfg.max_attempts as usize;
+    let mut attempts: Vec<AttemptRecord> = Vec::new();
+    let mut failures: Vec<(String, AttemptFailure)> = Vec::new();
+    let mut budget_refused = false;
+    let mut last_verdict_retry_after: Option<u64> = None;
+
+    // Walk the plan; when it is exhausted with attempts left, come back to variants that are
+    // still available (a one-variant pool can retry a transient 503), after a short backoff.
+    let mut round = 0;
+    'rounds: while attempts.len() < max_attempts {
+        let mut tried_this_round = false;
+        for &vi in order {
+            if attempts.len() >= max_attempts {
+                break 'rounds;
+            }
+            let now = Instant::now();
+            if now >= ctx.deadline {
+                break 'rounds;
+            }
+            if !attempts.is_empty() {
+                if !pool.available(vi, gw.now_ms()) {
+                    continue;
+                }
+                if !gw.try_retry() {
+                    budget_refused = true;
+                    metrics::counter!("keel_retry_budget_exhausted_total", "pool" => pool.cfg.name.clone()).increment(1);
+                    break 'rounds;
+                }
+            }
+            if round > 0 {
+                let backoff = Duration::from_millis(50 << round.min(4));
+                tokio::time::sleep_until((now + backoff).min(ctx.deadline)).await;
+                if Instant::now() >= ctx.deadline {
+                    break 'rounds;
+                }
+            }
+            tried_this_round = true;
+            let guard = pool.enter(vi);
+            let variant = &pool.variants[vi].cfg;
+            let result = attempt(pool, vi, req, ctx).await;
+            let label = match &result {
+                AttemptResult::Served(_) => "ok".to_owned(),
+                AttemptResult::ClientError(Served::Whole { status, .. }) => format!("status_{}", status.as_u16()),
+                AttemptResult::ClientError(_) => "client_error".to_owned(),
+                AttemptResult::Failed(f) => f.label(),
+            };
+            metrics::counter!("keel_attempts_total", "pool" => pool.cfg.name.clone(), "variant" => variant.name.clone(), "outcome" => label.clone())
+                .increment(1);
+            attempts.push(AttemptRecord { variant: variant.name.clone(), outcome: label });
+            match result {
+                AttemptResult::Served(s) => {
+                    pool.record_success(vi);
+                    return Executed { outcome: Ok((vi, s, guard)), attempts };
+                }
+                AttemptResult::ClientError(s) => return Executed { outcome: Ok((vi, s, guard)), attempts },
+                AttemptResult::Failed(f) => {
+                    let now_ms = gw.now_ms();
+                    match f.verdict() {
+                        Verdict::Retry { cooldown_ms } => {
+                            let cool = cooldown_ms.or(matches!(f, AttemptFailure::Connect(_)).then_some(CONNECT_COOLDOWN_MS));
+                            if let Some(ms) = cool {
+                                pool.cool_down(vi, now_ms, ms.min(MAX_COOLDOWN_MS));
+                            }
+                            if cooldown_ms.is_some() {
+                                last_verdict_retry_after = cooldown_ms;
+                            }
+                        }
+                        Verdict::BrokenCredential => {
+                            pool.mark_credential_broken(vi, now_ms);
+                            metrics::counter!("keel_variant_credential_broken_total", "pool" => pool.cfg.name.clone(), "variant" => variant.name.clone())
+                                .increment(1);
+                            tracing::error!(pool = %pool.cfg.name, variant = %variant.name, "upstream refused the variant's credential; variant marked broken and skipped for 60 s");
+                        }
+                        Verdict::ReturnToClient | Verdict::GiveUp => {}
+                    }
+                    let give_up = f.verdict() == Verdict::GiveUp;
+                    failures.push((variant.name.clone(), f));
+                    if give_up {
+                        break 'rounds;
+                    }
+                }
+            }
+        }
+        if !tried_this_round {
+            break;
+        }
+        round += 1;
+    }
+    Executed { outcome: Err(give_up_error(pool, ctx, &failures, budget_refused, last_verdict_retry_after)), attempts }
+}
+
+/// The client's error when no variant could serve: 504 when time ran out, 503 when every
+/// variant was saturated (with the shortest retry-after), 502 otherwise; the message lists
+/// every attempt.
+fn give_up_error(
+    pool: &Pool,
+    ctx: &RequestCtx,
+    failures: &[(String, AttemptFailure)],
+    budget_refused: bool,
+    retry_after_ms: Option<u64>,
+) -> GatewayError {
+    let tried: Vec<String> = failures.iter().map(|(v, f)| format!("{v}: {}", f.describe())).collect();
+    let mut message = format!("no variant of `{}` could serve the request", pool.cfg.name);
+    if tried.is_empty() {
+        message.push_str(" (no attempt could be made before the deadline)");
+    } else {
+        message.push_str(&format!("; tried {}", tried.join("; ")));
+    }
+    if budget_refused {
+        message.push_str("; further retries refused by the retry budget (the fleet is failing broadly)");
+    }
+    let timed_out = Instant::now() >= ctx.deadline
+        || failures.iter().all(|(_, f)| matches!(f, AttemptFailure::FirstTokenTimeout { .. } | AttemptFailure::Deadline { .. }));
+    let saturated = !failures.is_empty()
+        && failures.iter().all(|(_, f)| matches!(f, AttemptFailure::Status { status: 429 | 503 | 529, .. }));
+    if failures.is_empty() || timed_out {
+        GatewayError::new(ErrorKind::Timeout, message)
+    } else if saturated {
+        let e = GatewayError::new(ErrorKind::Overloaded, message);
+        match retry_after_ms {
+            Some(ms) => e.with_retry_after(ms),
+            None => e,
+        }
+    } else {
+        GatewayError::new(ErrorKind::BadGateway, message)
+    }
+}
+
+/// Upstream response headers passed to the client: request ids for support tickets, and
+/// `retry-after` on returned errors. Everything else (rate-limit counters of one variant,
+/// cookies, framing) would mislead or leak.
+fn kept_headers(h: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (name, value) in h {
+        let n = name.as_str();
+        if matches!(n, "content-type" | "x-request-id" | "request-id" | "retry-after" | "retry-after-ms" | "openai-processing-ms") {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+fn timeout_failure(hit_total: bool, started: Instant) -> AttemptFailure {
+    let after_ms = started.elapsed().as_millis() as u64;
+    if hit_total {
+        AttemptFailure::Deadline { after_ms }
+    } else {
+        AttemptFailure::FirstTokenTimeout { after_ms }
+    }
+}
+
+/// Strips URLs from transport errors: they carry no secrets today, but keel never prints more
+/// of an upstream than its variant name.
+fn transport_error(e: &reqwest::Error) -> AttemptFailure {
+    let mut msg = e.without_url_ref().to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg = format!("{msg}: {s}");
+        src = s.source();
+    }
+    if e.is_connect() {
+        AttemptFailure::Connect(msg)
+    } else {
+        AttemptFailure::Io(msg)
+    }
+}
+
+trait WithoutUrl {
+    fn without_url_ref(&self) -> String;
+}
+
+impl WithoutUrl for reqwest::Error {
+    fn without_url_ref(&self) -> String {
+        let mut s = self.to_string();
+        if let Some(url) = self.url() {
+            s = s.replace(&format!(" for url ({url})"), "").replace(url.as_str(), "<upstream>");
+        }
+        s
+    }
+}
+
+async fn attempt(pool: &Pool, vi: usize, req: &CanonicalRequest, ctx: &RequestCtx) -> AttemptResult {
+    let variant = &pool.variants[vi].cfg;
+    let body = match serde_json::to_vec(&req.upstream_body(&variant.upstream_model, &variant.params)) {
+        Ok(b) => b,
+        Err(e) => return AttemptResult::Failed(AttemptFailure::Malformed(format!("cannot encode request: {e}"))),
+    };
+    let started = Instant::now();
+    let streaming = req.stream && ctx.endpoint != Endpoint::CountTokens;
+    let first_token_deadline = started + Duration::from_millis(pool.cfg.timeouts.first_token_ms);
+    let head_deadline = if streaming { first_token_deadline.min(ctx.deadline) } else { ctx.deadline };
+    let hit_total = |d: Instant| d >= ctx.deadline;
+
+    let send = upstream::request(&pool.client, variant, ctx.endpoint, &ctx.forwarded, body).send();
+    let resp = match timeout_at(head_deadline, send).await {
+        Err(_) => return AttemptResult::Failed(timeout_failure(hit_total(head_deadline), started)),
+        Ok(Err(e)) => return AttemptResult::Failed(transport_error(&e)),
+        Ok(Ok(r)) => r,
+    };
+    let status = resp.status();
+    let headers = kept_headers(resp.headers());
+
+    if !status.is_success() {
+        let h = resp.headers();
+        let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let retry_after_ms = parse_retry_after(get("retry-after-ms").as_deref(), get("retry-after").as_deref(), MAX_COOLDOWN_MS);
+        let body = match timeout_at((Instant::now() + Duration::from_secs(5)).min(ctx.deadline), resp.bytes()).await {
+            Ok(Ok(b)) => b,
+            _ => Bytes::new(),
+        };
+        let message = serde_json::from_slice(&body).map(|v| error_message(&v)).unwrap_or_default();
+        let message: String = message.chars().take(300).collect();
+        let failure = AttemptFailure::Status { status: status.as_u16(), retry_after_ms, message };
+        return match failure.verdict() {
+            Verdict::ReturnToClient => AttemptResult::ClientError(Served::Whole { status, headers, body }),
+            _ => AttemptResult::Failed(failure),
+        };
+    }
+
+    if !streaming {
+        let body = match timeout_at(ctx.deadline, resp.bytes()).await {
+            Err(_) => return AttemptResult::Failed(AttemptFailure::Deadline { after_ms: started.elapsed().as_millis() as u64 }),
+            Ok(Err(e)) => return AttemptResult::Failed(transport_error(&e)),
+            Ok(Ok(b)) => b,
+        };
+        if let Err(e) = serde_json::from_slice::<serde_json::Value>(&body) {
+            return AttemptResult::Failed(AttemptFailure::Malformed(format!("response body is not JSON: {e}")));
+        }
+        return AttemptResult::Served(Served::Whole { status, headers, body });
+    }
+
+    let content_type = resp.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    if !content_type.starts_with("text/event-stream") {
+        return AttemptResult::Failed(AttemptFailure::Malformed(format!("expected an event stream, got content-type {content_type:?}")));
+    }
+    let protocol = variant.protocol;
+    let mut upstream: UpstreamBytes = Box::pin(resp.bytes_stream());
+    let mut decoder = SseDecoder::new();
+    let mut head = Vec::new();
+    let mut events = Vec::new();
+    loop {
+        let chunk = match timeout_at(head_deadline, upstream.next()).await {
+            Err(_) => return AttemptResult::Failed(timeout_failure(hit_total(head_deadline), started)),
+            Ok(None) => return AttemptResult::Failed(AttemptFailure::Io("stream ended before the first token".into())),
+            Ok(Some(Err(e))) => return AttemptResult::Failed(transport_error(&e)),
+            Ok(Some(Ok(c))) => c,
+        };
+        if let Err(e) = decoder.feed(&chunk, &mut events) {
+            return AttemptResult::Failed(AttemptFailure::Malformed(e.to_string()));
+        }
+        let mut drained = events.drain(..);
+        for ev in drained.by_ref() {
+            let role = event_role(protocol, &ev);
+            match role {
+                EventRole::Preamble | EventRole::KeepAlive => head.extend_from_slice(&ev.raw),
+                EventRole::Output | EventRole::Terminal => {
+                    head.extend_from_slice(&ev.raw);
+                    let pending: Vec<SseEvent> = drained.collect();
+                    return AttemptResult::Served(Served::Stream(StreamStart {
+                        head,
+                        pending,
+                        decoder,
+                        upstream,
+                        headers,
+                        first_token_at: Instant::now(),
+                        terminal_in_head: role == EventRole::Terminal,
+                    }));
+                }
+                EventRole::Error(m) => {
+                    return AttemptResult::Failed(AttemptFailure::Io(format!("upstream reported an error before the first token: {m}")))
+                }
+                EventRole::Malformed(m) => return AttemptResult::Failed(AttemptFailure::Malformed(m)),
+            }
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The HTTP server: accept loop (HTTP/1.1 and h2c), a header-read timeout so slow clients cannot
+//! hold connections, graceful shutdown with a drain deadline, and routing.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
+
+use crate::delivery::{self, RequestLog};
+use crate::errors::GatewayError;
+use crate::pools::Selection;
+use crate::{admission, execution, full_body, Body, Gateway};
+
+/// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests (streams
+/// included) finish for up to `drain_ms`.
+pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+    let graceful = GracefulShutdown::new();
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(gw.cfg.header_read_timeout_ms))
+        .keep_alive(true);
+    builder.http2().timer(TokioTimer::new()).keep_alive_interval(Some(Duration::from_secs(30)));
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, _) = tokio::select! {
+            a = listener.accept() => match a {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let gw = gw.clone();
+        let svc = hyper::service::service_fn(move |req| handle(gw.clone(), req));
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), svc).into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
+    tracing::info!(drain_ms = gw.cfg.drain_ms, "shutting down: draining in-flight requests");
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!("drained"),
+        _ = tokio::time::sleep(Duration::from_millis(gw.cfg.drain_ms)) => tracing::warn!("drain deadline reached; closing remaining connections"),
+    }
+    Ok(())
+}
+
+fn new_request_id() -> String {
+    // UUIDv7: time-ordered, so ids sort by arrival in logs.
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// Routes one request.
+pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let started = Instant::now();
+    let path = req.uri().path().to_owned();
+    let endpoint = match path.as_str() {
+        "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
+        "/v1/completions" => Some(Endpoint::Completions),
+        "/v1/messages" => Some(Endpoint::Messages),
+        "/v1/messages/count_tokens" => Some(Endpoint::CountTokens),
+        _ => None,
+    };
+    let anthropic_client = req.headers().contains_key("anthropic-version");
+    let protocol = endpoint.map(Endpoint::protocol).unwrap_or(if anthropic_client { Protocol::Anthropic } else { Protocol::OpenAi });
+    let resp = match (req.method(), endpoint, path.as_str()) {
+        (&Method::POST, Some(ep), _) => handle_generation(&gw, ep, req, started).await,
+        (&Method::GET, _, "/v1/models") => models(&gw, anthropic_client),
+        (&Method::GET, _, "/keel/health") => health(&gw),
+        (&Method::GET, _, "/metrics") | (&Method::GET, _, "/keel/metrics") => {
+            full_body(StatusCode::OK, "text/plain; version=0.0.4", Bytes::from(crate::metrics::render()))
+        }
+        (_, Some(_), _) | (_, _, "/v1/models" | "/keel/health" | "/metrics" | "/keel/metrics") => {
+            let mut r = GatewayError::new(ErrorKind::InvalidRequest, format!("method {} is not allowed on {path}", req.method())).to_response(protocol);
+            *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+            r
+        }
+        _ => GatewayError::new(ErrorKind::NotFound, format!("no route for {} {path}", req.method())).to_response(protocol),
+    };
+    Ok(resp)
+}
+
+/// The four stages, in order, for one generation request.
+pub async fn handle_generation(gw: &Arc<Gateway>, endpoint: Endpoint, req: Request<Incoming>, started: Instant) -> Response<Body> {
+    let protocol = endpoint.protocol();
+    let id = new_request_id();
+    let (parts, body) = req.into_parts();
+    gw.record_request();
+
+    // Stage 0: admission.
+    let admitted = match admission::admit(gw, endpoint, &parts, body, &id, started).await {
+        Ok(a) => a,
+        Err(e) => return delivery::error_response(RequestLog::new(&id, started, endpoint, "none"), protocol, &e),
+    };
+    let admission::Admitted { req, pool, ctx } = admitted;
+    let mut log = RequestLog::new(&id, started, endpoint, &pool.cfg.name);
+    if endpoint == Endpoint::CountTokens && pool.protocol == Protocol::OpenAi {
+        // OpenAI-protocol servers have no count_tokens endpoint: answer with keel's estimate.
+        let body = json!({"input_tokens": req.estimated_input_tokens}).to_string();
+        log.status = 200;
+        log.variant = "keel-estimate".into();
+        log.finish("ok", None);
+        return full_body(StatusCode::OK, "application/json", Bytes::from(body));
+    }
+
+    // Stage 1: selection.
+    let order = match pool.select(gw.now_ms(), &req, ctx.force_variant.as_deref()) {
+        Selection::Plan(order) => order,
+        Selection::Unavailable { retry_after_ms } => {
+            let e = GatewayError::new(
+                ErrorKind::Overloaded,
+                format!("every variant of `{}` is cooling down or at its concurrency limit", pool.cfg.name),
+            )
+            .with_retry_after(retry_after_ms);
+            return delivery::error_response(log, protocol, &e);
+        }
+        Selection::TooLong { needed, largest } => {
+            let e = GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!("the request needs about {needed} tokens (prompt + max_tokens) but the largest context window in `{}` is {largest}", pool.cfg.name),
+            );
+            return delivery::error_response(log, protocol, &e);
+        }
+        Selection::NoSuchVariant(name) => {
+            let e = GatewayError::new(ErrorKind::InvalidRequest, format!("x-keel-force-variant: `{}` has no variant `{name}`", pool.cfg.name));
+            return delivery::error_response(log, protocol, &e);
+        }
+    };
+
+    // Stage 2: execution; stage 3: delivery.
+    let executed = execution::execute(gw, &pool, &req, &ctx, &order).await;
+    delivery::deliver(log, &pool, &ctx, protocol, executed)
+}
+
+fn models(gw: &Gateway, anthropic: bool) -> Response<Body> {
+    let names = gw.model_names();
+    let body = if anthropic {
+        let data: Vec<_> = names.iter().map(|n| json!({"type": "model", "id": n, "display_name": n, "created_at": "1970-01-01T00:00:00Z"})).collect();
+        json!({"data": data, "has_more": false, "first_id": names.first(), "last_id": names.last()})
+    } else {
+        let data: Vec<_> = names.iter().map(|n| json!({"id": n, "object": "model", "created": 0, "owned_by": "keel"})).collect();
+        json!({"object": "list", "data": data})
+    };
+    full_body(StatusCode::OK, "application/json", Bytes::from(body.to_string()))
+}
+
+fn health(gw: &Gateway) -> Response<Body> {
+    let now = gw.now_ms();
+    let pools: Vec<_> = gw
+        .pools()
+        .iter()
+        .map(|p| {
+            let variants: Vec<_> = p
+                .variants
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let a = p.availability(i);
+                    json!({
+                        "name": v.cfg.name,
+                        "available": a.available(now),
+                        "cooldown_ms": a.available_in_ms(now),
+                        "credential_broken": a.credential_broken,
+                        "in_flight": v.in_flight.load(std::sync::atomic::Ordering::Relaxed),
+                    })
+                })
+                .collect();
+            json!({"name": p.cfg.name, "protocol": p.protocol.as_str(), "variants": variants})
+        })
+        .collect();
+    full_body(StatusCode::OK, "application/json", Bytes::from(json!({"status": "ok", "pools": pools}).to_string()))
+}
