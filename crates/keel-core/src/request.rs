@@ -145,20 +145,24 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<CanonicalRequest, Reque
 /// Appends the text of a message `content` (a string, or an array of typed parts).
 fn push_content_text(content: &Value, out: &mut String) {
     match content {
-        Value::String(s) => {
-            out.push_str(s);
-            out.push('\n');
-        }
+        Value::String(s) => push_text(s, out),
         Value::Array(parts) => {
             for p in parts {
                 if let Some(t) = p.get("text").and_then(Value::as_str) {
-                    out.push_str(t);
-                    out.push('\n');
+                    push_text(t, out);
                 }
             }
         }
         _ => {}
     }
+}
+
+/// Appends one text, separated from the previous one by a newline.
+fn push_text(t: &str, out: &mut String) {
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    out.push_str(t);
 }
 
 fn describe_json_error(e: &serde_json::Error) -> String {

@@ -74,6 +74,7 @@ pub struct SimServer {
     cold_remaining: AtomicU32,
     ttft: Mutex<(Vec<u64>, f64, u64)>,
     last_headers: Mutex<Vec<(String, String)>>,
+    last_body: Mutex<Value>,
     id_counter: AtomicU64,
 }
 
@@ -93,6 +94,7 @@ impl SimServer {
             cold_remaining: AtomicU32::new(cfg.cold_start_requests),
             ttft: Mutex::new((vec![0; TTFT_BUCKETS.len()], 0.0, 0)),
             last_headers: Mutex::new(Vec::new()),
+            last_body: Mutex::new(Value::Null),
             id_counter: AtomicU64::new(cfg.seed.unwrap_or(1) << 32),
             cfg,
         })
@@ -123,6 +125,11 @@ impl SimServer {
     /// Headers of the last generation request received (tests check what a proxy forwarded).
     pub fn last_headers(&self) -> Vec<(String, String)> {
         lock(&self.last_headers).clone()
+    }
+
+    /// Body of the last generation request received.
+    pub fn last_body(&self) -> Value {
+        lock(&self.last_body).clone()
     }
 
     fn model_label(&self) -> &str {
@@ -278,6 +285,7 @@ impl SimServer {
             Ok(v) => v,
             Err(e) => return Ok(self.protocol_error(protocol, 400, &format!("invalid JSON: {e}"))),
         };
+        *lock(&self.last_body) = body.clone();
         let sreq = match parse_request(endpoint, &body, self.cfg.assistant_prefill) {
             Ok(r) => r,
             Err(m) => {

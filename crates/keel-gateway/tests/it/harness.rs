@@ -1,0 +1,126 @@
+//! A gateway on loopback in front of a simulated fleet, configured from TOML like production.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use keel_gateway::{Config, Gateway};
+use keel_sim::{Fleet, ServerConfig, ServerHandle};
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+#[allow(dead_code)] // fields used by some test modules only
+pub struct Harness {
+    pub fleet: Fleet,
+    pub gw: Arc<Gateway>,
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    pub task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+/// One `[[pools.variants]]` table.
+pub fn variant(name: &str, url: &str, protocol: &str, weight: u32) -> String {
+    format!("[[pools.variants]]\nname = \"{name}\"\nurl = \"{url}\"\nprotocol = \"{protocol}\"\nupstream_model = \"sim\"\nweight = {weight}\n")
+}
+
+/// A pool over every server of the fleet; the first server gets `first_weight`, others 1.
+pub fn pool_over(fleet: &Fleet, name: &str, protocol: &str, first_weight: u32, pool_extra: &str) -> String {
+    let mut s = format!("[[pools]]\nname = \"{name}\"\n{pool_extra}\n");
+    for (i, srv) in fleet.servers.iter().enumerate() {
+        let url = if protocol == "openai" { srv.openai_base() } else { srv.anthropic_base() };
+        s.push_str(&variant(&srv.name, &url, protocol, if i == 0 { first_weight } else { 1 }));
+    }
+    s
+}
+
+impl Harness {
+    pub async fn start(fleet: Fleet, config: &str) -> Harness {
+        let env: HashMap<String, String> = HashMap::from([("UPSTREAM_KEY".into(), "sk-upstream-secret".into())]);
+        let cfg = Config::parse(config, "test.toml", &env).unwrap_or_else(|e| panic!("{e}\n{config}"));
+        let gw = Gateway::new(cfg);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(keel_gateway::server::serve(gw.clone(), listener, async move {
+            let _ = stopped.await;
+        }));
+        Harness { fleet, gw, addr, stop: Some(stop), task: Some(task) }
+    }
+
+    /// `n` fast servers and one OpenAI pool `p` over them (first server weight `w0`).
+    pub async fn openai(n: usize, w0: u32, top: &str, pool_extra: &str) -> Harness {
+        let fleet = Fleet::start_n(n, ServerConfig::fast("s")).await.unwrap();
+        let cfg = format!("{top}\n{}", pool_over(&fleet, "p", "openai", w0, pool_extra));
+        Harness::start(fleet, &cfg).await
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn server(&self, i: usize) -> &ServerHandle {
+        self.fleet.get(i)
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
+        keel_sim::http_client().post(self.url(path)).json(body).send().await.expect("gateway reachable")
+    }
+
+    pub async fn chat(&self, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
+        let r = self.post("/v1/chat/completions", body).await;
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let text = r.text().await.unwrap();
+        (status, headers, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    pub async fn metrics(&self) -> String {
+        keel_sim::http_client().get(self.url("/metrics")).send().await.unwrap().text().await.unwrap()
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub fn chat_body(prompt: &str) -> Value {
+    json!({"model": "p", "messages": [{"role": "user", "content": prompt}]})
+}
+
+pub fn stream_body(prompt: &str) -> Value {
+    json!({"model": "p", "stream": true, "messages": [{"role": "user", "content": prompt}]})
+}
+
+pub async fn add_fault(server: &ServerHandle, fault: Value) {
+    let r = keel_sim::http_client().post(format!("http://{}/sim/faults", server.addr)).json(&fault).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+pub fn header<'a>(h: &'a reqwest::header::HeaderMap, name: &str) -> &'a str {
+    h.get(name).map(|v| v.to_str().unwrap()).unwrap_or("")
+}
+
+/// Reads a whole stream body (also when it ends in a transport error) and decodes it strictly.
+pub async fn read_stream(mut resp: reqwest::Response) -> Vec<keel_core::sse::SseEvent> {
+    let mut bytes = Vec::new();
+    while let Ok(Some(c)) = resp.chunk().await {
+        bytes.extend_from_slice(&c);
+    }
+    keel_core::sse::decode_all(&bytes).expect("client sees valid SSE framing")
+}
+
+pub fn openai_stream_text(events: &[keel_core::sse::SseEvent]) -> String {
+    events
+        .iter()
+        .filter(|e| e.data != "[DONE]")
+        .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok()?["choices"].get(0)?["delta"]["content"].as_str().map(str::to_owned))
+        .collect()
+}

@@ -1,0 +1,9 @@
+//! Gateway integration tests: keel on loopback in front of keel-sim servers.
+//! One test binary (faster to link); one module per concern.
+
+mod bad_input;
+mod failover;
+mod harness;
+mod lifecycle;
+mod proxy;
+mod streams;
