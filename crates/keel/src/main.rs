@@ -1,1 +1,238 @@
-fn main(){}
+//! The `keel` command: `serve`, `check`, `demo`, `sim`, `sim load`, `bench`.
+#![forbid(unsafe_code)]
+
+mod bench;
+mod demo;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use keel_gateway::{Config, Gateway};
+
+#[derive(Parser)]
+#[command(name = "keel", version, about = "LLM inference routing and resilience layer")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve {
+        #[arg(long, default_value = "keel.toml")]
+        config: String,
+        /// Overrides `listen` from the config.
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+    },
+    /// Validate a config file and print precise errors and warnings.
+    Check {
+        #[arg(long, default_value = "keel.toml")]
+        config: String,
+    },
+    /// Start a simulated fleet and the gateway in front of it, send sample requests, keep serving.
+    Demo(demo::DemoArgs),
+    /// Start simulated model servers (or, with `load`, drive load at one).
+    Sim(SimArgs),
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        which: bench::BenchCommand,
+    },
+}
+
+#[derive(Args)]
+struct SimArgs {
+    #[command(subcommand)]
+    load: Option<SimSub>,
+    /// Number of identical default servers (ignored with --config).
+    #[arg(long, default_value_t = 3)]
+    servers: usize,
+    /// A fleet description (TOML).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// First port; servers take consecutive ports (0 = any free ports).
+    #[arg(long, default_value_t = 0)]
+    base_port: u16,
+}
+
+#[derive(Subcommand)]
+enum SimSub {
+    /// Open-loop load against a base URL.
+    Load(LoadArgs),
+}
+
+#[derive(Args)]
+struct LoadArgs {
+    /// Base URL as an SDK takes it (e.g. http://127.0.0.1:8080/v1, or http://127.0.0.1:8080 for Anthropic).
+    #[arg(long)]
+    url: String,
+    #[arg(long)]
+    model: String,
+    #[arg(long, default_value_t = 10.0)]
+    rps: f64,
+    /// Seconds.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    #[arg(long)]
+    stream: bool,
+    /// `chat`, `completions` or `messages`.
+    #[arg(long, default_value = "chat")]
+    endpoint: String,
+    #[arg(long)]
+    concurrency_limit: Option<usize>,
+    #[arg(long, default_value_t = 32)]
+    max_tokens: u64,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    keel_gateway::install_crypto();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("keel: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async move {
+        match cli.command {
+            Command::Serve { config, listen } => serve(&config, listen).await,
+            Command::Check { config } => check(&config),
+            Command::Demo(args) => demo::run(args).await,
+            Command::Sim(args) => sim(args).await,
+            Command::Bench { which } => bench::run(which).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("keel: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(path: &str) -> Result<(), String> {
+    let cfg = Config::load(path).map_err(|e| e.to_string())?;
+    for w in &cfg.warnings {
+        println!("warning: {w}");
+    }
+    let variants: usize = cfg.pools.iter().map(|p| p.variants.len()).sum();
+    println!("{path}: ok ({} pools, {variants} variants, listen {})", cfg.pools.len(), cfg.listen);
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+async fn serve(path: &str, listen: Option<std::net::SocketAddr>) -> Result<(), String> {
+    init_tracing();
+    let mut cfg = Config::load(path).map_err(|e| e.to_string())?;
+    if let Some(l) = listen {
+        cfg.listen = l;
+    }
+    for w in &cfg.warnings {
+        tracing::warn!("{w}");
+    }
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let gw = Gateway::new(cfg);
+    tracing::info!(%addr, pools = gw.pools().len(), "keel listening");
+    println!("keel listening on http://{addr}");
+    keel_gateway::server::serve(gw, listener, shutdown_signal()).await.map_err(|e| e.to_string())
+}
+
+async fn sim(args: SimArgs) -> Result<(), String> {
+    if let Some(SimSub::Load(l)) = args.load {
+        return load(l).await;
+    }
+    init_tracing();
+    let mut cfg = match &args.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: cannot read: {e}", p.display()))?;
+            keel_sim::FleetConfig::from_toml(&text, &p.display().to_string()).map_err(|e| e.to_string())?
+        }
+        None => keel_sim::FleetConfig::uniform(args.servers.max(1)),
+    };
+    if args.base_port != 0 {
+        let mut port = args.base_port;
+        let expanded = cfg.expanded();
+        for s in &mut cfg.servers {
+            s.port = 0;
+        }
+        cfg.servers = expanded
+            .into_iter()
+            .map(|mut s| {
+                s.port = port;
+                port = port.saturating_add(1);
+                s
+            })
+            .collect();
+    }
+    let started = std::time::Instant::now();
+    let fleet = keel_sim::Fleet::start(&cfg).await.map_err(|e| format!("cannot start the fleet: {e}"))?;
+    println!("keel-sim: {} servers up in {:.0} ms", fleet.servers.len(), started.elapsed().as_secs_f64() * 1000.0);
+    for s in &fleet.servers {
+        println!("  {:<12} openai {}   anthropic {}   faults http://{}/sim/faults", s.name, s.openai_base(), s.anthropic_base(), s.addr);
+    }
+    shutdown_signal().await;
+    Ok(())
+}
+
+async fn load(l: LoadArgs) -> Result<(), String> {
+    let endpoint = match l.endpoint.as_str() {
+        "chat" => keel_core::protocol::Endpoint::ChatCompletions,
+        "completions" => keel_core::protocol::Endpoint::Completions,
+        "messages" => keel_core::protocol::Endpoint::Messages,
+        other => return Err(format!("--endpoint: expected chat, completions or messages, got `{other}`")),
+    };
+    if !(l.rps > 0.0 && l.rps.is_finite()) {
+        return Err("--rps must be a positive number".into());
+    }
+    let mut cfg = keel_sim::load::LoadConfig::new(&l.url, &l.model);
+    cfg.endpoint = endpoint;
+    cfg.rps = l.rps;
+    cfg.duration = Duration::from_secs_f64(l.duration.max(0.0));
+    cfg.stream = l.stream;
+    cfg.concurrency_limit = l.concurrency_limit;
+    cfg.max_tokens = l.max_tokens;
+    let report = keel_sim::load::run(cfg).await;
+    print!("{}", report.table());
+    if let Some(p) = l.json {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
+        println!("report written to {}", p.display());
+    }
+    Ok(())
+}

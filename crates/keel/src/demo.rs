@@ -1,0 +1,191 @@
+//! `keel demo`: a simulated fleet and the gateway in front of it, on one machine, no API key.
+//!
+//! Pools: `demo-gpt` (four OpenAI-protocol variants; `gpt-flaky` fails a third of its requests
+//! with 503 and resets a few connections) and `demo-claude` (two Anthropic-protocol variants).
+//! The config is embedded; `--print-config` prints it as a starting point for a real keel.toml.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::{json, Value};
+
+use keel_gateway::{Config, Gateway};
+use keel_sim::{FaultKind, FaultSpec, Fleet, FleetConfig, ServerConfig};
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Where the gateway listens.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: std::net::SocketAddr,
+    /// First port of the simulated fleet (six consecutive ports).
+    #[arg(long, default_value_t = 18101)]
+    sim_base_port: u16,
+    /// Print the embedded gateway config and exit.
+    #[arg(long)]
+    print_config: bool,
+    /// Exit after the sample requests instead of serving until interrupted.
+    #[arg(long)]
+    no_wait: bool,
+}
+
+/// The embedded config; `{P0}`…`{P5}` are the simulated servers' ports.
+const DEMO_CONFIG: &str = r#"# keel demo configuration: two pools over a simulated fleet (keel sim).
+# Copy it as a starting point for your own keel.toml: point `url` at real servers,
+# set `api_key = "${OPENAI_API_KEY}"` (environment interpolation), and tune the timeouts.
+listen = "{LISTEN}"
+max_attempts = 3
+
+[timeouts]
+connect_ms = 1000
+first_token_ms = 15000
+stall_ms = 10000
+total_ms = 600000
+
+[retry_budget]
+ratio = 0.2
+window_ms = 10000
+min_retries_per_sec = 10
+
+[[pools]]
+name = "demo-gpt"
+aliases = ["gpt-4o-mini"]
+
+[[pools.variants]]
+name = "gpt-a"
+url = "http://127.0.0.1:{P0}/v1"
+protocol = "openai"
+upstream_model = "sim"
+weight = 1
+
+[[pools.variants]]
+name = "gpt-b"
+url = "http://127.0.0.1:{P1}/v1"
+protocol = "openai"
+upstream_model = "sim"
+weight = 1
+
+[[pools.variants]]
+name = "gpt-c"
+url = "http://127.0.0.1:{P2}/v1"
+protocol = "openai"
+upstream_model = "sim"
+weight = 1
+
+[[pools.variants]]
+name = "gpt-flaky"
+url = "http://127.0.0.1:{P3}/v1"
+protocol = "openai"
+upstream_model = "sim"
+weight = 1
+
+[[pools]]
+name = "demo-claude"
+
+[[pools.variants]]
+name = "claude-a"
+url = "http://127.0.0.1:{P4}"
+protocol = "anthropic"
+upstream_model = "sim"
+
+[[pools.variants]]
+name = "claude-b"
+url = "http://127.0.0.1:{P5}"
+protocol = "anthropic"
+upstream_model = "sim"
+"#;
+
+fn config_text(args: &DemoArgs) -> String {
+    let mut text = DEMO_CONFIG.replace("{LISTEN}", &args.listen.to_string());
+    for i in 0..6u16 {
+        text = text.replace(&format!("{{P{i}}}"), &(args.sim_base_port + i).to_string());
+    }
+    text
+}
+
+fn fleet_config(base_port: u16) -> FleetConfig {
+    let names = ["gpt-a", "gpt-b", "gpt-c", "gpt-flaky", "claude-a", "claude-b"];
+    let servers = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut s = ServerConfig { name: (*name).into(), port: base_port + i as u16, ttft_ms: 60.0 + 15.0 * i as f64, gap_ms: 15.0, ..Default::default() };
+            if *name == "gpt-flaky" {
+                let mut errors = FaultSpec::new(FaultKind::Error);
+                errors.status = Some(503);
+                errors.rate = Some(0.35);
+                let mut resets = FaultSpec::new(FaultKind::Reset);
+                resets.rate = Some(0.1);
+                s.faults = vec![errors, resets];
+                s.tail_prob = 0.1;
+            }
+            s
+        })
+        .collect();
+    FleetConfig { servers, ..Default::default() }
+}
+
+pub async fn run(args: DemoArgs) -> Result<(), String> {
+    if args.print_config {
+        print!("{}", config_text(&args));
+        return Ok(());
+    }
+    let fleet = Fleet::start(&fleet_config(args.sim_base_port))
+        .await
+        .map_err(|e| format!("cannot start the simulated fleet on ports {}-{}: {e} (try --sim-base-port)", args.sim_base_port, args.sim_base_port + 5))?;
+    let cfg = Config::parse(&config_text(&args), "<embedded demo config>", &Default::default()).map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e} (try --listen)", args.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let gw = Gateway::new(cfg);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(keel_gateway::server::serve(gw, listener, async move {
+        let _ = stopped.await;
+    }));
+
+    println!("keel demo: simulated fleet of {} servers, gateway on http://{addr}", fleet.servers.len());
+    println!("  OpenAI base URL:    http://{addr}/v1      (model demo-gpt)");
+    println!("  Anthropic base URL: http://{addr}         (model demo-claude)");
+    println!("  try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\");
+    println!("         -d '{{\"model\":\"demo-gpt\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'");
+    println!("  metrics: http://{addr}/metrics   health: http://{addr}/keel/health\n");
+    println!("sample requests:");
+    println!("  {:<4} {:<12} {:<7} {:<10} {:<9} {:>8} {:>6}  {}", "#", "model", "stream", "variant", "route", "attempts", "ms", "status");
+    let client = keel_sim::http_client();
+    let mut ok = 0;
+    for i in 0..10 {
+        let (model, stream) = if i % 5 == 4 { ("demo-claude", i % 2 == 0) } else { ("demo-gpt", i % 2 == 1) };
+        let (path, body) = if model == "demo-claude" {
+            ("/v1/messages", json!({"model": model, "max_tokens": 40, "stream": stream, "messages": [{"role": "user", "content": format!("sample {i}")}]}))
+        } else {
+            ("/v1/chat/completions", json!({"model": model, "max_tokens": 40, "stream": stream, "messages": [{"role": "user", "content": format!("sample {i}")}]}))
+        };
+        let t = Instant::now();
+        let r = client.post(format!("http://{addr}{path}")).json(&body).send().await.map_err(|e| e.to_string())?;
+        let h = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
+        let (variant, route, attempts, status) = (h("x-keel-variant"), h("x-keel-route"), h("x-keel-attempts"), r.status());
+        let body = r.bytes().await.map_err(|e| e.to_string())?;
+        let complete = if stream {
+            let text = String::from_utf8_lossy(&body);
+            text.contains("[DONE]") || text.contains("message_stop")
+        } else {
+            serde_json::from_slice::<Value>(&body).is_ok()
+        };
+        if status.is_success() && complete {
+            ok += 1;
+        }
+        println!(
+            "  {:<4} {:<12} {:<7} {:<10} {:<9} {:>8} {:>6}  {}{}",
+            i, model, stream, variant, route, attempts, t.elapsed().as_millis(), status.as_u16(), if complete { "" } else { " (incomplete)" }
+        );
+    }
+    println!("\n{ok}/10 sample requests served intact (gpt-flaky fails about a third of its requests; keel fails over before the first byte).");
+    if args.no_wait {
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+        return if ok == 10 { Ok(()) } else { Err(format!("only {ok}/10 sample requests succeeded")) };
+    }
+    println!("serving until interrupted (Ctrl-C)…");
+    crate::shutdown_signal().await;
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(35), server).await;
+    Ok(())
+}

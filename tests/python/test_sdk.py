@@ -1,0 +1,66 @@
+"""The official SDKs, pointed at keel's base URL, work unchanged."""
+import anthropic
+import openai
+
+
+def test_openai_streamed_chat_arrives_intact(keel_demo):
+    client = openai.OpenAI(base_url=keel_demo + "/v1", api_key="not-needed", max_retries=0)
+    whole = client.chat.completions.create(
+        model="demo-gpt", messages=[{"role": "user", "content": "stream please"}]
+    )
+    expected = whole.choices[0].message.content
+    assert expected
+    # Several streams: the fleet has a flaky variant, and keel must hide it every time.
+    for _ in range(8):
+        stream = client.chat.completions.create(
+            model="demo-gpt",
+            messages=[{"role": "user", "content": "stream please"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        text, finish, usage = "", None, None
+        for chunk in stream:
+            if chunk.usage:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                finish = choice.finish_reason or finish
+        assert text == expected
+        assert finish == "stop"
+        assert usage is not None and usage.completion_tokens > 0
+
+
+def test_openai_headers_and_errors(keel_demo):
+    client = openai.OpenAI(base_url=keel_demo + "/v1", api_key="x", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="demo-gpt", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert raw.headers["x-keel-request-id"]
+    assert raw.headers["x-keel-route"] in ("direct", "fallback")
+    try:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+        raise AssertionError("expected NotFoundError")
+    except openai.NotFoundError as e:
+        assert "known models" in str(e)
+    models = [m.id for m in client.models.list()]
+    assert models == ["demo-gpt", "demo-claude"]
+
+
+def test_anthropic_stream_and_message(keel_demo):
+    client = anthropic.Anthropic(base_url=keel_demo, api_key="not-needed", max_retries=0)
+    msg = client.messages.create(
+        model="demo-claude", max_tokens=64, messages=[{"role": "user", "content": "hello"}]
+    )
+    assert msg.stop_reason in ("end_turn", "max_tokens")
+    with client.messages.stream(
+        model="demo-claude", max_tokens=64, messages=[{"role": "user", "content": "hello"}]
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == msg.content[0].text
+    assert final.usage.output_tokens == msg.usage.output_tokens
+    try:
+        client.messages.create(model="demo-claude", messages=[{"role": "user", "content": "x"}], max_tokens=-1)
+        raise AssertionError("expected BadRequestError")
+    except anthropic.BadRequestError as e:
+        assert "max_tokens" in str(e)
