@@ -178,7 +178,52 @@ fn describe_json_error(e: &serde_json::Error) -> String {
 /// every other key replaces the client's value.
 pub const CAPPED_PARAMS: &[&str] = &["max_tokens", "max_completion_tokens"];
 
+/// The upstream body as a serializable view: the client's fields in their order with `model`
+/// replaced and the variant's overrides applied, written without copying the client's body
+/// (messages can be megabytes).
+pub struct UpstreamBody<'a> {
+    req: &'a CanonicalRequest,
+    upstream_model: &'a str,
+    params: &'a Map<String, Value>,
+}
+
+impl serde::Serialize for UpstreamBody<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        let override_for = |k: &str, cur: &Value| -> Option<Value> {
+            let v = self.params.get(k)?;
+            if CAPPED_PARAMS.contains(&k) {
+                if let (Some(cap), Some(c)) = (v.as_u64(), cur.as_u64()) {
+                    return Some(Value::from(c.min(cap)));
+                }
+            }
+            Some(v.clone())
+        };
+        for (k, v) in &self.req.body {
+            if k == "model" {
+                m.serialize_entry(k, self.upstream_model)?;
+            } else if let Some(o) = override_for(k, v) {
+                m.serialize_entry(k, &o)?;
+            } else {
+                m.serialize_entry(k, v)?;
+            }
+        }
+        for (k, v) in self.params {
+            if !self.req.body.contains_key(k) {
+                m.serialize_entry(k, v)?;
+            }
+        }
+        m.end()
+    }
+}
+
 impl CanonicalRequest {
+    /// A serializable view of the body for one variant (see [`UpstreamBody`]).
+    pub fn upstream_view<'a>(&'a self, upstream_model: &'a str, params: &'a Map<String, Value>) -> UpstreamBody<'a> {
+        UpstreamBody { req: self, upstream_model, params }
+    }
+
     /// The body to send to one variant: the client's body with the upstream model name and the
     /// variant's parameter overrides applied.
     pub fn upstream_body(&self, upstream_model: &str, params: &Map<String, Value>) -> Map<String, Value> {
@@ -240,5 +285,7 @@ mod tests {
         assert_eq!(b["max_tokens"], 100);
         assert_eq!(b["temperature"], 0);
         assert_eq!(b["x_custom"], json!({"a":1}));
+        let view = serde_json::to_value(r.upstream_view("real-model", &params)).unwrap();
+        assert_eq!(view, Value::Object(b));
     }
 }

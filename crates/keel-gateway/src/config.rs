@@ -75,6 +75,7 @@ struct RawConfig {
     drain_ms: Option<u64>,
     max_attempts: Option<u32>,
     allow_force_variant: Option<bool>,
+    worker_threads: Option<usize>,
     #[serde(default)]
     timeouts: RawTimeouts,
     retry_budget: Option<RawBudget>,
@@ -150,6 +151,8 @@ pub struct Config {
     pub header_read_timeout_ms: u64,
     pub drain_ms: u64,
     pub allow_force_variant: bool,
+    /// Runtime worker threads for `keel serve` (default: one per core).
+    pub worker_threads: Option<usize>,
     pub retry_budget: RetryBudgetConfig,
     pub pools: Vec<PoolConfig>,
     /// Warnings that do not stop the gateway (printed by `keel check` and at start).
@@ -386,6 +389,10 @@ impl Config {
             header_read_timeout_ms: raw.header_read_timeout_ms.unwrap_or(10_000),
             drain_ms: raw.drain_ms.unwrap_or(30_000),
             allow_force_variant: raw.allow_force_variant.unwrap_or(false),
+            worker_threads: match raw.worker_threads {
+                Some(0) => return Err(ConfigError(format!("{origin}: worker_threads: must be at least 1"))),
+                w => w,
+            },
             retry_budget: budget,
             pools,
             warnings,

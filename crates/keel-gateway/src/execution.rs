@@ -279,7 +279,7 @@ impl WithoutUrl for reqwest::Error {
 
 async fn attempt(pool: &Pool, vi: usize, req: &CanonicalRequest, ctx: &RequestCtx) -> AttemptResult {
     let variant = &pool.variants[vi].cfg;
-    let body = match serde_json::to_vec(&req.upstream_body(&variant.upstream_model, &variant.params)) {
+    let body = match serde_json::to_vec(&req.upstream_view(&variant.upstream_model, &variant.params)) {
         Ok(b) => b,
         Err(e) => return AttemptResult::Failed(AttemptFailure::Malformed(format!("cannot encode request: {e}"))),
     };
@@ -321,7 +321,7 @@ async fn attempt(pool: &Pool, vi: usize, req: &CanonicalRequest, ctx: &RequestCt
             Ok(Err(e)) => return AttemptResult::Failed(transport_error(&e)),
             Ok(Ok(b)) => b,
         };
-        if let Err(e) = serde_json::from_slice::<serde_json::Value>(&body) {
+        if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
             return AttemptResult::Failed(AttemptFailure::Malformed(format!("response body is not JSON: {e}")));
         }
         return AttemptResult::Served(Served::Whole { status, headers, body });

@@ -392,7 +392,7 @@ impl Generation {
     async fn whole(self) -> Result<Response<Body>, io::Error> {
         let slot = self.acquire().await;
         let ttft = Duration::from_secs_f64(self.ttft_ms() / 1000.0);
-        tokio::time::sleep(ttft).await;
+        sleep_unless_zero(ttft).await;
         self.server.record_ttft(self.arrived.elapsed().as_secs_f64());
         let mut total = Duration::ZERO;
         for i in 0..self.reply.pieces.len() {
@@ -408,7 +408,7 @@ impl Generation {
             }
             total += self.gap();
         }
-        tokio::time::sleep(total).await;
+        sleep_unless_zero(total).await;
         drop(slot);
         let body = self.reply.body().to_string();
         if self.faults.malformed_after.is_some() {
@@ -442,6 +442,10 @@ impl Generation {
     async fn pump(self, tx: &mpsc::Sender<Result<Frame<Bytes>, io::Error>>) -> bool {
         let send = |bytes: Vec<u8>| async move { tx.send(Ok(Frame::data(Bytes::from(bytes)))).await.is_ok() };
         let wait = |d: Duration| async move {
+            if d.is_zero() {
+                // tokio's timer has millisecond resolution: a zero sleep would still cost ~1 ms.
+                return !tx.is_closed();
+            }
             tokio::select! {
                 _ = tokio::time::sleep(d) => true,
                 _ = tx.closed() => false,
@@ -495,6 +499,13 @@ impl Generation {
         }
         self.server.counters.completed.fetch_add(1, Ordering::Relaxed);
         true
+    }
+}
+
+/// Sleeps, except for zero durations (tokio's timer would round them up to a millisecond).
+async fn sleep_unless_zero(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
     }
 }
 

@@ -100,7 +100,27 @@ fn init_tracing() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     keel_gateway::install_crypto();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // `serve` reads its config first: it may set the runtime's worker threads.
+    let mut serve_cfg = None;
+    if let Command::Serve { config, listen } = &cli.command {
+        match Config::load(config) {
+            Ok(mut c) => {
+                if let Some(l) = listen {
+                    c.listen = *l;
+                }
+                serve_cfg = Some(c);
+            }
+            Err(e) => {
+                eprintln!("keel: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = serve_cfg.as_ref().and_then(|c| c.worker_threads) {
+        builder.worker_threads(n);
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("keel: cannot start the runtime: {e}");
@@ -109,7 +129,10 @@ fn main() -> ExitCode {
     };
     let result = rt.block_on(async move {
         match cli.command {
-            Command::Serve { config, listen } => serve(&config, listen).await,
+            Command::Serve { .. } => match serve_cfg {
+                Some(cfg) => serve(cfg).await,
+                None => Err("no configuration".into()),
+            },
             Command::Check { config } => check(&config),
             Command::Demo(args) => demo::run(args).await,
             Command::Sim(args) => sim(args).await,
@@ -156,12 +179,8 @@ pub async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-async fn serve(path: &str, listen: Option<std::net::SocketAddr>) -> Result<(), String> {
+async fn serve(cfg: Config) -> Result<(), String> {
     init_tracing();
-    let mut cfg = Config::load(path).map_err(|e| e.to_string())?;
-    if let Some(l) = listen {
-        cfg.listen = l;
-    }
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }
