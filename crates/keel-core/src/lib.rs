@@ -8,7 +8,9 @@
 #![forbid(unsafe_code)]
 
 pub mod budget;
+pub mod health;
 pub mod outcome;
+pub mod p2c;
 pub mod protocol;
 pub mod request;
 pub mod rng;

@@ -1,29 +1,131 @@
 //! Stage 1, selection: turn a pool's variants into an ordered plan (primary, then fallbacks).
 //!
 //! Selection sits behind one small trait, [`Selector`], so that policies are interchangeable and
-//! testable alone: a policy sees only plain data about the candidates and returns an order. It
-//! never reads a clock or a random source; availability (cooldowns) is decided by the caller
-//! with `now_ms` passed in.
+//! testable alone: a policy sees only plain data about the candidates ([`Candidate`]) and the
+//! request ([`RequestSignals`]) and returns an order. It never reads a clock; randomness comes
+//! from an [`Rng`] the policy was built with (seeded in tests). Availability (cooldowns,
+//! ejection, context fit, tier floor) is decided by the caller and arrives as `available`.
 //!
-//! The policy shipped here is smooth weighted round robin (the algorithm nginx uses): every
-//! selection adds each candidate's weight to its running score, picks the highest score, and
-//! subtracts the total weight from the winner. Over any window the picks match the weights, and
-//! they are spread out rather than bunched (weights 5,1,1 give a a b a c a a, not a a a a a b c).
+//! Two policies:
+//! * [`WeightedRoundRobin`], smooth weighted round robin (nginx's algorithm): each selection adds
+//!   every candidate's weight to its running score, picks the highest, and subtracts the total
+//!   from the winner; picks match weights and are spread out (5,1,1 gives a a b a c a a).
+//!   Health is ignored: this is the "plain round robin" baseline.
+//! * [`PowerOfTwo`] (module [`crate::p2c`]), keel's default: live cost with affinity.
+
+pub use crate::p2c::PowerOfTwo;
+use crate::rng::Rng;
 
 /// What a policy knows about one variant for one request.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Candidate {
     /// Position of the variant in its pool.
     pub index: usize,
+    /// Configured weight.
     pub weight: u32,
-    /// False while the variant is cooling down or its credential is marked broken.
+    /// False while the variant may not take this request (cooling down, credential broken,
+    /// ejected or warming up, at its concurrency limit, context too small, below the tier floor).
     pub available: bool,
+    /// Live health weight in 0..=1 (see [`crate::health`]).
+    pub health: f64,
+    /// Predicted time to first token (peak-EWMA), ms.
+    pub predicted_ttft_ms: f64,
+    pub in_flight: u32,
+    /// 1 = best fidelity.
+    pub tier: u8,
+    /// Relative price (for `low-cost`).
+    pub price: f64,
+    /// Recent P95 of TTFT, when known.
+    pub p95_ttft_ms: Option<f64>,
+    /// A stable hash of the variant's name (for rendezvous hashing).
+    pub name_hash: u64,
+}
+
+impl Candidate {
+    /// A candidate with neutral live signals (tests, round robin).
+    pub fn plain(index: usize, weight: u32, available: bool) -> Self {
+        Candidate {
+            index,
+            weight,
+            available,
+            health: 1.0,
+            predicted_ttft_ms: 100.0,
+            in_flight: 0,
+            tier: 1,
+            price: 1.0,
+            p95_ttft_ms: None,
+            name_hash: crate::rng::mix(index as u64 + 1),
+        }
+    }
+}
+
+/// `x-keel-preference`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Preference {
+    #[default]
+    LowLatency,
+    HighFidelity,
+    LowCost,
+}
+
+impl Preference {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "low-latency" => Some(Preference::LowLatency),
+            "high-fidelity" => Some(Preference::HighFidelity),
+            "low-cost" => Some(Preference::LowCost),
+            _ => None,
+        }
+    }
+}
+
+/// Request-level inputs to selection, bundled so new signals do not change the trait.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RequestSignals {
+    /// Session or prefix key when the pool uses affinity.
+    pub affinity_key: Option<u64>,
+    pub preference: Preference,
+    /// The pool's `slo_ttft_p95_ms`.
+    pub slo_ttft_p95_ms: Option<f64>,
+}
+
+/// Why the primary was chosen (decision records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reason {
+    #[default]
+    RoundRobin,
+    /// Lower cost of two random choices.
+    PowerOfTwo,
+    /// The only eligible variant.
+    Only,
+    /// Affinity: the key's rendezvous choice.
+    Affinity,
+    /// Affinity, but the preferred variant was over the load bound.
+    AffinityOverflow,
+    /// Nothing within the SLO: chosen among those outside it.
+    OutsideSlo,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::RoundRobin => "round_robin",
+            Reason::PowerOfTwo => "p2c",
+            Reason::Only => "only",
+            Reason::Affinity => "affinity",
+            Reason::AffinityOverflow => "affinity_overflow",
+            Reason::OutsideSlo => "outside_slo",
+        }
+    }
 }
 
 /// An ordered list of variant indexes: the first is the primary, the rest are fallbacks.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Plan {
     pub order: Vec<usize>,
+    pub reason: Reason,
+    /// (index, cost) of every eligible candidate, for the decision record.
+    pub costs: Vec<(usize, f64)>,
 }
 
 /// A selection policy.
@@ -31,7 +133,16 @@ pub trait Selector: Send {
     /// Name used as the `policy` label in metrics and logs.
     fn name(&self) -> &'static str;
     /// Orders the available candidates. Unavailable ones are never part of the plan.
-    fn plan(&mut self, candidates: &[Candidate]) -> Plan;
+    fn plan(&mut self, candidates: &[Candidate], signals: &RequestSignals) -> Plan;
+}
+
+/// Builds a policy by name (`p2c` or `round_robin`), seeded.
+pub fn policy(name: &str, seed: u64) -> Option<Box<dyn Selector>> {
+    match name {
+        "p2c" => Some(Box::new(PowerOfTwo::new(Rng::new(seed)))),
+        "round_robin" => Some(Box::new(WeightedRoundRobin::new())),
+        _ => None,
+    }
 }
 
 /// Smooth weighted round robin; fallbacks follow in descending weight, ties by index.
@@ -52,7 +163,7 @@ impl Selector for WeightedRoundRobin {
         "weighted_round_robin"
     }
 
-    fn plan(&mut self, candidates: &[Candidate]) -> Plan {
+    fn plan(&mut self, candidates: &[Candidate], _signals: &RequestSignals) -> Plan {
         let max_index = candidates.iter().map(|c| c.index + 1).max().unwrap_or(0);
         if self.current.len() < max_index {
             self.current.resize(max_index, 0);
@@ -75,7 +186,7 @@ impl Selector for WeightedRoundRobin {
         let mut order = Vec::with_capacity(rest.len() + 1);
         order.push(best);
         order.extend(rest.iter().map(|c| c.index));
-        Plan { order }
+        Plan { order, reason: Reason::RoundRobin, costs: Vec::new() }
     }
 }
 
@@ -120,14 +231,14 @@ mod tests {
     use super::*;
 
     fn cands(weights: &[u32]) -> Vec<Candidate> {
-        weights.iter().enumerate().map(|(i, &w)| Candidate { index: i, weight: w, available: true }).collect()
+        weights.iter().enumerate().map(|(i, &w)| Candidate::plain(i, w, true)).collect()
     }
 
     #[test]
     fn smooth_sequence_matches_nginx() {
         let mut s = WeightedRoundRobin::new();
         let c = cands(&[5, 1, 1]);
-        let picks: Vec<usize> = (0..7).map(|_| s.plan(&c).order[0]).collect();
+        let picks: Vec<usize> = (0..7).map(|_| s.plan(&c, &RequestSignals::default()).order[0]).collect();
         assert_eq!(picks, vec![0, 0, 1, 0, 2, 0, 0]);
     }
 
@@ -136,7 +247,7 @@ mod tests {
         let mut s = WeightedRoundRobin::new();
         let mut c = cands(&[1, 3, 2, 1]);
         c[2].available = false;
-        let p = s.plan(&c);
+        let p = s.plan(&c, &RequestSignals::default());
         assert_eq!(p.order, vec![1, 0, 3]);
         let mut sorted = p.order.clone();
         sorted.sort();
@@ -149,7 +260,7 @@ mod tests {
         let mut c = cands(&[1, 1]);
         c[0].available = false;
         c[1].weight = 0;
-        assert!(s.plan(&c).order.is_empty());
+        assert!(s.plan(&c, &RequestSignals::default()).order.is_empty());
     }
 
     #[test]

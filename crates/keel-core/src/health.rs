@@ -1,0 +1,517 @@
+//! Live health of one variant: statistics fed by every attempt, a weight with hysteresis, and
+//! the ejection / probing / slow-start / warm-up lifecycle. Pure: `now_ms` is passed to every
+//! call, reads never mutate.
+//!
+//! **Signals.** Peak-EWMA of time to first token (a slower sample replaces the estimate at once,
+//! faster ones blend in with decay `decay_ms`, as tower's `PeakEwma`); EWMA of inter-token gaps;
+//! token-gap variance (TGSV: standard deviation of the last 10 inter-chunk gaps of each stream,
+//! blended per variant); EWMA error rate; a windowed P95 of TTFT; scraped KV-cache usage and
+//! waiting requests (vLLM / llama.cpp metrics).
+//!
+//! **Weights.** Each signal maps to a factor by a piecewise curve relative to the variant's own
+//! baseline (for TTFT and TGSV: ratio to a baseline that follows improvements at once and
+//! degradations only slowly, over `baseline_decay_ms`): 1 in the normal band, linear down to 0.1
+//! through the warning band, 0.1 in the severe band. The weight is the product of the factors.
+//!
+//! **Hysteresis.** A variant goes to weight 0 (ejected) only after some signal has been severe
+//! for `eject_after_ms` continuously, so a momentary spike lowers its share but never causes
+//! oscillation. Ejected variants are probed every `probe_interval_ms`; a successful probe starts
+//! warm-up (`prewarm_requests` requests, no client traffic) and then a slow-start ramp from 10%
+//! to 100% of its weight over `slow_start_ms`.
+
+/// Bands of one signal: `warn` is where decay starts, `severe` where the floor is reached.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Band {
+    pub warn: f64,
+    pub severe: f64,
+}
+
+impl Band {
+    /// 1 up to `warn`, linear to [`FLOOR`] at `severe`, `FLOOR` beyond.
+    pub fn factor(&self, x: f64) -> f64 {
+        if !(x > self.warn) {
+            1.0
+        } else if x >= self.severe {
+            FLOOR
+        } else {
+            1.0 - (1.0 - FLOOR) * (x - self.warn) / (self.severe - self.warn)
+        }
+    }
+
+    pub fn is_severe(&self, x: f64) -> bool {
+        x >= self.severe
+    }
+}
+
+/// The lowest weight of a variant that is degraded but not ejected.
+pub const FLOOR: f64 = 0.1;
+
+/// Health parameters (per pool).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HealthConfig {
+    /// Decay of the TTFT, gap and TGSV estimates.
+    pub decay_ms: f64,
+    /// Decay of the error rate: errors must weigh in within a second or two.
+    pub error_decay_ms: f64,
+    pub baseline_decay_ms: f64,
+    /// TTFT as a ratio of the variant's baseline. Defaults 2× / 5×: hosted APIs routinely vary by
+    /// 2× across minutes; 5× is a sick instance.
+    pub ttft_ratio: Band,
+    /// TGSV as a ratio of the baseline gap.
+    pub tgsv_ratio: Band,
+    /// Error rate (EWMA of 0/1 outcomes).
+    pub error_rate: Band,
+    /// Scraped KV-cache usage (0..1).
+    pub kv_usage: Band,
+    /// Scraped waiting requests.
+    pub waiting: Band,
+    pub eject_after_ms: u64,
+    pub probe_interval_ms: u64,
+    pub slow_start_ms: u64,
+    pub prewarm_requests: u32,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            decay_ms: 10_000.0,
+            error_decay_ms: 1_000.0,
+            baseline_decay_ms: 300_000.0,
+            ttft_ratio: Band { warn: 2.0, severe: 5.0 },
+            tgsv_ratio: Band { warn: 3.0, severe: 10.0 },
+            error_rate: Band { warn: 0.05, severe: 0.3 },
+            kv_usage: Band { warn: 0.85, severe: 0.98 },
+            waiting: Band { warn: 4.0, severe: 32.0 },
+            eject_after_ms: 3_000,
+            probe_interval_ms: 1_000,
+            slow_start_ms: 10_000,
+            prewarm_requests: 2,
+        }
+    }
+}
+
+/// A time-decayed moving average; `peak` makes larger samples replace the value at once.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Ewma {
+    value: Option<f64>,
+    at_ms: u64,
+}
+
+impl Ewma {
+    pub fn get(&self) -> Option<f64> {
+        self.value
+    }
+
+    pub fn record(&mut self, now_ms: u64, sample: f64, decay_ms: f64, peak: bool) {
+        self.value = Some(match self.value {
+            None => sample,
+            Some(v) if peak && sample > v => sample,
+            Some(v) => {
+                let dt = now_ms.saturating_sub(self.at_ms) as f64;
+                // At least a small step per sample, so bursts within one millisecond still count.
+                let w = (-dt.max(1.0) / decay_ms.max(1.0)).exp();
+                v * w + sample * (1.0 - w)
+            }
+        });
+        self.at_ms = now_ms;
+    }
+
+    pub fn reset(&mut self) {
+        self.value = None;
+    }
+
+    /// The value as of `now_ms`, relaxed toward `target` for the time without samples: a peak
+    /// fades even when the variant gets little traffic (as it does when its weight is low).
+    pub fn relaxed(&self, now_ms: u64, target: f64, decay_ms: f64) -> Option<f64> {
+        let v = self.value?;
+        let dt = now_ms.saturating_sub(self.at_ms) as f64;
+        Some(target + (v - target) * (-dt / decay_ms.max(1.0)).exp())
+    }
+}
+
+/// Ring of recent TTFT samples for a windowed P95.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Window {
+    samples: Vec<(u64, f64)>,
+    next: usize,
+    p95: Option<f64>,
+}
+
+const WINDOW_SAMPLES: usize = 64;
+const WINDOW_MS: u64 = 60_000;
+
+impl Window {
+    fn record(&mut self, now_ms: u64, v: f64) {
+        if self.samples.len() < WINDOW_SAMPLES {
+            self.samples.push((now_ms, v));
+        } else {
+            self.samples[self.next] = (now_ms, v);
+        }
+        self.next = (self.next + 1) % WINDOW_SAMPLES;
+        let mut recent: Vec<f64> = self.samples.iter().filter(|(t, _)| now_ms.saturating_sub(*t) <= WINDOW_MS).map(|s| s.1).collect();
+        recent.sort_by(f64::total_cmp);
+        self.p95 = recent.get(((recent.len() as f64 * 0.95).ceil() as usize).saturating_sub(1)).copied();
+    }
+}
+
+/// Where a variant is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// New, restarted or back from ejection: `remaining` warm-up requests before client traffic.
+    Warming { remaining: u32 },
+    /// Taking traffic, ramping up since `since_ms`.
+    SlowStart { since_ms: u64 },
+    Healthy,
+    /// No client traffic; probed every `probe_interval_ms`.
+    Ejected { since_ms: u64, last_probe_ms: u64 },
+}
+
+impl State {
+    /// Numeric form for the `keel_variant_state` gauge.
+    pub fn code(&self) -> u8 {
+        match self {
+            State::Healthy => 0,
+            State::SlowStart { .. } => 1,
+            State::Warming { .. } => 2,
+            State::Ejected { .. } => 3,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            State::Healthy => "healthy",
+            State::SlowStart { .. } => "slow_start",
+            State::Warming { .. } => "warming",
+            State::Ejected { .. } => "ejected",
+        }
+    }
+}
+
+/// The factors behind a weight, for decision records.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Factors {
+    pub ttft: f64,
+    pub tgsv: f64,
+    pub errors: f64,
+    pub kv: f64,
+    pub waiting: f64,
+    pub ramp: f64,
+}
+
+impl Factors {
+    pub fn product(&self) -> f64 {
+        self.ttft * self.tgsv * self.errors * self.kv * self.waiting * self.ramp
+    }
+}
+
+/// Live statistics and lifecycle of one variant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VariantHealth {
+    pub ttft_ms: Ewma,
+    baseline_ttft_ms: Ewma,
+    pub gap_ms: Ewma,
+    baseline_gap_ms: Ewma,
+    pub tgsv_ms: Ewma,
+    pub error_rate: Ewma,
+    window: Window,
+    pub kv_usage: Option<f64>,
+    pub waiting: Option<f64>,
+    pub state: State,
+    severe_since_ms: Option<u64>,
+    /// Whether the latest TTFT sample was in the severe band: a spike lasts exactly as long as
+    /// its samples do, so `eject_after_ms` is measured without estimator lag.
+    last_ttft_severe: bool,
+    last_tgsv_severe: bool,
+}
+
+impl VariantHealth {
+    /// A variant that must warm up first (`prewarm` requests; 0 starts it healthy).
+    pub fn new(prewarm: u32) -> Self {
+        VariantHealth {
+            ttft_ms: Ewma::default(),
+            baseline_ttft_ms: Ewma::default(),
+            gap_ms: Ewma::default(),
+            baseline_gap_ms: Ewma::default(),
+            tgsv_ms: Ewma::default(),
+            error_rate: Ewma::default(),
+            window: Window::default(),
+            kv_usage: None,
+            waiting: None,
+            state: if prewarm > 0 { State::Warming { remaining: prewarm } } else { State::Healthy },
+            severe_since_ms: None,
+            last_ttft_severe: false,
+            last_tgsv_severe: false,
+        }
+    }
+
+    /// Baselines follow improvements at once and degradations slowly.
+    fn record_baseline(b: &mut Ewma, now_ms: u64, sample: f64, cfg: &HealthConfig) {
+        match b.get() {
+            Some(v) if sample < v => b.record(now_ms, sample, cfg.decay_ms / 10.0, false),
+            _ => b.record(now_ms, sample, cfg.baseline_decay_ms, false),
+        }
+    }
+
+    pub fn record_ttft(&mut self, now_ms: u64, ms: f64, cfg: &HealthConfig) {
+        self.last_ttft_severe = self.baseline_ttft_ms.get().is_some_and(|b| b > 0.0 && cfg.ttft_ratio.is_severe(ms / b));
+        self.ttft_ms.record(now_ms, ms, cfg.decay_ms, true);
+        Self::record_baseline(&mut self.baseline_ttft_ms, now_ms, ms, cfg);
+        self.window.record(now_ms, ms);
+    }
+
+    /// Inter-token gaps of one stream (in order) and its TGSV over the last 10.
+    pub fn record_stream_gaps(&mut self, now_ms: u64, gaps_ms: &[f64], cfg: &HealthConfig) {
+        if gaps_ms.is_empty() {
+            return;
+        }
+        let mean = gaps_ms.iter().sum::<f64>() / gaps_ms.len() as f64;
+        self.gap_ms.record(now_ms, mean, cfg.decay_ms, false);
+        Self::record_baseline(&mut self.baseline_gap_ms, now_ms, mean, cfg);
+        let last = &gaps_ms[gaps_ms.len().saturating_sub(10)..];
+        if last.len() >= 2 {
+            let m = last.iter().sum::<f64>() / last.len() as f64;
+            let var = last.iter().map(|g| (g - m) * (g - m)).sum::<f64>() / (last.len() - 1) as f64;
+            let tgsv = var.sqrt();
+            self.last_tgsv_severe = self.baseline_gap_ms.get().is_some_and(|b| b > 0.0 && cfg.tgsv_ratio.is_severe(tgsv / b));
+            self.tgsv_ms.record(now_ms, tgsv, cfg.decay_ms, false);
+        }
+    }
+
+    /// An attempt's outcome: `true` when it served, `false` for a backend failure.
+    pub fn record_outcome(&mut self, now_ms: u64, ok: bool, cfg: &HealthConfig) {
+        self.error_rate.record(now_ms, if ok { 0.0 } else { 1.0 }, cfg.error_decay_ms, false);
+        if let State::Warming { remaining } = self.state {
+            if ok {
+                self.state = if remaining <= 1 { State::SlowStart { since_ms: now_ms } } else { State::Warming { remaining: remaining - 1 } };
+            }
+        }
+    }
+
+    pub fn record_scrape(&mut self, kv_usage: Option<f64>, waiting: Option<f64>) {
+        self.kv_usage = kv_usage;
+        self.waiting = waiting;
+    }
+
+    /// Recent P95 of TTFT (60 s window, last 64 samples).
+    pub fn p95_ttft_ms(&self) -> Option<f64> {
+        self.window.p95
+    }
+
+    /// Predicted TTFT for cost: the peak-EWMA, or a neutral guess before any sample.
+    pub fn predicted_ttft_ms(&self) -> f64 {
+        self.ttft_ms.get().unwrap_or(100.0)
+    }
+
+    pub fn factors(&self, now_ms: u64, cfg: &HealthConfig) -> Factors {
+        let ratio = |e: &Ewma, b: &Ewma, decay: f64| match b.get() {
+            Some(b) if b > 0.0 => e.relaxed(now_ms, b, decay).map(|v| v / b).unwrap_or(1.0),
+            _ => 1.0,
+        };
+        let errors = self.error_rate.relaxed(now_ms, 0.0, cfg.error_decay_ms).unwrap_or(0.0);
+        let ramp = match self.state {
+            State::SlowStart { since_ms } if cfg.slow_start_ms > 0 => {
+                (now_ms.saturating_sub(since_ms) as f64 / cfg.slow_start_ms as f64).clamp(FLOOR, 1.0)
+            }
+            _ => 1.0,
+        };
+        Factors {
+            ttft: cfg.ttft_ratio.factor(ratio(&self.ttft_ms, &self.baseline_ttft_ms, cfg.decay_ms)),
+            tgsv: cfg.tgsv_ratio.factor(ratio(&self.tgsv_ms, &self.baseline_gap_ms, cfg.decay_ms)),
+            errors: cfg.error_rate.factor(errors),
+            kv: self.kv_usage.map(|k| cfg.kv_usage.factor(k)).unwrap_or(1.0),
+            waiting: self.waiting.map(|w| cfg.waiting.factor(w)).unwrap_or(1.0),
+            ramp,
+        }
+    }
+
+    fn severe(&self, now_ms: u64, cfg: &HealthConfig) -> bool {
+        self.last_ttft_severe
+            || self.last_tgsv_severe
+            || cfg.error_rate.is_severe(self.error_rate.relaxed(now_ms, 0.0, cfg.error_decay_ms).unwrap_or(0.0))
+    }
+
+    /// The selection weight in 0..=1 (0 while warming or ejected).
+    pub fn weight(&self, now_ms: u64, cfg: &HealthConfig) -> f64 {
+        match self.state {
+            State::Warming { .. } | State::Ejected { .. } => 0.0,
+            _ => self.factors(now_ms, cfg).product().max(FLOOR * FLOOR),
+        }
+    }
+
+    /// Advances the lifecycle: ejects after a sustained severe condition, ends slow start.
+    /// Call after recording samples and periodically.
+    pub fn tick(&mut self, now_ms: u64, cfg: &HealthConfig) {
+        match self.state {
+            State::Healthy | State::SlowStart { .. } => {
+                if self.severe(now_ms, cfg) {
+                    let since = *self.severe_since_ms.get_or_insert(now_ms);
+                    if now_ms.saturating_sub(since) >= cfg.eject_after_ms {
+                        self.state = State::Ejected { since_ms: now_ms, last_probe_ms: now_ms };
+                        self.severe_since_ms = None;
+                        return;
+                    }
+                } else {
+                    self.severe_since_ms = None;
+                }
+                if let State::SlowStart { since_ms } = self.state {
+                    if now_ms.saturating_sub(since_ms) >= cfg.slow_start_ms {
+                        self.state = State::Healthy;
+                    }
+                }
+            }
+            State::Warming { .. } | State::Ejected { .. } => {}
+        }
+    }
+
+    /// True when an ejected variant should be probed now (and marks the probe as sent).
+    pub fn take_probe(&mut self, now_ms: u64, cfg: &HealthConfig) -> bool {
+        if let State::Ejected { since_ms, last_probe_ms } = self.state {
+            if now_ms.saturating_sub(last_probe_ms) >= cfg.probe_interval_ms {
+                self.state = State::Ejected { since_ms, last_probe_ms: now_ms };
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A probe's result. Success clears the bad statistics and starts warm-up (or slow start).
+    pub fn probe_result(&mut self, now_ms: u64, ok: bool, ttft_ms: Option<f64>, cfg: &HealthConfig) {
+        if !matches!(self.state, State::Ejected { .. }) || !ok {
+            return;
+        }
+        if let (Some(t), Some(b)) = (ttft_ms, self.baseline_ttft_ms.get()) {
+            if cfg.ttft_ratio.is_severe(t / b) {
+                return; // still sick: stay ejected
+            }
+        }
+        self.ttft_ms.reset();
+        self.error_rate.reset();
+        self.tgsv_ms.reset();
+        self.last_ttft_severe = false;
+        self.last_tgsv_severe = false;
+        if let Some(t) = ttft_ms {
+            self.ttft_ms.record(now_ms, t, cfg.decay_ms, true);
+        }
+        self.state = if cfg.prewarm_requests > 0 { State::Warming { remaining: cfg.prewarm_requests } } else { State::SlowStart { since_ms: now_ms } };
+    }
+
+    /// A restarted variant (e.g. its metrics show a reset): warm it up again.
+    pub fn restarted(&mut self, cfg: &HealthConfig) {
+        if cfg.prewarm_requests > 0 {
+            self.state = State::Warming { remaining: cfg.prewarm_requests };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> HealthConfig {
+        HealthConfig { prewarm_requests: 0, ..Default::default() }
+    }
+
+    fn healthy_with_baseline(c: &HealthConfig) -> VariantHealth {
+        let mut h = VariantHealth::new(0);
+        for t in 0..50 {
+            h.record_ttft(t * 100, 100.0, c);
+            h.record_outcome(t * 100, true, c);
+        }
+        h
+    }
+
+    #[test]
+    fn band_curve_is_piecewise() {
+        let b = Band { warn: 2.0, severe: 5.0 };
+        assert_eq!(b.factor(1.0), 1.0);
+        assert_eq!(b.factor(2.0), 1.0);
+        assert!((b.factor(3.5) - 0.55).abs() < 1e-9);
+        assert_eq!(b.factor(5.0), FLOOR);
+        assert_eq!(b.factor(50.0), FLOOR);
+    }
+
+    #[test]
+    fn peak_ewma_jumps_up_and_decays_down() {
+        let mut e = Ewma::default();
+        e.record(0, 100.0, 10_000.0, true);
+        e.record(10, 500.0, 10_000.0, true);
+        assert_eq!(e.get(), Some(500.0));
+        e.record(10_010, 100.0, 10_000.0, true);
+        let v = e.get().unwrap();
+        assert!(v > 100.0 && v < 300.0, "{v}");
+    }
+
+    #[test]
+    fn a_spike_shorter_than_eject_after_never_ejects() {
+        let c = cfg();
+        let mut h = healthy_with_baseline(&c);
+        let t0 = 10_000;
+        // 2.9 s of 10× TTFT: weight drops to the floor, but no ejection.
+        for i in 0..30 {
+            h.record_ttft(t0 + i * 100, 1000.0, &c);
+            h.tick(t0 + i * 100, &c);
+            assert_ne!(h.state.name(), "ejected");
+        }
+        assert!(h.weight(t0 + 2900, &c) <= FLOOR + 1e-9);
+        // Recovery: fast samples blend the peak back down and the severe clock resets.
+        for i in 0..300 {
+            h.record_ttft(t0 + 3000 + i * 100, 100.0, &c);
+            h.tick(t0 + 3000 + i * 100, &c);
+        }
+        assert_eq!(h.state, State::Healthy);
+        assert!(h.weight(t0 + 33_000, &c) > 0.9, "{}", h.weight(t0 + 33_000, &c));
+        // The same spike held past eject_after does eject.
+        for i in 0..=31 {
+            h.record_ttft(t0 + 40_000 + i * 100, 1000.0, &c);
+            h.tick(t0 + 40_000 + i * 100, &c);
+        }
+        assert!(matches!(h.state, State::Ejected { .. }));
+    }
+
+    #[test]
+    fn sustained_severity_ejects_then_probe_and_slow_start_ramp() {
+        let c = cfg();
+        let mut h = healthy_with_baseline(&c);
+        let t0 = 10_000;
+        for i in 0..=30 {
+            h.record_outcome(t0 + i * 100, false, &c);
+            h.tick(t0 + i * 100, &c);
+        }
+        assert!(matches!(h.state, State::Ejected { .. }), "{:?}", h.state);
+        assert_eq!(h.weight(t0 + 3000, &c), 0.0);
+        let t1 = t0 + 3000;
+        assert!(!h.take_probe(t1 + 500, &c));
+        assert!(h.take_probe(t1 + 1000, &c));
+        assert!(!h.take_probe(t1 + 1500, &c), "one probe per interval");
+        h.probe_result(t1 + 1100, true, Some(100.0), &c);
+        assert_eq!(h.state, State::SlowStart { since_ms: t1 + 1100 });
+        // The ramp: 10% at the start, half way at 5 s, full at 10 s.
+        assert!((h.weight(t1 + 1100, &c) - FLOOR).abs() < 1e-9);
+        assert!((h.weight(t1 + 6100, &c) - 0.5).abs() < 1e-9);
+        h.tick(t1 + 11_100, &c);
+        assert_eq!(h.state, State::Healthy);
+        assert_eq!(h.weight(t1 + 11_100, &c), 1.0);
+    }
+
+    #[test]
+    fn warm_up_takes_requests_before_traffic() {
+        let c = HealthConfig { prewarm_requests: 2, ..Default::default() };
+        let mut h = VariantHealth::new(2);
+        assert_eq!(h.weight(0, &c), 0.0);
+        h.record_outcome(1, true, &c);
+        assert_eq!(h.state, State::Warming { remaining: 1 });
+        h.record_outcome(2, true, &c);
+        assert_eq!(h.state, State::SlowStart { since_ms: 2 });
+    }
+
+    #[test]
+    fn p95_window() {
+        let c = cfg();
+        let mut h = VariantHealth::new(0);
+        for i in 0..100 {
+            h.record_ttft(i, (i % 20) as f64, &c);
+        }
+        // The last 64 samples hold 16..=19 four times and 0..=15 three times.
+        assert_eq!(h.p95_ttft_ms(), Some(19.0));
+    }
+}

@@ -1,0 +1,248 @@
+//! keel's default selection policy: power of two choices over a live cost, with optional
+//! affinity (rendezvous hashing with bounded load).
+//!
+//! **Cost** (lower is better): `predicted TTFT × (in-flight + 1) / (configured weight × health)`,
+//! the shape of tower's PeakEwma balancer with keel's health weight as a divisor, so a degraded
+//! variant looks proportionally more expensive. `x-keel-preference` reshapes it: `high-fidelity`
+//! multiplies by 1000^(tier−1), which orders by tier first (tier 1 = best); `low-cost` multiplies
+//! by the variant's `price`.
+//!
+//! **SLO.** With a pool `slo_ttft_p95_ms`, variants whose recent P95 TTFT exceeds it are used only
+//! when nothing within the SLO is eligible (and then come last as fallbacks).
+//!
+//! **Power of two choices** (Mitzenmacher, 2001): draw two distinct eligible candidates at
+//! random and take the cheaper; ties go to the lower index, so a seeded run is exact. Two random
+//! choices avoid the herd behaviour of always picking the global minimum from stale statistics,
+//! and cost O(1) in the pool size beyond the filter.
+//!
+//! **Affinity.** With a key (a session, or a prompt-prefix hash), candidates are ranked by
+//! weighted rendezvous hashing (highest `−w / ln(u)`, `u` from the key and the variant's name
+//! hash): the same key keeps the same variant while it stays eligible, and removing a variant
+//! moves only its own keys. Bounded load (Mirrokni et al., 2018): a variant is skipped while its
+//! in-flight count would exceed 1.25 × the mean of the eligible variants (rounded up), so one hot
+//! key cannot overload its variant.
+//!
+//! The fallbacks are every other eligible candidate by ascending cost.
+
+use crate::rng::{mix, Rng};
+use crate::selection::{Candidate, Plan, Preference, Reason, RequestSignals, Selector};
+
+/// Bounded-load factor for affinity.
+pub const LOAD_BOUND: f64 = 1.25;
+
+/// The power-of-two-choices policy.
+#[derive(Debug, Clone)]
+pub struct PowerOfTwo {
+    rng: Rng,
+}
+
+impl PowerOfTwo {
+    pub fn new(rng: Rng) -> Self {
+        PowerOfTwo { rng }
+    }
+}
+
+/// The cost of a candidate under a preference.
+pub fn cost(c: &Candidate, pref: Preference) -> f64 {
+    let weight = (c.weight as f64 * c.health).max(1e-9);
+    let base = c.predicted_ttft_ms.max(0.001) * (c.in_flight as f64 + 1.0) / weight;
+    match pref {
+        Preference::LowLatency => base,
+        Preference::HighFidelity => base * 1000f64.powi(c.tier.saturating_sub(1) as i32),
+        Preference::LowCost => base * c.price.max(1e-9),
+    }
+}
+
+fn by_cost(a: &(usize, f64), b: &(usize, f64)) -> std::cmp::Ordering {
+    a.1.total_cmp(&b.1).then(a.0.cmp(&b.0))
+}
+
+/// Rendezvous score of a candidate for a key (weighted: higher weight, higher scores).
+fn rendezvous(key: u64, c: &Candidate) -> f64 {
+    let h = mix(key ^ c.name_hash);
+    let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64; // in (0, 1)
+    -(c.weight.max(1) as f64) / u.ln()
+}
+
+impl Selector for PowerOfTwo {
+    fn name(&self) -> &'static str {
+        "p2c"
+    }
+
+    fn plan(&mut self, candidates: &[Candidate], signals: &RequestSignals) -> Plan {
+        let eligible: Vec<&Candidate> = candidates.iter().filter(|c| c.available && c.weight > 0 && c.health > 0.0).collect();
+        if eligible.is_empty() {
+            return Plan::default();
+        }
+        let within_slo = |c: &&Candidate| match (signals.slo_ttft_p95_ms, c.p95_ttft_ms) {
+            (Some(slo), Some(p95)) => p95 <= slo,
+            _ => true,
+        };
+        let (inside, outside): (Vec<&Candidate>, Vec<&Candidate>) = eligible.iter().copied().partition(within_slo);
+        let (pick_from, outside_only) = if inside.is_empty() { (outside.clone(), true) } else { (inside.clone(), false) };
+        let mut costs: Vec<(usize, f64)> = eligible.iter().map(|c| (c.index, cost(c, signals.preference))).collect();
+        let cost_of = |i: usize, costs: &[(usize, f64)]| costs.iter().find(|(j, _)| *j == i).map(|x| x.1).unwrap_or(f64::INFINITY);
+
+        let (primary, reason) = if let Some(key) = signals.affinity_key {
+            let total: u32 = pick_from.iter().map(|c| c.in_flight).sum();
+            let bound = ((LOAD_BOUND * (total as f64 + 1.0) / pick_from.len() as f64).ceil() as u32).max(1);
+            let mut ranked: Vec<(f64, &Candidate)> = pick_from.iter().map(|c| (rendezvous(key, c), *c)).collect();
+            ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.index.cmp(&b.1.index)));
+            match ranked.iter().position(|(_, c)| c.in_flight < bound) {
+                Some(0) => (ranked[0].1.index, Reason::Affinity),
+                Some(p) => (ranked[p].1.index, Reason::AffinityOverflow),
+                None => (ranked[0].1.index, Reason::AffinityOverflow),
+            }
+        } else if pick_from.len() == 1 {
+            (pick_from[0].index, Reason::Only)
+        } else {
+            let n = pick_from.len() as u64;
+            let a = (self.rng.next_u64() % n) as usize;
+            let mut b = (self.rng.next_u64() % (n - 1)) as usize;
+            if b >= a {
+                b += 1;
+            }
+            let (ca, cb) = (cost_of(pick_from[a].index, &costs), cost_of(pick_from[b].index, &costs));
+            let pick = match ca.total_cmp(&cb) {
+                std::cmp::Ordering::Less => a,
+                std::cmp::Ordering::Greater => b,
+                std::cmp::Ordering::Equal => if pick_from[a].index < pick_from[b].index { a } else { b },
+            };
+            (pick_from[pick].index, Reason::PowerOfTwo)
+        };
+        let reason = if outside_only { Reason::OutsideSlo } else { reason };
+
+        // Fallbacks: within-SLO by cost, then outside-SLO by cost.
+        let mut first: Vec<(usize, f64)> = inside.iter().filter(|c| c.index != primary).map(|c| (c.index, cost_of(c.index, &costs))).collect();
+        let mut second: Vec<(usize, f64)> = outside.iter().filter(|c| c.index != primary).map(|c| (c.index, cost_of(c.index, &costs))).collect();
+        first.sort_by(by_cost);
+        second.sort_by(by_cost);
+        let mut order = Vec::with_capacity(eligible.len());
+        order.push(primary);
+        order.extend(first.iter().chain(second.iter()).map(|x| x.0));
+        costs.sort_by(by_cost);
+        Plan { order, reason, costs }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+    use proptest::prelude::{prop_assert, proptest};
+
+    fn cands(n: usize) -> Vec<Candidate> {
+        (0..n).map(|i| Candidate::plain(i, 1, true)).collect()
+    }
+
+    #[test]
+    fn cheaper_variant_wins_every_pair() {
+        let mut c = cands(2);
+        c[1].predicted_ttft_ms = 500.0;
+        let mut p = PowerOfTwo::new(Rng::new(1));
+        for _ in 0..50 {
+            let plan = p.plan(&c, &RequestSignals::default());
+            assert_eq!(plan.order, vec![0, 1]);
+            assert_eq!(plan.reason, Reason::PowerOfTwo);
+        }
+    }
+
+    #[test]
+    fn degraded_health_and_load_raise_cost() {
+        let mut c = cands(3);
+        c[0].health = 0.1; // ten times the cost
+        c[1].in_flight = 4; // five times the cost
+        let mut p = PowerOfTwo::new(Rng::new(3));
+        let mut wins = [0; 3];
+        for _ in 0..3000 {
+            wins[p.plan(&c, &RequestSignals::default()).order[0]] += 1;
+        }
+        // Each variant is picked only when it is the cheaper of the pair drawn.
+        assert_eq!(wins[0], 0);
+        assert!(wins[2] > wins[1] && wins[1] > 0, "{wins:?}");
+    }
+
+    #[test]
+    fn seeded_runs_are_exact() {
+        let c = cands(5);
+        let run = |seed| {
+            let mut p = PowerOfTwo::new(Rng::new(seed));
+            (0..20).map(|_| p.plan(&c, &RequestSignals::default()).order[0]).collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+    }
+
+    #[test]
+    fn preferences_reshape_cost() {
+        let mut c = cands(2);
+        c[0].tier = 2;
+        c[0].predicted_ttft_ms = 10.0; // fast but lower fidelity
+        c[1].price = 10.0;
+        let mut p = PowerOfTwo::new(Rng::new(5));
+        let hf = RequestSignals { preference: Preference::HighFidelity, ..Default::default() };
+        assert_eq!(p.plan(&c, &hf).order[0], 1);
+        let cheap = RequestSignals { preference: Preference::LowCost, ..Default::default() };
+        assert_eq!(p.plan(&c, &cheap).order[0], 0);
+    }
+
+    #[test]
+    fn slo_filters_unless_nothing_is_within() {
+        let mut c = cands(3);
+        c[0].p95_ttft_ms = Some(900.0);
+        c[0].predicted_ttft_ms = 1.0; // cheapest, but outside the SLO
+        let s = RequestSignals { slo_ttft_p95_ms: Some(500.0), ..Default::default() };
+        let mut p = PowerOfTwo::new(Rng::new(9));
+        for _ in 0..50 {
+            let plan = p.plan(&c, &s);
+            assert_ne!(plan.order[0], 0);
+            assert_eq!(*plan.order.last().unwrap(), 0, "outside-SLO variants come last");
+        }
+        c[1].p95_ttft_ms = Some(900.0);
+        c[2].p95_ttft_ms = Some(900.0);
+        assert_eq!(p.plan(&c, &s).reason, Reason::OutsideSlo);
+    }
+
+    #[test]
+    fn sticky_while_healthy_moves_only_when_it_must() {
+        let c = cands(4);
+        let mut p = PowerOfTwo::new(Rng::new(1));
+        let key = |k: u64| RequestSignals { affinity_key: Some(mix(k)), ..Default::default() };
+        for k in 0..200 {
+            let first = p.plan(&c, &key(k)).order[0];
+            assert_eq!(p.plan(&c, &key(k)).order[0], first, "same key, same variant");
+            // Ejecting another variant never moves this key.
+            let mut d = c.clone();
+            let other = (first + 1) % 4;
+            d[other].available = false;
+            assert_eq!(p.plan(&d, &key(k)).order[0], first);
+            // Ejecting its own variant moves it.
+            let mut e = c.clone();
+            e[first].available = false;
+            assert_ne!(p.plan(&e, &key(k)).order[0], first);
+            // Overload moves it too.
+            let mut f = c.clone();
+            f[first].in_flight = 10;
+            let plan = p.plan(&f, &key(k));
+            assert_ne!(plan.order[0], first);
+            assert_eq!(plan.reason, Reason::AffinityOverflow);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn bounded_load_holds_over_random_keys(seed in 0u64..1000, n in 2usize..9, requests in 10usize..200) {
+            let mut c = cands(n);
+            let mut p = PowerOfTwo::new(Rng::new(seed));
+            let mut keys = Rng::new(seed ^ 0xABCD);
+            // Requests arrive and stay in flight; no variant may exceed the bound.
+            for _ in 0..requests {
+                let total: u32 = c.iter().map(|x| x.in_flight).sum();
+                let bound = ((LOAD_BOUND * (total as f64 + 1.0) / n as f64).ceil() as u32).max(1);
+                let s = RequestSignals { affinity_key: Some(keys.next_u64() % 7), ..Default::default() };
+                let i = p.plan(&c, &s).order[0];
+                prop_assert!(c[i].in_flight + 1 <= bound, "variant {} at {} over bound {}", i, c[i].in_flight + 1, bound);
+                c[i].in_flight += 1;
+            }
+        }
+    }
+}
