@@ -307,7 +307,9 @@ impl VariantHealth {
             Some(b) if b > 0.0 => e.relaxed(now_ms, b, decay).map(|v| v / b).unwrap_or(1.0),
             _ => 1.0,
         };
-        let errors = self.error_rate.relaxed(now_ms, 0.0, cfg.error_decay_ms).unwrap_or(0.0);
+        // The error rate is not relaxed with time: a floored variant gets no traffic, and its last
+        // known error rate must hold until ejection and probing decide, or it would oscillate.
+        let errors = self.error_rate.get().unwrap_or(0.0);
         let ramp = match self.state {
             State::SlowStart { since_ms } if cfg.slow_start_ms > 0 => {
                 (now_ms.saturating_sub(since_ms) as f64 / cfg.slow_start_ms as f64).clamp(FLOOR, 1.0)
@@ -324,10 +326,10 @@ impl VariantHealth {
         }
     }
 
-    fn severe(&self, now_ms: u64, cfg: &HealthConfig) -> bool {
+    fn severe(&self, cfg: &HealthConfig) -> bool {
         self.last_ttft_severe
             || self.last_tgsv_severe
-            || cfg.error_rate.is_severe(self.error_rate.relaxed(now_ms, 0.0, cfg.error_decay_ms).unwrap_or(0.0))
+            || cfg.error_rate.is_severe(self.error_rate.get().unwrap_or(0.0))
     }
 
     /// The selection weight in 0..=1 (0 while warming or ejected).
@@ -343,7 +345,7 @@ impl VariantHealth {
     pub fn tick(&mut self, now_ms: u64, cfg: &HealthConfig) {
         match self.state {
             State::Healthy | State::SlowStart { .. } => {
-                if self.severe(now_ms, cfg) {
+                if self.severe(cfg) {
                     let since = *self.severe_since_ms.get_or_insert(now_ms);
                     if now_ms.saturating_sub(since) >= cfg.eject_after_ms {
                         self.state = State::Ejected { since_ms: now_ms, last_probe_ms: now_ms };

@@ -174,6 +174,49 @@ fn describe_json_error(e: &serde_json::Error) -> String {
     }
 }
 
+/// Tokens of the prompt's beginning that key prefix affinity: four KV-cache blocks of 16, the
+/// part a shared system prompt or few-shot preamble fills.
+pub const PREFIX_KEY_TOKENS: usize = 64;
+
+impl CanonicalRequest {
+    /// Prefix-affinity key: a hash of the first [`PREFIX_KEY_TOKENS`] tokens of the canonical
+    /// prompt (system, then messages in order; or the completion prompt). `None` when the prompt
+    /// is shorter than that: short prompts gain nothing from a warm cache.
+    pub fn prefix_key(&self) -> Option<u64> {
+        let mut text = String::new();
+        if let Some(system) = self.body.get("system") {
+            push_content_text(system, &mut text);
+        }
+        match self.endpoint {
+            Endpoint::Completions => match self.body.get("prompt") {
+                Some(Value::String(p)) => push_text(p, &mut text),
+                Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).for_each(|p| push_text(p, &mut text)),
+                _ => {}
+            },
+            _ => {
+                for m in self.body.get("messages").and_then(Value::as_array).into_iter().flatten() {
+                    if let Some(c) = m.get("content") {
+                        push_content_text(c, &mut text);
+                    }
+                    if tokens::count(&text) >= PREFIX_KEY_TOKENS {
+                        break;
+                    }
+                }
+            }
+        }
+        let pieces = tokens::split(&text);
+        if pieces.len() < PREFIX_KEY_TOKENS {
+            return None;
+        }
+        Some(crate::rng::hash_bytes(0x7072_6566, pieces[..PREFIX_KEY_TOKENS].concat().as_bytes()))
+    }
+
+    /// Session-affinity key (see [`CanonicalRequest::session`]).
+    pub fn session_key(&self) -> Option<u64> {
+        self.session.as_ref().map(|s| crate::rng::hash_bytes(0x7365_7373, s.as_bytes()))
+    }
+}
+
 /// Per-variant request overrides. Numeric output limits are caps (the smaller value wins);
 /// every other key replaces the client's value.
 pub const CAPPED_PARAMS: &[&str] = &["max_tokens", "max_completion_tokens"];
@@ -263,6 +306,19 @@ mod tests {
         assert_eq!(e.message, "missing required field `messages`");
         let e = parse(Endpoint::Completions, br#"{"model":"m"}"#).unwrap_err();
         assert_eq!(e.message, "missing required field `prompt`");
+    }
+
+    #[test]
+    fn prefix_key_depends_only_on_the_prompt_beginning() {
+        let system = "You are a helpful assistant that answers questions about routing. ".repeat(8);
+        let mk = |q: &str| {
+            let body = json!({"model": "m", "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}]});
+            parse(Endpoint::ChatCompletions, body.to_string().as_bytes()).unwrap()
+        };
+        assert_eq!(mk("first").prefix_key(), mk("second").prefix_key());
+        assert!(mk("x").prefix_key().is_some());
+        let short = parse(Endpoint::ChatCompletions, br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        assert_eq!(short.prefix_key(), None);
     }
 
     #[test]

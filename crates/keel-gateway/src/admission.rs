@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use keel_core::protocol::{Endpoint, ErrorKind};
 use keel_core::request::{self, CanonicalRequest};
+use keel_core::selection::Preference;
 
 use crate::errors::GatewayError;
 use crate::execution::RequestCtx;
@@ -98,7 +99,21 @@ pub async fn admit(gw: &Gateway, endpoint: Endpoint, parts: &Parts, body: Incomi
         Some(v) => Some(v.to_owned()),
         None => None,
     };
+    let preference = match header(parts, "x-keel-preference") {
+        None => Preference::default(),
+        Some(v) => Preference::parse(v.trim()).ok_or_else(|| {
+            GatewayError::new(ErrorKind::InvalidRequest, format!("x-keel-preference must be low-latency, high-fidelity or low-cost, got `{v}`"))
+        })?,
+    };
+    let min_tier = match header(parts, "x-keel-min-tier") {
+        None => None,
+        Some(v) => Some(v.trim().parse::<u8>().ok().filter(|t| *t >= 1).ok_or_else(|| {
+            GatewayError::new(ErrorKind::InvalidRequest, format!("x-keel-min-tier must be a tier number (1 = best fidelity), got `{v}`"))
+        })?),
+    };
     let ctx = RequestCtx {
+        preference,
+        min_tier,
         id: id.to_owned(),
         started,
         endpoint,

@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 use toml::Spanned;
 
 use keel_core::budget::RetryBudgetConfig;
+use keel_core::health::{Band, HealthConfig};
 use keel_core::protocol::Protocol;
 
 /// How a variant can continue a generation started elsewhere (used by mid-stream migration).
@@ -105,8 +106,75 @@ struct RawPool {
     first_token_ms: Option<u64>,
     stall_ms: Option<u64>,
     total_ms: Option<u64>,
+    /// `p2c` (default) or `round_robin`.
+    policy: Option<String>,
+    /// `none` (default), `session` or `prefix`.
+    affinity: Option<String>,
+    slo_ttft_p95_ms: Option<f64>,
+    #[serde(default)]
+    health: RawHealth,
     #[serde(default)]
     variants: Vec<Spanned<RawVariant>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    decay_ms: Option<f64>,
+    error_decay_ms: Option<f64>,
+    eject_after_ms: Option<u64>,
+    probe_interval_ms: Option<u64>,
+    slow_start_ms: Option<u64>,
+    prewarm_requests: Option<u32>,
+    scrape_interval_ms: Option<u64>,
+    ttft_ratio_warn: Option<f64>,
+    ttft_ratio_severe: Option<f64>,
+    tgsv_ratio_warn: Option<f64>,
+    tgsv_ratio_severe: Option<f64>,
+    error_rate_warn: Option<f64>,
+    error_rate_severe: Option<f64>,
+    kv_usage_warn: Option<f64>,
+    kv_usage_severe: Option<f64>,
+    waiting_warn: Option<f64>,
+    waiting_severe: Option<f64>,
+}
+
+impl RawHealth {
+    fn build(&self) -> Result<(HealthConfig, u64), String> {
+        let d = HealthConfig::default();
+        let band = |name: &str, b: Band, w: Option<f64>, s: Option<f64>| -> Result<Band, String> {
+            let band = Band { warn: w.unwrap_or(b.warn), severe: s.unwrap_or(b.severe) };
+            if !(band.warn.is_finite() && band.severe.is_finite() && band.warn >= 0.0 && band.severe > band.warn) {
+                return Err(format!("{name}_severe: must be greater than {name}_warn (got warn {}, severe {})", band.warn, band.severe));
+            }
+            Ok(band)
+        };
+        let cfg = HealthConfig {
+            decay_ms: self.decay_ms.unwrap_or(d.decay_ms).max(1.0),
+            error_decay_ms: self.error_decay_ms.unwrap_or(d.error_decay_ms).max(1.0),
+            baseline_decay_ms: d.baseline_decay_ms,
+            ttft_ratio: band("ttft_ratio", d.ttft_ratio, self.ttft_ratio_warn, self.ttft_ratio_severe)?,
+            tgsv_ratio: band("tgsv_ratio", d.tgsv_ratio, self.tgsv_ratio_warn, self.tgsv_ratio_severe)?,
+            error_rate: band("error_rate", d.error_rate, self.error_rate_warn, self.error_rate_severe)?,
+            kv_usage: band("kv_usage", d.kv_usage, self.kv_usage_warn, self.kv_usage_severe)?,
+            waiting: band("waiting", d.waiting, self.waiting_warn, self.waiting_severe)?,
+            eject_after_ms: self.eject_after_ms.unwrap_or(d.eject_after_ms),
+            probe_interval_ms: self.probe_interval_ms.unwrap_or(d.probe_interval_ms).max(50),
+            slow_start_ms: self.slow_start_ms.unwrap_or(d.slow_start_ms),
+            prewarm_requests: self.prewarm_requests.unwrap_or(d.prewarm_requests),
+        };
+        Ok((cfg, self.scrape_interval_ms.unwrap_or(1000).max(100)))
+    }
+}
+
+/// How requests stick to variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Affinity {
+    None,
+    /// `x-keel-session`, else OpenAI `user`, else Anthropic `metadata.user_id`.
+    Session,
+    /// The first blocks of the prompt (system + earliest messages).
+    Prefix,
 }
 
 #[derive(Debug, Deserialize)]
@@ -124,6 +192,10 @@ struct RawVariant {
     #[serde(default)]
     params: toml::Table,
     resume: Option<ResumeMode>,
+    /// Relative price, for `x-keel-preference: low-cost`.
+    price: Option<f64>,
+    /// Prometheus endpoint of a vLLM / SGLang / llama.cpp server, scraped for load signals.
+    metrics_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -165,6 +237,12 @@ pub struct PoolConfig {
     pub aliases: Vec<String>,
     pub max_attempts: u32,
     pub timeouts: Timeouts,
+    /// Selection policy name (`p2c` or `round_robin`).
+    pub policy: String,
+    pub affinity: Affinity,
+    pub slo_ttft_p95_ms: Option<f64>,
+    pub health: HealthConfig,
+    pub scrape_interval_ms: u64,
     pub variants: Vec<VariantConfig>,
 }
 
@@ -183,6 +261,8 @@ pub struct VariantConfig {
     pub weight: u32,
     pub params: Map<String, Value>,
     pub resume: ResumeMode,
+    pub price: f64,
+    pub metrics_url: Option<String>,
 }
 
 impl fmt::Debug for VariantConfig {
@@ -363,6 +443,17 @@ impl Config {
                     weight,
                     params,
                     resume,
+                    price: v.price.unwrap_or(1.0),
+                    metrics_url: match &v.metrics_url {
+                        Some(u) => {
+                            let u = interp("metrics_url", u)?;
+                            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                                return Err(err_at(vat, vfield("metrics_url"), format!("expected an http:// or https:// URL, got {u:?}")));
+                            }
+                            Some(u)
+                        }
+                        None => None,
+                    },
                 });
             }
             let protocol = variants[0].protocol;
@@ -380,7 +471,30 @@ impl Config {
             if variants.iter().all(|v| v.weight == 0) {
                 return Err(err_at(at, field("variants"), "every variant has weight 0; at least one must take traffic".into()));
             }
-            pools.push(PoolConfig { name: p.name.clone(), aliases: p.aliases.clone(), max_attempts, timeouts, variants });
+            let policy = p.policy.clone().unwrap_or_else(|| "p2c".into());
+            if !matches!(policy.as_str(), "p2c" | "round_robin") {
+                return Err(err_at(at, field("policy"), format!("expected `p2c` or `round_robin`, got `{policy}`")));
+            }
+            let affinity = match p.affinity.as_deref().unwrap_or("none") {
+                "none" => Affinity::None,
+                "session" => Affinity::Session,
+                "prefix" => Affinity::Prefix,
+                other => return Err(err_at(at, field("affinity"), format!("expected `none`, `session` or `prefix`, got `{other}`"))),
+            };
+            let (health, scrape_interval_ms) = p.health.build().map_err(|e| err_at(at, field(&format!("health.{e}")), String::new()))
+                .map_err(|e| ConfigError(e.0.trim_end_matches(": ").to_owned()))?;
+            pools.push(PoolConfig {
+                name: p.name.clone(),
+                aliases: p.aliases.clone(),
+                max_attempts,
+                timeouts,
+                policy,
+                affinity,
+                slo_ttft_p95_ms: p.slo_ttft_p95_ms,
+                health,
+                scrape_interval_ms,
+                variants,
+            });
         }
 
         Ok(Config {

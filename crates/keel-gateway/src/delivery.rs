@@ -208,7 +208,13 @@ impl Pump {
     }
 
     async fn run(self, mut start: StreamStart, mut log: RequestLog, guard: InFlight) {
-        let end = self.stream(&mut start).await;
+        let mut gaps = Vec::new();
+        let end = self.stream(&mut start, &mut gaps).await;
+        if matches!(end, End::Complete) {
+            guard.pool.record_stream(guard.index, &gaps);
+        } else if matches!(end, End::Failed(_) | End::UpstreamError(_)) {
+            guard.pool.record_attempt(guard.index, false, None);
+        }
         // Drop the upstream first: closing its connection stops the generation.
         drop(start);
         drop(guard);
@@ -224,7 +230,8 @@ impl Pump {
         }
     }
 
-    async fn stream(&self, start: &mut StreamStart) -> End {
+    /// Forwards the stream; `gaps` receives the inter-token gaps (ms) for the health statistics.
+    async fn stream(&self, start: &mut StreamStart, gaps: &mut Vec<f64>) -> End {
         if !self.send(std::mem::take(&mut start.head)).await {
             return End::ClientGone;
         }
@@ -238,7 +245,7 @@ impl Pump {
             }
         }
         let mut events = Vec::new();
-        let mut last_output = Instant::now();
+        let mut last_output = start.first_token_at;
         loop {
             let stall_at = (last_output + self.stall).min(self.deadline);
             let next = tokio::select! {
@@ -257,7 +264,9 @@ impl Pump {
             }
             for ev in std::mem::take(&mut events) {
                 if matches!(event_role(self.protocol, &ev), EventRole::Output) {
-                    last_output = Instant::now();
+                    let now = Instant::now();
+                    gaps.push(now.duration_since(last_output).as_secs_f64() * 1000.0);
+                    last_output = now;
                 }
                 if let Some(end) = self.forward(ev).await {
                     return end;

@@ -47,6 +47,8 @@ pub struct RequestCtx {
     /// All attempts together end here (pool `total_ms`, capped by `x-keel-timeout-ms`).
     pub deadline: Instant,
     pub force_variant: Option<String>,
+    pub preference: keel_core::selection::Preference,
+    pub min_tier: Option<u8>,
 }
 
 /// Upstream bytes of a committed stream.
@@ -135,7 +137,20 @@ pub async fn execute(gw: &Gateway, pool: &Arc<Pool>, req: &CanonicalRequest, ctx
             tried_this_round = true;
             let guard = pool.enter(vi);
             let variant = &pool.variants[vi].cfg;
+            let attempt_started = Instant::now();
             let result = attempt(pool, vi, req, ctx).await;
+            match &result {
+                AttemptResult::Served(Served::Stream(s)) => {
+                    pool.record_attempt(vi, true, Some(s.first_token_at.duration_since(attempt_started).as_secs_f64() * 1000.0))
+                }
+                AttemptResult::Served(_) => pool.record_attempt(vi, true, Some(attempt_started.elapsed().as_secs_f64() * 1000.0)),
+                AttemptResult::ClientError(_) => pool.record_attempt(vi, true, None),
+                AttemptResult::Failed(f) => match f.verdict() {
+                    // Running out of the request's own time says nothing about the variant.
+                    Verdict::GiveUp => {}
+                    _ => pool.record_attempt(vi, false, None),
+                },
+            }
             let label = match &result {
                 AttemptResult::Served(_) => "ok".to_owned(),
                 AttemptResult::ClientError(Served::Whole { status, .. }) => format!("status_{}", status.as_u16()),

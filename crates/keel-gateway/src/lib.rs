@@ -16,11 +16,12 @@ pub mod delivery;
 pub mod errors;
 pub mod execution;
 pub mod metrics;
+pub mod monitor;
 pub mod pools;
 pub mod server;
 pub mod upstream;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -48,10 +49,16 @@ pub struct Gateway {
     budget: Mutex<RetryBudget>,
     /// Origin of `now_ms`: the core's clock is milliseconds since the gateway started.
     epoch: Instant,
+    /// The most recent decision records (`GET /keel/decisions`).
+    decisions: Mutex<VecDeque<pools::DecisionRecord>>,
 }
+
+/// Decision records kept for `/keel/decisions`.
+const DECISIONS_KEPT: usize = 256;
 
 impl Gateway {
     pub fn new(cfg: Config) -> Arc<Gateway> {
+        let epoch = Instant::now();
         let mut by_name = HashMap::new();
         let mut pools = Vec::new();
         for (i, p) in cfg.pools.iter().enumerate() {
@@ -59,10 +66,17 @@ impl Gateway {
             for a in &p.aliases {
                 by_name.insert(a.clone(), i);
             }
-            pools.push(Arc::new(Pool::new(p.clone(), upstream::client(p.timeouts.connect_ms))));
+            pools.push(Arc::new(Pool::new(p.clone(), upstream::client(p.timeouts.connect_ms), epoch)));
         }
         let _ = metrics::handle();
-        Arc::new(Gateway { budget: Mutex::new(RetryBudget::new(cfg.retry_budget)), cfg, pools, by_name, epoch: Instant::now() })
+        Arc::new(Gateway {
+            budget: Mutex::new(RetryBudget::new(cfg.retry_budget)),
+            cfg,
+            pools,
+            by_name,
+            epoch,
+            decisions: Mutex::new(VecDeque::with_capacity(DECISIONS_KEPT)),
+        })
     }
 
     /// Milliseconds since the gateway started: the time passed into the pure core.
@@ -81,6 +95,19 @@ impl Gateway {
     /// Public model names (pool names; aliases are accepted but not listed).
     pub fn model_names(&self) -> Vec<&str> {
         self.pools.iter().map(|p| p.cfg.name.as_str()).collect()
+    }
+
+    pub(crate) fn record_decision(&self, d: pools::DecisionRecord) {
+        let mut q = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() == DECISIONS_KEPT {
+            q.pop_front();
+        }
+        q.push_back(d);
+    }
+
+    /// The most recent decision records, oldest first.
+    pub fn decisions(&self) -> Vec<pools::DecisionRecord> {
+        self.decisions.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
     }
 
     fn budget(&self) -> std::sync::MutexGuard<'_, RetryBudget> {

@@ -1,26 +1,36 @@
-//! Runtime state of pools and variants, and stage 1 (selection) as the gateway drives it: the
-//! pure policy from `keel_core::selection` fed with live availability, concurrency limits and
-//! context-window fit.
+//! Runtime state of pools and variants, and stage 1 (selection) as the gateway drives it: live
+//! health (`keel_core::health`) and cooldowns turned into candidates for the pure policy
+//! (`keel_core::selection`), with eligibility filters (ejection, warm-up, concurrency limit,
+//! context window, tier floor) and a decision record for every request.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
+use serde::Serialize;
+
+use keel_core::health::{State, VariantHealth};
 use keel_core::protocol::Protocol;
 use keel_core::request::CanonicalRequest;
-use keel_core::selection::{Availability, Candidate, Selector, WeightedRoundRobin};
+use keel_core::rng::hash_bytes;
+use keel_core::selection::{self, Availability, Candidate, Preference, RequestSignals, Selector};
 
-use crate::config::{PoolConfig, VariantConfig};
+use crate::config::{Affinity, PoolConfig, VariantConfig};
 
 /// One variant at run time.
 #[derive(Debug)]
 pub struct Variant {
     pub cfg: VariantConfig,
     pub in_flight: AtomicU32,
+    name_hash: u64,
 }
 
 struct PoolState {
     selector: Box<dyn Selector>,
     availability: Vec<Availability>,
+    health: Vec<VariantHealth>,
+    /// A warm-up or probe request is in flight for this variant.
+    maintenance_busy: Vec<bool>,
 }
 
 /// One pool at run time.
@@ -31,6 +41,8 @@ pub struct Pool {
     /// Upstream HTTP client (connection pool) with this pool's connect timeout.
     pub client: reqwest::Client,
     state: Mutex<PoolState>,
+    /// The gateway's clock origin: `now_ms` is milliseconds since then.
+    epoch: Instant,
 }
 
 /// What selection produced.
@@ -38,18 +50,53 @@ pub struct Pool {
 pub enum Selection {
     /// Variant indexes in order: primary first.
     Plan(Vec<usize>),
-    /// Every variant is cooling down (or at its concurrency limit); retry after this long.
+    /// Every variant is cooling down, ejected or at its concurrency limit; retry after this long.
     Unavailable { retry_after_ms: u64 },
     /// The request does not fit any variant's context window.
     TooLong { needed: u64, largest: u64 },
+    /// No variant is at or above the requested fidelity (`x-keel-min-tier`).
+    NoTier { min_tier: u8 },
     /// `x-keel-force-variant` named no variant of this pool.
     NoSuchVariant(String),
 }
 
+/// Per-request inputs to selection.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Controls<'a> {
+    pub force_variant: Option<&'a str>,
+    pub preference: Preference,
+    /// Only variants with `tier <= min_tier` (1 = best fidelity).
+    pub min_tier: Option<u8>,
+}
+
+/// One candidate in a decision record.
+#[derive(Debug, Clone, Serialize)]
+pub struct CandidateRecord {
+    pub variant: String,
+    pub state: &'static str,
+    pub eligible: bool,
+    pub weight: f64,
+    pub predicted_ttft_ms: f64,
+    pub in_flight: u32,
+    pub cost: Option<f64>,
+}
+
+/// Why a request went where it went.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionRecord {
+    pub request_id: String,
+    pub pool: String,
+    pub policy: &'static str,
+    pub reason: &'static str,
+    pub plan: Vec<String>,
+    pub candidates: Vec<CandidateRecord>,
+    pub duration_us: f64,
+}
+
 /// Decrements a variant's in-flight count when dropped (also when a stream is cancelled).
 pub struct InFlight {
-    pool: Arc<Pool>,
-    index: usize,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) index: usize,
 }
 
 impl Drop for InFlight {
@@ -58,18 +105,61 @@ impl Drop for InFlight {
     }
 }
 
+/// Maintenance work the monitor performs for a variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Maintenance {
+    Probe(usize),
+    WarmUp(usize),
+}
+
+/// What `/keel/health` and the gauges show for a variant.
+#[derive(Debug, Clone, Serialize)]
+pub struct VariantSnapshot {
+    pub name: String,
+    pub state: &'static str,
+    pub state_code: u8,
+    pub available: bool,
+    pub cooldown_ms: u64,
+    pub credential_broken: bool,
+    pub weight: f64,
+    pub ttft_ms: Option<f64>,
+    pub p95_ttft_ms: Option<f64>,
+    pub tgsv_ms: Option<f64>,
+    pub error_rate: Option<f64>,
+    pub kv_usage: Option<f64>,
+    pub waiting: Option<f64>,
+    pub in_flight: u32,
+}
+
 impl Pool {
-    pub fn new(cfg: PoolConfig, client: reqwest::Client) -> Self {
-        let variants: Vec<Variant> = cfg.variants.iter().map(|v| Variant { cfg: v.clone(), in_flight: AtomicU32::new(0) }).collect();
+    pub fn new(cfg: PoolConfig, client: reqwest::Client, epoch: Instant) -> Self {
+        let variants: Vec<Variant> = cfg
+            .variants
+            .iter()
+            .map(|v| Variant { cfg: v.clone(), in_flight: AtomicU32::new(0), name_hash: hash_bytes(0x6e61_6d65, v.name.as_bytes()) })
+            .collect();
         let protocol = cfg.variants[0].protocol;
         let n = variants.len();
+        let seed = hash_bytes(epoch.elapsed().as_nanos() as u64, cfg.name.as_bytes()) ^ std::process::id() as u64;
+        let selector = selection::policy(&cfg.policy, seed).unwrap_or_else(|| Box::new(selection::WeightedRoundRobin::new()));
+        let health = (0..n).map(|_| VariantHealth::new(cfg.health.prewarm_requests)).collect();
         Pool {
-            cfg,
             protocol,
             variants,
             client,
-            state: Mutex::new(PoolState { selector: Box::new(WeightedRoundRobin::new()), availability: vec![Availability::default(); n] }),
+            state: Mutex::new(PoolState {
+                selector,
+                availability: vec![Availability::default(); n],
+                health,
+                maintenance_busy: vec![false; n],
+            }),
+            epoch,
+            cfg,
         }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, PoolState> {
@@ -77,44 +167,127 @@ impl Pool {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Stage 1: an ordered plan for this request.
-    pub fn select(&self, now_ms: u64, req: &CanonicalRequest, force: Option<&str>) -> Selection {
-        if let Some(name) = force {
+    /// The affinity key of a request under this pool's affinity mode.
+    pub fn affinity_key(&self, req: &CanonicalRequest) -> Option<u64> {
+        match self.cfg.affinity {
+            Affinity::None => None,
+            Affinity::Session => req.session_key(),
+            Affinity::Prefix => req.prefix_key(),
+        }
+    }
+
+    /// Stage 1: an ordered plan for this request, and its decision record.
+    pub fn select(&self, req: &CanonicalRequest, controls: Controls<'_>, request_id: &str) -> (Selection, Option<DecisionRecord>) {
+        let started = Instant::now();
+        let now_ms = self.now_ms();
+        if let Some(name) = controls.force_variant {
             return match self.variants.iter().position(|v| v.cfg.name == name) {
-                Some(i) => Selection::Plan(vec![i]),
-                None => Selection::NoSuchVariant(name.to_owned()),
+                Some(i) => (Selection::Plan(vec![i]), None),
+                None => (Selection::NoSuchVariant(name.to_owned()), None),
             };
         }
         let needed = req.estimated_input_tokens + req.max_tokens.unwrap_or(0);
         let fits = |v: &Variant| v.cfg.context_window.is_none_or(|w| needed <= w);
         if !self.variants.iter().any(fits) {
             let largest = self.variants.iter().filter_map(|v| v.cfg.context_window).max().unwrap_or(0);
-            return Selection::TooLong { needed, largest };
+            return (Selection::TooLong { needed, largest }, None);
         }
+        let at_tier = |v: &Variant| controls.min_tier.is_none_or(|t| v.cfg.tier <= t);
+        if let Some(t) = controls.min_tier {
+            if !self.variants.iter().any(at_tier) {
+                return (Selection::NoTier { min_tier: t }, None);
+            }
+        }
+        let signals = RequestSignals {
+            affinity_key: self.affinity_key(req),
+            preference: controls.preference,
+            slo_ttft_p95_ms: self.cfg.slo_ttft_p95_ms,
+        };
         let mut st = self.state();
-        let candidates: Vec<Candidate> = self
-            .variants
-            .iter()
-            .enumerate()
-            .map(|(i, v)| Candidate {
-                index: i,
-                weight: v.cfg.weight,
-                available: fits(v)
-                    && st.availability[i].available(now_ms)
-                    && v.cfg.max_concurrency.is_none_or(|m| v.in_flight.load(Ordering::Relaxed) < m),
-            })
-            .collect();
-        let plan = st.selector.plan(&candidates);
-        if plan.order.is_empty() {
-            let wait = st.availability.iter().map(|a| a.available_in_ms(now_ms)).filter(|ms| *ms > 0).min().unwrap_or(1000);
-            return Selection::Unavailable { retry_after_ms: wait };
+        let hc = self.cfg.health;
+        let build = |st: &PoolState, allow_warming: bool| -> Vec<Candidate> {
+            self.variants
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let h = &st.health[i];
+                    let warming = matches!(h.state, State::Warming { .. });
+                    let live = match h.state {
+                        State::Ejected { .. } => false,
+                        State::Warming { .. } => allow_warming,
+                        _ => true,
+                    };
+                    let in_flight = v.in_flight.load(Ordering::Relaxed);
+                    Candidate {
+                        index: i,
+                        weight: v.cfg.weight,
+                        available: live
+                            && fits(v)
+                            && at_tier(v)
+                            && st.availability[i].available(now_ms)
+                            && v.cfg.max_concurrency.is_none_or(|m| in_flight < m),
+                        health: if warming { keel_core::health::FLOOR } else { h.weight(now_ms, &hc) },
+                        predicted_ttft_ms: h.predicted_ttft_ms(),
+                        in_flight,
+                        tier: v.cfg.tier,
+                        price: v.cfg.price,
+                        p95_ttft_ms: h.p95_ttft_ms(),
+                        name_hash: v.name_hash,
+                    }
+                })
+                .collect()
+        };
+        let mut candidates = build(&st, false);
+        let mut plan = st.selector.plan(&candidates, &signals);
+        if plan.order.is_empty() && st.health.iter().any(|h| matches!(h.state, State::Warming { .. })) {
+            // Everything else is out: a variant still warming up beats an error.
+            candidates = build(&st, true);
+            plan = st.selector.plan(&candidates, &signals);
         }
-        Selection::Plan(plan.order)
+        let policy = st.selector.name();
+        let selection = if plan.order.is_empty() {
+            let wait = st
+                .availability
+                .iter()
+                .map(|a| a.available_in_ms(now_ms))
+                .filter(|ms| *ms > 0)
+                .min()
+                .unwrap_or(hc.probe_interval_ms.max(1000));
+            Selection::Unavailable { retry_after_ms: wait }
+        } else {
+            Selection::Plan(plan.order.clone())
+        };
+        let states: Vec<&'static str> = st.health.iter().map(|h| h.state.name()).collect();
+        drop(st);
+        let duration = started.elapsed();
+        metrics::histogram!("keel_decision_duration_seconds", "pool" => self.cfg.name.clone()).record(duration.as_secs_f64());
+        let record = DecisionRecord {
+            request_id: request_id.to_owned(),
+            pool: self.cfg.name.clone(),
+            policy,
+            reason: if plan.order.is_empty() { "none_available" } else { plan.reason.as_str() },
+            plan: plan.order.iter().map(|i| self.variants[*i].cfg.name.clone()).collect(),
+            candidates: candidates
+                .iter()
+                .map(|c| CandidateRecord {
+                    variant: self.variants[c.index].cfg.name.clone(),
+                    state: states[c.index],
+                    eligible: c.available,
+                    weight: c.health * c.weight as f64,
+                    predicted_ttft_ms: c.predicted_ttft_ms,
+                    in_flight: c.in_flight,
+                    cost: plan.costs.iter().find(|(i, _)| *i == c.index).map(|x| x.1),
+                })
+                .collect(),
+            duration_us: duration.as_secs_f64() * 1e6,
+        };
+        (selection, Some(record))
     }
 
     /// Whether a variant may be tried now (re-checked before every attempt).
     pub fn available(&self, index: usize, now_ms: u64) -> bool {
-        self.state().availability[index].available(now_ms)
+        let st = self.state();
+        st.availability[index].available(now_ms) && !matches!(st.health[index].state, State::Ejected { .. })
     }
 
     pub fn cool_down(&self, index: usize, now_ms: u64, for_ms: u64) {
@@ -130,8 +303,105 @@ impl Pool {
         self.state().availability[index].record_success();
     }
 
-    pub fn availability(&self, index: usize) -> Availability {
-        self.state().availability[index]
+    /// Feeds one attempt's outcome to the variant's health: `ok` is false only for backend
+    /// failures; `ttft_ms` is the time to the first token (or whole body).
+    pub fn record_attempt(&self, index: usize, ok: bool, ttft_ms: Option<f64>) {
+        let now = self.now_ms();
+        let hc = self.cfg.health;
+        let mut st = self.state();
+        let h = &mut st.health[index];
+        if let Some(t) = ttft_ms {
+            h.record_ttft(now, t, &hc);
+        }
+        h.record_outcome(now, ok, &hc);
+        h.tick(now, &hc);
+    }
+
+    /// Feeds a finished stream's inter-token gaps.
+    pub fn record_stream(&self, index: usize, gaps_ms: &[f64]) {
+        let now = self.now_ms();
+        let hc = self.cfg.health;
+        let mut st = self.state();
+        st.health[index].record_stream_gaps(now, gaps_ms, &hc);
+        st.health[index].tick(now, &hc);
+    }
+
+    pub fn record_scrape(&self, index: usize, kv_usage: Option<f64>, waiting: Option<f64>) {
+        self.state().health[index].record_scrape(kv_usage, waiting);
+    }
+
+    /// Advances every variant's lifecycle and returns the probes and warm-ups due now.
+    pub fn maintenance(&self) -> Vec<Maintenance> {
+        let now = self.now_ms();
+        let hc = self.cfg.health;
+        let mut st = self.state();
+        let mut out = Vec::new();
+        for i in 0..self.variants.len() {
+            st.health[i].tick(now, &hc);
+            if st.maintenance_busy[i] {
+                continue;
+            }
+            if st.health[i].take_probe(now, &hc) {
+                st.maintenance_busy[i] = true;
+                out.push(Maintenance::Probe(i));
+            } else if matches!(st.health[i].state, State::Warming { .. }) {
+                st.maintenance_busy[i] = true;
+                out.push(Maintenance::WarmUp(i));
+            }
+        }
+        out
+    }
+
+    /// The result of a probe or warm-up request.
+    pub fn maintenance_done(&self, m: Maintenance, ok: bool, ttft_ms: Option<f64>) {
+        let now = self.now_ms();
+        let hc = self.cfg.health;
+        let mut st = self.state();
+        match m {
+            Maintenance::Probe(i) => {
+                st.maintenance_busy[i] = false;
+                st.health[i].probe_result(now, ok, ttft_ms, &hc);
+            }
+            Maintenance::WarmUp(i) => {
+                st.maintenance_busy[i] = false;
+                if ok {
+                    if let Some(t) = ttft_ms {
+                        st.health[i].record_ttft(now, t, &hc);
+                    }
+                    st.health[i].record_outcome(now, true, &hc);
+                }
+            }
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<VariantSnapshot> {
+        let now = self.now_ms();
+        let hc = self.cfg.health;
+        let st = self.state();
+        self.variants
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let h = &st.health[i];
+                let a = st.availability[i];
+                VariantSnapshot {
+                    name: v.cfg.name.clone(),
+                    state: h.state.name(),
+                    state_code: h.state.code(),
+                    available: a.available(now) && !matches!(h.state, State::Ejected { .. }),
+                    cooldown_ms: a.available_in_ms(now),
+                    credential_broken: a.credential_broken,
+                    weight: h.weight(now, &hc) * v.cfg.weight as f64,
+                    ttft_ms: h.ttft_ms.get(),
+                    p95_ttft_ms: h.p95_ttft_ms(),
+                    tgsv_ms: h.tgsv_ms.get(),
+                    error_rate: h.error_rate.get(),
+                    kv_usage: h.kv_usage,
+                    waiting: h.waiting,
+                    in_flight: v.in_flight.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
     }
 
     /// Counts a request on a variant until the guard drops.

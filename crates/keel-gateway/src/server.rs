@@ -19,7 +19,7 @@ use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 
 use crate::delivery::{self, RequestLog};
 use crate::errors::GatewayError;
-use crate::pools::Selection;
+use crate::pools::{Controls, Selection};
 use crate::{admission, execution, full_body, Body, Gateway};
 
 /// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests (streams
@@ -34,6 +34,7 @@ pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Futur
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new()).keep_alive_interval(Some(Duration::from_secs(30)));
     tokio::pin!(shutdown);
+    let monitor = tokio::spawn(crate::monitor::run(gw.clone()));
     loop {
         let (tcp, _) = tokio::select! {
             a = listener.accept() => match a {
@@ -57,6 +58,7 @@ pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Futur
         });
     }
     drop(listener);
+    monitor.abort();
     tracing::info!(drain_ms = gw.cfg.drain_ms, "shutting down: draining in-flight requests");
     tokio::select! {
         _ = graceful.shutdown() => tracing::info!("drained"),
@@ -87,10 +89,14 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response
         (&Method::POST, Some(ep), _) => handle_generation(&gw, ep, req, started).await,
         (&Method::GET, _, "/v1/models") => models(&gw, anthropic_client),
         (&Method::GET, _, "/keel/health") => health(&gw),
+        (&Method::GET, _, "/keel/decisions") => {
+            let body = serde_json::to_string(&gw.decisions()).unwrap_or_else(|_| "[]".into());
+            full_body(StatusCode::OK, "application/json", Bytes::from(body))
+        }
         (&Method::GET, _, "/metrics") | (&Method::GET, _, "/keel/metrics") => {
             full_body(StatusCode::OK, "text/plain; version=0.0.4", Bytes::from(crate::metrics::render()))
         }
-        (_, Some(_), _) | (_, _, "/v1/models" | "/keel/health" | "/metrics" | "/keel/metrics") => {
+        (_, Some(_), _) | (_, _, "/v1/models" | "/keel/health" | "/keel/decisions" | "/metrics" | "/keel/metrics") => {
             let mut r = GatewayError::new(ErrorKind::InvalidRequest, format!("method {} is not allowed on {path}", req.method())).to_response(protocol);
             *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
             r
@@ -124,7 +130,12 @@ pub async fn handle_generation(gw: &Arc<Gateway>, endpoint: Endpoint, req: Reque
     }
 
     // Stage 1: selection.
-    let order = match pool.select(gw.now_ms(), &req, ctx.force_variant.as_deref()) {
+    let controls = Controls { force_variant: ctx.force_variant.as_deref(), preference: ctx.preference, min_tier: ctx.min_tier };
+    let (selection, record) = pool.select(&req, controls, &id);
+    if let Some(r) = record {
+        gw.record_decision(r);
+    }
+    let order = match selection {
         Selection::Plan(order) => order,
         Selection::Unavailable { retry_after_ms } => {
             let e = GatewayError::new(
@@ -139,6 +150,10 @@ pub async fn handle_generation(gw: &Arc<Gateway>, endpoint: Endpoint, req: Reque
                 ErrorKind::InvalidRequest,
                 format!("the request needs about {needed} tokens (prompt + max_tokens) but the largest context window in `{}` is {largest}", pool.cfg.name),
             );
+            return delivery::error_response(log, protocol, &e);
+        }
+        Selection::NoTier { min_tier } => {
+            let e = GatewayError::new(ErrorKind::InvalidRequest, format!("x-keel-min-tier: `{}` has no variant of tier {min_tier} or better", pool.cfg.name));
             return delivery::error_response(log, protocol, &e);
         }
         Selection::NoSuchVariant(name) => {
@@ -165,28 +180,10 @@ fn models(gw: &Gateway, anthropic: bool) -> Response<Body> {
 }
 
 fn health(gw: &Gateway) -> Response<Body> {
-    let now = gw.now_ms();
     let pools: Vec<_> = gw
         .pools()
         .iter()
-        .map(|p| {
-            let variants: Vec<_> = p
-                .variants
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    let a = p.availability(i);
-                    json!({
-                        "name": v.cfg.name,
-                        "available": a.available(now),
-                        "cooldown_ms": a.available_in_ms(now),
-                        "credential_broken": a.credential_broken,
-                        "in_flight": v.in_flight.load(std::sync::atomic::Ordering::Relaxed),
-                    })
-                })
-                .collect();
-            json!({"name": p.cfg.name, "protocol": p.protocol.as_str(), "variants": variants})
-        })
+        .map(|p| json!({"name": p.cfg.name, "protocol": p.protocol.as_str(), "policy": p.cfg.policy, "variants": p.snapshot()}))
         .collect();
     full_body(StatusCode::OK, "application/json", Bytes::from(json!({"status": "ok", "pools": pools}).to_string()))
 }

@@ -57,7 +57,7 @@ async fn connect_errors_fail_over_and_cool_down() {
     // A closed port: bind then drop a listener to get one nobody listens on.
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let cfg = format!(
-        "[[pools]]\nname = \"p\"\n{}{}",
+        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\n{}{}",
         variant("dead", &format!("http://{dead}/v1"), "openai", 1000),
         variant("live", &fleet.get(0).openai_base(), "openai", 1)
     );
@@ -119,7 +119,7 @@ async fn broken_credential_fails_over_and_marks_the_variant() {
     let fleet = keel_sim::Fleet::start_n(1, keel_sim::ServerConfig { api_key: Some("right".into()), ..keel_sim::ServerConfig::fast("s") }).await.unwrap();
     let base = fleet.get(0).openai_base();
     let cfg = format!(
-        "[[pools]]\nname = \"p\"\n{}api_key = \"wrong\"\n{}api_key = \"right\"\n",
+        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\n{}api_key = \"wrong\"\n{}api_key = \"right\"\n",
         variant("bad-key", &base, "openai", 1000),
         variant("good-key", &base, "openai", 1)
     );

@@ -24,8 +24,11 @@ pub fn variant(name: &str, url: &str, protocol: &str, weight: u32) -> String {
 }
 
 /// A pool over every server of the fleet; the first server gets `first_weight`, others 1.
+/// Warm-up requests are off unless `pool_extra` has its own `[pools.health]` table, so that
+/// upstream request counts in tests are the client's requests only.
 pub fn pool_over(fleet: &Fleet, name: &str, protocol: &str, first_weight: u32, pool_extra: &str) -> String {
-    let mut s = format!("[[pools]]\nname = \"{name}\"\n{pool_extra}\n");
+    let health = if pool_extra.contains("[pools.health]") { "" } else { "[pools.health]\nprewarm_requests = 0\n" };
+    let mut s = format!("[[pools]]\nname = \"{name}\"\n{pool_extra}\n{health}");
     for (i, srv) in fleet.servers.iter().enumerate() {
         let url = if protocol == "openai" { srv.openai_base() } else { srv.anthropic_base() };
         s.push_str(&variant(&srv.name, &url, protocol, if i == 0 { first_weight } else { 1 }));

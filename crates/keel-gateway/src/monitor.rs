@@ -1,0 +1,132 @@
+//! The health monitor: a background task that keeps every variant's lifecycle moving while no
+//! request does. It advances hysteresis and slow start, sends probes to ejected variants and
+//! warm-up requests to new, restarted or returning ones (so no client pays a cold start),
+//! scrapes vLLM / SGLang / llama.cpp Prometheus endpoints for load signals, and refreshes the
+//! per-variant gauges.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use keel_core::protocol::{Endpoint, Protocol};
+
+use crate::pools::{Maintenance, Pool};
+use crate::{upstream, Gateway};
+
+/// How often the lifecycle is advanced.
+const TICK: Duration = Duration::from_millis(100);
+/// Probes and warm-ups must answer within this.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs until the task is aborted.
+pub async fn run(gw: Arc<Gateway>) {
+    let mut last_scrape: Vec<Instant> = gw.pools().iter().map(|_| Instant::now() - Duration::from_secs(3600)).collect();
+    loop {
+        for (pi, pool) in gw.pools().iter().enumerate() {
+            for m in pool.maintenance() {
+                tokio::spawn(maintain(pool.clone(), m));
+            }
+            if last_scrape[pi].elapsed() >= Duration::from_millis(pool.cfg.scrape_interval_ms) {
+                last_scrape[pi] = Instant::now();
+                for (vi, v) in pool.variants.iter().enumerate() {
+                    if let Some(url) = v.cfg.metrics_url.clone() {
+                        tokio::spawn(scrape(pool.clone(), vi, url));
+                    }
+                }
+            }
+            publish_gauges(pool);
+        }
+        tokio::time::sleep(TICK).await;
+    }
+}
+
+/// A minimal generation: one output token.
+fn tiny_request(pool: &Pool, vi: usize) -> (Endpoint, Vec<u8>) {
+    let v = &pool.variants[vi].cfg;
+    let body = json!({"model": v.upstream_model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
+    let endpoint = match v.protocol {
+        Protocol::OpenAi => Endpoint::ChatCompletions,
+        Protocol::Anthropic => Endpoint::Messages,
+    };
+    (endpoint, body.to_string().into_bytes())
+}
+
+async fn maintain(pool: Arc<Pool>, m: Maintenance) {
+    let vi = match m {
+        Maintenance::Probe(i) | Maintenance::WarmUp(i) => i,
+    };
+    let (endpoint, body) = tiny_request(&pool, vi);
+    let started = Instant::now();
+    let req = upstream::request(&pool.client, &pool.variants[vi].cfg, endpoint, &http::HeaderMap::new(), body);
+    let ok = match tokio::time::timeout(PROBE_TIMEOUT, async { req.send().await?.error_for_status()?.bytes().await }).await {
+        Ok(Ok(_)) => true,
+        _ => false,
+    };
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    let kind = match m {
+        Maintenance::Probe(_) => "probe",
+        Maintenance::WarmUp(_) => "warmup",
+    };
+    metrics::counter!("keel_maintenance_requests_total", "pool" => pool.cfg.name.clone(), "variant" => pool.variants[vi].cfg.name.clone(), "kind" => kind, "outcome" => if ok { "ok" } else { "error" }).increment(1);
+    pool.maintenance_done(m, ok, ok.then_some(ms));
+}
+
+/// Reads a Prometheus text exposition for KV-cache usage and queued requests, by the metric
+/// names vLLM and llama.cpp expose.
+pub fn parse_load_metrics(text: &str) -> (Option<f64>, Option<f64>) {
+    let mut kv = None;
+    let mut waiting = None;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some((name_labels, value)) = line.rsplit_once(' ') else { continue };
+        let name = name_labels.split('{').next().unwrap_or("");
+        let Ok(v) = value.trim().parse::<f64>() else { continue };
+        match name {
+            // vLLM ≥ 0.10 and older name; SGLang exposes the vLLM-compatible names too.
+            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" | "llamacpp:kv_cache_usage_ratio" => {
+                kv = Some(kv.map_or(v, |k: f64| k.max(v)));
+            }
+            "vllm:num_requests_waiting" | "llamacpp:requests_deferred" | "sglang:num_queue_reqs" => {
+                waiting = Some(waiting.unwrap_or(0.0) + v);
+            }
+            _ => {}
+        }
+    }
+    (kv, waiting)
+}
+
+async fn scrape(pool: Arc<Pool>, vi: usize, url: String) {
+    let r = tokio::time::timeout(Duration::from_secs(2), async { pool.client.get(&url).send().await?.error_for_status()?.text().await }).await;
+    if let Ok(Ok(text)) = r {
+        let (kv, waiting) = parse_load_metrics(&text);
+        pool.record_scrape(vi, kv, waiting);
+    }
+}
+
+fn publish_gauges(pool: &Pool) {
+    for s in pool.snapshot() {
+        let labels = [("pool", pool.cfg.name.clone()), ("variant", s.name.clone())];
+        metrics::gauge!("keel_variant_weight", &labels).set(s.weight);
+        metrics::gauge!("keel_variant_ttft_seconds", &labels).set(s.ttft_ms.unwrap_or(0.0) / 1000.0);
+        metrics::gauge!("keel_variant_tgsv_seconds", &labels).set(s.tgsv_ms.unwrap_or(0.0) / 1000.0);
+        metrics::gauge!("keel_variant_inflight", &labels).set(s.in_flight as f64);
+        metrics::gauge!("keel_variant_state", &labels).set(s.state_code as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_vllm_and_llamacpp_names() {
+        let vllm = "# HELP x\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.42\nvllm:num_requests_waiting{model_name=\"m\"} 3\n";
+        assert_eq!(parse_load_metrics(vllm), (Some(0.42), Some(3.0)));
+        let llama = "llamacpp:kv_cache_usage_ratio 0.5\nllamacpp:requests_deferred 2\n";
+        assert_eq!(parse_load_metrics(llama), (Some(0.5), Some(2.0)));
+        assert_eq!(parse_load_metrics("other 1\n"), (None, None));
+    }
+}
