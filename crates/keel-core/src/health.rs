@@ -218,11 +218,27 @@ pub struct VariantHealth {
     pub waiting: Option<f64>,
     pub state: State,
     severe_since_ms: Option<u64>,
-    /// Whether the latest TTFT sample was in the severe band: a spike lasts exactly as long as
-    /// its samples do, so `eject_after_ms` is measured without estimator lag.
-    last_ttft_severe: bool,
-    last_tgsv_severe: bool,
+    /// Consecutive TTFT samples in the severe band: a spike lasts exactly as long as its samples
+    /// do, so `eject_after_ms` is measured without estimator lag; one slow outlier (a very long
+    /// prompt) is not a condition.
+    ttft_severe_streak: u32,
+    tgsv_severe_streak: u32,
+    /// Recent outcomes (time, ok) for the windowed error rate that decides ejection.
+    outcomes: Vec<(u64, bool)>,
+    outcome_next: usize,
+    /// Consecutive successful probes while ejected.
+    probe_successes: u32,
 }
+
+/// Samples in a row that make a latency signal a condition rather than an outlier.
+const SEVERE_STREAK: u32 = 3;
+/// Outcomes kept for the windowed error rate.
+const OUTCOMES_KEPT: usize = 32;
+/// The error-rate window, and the fewest outcomes in it that can show a condition.
+const OUTCOME_WINDOW_MS: u64 = 10_000;
+const MIN_OUTCOMES: usize = 5;
+/// Successful probes in a row that return an ejected variant.
+const PROBES_TO_RETURN: u32 = 2;
 
 impl VariantHealth {
     /// A variant that must warm up first (`prewarm` requests; 0 starts it healthy).
@@ -239,8 +255,11 @@ impl VariantHealth {
             waiting: None,
             state: if prewarm > 0 { State::Warming { remaining: prewarm } } else { State::Healthy },
             severe_since_ms: None,
-            last_ttft_severe: false,
-            last_tgsv_severe: false,
+            ttft_severe_streak: 0,
+            tgsv_severe_streak: 0,
+            outcomes: Vec::with_capacity(OUTCOMES_KEPT),
+            outcome_next: 0,
+            probe_successes: 0,
         }
     }
 
@@ -253,7 +272,8 @@ impl VariantHealth {
     }
 
     pub fn record_ttft(&mut self, now_ms: u64, ms: f64, cfg: &HealthConfig) {
-        self.last_ttft_severe = self.baseline_ttft_ms.get().is_some_and(|b| b > 0.0 && cfg.ttft_ratio.is_severe(ms / b));
+        let severe = self.baseline_ttft_ms.get().is_some_and(|b| b > 0.0 && cfg.ttft_ratio.is_severe(ms / b));
+        self.ttft_severe_streak = if severe { self.ttft_severe_streak + 1 } else { 0 };
         self.ttft_ms.record(now_ms, ms, cfg.decay_ms, true);
         Self::record_baseline(&mut self.baseline_ttft_ms, now_ms, ms, cfg);
         self.window.record(now_ms, ms);
@@ -272,7 +292,8 @@ impl VariantHealth {
             let m = last.iter().sum::<f64>() / last.len() as f64;
             let var = last.iter().map(|g| (g - m) * (g - m)).sum::<f64>() / (last.len() - 1) as f64;
             let tgsv = var.sqrt();
-            self.last_tgsv_severe = self.baseline_gap_ms.get().is_some_and(|b| b > 0.0 && cfg.tgsv_ratio.is_severe(tgsv / b));
+            let severe = self.baseline_gap_ms.get().is_some_and(|b| b > 0.0 && cfg.tgsv_ratio.is_severe(tgsv / b));
+            self.tgsv_severe_streak = if severe { self.tgsv_severe_streak + 1 } else { 0 };
             self.tgsv_ms.record(now_ms, tgsv, cfg.decay_ms, false);
         }
     }
@@ -280,6 +301,12 @@ impl VariantHealth {
     /// An attempt's outcome: `true` when it served, `false` for a backend failure.
     pub fn record_outcome(&mut self, now_ms: u64, ok: bool, cfg: &HealthConfig) {
         self.error_rate.record(now_ms, if ok { 0.0 } else { 1.0 }, cfg.error_decay_ms, false);
+        if self.outcomes.len() < OUTCOMES_KEPT {
+            self.outcomes.push((now_ms, ok));
+        } else {
+            self.outcomes[self.outcome_next] = (now_ms, ok);
+        }
+        self.outcome_next = (self.outcome_next + 1) % OUTCOMES_KEPT;
         if let State::Warming { remaining } = self.state {
             if ok {
                 self.state = if remaining <= 1 { State::SlowStart { since_ms: now_ms } } else { State::Warming { remaining: remaining - 1 } };
@@ -297,9 +324,12 @@ impl VariantHealth {
         self.window.p95
     }
 
-    /// Predicted TTFT for cost: the peak-EWMA, or a neutral guess before any sample.
-    pub fn predicted_ttft_ms(&self) -> f64 {
-        self.ttft_ms.get().unwrap_or(100.0)
+    /// Predicted TTFT for cost: the peak-EWMA, decayed toward zero for the time without samples
+    /// (as tower's PeakEwma does), so a variant that was slow once and then got no traffic
+    /// becomes attractive again within a few `decay_ms` and is measured afresh instead of being
+    /// starved by a stale estimate. A neutral guess before any sample.
+    pub fn predicted_ttft_ms(&self, now_ms: u64, cfg: &HealthConfig) -> f64 {
+        self.ttft_ms.relaxed(now_ms, 0.0, cfg.decay_ms).unwrap_or(100.0)
     }
 
     pub fn factors(&self, now_ms: u64, cfg: &HealthConfig) -> Factors {
@@ -307,9 +337,9 @@ impl VariantHealth {
             Some(b) if b > 0.0 => e.relaxed(now_ms, b, decay).map(|v| v / b).unwrap_or(1.0),
             _ => 1.0,
         };
-        // The error rate is not relaxed with time: a floored variant gets no traffic, and its last
-        // known error rate must hold until ejection and probing decide, or it would oscillate.
-        let errors = self.error_rate.get().unwrap_or(0.0);
+        // Relaxed with time, so a variant floored by an error burst is tried again later (and
+        // measured again); ejection is decided on the windowed count instead (see `severe`).
+        let errors = self.error_rate.relaxed(now_ms, 0.0, cfg.error_decay_ms).unwrap_or(0.0);
         let ramp = match self.state {
             State::SlowStart { since_ms } if cfg.slow_start_ms > 0 => {
                 (now_ms.saturating_sub(since_ms) as f64 / cfg.slow_start_ms as f64).clamp(FLOOR, 1.0)
@@ -326,10 +356,22 @@ impl VariantHealth {
         }
     }
 
-    fn severe(&self, cfg: &HealthConfig) -> bool {
-        self.last_ttft_severe
-            || self.last_tgsv_severe
-            || cfg.error_rate.is_severe(self.error_rate.get().unwrap_or(0.0))
+    /// Errors and outcomes in the last [`OUTCOME_WINDOW_MS`].
+    fn error_window(&self, now_ms: u64) -> (usize, usize) {
+        self.outcomes
+            .iter()
+            .filter(|(t, _)| now_ms.saturating_sub(*t) <= OUTCOME_WINDOW_MS)
+            .fold((0, 0), |(n, e), (_, ok)| (n + 1, e + usize::from(!ok)))
+    }
+
+    /// Whether a severe condition holds now: a latency signal severe for several samples in a
+    /// row, or a windowed error rate in the severe band over enough outcomes. Both hold while
+    /// the variant gets no traffic (its weight is floored), so `eject_after_ms` can elapse.
+    fn severe(&self, now_ms: u64, cfg: &HealthConfig) -> bool {
+        let (n, errors) = self.error_window(now_ms);
+        self.ttft_severe_streak >= SEVERE_STREAK
+            || self.tgsv_severe_streak >= SEVERE_STREAK
+            || (n >= MIN_OUTCOMES && cfg.error_rate.is_severe(errors as f64 / n as f64))
     }
 
     /// The selection weight in 0..=1 (0 while warming or ejected).
@@ -345,7 +387,7 @@ impl VariantHealth {
     pub fn tick(&mut self, now_ms: u64, cfg: &HealthConfig) {
         match self.state {
             State::Healthy | State::SlowStart { .. } => {
-                if self.severe(cfg) {
+                if self.severe(now_ms, cfg) {
                     let since = *self.severe_since_ms.get_or_insert(now_ms);
                     if now_ms.saturating_sub(since) >= cfg.eject_after_ms {
                         self.state = State::Ejected { since_ms: now_ms, last_probe_ms: now_ms };
@@ -378,19 +420,26 @@ impl VariantHealth {
 
     /// A probe's result. Success clears the bad statistics and starts warm-up (or slow start).
     pub fn probe_result(&mut self, now_ms: u64, ok: bool, ttft_ms: Option<f64>, cfg: &HealthConfig) {
-        if !matches!(self.state, State::Ejected { .. }) || !ok {
+        if !matches!(self.state, State::Ejected { .. }) {
             return;
         }
-        if let (Some(t), Some(b)) = (ttft_ms, self.baseline_ttft_ms.get()) {
-            if cfg.ttft_ratio.is_severe(t / b) {
-                return; // still sick: stay ejected
-            }
+        let slow = matches!((ttft_ms, self.baseline_ttft_ms.get()), (Some(t), Some(b)) if cfg.ttft_ratio.is_severe(t / b));
+        if !ok || slow {
+            self.probe_successes = 0; // still sick: stay ejected
+            return;
         }
+        self.probe_successes += 1;
+        if self.probe_successes < PROBES_TO_RETURN {
+            return;
+        }
+        self.probe_successes = 0;
+        self.outcomes.clear();
+        self.outcome_next = 0;
         self.ttft_ms.reset();
         self.error_rate.reset();
         self.tgsv_ms.reset();
-        self.last_ttft_severe = false;
-        self.last_tgsv_severe = false;
+        self.ttft_severe_streak = 0;
+        self.tgsv_severe_streak = 0;
         if let Some(t) = ttft_ms {
             self.ttft_ms.record(now_ms, t, cfg.decay_ms, true);
         }
@@ -463,7 +512,7 @@ mod tests {
         assert_eq!(h.state, State::Healthy);
         assert!(h.weight(t0 + 33_000, &c) > 0.9, "{}", h.weight(t0 + 33_000, &c));
         // The same spike held past eject_after does eject.
-        for i in 0..=31 {
+        for i in 0..=35 {
             h.record_ttft(t0 + 40_000 + i * 100, 1000.0, &c);
             h.tick(t0 + 40_000 + i * 100, &c);
         }
@@ -475,16 +524,21 @@ mod tests {
         let c = cfg();
         let mut h = healthy_with_baseline(&c);
         let t0 = 10_000;
-        for i in 0..=30 {
+        // Errors become a condition once the window holds enough of them (about 1 s here), and
+        // the variant is ejected 3 s later.
+        for i in 0..=50 {
             h.record_outcome(t0 + i * 100, false, &c);
             h.tick(t0 + i * 100, &c);
         }
         assert!(matches!(h.state, State::Ejected { .. }), "{:?}", h.state);
-        assert_eq!(h.weight(t0 + 3000, &c), 0.0);
-        let t1 = t0 + 3000;
+        assert_eq!(h.weight(t0 + 5000, &c), 0.0);
+        let State::Ejected { since_ms: t1, .. } = h.state else { unreachable!() };
         assert!(!h.take_probe(t1 + 500, &c));
         assert!(h.take_probe(t1 + 1000, &c));
         assert!(!h.take_probe(t1 + 1500, &c), "one probe per interval");
+        h.probe_result(t1 + 1000, true, Some(100.0), &c);
+        assert!(matches!(h.state, State::Ejected { .. }), "one good probe is not enough");
+        assert!(h.take_probe(t1 + 2000, &c));
         h.probe_result(t1 + 1100, true, Some(100.0), &c);
         assert_eq!(h.state, State::SlowStart { since_ms: t1 + 1100 });
         // The ramp: 10% at the start, half way at 5 s, full at 10 s.

@@ -227,7 +227,7 @@ impl Pool {
                             && st.availability[i].available(now_ms)
                             && v.cfg.max_concurrency.is_none_or(|m| in_flight < m),
                         health: if warming { keel_core::health::FLOOR } else { h.weight(now_ms, &hc) },
-                        predicted_ttft_ms: h.predicted_ttft_ms(),
+                        predicted_ttft_ms: h.predicted_ttft_ms(now_ms, &hc),
                         in_flight,
                         tier: v.cfg.tier,
                         price: v.cfg.price,

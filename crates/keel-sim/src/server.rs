@@ -48,6 +48,7 @@ struct Counters {
     errors: AtomicU64,
     running: AtomicI64,
     waiting: AtomicI64,
+    cold_served: AtomicU64,
 }
 
 /// A snapshot of a server's counters.
@@ -60,6 +61,8 @@ pub struct Stats {
     pub errors: u64,
     pub running: i64,
     pub waiting: i64,
+    /// Requests that paid the configured cold start.
+    pub cold_served: u64,
 }
 
 /// Shared state of one server.
@@ -109,6 +112,7 @@ impl SimServer {
             errors: c.errors.load(Ordering::Relaxed),
             running: c.running.load(Ordering::Relaxed),
             waiting: c.waiting.load(Ordering::Relaxed),
+            cold_served: c.cold_served.load(Ordering::Relaxed),
         }
     }
 
@@ -310,6 +314,7 @@ impl SimServer {
         let cold = self.cold_remaining.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok();
         if cold {
             faults.extra_ttft_ms += self.cfg.cold_start_extra_ms;
+            self.counters.cold_served.fetch_add(1, Ordering::Relaxed);
         }
         if faults.reset {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);

@@ -6,4 +6,5 @@ mod failover;
 mod harness;
 mod lifecycle;
 mod proxy;
+mod routing;
 mod streams;
