@@ -319,6 +319,11 @@ impl VariantHealth {
         self.waiting = waiting;
     }
 
+    /// The variant's own baseline inter-token gap (follows improvements fast, slowdowns slowly).
+    pub fn baseline_gap_ms(&self) -> Option<f64> {
+        self.baseline_gap_ms.get()
+    }
+
     /// Recent P95 of TTFT (60 s window, last 64 samples).
     pub fn p95_ttft_ms(&self) -> Option<f64> {
         self.window.p95

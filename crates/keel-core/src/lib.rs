@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod budget;
+pub mod continuation;
 pub mod health;
 pub mod outcome;
 pub mod p2c;

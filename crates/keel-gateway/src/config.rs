@@ -18,15 +18,7 @@ use keel_core::budget::RetryBudgetConfig;
 use keel_core::health::{Band, HealthConfig};
 use keel_core::protocol::Protocol;
 
-/// How a variant can continue a generation started elsewhere (used by mid-stream migration).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ResumeMode {
-    Prefill,
-    Completion,
-    Instruction,
-    None,
-}
+pub use keel_core::continuation::ResumeMode;
 
 /// The four timeouts, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +100,16 @@ struct RawPool {
     total_ms: Option<u64>,
     /// `p2c` (default) or `round_robin`.
     policy: Option<String>,
+    /// Migrations per request after the first byte (default 2; 0 disables migration).
+    max_migrations: Option<u32>,
+    /// Stall threshold adapts to each variant's gaps (capped by `stall_ms`); false: `stall_ms` fixed.
+    adaptive_stall: Option<bool>,
+    /// Hedge late first tokens: `auto` (default: the primary's recent P90 TTFT, 50 ms–2 s), `off`, or a delay in ms.
+    hedge: Option<toml::Value>,
+    /// Largest share of extra upstream requests hedges may add (default 0.05).
+    hedge_budget: Option<f64>,
+    /// Hold tool-call deltas until each call is complete (default true).
+    hold_tool_calls: Option<bool>,
     /// `none` (default), `session` or `prefix`.
     affinity: Option<String>,
     slo_ttft_p95_ms: Option<f64>,
@@ -165,6 +167,16 @@ impl RawHealth {
         };
         Ok((cfg, self.scrape_interval_ms.unwrap_or(1000).max(100)))
     }
+}
+
+/// When to hedge a late first token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hedge {
+    Off,
+    /// The primary's recent P90 TTFT, clamped to 50 ms–2 s.
+    Auto,
+    /// A fixed delay.
+    AfterMs(u64),
 }
 
 /// How requests stick to variants.
@@ -241,6 +253,11 @@ pub struct PoolConfig {
     pub policy: String,
     pub affinity: Affinity,
     pub slo_ttft_p95_ms: Option<f64>,
+    pub max_migrations: u32,
+    pub adaptive_stall: bool,
+    pub hedge: Hedge,
+    pub hedge_budget: f64,
+    pub hold_tool_calls: bool,
     pub health: HealthConfig,
     pub scrape_interval_ms: u64,
     pub variants: Vec<VariantConfig>,
@@ -426,11 +443,6 @@ impl Config {
                     _ => return Err(err_at(vat, vfield("params"), "expected a table of request fields".into())),
                 };
                 let resume = v.resume.unwrap_or(ResumeMode::Prefill);
-                if resume == ResumeMode::Completion && protocol == Protocol::Anthropic {
-                    warnings.push(format!(
-                        "pools[{pi}].variants[{vi}].resume: `completion` needs an OpenAI-compatible /v1/completions endpoint; Anthropic variants continue by `prefill`"
-                    ));
-                }
                 variants.push(VariantConfig {
                     name: v.name.clone(),
                     url,
@@ -483,7 +495,40 @@ impl Config {
             };
             let (health, scrape_interval_ms) = p.health.build().map_err(|e| err_at(at, field(&format!("health.{e}")), String::new()))
                 .map_err(|e| ConfigError(e.0.trim_end_matches(": ").to_owned()))?;
+            let hedge = match &p.hedge {
+                None => Hedge::Auto,
+                Some(toml::Value::String(s)) if s == "auto" => Hedge::Auto,
+                Some(toml::Value::String(s)) if s == "off" => Hedge::Off,
+                Some(toml::Value::Integer(ms)) if *ms > 0 => Hedge::AfterMs(*ms as u64),
+                Some(other) => return Err(err_at(at, field("hedge"), format!("expected \"auto\", \"off\" or a delay in ms, got {other}"))),
+            };
+            let hedge_budget = p.hedge_budget.unwrap_or(0.05);
+            if !(0.0..=1.0).contains(&hedge_budget) {
+                return Err(err_at(at, field("hedge_budget"), "expected a share between 0 and 1".into()));
+            }
+            for (vi, v) in variants.iter().enumerate() {
+                let fit = match (v.resume, v.protocol) {
+                    (ResumeMode::Completion, Protocol::Anthropic) => Some("Anthropic has no /v1/completions; use `prefill`"),
+                    (ResumeMode::Prefill, Protocol::OpenAi) if v.url.contains("api.openai.com") => {
+                        Some("OpenAI's hosted API does not continue a final assistant message; use `instruction`")
+                    }
+                    _ => None,
+                };
+                if let Some(why) = fit {
+                    warnings.push(format!("pools[{pi}].variants[{vi}].resume: `{}` does not fit this variant: {why}", match v.resume {
+                        ResumeMode::Prefill => "prefill",
+                        ResumeMode::Completion => "completion",
+                        ResumeMode::Instruction => "instruction",
+                        ResumeMode::None => "none",
+                    }));
+                }
+            }
             pools.push(PoolConfig {
+                max_migrations: p.max_migrations.unwrap_or(2),
+                adaptive_stall: p.adaptive_stall.unwrap_or(true),
+                hedge,
+                hedge_budget,
+                hold_tool_calls: p.hold_tool_calls.unwrap_or(true),
                 name: p.name.clone(),
                 aliases: p.aliases.clone(),
                 max_attempts,

@@ -57,7 +57,8 @@ pub type UpstreamBytes = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Sen
 /// A committed stream: what was received up to and including the first output event, and the
 /// rest still to read.
 pub struct StreamStart {
-    pub head: Vec<u8>,
+    /// Events up to and including the first output event.
+    pub head: Vec<SseEvent>,
     /// Events received in the same read as the first output, not yet processed.
     pub pending: Vec<SseEvent>,
     pub decoder: SseDecoder,
@@ -65,8 +66,6 @@ pub struct StreamStart {
     pub headers: HeaderMap,
     /// When the first output arrived.
     pub first_token_at: Instant,
-    /// The head already holds the terminal event (an empty generation).
-    pub terminal_in_head: bool,
 }
 
 /// What the client gets.
@@ -89,7 +88,7 @@ pub struct Executed {
     pub attempts: Vec<AttemptRecord>,
 }
 
-enum AttemptResult {
+pub(crate) enum AttemptResult {
     Served(Served),
     /// The client's own error, returned as the upstream gave it.
     ClientError(Served),
@@ -292,7 +291,7 @@ impl WithoutUrl for reqwest::Error {
     }
 }
 
-async fn attempt(pool: &Pool, vi: usize, req: &CanonicalRequest, ctx: &RequestCtx) -> AttemptResult {
+pub(crate) async fn attempt(pool: &Pool, vi: usize, req: &CanonicalRequest, ctx: &RequestCtx) -> AttemptResult {
     let variant = &pool.variants[vi].cfg;
     let body = match serde_json::to_vec(&req.upstream_view(&variant.upstream_model, &variant.params)) {
         Ok(b) => b,
@@ -365,9 +364,9 @@ async fn attempt(pool: &Pool, vi: usize, req: &CanonicalRequest, ctx: &RequestCt
         for ev in drained.by_ref() {
             let role = event_role(protocol, &ev);
             match role {
-                EventRole::Preamble | EventRole::KeepAlive => head.extend_from_slice(&ev.raw),
+                EventRole::Preamble | EventRole::KeepAlive => head.push(ev),
                 EventRole::Output | EventRole::Terminal => {
-                    head.extend_from_slice(&ev.raw);
+                    head.push(ev);
                     let pending: Vec<SseEvent> = drained.collect();
                     return AttemptResult::Served(Served::Stream(StreamStart {
                         head,
@@ -376,7 +375,6 @@ async fn attempt(pool: &Pool, vi: usize, req: &CanonicalRequest, ctx: &RequestCt
                         upstream,
                         headers,
                         first_token_at: Instant::now(),
-                        terminal_in_head: role == EventRole::Terminal,
                     }));
                 }
                 EventRole::Error(m) => {

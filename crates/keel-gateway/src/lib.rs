@@ -18,6 +18,7 @@ pub mod execution;
 pub mod metrics;
 pub mod monitor;
 pub mod pools;
+pub mod relay;
 pub mod server;
 pub mod upstream;
 

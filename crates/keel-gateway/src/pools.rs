@@ -180,12 +180,15 @@ impl Pool {
     pub fn select(&self, req: &CanonicalRequest, controls: Controls<'_>, request_id: &str) -> (Selection, Option<DecisionRecord>) {
         let started = Instant::now();
         let now_ms = self.now_ms();
-        if let Some(name) = controls.force_variant {
-            return match self.variants.iter().position(|v| v.cfg.name == name) {
-                Some(i) => (Selection::Plan(vec![i]), None),
-                None => (Selection::NoSuchVariant(name.to_owned()), None),
-            };
-        }
+        // A forced variant (tests, debugging) becomes the primary; the plan's other variants
+        // stay as fallbacks and migration targets.
+        let forced = match controls.force_variant {
+            Some(name) => match self.variants.iter().position(|v| v.cfg.name == name) {
+                Some(i) => Some(i),
+                None => return (Selection::NoSuchVariant(name.to_owned()), None),
+            },
+            None => None,
+        };
         let needed = req.estimated_input_tokens + req.max_tokens.unwrap_or(0);
         let fits = |v: &Variant| v.cfg.context_window.is_none_or(|w| needed <= w);
         if !self.variants.iter().any(fits) {
@@ -256,6 +259,14 @@ impl Pool {
             Selection::Unavailable { retry_after_ms: wait }
         } else {
             Selection::Plan(plan.order.clone())
+        };
+        let selection = match forced {
+            Some(i) => {
+                let mut order = vec![i];
+                order.extend(plan.order.iter().copied().filter(|j| *j != i));
+                Selection::Plan(order)
+            }
+            None => selection,
         };
         let states: Vec<&'static str> = st.health.iter().map(|h| h.state.name()).collect();
         drop(st);
@@ -402,6 +413,29 @@ impl Pool {
                 }
             })
             .collect()
+    }
+
+    /// The stall threshold for a stream on this variant: adaptive, max(4 × its P99-ish gap
+    /// (mean + 3 standard deviations), 500 ms), capped by the pool's `stall_ms`; or `stall_ms`.
+    pub fn stall_threshold_ms(&self, index: usize) -> u64 {
+        let cap = self.cfg.timeouts.stall_ms;
+        if !self.cfg.adaptive_stall {
+            return cap;
+        }
+        let st = self.state();
+        let h = &st.health[index];
+        match h.gap_ms.get() {
+            Some(gap) => {
+                let p99ish = gap + 3.0 * h.tgsv_ms.get().unwrap_or(gap);
+                ((4.0 * p99ish).max(500.0) as u64).min(cap)
+            }
+            None => cap,
+        }
+    }
+
+    /// The variant's baseline inter-token gap, for slowdown detection.
+    pub fn baseline_gap_ms(&self, index: usize) -> Option<f64> {
+        self.state().health[index].baseline_gap_ms()
     }
 
     /// Counts a request on a variant until the guard drops.

@@ -164,7 +164,7 @@ pub async fn handle_generation(gw: &Arc<Gateway>, endpoint: Endpoint, req: Reque
 
     // Stage 2: execution; stage 3: delivery.
     let executed = execution::execute(gw, &pool, &req, &ctx, &order).await;
-    delivery::deliver(log, &pool, &ctx, protocol, executed)
+    delivery::deliver(log, &pool, &ctx, protocol, executed, req, order)
 }
 
 fn models(gw: &Gateway, anthropic: bool) -> Response<Body> {

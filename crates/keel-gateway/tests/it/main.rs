@@ -5,6 +5,7 @@ mod bad_input;
 mod failover;
 mod harness;
 mod lifecycle;
+mod migration;
 mod proxy;
 mod routing;
 mod streams;

@@ -1,0 +1,405 @@
+//! Mid-stream migration, the pure part: what has been delivered, how to ask another variant to
+//! continue from it, and how to stitch its stream onto the one the client already has.
+//!
+//! **Continuation requests** ([`continuation`]), by the target variant's `resume` mode:
+//! * `prefill`: the delivered text becomes a final assistant message. Anthropic continues such a
+//!   message natively; OpenAI-compatible servers (vLLM, SGLang) need
+//!   `continue_final_message: true, add_generation_prompt: false`; llama.cpp continues a final
+//!   assistant message by default (the flags are harmless there).
+//! * `completion`: `/v1/completions` with the delivered text appended to the prompt (only for
+//!   requests that were completions to begin with: keel cannot render a chat template).
+//! * `instruction`: for APIs without prefill: the partial answer as an assistant message, then a
+//!   user message asking to continue without repeating; the overlap between what was delivered
+//!   and what comes back is removed ([`overlap`]).
+//! * `none`: no migration.
+//!
+//! The output limit is lowered by what was already generated, so the whole answer still
+//! respects the client's `max_tokens`.
+//!
+//! **Stitching** ([`Stitcher`]): the client keeps one response: the first segment's id, created
+//! time and model name; one role header (the continuation's preamble — role chunk,
+//! `message_start`, `content_block_start`, `ping` — is dropped); Anthropic block indexes continue
+//! where the first segment left them; exactly one terminal event; usage that adds up (prompt
+//! tokens as the client sent them, completion tokens as delivered).
+
+use serde_json::{json, Map, Value};
+
+use crate::protocol::{event_role, Endpoint, EventRole, Protocol};
+use crate::request::CanonicalRequest;
+use crate::sse::SseEvent;
+use crate::tokens;
+
+/// How a variant continues a generation started elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResumeMode {
+    Prefill,
+    Completion,
+    Instruction,
+    None,
+}
+
+/// The instruction used by `instruction` mode.
+pub const CONTINUE_INSTRUCTION: &str =
+    "Your previous answer was cut off. Continue it exactly where it stopped, without repeating any of it and without any preamble.";
+
+/// Why a continuation cannot be built for a variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotPossible {
+    /// The variant's resume mode is `none`.
+    Disabled,
+    /// The mode does not fit the request (e.g. `completion` for a chat request).
+    ModeMismatch(&'static str),
+    /// The output limit is already used up.
+    LimitReached,
+}
+
+/// The continuation request for one variant: the endpoint to call and the body (the client's
+/// body with the delivered text folded in).
+pub fn continuation(req: &CanonicalRequest, mode: ResumeMode, delivered: &str, delivered_tokens: u64) -> Result<(Endpoint, Map<String, Value>), NotPossible> {
+    let mut body = req.body.clone();
+    // Lower every output limit the client set by what was already generated.
+    for key in ["max_tokens", "max_completion_tokens"] {
+        if let Some(n) = body.get(key).and_then(Value::as_u64) {
+            if n <= delivered_tokens {
+                return Err(NotPossible::LimitReached);
+            }
+            body.insert(key.into(), Value::from(n - delivered_tokens));
+        }
+    }
+    match (mode, req.endpoint) {
+        (ResumeMode::None, _) => Err(NotPossible::Disabled),
+        (_, Endpoint::CountTokens) => Err(NotPossible::ModeMismatch("count_tokens has no generation")),
+        (ResumeMode::Completion, Endpoint::Completions) | (ResumeMode::Prefill, Endpoint::Completions) | (ResumeMode::Instruction, Endpoint::Completions) => {
+            let prompt = match body.get("prompt") {
+                Some(Value::String(p)) => p.clone(),
+                Some(Value::Array(a)) if a.len() == 1 => a[0].as_str().unwrap_or_default().to_owned(),
+                _ => return Err(NotPossible::ModeMismatch("only a single-string prompt can be continued")),
+            };
+            body.insert("prompt".into(), Value::String(format!("{prompt}{delivered}")));
+            Ok((Endpoint::Completions, body))
+        }
+        (ResumeMode::Completion, _) => Err(NotPossible::ModeMismatch("`completion` resume needs a /v1/completions request")),
+        (ResumeMode::Prefill, ep) | (ResumeMode::Instruction, ep) => {
+            let Some(Value::Array(messages)) = body.get_mut("messages") else {
+                return Err(NotPossible::ModeMismatch("no messages"));
+            };
+            // A client prefill (final assistant message) is extended, not duplicated.
+            let last_is_assistant = messages.last().and_then(|m| m.get("role")).and_then(Value::as_str) == Some("assistant");
+            if last_is_assistant && mode == ResumeMode::Prefill {
+                let last = messages.last_mut().and_then(Value::as_object_mut).ok_or(NotPossible::ModeMismatch("bad message"))?;
+                let before = match last.get("content") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Array(parts)) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect(),
+                    _ => String::new(),
+                };
+                last.insert("content".into(), Value::String(format!("{before}{delivered}")));
+            } else {
+                messages.push(json!({"role": "assistant", "content": delivered}));
+                if mode == ResumeMode::Instruction {
+                    messages.push(json!({"role": "user", "content": CONTINUE_INSTRUCTION}));
+                }
+            }
+            if mode == ResumeMode::Prefill && ep == Endpoint::ChatCompletions {
+                body.insert("continue_final_message".into(), Value::Bool(true));
+                body.insert("add_generation_prompt".into(), Value::Bool(false));
+            }
+            Ok((ep, body))
+        }
+    }
+}
+
+/// Length in bytes of the longest suffix of `delivered` that is a prefix of `continuation`
+/// (at most 400 bytes are compared): what `instruction` mode strips from a continuation that
+/// repeats the end of the delivered text.
+pub fn overlap(delivered: &str, continuation: &str) -> usize {
+    let max = delivered.len().min(continuation.len()).min(400);
+    (1..=max)
+        .rev()
+        .find(|&n| delivered.is_char_boundary(delivered.len() - n) && continuation.is_char_boundary(n) && delivered[delivered.len() - n..] == continuation[..n])
+        .unwrap_or(0)
+}
+
+/// Generated text carried by one output event (text only; tool-call arguments are not text).
+pub fn event_text(protocol: Protocol, ev: &SseEvent) -> Option<String> {
+    let v: Value = serde_json::from_str(&ev.data).ok()?;
+    match protocol {
+        Protocol::OpenAi => {
+            let c = v.get("choices")?.get(0)?;
+            c.pointer("/delta/content").or_else(|| c.get("text")).and_then(Value::as_str).map(str::to_owned)
+        }
+        Protocol::Anthropic => {
+            if ev.event.as_deref() != Some("content_block_delta") {
+                return None;
+            }
+            v.pointer("/delta/text").and_then(Value::as_str).map(str::to_owned)
+        }
+    }
+}
+
+/// Keeps one client-visible stream across segments.
+#[derive(Debug, Clone)]
+pub struct Stitcher {
+    protocol: Protocol,
+    /// Identity of the first segment (OpenAI `id`, `created`, `model`).
+    identity: Option<(Value, Value, Value)>,
+    /// Text delivered to the client so far.
+    pub delivered: String,
+    /// Tokens of text delivered before the current segment began.
+    tokens_before_segment: u64,
+    /// Segment number (0 = the original).
+    pub segment: u32,
+    /// Anthropic: index of the content block open in the client's stream, and the next free one.
+    open_block: Option<u64>,
+    next_block: u64,
+    /// Index shift for the current continuation's blocks, and whether its block 0 continues a
+    /// block left open by the previous segment.
+    block_offset: u64,
+    continues_open: bool,
+}
+
+impl Stitcher {
+    pub fn new(protocol: Protocol) -> Self {
+        Stitcher {
+            protocol,
+            identity: None,
+            delivered: String::new(),
+            tokens_before_segment: 0,
+            segment: 0,
+            open_block: None,
+            next_block: 0,
+            block_offset: 0,
+            continues_open: false,
+        }
+    }
+
+    /// Tokens delivered so far by keel's tokenizer rule (lowers the continuation's limit).
+    pub fn delivered_tokens(&self) -> u64 {
+        tokens::count(&self.delivered) as u64
+    }
+
+    /// Starts a continuation segment.
+    pub fn begin_segment(&mut self) {
+        self.segment += 1;
+        self.tokens_before_segment = self.delivered_tokens();
+        self.block_offset = self.open_block.unwrap_or(self.next_block);
+        self.continues_open = self.open_block.is_some();
+    }
+
+    /// Processes one upstream event; returns the bytes for the client, or `None` to drop it.
+    /// `trim_overlap` is set for `instruction` continuations: text repeating the end of what was
+    /// delivered is cut from the segment's first text.
+    pub fn process(&mut self, ev: &SseEvent, trim_overlap: &mut bool) -> Option<Vec<u8>> {
+        if ev.comment_only {
+            return Some(ev.raw.clone());
+        }
+        let role = event_role(self.protocol, ev);
+        if self.segment == 0 {
+            self.observe_original(ev);
+            if matches!(role, EventRole::Output) {
+                if let Some(t) = event_text(self.protocol, ev) {
+                    self.delivered.push_str(&t);
+                }
+            }
+            return Some(ev.raw.clone());
+        }
+        match self.protocol {
+            Protocol::OpenAi => self.openai_continuation(ev, role, trim_overlap),
+            Protocol::Anthropic => self.anthropic_continuation(ev, role, trim_overlap),
+        }
+    }
+
+    fn observe_original(&mut self, ev: &SseEvent) {
+        match self.protocol {
+            Protocol::OpenAi => {
+                if self.identity.is_none() {
+                    if let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
+                        if v.get("id").is_some() {
+                            self.identity = Some((v["id"].clone(), v["created"].clone(), v["model"].clone()));
+                        }
+                    }
+                }
+            }
+            Protocol::Anthropic => match ev.event.as_deref() {
+                Some("content_block_start") => {
+                    let i = serde_json::from_str::<Value>(&ev.data).ok().and_then(|v| v["index"].as_u64()).unwrap_or(self.next_block);
+                    self.open_block = Some(i);
+                    self.next_block = i + 1;
+                }
+                Some("content_block_stop") => self.open_block = None,
+                _ => {}
+            },
+        }
+    }
+
+    fn trim(&mut self, text: &str, trim_overlap: &mut bool) -> String {
+        if !*trim_overlap {
+            return text.to_owned();
+        }
+        *trim_overlap = false;
+        let n = overlap(&self.delivered, text);
+        text[n..].to_owned()
+    }
+
+    fn openai_continuation(&mut self, ev: &SseEvent, role: EventRole, trim_overlap: &mut bool) -> Option<Vec<u8>> {
+        if matches!(role, EventRole::Preamble) {
+            return None; // the continuation's role chunk: the client already has one
+        }
+        if ev.data == "[DONE]" {
+            return Some(ev.raw.clone());
+        }
+        let mut v: Value = serde_json::from_str(&ev.data).ok()?;
+        if let Some((id, created, model)) = &self.identity {
+            v["id"] = id.clone();
+            v["created"] = created.clone();
+            v["model"] = model.clone();
+        }
+        if let Some(text) = event_text(Protocol::OpenAi, ev) {
+            let text = self.trim(&text, trim_overlap);
+            self.delivered.push_str(&text);
+            if let Some(c) = v.pointer_mut("/choices/0") {
+                if c.pointer("/delta/content").is_some() {
+                    c["delta"]["content"] = Value::String(text);
+                } else if c.get("text").is_some() {
+                    c["text"] = Value::String(text);
+                }
+            }
+        }
+        if let Some(u) = v.get_mut("usage").filter(|u| u.is_object()) {
+            let before = self.tokens_before_segment;
+            let prompt = u["prompt_tokens"].as_u64().unwrap_or(0).saturating_sub(before);
+            let completion = u["completion_tokens"].as_u64().unwrap_or(0) + before;
+            u["prompt_tokens"] = Value::from(prompt);
+            u["completion_tokens"] = Value::from(completion);
+            u["total_tokens"] = Value::from(prompt + completion);
+        }
+        Some(SseEvent::new(None, &v.to_string()).raw)
+    }
+
+    fn anthropic_continuation(&mut self, ev: &SseEvent, role: EventRole, trim_overlap: &mut bool) -> Option<Vec<u8>> {
+        let name = ev.event.as_deref().unwrap_or("");
+        if matches!(role, EventRole::KeepAlive) || name == "message_start" {
+            return None;
+        }
+        let mut v: Value = serde_json::from_str(&ev.data).ok()?;
+        let offset = self.block_offset;
+        match name {
+            "content_block_start" => {
+                let i = v["index"].as_u64().unwrap_or(0);
+                if i == 0 && self.continues_open {
+                    return None; // block 0 continues the block the client has open
+                }
+                v["index"] = Value::from(i + offset);
+                self.open_block = Some(i + offset);
+                self.next_block = self.next_block.max(i + offset + 1);
+            }
+            "content_block_delta" | "content_block_stop" => {
+                let i = v["index"].as_u64().unwrap_or(0);
+                v["index"] = Value::from(i + offset);
+                if name == "content_block_delta" {
+                    if let Some(text) = event_text(Protocol::Anthropic, ev) {
+                        let text = self.trim(&text, trim_overlap);
+                        self.delivered.push_str(&text);
+                        v["delta"]["text"] = Value::String(text);
+                    }
+                } else {
+                    self.open_block = None;
+                }
+            }
+            "message_delta" => {
+                if let Some(out) = v.pointer("/usage/output_tokens").and_then(Value::as_u64) {
+                    v["usage"]["output_tokens"] = Value::from(out + self.tokens_before_segment);
+                }
+            }
+            _ => {}
+        }
+        Some(SseEvent::new(Some(name), &v.to_string()).raw)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::parse;
+
+    #[test]
+    fn prefill_for_each_protocol_lowers_the_limit() {
+        let r = parse(Endpoint::ChatCompletions, br#"{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        let (ep, b) = continuation(&r, ResumeMode::Prefill, "Hello there", 2).unwrap();
+        assert_eq!(ep, Endpoint::ChatCompletions);
+        assert_eq!(b["max_tokens"], 98);
+        assert_eq!(b["messages"][1], json!({"role": "assistant", "content": "Hello there"}));
+        assert_eq!(b["continue_final_message"], true);
+        assert_eq!(b["add_generation_prompt"], false);
+
+        let a = parse(Endpoint::Messages, br#"{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"}]}"#).unwrap();
+        let (_, b) = continuation(&a, ResumeMode::Prefill, " one two", 2).unwrap();
+        assert_eq!(b["messages"].as_array().unwrap().len(), 2, "the client's prefill is extended");
+        assert_eq!(b["messages"][1]["content"], "Sure: one two");
+        assert!(b.get("continue_final_message").is_none());
+        assert_eq!(continuation(&a, ResumeMode::Prefill, "x", 10).unwrap_err(), NotPossible::LimitReached);
+    }
+
+    #[test]
+    fn completion_and_instruction_and_none() {
+        let c = parse(Endpoint::Completions, br#"{"model":"m","prompt":"Once upon"}"#).unwrap();
+        let (ep, b) = continuation(&c, ResumeMode::Completion, " a time", 2).unwrap();
+        assert_eq!((ep, b["prompt"].as_str().unwrap()), (Endpoint::Completions, "Once upon a time"));
+        let r = parse(Endpoint::ChatCompletions, br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        assert!(matches!(continuation(&r, ResumeMode::Completion, "x", 1), Err(NotPossible::ModeMismatch(_))));
+        assert_eq!(continuation(&r, ResumeMode::None, "x", 1).unwrap_err(), NotPossible::Disabled);
+        let (_, b) = continuation(&r, ResumeMode::Instruction, "partial", 1).unwrap();
+        assert_eq!(b["messages"][2]["content"], CONTINUE_INSTRUCTION);
+    }
+
+    #[test]
+    fn overlap_is_the_longest_suffix_prefix() {
+        assert_eq!(overlap("the cat sat on", " sat on the mat"), 7);
+        assert_eq!(overlap("abc", "xyz"), 0);
+        assert_eq!(overlap("héllo wörld", "wörld!"), "wörld".len());
+    }
+
+    fn openai_chunk(id: &str, delta: Value, finish: Value) -> SseEvent {
+        SseEvent::new(None, &json!({"id": id, "object": "chat.completion.chunk", "created": 1, "model": id, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).to_string())
+    }
+
+    #[test]
+    fn openai_segments_share_one_identity_and_role() {
+        let mut s = Stitcher::new(Protocol::OpenAi);
+        let mut trim = false;
+        s.process(&openai_chunk("a", json!({"role": "assistant", "content": ""}), Value::Null), &mut trim).unwrap();
+        s.process(&openai_chunk("a", json!({"content": "Hello"}), Value::Null), &mut trim).unwrap();
+        s.begin_segment();
+        assert!(s.process(&openai_chunk("b", json!({"role": "assistant", "content": ""}), Value::Null), &mut trim).is_none());
+        let out = s.process(&openai_chunk("b", json!({"content": " world"}), Value::Null), &mut trim).unwrap();
+        let v: Value = serde_json::from_str(&crate::sse::decode_all(&out).unwrap()[0].data).unwrap();
+        assert_eq!((v["id"].as_str(), v["model"].as_str()), (Some("a"), Some("a")));
+        let usage = SseEvent::new(None, &json!({"id": "b", "choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}}).to_string());
+        let out = s.process(&usage, &mut trim).unwrap();
+        let v: Value = serde_json::from_str(&crate::sse::decode_all(&out).unwrap()[0].data).unwrap();
+        assert_eq!(v["usage"], json!({"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16}));
+        assert_eq!(s.delivered, "Hello world");
+    }
+
+    #[test]
+    fn anthropic_segments_continue_the_open_block() {
+        let ev = |name: &str, data: Value| SseEvent::new(Some(name), &data.to_string());
+        let mut s = Stitcher::new(Protocol::Anthropic);
+        let mut trim = false;
+        s.process(&ev("message_start", json!({"type": "message_start"})), &mut trim).unwrap();
+        s.process(&ev("content_block_start", json!({"type": "content_block_start", "index": 0})), &mut trim).unwrap();
+        s.process(&ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}})), &mut trim).unwrap();
+        s.begin_segment();
+        assert!(s.process(&ev("message_start", json!({"type": "message_start"})), &mut trim).is_none());
+        assert!(s.process(&ev("content_block_start", json!({"type": "content_block_start", "index": 0})), &mut trim).is_none());
+        assert!(s.process(&ev("ping", json!({"type": "ping"})), &mut trim).is_none());
+        s.process(&ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " there"}})), &mut trim).unwrap();
+        s.process(&ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})), &mut trim).unwrap();
+        // A second block in the continuation gets the next index.
+        let out = s.process(&ev("content_block_start", json!({"type": "content_block_start", "index": 1})), &mut trim).unwrap();
+        assert_eq!(serde_json::from_str::<Value>(&crate::sse::decode_all(&out).unwrap()[0].data).unwrap()["index"], 1);
+        let out = s.process(&ev("message_delta", json!({"type": "message_delta", "usage": {"output_tokens": 3}})), &mut trim).unwrap();
+        assert_eq!(serde_json::from_str::<Value>(&crate::sse::decode_all(&out).unwrap()[0].data).unwrap()["usage"]["output_tokens"], 4);
+        assert_eq!(s.delivered, "Hi there");
+    }
+}
