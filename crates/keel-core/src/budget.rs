@@ -63,7 +63,8 @@ impl RetryBudget {
     pub fn try_retry(&mut self, now_ms: u64) -> bool {
         let (requests, retries) = self.totals(now_ms);
         let floor = self.cfg.min_retries_per_sec * self.cfg.window_ms / 1000;
-        let allowed = (requests as f64 * self.cfg.ratio) as u64 + floor;
+        // Rounded up, so that a quiet pool may retry (or hedge) its first request.
+        let allowed = (requests as f64 * self.cfg.ratio).ceil() as u64 + floor;
         if retries < allowed {
             self.bucket(now_ms).2 += 1;
             true

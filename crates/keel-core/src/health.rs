@@ -134,6 +134,7 @@ impl Ewma {
 struct Window {
     samples: Vec<(u64, f64)>,
     next: usize,
+    p90: Option<f64>,
     p95: Option<f64>,
 }
 
@@ -150,7 +151,9 @@ impl Window {
         self.next = (self.next + 1) % WINDOW_SAMPLES;
         let mut recent: Vec<f64> = self.samples.iter().filter(|(t, _)| now_ms.saturating_sub(*t) <= WINDOW_MS).map(|s| s.1).collect();
         recent.sort_by(f64::total_cmp);
-        self.p95 = recent.get(((recent.len() as f64 * 0.95).ceil() as usize).saturating_sub(1)).copied();
+        let q = |p: f64| recent.get(((recent.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied();
+        self.p90 = q(0.90);
+        self.p95 = q(0.95);
     }
 }
 
@@ -322,6 +325,11 @@ impl VariantHealth {
     /// The variant's own baseline inter-token gap (follows improvements fast, slowdowns slowly).
     pub fn baseline_gap_ms(&self) -> Option<f64> {
         self.baseline_gap_ms.get()
+    }
+
+    /// Recent P90 of TTFT (60 s window, last 64 samples): the default hedge delay.
+    pub fn p90_ttft_ms(&self) -> Option<f64> {
+        self.window.p90
     }
 
     /// Recent P95 of TTFT (60 s window, last 64 samples).

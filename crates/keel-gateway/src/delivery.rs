@@ -122,7 +122,7 @@ pub fn error_response(mut log: RequestLog, protocol: Protocol, err: &GatewayErro
 /// which may continue it on another variant of `order` (see `relay`).
 pub fn deliver(mut log: RequestLog, pool: &Arc<Pool>, ctx: &RequestCtx, protocol: Protocol, executed: Executed, req: CanonicalRequest, order: Vec<usize>) -> Response<Body> {
     log.attempts = executed.attempts.len();
-    log.route = if executed.attempts.len() > 1 { "fallback" } else { "direct" };
+    log.route = executed.route.unwrap_or(if executed.attempts.len() > 1 { "fallback" } else { "direct" });
     let (vi, served, guard) = match executed.outcome {
         Ok(x) => x,
         Err(e) => return error_response(log, protocol, &e),

@@ -86,6 +86,8 @@ pub struct Executed {
     /// The serving variant, what it served, and its in-flight guard (held until delivery ends).
     pub outcome: Result<(usize, Served, InFlight), GatewayError>,
     pub attempts: Vec<AttemptRecord>,
+    /// `hedged` when a hedge won; otherwise the route follows from the attempts.
+    pub route: Option<&'static str>,
 }
 
 pub(crate) enum AttemptResult {
@@ -95,28 +97,163 @@ pub(crate) enum AttemptResult {
     Failed(AttemptFailure),
 }
 
+/// What the attempts of one request have left behind.
+#[derive(Default)]
+struct Ledger {
+    attempts: Vec<AttemptRecord>,
+    failures: Vec<(String, AttemptFailure)>,
+    retry_after_ms: Option<u64>,
+}
+
+impl Ledger {
+    /// Records one finished attempt (metrics, health, cooldowns); returns what the client gets
+    /// when the attempt is final (served, or the client's own error).
+    fn settle(&mut self, gw: &Gateway, pool: &Pool, vi: usize, result: AttemptResult, started: Instant) -> Option<Served> {
+        let variant = &pool.variants[vi].cfg;
+        let label = match &result {
+            AttemptResult::Served(_) => "ok".to_owned(),
+            AttemptResult::ClientError(Served::Whole { status, .. }) => format!("status_{}", status.as_u16()),
+            AttemptResult::ClientError(_) => "client_error".to_owned(),
+            AttemptResult::Failed(f) => f.label(),
+        };
+        metrics::counter!("keel_attempts_total", "pool" => pool.cfg.name.clone(), "variant" => variant.name.clone(), "outcome" => label.clone()).increment(1);
+        self.attempts.push(AttemptRecord { variant: variant.name.clone(), outcome: label });
+        match result {
+            AttemptResult::Served(s) => {
+                let ttft = match &s {
+                    Served::Stream(st) => st.first_token_at.duration_since(started),
+                    Served::Whole { .. } => started.elapsed(),
+                };
+                pool.record_attempt(vi, true, Some(ttft.as_secs_f64() * 1000.0));
+                pool.record_success(vi);
+                Some(s)
+            }
+            AttemptResult::ClientError(s) => {
+                pool.record_attempt(vi, true, None);
+                Some(s)
+            }
+            AttemptResult::Failed(f) => {
+                let now_ms = gw.now_ms();
+                match f.verdict() {
+                    Verdict::Retry { cooldown_ms } => {
+                        pool.record_attempt(vi, false, None);
+                        let cool = cooldown_ms.or(matches!(f, AttemptFailure::Connect(_)).then_some(CONNECT_COOLDOWN_MS));
+                        if let Some(ms) = cool {
+                            pool.cool_down(vi, now_ms, ms.min(MAX_COOLDOWN_MS));
+                        }
+                        if cooldown_ms.is_some() {
+                            self.retry_after_ms = cooldown_ms;
+                        }
+                    }
+                    Verdict::BrokenCredential => {
+                        pool.record_attempt(vi, false, None);
+                        pool.mark_credential_broken(vi, now_ms);
+                        metrics::counter!("keel_variant_credential_broken_total", "pool" => pool.cfg.name.clone(), "variant" => variant.name.clone())
+                            .increment(1);
+                        tracing::error!(pool = %pool.cfg.name, variant = %variant.name, "upstream refused the variant's credential; variant marked broken and skipped for 60 s");
+                    }
+                    // Running out of the request's own time says nothing about the variant.
+                    Verdict::ReturnToClient | Verdict::GiveUp => {}
+                }
+                self.failures.push((variant.name.clone(), f));
+                None
+            }
+        }
+    }
+
+    fn gave_up(&self) -> bool {
+        self.failures.last().is_some_and(|(_, f)| f.verdict() == Verdict::GiveUp)
+    }
+}
+
+/// One attempt, or a primary raced by a hedge.
+struct Outcome {
+    vi: usize,
+    result: AttemptResult,
+    guard: InFlight,
+    started: Instant,
+}
+
+/// Runs the primary; if its first token is late by `delay`, races it against a hedge on
+/// `hedge_vi`. The first to produce a token wins and the other is dropped at once (its
+/// connection closes, so the upstream stops generating). Finished outcomes come back in order.
+/// Also returns whether the hedge won (`None`: no race was decided) and the attempt cancelled.
+async fn race(pool: &Arc<Pool>, vi: usize, hedge_vi: usize, req: &CanonicalRequest, ctx: &RequestCtx, delay: Duration) -> (Vec<Outcome>, Option<bool>, Option<usize>) {
+    let final_result = |r: &AttemptResult| !matches!(r, AttemptResult::Failed(_));
+    let mut guard = Some(pool.enter(vi));
+    let started = Instant::now();
+    let primary = attempt(pool, vi, req, ctx);
+    tokio::pin!(primary);
+    tokio::select! {
+        r = &mut primary => return (vec![Outcome { vi, result: r, guard: guard.take().expect("guard"), started }], None, None),
+        _ = tokio::time::sleep(delay.min(ctx.deadline.saturating_duration_since(Instant::now()))) => {}
+    }
+    if Instant::now() >= ctx.deadline || !pool.try_hedge(hedge_vi) {
+        let r = primary.await;
+        return (vec![Outcome { vi, result: r, guard: guard.take().expect("guard"), started }], None, None);
+    }
+    let mut hedge_guard = Some(pool.enter(hedge_vi));
+    let hedge_started = Instant::now();
+    let hedge = attempt(pool, hedge_vi, req, ctx);
+    tokio::pin!(hedge);
+    let mut out = Vec::new();
+    let (mut primary_done, mut hedge_done) = (false, false);
+    let label = |outcome: &'static str| metrics::counter!("keel_hedges_total", "pool" => pool.cfg.name.clone(), "outcome" => outcome).increment(1);
+    loop {
+        tokio::select! {
+            r = &mut primary, if !primary_done => {
+                primary_done = true;
+                let won = final_result(&r);
+                out.push(Outcome { vi, result: r, guard: guard.take().expect("guard"), started });
+                if won {
+                    label("lost");
+                    // Nothing was received from the cancelled hedge: it had no first token.
+                    metrics::counter!("keel_hedge_wasted_tokens_total", "pool" => pool.cfg.name.clone()).increment(0);
+                    return (out, Some(false), (!hedge_done).then_some(hedge_vi));
+                }
+            }
+            r = &mut hedge, if !hedge_done => {
+                hedge_done = true;
+                let won = final_result(&r);
+                out.push(Outcome { vi: hedge_vi, result: r, guard: hedge_guard.take().expect("guard"), started: hedge_started });
+                if won {
+                    label("won");
+                    return (out, Some(true), (!primary_done).then_some(vi));
+                }
+            }
+        }
+        if primary_done && hedge_done {
+            label("failed");
+            return (out, None, None);
+        }
+    }
+}
+
 /// Runs attempts over `order` (primary first) until one serves.
 pub async fn execute(gw: &Gateway, pool: &Arc<Pool>, req: &CanonicalRequest, ctx: &RequestCtx, order: &[usize]) -> Executed {
     let max_attempts = pool.cfg.max_attempts as usize;
-    let mut attempts: Vec<AttemptRecord> = Vec::new();
-    let mut failures: Vec<(String, AttemptFailure)> = Vec::new();
+    let mut ledger = Ledger::default();
     let mut budget_refused = false;
-    let mut last_verdict_retry_after: Option<u64> = None;
+    let mut hedged = false;
+    pool.count_request();
 
     // Walk the plan; when it is exhausted with attempts left, come back to variants that are
     // still available (a one-variant pool can retry a transient 503), after a short backoff.
     let mut round = 0;
-    'rounds: while attempts.len() < max_attempts {
+    'rounds: while ledger.attempts.len() < max_attempts {
         let mut tried_this_round = false;
         for &vi in order {
-            if attempts.len() >= max_attempts {
+            if ledger.attempts.len() >= max_attempts {
                 break 'rounds;
             }
             let now = Instant::now();
             if now >= ctx.deadline {
                 break 'rounds;
             }
-            if !attempts.is_empty() {
+            if ledger.attempts.iter().filter(|a| a.variant == pool.variants[vi].cfg.name).count() > round {
+                continue; // already tried in this round (e.g. as a hedge)
+            }
+            if !ledger.attempts.is_empty() {
                 if !pool.available(vi, gw.now_ms()) {
                     continue;
                 }
@@ -134,63 +271,33 @@ pub async fn execute(gw: &Gateway, pool: &Arc<Pool>, req: &CanonicalRequest, ctx
                 }
             }
             tried_this_round = true;
-            let guard = pool.enter(vi);
-            let variant = &pool.variants[vi].cfg;
-            let attempt_started = Instant::now();
-            let result = attempt(pool, vi, req, ctx).await;
-            match &result {
-                AttemptResult::Served(Served::Stream(s)) => {
-                    pool.record_attempt(vi, true, Some(s.first_token_at.duration_since(attempt_started).as_secs_f64() * 1000.0))
+            // The first attempt may be hedged by the next variant of the plan.
+            let hedge_target = order.iter().copied().find(|&j| j != vi).filter(|_| ledger.attempts.is_empty());
+            let outcomes = match (hedge_target, pool.hedge_delay_ms(vi)) {
+                (Some(h), Some(delay)) if max_attempts > 1 => {
+                    let (outcomes, hedge_won, cancelled) = race(pool, vi, h, req, ctx, Duration::from_millis(delay)).await;
+                    hedged = hedge_won == Some(true);
+                    if let Some(c) = cancelled {
+                        let name = pool.variants[c].cfg.name.clone();
+                        metrics::counter!("keel_attempts_total", "pool" => pool.cfg.name.clone(), "variant" => name.clone(), "outcome" => "hedge_cancelled").increment(1);
+                        ledger.attempts.push(AttemptRecord { variant: name, outcome: "hedge_cancelled".into() });
+                    }
+                    outcomes
                 }
-                AttemptResult::Served(_) => pool.record_attempt(vi, true, Some(attempt_started.elapsed().as_secs_f64() * 1000.0)),
-                AttemptResult::ClientError(_) => pool.record_attempt(vi, true, None),
-                AttemptResult::Failed(f) => match f.verdict() {
-                    // Running out of the request's own time says nothing about the variant.
-                    Verdict::GiveUp => {}
-                    _ => pool.record_attempt(vi, false, None),
-                },
-            }
-            let label = match &result {
-                AttemptResult::Served(_) => "ok".to_owned(),
-                AttemptResult::ClientError(Served::Whole { status, .. }) => format!("status_{}", status.as_u16()),
-                AttemptResult::ClientError(_) => "client_error".to_owned(),
-                AttemptResult::Failed(f) => f.label(),
+                _ => {
+                    let guard = pool.enter(vi);
+                    let started = Instant::now();
+                    vec![Outcome { vi, result: attempt(pool, vi, req, ctx).await, guard, started }]
+                }
             };
-            metrics::counter!("keel_attempts_total", "pool" => pool.cfg.name.clone(), "variant" => variant.name.clone(), "outcome" => label.clone())
-                .increment(1);
-            attempts.push(AttemptRecord { variant: variant.name.clone(), outcome: label });
-            match result {
-                AttemptResult::Served(s) => {
-                    pool.record_success(vi);
-                    return Executed { outcome: Ok((vi, s, guard)), attempts };
+            for o in outcomes {
+                if let Some(served) = ledger.settle(gw, pool, o.vi, o.result, o.started) {
+                    let route = if hedged { Some("hedged") } else { None };
+                    return Executed { outcome: Ok((o.vi, served, o.guard)), attempts: ledger.attempts, route };
                 }
-                AttemptResult::ClientError(s) => return Executed { outcome: Ok((vi, s, guard)), attempts },
-                AttemptResult::Failed(f) => {
-                    let now_ms = gw.now_ms();
-                    match f.verdict() {
-                        Verdict::Retry { cooldown_ms } => {
-                            let cool = cooldown_ms.or(matches!(f, AttemptFailure::Connect(_)).then_some(CONNECT_COOLDOWN_MS));
-                            if let Some(ms) = cool {
-                                pool.cool_down(vi, now_ms, ms.min(MAX_COOLDOWN_MS));
-                            }
-                            if cooldown_ms.is_some() {
-                                last_verdict_retry_after = cooldown_ms;
-                            }
-                        }
-                        Verdict::BrokenCredential => {
-                            pool.mark_credential_broken(vi, now_ms);
-                            metrics::counter!("keel_variant_credential_broken_total", "pool" => pool.cfg.name.clone(), "variant" => variant.name.clone())
-                                .increment(1);
-                            tracing::error!(pool = %pool.cfg.name, variant = %variant.name, "upstream refused the variant's credential; variant marked broken and skipped for 60 s");
-                        }
-                        Verdict::ReturnToClient | Verdict::GiveUp => {}
-                    }
-                    let give_up = f.verdict() == Verdict::GiveUp;
-                    failures.push((variant.name.clone(), f));
-                    if give_up {
-                        break 'rounds;
-                    }
-                }
+            }
+            if ledger.gave_up() {
+                break 'rounds;
             }
         }
         if !tried_this_round {
@@ -198,7 +305,8 @@ pub async fn execute(gw: &Gateway, pool: &Arc<Pool>, req: &CanonicalRequest, ctx
         }
         round += 1;
     }
-    Executed { outcome: Err(give_up_error(pool, ctx, &failures, budget_refused, last_verdict_retry_after)), attempts }
+    let err = give_up_error(pool, ctx, &ledger.failures, budget_refused, ledger.retry_after_ms);
+    Executed { outcome: Err(err), attempts: ledger.attempts, route: None }
 }
 
 /// The client's error when no variant could serve: 504 when time ran out, 503 when every

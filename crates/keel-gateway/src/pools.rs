@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use keel_core::budget::{RetryBudget, RetryBudgetConfig};
 use keel_core::health::{State, VariantHealth};
 use keel_core::protocol::Protocol;
 use keel_core::request::CanonicalRequest;
@@ -27,6 +28,8 @@ pub struct Variant {
 
 struct PoolState {
     selector: Box<dyn Selector>,
+    /// Hedges may add at most `hedge_budget` of the pool's requests (sliding 10 s window).
+    hedges: RetryBudget,
     availability: Vec<Availability>,
     health: Vec<VariantHealth>,
     /// A warm-up or probe request is in flight for this variant.
@@ -149,6 +152,7 @@ impl Pool {
             client,
             state: Mutex::new(PoolState {
                 selector,
+                hedges: RetryBudget::new(RetryBudgetConfig { ratio: cfg.hedge_budget, window_ms: 10_000, min_retries_per_sec: 0 }),
                 availability: vec![Availability::default(); n],
                 health,
                 maintenance_busy: vec![false; n],
@@ -431,6 +435,39 @@ impl Pool {
             }
             None => cap,
         }
+    }
+
+    /// Counts a request for the hedge budget.
+    pub fn count_request(&self) {
+        let now = self.now_ms();
+        self.state().hedges.record_request(now);
+    }
+
+    /// The hedge delay for a primary, or `None` when hedging is off: the configured delay, or
+    /// the primary's recent P90 TTFT clamped to 50 ms–2 s (2 s before any sample).
+    pub fn hedge_delay_ms(&self, primary: usize) -> Option<u64> {
+        match self.cfg.hedge {
+            crate::config::Hedge::Off => None,
+            crate::config::Hedge::AfterMs(ms) => Some(ms),
+            crate::config::Hedge::Auto => {
+                let p90 = self.state().health[primary].p90_ttft_ms().unwrap_or(2000.0);
+                Some(p90.clamp(50.0, 2000.0) as u64)
+            }
+        }
+    }
+
+    /// Whether a hedge to `target` may be sent now: the target is available, below its
+    /// concurrency limit and not degraded, and the hedge budget allows one more (counted).
+    pub fn try_hedge(&self, target: usize) -> bool {
+        let now = self.now_ms();
+        let hc = self.cfg.health;
+        let v = &self.variants[target];
+        let mut st = self.state();
+        let ok = st.availability[target].available(now)
+            && matches!(st.health[target].state, State::Healthy | State::SlowStart { .. })
+            && st.health[target].weight(now, &hc) > keel_core::health::FLOOR
+            && v.cfg.max_concurrency.is_none_or(|m| v.in_flight.load(Ordering::Relaxed) < m);
+        ok && st.hedges.try_retry(now)
     }
 
     /// The variant's baseline inter-token gap, for slowdown detection.

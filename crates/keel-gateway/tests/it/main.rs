@@ -4,6 +4,7 @@
 mod bad_input;
 mod failover;
 mod harness;
+mod hedging;
 mod lifecycle;
 mod migration;
 mod proxy;
