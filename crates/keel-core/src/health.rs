@@ -239,7 +239,7 @@ const SEVERE_STREAK: u32 = 3;
 const OUTCOMES_KEPT: usize = 32;
 /// The error-rate window, and the fewest outcomes in it that can show a condition.
 const OUTCOME_WINDOW_MS: u64 = 10_000;
-const MIN_OUTCOMES: usize = 5;
+const MIN_OUTCOMES: usize = 3;
 /// Successful probes in a row that return an ejected variant.
 const PROBES_TO_RETURN: u32 = 2;
 
@@ -350,9 +350,10 @@ impl VariantHealth {
             Some(b) if b > 0.0 => e.relaxed(now_ms, b, decay).map(|v| v / b).unwrap_or(1.0),
             _ => 1.0,
         };
-        // Relaxed with time, so a variant floored by an error burst is tried again later (and
-        // measured again); ejection is decided on the windowed count instead (see `severe`).
-        let errors = self.error_rate.relaxed(now_ms, 0.0, cfg.error_decay_ms).unwrap_or(0.0);
+        // Relaxed with time (over `decay_ms`, slower than the error EWMA itself moves), so a
+        // variant floored by an error burst is tried again after a while and measured afresh;
+        // ejection is decided on the windowed count instead (see `severe`).
+        let errors = self.error_rate.relaxed(now_ms, 0.0, cfg.decay_ms).unwrap_or(0.0);
         let ramp = match self.state {
             State::SlowStart { since_ms } if cfg.slow_start_ms > 0 => {
                 (now_ms.saturating_sub(since_ms) as f64 / cfg.slow_start_ms as f64).clamp(FLOOR, 1.0)

@@ -7,6 +7,7 @@
 //! decisions after each attempt), [`protocol`] and [`sse`] (delivery: wire shapes and streams).
 #![forbid(unsafe_code)]
 
+pub mod assemble;
 pub mod budget;
 pub mod continuation;
 pub mod health;

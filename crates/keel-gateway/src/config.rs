@@ -110,6 +110,9 @@ struct RawPool {
     hedge_budget: Option<f64>,
     /// Hold tool-call deltas until each call is complete (default true).
     hold_tool_calls: Option<bool>,
+    /// Send non-streaming requests upstream as streams and assemble the body, so stalls and
+    /// failures mid-generation migrate for them too (default true).
+    assemble_non_streaming: Option<bool>,
     /// `none` (default), `session` or `prefix`.
     affinity: Option<String>,
     slo_ttft_p95_ms: Option<f64>,
@@ -258,6 +261,7 @@ pub struct PoolConfig {
     pub hedge: Hedge,
     pub hedge_budget: f64,
     pub hold_tool_calls: bool,
+    pub assemble_non_streaming: bool,
     pub health: HealthConfig,
     pub scrape_interval_ms: u64,
     pub variants: Vec<VariantConfig>,
@@ -529,6 +533,7 @@ impl Config {
                 hedge,
                 hedge_budget,
                 hold_tool_calls: p.hold_tool_calls.unwrap_or(true),
+                assemble_non_streaming: p.assemble_non_streaming.unwrap_or(true),
                 name: p.name.clone(),
                 aliases: p.aliases.clone(),
                 max_attempts,

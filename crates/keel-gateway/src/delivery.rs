@@ -88,6 +88,29 @@ impl RequestLog {
     }
 }
 
+/// The endpoint the client called (the context's endpoint may be a continuation's).
+fn req_endpoint(ctx: &RequestCtx) -> Endpoint {
+    ctx.endpoint
+}
+
+impl RequestLog {
+    /// A log used only to write headers (its request is accounted for elsewhere).
+    fn quiet(id: &str, route: &'static str, variant: &str, attempts: usize) -> Self {
+        RequestLog {
+            id: id.to_owned(),
+            pool: String::new(),
+            endpoint: Endpoint::ChatCompletions,
+            route,
+            variant: variant.to_owned(),
+            attempts,
+            started: Instant::now(),
+            status: 0,
+            ttft: None,
+            done: true,
+        }
+    }
+}
+
 impl Drop for RequestLog {
     fn drop(&mut self) {
         // A response dropped before it finished (client gone, task aborted) is still counted.
@@ -119,8 +142,19 @@ pub fn error_response(mut log: RequestLog, protocol: Protocol, err: &GatewayErro
 }
 
 /// Turns stage 2's result into the client's response. A stream is handed to a [`Relay`] task,
-/// which may continue it on another variant of `order` (see `relay`).
-pub fn deliver(mut log: RequestLog, pool: &Arc<Pool>, ctx: &RequestCtx, protocol: Protocol, executed: Executed, req: CanonicalRequest, order: Vec<usize>) -> Response<Body> {
+/// which may continue it on another variant of `order` (see `relay`); when the client asked for
+/// a whole response (`client_stream` false) the relayed events are assembled into one body.
+#[allow(clippy::too_many_arguments)]
+pub async fn deliver(
+    mut log: RequestLog,
+    pool: &Arc<Pool>,
+    ctx: &RequestCtx,
+    protocol: Protocol,
+    executed: Executed,
+    req: CanonicalRequest,
+    order: Vec<usize>,
+    client_stream: bool,
+) -> Response<Body> {
     log.attempts = executed.attempts.len();
     log.route = executed.route.unwrap_or(if executed.attempts.len() > 1 { "fallback" } else { "direct" });
     let (vi, served, guard) = match executed.outcome {
@@ -140,6 +174,37 @@ pub fn deliver(mut log: RequestLog, pool: &Arc<Pool>, ctx: &RequestCtx, protocol
             let outcome = if status.is_success() { "ok" } else { "client_error" };
             drop(guard);
             log.finish(outcome, None);
+            resp
+        }
+        Served::Stream(start) if !client_stream => {
+            log.status = 200;
+            log.ttft = Some(start.first_token_at.duration_since(log.started));
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
+            let relay = Relay { tx, protocol, pool: pool.clone(), req, ctx: ctx.clone(), order };
+            let task = tokio::spawn(relay.run(vi, start, guard, log));
+            let mut decoder = keel_core::sse::SseDecoder::new();
+            let mut events = Vec::new();
+            let mut assembler = keel_core::assemble::Assembler::new();
+            let mut failure = None;
+            while let Some(chunk) = rx.recv().await {
+                if decoder.feed(&chunk, &mut events).is_err() {
+                    failure = Some("internal framing error while assembling".to_owned());
+                }
+                for ev in events.drain(..) {
+                    match keel_core::protocol::event_role(protocol, &ev) {
+                        keel_core::protocol::EventRole::Error(m) => failure = Some(m),
+                        _ => assembler.push(protocol, &ev),
+                    }
+                }
+            }
+            let summary = task.await.ok();
+            let mut resp = match failure {
+                Some(m) => GatewayError::new(keel_core::protocol::ErrorKind::BadGateway, m).to_response(protocol),
+                None => crate::full_body(StatusCode::OK, "application/json", bytes::Bytes::from(assembler.finish(req_endpoint(ctx)).to_string())),
+            };
+            if let Some(s) = summary {
+                keel_headers(resp.headers_mut(), &RequestLog::quiet(&ctx.id, s.route, &s.variant, s.attempts));
+            }
             resp
         }
         Served::Stream(start) => {

@@ -66,6 +66,14 @@ enum SegmentEnd {
     Deadline,
 }
 
+/// What the client's headers would say about a relayed response, known once it has ended.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub route: &'static str,
+    pub variant: String,
+    pub attempts: usize,
+}
+
 /// One segment being relayed.
 struct Segment {
     vi: usize,
@@ -79,7 +87,7 @@ impl Relay {
     }
 
     /// Relays the committed stream to its end, migrating as needed, and accounts for it.
-    pub async fn run(self, vi: usize, start: StreamStart, guard: InFlight, mut log: RequestLog) {
+    pub async fn run(self, vi: usize, start: StreamStart, guard: InFlight, mut log: RequestLog) -> Summary {
         let mut stitcher = Stitcher::new(self.protocol);
         let mut seg = Segment { vi, start, _guard: guard };
         let mut tried = vec![vi];
@@ -125,12 +133,14 @@ impl Relay {
             }
         };
         drop(seg);
+        let summary = Summary { route: log.route, variant: log.variant.clone(), attempts: log.attempts };
         match end {
             SegmentEnd::Complete => log.finish("ok", None),
             SegmentEnd::ClientGone => log.finish("cancelled", Some("client disconnected")),
             SegmentEnd::Deadline => self.give_up(&mut log, "the request's total deadline was reached").await,
             SegmentEnd::Failed { message, .. } => self.give_up(&mut log, &message).await,
         }
+        summary
     }
 
     async fn give_up(&self, log: &mut RequestLog, message: &str) {

@@ -162,9 +162,22 @@ pub async fn handle_generation(gw: &Arc<Gateway>, endpoint: Endpoint, req: Reque
         }
     };
 
-    // Stage 2: execution; stage 3: delivery.
-    let executed = execution::execute(gw, &pool, &req, &ctx, &order).await;
-    delivery::deliver(log, &pool, &ctx, protocol, executed, req, order)
+    // Stage 2: execution; stage 3: delivery. A non-streaming request is streamed upstream (and
+    // assembled in delivery) so that it is protected by migration too.
+    let client_stream = req.stream;
+    let upstream_req = if !req.stream && endpoint != Endpoint::CountTokens && pool.cfg.assemble_non_streaming && pool.cfg.max_migrations > 0 {
+        let mut r = req;
+        r.stream = true;
+        r.body.insert("stream".into(), serde_json::Value::Bool(true));
+        if pool.protocol == Protocol::OpenAi {
+            r.body.insert("stream_options".into(), json!({"include_usage": true}));
+        }
+        r
+    } else {
+        req
+    };
+    let executed = execution::execute(gw, &pool, &upstream_req, &ctx, &order).await;
+    delivery::deliver(log, &pool, &ctx, protocol, executed, upstream_req, order, client_stream).await
 }
 
 fn models(gw: &Gateway, anthropic: bool) -> Response<Body> {

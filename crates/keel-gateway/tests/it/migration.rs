@@ -183,3 +183,34 @@ async fn tool_calls_are_never_left_half_sent() {
     assert_eq!(serde_json::from_str::<Value>(&args).unwrap(), want["content"][0]["input"]);
     assert_eq!(data.last().unwrap().event.as_deref(), Some("message_stop"));
 }
+
+#[tokio::test]
+async fn non_streaming_requests_are_protected_and_assembled() {
+    for (i, fault) in [json!({"kind": "stall", "after_tokens": 3}), json!({"kind": "close", "after_tokens": 6})].iter().enumerate() {
+        let h = Harness::openai(3, 1, "allow_force_variant = true", "stall_ms = 600").await;
+        add_fault(h.server(0), fault.clone()).await;
+        let body = json!({"model": "p", "messages": [{"role": "user", "content": format!("assemble {i}")}]});
+        let want = reference(&h, "/v1/chat/completions", &body).await;
+        let resp = forced(&h, "/v1/chat/completions", &body, "sim-0").await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(header(resp.headers(), "x-keel-route"), "migrated");
+        assert!(header(resp.headers(), "content-type").starts_with("application/json"));
+        let got: Value = resp.json().await.unwrap();
+        assert_eq!(got["object"], "chat.completion");
+        assert_eq!(got["choices"][0]["message"]["content"], want["choices"][0]["message"]["content"], "{fault}");
+        assert_eq!(got["choices"][0]["finish_reason"], want["choices"][0]["finish_reason"]);
+        assert_eq!(got["usage"]["completion_tokens"], want["usage"]["completion_tokens"]);
+        assert_eq!(got["usage"]["prompt_tokens"], want["usage"]["prompt_tokens"]);
+    }
+    // Anthropic, with a tool call assembled into `input`.
+    let fleet = keel_sim::Fleet::start_n(3, keel_sim::ServerConfig::fast("s")).await.unwrap();
+    add_fault(fleet.get(0), json!({"kind": "close", "after_tokens": 4})).await;
+    let cfg = format!("allow_force_variant = true\n{}", pool_over(&fleet, "c", "anthropic", 1, ""));
+    let h = Harness::start(fleet, &cfg).await;
+    let body = json!({"model": "c", "max_tokens": 300, "messages": [{"role": "user", "content": "a long answer please"}]});
+    let want = reference(&h, "/v1/messages", &body).await;
+    let got: Value = forced(&h, "/v1/messages", &body, "sim-0").await.json().await.unwrap();
+    assert_eq!(got["content"], want["content"]);
+    assert_eq!(got["stop_reason"], want["stop_reason"]);
+    assert_eq!(got["usage"]["output_tokens"], want["usage"]["output_tokens"]);
+}
