@@ -383,9 +383,14 @@ impl VariantHealth {
     /// the variant gets no traffic (its weight is floored), so `eject_after_ms` can elapse.
     fn severe(&self, now_ms: u64, cfg: &HealthConfig) -> bool {
         let (n, errors) = self.error_window(now_ms);
+        // A variant floored by failures gets no traffic: its last outcome (a failure) and its
+        // error rate stand until probing decides, so it is ejected rather than left floored.
+        let last_failed = self.outcomes.len() == OUTCOMES_KEPT && !self.outcomes[(self.outcome_next + OUTCOMES_KEPT - 1) % OUTCOMES_KEPT].1
+            || self.outcomes.len() < OUTCOMES_KEPT && self.outcomes.last().is_some_and(|o| !o.1);
         self.ttft_severe_streak >= SEVERE_STREAK
             || self.tgsv_severe_streak >= SEVERE_STREAK
             || (n >= MIN_OUTCOMES && cfg.error_rate.is_severe(errors as f64 / n as f64))
+            || (last_failed && cfg.error_rate.is_severe(self.error_rate.get().unwrap_or(0.0)))
     }
 
     /// The selection weight in 0..=1 (0 while warming or ejected).

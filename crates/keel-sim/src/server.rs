@@ -49,6 +49,7 @@ struct Counters {
     running: AtomicI64,
     waiting: AtomicI64,
     cold_served: AtomicU64,
+    tokens_sent: AtomicU64,
 }
 
 /// A snapshot of a server's counters.
@@ -63,6 +64,8 @@ pub struct Stats {
     pub waiting: i64,
     /// Requests that paid the configured cold start.
     pub cold_served: u64,
+    /// Generated tokens written to clients (streams and whole bodies).
+    pub tokens_sent: u64,
 }
 
 /// Shared state of one server.
@@ -113,6 +116,7 @@ impl SimServer {
             running: c.running.load(Ordering::Relaxed),
             waiting: c.waiting.load(Ordering::Relaxed),
             cold_served: c.cold_served.load(Ordering::Relaxed),
+            tokens_sent: c.tokens_sent.load(Ordering::Relaxed),
         }
     }
 
@@ -422,6 +426,7 @@ impl Generation {
             return Ok(bytes_response(StatusCode::OK, "application/json", Bytes::from(body[..cut].to_owned())));
         }
         self.server.counters.completed.fetch_add(1, Ordering::Relaxed);
+        self.server.counters.tokens_sent.fetch_add(self.reply.completion_tokens, Ordering::Relaxed);
         Ok(bytes_response(StatusCode::OK, "application/json", Bytes::from(body)))
     }
 
@@ -488,6 +493,7 @@ impl Generation {
             if !send(bytes).await {
                 return false;
             }
+            self.server.counters.tokens_sent.fetch_add(1, Ordering::Relaxed);
         }
         if self.reply.pieces.is_empty() && !head.is_empty() && !send(std::mem::take(&mut head)).await {
             return false;

@@ -44,6 +44,13 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 200_000)]
         iterations: usize,
     },
+    /// Mid-stream stalls: keel vs keel without migration vs plain round robin.
+    Migration {
+        #[arg(long, default_value_t = 400)]
+        requests: usize,
+        #[arg(long, default_value_t = 40.0)]
+        rps: f64,
+    },
     /// keel's live selection vs plain round robin on a fleet with one degraded variant.
     Routing {
         #[arg(long, default_value_t = 100.0)]
@@ -60,6 +67,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
         BenchCommand::Overhead { rps, duration, rounds, out, keel_threads } => overhead(rps, duration, rounds.max(1), out, keel_threads).await,
         BenchCommand::Decision { variants, iterations } => decision(variants.max(2), iterations.max(1000)),
         BenchCommand::Routing { rps, duration, seed } => routing(rps, duration, seed).await,
+        BenchCommand::Migration { requests, rps } => migration(requests, rps).await,
     }
 }
 
@@ -268,5 +276,130 @@ async fn overhead(rps: f64, duration: f64, rounds: usize, out: Option<PathBuf>, 
         std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap_or_default()).map_err(|e| format!("{}: {e}", path.display()))?;
         println!("written {}", path.display());
     }
+    Ok(())
+}
+
+/// One streamed request through a gateway: the delivered text, or why it is not intact.
+async fn stream_text(client: &reqwest::Client, url: &str, prompt: &str) -> Result<String, String> {
+    use futures_util::StreamExt;
+    let body = serde_json::json!({"model": "p", "stream": true, "max_tokens": 200, "messages": [{"role": "user", "content": prompt}]});
+    let resp = client.post(url).json(&body).send().await.map_err(|e| format!("send: {e}"))?;
+    if resp.status() != 200 {
+        return Err(format!("status {}", resp.status()));
+    }
+    let mut dec = keel_core::sse::SseDecoder::new();
+    let mut events = Vec::new();
+    let mut text = String::new();
+    let mut done = false;
+    let mut stream = resp.bytes_stream();
+    while let Some(c) = stream.next().await {
+        let c = c.map_err(|e| format!("broken: {e}"))?;
+        dec.feed(&c, &mut events).map_err(|e| format!("framing: {e}"))?;
+        for ev in events.drain(..) {
+            if ev.comment_only {
+                continue;
+            }
+            if ev.data == "[DONE]" {
+                done = true;
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(&ev.data).map_err(|_| "malformed".to_owned())?;
+            if v.get("error").is_some() {
+                return Err("error event".into());
+            }
+            if let Some(t) = v.pointer("/choices/0/delta/content").and_then(|t| t.as_str()) {
+                text.push_str(t);
+            }
+        }
+    }
+    if done { Ok(text) } else { Err("no terminal event".into()) }
+}
+
+/// 4 variants; one stalls forever after 10 tokens in 20% of its streams (5% of all requests).
+async fn migration(requests: usize, rps: f64) -> Result<(), String> {
+    use keel_sim::{FaultKind, FaultSpec, FleetConfig};
+    println!("keel bench migration: 4 variants (lognormal TTFT median 40 ms, gaps 5 ms), one stalls forever after 10 tokens in 20% of its streams (5% of all); {requests} streamed requests at {rps}/s");
+    println!("{:<22} {:>8} {:>10} {:>11} {:>11} {:>13}", "contender", "intact", "errors", "total p50", "total p99", "extra tokens");
+    let clean = Fleet::start_n(1, ServerConfig::fast("reference")).await.map_err(|e| e.to_string())?;
+    let client = reqwest::Client::new();
+    let prompts: Vec<String> = (0..requests).map(|i| format!("question number {i} about resilient streaming")).collect();
+    let mut reference = Vec::new();
+    for p in &prompts {
+        let v: serde_json::Value = client
+            .post(format!("{}/chat/completions", clean.get(0).openai_base()))
+            .json(&serde_json::json!({"model": "sim", "max_tokens": 200, "messages": [{"role": "user", "content": p}]}))
+            .send().await.map_err(|e| e.to_string())?.json().await.map_err(|e| e.to_string())?;
+        reference.push(v["choices"][0]["message"]["content"].as_str().unwrap_or("").to_owned());
+    }
+    let reference_tokens: u64 = reference.iter().map(|t| keel_core::tokens::count(t) as u64).sum();
+    for (name, pool_extra) in [
+        ("keel", "stall_ms = 2000"),
+        ("keel, no migration", "stall_ms = 2000\nmax_migrations = 0"),
+        ("round robin", "stall_ms = 2000\nmax_migrations = 0\npolicy = \"round_robin\"\nhedge = \"off\""),
+    ] {
+        let servers = (0..4)
+            .map(|i| {
+                let mut s = ServerConfig { name: format!("v{i}"), seed: Some(i as u64 + 1), ttft_ms: 40.0, ttft_sigma: 0.3, gap_ms: 5.0, gap_sigma: 0.2, ..Default::default() };
+                if i == 0 {
+                    let mut f = FaultSpec::new(FaultKind::Stall);
+                    f.after_tokens = Some(10);
+                    f.rate = Some(0.2);
+                    s.faults = vec![f];
+                }
+                s
+            })
+            .collect();
+        let fleet = Fleet::start(&FleetConfig { servers, ..Default::default() }).await.map_err(|e| e.to_string())?;
+        let mut toml = format!("[[pools]]\nname = \"p\"\n{pool_extra}\n");
+        for s in &fleet.servers {
+            toml.push_str(&format!("[[pools.variants]]\nname = \"{}\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n", s.name, s.openai_base()));
+        }
+        let cfg = Config::parse(&toml, "<bench>", &Default::default()).map_err(|e| e.to_string())?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let gw = keel_gateway::Gateway::new(cfg);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(keel_gateway::server::serve(gw, listener, async move {
+            let _ = stopped.await;
+        }));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let url = format!("http://{addr}/v1/chat/completions");
+        let start = tokio::time::Instant::now();
+        let mut tasks = Vec::new();
+        for (i, p) in prompts.iter().enumerate() {
+            tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rps)).await;
+            let (client, url, p, want) = (client.clone(), url.clone(), p.clone(), reference[i].clone());
+            tasks.push(tokio::spawn(async move {
+                let t = std::time::Instant::now();
+                let r = stream_text(&client, &url, &p).await;
+                (r.map(|text| text == want), t.elapsed().as_secs_f64() * 1000.0)
+            }));
+        }
+        let (mut intact, mut errors, mut lat) = (0, 0, Vec::new());
+        for t in tasks {
+            if let Ok((r, ms)) = t.await {
+                lat.push(ms);
+                match r {
+                    Ok(true) => intact += 1,
+                    Ok(false) => {}
+                    Err(_) => errors += 1,
+                }
+            }
+        }
+        let _ = stop.send(());
+        let sent: u64 = fleet.servers.iter().map(|s| s.state.stats().tokens_sent).sum();
+        lat.sort_by(f64::total_cmp);
+        let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+        println!(
+            "{:<22} {:>7.1}% {:>10} {:>9.0}ms {:>9.0}ms {:>12.1}%",
+            name,
+            100.0 * intact as f64 / requests as f64,
+            errors,
+            q(0.5),
+            q(0.99),
+            100.0 * (sent as f64 - reference_tokens as f64) / reference_tokens as f64
+        );
+    }
+    println!("intact: text byte-identical to the uninterrupted generation, with a terminal event; extra tokens: upstream tokens sent beyond the delivered answers (negative: answers cut short)");
     Ok(())
 }
