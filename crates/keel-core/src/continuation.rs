@@ -54,9 +54,25 @@ pub enum NotPossible {
     LimitReached,
 }
 
+/// The extra fields of an OpenAI-compatible `prefill` continuation, as vLLM and SGLang expect
+/// them (a variant's `continuation_fields` replaces them for servers with other conventions).
+pub fn default_prefill_fields() -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("continue_final_message".into(), Value::Bool(true));
+    m.insert("add_generation_prompt".into(), Value::Bool(false));
+    m
+}
+
 /// The continuation request for one variant: the endpoint to call and the body (the client's
-/// body with the delivered text folded in).
-pub fn continuation(req: &CanonicalRequest, mode: ResumeMode, delivered: &str, delivered_tokens: u64) -> Result<(Endpoint, Map<String, Value>), NotPossible> {
+/// body with the delivered text folded in). `prefill_fields` are merged into OpenAI-compatible
+/// `prefill` continuations (see [`default_prefill_fields`]).
+pub fn continuation(
+    req: &CanonicalRequest,
+    mode: ResumeMode,
+    prefill_fields: &Map<String, Value>,
+    delivered: &str,
+    delivered_tokens: u64,
+) -> Result<(Endpoint, Map<String, Value>), NotPossible> {
     let mut body = req.body.clone();
     // Lower every output limit the client set by what was already generated.
     for key in ["max_tokens", "max_completion_tokens"] {
@@ -101,8 +117,9 @@ pub fn continuation(req: &CanonicalRequest, mode: ResumeMode, delivered: &str, d
                 }
             }
             if mode == ResumeMode::Prefill && ep == Endpoint::ChatCompletions {
-                body.insert("continue_final_message".into(), Value::Bool(true));
-                body.insert("add_generation_prompt".into(), Value::Bool(false));
+                for (k, v) in prefill_fields {
+                    body.insert(k.clone(), v.clone());
+                }
             }
             Ok((ep, body))
         }
@@ -325,7 +342,7 @@ mod tests {
     #[test]
     fn prefill_for_each_protocol_lowers_the_limit() {
         let r = parse(Endpoint::ChatCompletions, br#"{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
-        let (ep, b) = continuation(&r, ResumeMode::Prefill, "Hello there", 2).unwrap();
+        let (ep, b) = continuation(&r, ResumeMode::Prefill, &default_prefill_fields(), "Hello there", 2).unwrap();
         assert_eq!(ep, Endpoint::ChatCompletions);
         assert_eq!(b["max_tokens"], 98);
         assert_eq!(b["messages"][1], json!({"role": "assistant", "content": "Hello there"}));
@@ -333,22 +350,22 @@ mod tests {
         assert_eq!(b["add_generation_prompt"], false);
 
         let a = parse(Endpoint::Messages, br#"{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"}]}"#).unwrap();
-        let (_, b) = continuation(&a, ResumeMode::Prefill, " one two", 2).unwrap();
+        let (_, b) = continuation(&a, ResumeMode::Prefill, &default_prefill_fields(), " one two", 2).unwrap();
         assert_eq!(b["messages"].as_array().unwrap().len(), 2, "the client's prefill is extended");
         assert_eq!(b["messages"][1]["content"], "Sure: one two");
         assert!(b.get("continue_final_message").is_none());
-        assert_eq!(continuation(&a, ResumeMode::Prefill, "x", 10).unwrap_err(), NotPossible::LimitReached);
+        assert_eq!(continuation(&a, ResumeMode::Prefill, &default_prefill_fields(), "x", 10).unwrap_err(), NotPossible::LimitReached);
     }
 
     #[test]
     fn completion_and_instruction_and_none() {
         let c = parse(Endpoint::Completions, br#"{"model":"m","prompt":"Once upon"}"#).unwrap();
-        let (ep, b) = continuation(&c, ResumeMode::Completion, " a time", 2).unwrap();
+        let (ep, b) = continuation(&c, ResumeMode::Completion, &Map::new(), " a time", 2).unwrap();
         assert_eq!((ep, b["prompt"].as_str().unwrap()), (Endpoint::Completions, "Once upon a time"));
         let r = parse(Endpoint::ChatCompletions, br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
-        assert!(matches!(continuation(&r, ResumeMode::Completion, "x", 1), Err(NotPossible::ModeMismatch(_))));
-        assert_eq!(continuation(&r, ResumeMode::None, "x", 1).unwrap_err(), NotPossible::Disabled);
-        let (_, b) = continuation(&r, ResumeMode::Instruction, "partial", 1).unwrap();
+        assert!(matches!(continuation(&r, ResumeMode::Completion, &Map::new(), "x", 1), Err(NotPossible::ModeMismatch(_))));
+        assert_eq!(continuation(&r, ResumeMode::None, &Map::new(), "x", 1).unwrap_err(), NotPossible::Disabled);
+        let (_, b) = continuation(&r, ResumeMode::Instruction, &Map::new(), "partial", 1).unwrap();
         assert_eq!(b["messages"][2]["content"], CONTINUE_INSTRUCTION);
     }
 

@@ -211,6 +211,9 @@ struct RawVariant {
     price: Option<f64>,
     /// Prometheus endpoint of a vLLM / SGLang / llama.cpp server, scraped for load signals.
     metrics_url: Option<String>,
+    /// Extra fields of an OpenAI-compatible prefill continuation (default: vLLM's
+    /// `continue_final_message = true, add_generation_prompt = false`).
+    continuation_fields: Option<toml::Table>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -284,6 +287,7 @@ pub struct VariantConfig {
     pub resume: ResumeMode,
     pub price: f64,
     pub metrics_url: Option<String>,
+    pub continuation_fields: Map<String, Value>,
 }
 
 impl fmt::Debug for VariantConfig {
@@ -460,6 +464,13 @@ impl Config {
                     params,
                     resume,
                     price: v.price.unwrap_or(1.0),
+                    continuation_fields: match &v.continuation_fields {
+                        None => keel_core::continuation::default_prefill_fields(),
+                        Some(t) => match serde_json::to_value(t) {
+                            Ok(Value::Object(m)) => m,
+                            _ => return Err(err_at(vat, vfield("continuation_fields"), "expected a table of request fields".into())),
+                        },
+                    },
                     metrics_url: match &v.metrics_url {
                         Some(u) => {
                             let u = interp("metrics_url", u)?;

@@ -95,7 +95,12 @@ impl Relay {
         let mut trim = false;
         let end = loop {
             let mut gaps = Vec::new();
-            let end = self.segment(&mut seg, &mut stitcher, &mut trim, &mut gaps).await;
+            // Slowness alone is only worth a migration when there is somewhere to go: a slow
+            // stream beats an error.
+            let now = self.pool.now_ms();
+            let slow_allowed = migrations < self.pool.cfg.max_migrations
+                && self.order.iter().any(|i| !tried.contains(i) && self.pool.available(*i, now));
+            let end = self.segment(&mut seg, &mut stitcher, &mut trim, &mut gaps, slow_allowed).await;
             match &end {
                 SegmentEnd::Complete => self.pool.record_stream(seg.vi, &gaps),
                 SegmentEnd::Failed { .. } => self.pool.record_attempt(seg.vi, false, None),
@@ -164,7 +169,7 @@ impl Relay {
                 continue;
             }
             tried.push(vi);
-            let (endpoint, body) = match continuation(&self.req, variant.resume, &stitcher.delivered, stitcher.delivered_tokens()) {
+            let (endpoint, body) = match continuation(&self.req, variant.resume, &variant.continuation_fields, &stitcher.delivered, stitcher.delivered_tokens()) {
                 Ok(x) => x,
                 Err(e) => {
                     reasons.push(format!("{}: {e:?}", variant.name));
@@ -202,9 +207,9 @@ impl Relay {
     }
 
     /// Relays one segment until it completes or fails.
-    async fn segment(&self, seg: &mut Segment, st: &mut Stitcher, trim: &mut bool, gaps: &mut Vec<f64>) -> SegmentEnd {
+    async fn segment(&self, seg: &mut Segment, st: &mut Stitcher, trim: &mut bool, gaps: &mut Vec<f64>, slow_allowed: bool) -> SegmentEnd {
         let stall = Duration::from_millis(self.pool.stall_threshold_ms(seg.vi));
-        let baseline_gap = self.pool.baseline_gap_ms(seg.vi);
+        let baseline_gap = if slow_allowed { self.pool.baseline_gap_ms(seg.vi) } else { None };
         let mut w = Watch { last_output: seg.start.first_token_at, held: Vec::new(), holding: false, slow_checks: 0, baseline_gap };
         for ev in std::mem::take(&mut seg.start.head).into_iter().chain(std::mem::take(&mut seg.start.pending)) {
             if let Some(end) = self.handle(ev, st, trim, &mut w, gaps).await {
