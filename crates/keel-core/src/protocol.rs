@@ -56,6 +56,17 @@ impl Endpoint {
         }
     }
 
+    /// The endpoint served at a request path (the same paths on keel and on model servers).
+    pub fn from_path(path: &str) -> Option<Endpoint> {
+        match path {
+            "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
+            "/v1/completions" => Some(Endpoint::Completions),
+            "/v1/messages" => Some(Endpoint::Messages),
+            "/v1/messages/count_tokens" => Some(Endpoint::CountTokens),
+            _ => None,
+        }
+    }
+
     /// The label used in metrics and logs.
     pub fn as_str(self) -> &'static str {
         match self {

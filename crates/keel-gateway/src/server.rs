@@ -76,13 +76,7 @@ fn new_request_id() -> String {
 pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     let started = Instant::now();
     let path = req.uri().path().to_owned();
-    let endpoint = match path.as_str() {
-        "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
-        "/v1/completions" => Some(Endpoint::Completions),
-        "/v1/messages" => Some(Endpoint::Messages),
-        "/v1/messages/count_tokens" => Some(Endpoint::CountTokens),
-        _ => None,
-    };
+    let endpoint = Endpoint::from_path(&path);
     let anthropic_client = req.headers().contains_key("anthropic-version");
     let protocol = endpoint.map(Endpoint::protocol).unwrap_or(if anthropic_client { Protocol::Anthropic } else { Protocol::OpenAi });
     let resp = match (req.method(), endpoint, path.as_str()) {

@@ -146,13 +146,7 @@ impl SimServer {
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<Body>, io::Error> {
         let path = req.uri().path().to_owned();
-        let endpoint = match path.as_str() {
-            "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
-            "/v1/completions" => Some(Endpoint::Completions),
-            "/v1/messages" => Some(Endpoint::Messages),
-            "/v1/messages/count_tokens" => Some(Endpoint::CountTokens),
-            _ => None,
-        };
+        let endpoint = Endpoint::from_path(&path);
         match (req.method(), endpoint, path.as_str()) {
             (&Method::POST, Some(ep), _) => self.generate(ep, req).await,
             (&Method::GET, _, "/v1/models") => Ok(json_response(StatusCode::OK, &self.models())),

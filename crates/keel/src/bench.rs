@@ -71,6 +71,38 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
     }
 }
 
+/// A fleet of four simulated variants (`tweak` adjusts each) and an in-process gateway with one
+/// pool `p` over them (`pool_extra` lines in the pool table). Dropping the sender stops it.
+async fn fleet_and_gateway(
+    template: ServerConfig,
+    tweak: impl Fn(usize, &mut ServerConfig),
+    pool_extra: &str,
+) -> Result<(Fleet, std::net::SocketAddr, tokio::sync::oneshot::Sender<()>), String> {
+    let servers = (0..4)
+        .map(|i| {
+            let mut s = ServerConfig { name: format!("v{i}"), seed: Some(template.seed.unwrap_or(1) + i as u64), ..template.clone() };
+            tweak(i, &mut s);
+            s
+        })
+        .collect();
+    let fleet = Fleet::start(&keel_sim::FleetConfig { servers, ..Default::default() }).await.map_err(|e| e.to_string())?;
+    let mut toml = format!("[[pools]]\nname = \"p\"\n{pool_extra}\n");
+    for s in &fleet.servers {
+        toml.push_str(&format!("[[pools.variants]]\nname = \"{}\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n", s.name, s.openai_base()));
+    }
+    let cfg = Config::parse(&toml, "<bench>", &Default::default()).map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let gw = keel_gateway::Gateway::new(cfg);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(keel_gateway::server::serve(gw, listener, async move {
+        let _ = stopped.await;
+    }));
+    // Let warm-up requests finish before measuring.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok((fleet, addr, stop))
+}
+
 /// Percentiles (µs) of a sample set.
 fn percentiles_us(mut v: Vec<f64>) -> (f64, f64, f64, f64) {
     v.sort_by(f64::total_cmp);
@@ -116,37 +148,21 @@ fn decision(variants: usize, iterations: usize) -> Result<(), String> {
 /// 4 variants with heavy-tailed latency, one of them degraded (errors and slowness): keel's
 /// live selection against plain round robin, same fleet settings, same arrival sequence.
 async fn routing(rps: f64, duration: f64, seed: u64) -> Result<(), String> {
-    use keel_sim::{FaultKind, FaultSpec, FleetConfig};
+    use keel_sim::{FaultKind, FaultSpec};
     println!("keel bench routing: 4 variants (lognormal TTFT median 60 ms, 2% tail ×10), one degraded (30% 503, 4× slower); {rps} req/s for {duration} s, streaming, client without retries");
     println!("{:<12} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8}", "policy", "ttft p50", "ttft p90", "ttft p99", "total p50", "total p99", "errors");
     let mut rows = Vec::new();
     for policy in ["p2c", "round_robin"] {
-        let servers = (0..4)
-            .map(|i| {
-                let mut s = ServerConfig { name: format!("v{i}"), seed: Some(seed + i as u64), ttft_ms: 60.0, ttft_sigma: 0.4, gap_ms: 8.0, tail_prob: 0.02, tail_factor: 10.0, ..Default::default() };
-                if i == 0 {
-                    let mut f = FaultSpec::new(FaultKind::Degraded);
-                    f.error_rate = Some(0.3);
-                    f.factor = Some(4.0);
-                    s.faults = vec![f];
-                }
-                s
-            })
-            .collect();
-        let fleet = Fleet::start(&FleetConfig { servers, ..Default::default() }).await.map_err(|e| e.to_string())?;
-        let mut toml = format!("[[pools]]\nname = \"p\"\npolicy = \"{policy}\"\n");
-        for s in &fleet.servers {
-            toml.push_str(&format!("[[pools.variants]]\nname = \"{}\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n", s.name, s.openai_base()));
-        }
-        let cfg = Config::parse(&toml, "<bench>", &Default::default()).map_err(|e| e.to_string())?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let gw = keel_gateway::Gateway::new(cfg);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(keel_gateway::server::serve(gw, listener, async move {
-            let _ = stopped.await;
-        }));
-        tokio::time::sleep(Duration::from_millis(300)).await; // warm-up requests
+        let template = ServerConfig { seed: Some(seed), ttft_ms: 60.0, ttft_sigma: 0.4, gap_ms: 8.0, tail_prob: 0.02, tail_factor: 10.0, ..Default::default() };
+        let degraded = |i: usize, s: &mut ServerConfig| {
+            if i == 0 {
+                let mut f = FaultSpec::new(FaultKind::Degraded);
+                f.error_rate = Some(0.3);
+                f.factor = Some(4.0);
+                s.faults = vec![f];
+            }
+        };
+        let (fleet, addr, stop) = fleet_and_gateway(template, degraded, &format!("policy = \"{policy}\"")).await?;
         let mut c = LoadConfig::new(&format!("http://{addr}/v1"), "p");
         c.rps = rps;
         c.duration = Duration::from_secs_f64(duration);
@@ -317,7 +333,7 @@ async fn stream_text(client: &reqwest::Client, url: &str, prompt: &str) -> Resul
 
 /// 4 variants; one stalls forever after 10 tokens in 20% of its streams (5% of all requests).
 async fn migration(requests: usize, rps: f64) -> Result<(), String> {
-    use keel_sim::{FaultKind, FaultSpec, FleetConfig};
+    use keel_sim::{FaultKind, FaultSpec};
     println!("keel bench migration: 4 variants (lognormal TTFT median 40 ms, gaps 5 ms), one stalls forever after 10 tokens in 20% of its streams (5% of all); {requests} streamed requests at {rps}/s");
     println!("{:<22} {:>8} {:>10} {:>11} {:>11} {:>13}", "contender", "intact", "errors", "total p50", "total p99", "extra tokens");
     let clean = Fleet::start_n(1, ServerConfig::fast("reference")).await.map_err(|e| e.to_string())?;
@@ -337,32 +353,16 @@ async fn migration(requests: usize, rps: f64) -> Result<(), String> {
         ("keel, no migration", "stall_ms = 2000\nmax_migrations = 0"),
         ("round robin", "stall_ms = 2000\nmax_migrations = 0\npolicy = \"round_robin\"\nhedge = \"off\""),
     ] {
-        let servers = (0..4)
-            .map(|i| {
-                let mut s = ServerConfig { name: format!("v{i}"), seed: Some(i as u64 + 1), ttft_ms: 40.0, ttft_sigma: 0.3, gap_ms: 5.0, gap_sigma: 0.2, ..Default::default() };
-                if i == 0 {
-                    let mut f = FaultSpec::new(FaultKind::Stall);
-                    f.after_tokens = Some(10);
-                    f.rate = Some(0.2);
-                    s.faults = vec![f];
-                }
-                s
-            })
-            .collect();
-        let fleet = Fleet::start(&FleetConfig { servers, ..Default::default() }).await.map_err(|e| e.to_string())?;
-        let mut toml = format!("[[pools]]\nname = \"p\"\n{pool_extra}\n");
-        for s in &fleet.servers {
-            toml.push_str(&format!("[[pools.variants]]\nname = \"{}\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n", s.name, s.openai_base()));
-        }
-        let cfg = Config::parse(&toml, "<bench>", &Default::default()).map_err(|e| e.to_string())?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let gw = keel_gateway::Gateway::new(cfg);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(keel_gateway::server::serve(gw, listener, async move {
-            let _ = stopped.await;
-        }));
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let template = ServerConfig { seed: Some(1), ttft_ms: 40.0, ttft_sigma: 0.3, gap_ms: 5.0, gap_sigma: 0.2, ..Default::default() };
+        let stalls = |i: usize, s: &mut ServerConfig| {
+            if i == 0 {
+                let mut f = FaultSpec::new(FaultKind::Stall);
+                f.after_tokens = Some(10);
+                f.rate = Some(0.2);
+                s.faults = vec![f];
+            }
+        };
+        let (fleet, addr, stop) = fleet_and_gateway(template, stalls, pool_extra).await?;
         let url = format!("http://{addr}/v1/chat/completions");
         let start = tokio::time::Instant::now();
         let mut tasks = Vec::new();
