@@ -28,5 +28,8 @@ else
   cargo test --workspace --no-fail-fast
 fi
 
+echo "== benchmark smoke test (every scenario, keel only, a few seconds each)"
+./target/debug/keel bench all --quick --contenders keel --out bench/out/smoke > /dev/null
+
 echo "== SDK tests and real llama.cpp server tests"
 KEEL_BIN="$PWD/target/debug/keel" .venv/bin/python -m pytest -q -rs tests/python tests/real

@@ -67,6 +67,9 @@ pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Futur
     Ok(())
 }
 
+/// Longest wait for a cooling-down pool before answering 503 with retry-after.
+const QUEUE_WAIT_MAX_MS: u64 = 2_000;
+
 fn new_request_id() -> String {
     // UUIDv7: time-ordered, so ids sort by arrival in logs.
     uuid::Uuid::now_v7().to_string()
@@ -125,7 +128,17 @@ pub async fn handle_generation(gw: &Arc<Gateway>, endpoint: Endpoint, req: Reque
 
     // Stage 1: selection.
     let controls = Controls { force_variant: ctx.force_variant.as_deref(), preference: ctx.preference, min_tier: ctx.min_tier };
-    let (selection, record) = pool.select(&req, controls, &id);
+    // When every variant is cooling down (upstream retry-after) for a short while, wait for the
+    // first to come back instead of failing: the client would have to wait that long anyway.
+    let (mut selection, mut record) = pool.select(&req, controls, &id);
+    while let Selection::Unavailable { retry_after_ms } = selection {
+        let wake = tokio::time::Instant::now() + std::time::Duration::from_millis(retry_after_ms.max(10));
+        if retry_after_ms > QUEUE_WAIT_MAX_MS || wake >= ctx.deadline {
+            break;
+        }
+        tokio::time::sleep_until(wake).await;
+        (selection, record) = pool.select(&req, controls, &id);
+    }
     if let Some(r) = record {
         gw.record_decision(r);
     }

@@ -71,6 +71,10 @@ pub struct ServerConfig {
     pub gap_sigma: f64,
     /// Concurrent sequences; more requests queue.
     pub capacity: u32,
+    /// When this many requests already wait, answer 429 with `retry_after_s` instead of queueing
+    /// (a saturated hosted API); unset: queue without bound.
+    pub max_waiting: Option<u32>,
+    pub retry_after_s: f64,
     /// Gaps stretch by `1 + load_stretch × running / capacity`.
     pub load_stretch: f64,
     /// Heavy tail: probability that a request is `tail_factor` times slower.
@@ -104,6 +108,8 @@ impl Default for ServerConfig {
             gap_ms: 12.0,
             gap_sigma: 0.2,
             capacity: 32,
+            max_waiting: None,
+            retry_after_s: 1.0,
             load_stretch: 0.5,
             tail_prob: 0.0,
             tail_factor: 10.0,

@@ -314,6 +314,12 @@ impl SimServer {
             faults.extra_ttft_ms += self.cfg.cold_start_extra_ms;
             self.counters.cold_served.fetch_add(1, Ordering::Relaxed);
         }
+        if let Some(max) = self.cfg.max_waiting {
+            let busy = self.counters.running.load(Ordering::Relaxed) >= self.cfg.capacity as i64;
+            if busy && self.counters.waiting.load(Ordering::Relaxed) >= max as i64 {
+                faults.error = Some((429, Some(self.cfg.retry_after_s)));
+            }
+        }
         if faults.reset {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
             return Err(io::Error::new(io::ErrorKind::ConnectionReset, "sim fault: reset"));

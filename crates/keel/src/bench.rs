@@ -44,6 +44,10 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 200_000)]
         iterations: usize,
     },
+    /// A seed scenario from bench/scenarios (or `all`): `keel bench heavy-tail [--quick]
+    /// [--duration S] [--seed N] [--out DIR] [--contenders keel,nginx]`.
+    #[command(external_subcommand)]
+    Scenario(Vec<String>),
     /// Mid-stream stalls: keel vs keel without migration vs plain round robin.
     Migration {
         #[arg(long, default_value_t = 400)]
@@ -68,6 +72,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
         BenchCommand::Decision { variants, iterations } => decision(variants.max(2), iterations.max(1000)),
         BenchCommand::Routing { rps, duration, seed } => routing(rps, duration, seed).await,
         BenchCommand::Migration { requests, rps } => migration(requests, rps).await,
+        BenchCommand::Scenario(args) => scenario_args(args).await,
     }
 }
 
@@ -101,6 +106,25 @@ async fn fleet_and_gateway(
     // Let warm-up requests finish before measuring.
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok((fleet, addr, stop))
+}
+
+/// Parses `<scenario> [--quick] [--duration S] [--seed N] [--out DIR] [--contenders a,b]`.
+async fn scenario_args(args: Vec<String>) -> Result<(), String> {
+    let name = args.first().cloned().ok_or("usage: keel bench <scenario|all> [--quick] [--duration S] [--seed N] [--out DIR] [--contenders keel,nginx]")?;
+    let (mut quick, mut duration, mut seed, mut out, mut contenders) = (false, None, 1u64, PathBuf::from("bench/out"), vec!["keel".to_owned(), "nginx".to_owned()]);
+    let mut it = args[1..].iter();
+    while let Some(a) = it.next() {
+        let mut value = |flag: &str| it.next().cloned().ok_or(format!("{flag} needs a value"));
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--duration" => duration = Some(value("--duration")?.parse::<f64>().map_err(|_| "--duration: seconds expected")?),
+            "--seed" => seed = value("--seed")?.parse().map_err(|_| "--seed: an integer expected")?,
+            "--out" => out = PathBuf::from(value("--out")?),
+            "--contenders" => contenders = value("--contenders")?.split(',').map(str::to_owned).collect(),
+            other => return Err(format!("unknown option `{other}`")),
+        }
+    }
+    crate::scenario::run(&name, &contenders, quick, duration, seed, &out).await
 }
 
 /// Percentiles (µs) of a sample set.

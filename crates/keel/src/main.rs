@@ -3,6 +3,7 @@
 
 mod bench;
 mod demo;
+mod scenario;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,0 +1,499 @@
+//! `keel bench <scenario>`: seed scenarios on a simulated fleet, with every contender that can
+//! run here (keel, nginx round robin), each against an identical fresh fleet and the identical
+//! arrival sequence. The load generator acts as a client with the OpenAI SDK's default retry
+//! policy (2 retries, exponential backoff from 0.5 s with jitter, honouring retry-after up to
+//! 60 s). Every answer is compared with the simulator's deterministic reference text.
+//!
+//! Scenario files live in `bench/scenarios/*.toml`: the fleet (keel-sim's format under
+//! `[fleet]`), the load, timed fault events, and keel's pool settings.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use hdrhistogram::Histogram;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use keel_core::protocol::Endpoint;
+use keel_core::rng::Rng;
+use keel_sim::config::PrefillConvention;
+use keel_sim::text::Generator;
+use keel_sim::{FaultSpec, Fleet, FleetConfig};
+
+/// A scenario file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    #[serde(default = "d_duration")]
+    pub duration_s: f64,
+    #[serde(default = "d_quick")]
+    pub quick_duration_s: f64,
+    pub rps: f64,
+    #[serde(default = "d_true")]
+    pub stream: bool,
+    #[serde(default = "d_max_tokens")]
+    pub max_tokens: u64,
+    /// Shares of short, medium and long prompts.
+    #[serde(default = "d_mix")]
+    pub prompt_mix: [f64; 3],
+    /// Requests share this many long system prompts (prefix-reuse).
+    #[serde(default)]
+    pub shared_prefixes: u32,
+    /// Lines added to keel's pool table.
+    #[serde(default)]
+    pub keel_pool: String,
+    pub fleet: FleetConfig,
+    #[serde(default)]
+    pub events: Vec<Event>,
+}
+
+fn d_duration() -> f64 {
+    60.0
+}
+fn d_quick() -> f64 {
+    4.0
+}
+fn d_true() -> bool {
+    true
+}
+fn d_max_tokens() -> u64 {
+    64
+}
+fn d_mix() -> [f64; 3] {
+    [0.7, 0.25, 0.05]
+}
+
+/// A fault change at a share of the run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Event {
+    /// When, as a share of the duration (0..1).
+    pub at: f64,
+    /// Server index in the expanded fleet.
+    pub server: usize,
+    /// Faults to add; empty with `clear = true` clears the server's faults.
+    #[serde(default)]
+    pub faults: Vec<FaultSpec>,
+    #[serde(default)]
+    pub clear: bool,
+}
+
+impl Scenario {
+    pub fn load(path: &Path) -> Result<Scenario, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let s: Scenario = toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.message()))?;
+        s.fleet.validate().map_err(|e| format!("{}: fleet.{e}", path.display()))?;
+        Ok(s)
+    }
+}
+
+/// One request of the arrival sequence.
+struct Planned {
+    at: Duration,
+    body: Value,
+    reference: String,
+}
+
+fn prompt(rng: &mut Rng, mix: [f64; 3], i: usize, prefixes: &[String]) -> Value {
+    let filler = "Explain how the routing layer keeps latency flat when a backend misbehaves. ";
+    let question = format!("Request {i}: {}", ["what is a seam?", "why hedge?", "how do retries storm?", "what is TGSV?"][i % 4]);
+    if !prefixes.is_empty() {
+        let p = &prefixes[(rng.next_u64() % prefixes.len() as u64) as usize];
+        return json!([{"role": "system", "content": p}, {"role": "user", "content": question}]);
+    }
+    let r = rng.next_f64();
+    let content = if r < mix[0] {
+        question
+    } else if r < mix[0] + mix[1] {
+        format!("{}{question}", filler.repeat(15))
+    } else {
+        format!("{}{question}", filler.repeat(110))
+    };
+    json!([{"role": "user", "content": content}])
+}
+
+fn plan(s: &Scenario, duration: f64, seed: u64) -> Vec<Planned> {
+    let mut rng = Rng::new(seed);
+    let prefixes: Vec<String> = (0..s.shared_prefixes).map(|i| format!("House style guide {i}. ") + &"Always answer precisely and cite the routing policy. ".repeat(60)).collect();
+    let generator = Generator::new("default", s.fleet.generation);
+    let n = (duration * s.rps).round() as usize;
+    (0..n)
+        .map(|i| {
+            let mut body = json!({"model": "bench", "max_tokens": s.max_tokens, "stream": s.stream, "messages": prompt(&mut rng, s.prompt_mix, i, &prefixes)});
+            if s.stream {
+                body["stream_options"] = json!({"include_usage": true});
+            }
+            let sreq = keel_sim::wire::parse_request(Endpoint::ChatCompletions, &body, PrefillConvention::Explicit).expect("bench requests are valid");
+            let reference = generator.generate(sreq.mode, &sreq.context, &sreq.prefill, sreq.max_tokens, &sreq.stop).text();
+            Planned { at: Duration::from_secs_f64(i as f64 / s.rps), body, reference }
+        })
+        .collect()
+}
+
+/// What one request ended as, seen by the client.
+#[derive(Default)]
+struct Seen {
+    ttft_us: Option<u64>,
+    total_us: u64,
+    ok: bool,
+    intact: bool,
+    tgsv_ms: Option<f64>,
+    retried_after_429: bool,
+    cached: u64,
+    prompt: u64,
+}
+
+/// The OpenAI SDK's default retry policy around one request.
+async fn sdk_request(client: &reqwest::Client, url: &str, body: &Value, reference: &str, rng_seed: u64) -> Seen {
+    let started = Instant::now();
+    let mut rng = Rng::new(rng_seed);
+    let mut seen = Seen::default();
+    for attempt in 0..=2u32 {
+        let resp = client.post(url).json(body).timeout(Duration::from_secs(60)).send().await;
+        let retry_wait = match resp {
+            Ok(r) if r.status().is_success() => {
+                read_answer(r, body["stream"].as_bool().unwrap_or(false), started, reference, &mut seen).await;
+                seen.total_us = started.elapsed().as_micros() as u64;
+                return seen;
+            }
+            Ok(r) => {
+                let status = r.status().as_u16();
+                if !matches!(status, 408 | 409 | 429 | 500..=599) {
+                    break;
+                }
+                if status == 429 {
+                    seen.retried_after_429 = true;
+                }
+                let h = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<f64>().ok());
+                h("retry-after-ms").map(|ms| ms / 1000.0).or(h("retry-after")).filter(|s| *s >= 0.0 && *s <= 60.0)
+            }
+            Err(_) => None,
+        };
+        if attempt == 2 {
+            break;
+        }
+        let backoff = retry_wait.unwrap_or_else(|| (0.5 * 2f64.powi(attempt as i32)).min(8.0) * (1.0 - 0.25 * rng.next_f64()));
+        tokio::time::sleep(Duration::from_secs_f64(backoff)).await;
+    }
+    seen.total_us = started.elapsed().as_micros() as u64;
+    seen
+}
+
+async fn read_answer(resp: reqwest::Response, stream: bool, started: Instant, reference: &str, seen: &mut Seen) {
+    if !stream {
+        if let Ok(v) = resp.json::<Value>().await {
+            seen.ttft_us = Some(started.elapsed().as_micros() as u64);
+            seen.ok = v["choices"][0]["message"]["content"].is_string();
+            seen.intact = v["choices"][0]["message"]["content"].as_str() == Some(reference);
+            seen.cached = v.pointer("/usage/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
+            seen.prompt = v.pointer("/usage/prompt_tokens").and_then(Value::as_u64).unwrap_or(0);
+        }
+        return;
+    }
+    let mut dec = keel_core::sse::SseDecoder::new();
+    let mut events = Vec::new();
+    let mut text = String::new();
+    let mut gaps = Vec::new();
+    let mut last: Option<Instant> = None;
+    let mut done = false;
+    let mut body = resp.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let Ok(chunk) = chunk else { return };
+        if dec.feed(&chunk, &mut events).is_err() {
+            return;
+        }
+        for ev in events.drain(..) {
+            if ev.comment_only {
+                continue;
+            }
+            if ev.data == "[DONE]" {
+                done = true;
+                continue;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(&ev.data) else { return };
+            if v.get("error").is_some() {
+                return;
+            }
+            if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+                seen.cached = u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
+                seen.prompt = u["prompt_tokens"].as_u64().unwrap_or(0);
+            }
+            if let Some(t) = v.pointer("/choices/0/delta/content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                let now = Instant::now();
+                match last {
+                    None => seen.ttft_us = Some(started.elapsed().as_micros() as u64),
+                    Some(l) => gaps.push(now.duration_since(l).as_secs_f64() * 1000.0),
+                }
+                last = Some(now);
+                text.push_str(t);
+            }
+        }
+    }
+    seen.ok = done;
+    seen.intact = done && text == reference;
+    if gaps.len() >= 2 {
+        let m = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        seen.tgsv_ms = Some((gaps.iter().map(|g| (g - m) * (g - m)).sum::<f64>() / (gaps.len() - 1) as f64).sqrt());
+    }
+}
+
+/// A contender: something that serves `model` "bench" at `url` over the fleet.
+pub struct Running {
+    pub url: String,
+    stop: Box<dyn FnOnce() + Send>,
+}
+
+async fn start_keel(s: &Scenario, fleet: &Fleet) -> Result<Running, String> {
+    let mut toml = format!("[[pools]]\nname = \"bench\"\n{}\n", s.keel_pool);
+    for srv in &fleet.servers {
+        toml.push_str(&format!("[[pools.variants]]\nname = \"{}\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n", srv.name, srv.openai_base()));
+    }
+    let cfg = keel_gateway::Config::parse(&toml, &format!("<scenario {}>", s.name), &Default::default()).map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let gw = keel_gateway::Gateway::new(cfg);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(keel_gateway::server::serve(gw, listener, async move {
+        let _ = rx.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(Running { url: format!("http://{addr}/v1/chat/completions"), stop: Box::new(move || {
+        let _ = tx.send(());
+    }) })
+}
+
+/// nginx round robin with `proxy_next_upstream`, via bench/peers/nginx.sh.
+async fn start_nginx(fleet: &Fleet, out: &Path) -> Result<Running, String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
+    let upstreams: Vec<String> = fleet.servers.iter().map(|s| s.addr.to_string()).collect();
+    let dir = out.join("nginx");
+    let status = std::process::Command::new("bash")
+        .arg("bench/peers/nginx.sh")
+        .arg(&dir)
+        .arg(port.to_string())
+        .args(&upstreams)
+        .status()
+        .map_err(|e| format!("nginx: {e}"))?;
+    if !status.success() {
+        return Err("nginx could not be started (is Debian's nginx installed? apt-get install -y nginx)".into());
+    }
+    let pid_file = dir.join("nginx.pid");
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(Running {
+        url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
+        stop: Box::new(move || {
+            if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+                let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+            }
+        }),
+    })
+}
+
+/// Figures of one contender on one scenario.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Figures {
+    pub contender: String,
+    pub requests: usize,
+    pub ttft_ms: [f64; 4],
+    pub total_ms: [f64; 4],
+    pub error_rate: f64,
+    pub intact: f64,
+    pub tgsv_ms: f64,
+    pub extra_requests: f64,
+    pub extra_tokens: f64,
+    pub admitted_rps: f64,
+    pub kv_hit_rate: f64,
+    /// Share of requests that got a 429, waited the advertised retry-after, and then succeeded.
+    pub retry_after_success: Option<f64>,
+    #[serde(skip)]
+    pub ttft_cdf: Vec<(f64, f64)>,
+}
+
+fn quantiles(h: &Histogram<u64>) -> [f64; 4] {
+    if h.is_empty() {
+        return [0.0; 4];
+    }
+    [0.5, 0.9, 0.99, 0.999].map(|q| h.value_at_quantile(q) as f64 / 1000.0)
+}
+
+async fn run_contender(s: &Scenario, name: &str, duration: f64, seed: u64, out: &Path) -> Result<Figures, String> {
+    let fleet = Fleet::start(&s.fleet).await.map_err(|e| e.to_string())?;
+    let running = match name {
+        "keel" => start_keel(s, &fleet).await?,
+        "nginx" => start_nginx(&fleet, out).await?,
+        other => return Err(format!("unknown contender `{other}`")),
+    };
+    let planned = plan(s, duration, seed);
+    let client = reqwest::Client::builder().pool_max_idle_per_host(1024).build().map_err(|e| e.to_string())?;
+    let start = tokio::time::Instant::now();
+    for ev in s.events.clone() {
+        let srv = fleet.servers.get(ev.server).ok_or(format!("event names server {} of {}", ev.server, fleet.servers.len()))?.state.clone();
+        let at = start + Duration::from_secs_f64(ev.at * duration);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            if ev.clear {
+                srv.clear_faults();
+            }
+            for f in ev.faults {
+                srv.add_fault(f);
+            }
+        });
+    }
+    let results: Arc<Mutex<Vec<Seen>>> = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    let total = planned.len();
+    for (i, p) in planned.into_iter().enumerate() {
+        tokio::time::sleep_until(start + p.at).await;
+        if i % (total / 20).max(1) == 0 {
+            eprint!("\r  {name:<8} {:>3}%", i * 100 / total.max(1));
+        }
+        let (client, url, results) = (client.clone(), running.url.clone(), results.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut body = p.body;
+            body["model"] = json!("bench");
+            let seen = sdk_request(&client, &url, &body, &p.reference, seed ^ i as u64).await;
+            results.lock().unwrap_or_else(|e| e.into_inner()).push(seen);
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    eprintln!("\r  {name:<8} 100%");
+    let elapsed = start.elapsed().as_secs_f64();
+    (running.stop)();
+    let seen = std::mem::take(&mut *results.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut ttft = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).map_err(|e| e.to_string())?;
+    let mut totals = ttft.clone();
+    let (mut ok, mut intact, mut tgsv, mut tgsv_n, mut cached, mut prompt) = (0usize, 0usize, 0.0, 0usize, 0u64, 0u64);
+    let (mut r429, mut r429_ok) = (0usize, 0usize);
+    for x in &seen {
+        if x.ok {
+            ok += 1;
+            if let Some(t) = x.ttft_us {
+                let _ = ttft.record(t.max(1));
+            }
+            let _ = totals.record(x.total_us.max(1));
+        }
+        intact += usize::from(x.intact);
+        if let Some(t) = x.tgsv_ms {
+            tgsv += t;
+            tgsv_n += 1;
+        }
+        cached += x.cached;
+        prompt += x.prompt;
+        if x.retried_after_429 {
+            r429 += 1;
+            r429_ok += usize::from(x.ok);
+        }
+    }
+    let upstream_requests: u64 = fleet.servers.iter().map(|s| s.state.stats().requests).sum();
+    let tokens_sent: u64 = fleet.servers.iter().map(|s| s.state.stats().tokens_sent).sum();
+    let reference_tokens: u64 = plan(s, duration, seed).iter().map(|p| keel_core::tokens::count(&p.reference) as u64).sum();
+    let n = seen.len().max(1);
+    let cdf = (1..=100).map(|p| (p as f64 / 100.0, ttft.value_at_quantile((p as f64 / 100.0).min(0.999)) as f64 / 1000.0)).collect();
+    Ok(Figures {
+        contender: name.into(),
+        requests: seen.len(),
+        ttft_ms: quantiles(&ttft),
+        total_ms: quantiles(&totals),
+        error_rate: 1.0 - ok as f64 / n as f64,
+        intact: intact as f64 / n as f64,
+        tgsv_ms: if tgsv_n > 0 { tgsv / tgsv_n as f64 } else { 0.0 },
+        extra_requests: upstream_requests as f64 / n as f64 - 1.0,
+        extra_tokens: tokens_sent as f64 / reference_tokens.max(1) as f64 - 1.0,
+        admitted_rps: ok as f64 / elapsed,
+        kv_hit_rate: if prompt > 0 { cached as f64 / prompt as f64 } else { 0.0 },
+        retry_after_success: (r429 > 0).then(|| r429_ok as f64 / r429 as f64),
+        ttft_cdf: cdf,
+    })
+}
+
+/// A latency CDF as a small standalone SVG (one polyline per contender).
+fn svg_cdf(title: &str, figures: &[Figures]) -> String {
+    let (w, h, pad) = (640.0, 400.0, 50.0);
+    let max = figures.iter().flat_map(|f| f.ttft_cdf.iter().map(|p| p.1)).fold(1.0f64, f64::max);
+    let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+    let mut out = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{pad}\" y=\"20\">{title}: TTFT CDF (ms, log scale)</text>\n");
+    let x = |ms: f64| pad + (w - 2.0 * pad) * (ms.max(1.0).ln() / max.max(2.0).ln());
+    let y = |q: f64| h - pad - (h - 2.0 * pad) * q;
+    out.push_str(&format!("<line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n<line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{}\" stroke=\"black\"/>\n", h - pad, w - pad, h - pad, h - pad));
+    for tick in [1.0, 10.0, 100.0, 1000.0, 10000.0].into_iter().filter(|t| *t <= max * 1.01) {
+        out.push_str(&format!("<text x=\"{:.1}\" y=\"{}\">{tick}</text>\n", x(tick), h - pad + 15.0));
+    }
+    for (i, f) in figures.iter().enumerate() {
+        let pts: Vec<String> = f.ttft_cdf.iter().map(|(q, ms)| format!("{:.1},{:.1}", x(*ms), y(*q))).collect();
+        let c = colours[i % colours.len()];
+        out.push_str(&format!("<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>\n", pts.join(" ")));
+        out.push_str(&format!("<text x=\"{}\" y=\"{}\" fill=\"{c}\">{}</text>\n", w - pad - 120.0, pad + 15.0 * i as f64, f.contender));
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+fn markdown(s: &Scenario, figures: &[Figures]) -> String {
+    let mut t = format!("### {}\n\n{}\n\n", s.name, s.description);
+    t.push_str("| contender | TTFT p50 | p90 | p99 | p99.9 | total p50 | p99 | errors | intact | TGSV ms | extra req | extra tokens | admitted/s | KV hits |\n");
+    t.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for f in figures {
+        t.push_str(&format!(
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2}% | {:.1}% | {:.1} | {:+.1}% | {:+.1}% | {:.1} | {:.0}% |\n",
+            f.contender, f.ttft_ms[0], f.ttft_ms[1], f.ttft_ms[2], f.ttft_ms[3], f.total_ms[0], f.total_ms[2],
+            f.error_rate * 100.0, f.intact * 100.0, f.tgsv_ms, f.extra_requests * 100.0, f.extra_tokens * 100.0, f.admitted_rps, f.kv_hit_rate * 100.0
+        ));
+    }
+    if let Some(f) = figures.iter().find(|f| f.retry_after_success.is_some()) {
+        t.push_str(&format!("\nretry-after precision ({}): {:.0}% of requests that got a 429 succeeded after waiting the advertised time\n", f.contender, f.retry_after_success.unwrap_or(0.0) * 100.0));
+    }
+    t
+}
+
+/// Runs scenarios (`all` or one name) with the given contenders; writes JSON, Markdown and SVG.
+pub async fn run(which: &str, contenders: &[String], quick: bool, duration: Option<f64>, seed: u64, out: &Path) -> Result<(), String> {
+    let dir = PathBuf::from("bench/scenarios");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "toml")).collect();
+    files.sort();
+    if which != "all" {
+        files.retain(|p| p.file_stem().is_some_and(|s| s == which));
+        if files.is_empty() {
+            return Err(format!("no scenario `{which}` in {}", dir.display()));
+        }
+    }
+    std::fs::create_dir_all(out).map_err(|e| e.to_string())?;
+    let mut all = BTreeMap::new();
+    let mut report = String::new();
+    for f in files {
+        let s = Scenario::load(&f)?;
+        let d = duration.unwrap_or(if quick { s.quick_duration_s } else { s.duration_s });
+        eprintln!("scenario {} ({d} s at {} req/s)", s.name, s.rps);
+        let mut figures = Vec::new();
+        for c in contenders {
+            match run_contender(&s, c, d, seed, out).await {
+                Ok(fig) => figures.push(fig),
+                Err(e) => eprintln!("  {c}: skipped: {e}"),
+            }
+        }
+        if figures.is_empty() || figures.iter().any(|f| f.requests == 0) {
+            return Err(format!("scenario {} produced no figures", s.name));
+        }
+        let md = markdown(&s, &figures);
+        println!("{md}");
+        report.push_str(&md);
+        report.push('\n');
+        std::fs::write(out.join(format!("{}.svg", s.name)), svg_cdf(&s.name, &figures)).map_err(|e| e.to_string())?;
+        all.insert(s.name.clone(), figures);
+    }
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    std::fs::write(out.join("results.md"), report).map_err(|e| e.to_string())?;
+    eprintln!("written {}/results.json, results.md and one SVG per scenario", out.display());
+    Ok(())
+}
