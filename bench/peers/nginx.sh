@@ -3,7 +3,8 @@
 # usually configure: bench/peers/nginx.sh DIR PORT UPSTREAM_HOST:PORT...
 # Writes DIR/nginx.conf and starts Debian's nginx (daemonised; pid in DIR/nginx.pid).
 set -euo pipefail
-dir=$1
+mkdir -p "$1"
+dir=$(cd "$1" && pwd)
 port=$2
 shift 2
 command -v nginx >/dev/null || { echo "nginx not installed (apt-get install -y nginx)" >&2; exit 1; }
