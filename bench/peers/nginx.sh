@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # nginx as the classic round-robin baseline over a simulated fleet, with the retries people
-# usually configure: bench/peers/nginx.sh DIR PORT UPSTREAM_HOST:PORT...
+# usually configure: bench/peers/nginx.sh DIR PORT BASE_URL... (http://host:port/v1)
 # Writes DIR/nginx.conf and starts Debian's nginx (daemonised; pid in DIR/nginx.pid).
 set -euo pipefail
 mkdir -p "$1"
@@ -18,7 +18,10 @@ mkdir -p "$dir/logs"
   echo "http {"
   echo "  access_log off;"
   echo "  upstream fleet {"
-  for u in "$@"; do echo "    server $u max_fails=0;"; done
+  for u in "$@"; do
+    hostport=${u#http://}
+    echo "    server ${hostport%%/*} max_fails=0;"
+  done
   echo "    keepalive 64;"
   echo "  }"
   echo "  server {"

@@ -1,5 +1,5 @@
 //! `keel bench <scenario>`: seed scenarios on a simulated fleet, with every contender that can
-//! run here (keel, nginx round robin), each against an identical fresh fleet and the identical
+//! run here (keel; nginx round robin and LiteLLM's proxy through `bench/peers/*.sh`), each against an identical fresh fleet and the identical
 //! arrival sequence. The load generator acts as a client with the OpenAI SDK's default retry
 //! policy (2 retries, exponential backoff from 0.5 s with jitter, honouring retry-after up to
 //! 60 s). Every answer is compared with the simulator's deterministic reference text.
@@ -267,36 +267,43 @@ async fn start_keel(s: &Scenario, fleet: &Fleet) -> Result<Running, String> {
     }) })
 }
 
-/// nginx round robin with `proxy_next_upstream`, via bench/peers/nginx.sh.
-async fn start_nginx(fleet: &Fleet, out: &Path) -> Result<Running, String> {
+/// A peer gateway started by its script in `bench/peers/<name>.sh DIR PORT BASE_URL...`, which
+/// writes `DIR/<name>.pid`; it serves the fleet as model `bench` on `PORT`.
+async fn start_peer(name: &str, fleet: &Fleet, out: &Path) -> Result<Running, String> {
+    let script = PathBuf::from(format!("bench/peers/{name}.sh"));
+    if !script.exists() {
+        return Err(format!("no peer script {}", script.display()));
+    }
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
-    let upstreams: Vec<String> = fleet.servers.iter().map(|s| s.addr.to_string()).collect();
-    let dir = out.join("nginx");
+    let dir = out.join(name);
     let status = std::process::Command::new("bash")
-        .arg("bench/peers/nginx.sh")
+        .arg(&script)
         .arg(&dir)
         .arg(port.to_string())
-        .args(&upstreams)
+        .args(fleet.servers.iter().map(|s| s.openai_base()))
         .status()
-        .map_err(|e| format!("nginx: {e}"))?;
+        .map_err(|e| format!("{name}: {e}"))?;
     if !status.success() {
-        return Err("nginx could not be started (is Debian's nginx installed? apt-get install -y nginx)".into());
+        return Err(format!("{} exited with {status}", script.display()));
     }
-    let pid_file = dir.join("nginx.pid");
-    for _ in 0..100 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            break;
+    let pid_file = dir.join(format!("{name}.pid"));
+    let stop = move || {
+        if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+            let _ = std::process::Command::new("kill").arg(pid.trim()).status();
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Ready when it answers a request (LiteLLM takes seconds to start).
+    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    let client = reqwest::Client::new();
+    let probe = json!({"model": "bench", "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
+    for _ in 0..600 {
+        if client.post(&url).json(&probe).send().await.map(|r| r.status().is_success()).unwrap_or(false) {
+            return Ok(Running { url, stop: Box::new(stop) });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    Ok(Running {
-        url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
-        stop: Box::new(move || {
-            if let Ok(pid) = std::fs::read_to_string(&pid_file) {
-                let _ = std::process::Command::new("kill").arg(pid.trim()).status();
-            }
-        }),
-    })
+    stop();
+    Err(format!("{name} did not answer within 120 s (see {}/)", dir.display()))
 }
 
 /// Figures of one contender on one scenario.
@@ -330,8 +337,7 @@ async fn run_contender(s: &Scenario, name: &str, duration: f64, seed: u64, out: 
     let fleet = Fleet::start(&s.fleet).await.map_err(|e| e.to_string())?;
     let running = match name {
         "keel" => start_keel(s, &fleet).await?,
-        "nginx" => start_nginx(&fleet, out).await?,
-        other => return Err(format!("unknown contender `{other}`")),
+        peer => start_peer(peer, &fleet, out).await?,
     };
     let planned = plan(s, duration, seed);
     let client = reqwest::Client::builder().pool_max_idle_per_host(1024).build().map_err(|e| e.to_string())?;
