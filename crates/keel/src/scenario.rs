@@ -1,5 +1,6 @@
 //! `keel bench <scenario>`: seed scenarios on a simulated fleet, with every contender that can
-//! run here (keel; nginx round robin and LiteLLM's proxy through `bench/peers/*.sh`), each against an identical fresh fleet and the identical
+//! run here (keel; nginx round robin, LiteLLM's proxy and Portkey's gateway through
+//! `bench/peers/*.sh`), each against an identical fresh fleet and the identical
 //! arrival sequence. The load generator acts as a client with the OpenAI SDK's default retry
 //! policy (2 retries, exponential backoff from 0.5 s with jitter, honouring retry-after up to
 //! 60 s). Every answer is compared with the simulator's deterministic reference text.
@@ -149,12 +150,16 @@ struct Seen {
 }
 
 /// The OpenAI SDK's default retry policy around one request.
-async fn sdk_request(client: &reqwest::Client, url: &str, body: &Value, reference: &str, rng_seed: u64) -> Seen {
+async fn sdk_request(client: &reqwest::Client, url: &str, headers: &[(String, String)], body: &Value, reference: &str, rng_seed: u64) -> Seen {
     let started = Instant::now();
     let mut rng = Rng::new(rng_seed);
     let mut seen = Seen::default();
     for attempt in 0..=2u32 {
-        let resp = client.post(url).json(body).timeout(Duration::from_secs(60)).send().await;
+        let mut req = client.post(url).json(body).timeout(Duration::from_secs(60));
+        for (k, v) in headers {
+            req = req.header(k, v);
+        }
+        let resp = req.send().await;
         let retry_wait = match resp {
             Ok(r) if r.status().is_success() => {
                 read_answer(r, body["stream"].as_bool().unwrap_or(false), started, reference, &mut seen).await;
@@ -245,6 +250,8 @@ async fn read_answer(resp: reqwest::Response, stream: bool, started: Instant, re
 /// A contender: something that serves `model` "bench" at `url` over the fleet.
 pub struct Running {
     pub url: String,
+    /// Headers sent with every request (a peer's per-request routing config).
+    pub headers: Vec<(String, String)>,
     stop: Box<dyn FnOnce() + Send>,
 }
 
@@ -262,7 +269,7 @@ async fn start_keel(s: &Scenario, fleet: &Fleet) -> Result<Running, String> {
         let _ = rx.await;
     }));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    Ok(Running { url: format!("http://{addr}/v1/chat/completions"), stop: Box::new(move || {
+    Ok(Running { url: format!("http://{addr}/v1/chat/completions"), headers: Vec::new(), stop: Box::new(move || {
         let _ = tx.send(());
     }) })
 }
@@ -292,13 +299,22 @@ async fn start_peer(name: &str, fleet: &Fleet, out: &Path) -> Result<Running, St
             let _ = std::process::Command::new("kill").arg(pid.trim()).status();
         }
     };
+    let headers: Vec<(String, String)> = std::fs::read_to_string(dir.join("headers.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<BTreeMap<String, String>>(&t).ok())
+        .map(|m| m.into_iter().collect())
+        .unwrap_or_default();
     // Ready when it answers a request (LiteLLM takes seconds to start).
     let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
     let client = reqwest::Client::new();
     let probe = json!({"model": "bench", "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
     for _ in 0..600 {
-        if client.post(&url).json(&probe).send().await.map(|r| r.status().is_success()).unwrap_or(false) {
-            return Ok(Running { url, stop: Box::new(stop) });
+        let mut req = client.post(&url).json(&probe);
+        for (k, v) in &headers {
+            req = req.header(k, v);
+        }
+        if req.send().await.map(|r| r.status().is_success()).unwrap_or(false) {
+            return Ok(Running { url, headers, stop: Box::new(stop) });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -363,11 +379,11 @@ async fn run_contender(s: &Scenario, name: &str, duration: f64, seed: u64, out: 
         if i % (total / 20).max(1) == 0 {
             eprint!("\r  {name:<8} {:>3}%", i * 100 / total.max(1));
         }
-        let (client, url, results) = (client.clone(), running.url.clone(), results.clone());
+        let (client, url, headers, results) = (client.clone(), running.url.clone(), running.headers.clone(), results.clone());
         tasks.push(tokio::spawn(async move {
             let mut body = p.body;
             body["model"] = json!("bench");
-            let seen = sdk_request(&client, &url, &body, &p.reference, seed ^ i as u64).await;
+            let seen = sdk_request(&client, &url, &headers, &body, &p.reference, seed ^ i as u64).await;
             results.lock().unwrap_or_else(|e| e.into_inner()).push(seen);
         }));
     }
