@@ -18,7 +18,7 @@ use keel_core::request::CanonicalRequest;
 use crate::errors::GatewayError;
 use crate::execution::{Executed, RequestCtx, Served};
 use crate::pools::Pool;
-use crate::relay::Relay;
+use crate::relay::{Assembled, Relay, Sink};
 use crate::Body;
 
 /// What one request leaves in metrics and the log, recorded once by [`RequestLog::finish`].
@@ -179,32 +179,18 @@ pub async fn deliver(
         Served::Stream(start) if !client_stream => {
             log.status = 200;
             log.ttft = Some(start.first_token_at.duration_since(log.started));
-            let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
-            let relay = Relay { tx, protocol, pool: pool.clone(), req, ctx: ctx.clone(), order };
-            let task = tokio::spawn(relay.run(vi, start, guard, log));
-            let mut decoder = keel_core::sse::SseDecoder::new();
-            let mut events = Vec::new();
-            let mut assembler = keel_core::assemble::Assembler::new();
-            let mut failure = None;
-            while let Some(chunk) = rx.recv().await {
-                if decoder.feed(&chunk, &mut events).is_err() {
-                    failure = Some("internal framing error while assembling".to_owned());
-                }
-                for ev in events.drain(..) {
-                    match keel_core::protocol::event_role(protocol, &ev) {
-                        keel_core::protocol::EventRole::Error(m) => failure = Some(m),
-                        _ => assembler.push(protocol, &ev),
-                    }
-                }
-            }
-            let summary = task.await.ok();
+            let assembled = Arc::new(std::sync::Mutex::new(Assembled::default()));
+            let relay = Relay { sink: Sink::Assemble(assembled.clone()), protocol, pool: pool.clone(), req, ctx: ctx.clone(), order };
+            let summary = relay.run(vi, start, guard, log).await;
+            let (failure, assembler) = {
+                let mut a = assembled.lock().unwrap_or_else(|e| e.into_inner());
+                (a.failure.take(), std::mem::take(&mut a.body))
+            };
             let mut resp = match failure {
                 Some(m) => GatewayError::new(keel_core::protocol::ErrorKind::BadGateway, m).to_response(protocol),
                 None => crate::full_body(StatusCode::OK, "application/json", bytes::Bytes::from(assembler.finish(req_endpoint(ctx)).to_string())),
             };
-            if let Some(s) = summary {
-                keel_headers(resp.headers_mut(), &RequestLog::quiet(&ctx.id, s.route, &s.variant, s.attempts));
-            }
+            keel_headers(resp.headers_mut(), &RequestLog::quiet(&ctx.id, summary.route, &summary.variant, summary.attempts));
             resp
         }
         Served::Stream(start) => {
@@ -220,7 +206,7 @@ pub async fn deliver(
             }
             keel_headers(&mut headers, &log);
             let (tx, body) = crate::channel_body();
-            let relay = Relay { tx, protocol, pool: pool.clone(), req, ctx: ctx.clone(), order };
+            let relay = Relay { sink: Sink::Client(tx), protocol, pool: pool.clone(), req, ctx: ctx.clone(), order };
             tokio::spawn(relay.run(vi, start, guard, log));
             let mut resp = Response::new(body);
             *resp.status_mut() = StatusCode::OK;

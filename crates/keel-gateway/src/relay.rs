@@ -45,9 +45,53 @@ const SLOW_CHECKS: u32 = 3;
 /// A token rate this far below the baseline is slow (40% below).
 const SLOW_RATE: f64 = 0.6;
 
+/// Where relayed events go.
+pub enum Sink {
+    /// The client's streamed response body.
+    Client(mpsc::Sender<Bytes>),
+    /// Assembled in place into one non-streaming body (no channel, no extra task).
+    Assemble(Arc<std::sync::Mutex<Assembled>>),
+}
+
+/// A non-streaming response being assembled from the relayed events.
+#[derive(Default)]
+pub struct Assembled {
+    pub decoder: keel_core::sse::SseDecoder,
+    pub body: keel_core::assemble::Assembler,
+    /// The error the relay ended with, if any.
+    pub failure: Option<String>,
+}
+
+impl Sink {
+    async fn send(&self, protocol: Protocol, bytes: Vec<u8>) -> bool {
+        match self {
+            Sink::Client(tx) => bytes.is_empty() || tx.send(Bytes::from(bytes)).await.is_ok(),
+            Sink::Assemble(a) => {
+                let mut a = a.lock().unwrap_or_else(|e| e.into_inner());
+                let mut events = Vec::new();
+                let _ = a.decoder.feed(&bytes, &mut events);
+                for ev in &events {
+                    match event_role(protocol, ev) {
+                        EventRole::Error(m) => a.failure = Some(m),
+                        _ => a.body.push(protocol, ev),
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    async fn closed(&self) {
+        match self {
+            Sink::Client(tx) => tx.closed().await,
+            Sink::Assemble(_) => std::future::pending().await,
+        }
+    }
+}
+
 /// Everything needed to relay a stream and continue it elsewhere.
 pub struct Relay {
-    pub tx: mpsc::Sender<Bytes>,
+    pub sink: Sink,
     pub protocol: Protocol,
     pub pool: Arc<Pool>,
     pub req: CanonicalRequest,
@@ -83,7 +127,7 @@ struct Segment {
 
 impl Relay {
     async fn send(&self, bytes: Vec<u8>) -> bool {
-        bytes.is_empty() || self.tx.send(Bytes::from(bytes)).await.is_ok()
+        self.sink.send(self.protocol, bytes).await
     }
 
     /// Relays the committed stream to its end, migrating as needed, and accounts for it.
@@ -221,7 +265,7 @@ impl Relay {
             let stall_at = (w.last_output + stall).min(self.ctx.deadline);
             let next = tokio::select! {
                 r = timeout_at(stall_at, seg.start.upstream.next()) => r,
-                _ = self.tx.closed() => return SegmentEnd::ClientGone,
+                _ = self.sink.closed() => return SegmentEnd::ClientGone,
             };
             let chunk = match next {
                 Err(_) if stall_at >= self.ctx.deadline => return SegmentEnd::Deadline,

@@ -36,6 +36,9 @@ pub enum BenchCommand {
         /// keel's runtime worker threads (`worker_threads` in keel.toml); default: one per core.
         #[arg(long)]
         keel_threads: Option<usize>,
+        /// Extra lines for keel's pool table, e.g. "assemble_non_streaming = false".
+        #[arg(long, default_value = "")]
+        keel_pool: String,
     },
     /// Duration of one routing decision (stage 1) over an N-variant pool: P50/P99/P99.9.
     Decision {
@@ -68,7 +71,7 @@ pub enum BenchCommand {
 
 pub async fn run(cmd: BenchCommand) -> Result<(), String> {
     match cmd {
-        BenchCommand::Overhead { rps, duration, rounds, out, keel_threads } => overhead(rps, duration, rounds.max(1), out, keel_threads).await,
+        BenchCommand::Overhead { rps, duration, rounds, out, keel_threads, keel_pool } => overhead(rps, duration, rounds.max(1), out, keel_threads, &keel_pool).await,
         BenchCommand::Decision { variants, iterations } => decision(variants.max(2), iterations.max(1000)),
         BenchCommand::Routing { rps, duration, seed } => routing(rps, duration, seed).await,
         BenchCommand::Migration { requests, rps } => migration(requests, rps).await,
@@ -213,12 +216,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-async fn overhead(rps: f64, duration: f64, rounds: usize, out: Option<PathBuf>, keel_threads: Option<usize>) -> Result<(), String> {
+async fn overhead(rps: f64, duration: f64, rounds: usize, out: Option<PathBuf>, keel_threads: Option<usize>, keel_pool: &str) -> Result<(), String> {
     let upstream = ServerConfig { ttft_ms: 0.0, ttft_sigma: 0.0, prefill_us_per_token: 0.0, gap_ms: 0.0, gap_sigma: 0.0, capacity: 100_000, ..ServerConfig::fast("fast") };
     let fleet = Fleet::start_n(1, upstream).await.map_err(|e| e.to_string())?;
     let sim = fleet.get(0);
     let toml = format!(
-        "[[pools]]\nname = \"bench\"\n[[pools.variants]]\nname = \"fast\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n",
+        "[[pools]]\nname = \"bench\"\n{keel_pool}\n[[pools.variants]]\nname = \"fast\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n",
         sim.openai_base()
     );
     Config::parse(&toml, "<bench>", &Default::default()).map_err(|e| e.to_string())?;
