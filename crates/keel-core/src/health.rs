@@ -29,7 +29,8 @@ pub struct Band {
 impl Band {
     /// 1 up to `warn`, linear to [`FLOOR`] at `severe`, `FLOOR` beyond.
     pub fn factor(&self, x: f64) -> f64 {
-        if !(x > self.warn) {
+        // NaN (no signal) counts as normal.
+        if x.is_nan() || x <= self.warn {
             1.0
         } else if x >= self.severe {
             FLOOR

@@ -59,10 +59,7 @@ async fn maintain(pool: Arc<Pool>, m: Maintenance) {
     let (endpoint, body) = tiny_request(&pool, vi);
     let started = Instant::now();
     let req = upstream::request(&pool.client, &pool.variants[vi].cfg, endpoint, &http::HeaderMap::new(), body);
-    let ok = match tokio::time::timeout(PROBE_TIMEOUT, async { req.send().await?.error_for_status()?.bytes().await }).await {
-        Ok(Ok(_)) => true,
-        _ => false,
-    };
+    let ok = matches!(tokio::time::timeout(PROBE_TIMEOUT, async { req.send().await?.error_for_status()?.bytes().await }).await, Ok(Ok(_)));
     let ms = started.elapsed().as_secs_f64() * 1000.0;
     let kind = match m {
         Maintenance::Probe(_) => "probe",

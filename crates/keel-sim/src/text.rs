@@ -262,7 +262,7 @@ mod tests {
         assert_eq!(five.pieces, full.pieces[..5].to_vec());
         assert_eq!(five.finish, Finish::Length);
         let stop = full.pieces[3].clone();
-        let cut = gen().generate(Mode::Chat, "user: hi", "", None, &[stop.clone()]);
+        let cut = gen().generate(Mode::Chat, "user: hi", "", None, std::slice::from_ref(&stop));
         assert_eq!(cut.finish, Finish::StopSequence(stop.clone()));
         assert!(!cut.text().contains(&stop));
         assert!(full.text().starts_with(&cut.text()));

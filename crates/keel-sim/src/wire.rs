@@ -145,7 +145,7 @@ fn pick_tool(obj: &Map<String, Value>, endpoint: Endpoint, context: &str) -> Res
     let forced_name = choice
         .and_then(|c| c.pointer("/function/name").or_else(|| c.get("name")))
         .and_then(Value::as_str);
-    let last_user = context.lines().filter(|l| l.starts_with("user: ")).last().unwrap_or("").to_lowercase();
+    let last_user = context.lines().rfind(|l| l.starts_with("user: ")).unwrap_or("").to_lowercase();
     let last_line_is_user = context.lines().last().is_some_and(|l| l.starts_with("user: "));
     let chosen = match (choice_kind, forced_name) {
         ("none", _) => None,
@@ -165,7 +165,7 @@ fn pick_tool(obj: &Map<String, Value>, endpoint: Endpoint, context: &str) -> Res
                 } else {
                     match spec.get("type").and_then(Value::as_str) {
                         Some("integer") | Some("number") => json!(k % 100),
-                        Some("boolean") => json!(k % 2 == 0),
+                        Some("boolean") => json!(k.is_multiple_of(2)),
                         Some("array") => json!([word_for(k)]),
                         Some("object") => json!({}),
                         _ => json!(word_for(k)),

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use keel_core::sse::{decode_all, SseEvent};
-use keel_sim::{FaultKind, FaultSpec, Fleet, ServerConfig};
+use keel_sim::{Fleet, ServerConfig};
 use serde_json::{json, Value};
 
 async fn post(url: &str, body: &Value) -> reqwest::Response {
@@ -261,7 +261,7 @@ async fn connection_faults_on_the_wire() {
     assert!(broken, "the stream must end in a transport error, not a clean end");
     let events = decode_all(&got).unwrap();
     assert!(events.iter().all(|e| e.data != "[DONE]"));
-    assert_eq!(openai_text(&events).is_empty(), false);
+    assert!(!openai_text(&events).is_empty());
 
     add_fault(s, json!({"kind": "malformed", "after_tokens": 2, "count": 1})).await;
     let events = stream(&url, &sbody).await;

@@ -231,7 +231,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
     println!("         -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'", models[0]);
     println!("  metrics: http://{addr}/metrics   health: http://{addr}/keel/health\n");
     println!("sample requests:");
-    println!("  {:<4} {:<12} {:<7} {:<10} {:<9} {:>8} {:>6}  {}", "#", "model", "stream", "variant", "route", "attempts", "ms", "status");
+    println!("  {:<4} {:<12} {:<7} {:<10} {:<9} {:>8} {:>6}  status", "#", "model", "stream", "variant", "route", "attempts", "ms");
     let client = keel_sim::http_client();
     let mut ok = 0;
     for i in 0..10 {
