@@ -10,7 +10,10 @@ use keel_core::rng::{mix, Rng};
 use keel_core::selection::{Candidate, PowerOfTwo, RequestSignals, Selector};
 
 fn pool(n: usize) -> (Vec<VariantHealth>, HealthConfig) {
-    let cfg = HealthConfig { prewarm_requests: 0, ..Default::default() };
+    let cfg = HealthConfig {
+        prewarm_requests: 0,
+        ..Default::default()
+    };
     let mut rng = Rng::new(1);
     let hs = (0..n)
         .map(|i| {
@@ -26,7 +29,13 @@ fn pool(n: usize) -> (Vec<VariantHealth>, HealthConfig) {
     (hs, cfg)
 }
 
-fn decide(hs: &[VariantHealth], cfg: &HealthConfig, p: &mut PowerOfTwo, signals: &RequestSignals, now: u64) -> usize {
+fn decide(
+    hs: &[VariantHealth],
+    cfg: &HealthConfig,
+    p: &mut PowerOfTwo,
+    signals: &RequestSignals,
+    now: u64,
+) -> usize {
     let candidates: Vec<Candidate> = hs
         .iter()
         .enumerate()
@@ -49,13 +58,21 @@ fn decide(hs: &[VariantHealth], cfg: &HealthConfig, p: &mut PowerOfTwo, signals:
 fn bench(c: &mut Criterion) {
     let (hs, cfg) = pool(16);
     let mut p = PowerOfTwo::new(Rng::new(7));
-    let plain = RequestSignals { slo_ttft_p95_ms: Some(500.0), ..Default::default() };
-    c.bench_function("decision_16_variants_p2c", |b| b.iter(|| decide(black_box(&hs), &cfg, &mut p, &plain, 3300)));
+    let plain = RequestSignals {
+        slo_ttft_p95_ms: Some(500.0),
+        ..Default::default()
+    };
+    c.bench_function("decision_16_variants_p2c", |b| {
+        b.iter(|| decide(black_box(&hs), &cfg, &mut p, &plain, 3300))
+    });
     let mut key = 0u64;
     c.bench_function("decision_16_variants_affinity", |b| {
         b.iter(|| {
             key = key.wrapping_add(1);
-            let s = RequestSignals { affinity_key: Some(mix(key)), ..plain };
+            let s = RequestSignals {
+                affinity_key: Some(mix(key)),
+                ..plain
+            };
             decide(black_box(&hs), &cfg, &mut p, &s, 3300)
         })
     });

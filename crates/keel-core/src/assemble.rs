@@ -30,7 +30,14 @@ pub struct Assembler {
 
 impl Assembler {
     pub fn new() -> Self {
-        Assembler { finish_reason: Value::Null, usage: Value::Null, stop_reason: Value::Null, stop_sequence: Value::Null, output_tokens: Value::Null, ..Default::default() }
+        Assembler {
+            finish_reason: Value::Null,
+            usage: Value::Null,
+            stop_reason: Value::Null,
+            stop_sequence: Value::Null,
+            output_tokens: Value::Null,
+            ..Default::default()
+        }
     }
 
     /// Takes one client-visible event (bytes of one or more events as the stitcher wrote them).
@@ -38,7 +45,9 @@ impl Assembler {
         if ev.comment_only || ev.data == "[DONE]" {
             return;
         }
-        let Ok(v) = serde_json::from_str::<Value>(&ev.data) else { return };
+        let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
+            return;
+        };
         match protocol {
             Protocol::OpenAi => self.push_openai(v),
             Protocol::Anthropic => self.push_anthropic(ev.event.as_deref().unwrap_or(""), v),
@@ -52,15 +61,22 @@ impl Assembler {
         if v.get("usage").is_some_and(|u| !u.is_null()) {
             self.usage = v["usage"].clone();
         }
-        let Some(c) = v.get("choices").and_then(|c| c.get(0)) else { return };
-        if let Some(t) = c.pointer("/delta/content").or_else(|| c.get("text")).and_then(Value::as_str) {
+        let Some(c) = v.get("choices").and_then(|c| c.get(0)) else {
+            return;
+        };
+        if let Some(t) = c
+            .pointer("/delta/content")
+            .or_else(|| c.get("text"))
+            .and_then(Value::as_str)
+        {
             self.text.push_str(t);
         }
         if let Some(calls) = c.pointer("/delta/tool_calls").and_then(Value::as_array) {
             for call in calls {
                 let i = call["index"].as_u64().unwrap_or(0) as usize;
                 while self.tool_calls.len() <= i {
-                    self.tool_calls.push((Value::Null, String::new(), String::new()));
+                    self.tool_calls
+                        .push((Value::Null, String::new(), String::new()));
                 }
                 let slot = &mut self.tool_calls[i];
                 if !call["id"].is_null() {
@@ -104,9 +120,18 @@ impl Assembler {
                 }
             }
             "message_delta" => {
-                self.stop_reason = v.pointer("/delta/stop_reason").cloned().unwrap_or(Value::Null);
-                self.stop_sequence = v.pointer("/delta/stop_sequence").cloned().unwrap_or(Value::Null);
-                self.output_tokens = v.pointer("/usage/output_tokens").cloned().unwrap_or(Value::Null);
+                self.stop_reason = v
+                    .pointer("/delta/stop_reason")
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                self.stop_sequence = v
+                    .pointer("/delta/stop_sequence")
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                self.output_tokens = v
+                    .pointer("/usage/output_tokens")
+                    .cloned()
+                    .unwrap_or(Value::Null);
             }
             _ => {}
         }
@@ -136,12 +161,21 @@ impl Assembler {
                 json!({"id": first["id"], "type": "message", "role": "assistant", "model": first["model"], "content": content,
                     "stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence, "usage": usage})
             }
-            Endpoint::Completions => json!({"id": first["id"], "object": "text_completion", "created": first["created"], "model": first["model"],
-                "choices": [{"index": 0, "text": self.text, "logprobs": null, "finish_reason": self.finish_reason}], "usage": self.usage}),
+            Endpoint::Completions => {
+                json!({"id": first["id"], "object": "text_completion", "created": first["created"], "model": first["model"],
+                "choices": [{"index": 0, "text": self.text, "logprobs": null, "finish_reason": self.finish_reason}], "usage": self.usage})
+            }
             _ => {
                 let mut message = Map::new();
                 message.insert("role".into(), json!("assistant"));
-                message.insert("content".into(), if self.text.is_empty() && !self.tool_calls.is_empty() { Value::Null } else { Value::String(self.text) });
+                message.insert(
+                    "content".into(),
+                    if self.text.is_empty() && !self.tool_calls.is_empty() {
+                        Value::Null
+                    } else {
+                        Value::String(self.text)
+                    },
+                );
                 message.insert("refusal".into(), Value::Null);
                 if !self.tool_calls.is_empty() {
                     let calls: Vec<Value> = self
@@ -173,7 +207,10 @@ mod tests {
         let body = a.finish(Endpoint::ChatCompletions);
         assert_eq!(body["object"], "chat.completion");
         assert_eq!(body["choices"][0]["message"]["content"], Value::Null);
-        assert_eq!(body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], "{\"a\":1}");
+        assert_eq!(
+            body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            "{\"a\":1}"
+        );
         assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
         assert_eq!(body["usage"]["total_tokens"], 7);
     }
@@ -183,13 +220,37 @@ mod tests {
         let mut a = Assembler::new();
         let ev = |n: &str, v: Value| SseEvent::new(Some(n), &v.to_string());
         a.push(Protocol::Anthropic, &ev("message_start", json!({"message": {"id": "msg", "model": "m", "usage": {"input_tokens": 9, "output_tokens": 1}}})));
-        a.push(Protocol::Anthropic, &ev("content_block_start", json!({"index": 0, "content_block": {"type": "text", "text": ""}})));
-        a.push(Protocol::Anthropic, &ev("content_block_delta", json!({"index": 0, "delta": {"type": "text_delta", "text": "Hi"}})));
-        a.push(Protocol::Anthropic, &ev("content_block_delta", json!({"index": 0, "delta": {"type": "text_delta", "text": " there"}})));
+        a.push(
+            Protocol::Anthropic,
+            &ev(
+                "content_block_start",
+                json!({"index": 0, "content_block": {"type": "text", "text": ""}}),
+            ),
+        );
+        a.push(
+            Protocol::Anthropic,
+            &ev(
+                "content_block_delta",
+                json!({"index": 0, "delta": {"type": "text_delta", "text": "Hi"}}),
+            ),
+        );
+        a.push(
+            Protocol::Anthropic,
+            &ev(
+                "content_block_delta",
+                json!({"index": 0, "delta": {"type": "text_delta", "text": " there"}}),
+            ),
+        );
         a.push(Protocol::Anthropic, &ev("message_delta", json!({"delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 2}})));
         let body = a.finish(Endpoint::Messages);
-        assert_eq!(body["content"], json!([{"type": "text", "text": "Hi there"}]));
-        assert_eq!(body["usage"], json!({"input_tokens": 9, "output_tokens": 2}));
+        assert_eq!(
+            body["content"],
+            json!([{"type": "text", "text": "Hi there"}])
+        );
+        assert_eq!(
+            body["usage"],
+            json!({"input_tokens": 9, "output_tokens": 2})
+        );
         assert_eq!(body["stop_reason"], "end_turn");
     }
 }

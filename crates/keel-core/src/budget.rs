@@ -16,7 +16,11 @@ pub struct RetryBudgetConfig {
 
 impl Default for RetryBudgetConfig {
     fn default() -> Self {
-        RetryBudgetConfig { ratio: 0.2, window_ms: 10_000, min_retries_per_sec: 10 }
+        RetryBudgetConfig {
+            ratio: 0.2,
+            window_ms: 10_000,
+            min_retries_per_sec: 10,
+        }
     }
 }
 
@@ -34,7 +38,11 @@ pub struct RetryBudget {
 impl RetryBudget {
     pub fn new(cfg: RetryBudgetConfig) -> Self {
         let slice_ms = (cfg.window_ms / BUCKETS as u64).max(1);
-        RetryBudget { cfg, slice_ms, buckets: [(u64::MAX, 0, 0); BUCKETS] }
+        RetryBudget {
+            cfg,
+            slice_ms,
+            buckets: [(u64::MAX, 0, 0); BUCKETS],
+        }
     }
 
     fn bucket(&mut self, now_ms: u64) -> &mut (u64, u64, u64) {
@@ -80,7 +88,11 @@ mod tests {
 
     #[test]
     fn floor_then_ratio() {
-        let cfg = RetryBudgetConfig { ratio: 0.2, window_ms: 10_000, min_retries_per_sec: 1 };
+        let cfg = RetryBudgetConfig {
+            ratio: 0.2,
+            window_ms: 10_000,
+            min_retries_per_sec: 1,
+        };
         let mut b = RetryBudget::new(cfg);
         // Floor: 10 retries in the window with no traffic at all.
         for _ in 0..10 {
@@ -97,7 +109,11 @@ mod tests {
 
     #[test]
     fn window_slides() {
-        let cfg = RetryBudgetConfig { ratio: 0.0, window_ms: 10_000, min_retries_per_sec: 1 };
+        let cfg = RetryBudgetConfig {
+            ratio: 0.0,
+            window_ms: 10_000,
+            min_retries_per_sec: 1,
+        };
         let mut b = RetryBudget::new(cfg);
         for _ in 0..10 {
             assert!(b.try_retry(0));

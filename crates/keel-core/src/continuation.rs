@@ -85,31 +85,59 @@ pub fn continuation(
     }
     match (mode, req.endpoint) {
         (ResumeMode::None, _) => Err(NotPossible::Disabled),
-        (_, Endpoint::CountTokens) => Err(NotPossible::ModeMismatch("count_tokens has no generation")),
-        (ResumeMode::Completion, Endpoint::Completions) | (ResumeMode::Prefill, Endpoint::Completions) | (ResumeMode::Instruction, Endpoint::Completions) => {
+        (_, Endpoint::CountTokens) => {
+            Err(NotPossible::ModeMismatch("count_tokens has no generation"))
+        }
+        (ResumeMode::Completion, Endpoint::Completions)
+        | (ResumeMode::Prefill, Endpoint::Completions)
+        | (ResumeMode::Instruction, Endpoint::Completions) => {
             let prompt = match body.get("prompt") {
                 Some(Value::String(p)) => p.clone(),
-                Some(Value::Array(a)) if a.len() == 1 => a[0].as_str().unwrap_or_default().to_owned(),
-                _ => return Err(NotPossible::ModeMismatch("only a single-string prompt can be continued")),
+                Some(Value::Array(a)) if a.len() == 1 => {
+                    a[0].as_str().unwrap_or_default().to_owned()
+                }
+                _ => {
+                    return Err(NotPossible::ModeMismatch(
+                        "only a single-string prompt can be continued",
+                    ))
+                }
             };
-            body.insert("prompt".into(), Value::String(format!("{prompt}{delivered}")));
+            body.insert(
+                "prompt".into(),
+                Value::String(format!("{prompt}{delivered}")),
+            );
             Ok((Endpoint::Completions, body))
         }
-        (ResumeMode::Completion, _) => Err(NotPossible::ModeMismatch("`completion` resume needs a /v1/completions request")),
+        (ResumeMode::Completion, _) => Err(NotPossible::ModeMismatch(
+            "`completion` resume needs a /v1/completions request",
+        )),
         (ResumeMode::Prefill, ep) | (ResumeMode::Instruction, ep) => {
             let Some(Value::Array(messages)) = body.get_mut("messages") else {
                 return Err(NotPossible::ModeMismatch("no messages"));
             };
             // A client prefill (final assistant message) is extended, not duplicated.
-            let last_is_assistant = messages.last().and_then(|m| m.get("role")).and_then(Value::as_str) == Some("assistant");
+            let last_is_assistant = messages
+                .last()
+                .and_then(|m| m.get("role"))
+                .and_then(Value::as_str)
+                == Some("assistant");
             if last_is_assistant && mode == ResumeMode::Prefill {
-                let last = messages.last_mut().and_then(Value::as_object_mut).ok_or(NotPossible::ModeMismatch("bad message"))?;
+                let last = messages
+                    .last_mut()
+                    .and_then(Value::as_object_mut)
+                    .ok_or(NotPossible::ModeMismatch("bad message"))?;
                 let before = match last.get("content") {
                     Some(Value::String(s)) => s.clone(),
-                    Some(Value::Array(parts)) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect(),
+                    Some(Value::Array(parts)) => parts
+                        .iter()
+                        .filter_map(|p| p.get("text").and_then(Value::as_str))
+                        .collect(),
                     _ => String::new(),
                 };
-                last.insert("content".into(), Value::String(format!("{before}{delivered}")));
+                last.insert(
+                    "content".into(),
+                    Value::String(format!("{before}{delivered}")),
+                );
             } else {
                 messages.push(json!({"role": "assistant", "content": delivered}));
                 if mode == ResumeMode::Instruction {
@@ -133,7 +161,11 @@ pub fn overlap(delivered: &str, continuation: &str) -> usize {
     let max = delivered.len().min(continuation.len()).min(400);
     (1..=max)
         .rev()
-        .find(|&n| delivered.is_char_boundary(delivered.len() - n) && continuation.is_char_boundary(n) && delivered[delivered.len() - n..] == continuation[..n])
+        .find(|&n| {
+            delivered.is_char_boundary(delivered.len() - n)
+                && continuation.is_char_boundary(n)
+                && delivered[delivered.len() - n..] == continuation[..n]
+        })
         .unwrap_or(0)
 }
 
@@ -143,13 +175,18 @@ pub fn event_text(protocol: Protocol, ev: &SseEvent) -> Option<String> {
     match protocol {
         Protocol::OpenAi => {
             let c = v.get("choices")?.get(0)?;
-            c.pointer("/delta/content").or_else(|| c.get("text")).and_then(Value::as_str).map(str::to_owned)
+            c.pointer("/delta/content")
+                .or_else(|| c.get("text"))
+                .and_then(Value::as_str)
+                .map(str::to_owned)
         }
         Protocol::Anthropic => {
             if ev.event.as_deref() != Some("content_block_delta") {
                 return None;
             }
-            v.pointer("/delta/text").and_then(Value::as_str).map(str::to_owned)
+            v.pointer("/delta/text")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
         }
     }
 }
@@ -232,14 +269,18 @@ impl Stitcher {
                 if self.identity.is_none() {
                     if let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
                         if v.get("id").is_some() {
-                            self.identity = Some((v["id"].clone(), v["created"].clone(), v["model"].clone()));
+                            self.identity =
+                                Some((v["id"].clone(), v["created"].clone(), v["model"].clone()));
                         }
                     }
                 }
             }
             Protocol::Anthropic => match ev.event.as_deref() {
                 Some("content_block_start") => {
-                    let i = serde_json::from_str::<Value>(&ev.data).ok().and_then(|v| v["index"].as_u64()).unwrap_or(self.next_block);
+                    let i = serde_json::from_str::<Value>(&ev.data)
+                        .ok()
+                        .and_then(|v| v["index"].as_u64())
+                        .unwrap_or(self.next_block);
                     self.open_block = Some(i);
                     self.next_block = i + 1;
                 }
@@ -258,7 +299,12 @@ impl Stitcher {
         text[n..].to_owned()
     }
 
-    fn openai_continuation(&mut self, ev: &SseEvent, role: EventRole, trim_overlap: &mut bool) -> Option<Vec<u8>> {
+    fn openai_continuation(
+        &mut self,
+        ev: &SseEvent,
+        role: EventRole,
+        trim_overlap: &mut bool,
+    ) -> Option<Vec<u8>> {
         if matches!(role, EventRole::Preamble) {
             return None; // the continuation's role chunk: the client already has one
         }
@@ -284,7 +330,10 @@ impl Stitcher {
         }
         if let Some(u) = v.get_mut("usage").filter(|u| u.is_object()) {
             let before = self.tokens_before_segment;
-            let prompt = u["prompt_tokens"].as_u64().unwrap_or(0).saturating_sub(before);
+            let prompt = u["prompt_tokens"]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(before);
             let completion = u["completion_tokens"].as_u64().unwrap_or(0) + before;
             u["prompt_tokens"] = Value::from(prompt);
             u["completion_tokens"] = Value::from(completion);
@@ -293,7 +342,12 @@ impl Stitcher {
         Some(SseEvent::new(None, &v.to_string()).raw)
     }
 
-    fn anthropic_continuation(&mut self, ev: &SseEvent, role: EventRole, trim_overlap: &mut bool) -> Option<Vec<u8>> {
+    fn anthropic_continuation(
+        &mut self,
+        ev: &SseEvent,
+        role: EventRole,
+        trim_overlap: &mut bool,
+    ) -> Option<Vec<u8>> {
         let name = ev.event.as_deref().unwrap_or("");
         if matches!(role, EventRole::KeepAlive) || name == "message_start" {
             return None;
@@ -341,30 +395,75 @@ mod tests {
 
     #[test]
     fn prefill_for_each_protocol_lowers_the_limit() {
-        let r = parse(Endpoint::ChatCompletions, br#"{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
-        let (ep, b) = continuation(&r, ResumeMode::Prefill, &default_prefill_fields(), "Hello there", 2).unwrap();
+        let r = parse(
+            Endpoint::ChatCompletions,
+            br#"{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap();
+        let (ep, b) = continuation(
+            &r,
+            ResumeMode::Prefill,
+            &default_prefill_fields(),
+            "Hello there",
+            2,
+        )
+        .unwrap();
         assert_eq!(ep, Endpoint::ChatCompletions);
         assert_eq!(b["max_tokens"], 98);
-        assert_eq!(b["messages"][1], json!({"role": "assistant", "content": "Hello there"}));
+        assert_eq!(
+            b["messages"][1],
+            json!({"role": "assistant", "content": "Hello there"})
+        );
         assert_eq!(b["continue_final_message"], true);
         assert_eq!(b["add_generation_prompt"], false);
 
         let a = parse(Endpoint::Messages, br#"{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"}]}"#).unwrap();
-        let (_, b) = continuation(&a, ResumeMode::Prefill, &default_prefill_fields(), " one two", 2).unwrap();
-        assert_eq!(b["messages"].as_array().unwrap().len(), 2, "the client's prefill is extended");
+        let (_, b) = continuation(
+            &a,
+            ResumeMode::Prefill,
+            &default_prefill_fields(),
+            " one two",
+            2,
+        )
+        .unwrap();
+        assert_eq!(
+            b["messages"].as_array().unwrap().len(),
+            2,
+            "the client's prefill is extended"
+        );
         assert_eq!(b["messages"][1]["content"], "Sure: one two");
         assert!(b.get("continue_final_message").is_none());
-        assert_eq!(continuation(&a, ResumeMode::Prefill, &default_prefill_fields(), "x", 10).unwrap_err(), NotPossible::LimitReached);
+        assert_eq!(
+            continuation(&a, ResumeMode::Prefill, &default_prefill_fields(), "x", 10).unwrap_err(),
+            NotPossible::LimitReached
+        );
     }
 
     #[test]
     fn completion_and_instruction_and_none() {
-        let c = parse(Endpoint::Completions, br#"{"model":"m","prompt":"Once upon"}"#).unwrap();
+        let c = parse(
+            Endpoint::Completions,
+            br#"{"model":"m","prompt":"Once upon"}"#,
+        )
+        .unwrap();
         let (ep, b) = continuation(&c, ResumeMode::Completion, &Map::new(), " a time", 2).unwrap();
-        assert_eq!((ep, b["prompt"].as_str().unwrap()), (Endpoint::Completions, "Once upon a time"));
-        let r = parse(Endpoint::ChatCompletions, br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
-        assert!(matches!(continuation(&r, ResumeMode::Completion, &Map::new(), "x", 1), Err(NotPossible::ModeMismatch(_))));
-        assert_eq!(continuation(&r, ResumeMode::None, &Map::new(), "x", 1).unwrap_err(), NotPossible::Disabled);
+        assert_eq!(
+            (ep, b["prompt"].as_str().unwrap()),
+            (Endpoint::Completions, "Once upon a time")
+        );
+        let r = parse(
+            Endpoint::ChatCompletions,
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            continuation(&r, ResumeMode::Completion, &Map::new(), "x", 1),
+            Err(NotPossible::ModeMismatch(_))
+        ));
+        assert_eq!(
+            continuation(&r, ResumeMode::None, &Map::new(), "x", 1).unwrap_err(),
+            NotPossible::Disabled
+        );
         let (_, b) = continuation(&r, ResumeMode::Instruction, &Map::new(), "partial", 1).unwrap();
         assert_eq!(b["messages"][2]["content"], CONTINUE_INSTRUCTION);
     }
@@ -384,17 +483,51 @@ mod tests {
     fn openai_segments_share_one_identity_and_role() {
         let mut s = Stitcher::new(Protocol::OpenAi);
         let mut trim = false;
-        s.process(&openai_chunk("a", json!({"role": "assistant", "content": ""}), Value::Null), &mut trim).unwrap();
-        s.process(&openai_chunk("a", json!({"content": "Hello"}), Value::Null), &mut trim).unwrap();
+        s.process(
+            &openai_chunk(
+                "a",
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+            ),
+            &mut trim,
+        )
+        .unwrap();
+        s.process(
+            &openai_chunk("a", json!({"content": "Hello"}), Value::Null),
+            &mut trim,
+        )
+        .unwrap();
         s.begin_segment();
-        assert!(s.process(&openai_chunk("b", json!({"role": "assistant", "content": ""}), Value::Null), &mut trim).is_none());
-        let out = s.process(&openai_chunk("b", json!({"content": " world"}), Value::Null), &mut trim).unwrap();
-        let v: Value = serde_json::from_str(&crate::sse::decode_all(&out).unwrap()[0].data).unwrap();
-        assert_eq!((v["id"].as_str(), v["model"].as_str()), (Some("a"), Some("a")));
+        assert!(s
+            .process(
+                &openai_chunk(
+                    "b",
+                    json!({"role": "assistant", "content": ""}),
+                    Value::Null
+                ),
+                &mut trim
+            )
+            .is_none());
+        let out = s
+            .process(
+                &openai_chunk("b", json!({"content": " world"}), Value::Null),
+                &mut trim,
+            )
+            .unwrap();
+        let v: Value =
+            serde_json::from_str(&crate::sse::decode_all(&out).unwrap()[0].data).unwrap();
+        assert_eq!(
+            (v["id"].as_str(), v["model"].as_str()),
+            (Some("a"), Some("a"))
+        );
         let usage = SseEvent::new(None, &json!({"id": "b", "choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}}).to_string());
         let out = s.process(&usage, &mut trim).unwrap();
-        let v: Value = serde_json::from_str(&crate::sse::decode_all(&out).unwrap()[0].data).unwrap();
-        assert_eq!(v["usage"], json!({"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16}));
+        let v: Value =
+            serde_json::from_str(&crate::sse::decode_all(&out).unwrap()[0].data).unwrap();
+        assert_eq!(
+            v["usage"],
+            json!({"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16})
+        );
         assert_eq!(s.delivered, "Hello world");
     }
 
@@ -403,20 +536,77 @@ mod tests {
         let ev = |name: &str, data: Value| SseEvent::new(Some(name), &data.to_string());
         let mut s = Stitcher::new(Protocol::Anthropic);
         let mut trim = false;
-        s.process(&ev("message_start", json!({"type": "message_start"})), &mut trim).unwrap();
-        s.process(&ev("content_block_start", json!({"type": "content_block_start", "index": 0})), &mut trim).unwrap();
+        s.process(
+            &ev("message_start", json!({"type": "message_start"})),
+            &mut trim,
+        )
+        .unwrap();
+        s.process(
+            &ev(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0}),
+            ),
+            &mut trim,
+        )
+        .unwrap();
         s.process(&ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}})), &mut trim).unwrap();
         s.begin_segment();
-        assert!(s.process(&ev("message_start", json!({"type": "message_start"})), &mut trim).is_none());
-        assert!(s.process(&ev("content_block_start", json!({"type": "content_block_start", "index": 0})), &mut trim).is_none());
-        assert!(s.process(&ev("ping", json!({"type": "ping"})), &mut trim).is_none());
+        assert!(s
+            .process(
+                &ev("message_start", json!({"type": "message_start"})),
+                &mut trim
+            )
+            .is_none());
+        assert!(s
+            .process(
+                &ev(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": 0})
+                ),
+                &mut trim
+            )
+            .is_none());
+        assert!(s
+            .process(&ev("ping", json!({"type": "ping"})), &mut trim)
+            .is_none());
         s.process(&ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " there"}})), &mut trim).unwrap();
-        s.process(&ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})), &mut trim).unwrap();
+        s.process(
+            &ev(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 0}),
+            ),
+            &mut trim,
+        )
+        .unwrap();
         // A second block in the continuation gets the next index.
-        let out = s.process(&ev("content_block_start", json!({"type": "content_block_start", "index": 1})), &mut trim).unwrap();
-        assert_eq!(serde_json::from_str::<Value>(&crate::sse::decode_all(&out).unwrap()[0].data).unwrap()["index"], 1);
-        let out = s.process(&ev("message_delta", json!({"type": "message_delta", "usage": {"output_tokens": 3}})), &mut trim).unwrap();
-        assert_eq!(serde_json::from_str::<Value>(&crate::sse::decode_all(&out).unwrap()[0].data).unwrap()["usage"]["output_tokens"], 4);
+        let out = s
+            .process(
+                &ev(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": 1}),
+                ),
+                &mut trim,
+            )
+            .unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&crate::sse::decode_all(&out).unwrap()[0].data).unwrap()
+                ["index"],
+            1
+        );
+        let out = s
+            .process(
+                &ev(
+                    "message_delta",
+                    json!({"type": "message_delta", "usage": {"output_tokens": 3}}),
+                ),
+                &mut trim,
+            )
+            .unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&crate::sse::decode_all(&out).unwrap()[0].data).unwrap()
+                ["usage"]["output_tokens"],
+            4
+        );
         assert_eq!(s.delivered, "Hi there");
     }
 }

@@ -78,11 +78,26 @@ impl Default for HealthConfig {
             decay_ms: 10_000.0,
             error_decay_ms: 1_000.0,
             baseline_decay_ms: 300_000.0,
-            ttft_ratio: Band { warn: 2.0, severe: 5.0 },
-            tgsv_ratio: Band { warn: 3.0, severe: 10.0 },
-            error_rate: Band { warn: 0.05, severe: 0.3 },
-            kv_usage: Band { warn: 0.85, severe: 0.98 },
-            waiting: Band { warn: 4.0, severe: 32.0 },
+            ttft_ratio: Band {
+                warn: 2.0,
+                severe: 5.0,
+            },
+            tgsv_ratio: Band {
+                warn: 3.0,
+                severe: 10.0,
+            },
+            error_rate: Band {
+                warn: 0.05,
+                severe: 0.3,
+            },
+            kv_usage: Band {
+                warn: 0.85,
+                severe: 0.98,
+            },
+            waiting: Band {
+                warn: 4.0,
+                severe: 32.0,
+            },
             eject_after_ms: 3_000,
             probe_interval_ms: 1_000,
             slow_start_ms: 10_000,
@@ -150,9 +165,18 @@ impl Window {
             self.samples[self.next] = (now_ms, v);
         }
         self.next = (self.next + 1) % WINDOW_SAMPLES;
-        let mut recent: Vec<f64> = self.samples.iter().filter(|(t, _)| now_ms.saturating_sub(*t) <= WINDOW_MS).map(|s| s.1).collect();
+        let mut recent: Vec<f64> = self
+            .samples
+            .iter()
+            .filter(|(t, _)| now_ms.saturating_sub(*t) <= WINDOW_MS)
+            .map(|s| s.1)
+            .collect();
         recent.sort_by(f64::total_cmp);
-        let q = |p: f64| recent.get(((recent.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied();
+        let q = |p: f64| {
+            recent
+                .get(((recent.len() as f64 * p).ceil() as usize).saturating_sub(1))
+                .copied()
+        };
         self.p90 = q(0.90);
         self.p95 = q(0.95);
     }
@@ -162,12 +186,19 @@ impl Window {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
     /// New, restarted or back from ejection: `remaining` warm-up requests before client traffic.
-    Warming { remaining: u32 },
+    Warming {
+        remaining: u32,
+    },
     /// Taking traffic, ramping up since `since_ms`.
-    SlowStart { since_ms: u64 },
+    SlowStart {
+        since_ms: u64,
+    },
     Healthy,
     /// No client traffic; probed every `probe_interval_ms`.
-    Ejected { since_ms: u64, last_probe_ms: u64 },
+    Ejected {
+        since_ms: u64,
+        last_probe_ms: u64,
+    },
 }
 
 impl State {
@@ -257,7 +288,11 @@ impl VariantHealth {
             window: Window::default(),
             kv_usage: None,
             waiting: None,
-            state: if prewarm > 0 { State::Warming { remaining: prewarm } } else { State::Healthy },
+            state: if prewarm > 0 {
+                State::Warming { remaining: prewarm }
+            } else {
+                State::Healthy
+            },
             severe_since_ms: None,
             ttft_severe_streak: 0,
             tgsv_severe_streak: 0,
@@ -276,8 +311,15 @@ impl VariantHealth {
     }
 
     pub fn record_ttft(&mut self, now_ms: u64, ms: f64, cfg: &HealthConfig) {
-        let severe = self.baseline_ttft_ms.get().is_some_and(|b| b > 0.0 && cfg.ttft_ratio.is_severe(ms / b));
-        self.ttft_severe_streak = if severe { self.ttft_severe_streak + 1 } else { 0 };
+        let severe = self
+            .baseline_ttft_ms
+            .get()
+            .is_some_and(|b| b > 0.0 && cfg.ttft_ratio.is_severe(ms / b));
+        self.ttft_severe_streak = if severe {
+            self.ttft_severe_streak + 1
+        } else {
+            0
+        };
         self.ttft_ms.record(now_ms, ms, cfg.decay_ms, true);
         Self::record_baseline(&mut self.baseline_ttft_ms, now_ms, ms, cfg);
         self.window.record(now_ms, ms);
@@ -296,15 +338,27 @@ impl VariantHealth {
             let m = last.iter().sum::<f64>() / last.len() as f64;
             let var = last.iter().map(|g| (g - m) * (g - m)).sum::<f64>() / (last.len() - 1) as f64;
             let tgsv = var.sqrt();
-            let severe = self.baseline_gap_ms.get().is_some_and(|b| b > 0.0 && cfg.tgsv_ratio.is_severe(tgsv / b));
-            self.tgsv_severe_streak = if severe { self.tgsv_severe_streak + 1 } else { 0 };
+            let severe = self
+                .baseline_gap_ms
+                .get()
+                .is_some_and(|b| b > 0.0 && cfg.tgsv_ratio.is_severe(tgsv / b));
+            self.tgsv_severe_streak = if severe {
+                self.tgsv_severe_streak + 1
+            } else {
+                0
+            };
             self.tgsv_ms.record(now_ms, tgsv, cfg.decay_ms, false);
         }
     }
 
     /// An attempt's outcome: `true` when it served, `false` for a backend failure.
     pub fn record_outcome(&mut self, now_ms: u64, ok: bool, cfg: &HealthConfig) {
-        self.error_rate.record(now_ms, if ok { 0.0 } else { 1.0 }, cfg.error_decay_ms, false);
+        self.error_rate.record(
+            now_ms,
+            if ok { 0.0 } else { 1.0 },
+            cfg.error_decay_ms,
+            false,
+        );
         if self.outcomes.len() < OUTCOMES_KEPT {
             self.outcomes.push((now_ms, ok));
         } else {
@@ -313,7 +367,13 @@ impl VariantHealth {
         self.outcome_next = (self.outcome_next + 1) % OUTCOMES_KEPT;
         if let State::Warming { remaining } = self.state {
             if ok {
-                self.state = if remaining <= 1 { State::SlowStart { since_ms: now_ms } } else { State::Warming { remaining: remaining - 1 } };
+                self.state = if remaining <= 1 {
+                    State::SlowStart { since_ms: now_ms }
+                } else {
+                    State::Warming {
+                        remaining: remaining - 1,
+                    }
+                };
             }
         }
     }
@@ -343,7 +403,9 @@ impl VariantHealth {
     /// becomes attractive again within a few `decay_ms` and is measured afresh instead of being
     /// starved by a stale estimate. A neutral guess before any sample.
     pub fn predicted_ttft_ms(&self, now_ms: u64, cfg: &HealthConfig) -> f64 {
-        self.ttft_ms.relaxed(now_ms, 0.0, cfg.decay_ms).unwrap_or(100.0)
+        self.ttft_ms
+            .relaxed(now_ms, 0.0, cfg.decay_ms)
+            .unwrap_or(100.0)
     }
 
     pub fn factors(&self, now_ms: u64, cfg: &HealthConfig) -> Factors {
@@ -354,16 +416,24 @@ impl VariantHealth {
         // Relaxed with time (over `decay_ms`, slower than the error EWMA itself moves), so a
         // variant floored by an error burst is tried again after a while and measured afresh;
         // ejection is decided on the windowed count instead (see `severe`).
-        let errors = self.error_rate.relaxed(now_ms, 0.0, cfg.decay_ms).unwrap_or(0.0);
+        let errors = self
+            .error_rate
+            .relaxed(now_ms, 0.0, cfg.decay_ms)
+            .unwrap_or(0.0);
         let ramp = match self.state {
             State::SlowStart { since_ms } if cfg.slow_start_ms > 0 => {
-                (now_ms.saturating_sub(since_ms) as f64 / cfg.slow_start_ms as f64).clamp(FLOOR, 1.0)
+                (now_ms.saturating_sub(since_ms) as f64 / cfg.slow_start_ms as f64)
+                    .clamp(FLOOR, 1.0)
             }
             _ => 1.0,
         };
         Factors {
-            ttft: cfg.ttft_ratio.factor(ratio(&self.ttft_ms, &self.baseline_ttft_ms, cfg.decay_ms)),
-            tgsv: cfg.tgsv_ratio.factor(ratio(&self.tgsv_ms, &self.baseline_gap_ms, cfg.decay_ms)),
+            ttft: cfg
+                .ttft_ratio
+                .factor(ratio(&self.ttft_ms, &self.baseline_ttft_ms, cfg.decay_ms)),
+            tgsv: cfg
+                .tgsv_ratio
+                .factor(ratio(&self.tgsv_ms, &self.baseline_gap_ms, cfg.decay_ms)),
             errors: cfg.error_rate.factor(errors),
             kv: self.kv_usage.map(|k| cfg.kv_usage.factor(k)).unwrap_or(1.0),
             waiting: self.waiting.map(|w| cfg.waiting.factor(w)).unwrap_or(1.0),
@@ -386,12 +456,16 @@ impl VariantHealth {
         let (n, errors) = self.error_window(now_ms);
         // A variant floored by failures gets no traffic: its last outcome (a failure) and its
         // error rate stand until probing decides, so it is ejected rather than left floored.
-        let last_failed = self.outcomes.len() == OUTCOMES_KEPT && !self.outcomes[(self.outcome_next + OUTCOMES_KEPT - 1) % OUTCOMES_KEPT].1
+        let last_failed = self.outcomes.len() == OUTCOMES_KEPT
+            && !self.outcomes[(self.outcome_next + OUTCOMES_KEPT - 1) % OUTCOMES_KEPT].1
             || self.outcomes.len() < OUTCOMES_KEPT && self.outcomes.last().is_some_and(|o| !o.1);
         self.ttft_severe_streak >= SEVERE_STREAK
             || self.tgsv_severe_streak >= SEVERE_STREAK
             || (n >= MIN_OUTCOMES && cfg.error_rate.is_severe(errors as f64 / n as f64))
-            || (last_failed && cfg.error_rate.is_severe(self.error_rate.get().unwrap_or(0.0)))
+            || (last_failed
+                && cfg
+                    .error_rate
+                    .is_severe(self.error_rate.get().unwrap_or(0.0)))
     }
 
     /// The selection weight in 0..=1 (0 while warming or ejected).
@@ -410,7 +484,10 @@ impl VariantHealth {
                 if self.severe(now_ms, cfg) {
                     let since = *self.severe_since_ms.get_or_insert(now_ms);
                     if now_ms.saturating_sub(since) >= cfg.eject_after_ms {
-                        self.state = State::Ejected { since_ms: now_ms, last_probe_ms: now_ms };
+                        self.state = State::Ejected {
+                            since_ms: now_ms,
+                            last_probe_ms: now_ms,
+                        };
                         self.severe_since_ms = None;
                         return;
                     }
@@ -429,9 +506,16 @@ impl VariantHealth {
 
     /// True when an ejected variant should be probed now (and marks the probe as sent).
     pub fn take_probe(&mut self, now_ms: u64, cfg: &HealthConfig) -> bool {
-        if let State::Ejected { since_ms, last_probe_ms } = self.state {
+        if let State::Ejected {
+            since_ms,
+            last_probe_ms,
+        } = self.state
+        {
             if now_ms.saturating_sub(last_probe_ms) >= cfg.probe_interval_ms {
-                self.state = State::Ejected { since_ms, last_probe_ms: now_ms };
+                self.state = State::Ejected {
+                    since_ms,
+                    last_probe_ms: now_ms,
+                };
                 return true;
             }
         }
@@ -439,7 +523,13 @@ impl VariantHealth {
     }
 
     /// A probe's result. Success clears the bad statistics and starts warm-up (or slow start).
-    pub fn probe_result(&mut self, now_ms: u64, ok: bool, ttft_ms: Option<f64>, cfg: &HealthConfig) {
+    pub fn probe_result(
+        &mut self,
+        now_ms: u64,
+        ok: bool,
+        ttft_ms: Option<f64>,
+        cfg: &HealthConfig,
+    ) {
         if !matches!(self.state, State::Ejected { .. }) {
             return;
         }
@@ -463,13 +553,21 @@ impl VariantHealth {
         if let Some(t) = ttft_ms {
             self.ttft_ms.record(now_ms, t, cfg.decay_ms, true);
         }
-        self.state = if cfg.prewarm_requests > 0 { State::Warming { remaining: cfg.prewarm_requests } } else { State::SlowStart { since_ms: now_ms } };
+        self.state = if cfg.prewarm_requests > 0 {
+            State::Warming {
+                remaining: cfg.prewarm_requests,
+            }
+        } else {
+            State::SlowStart { since_ms: now_ms }
+        };
     }
 
     /// A restarted variant (e.g. its metrics show a reset): warm it up again.
     pub fn restarted(&mut self, cfg: &HealthConfig) {
         if cfg.prewarm_requests > 0 {
-            self.state = State::Warming { remaining: cfg.prewarm_requests };
+            self.state = State::Warming {
+                remaining: cfg.prewarm_requests,
+            };
         }
     }
 }
@@ -479,7 +577,10 @@ mod tests {
     use super::*;
 
     fn cfg() -> HealthConfig {
-        HealthConfig { prewarm_requests: 0, ..Default::default() }
+        HealthConfig {
+            prewarm_requests: 0,
+            ..Default::default()
+        }
     }
 
     fn healthy_with_baseline(c: &HealthConfig) -> VariantHealth {
@@ -493,7 +594,10 @@ mod tests {
 
     #[test]
     fn band_curve_is_piecewise() {
-        let b = Band { warn: 2.0, severe: 5.0 };
+        let b = Band {
+            warn: 2.0,
+            severe: 5.0,
+        };
         assert_eq!(b.factor(1.0), 1.0);
         assert_eq!(b.factor(2.0), 1.0);
         assert!((b.factor(3.5) - 0.55).abs() < 1e-9);
@@ -530,7 +634,11 @@ mod tests {
             h.tick(t0 + 3000 + i * 100, &c);
         }
         assert_eq!(h.state, State::Healthy);
-        assert!(h.weight(t0 + 33_000, &c) > 0.9, "{}", h.weight(t0 + 33_000, &c));
+        assert!(
+            h.weight(t0 + 33_000, &c) > 0.9,
+            "{}",
+            h.weight(t0 + 33_000, &c)
+        );
         // The same spike held past eject_after does eject.
         for i in 0..=35 {
             h.record_ttft(t0 + 40_000 + i * 100, 1000.0, &c);
@@ -552,15 +660,25 @@ mod tests {
         }
         assert!(matches!(h.state, State::Ejected { .. }), "{:?}", h.state);
         assert_eq!(h.weight(t0 + 5000, &c), 0.0);
-        let State::Ejected { since_ms: t1, .. } = h.state else { unreachable!() };
+        let State::Ejected { since_ms: t1, .. } = h.state else {
+            unreachable!()
+        };
         assert!(!h.take_probe(t1 + 500, &c));
         assert!(h.take_probe(t1 + 1000, &c));
         assert!(!h.take_probe(t1 + 1500, &c), "one probe per interval");
         h.probe_result(t1 + 1000, true, Some(100.0), &c);
-        assert!(matches!(h.state, State::Ejected { .. }), "one good probe is not enough");
+        assert!(
+            matches!(h.state, State::Ejected { .. }),
+            "one good probe is not enough"
+        );
         assert!(h.take_probe(t1 + 2000, &c));
         h.probe_result(t1 + 1100, true, Some(100.0), &c);
-        assert_eq!(h.state, State::SlowStart { since_ms: t1 + 1100 });
+        assert_eq!(
+            h.state,
+            State::SlowStart {
+                since_ms: t1 + 1100
+            }
+        );
         // The ramp: 10% at the start, half way at 5 s, full at 10 s.
         assert!((h.weight(t1 + 1100, &c) - FLOOR).abs() < 1e-9);
         assert!((h.weight(t1 + 6100, &c) - 0.5).abs() < 1e-9);
@@ -571,7 +689,10 @@ mod tests {
 
     #[test]
     fn warm_up_takes_requests_before_traffic() {
-        let c = HealthConfig { prewarm_requests: 2, ..Default::default() };
+        let c = HealthConfig {
+            prewarm_requests: 2,
+            ..Default::default()
+        };
         let mut h = VariantHealth::new(2);
         assert_eq!(h.weight(0, &c), 0.0);
         h.record_outcome(1, true, &c);

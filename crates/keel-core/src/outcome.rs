@@ -17,7 +17,11 @@ pub enum AttemptFailure {
     /// The request's total deadline ran out.
     Deadline { after_ms: u64 },
     /// The upstream answered with an error status.
-    Status { status: u16, retry_after_ms: Option<u64>, message: String },
+    Status {
+        status: u16,
+        retry_after_ms: Option<u64>,
+        message: String,
+    },
     /// The upstream answered 200 with a body keel could not understand.
     Malformed(String),
 }
@@ -40,9 +44,15 @@ impl AttemptFailure {
         match self {
             AttemptFailure::Connect(e) => format!("connect error: {e}"),
             AttemptFailure::Io(e) => format!("connection error: {e}"),
-            AttemptFailure::FirstTokenTimeout { after_ms } => format!("no first token within {after_ms} ms"),
-            AttemptFailure::Deadline { after_ms } => format!("total deadline of {after_ms} ms reached"),
-            AttemptFailure::Status { status, message, .. } => {
+            AttemptFailure::FirstTokenTimeout { after_ms } => {
+                format!("no first token within {after_ms} ms")
+            }
+            AttemptFailure::Deadline { after_ms } => {
+                format!("total deadline of {after_ms} ms reached")
+            }
+            AttemptFailure::Status {
+                status, message, ..
+            } => {
                 if message.is_empty() {
                     format!("HTTP {status}")
                 } else {
@@ -55,7 +65,11 @@ impl AttemptFailure {
 
     pub fn verdict(&self) -> Verdict {
         match self {
-            AttemptFailure::Status { status, retry_after_ms, .. } => classify_status(*status, *retry_after_ms),
+            AttemptFailure::Status {
+                status,
+                retry_after_ms,
+                ..
+            } => classify_status(*status, *retry_after_ms),
             AttemptFailure::Deadline { .. } => Verdict::GiveUp,
             _ => Verdict::Retry { cooldown_ms: None },
         }
@@ -79,18 +93,26 @@ pub enum Verdict {
 pub fn classify_status(status: u16, retry_after_ms: Option<u64>) -> Verdict {
     match status {
         401 | 403 => Verdict::BrokenCredential,
-        408 | 429 | 529 => Verdict::Retry { cooldown_ms: retry_after_ms },
+        408 | 429 | 529 => Verdict::Retry {
+            cooldown_ms: retry_after_ms,
+        },
         // 400, 404 (unknown model), 413, 422 and every other 4xx: the request itself is at fault.
         400..=499 => Verdict::ReturnToClient,
         // 500, 502, 503, 504 and any other server-side status.
-        _ => Verdict::Retry { cooldown_ms: retry_after_ms },
+        _ => Verdict::Retry {
+            cooldown_ms: retry_after_ms,
+        },
     }
 }
 
 /// Reads `retry-after-ms` (OpenAI's precise form) or `retry-after` in seconds. HTTP-date values
 /// are not interpreted (no provider sends them for rate limits), and values are capped at
 /// `cap_ms` so that a confused upstream cannot park a variant for hours.
-pub fn parse_retry_after(retry_after_ms: Option<&str>, retry_after: Option<&str>, cap_ms: u64) -> Option<u64> {
+pub fn parse_retry_after(
+    retry_after_ms: Option<&str>,
+    retry_after: Option<&str>,
+    cap_ms: u64,
+) -> Option<u64> {
     let ms = retry_after_ms
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|v| v.is_finite() && *v >= 0.0)
@@ -111,9 +133,17 @@ mod tests {
     #[test]
     fn retryable_statuses() {
         for s in [408, 429, 500, 502, 503, 504, 529] {
-            assert!(matches!(classify_status(s, None), Verdict::Retry { .. }), "{s}");
+            assert!(
+                matches!(classify_status(s, None), Verdict::Retry { .. }),
+                "{s}"
+            );
         }
-        assert_eq!(classify_status(429, Some(2000)), Verdict::Retry { cooldown_ms: Some(2000) });
+        assert_eq!(
+            classify_status(429, Some(2000)),
+            Verdict::Retry {
+                cooldown_ms: Some(2000)
+            }
+        );
     }
 
     #[test]
@@ -131,10 +161,16 @@ mod tests {
 
     #[test]
     fn retry_after_forms() {
-        assert_eq!(parse_retry_after(Some("1500"), Some("9"), 60_000), Some(1500));
+        assert_eq!(
+            parse_retry_after(Some("1500"), Some("9"), 60_000),
+            Some(1500)
+        );
         assert_eq!(parse_retry_after(None, Some("2"), 60_000), Some(2000));
         assert_eq!(parse_retry_after(None, Some("0.25"), 60_000), Some(250));
         assert_eq!(parse_retry_after(None, Some("86400"), 60_000), Some(60_000));
-        assert_eq!(parse_retry_after(None, Some("Wed, 21 Oct 2015 07:28:00 GMT"), 60_000), None);
+        assert_eq!(
+            parse_retry_after(None, Some("Wed, 21 Oct 2015 07:28:00 GMT"), 60_000),
+            None
+        );
     }
 }

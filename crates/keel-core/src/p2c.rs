@@ -70,7 +70,10 @@ impl Selector for PowerOfTwo {
     }
 
     fn plan(&mut self, candidates: &[Candidate], signals: &RequestSignals) -> Plan {
-        let eligible: Vec<&Candidate> = candidates.iter().filter(|c| c.available && c.weight > 0 && c.health > 0.0).collect();
+        let eligible: Vec<&Candidate> = candidates
+            .iter()
+            .filter(|c| c.available && c.weight > 0 && c.health > 0.0)
+            .collect();
         if eligible.is_empty() {
             return Plan::default();
         }
@@ -78,15 +81,31 @@ impl Selector for PowerOfTwo {
             (Some(slo), Some(p95)) => p95 <= slo,
             _ => true,
         };
-        let (inside, outside): (Vec<&Candidate>, Vec<&Candidate>) = eligible.iter().copied().partition(within_slo);
-        let (pick_from, outside_only) = if inside.is_empty() { (outside.clone(), true) } else { (inside.clone(), false) };
-        let mut costs: Vec<(usize, f64)> = eligible.iter().map(|c| (c.index, cost(c, signals.preference))).collect();
-        let cost_of = |i: usize, costs: &[(usize, f64)]| costs.iter().find(|(j, _)| *j == i).map(|x| x.1).unwrap_or(f64::INFINITY);
+        let (inside, outside): (Vec<&Candidate>, Vec<&Candidate>) =
+            eligible.iter().copied().partition(within_slo);
+        let (pick_from, outside_only) = if inside.is_empty() {
+            (outside.clone(), true)
+        } else {
+            (inside.clone(), false)
+        };
+        let mut costs: Vec<(usize, f64)> = eligible
+            .iter()
+            .map(|c| (c.index, cost(c, signals.preference)))
+            .collect();
+        let cost_of = |i: usize, costs: &[(usize, f64)]| {
+            costs
+                .iter()
+                .find(|(j, _)| *j == i)
+                .map(|x| x.1)
+                .unwrap_or(f64::INFINITY)
+        };
 
         let (primary, reason) = if let Some(key) = signals.affinity_key {
             let total: u32 = pick_from.iter().map(|c| c.in_flight).sum();
-            let bound = ((LOAD_BOUND * (total as f64 + 1.0) / pick_from.len() as f64).ceil() as u32).max(1);
-            let mut ranked: Vec<(f64, &Candidate)> = pick_from.iter().map(|c| (rendezvous(key, c), *c)).collect();
+            let bound =
+                ((LOAD_BOUND * (total as f64 + 1.0) / pick_from.len() as f64).ceil() as u32).max(1);
+            let mut ranked: Vec<(f64, &Candidate)> =
+                pick_from.iter().map(|c| (rendezvous(key, c), *c)).collect();
             ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.index.cmp(&b.1.index)));
             match ranked.iter().position(|(_, c)| c.in_flight < bound) {
                 Some(0) => (ranked[0].1.index, Reason::Affinity),
@@ -102,26 +121,51 @@ impl Selector for PowerOfTwo {
             if b >= a {
                 b += 1;
             }
-            let (ca, cb) = (cost_of(pick_from[a].index, &costs), cost_of(pick_from[b].index, &costs));
+            let (ca, cb) = (
+                cost_of(pick_from[a].index, &costs),
+                cost_of(pick_from[b].index, &costs),
+            );
             let pick = match ca.total_cmp(&cb) {
                 std::cmp::Ordering::Less => a,
                 std::cmp::Ordering::Greater => b,
-                std::cmp::Ordering::Equal => if pick_from[a].index < pick_from[b].index { a } else { b },
+                std::cmp::Ordering::Equal => {
+                    if pick_from[a].index < pick_from[b].index {
+                        a
+                    } else {
+                        b
+                    }
+                }
             };
             (pick_from[pick].index, Reason::PowerOfTwo)
         };
-        let reason = if outside_only { Reason::OutsideSlo } else { reason };
+        let reason = if outside_only {
+            Reason::OutsideSlo
+        } else {
+            reason
+        };
 
         // Fallbacks: within-SLO by cost, then outside-SLO by cost.
-        let mut first: Vec<(usize, f64)> = inside.iter().filter(|c| c.index != primary).map(|c| (c.index, cost_of(c.index, &costs))).collect();
-        let mut second: Vec<(usize, f64)> = outside.iter().filter(|c| c.index != primary).map(|c| (c.index, cost_of(c.index, &costs))).collect();
+        let mut first: Vec<(usize, f64)> = inside
+            .iter()
+            .filter(|c| c.index != primary)
+            .map(|c| (c.index, cost_of(c.index, &costs)))
+            .collect();
+        let mut second: Vec<(usize, f64)> = outside
+            .iter()
+            .filter(|c| c.index != primary)
+            .map(|c| (c.index, cost_of(c.index, &costs)))
+            .collect();
         first.sort_by(by_cost);
         second.sort_by(by_cost);
         let mut order = Vec::with_capacity(eligible.len());
         order.push(primary);
         order.extend(first.iter().chain(second.iter()).map(|x| x.0));
         costs.sort_by(by_cost);
-        Plan { order, reason, costs }
+        Plan {
+            order,
+            reason,
+            costs,
+        }
     }
 }
 
@@ -167,7 +211,9 @@ mod tests {
         let c = cands(5);
         let run = |seed| {
             let mut p = PowerOfTwo::new(Rng::new(seed));
-            (0..20).map(|_| p.plan(&c, &RequestSignals::default()).order[0]).collect::<Vec<_>>()
+            (0..20)
+                .map(|_| p.plan(&c, &RequestSignals::default()).order[0])
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
     }
@@ -179,9 +225,15 @@ mod tests {
         c[0].predicted_ttft_ms = 10.0; // fast but lower fidelity
         c[1].price = 10.0;
         let mut p = PowerOfTwo::new(Rng::new(5));
-        let hf = RequestSignals { preference: Preference::HighFidelity, ..Default::default() };
+        let hf = RequestSignals {
+            preference: Preference::HighFidelity,
+            ..Default::default()
+        };
         assert_eq!(p.plan(&c, &hf).order[0], 1);
-        let cheap = RequestSignals { preference: Preference::LowCost, ..Default::default() };
+        let cheap = RequestSignals {
+            preference: Preference::LowCost,
+            ..Default::default()
+        };
         assert_eq!(p.plan(&c, &cheap).order[0], 0);
     }
 
@@ -190,12 +242,19 @@ mod tests {
         let mut c = cands(3);
         c[0].p95_ttft_ms = Some(900.0);
         c[0].predicted_ttft_ms = 1.0; // cheapest, but outside the SLO
-        let s = RequestSignals { slo_ttft_p95_ms: Some(500.0), ..Default::default() };
+        let s = RequestSignals {
+            slo_ttft_p95_ms: Some(500.0),
+            ..Default::default()
+        };
         let mut p = PowerOfTwo::new(Rng::new(9));
         for _ in 0..50 {
             let plan = p.plan(&c, &s);
             assert_ne!(plan.order[0], 0);
-            assert_eq!(*plan.order.last().unwrap(), 0, "outside-SLO variants come last");
+            assert_eq!(
+                *plan.order.last().unwrap(),
+                0,
+                "outside-SLO variants come last"
+            );
         }
         c[1].p95_ttft_ms = Some(900.0);
         c[2].p95_ttft_ms = Some(900.0);
@@ -206,10 +265,17 @@ mod tests {
     fn sticky_while_healthy_moves_only_when_it_must() {
         let c = cands(4);
         let mut p = PowerOfTwo::new(Rng::new(1));
-        let key = |k: u64| RequestSignals { affinity_key: Some(mix(k)), ..Default::default() };
+        let key = |k: u64| RequestSignals {
+            affinity_key: Some(mix(k)),
+            ..Default::default()
+        };
         for k in 0..200 {
             let first = p.plan(&c, &key(k)).order[0];
-            assert_eq!(p.plan(&c, &key(k)).order[0], first, "same key, same variant");
+            assert_eq!(
+                p.plan(&c, &key(k)).order[0],
+                first,
+                "same key, same variant"
+            );
             // Ejecting another variant never moves this key.
             let mut d = c.clone();
             let other = (first + 1) % 4;

@@ -209,10 +209,15 @@ pub fn event_role(protocol: Protocol, ev: &SseEvent) -> EventRole {
                 "ping" => EventRole::KeepAlive,
                 "message_stop" => EventRole::Terminal,
                 _ => match serde_json::from_str::<Value>(&ev.data) {
-                    Ok(v) if name == "error" || v.get("type").and_then(Value::as_str) == Some("error") => {
+                    Ok(v)
+                        if name == "error"
+                            || v.get("type").and_then(Value::as_str) == Some("error") =>
+                    {
                         EventRole::Error(error_message(&v))
                     }
-                    Ok(_) if matches!(name, "content_block_delta" | "message_delta") => EventRole::Output,
+                    Ok(_) if matches!(name, "content_block_delta" | "message_delta") => {
+                        EventRole::Output
+                    }
                     Ok(_) => EventRole::Preamble,
                     Err(e) => EventRole::Malformed(format!("invalid JSON in `{name}` event: {e}")),
                 },
@@ -224,7 +229,9 @@ pub fn event_role(protocol: Protocol, ev: &SseEvent) -> EventRole {
 /// Whether an OpenAI chunk carries output: content, tool calls, a refusal, reasoning, completion
 /// text, a finish reason, or the final usage chunk.
 fn openai_chunk_has_output(v: &Value) -> bool {
-    let Some(choices) = v.get("choices").and_then(Value::as_array) else { return false };
+    let Some(choices) = v.get("choices").and_then(Value::as_array) else {
+        return false;
+    };
     if choices.is_empty() {
         return v.get("usage").is_some_and(|u| !u.is_null());
     }
@@ -257,14 +264,29 @@ mod tests {
 
     #[test]
     fn classifies_openai_events() {
-        assert_eq!(event_role(Protocol::OpenAi, &SseEvent::new(None, "[DONE]")), EventRole::Terminal);
+        assert_eq!(
+            event_role(Protocol::OpenAi, &SseEvent::new(None, "[DONE]")),
+            EventRole::Terminal
+        );
         let role_only = r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#;
-        assert_eq!(event_role(Protocol::OpenAi, &SseEvent::new(None, role_only)), EventRole::Preamble);
+        assert_eq!(
+            event_role(Protocol::OpenAi, &SseEvent::new(None, role_only)),
+            EventRole::Preamble
+        );
         let text = r#"{"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}"#;
-        assert_eq!(event_role(Protocol::OpenAi, &SseEvent::new(None, text)), EventRole::Output);
-        assert!(matches!(event_role(Protocol::OpenAi, &SseEvent::new(None, "{oops")), EventRole::Malformed(_)));
+        assert_eq!(
+            event_role(Protocol::OpenAi, &SseEvent::new(None, text)),
+            EventRole::Output
+        );
+        assert!(matches!(
+            event_role(Protocol::OpenAi, &SseEvent::new(None, "{oops")),
+            EventRole::Malformed(_)
+        ));
         let err = stream_error_event(Protocol::OpenAi, ErrorKind::BadGateway, "boom");
-        assert_eq!(event_role(Protocol::OpenAi, &err), EventRole::Error("boom".into()));
+        assert_eq!(
+            event_role(Protocol::OpenAi, &err),
+            EventRole::Error("boom".into())
+        );
     }
 
     #[test]
@@ -273,12 +295,18 @@ mod tests {
         assert_eq!(event_role(Protocol::Anthropic, &stop), EventRole::Terminal);
         let start = SseEvent::new(Some("message_start"), "{\"type\":\"message_start\"}");
         assert_eq!(event_role(Protocol::Anthropic, &start), EventRole::Preamble);
-        let delta = SseEvent::new(Some("content_block_delta"), "{\"type\":\"content_block_delta\"}");
+        let delta = SseEvent::new(
+            Some("content_block_delta"),
+            "{\"type\":\"content_block_delta\"}",
+        );
         assert_eq!(event_role(Protocol::Anthropic, &delta), EventRole::Output);
         let ping = SseEvent::new(Some("ping"), "{\"type\":\"ping\"}");
         assert_eq!(event_role(Protocol::Anthropic, &ping), EventRole::KeepAlive);
         let err = stream_error_event(Protocol::Anthropic, ErrorKind::Overloaded, "busy");
-        assert_eq!(event_role(Protocol::Anthropic, &err), EventRole::Error("busy".into()));
+        assert_eq!(
+            event_role(Protocol::Anthropic, &err),
+            EventRole::Error("busy".into())
+        );
     }
 
     #[test]

@@ -20,7 +20,10 @@ pub struct RequestError {
 
 impl RequestError {
     pub fn invalid(message: impl Into<String>) -> Self {
-        RequestError { kind: ErrorKind::InvalidRequest, message: message.into() }
+        RequestError {
+            kind: ErrorKind::InvalidRequest,
+            message: message.into(),
+        }
     }
 }
 
@@ -45,10 +48,15 @@ pub struct CanonicalRequest {
 /// Parses and validates a request body for `endpoint`.
 pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<CanonicalRequest, RequestError> {
     let text = std::str::from_utf8(bytes).map_err(|e| {
-        RequestError::invalid(format!("request body is not valid UTF-8 (invalid byte at offset {})", e.valid_up_to()))
+        RequestError::invalid(format!(
+            "request body is not valid UTF-8 (invalid byte at offset {})",
+            e.valid_up_to()
+        ))
     })?;
     if text.trim().is_empty() {
-        return Err(RequestError::invalid("request body is empty; expected a JSON object"));
+        return Err(RequestError::invalid(
+            "request body is empty; expected a JSON object",
+        ));
     }
     let value: Value = serde_json::from_str(text).map_err(|e| {
         RequestError::invalid(format!(
@@ -81,17 +89,23 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<CanonicalRequest, Reque
                 Some(Value::Array(msgs)) if !msgs.is_empty() => {
                     for (i, m) in msgs.iter().enumerate() {
                         let Some(obj) = m.as_object() else {
-                            return Err(RequestError::invalid(format!("`messages[{i}]` must be an object")));
+                            return Err(RequestError::invalid(format!(
+                                "`messages[{i}]` must be an object"
+                            )));
                         };
                         if !obj.get("role").is_some_and(Value::is_string) {
-                            return Err(RequestError::invalid(format!("missing required field `messages[{i}].role`")));
+                            return Err(RequestError::invalid(format!(
+                                "missing required field `messages[{i}].role`"
+                            )));
                         }
                         if let Some(c) = obj.get("content") {
                             push_content_text(c, &mut input_text);
                         }
                     }
                 }
-                Some(Value::Array(_)) => return Err(RequestError::invalid("`messages` must not be empty")),
+                Some(Value::Array(_)) => {
+                    return Err(RequestError::invalid("`messages` must not be empty"))
+                }
                 Some(_) => return Err(RequestError::invalid("`messages` must be an array")),
                 None => return Err(RequestError::invalid("missing required field `messages`")),
             }
@@ -106,21 +120,31 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<CanonicalRequest, Reque
                     input_text.push_str(p.as_str().unwrap_or_default());
                 }
             }
-            Some(_) => return Err(RequestError::invalid("`prompt` must be a string or an array of strings")),
+            Some(_) => {
+                return Err(RequestError::invalid(
+                    "`prompt` must be a string or an array of strings",
+                ))
+            }
             None => return Err(RequestError::invalid("missing required field `prompt`")),
         },
     }
 
     let max_tokens = match endpoint {
         Endpoint::Messages => match body.get("max_tokens") {
-            Some(v) => Some(v.as_u64().ok_or_else(|| RequestError::invalid("`max_tokens` must be a non-negative integer"))?),
+            Some(v) => Some(v.as_u64().ok_or_else(|| {
+                RequestError::invalid("`max_tokens` must be a non-negative integer")
+            })?),
             None => return Err(RequestError::invalid("missing required field `max_tokens`")),
         },
         _ => {
-            let v = body.get("max_completion_tokens").or_else(|| body.get("max_tokens"));
+            let v = body
+                .get("max_completion_tokens")
+                .or_else(|| body.get("max_tokens"));
             match v {
                 None | Some(Value::Null) => None,
-                Some(v) => Some(v.as_u64().ok_or_else(|| RequestError::invalid("`max_tokens` must be a non-negative integer"))?),
+                Some(v) => Some(v.as_u64().ok_or_else(|| {
+                    RequestError::invalid("`max_tokens` must be a non-negative integer")
+                })?),
             }
         }
     };
@@ -128,7 +152,11 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<CanonicalRequest, Reque
     let session = body
         .get("user")
         .and_then(Value::as_str)
-        .or_else(|| body.get("metadata").and_then(|m| m.get("user_id")).and_then(Value::as_str))
+        .or_else(|| {
+            body.get("metadata")
+                .and_then(|m| m.get("user_id"))
+                .and_then(Value::as_str)
+        })
         .map(str::to_owned);
 
     Ok(CanonicalRequest {
@@ -190,11 +218,20 @@ impl CanonicalRequest {
         match self.endpoint {
             Endpoint::Completions => match self.body.get("prompt") {
                 Some(Value::String(p)) => push_text(p, &mut text),
-                Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).for_each(|p| push_text(p, &mut text)),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .for_each(|p| push_text(p, &mut text)),
                 _ => {}
             },
             _ => {
-                for m in self.body.get("messages").and_then(Value::as_array).into_iter().flatten() {
+                for m in self
+                    .body
+                    .get("messages")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
                     if let Some(c) = m.get("content") {
                         push_content_text(c, &mut text);
                     }
@@ -208,12 +245,17 @@ impl CanonicalRequest {
         if pieces.len() < PREFIX_KEY_TOKENS {
             return None;
         }
-        Some(crate::rng::hash_bytes(0x7072_6566, pieces[..PREFIX_KEY_TOKENS].concat().as_bytes()))
+        Some(crate::rng::hash_bytes(
+            0x7072_6566,
+            pieces[..PREFIX_KEY_TOKENS].concat().as_bytes(),
+        ))
     }
 
     /// Session-affinity key (see [`CanonicalRequest::session`]).
     pub fn session_key(&self) -> Option<u64> {
-        self.session.as_ref().map(|s| crate::rng::hash_bytes(0x7365_7373, s.as_bytes()))
+        self.session
+            .as_ref()
+            .map(|s| crate::rng::hash_bytes(0x7365_7373, s.as_bytes()))
     }
 }
 
@@ -263,13 +305,25 @@ impl serde::Serialize for UpstreamBody<'_> {
 
 impl CanonicalRequest {
     /// A serializable view of the body for one variant (see [`UpstreamBody`]).
-    pub fn upstream_view<'a>(&'a self, upstream_model: &'a str, params: &'a Map<String, Value>) -> UpstreamBody<'a> {
-        UpstreamBody { req: self, upstream_model, params }
+    pub fn upstream_view<'a>(
+        &'a self,
+        upstream_model: &'a str,
+        params: &'a Map<String, Value>,
+    ) -> UpstreamBody<'a> {
+        UpstreamBody {
+            req: self,
+            upstream_model,
+            params,
+        }
     }
 
     /// The body to send to one variant: the client's body with the upstream model name and the
     /// variant's parameter overrides applied.
-    pub fn upstream_body(&self, upstream_model: &str, params: &Map<String, Value>) -> Map<String, Value> {
+    pub fn upstream_body(
+        &self,
+        upstream_model: &str,
+        params: &Map<String, Value>,
+    ) -> Map<String, Value> {
         let mut body = self.body.clone();
         body.insert("model".into(), Value::String(upstream_model.to_owned()));
         for (k, v) in params {
@@ -292,15 +346,27 @@ mod tests {
 
     #[test]
     fn reports_json_position() {
-        let e = parse(Endpoint::ChatCompletions, b"{\n  \"model\": \"x\",\n  oops\n}").unwrap_err();
+        let e = parse(
+            Endpoint::ChatCompletions,
+            b"{\n  \"model\": \"x\",\n  oops\n}",
+        )
+        .unwrap_err();
         assert!(e.message.contains("line 3 column 3"), "{}", e.message);
     }
 
     #[test]
     fn names_missing_fields() {
-        let e = parse(Endpoint::Messages, br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap_err();
+        let e = parse(
+            Endpoint::Messages,
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap_err();
         assert_eq!(e.message, "missing required field `max_tokens`");
-        let e = parse(Endpoint::ChatCompletions, br#"{"messages":[{"role":"user","content":"hi"}]}"#).unwrap_err();
+        let e = parse(
+            Endpoint::ChatCompletions,
+            br#"{"messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap_err();
         assert_eq!(e.message, "missing required field `model`");
         let e = parse(Endpoint::ChatCompletions, br#"{"model":"m"}"#).unwrap_err();
         assert_eq!(e.message, "missing required field `messages`");
@@ -317,7 +383,11 @@ mod tests {
         };
         assert_eq!(mk("first").prefix_key(), mk("second").prefix_key());
         assert!(mk("x").prefix_key().is_some());
-        let short = parse(Endpoint::ChatCompletions, br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        let short = parse(
+            Endpoint::ChatCompletions,
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap();
         assert_eq!(short.prefix_key(), None);
     }
 
@@ -335,7 +405,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.session.as_deref(), Some("u1"));
-        let params = json!({"max_tokens": 100, "temperature": 0}).as_object().unwrap().clone();
+        let params = json!({"max_tokens": 100, "temperature": 0})
+            .as_object()
+            .unwrap()
+            .clone();
         let b = r.upstream_body("real-model", &params);
         assert_eq!(b["model"], "real-model");
         assert_eq!(b["max_tokens"], 100);

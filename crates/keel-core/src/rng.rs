@@ -60,8 +60,14 @@ mod tests {
 
     #[test]
     fn seeded_sequences_repeat() {
-        let a: Vec<u64> = { let mut r = Rng::new(7); (0..4).map(|_| r.next_u64()).collect() };
-        let b: Vec<u64> = { let mut r = Rng::new(7); (0..4).map(|_| r.next_u64()).collect() };
+        let a: Vec<u64> = {
+            let mut r = Rng::new(7);
+            (0..4).map(|_| r.next_u64()).collect()
+        };
+        let b: Vec<u64> = {
+            let mut r = Rng::new(7);
+            (0..4).map(|_| r.next_u64()).collect()
+        };
         assert_eq!(a, b);
         assert_eq!(hash_bytes(1, b"abc"), hash_bytes(1, b"abc"));
         assert_ne!(hash_bytes(1, b"abc"), hash_bytes(2, b"abc"));

@@ -168,7 +168,10 @@ impl Selector for WeightedRoundRobin {
         if self.current.len() < max_index {
             self.current.resize(max_index, 0);
         }
-        let live: Vec<&Candidate> = candidates.iter().filter(|c| c.available && c.weight > 0).collect();
+        let live: Vec<&Candidate> = candidates
+            .iter()
+            .filter(|c| c.available && c.weight > 0)
+            .collect();
         if live.is_empty() {
             return Plan::default();
         }
@@ -186,7 +189,11 @@ impl Selector for WeightedRoundRobin {
         let mut order = Vec::with_capacity(rest.len() + 1);
         order.push(best);
         order.extend(rest.iter().map(|c| c.index));
-        Plan { order, reason: Reason::RoundRobin, costs: Vec::new() }
+        Plan {
+            order,
+            reason: Reason::RoundRobin,
+            costs: Vec::new(),
+        }
     }
 }
 
@@ -231,14 +238,20 @@ mod tests {
     use super::*;
 
     fn cands(weights: &[u32]) -> Vec<Candidate> {
-        weights.iter().enumerate().map(|(i, &w)| Candidate::plain(i, w, true)).collect()
+        weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| Candidate::plain(i, w, true))
+            .collect()
     }
 
     #[test]
     fn smooth_sequence_matches_nginx() {
         let mut s = WeightedRoundRobin::new();
         let c = cands(&[5, 1, 1]);
-        let picks: Vec<usize> = (0..7).map(|_| s.plan(&c, &RequestSignals::default()).order[0]).collect();
+        let picks: Vec<usize> = (0..7)
+            .map(|_| s.plan(&c, &RequestSignals::default()).order[0])
+            .collect();
         assert_eq!(picks, vec![0, 0, 1, 0, 2, 0, 0]);
     }
 

@@ -40,7 +40,12 @@ impl SseEvent {
             raw.push(b'\n');
         }
         raw.push(b'\n');
-        SseEvent { event: event.map(str::to_owned), data: data.to_owned(), comment_only: false, raw }
+        SseEvent {
+            event: event.map(str::to_owned),
+            data: data.to_owned(),
+            comment_only: false,
+            raw,
+        }
     }
 
     /// A comment block (`: text`), ignored by every SSE parser; keel reports late decisions this way.
@@ -64,7 +69,10 @@ impl fmt::Display for SseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SseError::Truncated { pending_bytes } => {
-                write!(f, "stream ended inside an event ({pending_bytes} bytes without a blank line)")
+                write!(
+                    f,
+                    "stream ended inside an event ({pending_bytes} bytes without a blank line)"
+                )
             }
             SseError::UnknownField { line } => write!(f, "unknown SSE field line: {line:?}"),
             SseError::NotUtf8 => write!(f, "SSE event is not valid UTF-8"),
@@ -143,7 +151,9 @@ impl SseDecoder {
         if self.dispatch_pending || self.block.iter().all(|b| *b == b'\n' || *b == b'\r') {
             Ok(())
         } else {
-            Err(SseError::Truncated { pending_bytes: self.block.len() })
+            Err(SseError::Truncated {
+                pending_bytes: self.block.len(),
+            })
         }
     }
 
@@ -165,7 +175,11 @@ impl SseDecoder {
                 None => self.data = Some(value.to_owned()),
             },
             "id" | "retry" => {}
-            _ => return Err(SseError::UnknownField { line: line.to_owned() }),
+            _ => {
+                return Err(SseError::UnknownField {
+                    line: line.to_owned(),
+                })
+            }
         }
         self.saw_field = true;
         Ok(())
@@ -232,7 +246,10 @@ mod tests {
 
     #[test]
     fn unknown_field_is_reported() {
-        assert!(matches!(decode_all(b"bogus line\n\n"), Err(SseError::UnknownField { .. })));
+        assert!(matches!(
+            decode_all(b"bogus line\n\n"),
+            Err(SseError::UnknownField { .. })
+        ));
     }
 
     #[test]

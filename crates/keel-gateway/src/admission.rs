@@ -31,9 +31,18 @@ fn header<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
 }
 
 /// Reads the body within the size limit.
-pub async fn read_body(parts: &Parts, body: Incoming, limit: usize) -> Result<bytes::Bytes, GatewayError> {
+pub async fn read_body(
+    parts: &Parts,
+    body: Incoming,
+    limit: usize,
+) -> Result<bytes::Bytes, GatewayError> {
     if let Some(ct) = header(parts, "content-type") {
-        let essence = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        let essence = ct
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
         if essence != "application/json" && !essence.ends_with("+json") {
             return Err(GatewayError::new(
                 ErrorKind::UnsupportedMediaType,
@@ -48,17 +57,35 @@ pub async fn read_body(parts: &Parts, body: Incoming, limit: usize) -> Result<by
     }
     match Limited::new(body, limit).collect().await {
         Ok(b) => Ok(b.to_bytes()),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large(limit)),
-        Err(e) => Err(GatewayError::new(ErrorKind::InvalidRequest, format!("could not read the request body: {e}"))),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(too_large(limit))
+        }
+        Err(e) => Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!("could not read the request body: {e}"),
+        )),
     }
 }
 
 fn too_large(limit: usize) -> GatewayError {
-    GatewayError::new(ErrorKind::TooLarge, format!("request body exceeds the limit of {limit} bytes"))
+    GatewayError::new(
+        ErrorKind::TooLarge,
+        format!("request body exceeds the limit of {limit} bytes"),
+    )
 }
 
 /// Stage 0 for a generation endpoint.
-pub async fn admit(gw: &Gateway, endpoint: Endpoint, parts: &Parts, body: Incoming, id: &str, started: Instant) -> Result<Admitted, GatewayError> {
+pub async fn admit(
+    gw: &Gateway,
+    endpoint: Endpoint,
+    parts: &Parts,
+    body: Incoming,
+    id: &str,
+    started: Instant,
+) -> Result<Admitted, GatewayError> {
     let bytes = read_body(parts, body, gw.cfg.max_body_bytes).await?;
     let mut req = request::parse(endpoint, &bytes)?;
     if let Some(s) = header(parts, "x-keel-session") {
@@ -67,7 +94,11 @@ pub async fn admit(gw: &Gateway, endpoint: Endpoint, parts: &Parts, body: Incomi
     let pool = gw.pool(&req.model).ok_or_else(|| {
         GatewayError::new(
             ErrorKind::NotFound,
-            format!("model `{}` is not served here; known models: {}", req.model, gw.model_names().join(", ")),
+            format!(
+                "model `{}` is not served here; known models: {}",
+                req.model,
+                gw.model_names().join(", ")
+            ),
         )
     })?;
     // count_tokens on an OpenAI pool is answered locally (see server), so it is allowed here.
@@ -85,7 +116,10 @@ pub async fn admit(gw: &Gateway, endpoint: Endpoint, parts: &Parts, body: Incomi
     let mut total = Duration::from_millis(pool.cfg.timeouts.total_ms);
     if let Some(v) = header(parts, "x-keel-timeout-ms") {
         let ms: u64 = v.trim().parse().ok().filter(|ms| *ms > 0).ok_or_else(|| {
-            GatewayError::new(ErrorKind::InvalidRequest, format!("x-keel-timeout-ms must be a positive integer of milliseconds, got `{v}`"))
+            GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!("x-keel-timeout-ms must be a positive integer of milliseconds, got `{v}`"),
+            )
         })?;
         total = total.min(Duration::from_millis(ms));
     }
@@ -102,14 +136,30 @@ pub async fn admit(gw: &Gateway, endpoint: Endpoint, parts: &Parts, body: Incomi
     let preference = match header(parts, "x-keel-preference") {
         None => Preference::default(),
         Some(v) => Preference::parse(v.trim()).ok_or_else(|| {
-            GatewayError::new(ErrorKind::InvalidRequest, format!("x-keel-preference must be low-latency, high-fidelity or low-cost, got `{v}`"))
+            GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "x-keel-preference must be low-latency, high-fidelity or low-cost, got `{v}`"
+                ),
+            )
         })?,
     };
     let min_tier = match header(parts, "x-keel-min-tier") {
         None => None,
-        Some(v) => Some(v.trim().parse::<u8>().ok().filter(|t| *t >= 1).ok_or_else(|| {
-            GatewayError::new(ErrorKind::InvalidRequest, format!("x-keel-min-tier must be a tier number (1 = best fidelity), got `{v}`"))
-        })?),
+        Some(v) => Some(
+            v.trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|t| *t >= 1)
+                .ok_or_else(|| {
+                    GatewayError::new(
+                        ErrorKind::InvalidRequest,
+                        format!(
+                            "x-keel-min-tier must be a tier number (1 = best fidelity), got `{v}`"
+                        ),
+                    )
+                })?,
+        ),
     };
     let ctx = RequestCtx {
         preference,
@@ -121,5 +171,9 @@ pub async fn admit(gw: &Gateway, endpoint: Endpoint, parts: &Parts, body: Incomi
         deadline: started + total,
         force_variant,
     };
-    Ok(Admitted { req, pool: pool.clone(), ctx })
+    Ok(Admitted {
+        req,
+        pool: pool.clone(),
+        ctx,
+    })
 }

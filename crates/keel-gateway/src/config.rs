@@ -35,7 +35,12 @@ pub struct Timeouts {
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts { connect_ms: 1_000, first_token_ms: 15_000, stall_ms: 10_000, total_ms: 600_000 }
+        Timeouts {
+            connect_ms: 1_000,
+            first_token_ms: 15_000,
+            stall_ms: 10_000,
+            total_ms: 600_000,
+        }
     }
 }
 
@@ -148,9 +153,19 @@ impl RawHealth {
     fn build(&self) -> Result<(HealthConfig, u64), String> {
         let d = HealthConfig::default();
         let band = |name: &str, b: Band, w: Option<f64>, s: Option<f64>| -> Result<Band, String> {
-            let band = Band { warn: w.unwrap_or(b.warn), severe: s.unwrap_or(b.severe) };
-            if !(band.warn.is_finite() && band.severe.is_finite() && band.warn >= 0.0 && band.severe > band.warn) {
-                return Err(format!("{name}_severe: must be greater than {name}_warn (got warn {}, severe {})", band.warn, band.severe));
+            let band = Band {
+                warn: w.unwrap_or(b.warn),
+                severe: s.unwrap_or(b.severe),
+            };
+            if !(band.warn.is_finite()
+                && band.severe.is_finite()
+                && band.warn >= 0.0
+                && band.severe > band.warn)
+            {
+                return Err(format!(
+                    "{name}_severe: must be greater than {name}_warn (got warn {}, severe {})",
+                    band.warn, band.severe
+                ));
             }
             Ok(band)
         };
@@ -158,13 +173,36 @@ impl RawHealth {
             decay_ms: self.decay_ms.unwrap_or(d.decay_ms).max(1.0),
             error_decay_ms: self.error_decay_ms.unwrap_or(d.error_decay_ms).max(1.0),
             baseline_decay_ms: d.baseline_decay_ms,
-            ttft_ratio: band("ttft_ratio", d.ttft_ratio, self.ttft_ratio_warn, self.ttft_ratio_severe)?,
-            tgsv_ratio: band("tgsv_ratio", d.tgsv_ratio, self.tgsv_ratio_warn, self.tgsv_ratio_severe)?,
-            error_rate: band("error_rate", d.error_rate, self.error_rate_warn, self.error_rate_severe)?,
-            kv_usage: band("kv_usage", d.kv_usage, self.kv_usage_warn, self.kv_usage_severe)?,
+            ttft_ratio: band(
+                "ttft_ratio",
+                d.ttft_ratio,
+                self.ttft_ratio_warn,
+                self.ttft_ratio_severe,
+            )?,
+            tgsv_ratio: band(
+                "tgsv_ratio",
+                d.tgsv_ratio,
+                self.tgsv_ratio_warn,
+                self.tgsv_ratio_severe,
+            )?,
+            error_rate: band(
+                "error_rate",
+                d.error_rate,
+                self.error_rate_warn,
+                self.error_rate_severe,
+            )?,
+            kv_usage: band(
+                "kv_usage",
+                d.kv_usage,
+                self.kv_usage_warn,
+                self.kv_usage_severe,
+            )?,
             waiting: band("waiting", d.waiting, self.waiting_warn, self.waiting_severe)?,
             eject_after_ms: self.eject_after_ms.unwrap_or(d.eject_after_ms),
-            probe_interval_ms: self.probe_interval_ms.unwrap_or(d.probe_interval_ms).max(50),
+            probe_interval_ms: self
+                .probe_interval_ms
+                .unwrap_or(d.probe_interval_ms)
+                .max(50),
             slow_start_ms: self.slow_start_ms.unwrap_or(d.slow_start_ms),
             prewarm_requests: self.prewarm_requests.unwrap_or(d.prewarm_requests),
         };
@@ -327,13 +365,18 @@ fn position(text: &str, offset: usize) -> (usize, usize) {
 impl Config {
     /// Reads and validates a file.
     pub fn load(path: &str) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError(format!("{path}: cannot read: {e}")))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("{path}: cannot read: {e}")))?;
         let env: HashMap<String, String> = std::env::vars().collect();
         Config::parse(&text, path, &env)
     }
 
     /// Parses TOML text; `origin` names the file in errors; `env` resolves `${VAR}`.
-    pub fn parse(text: &str, origin: &str, env: &HashMap<String, String>) -> Result<Config, ConfigError> {
+    pub fn parse(
+        text: &str,
+        origin: &str,
+        env: &HashMap<String, String>,
+    ) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let at = e.span().map(|s| position(text, s.start));
             let msg = e.message().trim().to_owned();
@@ -346,13 +389,17 @@ impl Config {
         // `offset`, else at the table's header.
         let err_at = |offset: usize, field: String, what: String| {
             let key = field.rsplit('.').next().unwrap_or("");
-            let table_end = text[offset..].find("\n[").map(|i| offset + i).unwrap_or(text.len());
+            let table_end = text[offset..]
+                .find("\n[")
+                .map(|i| offset + i)
+                .unwrap_or(text.len());
             let at = text[offset..table_end]
                 .match_indices(key)
                 .map(|(i, _)| offset + i)
                 .find(|&i| {
                     let line_start = text[..i].rfind('\n').map(|n| n + 1).unwrap_or(0);
-                    text[line_start..i].trim().is_empty() && text[i + key.len()..].trim_start().starts_with('=')
+                    text[line_start..i].trim().is_empty()
+                        && text[i + key.len()..].trim_start().starts_with('=')
                 })
                 .unwrap_or(offset);
             let (l, c) = position(text, at);
@@ -361,7 +408,14 @@ impl Config {
 
         let listen = match &raw.listen {
             Some(l) => l.get_ref().parse().map_err(|_| {
-                err_at(l.span().start, "listen".into(), format!("expected an address such as \"127.0.0.1:8080\", got {:?}", l.get_ref()))
+                err_at(
+                    l.span().start,
+                    "listen".into(),
+                    format!(
+                        "expected an address such as \"127.0.0.1:8080\", got {:?}",
+                        l.get_ref()
+                    ),
+                )
             })?,
             None => SocketAddr::from(([127, 0, 0, 1], 8080)),
         };
@@ -371,16 +425,23 @@ impl Config {
         if let Some(b) = &raw.retry_budget {
             budget.ratio = b.ratio.unwrap_or(budget.ratio);
             budget.window_ms = b.window_ms.unwrap_or(budget.window_ms);
-            budget.min_retries_per_sec = b.min_retries_per_sec.unwrap_or(budget.min_retries_per_sec);
+            budget.min_retries_per_sec =
+                b.min_retries_per_sec.unwrap_or(budget.min_retries_per_sec);
             if !(0.0..=10.0).contains(&budget.ratio) {
-                return Err(ConfigError(format!("{origin}: retry_budget.ratio: expected a number between 0 and 10")));
+                return Err(ConfigError(format!(
+                    "{origin}: retry_budget.ratio: expected a number between 0 and 10"
+                )));
             }
             if budget.window_ms < 1000 {
-                return Err(ConfigError(format!("{origin}: retry_budget.window_ms: expected at least 1000")));
+                return Err(ConfigError(format!(
+                    "{origin}: retry_budget.window_ms: expected at least 1000"
+                )));
             }
         }
         if raw.pools.is_empty() {
-            return Err(ConfigError(format!("{origin}: pools: at least one [[pools]] table is required")));
+            return Err(ConfigError(format!(
+                "{origin}: pools: at least one [[pools]] table is required"
+            )));
         }
 
         let mut warnings = Vec::new();
@@ -395,41 +456,79 @@ impl Config {
             }
             for n in std::iter::once(&p.name).chain(p.aliases.iter()) {
                 if let Some(other) = names.insert(n.clone(), pi) {
-                    return Err(err_at(at, field("name"), format!("model name `{n}` is already used by pools[{other}]")));
+                    return Err(err_at(
+                        at,
+                        field("name"),
+                        format!("model name `{n}` is already used by pools[{other}]"),
+                    ));
                 }
             }
-            let flat = RawTimeouts { connect_ms: p.connect_ms, first_token_ms: p.first_token_ms, stall_ms: p.stall_ms, total_ms: p.total_ms };
+            let flat = RawTimeouts {
+                connect_ms: p.connect_ms,
+                first_token_ms: p.first_token_ms,
+                stall_ms: p.stall_ms,
+                total_ms: p.total_ms,
+            };
             let timeouts = flat.over(p.timeouts.over(base_timeouts));
-            for (n, v) in [("connect_ms", timeouts.connect_ms), ("first_token_ms", timeouts.first_token_ms), ("stall_ms", timeouts.stall_ms), ("total_ms", timeouts.total_ms)] {
+            for (n, v) in [
+                ("connect_ms", timeouts.connect_ms),
+                ("first_token_ms", timeouts.first_token_ms),
+                ("stall_ms", timeouts.stall_ms),
+                ("total_ms", timeouts.total_ms),
+            ] {
                 if v == 0 {
                     return Err(err_at(at, field(n), "must be greater than 0".into()));
                 }
             }
             let max_attempts = p.max_attempts.unwrap_or(default_attempts);
             if max_attempts == 0 {
-                return Err(err_at(at, field("max_attempts"), "must be at least 1".into()));
+                return Err(err_at(
+                    at,
+                    field("max_attempts"),
+                    "must be at least 1".into(),
+                ));
             }
             if p.variants.is_empty() {
-                return Err(err_at(at, field("variants"), "at least one [[pools.variants]] table is required".into()));
+                return Err(err_at(
+                    at,
+                    field("variants"),
+                    "at least one [[pools.variants]] table is required".into(),
+                ));
             }
             let mut variants: Vec<VariantConfig> = Vec::new();
             for (vi, sv) in p.variants.iter().enumerate() {
                 let v = sv.get_ref();
                 let vat = sv.span().start;
                 let vfield = |f: &str| format!("pools[{pi}].variants[{vi}].{f}");
-                let interp = |f: &str, s: &str| interpolate(s, env).map_err(|var| {
-                    err_at(vat, vfield(f), format!("environment variable `{var}` is not set"))
-                });
+                let interp = |f: &str, s: &str| {
+                    interpolate(s, env).map_err(|var| {
+                        err_at(
+                            vat,
+                            vfield(f),
+                            format!("environment variable `{var}` is not set"),
+                        )
+                    })
+                };
                 if v.name.is_empty() {
                     return Err(err_at(vat, vfield("name"), "must not be empty".into()));
                 }
                 if variants.iter().any(|o| o.name == v.name) {
-                    return Err(err_at(vat, vfield("name"), format!("variant name `{}` is used twice in this pool", v.name)));
+                    return Err(err_at(
+                        vat,
+                        vfield("name"),
+                        format!("variant name `{}` is used twice in this pool", v.name),
+                    ));
                 }
                 let protocol = Protocol::from(v.protocol);
                 let mut url = interp("url", &v.url)?.trim_end_matches('/').to_owned();
-                if !(url.starts_with("http://") || url.starts_with("https://")) || url.parse::<http::Uri>().is_err() {
-                    return Err(err_at(vat, vfield("url"), format!("expected an http:// or https:// base URL, got {:?}", v.url)));
+                if !(url.starts_with("http://") || url.starts_with("https://"))
+                    || url.parse::<http::Uri>().is_err()
+                {
+                    return Err(err_at(
+                        vat,
+                        vfield("url"),
+                        format!("expected an http:// or https:// base URL, got {:?}", v.url),
+                    ));
                 }
                 if protocol == Protocol::Anthropic && url.ends_with("/v1") {
                     // The Anthropic SDK's base URL has no /v1; accept the common slip.
@@ -443,12 +542,22 @@ impl Config {
                 };
                 let tier = v.tier.unwrap_or(1);
                 if tier == 0 {
-                    return Err(err_at(vat, vfield("tier"), "expected 1 (best fidelity) or more".into()));
+                    return Err(err_at(
+                        vat,
+                        vfield("tier"),
+                        "expected 1 (best fidelity) or more".into(),
+                    ));
                 }
                 let weight = v.weight.unwrap_or(1);
                 let params = match serde_json::to_value(&v.params) {
                     Ok(Value::Object(m)) => m,
-                    _ => return Err(err_at(vat, vfield("params"), "expected a table of request fields".into())),
+                    _ => {
+                        return Err(err_at(
+                            vat,
+                            vfield("params"),
+                            "expected a table of request fields".into(),
+                        ))
+                    }
                 };
                 let resume = v.resume.unwrap_or(ResumeMode::Prefill);
                 variants.push(VariantConfig {
@@ -468,14 +577,24 @@ impl Config {
                         None => keel_core::continuation::default_prefill_fields(),
                         Some(t) => match serde_json::to_value(t) {
                             Ok(Value::Object(m)) => m,
-                            _ => return Err(err_at(vat, vfield("continuation_fields"), "expected a table of request fields".into())),
+                            _ => {
+                                return Err(err_at(
+                                    vat,
+                                    vfield("continuation_fields"),
+                                    "expected a table of request fields".into(),
+                                ))
+                            }
                         },
                     },
                     metrics_url: match &v.metrics_url {
                         Some(u) => {
                             let u = interp("metrics_url", u)?;
                             if !(u.starts_with("http://") || u.starts_with("https://")) {
-                                return Err(err_at(vat, vfield("metrics_url"), format!("expected an http:// or https:// URL, got {u:?}")));
+                                return Err(err_at(
+                                    vat,
+                                    vfield("metrics_url"),
+                                    format!("expected an http:// or https:// URL, got {u:?}"),
+                                ));
                             }
                             Some(u)
                         }
@@ -484,7 +603,11 @@ impl Config {
                 });
             }
             let protocol = variants[0].protocol;
-            if let Some((vi, other)) = variants.iter().enumerate().find(|(_, v)| v.protocol != protocol) {
+            if let Some((vi, other)) = variants
+                .iter()
+                .enumerate()
+                .find(|(_, v)| v.protocol != protocol)
+            {
                 return Err(err_at(
                     p.variants[vi].span().start,
                     format!("pools[{pi}].variants[{vi}].protocol"),
@@ -496,30 +619,57 @@ impl Config {
                 ));
             }
             if variants.iter().all(|v| v.weight == 0) {
-                return Err(err_at(at, field("variants"), "every variant has weight 0; at least one must take traffic".into()));
+                return Err(err_at(
+                    at,
+                    field("variants"),
+                    "every variant has weight 0; at least one must take traffic".into(),
+                ));
             }
             let policy = p.policy.clone().unwrap_or_else(|| "p2c".into());
             if !matches!(policy.as_str(), "p2c" | "round_robin") {
-                return Err(err_at(at, field("policy"), format!("expected `p2c` or `round_robin`, got `{policy}`")));
+                return Err(err_at(
+                    at,
+                    field("policy"),
+                    format!("expected `p2c` or `round_robin`, got `{policy}`"),
+                ));
             }
             let affinity = match p.affinity.as_deref().unwrap_or("none") {
                 "none" => Affinity::None,
                 "session" => Affinity::Session,
                 "prefix" => Affinity::Prefix,
-                other => return Err(err_at(at, field("affinity"), format!("expected `none`, `session` or `prefix`, got `{other}`"))),
+                other => {
+                    return Err(err_at(
+                        at,
+                        field("affinity"),
+                        format!("expected `none`, `session` or `prefix`, got `{other}`"),
+                    ))
+                }
             };
-            let (health, scrape_interval_ms) = p.health.build().map_err(|e| err_at(at, field(&format!("health.{e}")), String::new()))
+            let (health, scrape_interval_ms) = p
+                .health
+                .build()
+                .map_err(|e| err_at(at, field(&format!("health.{e}")), String::new()))
                 .map_err(|e| ConfigError(e.0.trim_end_matches(": ").to_owned()))?;
             let hedge = match &p.hedge {
                 None => Hedge::Auto,
                 Some(toml::Value::String(s)) if s == "auto" => Hedge::Auto,
                 Some(toml::Value::String(s)) if s == "off" => Hedge::Off,
                 Some(toml::Value::Integer(ms)) if *ms > 0 => Hedge::AfterMs(*ms as u64),
-                Some(other) => return Err(err_at(at, field("hedge"), format!("expected \"auto\", \"off\" or a delay in ms, got {other}"))),
+                Some(other) => {
+                    return Err(err_at(
+                        at,
+                        field("hedge"),
+                        format!("expected \"auto\", \"off\" or a delay in ms, got {other}"),
+                    ))
+                }
             };
             let hedge_budget = p.hedge_budget.unwrap_or(0.05);
             if !(0.0..=1.0).contains(&hedge_budget) {
-                return Err(err_at(at, field("hedge_budget"), "expected a share between 0 and 1".into()));
+                return Err(err_at(
+                    at,
+                    field("hedge_budget"),
+                    "expected a share between 0 and 1".into(),
+                ));
             }
             for (vi, v) in variants.iter().enumerate() {
                 let fit = match (v.resume, v.protocol) {
@@ -530,12 +680,15 @@ impl Config {
                     _ => None,
                 };
                 if let Some(why) = fit {
-                    warnings.push(format!("pools[{pi}].variants[{vi}].resume: `{}` does not fit this variant: {why}", match v.resume {
-                        ResumeMode::Prefill => "prefill",
-                        ResumeMode::Completion => "completion",
-                        ResumeMode::Instruction => "instruction",
-                        ResumeMode::None => "none",
-                    }));
+                    warnings.push(format!(
+                        "pools[{pi}].variants[{vi}].resume: `{}` does not fit this variant: {why}",
+                        match v.resume {
+                            ResumeMode::Prefill => "prefill",
+                            ResumeMode::Completion => "completion",
+                            ResumeMode::Instruction => "instruction",
+                            ResumeMode::None => "none",
+                        }
+                    ));
                 }
             }
             pools.push(PoolConfig {
@@ -565,7 +718,11 @@ impl Config {
             drain_ms: raw.drain_ms.unwrap_or(30_000),
             allow_force_variant: raw.allow_force_variant.unwrap_or(false),
             worker_threads: match raw.worker_threads {
-                Some(0) => return Err(ConfigError(format!("{origin}: worker_threads: must be at least 1"))),
+                Some(0) => {
+                    return Err(ConfigError(format!(
+                        "{origin}: worker_threads: must be at least 1"
+                    )))
+                }
                 w => w,
             },
             retry_budget: budget,
@@ -629,24 +786,53 @@ params = { max_tokens = 100 }
         assert_eq!(v.url, "http://127.0.0.1:8000/v1");
         assert_eq!(v.api_key.as_deref(), Some("sk-secret"));
         assert_eq!(v.params["max_tokens"], 100);
-        assert!(!format!("{v:?}").contains("sk-secret"), "Debug must redact the key");
+        assert!(
+            !format!("{v:?}").contains("sk-secret"),
+            "Debug must redact the key"
+        );
     }
 
     #[test]
     fn missing_env_var_names_line_and_field() {
         let e = Config::parse(GOOD, "keel.toml", &HashMap::new()).unwrap_err();
-        assert_eq!(e.0, "keel.toml:12:1: pools[0].variants[0].api_key: environment variable `KEY` is not set");
+        assert_eq!(
+            e.0,
+            "keel.toml:12:1: pools[0].variants[0].api_key: environment variable `KEY` is not set"
+        );
     }
 
     #[test]
     fn unknown_fields_and_bad_values_are_precise() {
-        let e = Config::parse(&GOOD.replace("weight", "x").replace("upstream_model = \"m\"", "upstream_model = \"m\"\nwieght = 2"), "k.toml", &env()).unwrap_err();
-        assert!(e.0.starts_with("k.toml:12:1:") && e.0.contains("wieght"), "{}", e.0);
-        let e = Config::parse(&GOOD.replace("http://127.0.0.1:8000/v1/", "ftp://x"), "k.toml", &env()).unwrap_err();
-        assert!(e.0.contains("pools[0].variants[0].url: expected an http:// or https:// base URL"), "{}", e.0);
-        let e = Config::parse(&GOOD.replace("\"openai\"", "\"grpc\""), "k.toml", &env()).unwrap_err();
+        let e = Config::parse(
+            &GOOD.replace("weight", "x").replace(
+                "upstream_model = \"m\"",
+                "upstream_model = \"m\"\nwieght = 2",
+            ),
+            "k.toml",
+            &env(),
+        )
+        .unwrap_err();
+        assert!(
+            e.0.starts_with("k.toml:12:1:") && e.0.contains("wieght"),
+            "{}",
+            e.0
+        );
+        let e = Config::parse(
+            &GOOD.replace("http://127.0.0.1:8000/v1/", "ftp://x"),
+            "k.toml",
+            &env(),
+        )
+        .unwrap_err();
+        assert!(
+            e.0.contains("pools[0].variants[0].url: expected an http:// or https:// base URL"),
+            "{}",
+            e.0
+        );
+        let e =
+            Config::parse(&GOOD.replace("\"openai\"", "\"grpc\""), "k.toml", &env()).unwrap_err();
         assert!(e.0.contains("unknown variant `grpc`"), "{}", e.0);
-        let e = Config::parse(&GOOD.replace("127.0.0.1:9000", "nope"), "k.toml", &env()).unwrap_err();
+        let e =
+            Config::parse(&GOOD.replace("127.0.0.1:9000", "nope"), "k.toml", &env()).unwrap_err();
         assert!(e.0.starts_with("k.toml:2:10: listen:"), "{}", e.0);
     }
 
@@ -654,6 +840,10 @@ params = { max_tokens = 100 }
     fn duplicate_model_names_are_rejected() {
         let twice = format!("{GOOD}\n[[pools]]\nname = \"gpt-4o\"\n[[pools.variants]]\nname=\"b\"\nurl=\"http://x\"\nprotocol=\"openai\"\nupstream_model=\"m\"\n");
         let e = Config::parse(&twice, "k.toml", &env()).unwrap_err();
-        assert!(e.0.contains("`gpt-4o` is already used by pools[0]"), "{}", e.0);
+        assert!(
+            e.0.contains("`gpt-4o` is already used by pools[0]"),
+            "{}",
+            e.0
+        );
     }
 }

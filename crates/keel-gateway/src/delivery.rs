@@ -67,7 +67,8 @@ impl RequestLog {
         metrics::histogram!("keel_request_duration_seconds", "pool" => pool.clone(), "endpoint" => endpoint, "outcome" => outcome)
             .record(elapsed.as_secs_f64());
         if let Some(t) = self.ttft {
-            metrics::histogram!("keel_ttft_seconds", "pool" => pool, "endpoint" => endpoint).record(t.as_secs_f64());
+            metrics::histogram!("keel_ttft_seconds", "pool" => pool, "endpoint" => endpoint)
+                .record(t.as_secs_f64());
         }
         let ttft_ms = self.ttft.map(|t| t.as_secs_f64() * 1000.0);
         let level_warn = matches!(outcome, "error" | "incomplete");
@@ -132,11 +133,19 @@ fn keel_headers(h: &mut HeaderMap, log: &RequestLog) {
 }
 
 /// An error keel answers itself (admission, selection or execution).
-pub fn error_response(mut log: RequestLog, protocol: Protocol, err: &GatewayError) -> Response<Body> {
+pub fn error_response(
+    mut log: RequestLog,
+    protocol: Protocol,
+    err: &GatewayError,
+) -> Response<Body> {
     log.status = err.status().as_u16();
     let mut resp = err.to_response(protocol);
     keel_headers(resp.headers_mut(), &log);
-    let outcome = if log.status < 500 { "client_error" } else { "error" };
+    let outcome = if log.status < 500 {
+        "client_error"
+    } else {
+        "error"
+    };
     log.finish(outcome, Some(&err.message));
     resp
 }
@@ -156,14 +165,22 @@ pub async fn deliver(
     client_stream: bool,
 ) -> Response<Body> {
     log.attempts = executed.attempts.len();
-    log.route = executed.route.unwrap_or(if executed.attempts.len() > 1 { "fallback" } else { "direct" });
+    log.route = executed.route.unwrap_or(if executed.attempts.len() > 1 {
+        "fallback"
+    } else {
+        "direct"
+    });
     let (vi, served, guard) = match executed.outcome {
         Ok(x) => x,
         Err(e) => return error_response(log, protocol, &e),
     };
     log.variant = pool.variants[vi].cfg.name.clone();
     match served {
-        Served::Whole { status, headers, body } => {
+        Served::Whole {
+            status,
+            headers,
+            body,
+        } => {
             log.status = status.as_u16();
             log.ttft = Some(log.started.elapsed());
             let mut resp = crate::full_body(status, "application/json", body);
@@ -171,7 +188,11 @@ pub async fn deliver(
                 resp.headers_mut().insert(k.clone(), v.clone());
             }
             keel_headers(resp.headers_mut(), &log);
-            let outcome = if status.is_success() { "ok" } else { "client_error" };
+            let outcome = if status.is_success() {
+                "ok"
+            } else {
+                "client_error"
+            };
             drop(guard);
             log.finish(outcome, None);
             resp
@@ -180,24 +201,42 @@ pub async fn deliver(
             log.status = 200;
             log.ttft = Some(start.first_token_at.duration_since(log.started));
             let assembled = Arc::new(std::sync::Mutex::new(Assembled::default()));
-            let relay = Relay { sink: Sink::Assemble(assembled.clone()), protocol, pool: pool.clone(), req, ctx: ctx.clone(), order };
+            let relay = Relay {
+                sink: Sink::Assemble(assembled.clone()),
+                protocol,
+                pool: pool.clone(),
+                req,
+                ctx: ctx.clone(),
+                order,
+            };
             let summary = relay.run(vi, start, guard, log).await;
             let (failure, assembler) = {
                 let mut a = assembled.lock().unwrap_or_else(|e| e.into_inner());
                 (a.failure.take(), std::mem::take(&mut a.body))
             };
             let mut resp = match failure {
-                Some(m) => GatewayError::new(keel_core::protocol::ErrorKind::BadGateway, m).to_response(protocol),
-                None => crate::full_body(StatusCode::OK, "application/json", bytes::Bytes::from(assembler.finish(req_endpoint(ctx)).to_string())),
+                Some(m) => GatewayError::new(keel_core::protocol::ErrorKind::BadGateway, m)
+                    .to_response(protocol),
+                None => crate::full_body(
+                    StatusCode::OK,
+                    "application/json",
+                    bytes::Bytes::from(assembler.finish(req_endpoint(ctx)).to_string()),
+                ),
             };
-            keel_headers(resp.headers_mut(), &RequestLog::quiet(&ctx.id, summary.route, &summary.variant, summary.attempts));
+            keel_headers(
+                resp.headers_mut(),
+                &RequestLog::quiet(&ctx.id, summary.route, &summary.variant, summary.attempts),
+            );
             resp
         }
         Served::Stream(start) => {
             log.status = 200;
             log.ttft = Some(start.first_token_at.duration_since(log.started));
             let mut headers = HeaderMap::new();
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream; charset=utf-8"),
+            );
             headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
             for (k, v) in &start.headers {
                 if k != header::CONTENT_TYPE {
@@ -206,7 +245,14 @@ pub async fn deliver(
             }
             keel_headers(&mut headers, &log);
             let (tx, body) = crate::channel_body();
-            let relay = Relay { sink: Sink::Client(tx), protocol, pool: pool.clone(), req, ctx: ctx.clone(), order };
+            let relay = Relay {
+                sink: Sink::Client(tx),
+                protocol,
+                pool: pool.clone(),
+                req,
+                ctx: ctx.clone(),
+                order,
+            };
             tokio::spawn(relay.run(vi, start, guard, log));
             let mut resp = Response::new(body);
             *resp.status_mut() = StatusCode::OK;
@@ -215,4 +261,3 @@ pub async fn deliver(
         }
     }
 }
-

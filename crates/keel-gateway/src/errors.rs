@@ -20,7 +20,11 @@ pub struct GatewayError {
 
 impl GatewayError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        GatewayError { kind, message: message.into(), retry_after_ms: None }
+        GatewayError {
+            kind,
+            message: message.into(),
+            retry_after_ms: None,
+        }
     }
 
     pub fn with_retry_after(mut self, ms: u64) -> Self {

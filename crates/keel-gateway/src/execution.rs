@@ -70,7 +70,11 @@ pub struct StreamStart {
 
 /// What the client gets.
 pub enum Served {
-    Whole { status: StatusCode, headers: HeaderMap, body: Bytes },
+    Whole {
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+    },
     Stream(StreamStart),
 }
 
@@ -108,16 +112,28 @@ struct Ledger {
 impl Ledger {
     /// Records one finished attempt (metrics, health, cooldowns); returns what the client gets
     /// when the attempt is final (served, or the client's own error).
-    fn settle(&mut self, gw: &Gateway, pool: &Pool, vi: usize, result: AttemptResult, started: Instant) -> Option<Served> {
+    fn settle(
+        &mut self,
+        gw: &Gateway,
+        pool: &Pool,
+        vi: usize,
+        result: AttemptResult,
+        started: Instant,
+    ) -> Option<Served> {
         let variant = &pool.variants[vi].cfg;
         let label = match &result {
             AttemptResult::Served(_) => "ok".to_owned(),
-            AttemptResult::ClientError(Served::Whole { status, .. }) => format!("status_{}", status.as_u16()),
+            AttemptResult::ClientError(Served::Whole { status, .. }) => {
+                format!("status_{}", status.as_u16())
+            }
             AttemptResult::ClientError(_) => "client_error".to_owned(),
             AttemptResult::Failed(f) => f.label(),
         };
         metrics::counter!("keel_attempts_total", "pool" => pool.cfg.name.clone(), "variant" => variant.name.clone(), "outcome" => label.clone()).increment(1);
-        self.attempts.push(AttemptRecord { variant: variant.name.clone(), outcome: label });
+        self.attempts.push(AttemptRecord {
+            variant: variant.name.clone(),
+            outcome: label,
+        });
         match result {
             AttemptResult::Served(s) => {
                 let ttft = match &s {
@@ -137,7 +153,9 @@ impl Ledger {
                 match f.verdict() {
                     Verdict::Retry { cooldown_ms } => {
                         pool.record_attempt(vi, false, None);
-                        let cool = cooldown_ms.or(matches!(f, AttemptFailure::Connect(_)).then_some(CONNECT_COOLDOWN_MS));
+                        let cool = cooldown_ms
+                            .or(matches!(f, AttemptFailure::Connect(_))
+                                .then_some(CONNECT_COOLDOWN_MS));
                         if let Some(ms) = cool {
                             pool.cool_down(vi, now_ms, ms.min(MAX_COOLDOWN_MS));
                         }
@@ -162,7 +180,9 @@ impl Ledger {
     }
 
     fn gave_up(&self) -> bool {
-        self.failures.last().is_some_and(|(_, f)| f.verdict() == Verdict::GiveUp)
+        self.failures
+            .last()
+            .is_some_and(|(_, f)| f.verdict() == Verdict::GiveUp)
     }
 }
 
@@ -178,7 +198,14 @@ struct Outcome {
 /// `hedge_vi`. The first to produce a token wins and the other is dropped at once (its
 /// connection closes, so the upstream stops generating). Finished outcomes come back in order.
 /// Also returns whether the hedge won (`None`: no race was decided) and the attempt cancelled.
-async fn race(pool: &Arc<Pool>, vi: usize, hedge_vi: usize, req: &CanonicalRequest, ctx: &RequestCtx, delay: Duration) -> (Vec<Outcome>, Option<bool>, Option<usize>) {
+async fn race(
+    pool: &Arc<Pool>,
+    vi: usize,
+    hedge_vi: usize,
+    req: &CanonicalRequest,
+    ctx: &RequestCtx,
+    delay: Duration,
+) -> (Vec<Outcome>, Option<bool>, Option<usize>) {
     let final_result = |r: &AttemptResult| !matches!(r, AttemptResult::Failed(_));
     let mut guard = Some(pool.enter(vi));
     let started = Instant::now();
@@ -190,7 +217,16 @@ async fn race(pool: &Arc<Pool>, vi: usize, hedge_vi: usize, req: &CanonicalReque
     }
     if Instant::now() >= ctx.deadline || !pool.try_hedge(hedge_vi) {
         let r = primary.await;
-        return (vec![Outcome { vi, result: r, guard: guard.take().expect("guard"), started }], None, None);
+        return (
+            vec![Outcome {
+                vi,
+                result: r,
+                guard: guard.take().expect("guard"),
+                started,
+            }],
+            None,
+            None,
+        );
     }
     let mut hedge_guard = Some(pool.enter(hedge_vi));
     let hedge_started = Instant::now();
@@ -198,7 +234,9 @@ async fn race(pool: &Arc<Pool>, vi: usize, hedge_vi: usize, req: &CanonicalReque
     tokio::pin!(hedge);
     let mut out = Vec::new();
     let (mut primary_done, mut hedge_done) = (false, false);
-    let label = |outcome: &'static str| metrics::counter!("keel_hedges_total", "pool" => pool.cfg.name.clone(), "outcome" => outcome).increment(1);
+    let label = |outcome: &'static str| {
+        metrics::counter!("keel_hedges_total", "pool" => pool.cfg.name.clone(), "outcome" => outcome).increment(1)
+    };
     loop {
         tokio::select! {
             r = &mut primary, if !primary_done => {
@@ -230,7 +268,13 @@ async fn race(pool: &Arc<Pool>, vi: usize, hedge_vi: usize, req: &CanonicalReque
 }
 
 /// Runs attempts over `order` (primary first) until one serves.
-pub async fn execute(gw: &Gateway, pool: &Arc<Pool>, req: &CanonicalRequest, ctx: &RequestCtx, order: &[usize]) -> Executed {
+pub async fn execute(
+    gw: &Gateway,
+    pool: &Arc<Pool>,
+    req: &CanonicalRequest,
+    ctx: &RequestCtx,
+    order: &[usize],
+) -> Executed {
     let max_attempts = pool.cfg.max_attempts as usize;
     let mut ledger = Ledger::default();
     let mut budget_refused = false;
@@ -250,7 +294,13 @@ pub async fn execute(gw: &Gateway, pool: &Arc<Pool>, req: &CanonicalRequest, ctx
             if now >= ctx.deadline {
                 break 'rounds;
             }
-            if ledger.attempts.iter().filter(|a| a.variant == pool.variants[vi].cfg.name).count() > round {
+            if ledger
+                .attempts
+                .iter()
+                .filter(|a| a.variant == pool.variants[vi].cfg.name)
+                .count()
+                > round
+            {
                 continue; // already tried in this round (e.g. as a hedge)
             }
             if !ledger.attempts.is_empty() {
@@ -272,28 +322,45 @@ pub async fn execute(gw: &Gateway, pool: &Arc<Pool>, req: &CanonicalRequest, ctx
             }
             tried_this_round = true;
             // The first attempt may be hedged by the next variant of the plan.
-            let hedge_target = order.iter().copied().find(|&j| j != vi).filter(|_| ledger.attempts.is_empty());
+            let hedge_target = order
+                .iter()
+                .copied()
+                .find(|&j| j != vi)
+                .filter(|_| ledger.attempts.is_empty());
             let outcomes = match (hedge_target, pool.hedge_delay_ms(vi)) {
                 (Some(h), Some(delay)) if max_attempts > 1 => {
-                    let (outcomes, hedge_won, cancelled) = race(pool, vi, h, req, ctx, Duration::from_millis(delay)).await;
+                    let (outcomes, hedge_won, cancelled) =
+                        race(pool, vi, h, req, ctx, Duration::from_millis(delay)).await;
                     hedged = hedge_won == Some(true);
                     if let Some(c) = cancelled {
                         let name = pool.variants[c].cfg.name.clone();
                         metrics::counter!("keel_attempts_total", "pool" => pool.cfg.name.clone(), "variant" => name.clone(), "outcome" => "hedge_cancelled").increment(1);
-                        ledger.attempts.push(AttemptRecord { variant: name, outcome: "hedge_cancelled".into() });
+                        ledger.attempts.push(AttemptRecord {
+                            variant: name,
+                            outcome: "hedge_cancelled".into(),
+                        });
                     }
                     outcomes
                 }
                 _ => {
                     let guard = pool.enter(vi);
                     let started = Instant::now();
-                    vec![Outcome { vi, result: attempt(pool, vi, req, ctx).await, guard, started }]
+                    vec![Outcome {
+                        vi,
+                        result: attempt(pool, vi, req, ctx).await,
+                        guard,
+                        started,
+                    }]
                 }
             };
             for o in outcomes {
                 if let Some(served) = ledger.settle(gw, pool, o.vi, o.result, o.started) {
                     let route = if hedged { Some("hedged") } else { None };
-                    return Executed { outcome: Ok((o.vi, served, o.guard)), attempts: ledger.attempts, route };
+                    return Executed {
+                        outcome: Ok((o.vi, served, o.guard)),
+                        attempts: ledger.attempts,
+                        route,
+                    };
                 }
             }
             if ledger.gave_up() {
@@ -305,8 +372,18 @@ pub async fn execute(gw: &Gateway, pool: &Arc<Pool>, req: &CanonicalRequest, ctx
         }
         round += 1;
     }
-    let err = give_up_error(pool, ctx, &ledger.failures, budget_refused, ledger.retry_after_ms);
-    Executed { outcome: Err(err), attempts: ledger.attempts, route: None }
+    let err = give_up_error(
+        pool,
+        ctx,
+        &ledger.failures,
+        budget_refused,
+        ledger.retry_after_ms,
+    );
+    Executed {
+        outcome: Err(err),
+        attempts: ledger.attempts,
+        route: None,
+    }
 }
 
 /// The client's error when no variant could serve: 504 when time ran out, 503 when every
@@ -319,7 +396,10 @@ fn give_up_error(
     budget_refused: bool,
     retry_after_ms: Option<u64>,
 ) -> GatewayError {
-    let tried: Vec<String> = failures.iter().map(|(v, f)| format!("{v}: {}", f.describe())).collect();
+    let tried: Vec<String> = failures
+        .iter()
+        .map(|(v, f)| format!("{v}: {}", f.describe()))
+        .collect();
     let mut message = format!("no variant of `{}` could serve the request", pool.cfg.name);
     if tried.is_empty() {
         message.push_str(" (no attempt could be made before the deadline)");
@@ -327,12 +407,27 @@ fn give_up_error(
         message.push_str(&format!("; tried {}", tried.join("; ")));
     }
     if budget_refused {
-        message.push_str("; further retries refused by the retry budget (the fleet is failing broadly)");
+        message.push_str(
+            "; further retries refused by the retry budget (the fleet is failing broadly)",
+        );
     }
     let timed_out = Instant::now() >= ctx.deadline
-        || failures.iter().all(|(_, f)| matches!(f, AttemptFailure::FirstTokenTimeout { .. } | AttemptFailure::Deadline { .. }));
+        || failures.iter().all(|(_, f)| {
+            matches!(
+                f,
+                AttemptFailure::FirstTokenTimeout { .. } | AttemptFailure::Deadline { .. }
+            )
+        });
     let saturated = !failures.is_empty()
-        && failures.iter().all(|(_, f)| matches!(f, AttemptFailure::Status { status: 429 | 503 | 529, .. }));
+        && failures.iter().all(|(_, f)| {
+            matches!(
+                f,
+                AttemptFailure::Status {
+                    status: 429 | 503 | 529,
+                    ..
+                }
+            )
+        });
     if failures.is_empty() || timed_out {
         GatewayError::new(ErrorKind::Timeout, message)
     } else if saturated {
@@ -353,7 +448,15 @@ fn kept_headers(h: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::new();
     for (name, value) in h {
         let n = name.as_str();
-        if matches!(n, "content-type" | "x-request-id" | "request-id" | "retry-after" | "retry-after-ms" | "openai-processing-ms") {
+        if matches!(
+            n,
+            "content-type"
+                | "x-request-id"
+                | "request-id"
+                | "retry-after"
+                | "retry-after-ms"
+                | "openai-processing-ms"
+        ) {
             out.append(name.clone(), value.clone());
         }
     }
@@ -393,22 +496,38 @@ impl WithoutUrl for reqwest::Error {
     fn without_url_ref(&self) -> String {
         let mut s = self.to_string();
         if let Some(url) = self.url() {
-            s = s.replace(&format!(" for url ({url})"), "").replace(url.as_str(), "<upstream>");
+            s = s
+                .replace(&format!(" for url ({url})"), "")
+                .replace(url.as_str(), "<upstream>");
         }
         s
     }
 }
 
-pub(crate) async fn attempt(pool: &Pool, vi: usize, req: &CanonicalRequest, ctx: &RequestCtx) -> AttemptResult {
+pub(crate) async fn attempt(
+    pool: &Pool,
+    vi: usize,
+    req: &CanonicalRequest,
+    ctx: &RequestCtx,
+) -> AttemptResult {
     let variant = &pool.variants[vi].cfg;
-    let body = match serde_json::to_vec(&req.upstream_view(&variant.upstream_model, &variant.params)) {
-        Ok(b) => b,
-        Err(e) => return AttemptResult::Failed(AttemptFailure::Malformed(format!("cannot encode request: {e}"))),
-    };
+    let body =
+        match serde_json::to_vec(&req.upstream_view(&variant.upstream_model, &variant.params)) {
+            Ok(b) => b,
+            Err(e) => {
+                return AttemptResult::Failed(AttemptFailure::Malformed(format!(
+                    "cannot encode request: {e}"
+                )))
+            }
+        };
     let started = Instant::now();
     let streaming = req.stream && ctx.endpoint != Endpoint::CountTokens;
     let first_token_deadline = started + Duration::from_millis(pool.cfg.timeouts.first_token_ms);
-    let head_deadline = if streaming { first_token_deadline.min(ctx.deadline) } else { ctx.deadline };
+    let head_deadline = if streaming {
+        first_token_deadline.min(ctx.deadline)
+    } else {
+        ctx.deadline
+    };
     let hit_total = |d: Instant| d >= ctx.deadline;
 
     let send = upstream::request(&pool.client, variant, ctx.endpoint, &ctx.forwarded, body).send();
@@ -423,35 +542,71 @@ pub(crate) async fn attempt(pool: &Pool, vi: usize, req: &CanonicalRequest, ctx:
     if !status.is_success() {
         let h = resp.headers();
         let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        let retry_after_ms = parse_retry_after(get("retry-after-ms").as_deref(), get("retry-after").as_deref(), MAX_COOLDOWN_MS);
-        let body = match timeout_at((Instant::now() + Duration::from_secs(5)).min(ctx.deadline), resp.bytes()).await {
+        let retry_after_ms = parse_retry_after(
+            get("retry-after-ms").as_deref(),
+            get("retry-after").as_deref(),
+            MAX_COOLDOWN_MS,
+        );
+        let body = match timeout_at(
+            (Instant::now() + Duration::from_secs(5)).min(ctx.deadline),
+            resp.bytes(),
+        )
+        .await
+        {
             Ok(Ok(b)) => b,
             _ => Bytes::new(),
         };
-        let message = serde_json::from_slice(&body).map(|v| error_message(&v)).unwrap_or_default();
+        let message = serde_json::from_slice(&body)
+            .map(|v| error_message(&v))
+            .unwrap_or_default();
         let message: String = message.chars().take(300).collect();
-        let failure = AttemptFailure::Status { status: status.as_u16(), retry_after_ms, message };
+        let failure = AttemptFailure::Status {
+            status: status.as_u16(),
+            retry_after_ms,
+            message,
+        };
         return match failure.verdict() {
-            Verdict::ReturnToClient => AttemptResult::ClientError(Served::Whole { status, headers, body }),
+            Verdict::ReturnToClient => AttemptResult::ClientError(Served::Whole {
+                status,
+                headers,
+                body,
+            }),
             _ => AttemptResult::Failed(failure),
         };
     }
 
     if !streaming {
         let body = match timeout_at(ctx.deadline, resp.bytes()).await {
-            Err(_) => return AttemptResult::Failed(AttemptFailure::Deadline { after_ms: started.elapsed().as_millis() as u64 }),
+            Err(_) => {
+                return AttemptResult::Failed(AttemptFailure::Deadline {
+                    after_ms: started.elapsed().as_millis() as u64,
+                })
+            }
             Ok(Err(e)) => return AttemptResult::Failed(transport_error(&e)),
             Ok(Ok(b)) => b,
         };
         if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
-            return AttemptResult::Failed(AttemptFailure::Malformed(format!("response body is not JSON: {e}")));
+            return AttemptResult::Failed(AttemptFailure::Malformed(format!(
+                "response body is not JSON: {e}"
+            )));
         }
-        return AttemptResult::Served(Served::Whole { status, headers, body });
+        return AttemptResult::Served(Served::Whole {
+            status,
+            headers,
+            body,
+        });
     }
 
-    let content_type = resp.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let content_type = resp
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
     if !content_type.starts_with("text/event-stream") {
-        return AttemptResult::Failed(AttemptFailure::Malformed(format!("expected an event stream, got content-type {content_type:?}")));
+        return AttemptResult::Failed(AttemptFailure::Malformed(format!(
+            "expected an event stream, got content-type {content_type:?}"
+        )));
     }
     let protocol = variant.protocol;
     let mut upstream: UpstreamBytes = Box::pin(resp.bytes_stream());
@@ -460,8 +615,14 @@ pub(crate) async fn attempt(pool: &Pool, vi: usize, req: &CanonicalRequest, ctx:
     let mut events = Vec::new();
     loop {
         let chunk = match timeout_at(head_deadline, upstream.next()).await {
-            Err(_) => return AttemptResult::Failed(timeout_failure(hit_total(head_deadline), started)),
-            Ok(None) => return AttemptResult::Failed(AttemptFailure::Io("stream ended before the first token".into())),
+            Err(_) => {
+                return AttemptResult::Failed(timeout_failure(hit_total(head_deadline), started))
+            }
+            Ok(None) => {
+                return AttemptResult::Failed(AttemptFailure::Io(
+                    "stream ended before the first token".into(),
+                ))
+            }
             Ok(Some(Err(e))) => return AttemptResult::Failed(transport_error(&e)),
             Ok(Some(Ok(c))) => c,
         };
@@ -486,9 +647,13 @@ pub(crate) async fn attempt(pool: &Pool, vi: usize, req: &CanonicalRequest, ctx:
                     }));
                 }
                 EventRole::Error(m) => {
-                    return AttemptResult::Failed(AttemptFailure::Io(format!("upstream reported an error before the first token: {m}")))
+                    return AttemptResult::Failed(AttemptFailure::Io(format!(
+                        "upstream reported an error before the first token: {m}"
+                    )))
                 }
-                EventRole::Malformed(m) => return AttemptResult::Failed(AttemptFailure::Malformed(m)),
+                EventRole::Malformed(m) => {
+                    return AttemptResult::Failed(AttemptFailure::Malformed(m))
+                }
             }
         }
     }

@@ -67,7 +67,11 @@ impl Gateway {
             for a in &p.aliases {
                 by_name.insert(a.clone(), i);
             }
-            pools.push(Arc::new(Pool::new(p.clone(), upstream::client(p.timeouts.connect_ms), epoch)));
+            pools.push(Arc::new(Pool::new(
+                p.clone(),
+                upstream::client(p.timeouts.connect_ms),
+                epoch,
+            )));
         }
         let _ = metrics::handle();
         Arc::new(Gateway {
@@ -108,7 +112,12 @@ impl Gateway {
 
     /// The most recent decision records, oldest first.
     pub fn decisions(&self) -> Vec<pools::DecisionRecord> {
-        self.decisions.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
+        self.decisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
     }
 
     fn budget(&self) -> std::sync::MutexGuard<'_, RetryBudget> {
@@ -135,7 +144,8 @@ pub fn install_crypto() {
 pub fn full_body(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
     let mut resp = Response::new(Full::new(body).map_err(|never| match never {}).boxed());
     *resp.status_mut() = status;
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }
 
@@ -143,7 +153,9 @@ pub fn full_body(status: StatusCode, content_type: &'static str, body: Bytes) ->
 pub fn channel_body() -> (mpsc::Sender<Bytes>, Body) {
     let (tx, rx) = mpsc::channel::<Bytes>(32);
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, io::Error>(Frame::data(b)), rx))
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, io::Error>(Frame::data(b)), rx))
     });
     (tx, StreamBody::new(stream).boxed())
 }

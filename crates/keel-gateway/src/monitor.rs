@@ -21,7 +21,11 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs until the task is aborted.
 pub async fn run(gw: Arc<Gateway>) {
-    let mut last_scrape: Vec<Instant> = gw.pools().iter().map(|_| Instant::now() - Duration::from_secs(3600)).collect();
+    let mut last_scrape: Vec<Instant> = gw
+        .pools()
+        .iter()
+        .map(|_| Instant::now() - Duration::from_secs(3600))
+        .collect();
     loop {
         for (pi, pool) in gw.pools().iter().enumerate() {
             for m in pool.maintenance() {
@@ -58,8 +62,20 @@ async fn maintain(pool: Arc<Pool>, m: Maintenance) {
     };
     let (endpoint, body) = tiny_request(&pool, vi);
     let started = Instant::now();
-    let req = upstream::request(&pool.client, &pool.variants[vi].cfg, endpoint, &http::HeaderMap::new(), body);
-    let ok = matches!(tokio::time::timeout(PROBE_TIMEOUT, async { req.send().await?.error_for_status()?.bytes().await }).await, Ok(Ok(_)));
+    let req = upstream::request(
+        &pool.client,
+        &pool.variants[vi].cfg,
+        endpoint,
+        &http::HeaderMap::new(),
+        body,
+    );
+    let ok = matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, async {
+            req.send().await?.error_for_status()?.bytes().await
+        })
+        .await,
+        Ok(Ok(_))
+    );
     let ms = started.elapsed().as_secs_f64() * 1000.0;
     let kind = match m {
         Maintenance::Probe(_) => "probe",
@@ -78,15 +94,23 @@ pub fn parse_load_metrics(text: &str) -> (Option<f64>, Option<f64>) {
         if line.starts_with('#') {
             continue;
         }
-        let Some((name_labels, value)) = line.rsplit_once(' ') else { continue };
+        let Some((name_labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
         let name = name_labels.split('{').next().unwrap_or("");
-        let Ok(v) = value.trim().parse::<f64>() else { continue };
+        let Ok(v) = value.trim().parse::<f64>() else {
+            continue;
+        };
         match name {
             // vLLM ≥ 0.10 and older name; SGLang exposes the vLLM-compatible names too.
-            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" | "llamacpp:kv_cache_usage_ratio" => {
+            "vllm:kv_cache_usage_perc"
+            | "vllm:gpu_cache_usage_perc"
+            | "llamacpp:kv_cache_usage_ratio" => {
                 kv = Some(kv.map_or(v, |k: f64| k.max(v)));
             }
-            "vllm:num_requests_waiting" | "llamacpp:requests_deferred" | "sglang:num_queue_reqs" => {
+            "vllm:num_requests_waiting"
+            | "llamacpp:requests_deferred"
+            | "sglang:num_queue_reqs" => {
                 waiting = Some(waiting.unwrap_or(0.0) + v);
             }
             _ => {}
@@ -96,7 +120,16 @@ pub fn parse_load_metrics(text: &str) -> (Option<f64>, Option<f64>) {
 }
 
 async fn scrape(pool: Arc<Pool>, vi: usize, url: String) {
-    let r = tokio::time::timeout(Duration::from_secs(2), async { pool.client.get(&url).send().await?.error_for_status()?.text().await }).await;
+    let r = tokio::time::timeout(Duration::from_secs(2), async {
+        pool.client
+            .get(&url)
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await
+    })
+    .await;
     if let Ok(Ok(text)) = r {
         let (kv, waiting) = parse_load_metrics(&text);
         pool.record_scrape(vi, kv, waiting);
@@ -107,8 +140,10 @@ fn publish_gauges(pool: &Pool) {
     for s in pool.snapshot() {
         let labels = [("pool", pool.cfg.name.clone()), ("variant", s.name.clone())];
         metrics::gauge!("keel_variant_weight", &labels).set(s.weight);
-        metrics::gauge!("keel_variant_ttft_seconds", &labels).set(s.ttft_ms.unwrap_or(0.0) / 1000.0);
-        metrics::gauge!("keel_variant_tgsv_seconds", &labels).set(s.tgsv_ms.unwrap_or(0.0) / 1000.0);
+        metrics::gauge!("keel_variant_ttft_seconds", &labels)
+            .set(s.ttft_ms.unwrap_or(0.0) / 1000.0);
+        metrics::gauge!("keel_variant_tgsv_seconds", &labels)
+            .set(s.tgsv_ms.unwrap_or(0.0) / 1000.0);
         metrics::gauge!("keel_variant_inflight", &labels).set(s.in_flight as f64);
         metrics::gauge!("keel_variant_state", &labels).set(s.state_code as f64);
     }

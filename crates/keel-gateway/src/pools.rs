@@ -104,7 +104,9 @@ pub struct InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.pool.variants[self.index].in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.pool.variants[self.index]
+            .in_flight
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -139,20 +141,32 @@ impl Pool {
         let variants: Vec<Variant> = cfg
             .variants
             .iter()
-            .map(|v| Variant { cfg: v.clone(), in_flight: AtomicU32::new(0), name_hash: hash_bytes(0x6e61_6d65, v.name.as_bytes()) })
+            .map(|v| Variant {
+                cfg: v.clone(),
+                in_flight: AtomicU32::new(0),
+                name_hash: hash_bytes(0x6e61_6d65, v.name.as_bytes()),
+            })
             .collect();
         let protocol = cfg.variants[0].protocol;
         let n = variants.len();
-        let seed = hash_bytes(epoch.elapsed().as_nanos() as u64, cfg.name.as_bytes()) ^ std::process::id() as u64;
-        let selector = selection::policy(&cfg.policy, seed).unwrap_or_else(|| Box::new(selection::WeightedRoundRobin::new()));
-        let health = (0..n).map(|_| VariantHealth::new(cfg.health.prewarm_requests)).collect();
+        let seed = hash_bytes(epoch.elapsed().as_nanos() as u64, cfg.name.as_bytes())
+            ^ std::process::id() as u64;
+        let selector = selection::policy(&cfg.policy, seed)
+            .unwrap_or_else(|| Box::new(selection::WeightedRoundRobin::new()));
+        let health = (0..n)
+            .map(|_| VariantHealth::new(cfg.health.prewarm_requests))
+            .collect();
         Pool {
             protocol,
             variants,
             client,
             state: Mutex::new(PoolState {
                 selector,
-                hedges: RetryBudget::new(RetryBudgetConfig { ratio: cfg.hedge_budget, window_ms: 10_000, min_retries_per_sec: 0 }),
+                hedges: RetryBudget::new(RetryBudgetConfig {
+                    ratio: cfg.hedge_budget,
+                    window_ms: 10_000,
+                    min_retries_per_sec: 0,
+                }),
                 availability: vec![Availability::default(); n],
                 health,
                 maintenance_busy: vec![false; n],
@@ -181,7 +195,12 @@ impl Pool {
     }
 
     /// Stage 1: an ordered plan for this request, and its decision record.
-    pub fn select(&self, req: &CanonicalRequest, controls: Controls<'_>, request_id: &str) -> (Selection, Option<DecisionRecord>) {
+    pub fn select(
+        &self,
+        req: &CanonicalRequest,
+        controls: Controls<'_>,
+        request_id: &str,
+    ) -> (Selection, Option<DecisionRecord>) {
         let started = Instant::now();
         let now_ms = self.now_ms();
         // A forced variant (tests, debugging) becomes the primary; the plan's other variants
@@ -196,7 +215,12 @@ impl Pool {
         let needed = req.estimated_input_tokens + req.max_tokens.unwrap_or(0);
         let fits = |v: &Variant| v.cfg.context_window.is_none_or(|w| needed <= w);
         if !self.variants.iter().any(fits) {
-            let largest = self.variants.iter().filter_map(|v| v.cfg.context_window).max().unwrap_or(0);
+            let largest = self
+                .variants
+                .iter()
+                .filter_map(|v| v.cfg.context_window)
+                .max()
+                .unwrap_or(0);
             return (Selection::TooLong { needed, largest }, None);
         }
         let at_tier = |v: &Variant| controls.min_tier.is_none_or(|t| v.cfg.tier <= t);
@@ -233,7 +257,11 @@ impl Pool {
                             && at_tier(v)
                             && st.availability[i].available(now_ms)
                             && v.cfg.max_concurrency.is_none_or(|m| in_flight < m),
-                        health: if warming { keel_core::health::FLOOR } else { h.weight(now_ms, &hc) },
+                        health: if warming {
+                            keel_core::health::FLOOR
+                        } else {
+                            h.weight(now_ms, &hc)
+                        },
                         predicted_ttft_ms: h.predicted_ttft_ms(now_ms, &hc),
                         in_flight,
                         tier: v.cfg.tier,
@@ -246,7 +274,12 @@ impl Pool {
         };
         let mut candidates = build(&st, false);
         let mut plan = st.selector.plan(&candidates, &signals);
-        if plan.order.is_empty() && st.health.iter().any(|h| matches!(h.state, State::Warming { .. })) {
+        if plan.order.is_empty()
+            && st
+                .health
+                .iter()
+                .any(|h| matches!(h.state, State::Warming { .. }))
+        {
             // Everything else is out: a variant still warming up beats an error.
             candidates = build(&st, true);
             plan = st.selector.plan(&candidates, &signals);
@@ -260,7 +293,9 @@ impl Pool {
                 .filter(|ms| *ms > 0)
                 .min()
                 .unwrap_or(hc.probe_interval_ms.max(1000));
-            Selection::Unavailable { retry_after_ms: wait }
+            Selection::Unavailable {
+                retry_after_ms: wait,
+            }
         } else {
             Selection::Plan(plan.order.clone())
         };
@@ -275,13 +310,22 @@ impl Pool {
         let states: Vec<&'static str> = st.health.iter().map(|h| h.state.name()).collect();
         drop(st);
         let duration = started.elapsed();
-        metrics::histogram!("keel_decision_duration_seconds", "pool" => self.cfg.name.clone()).record(duration.as_secs_f64());
+        metrics::histogram!("keel_decision_duration_seconds", "pool" => self.cfg.name.clone())
+            .record(duration.as_secs_f64());
         let record = DecisionRecord {
             request_id: request_id.to_owned(),
             pool: self.cfg.name.clone(),
             policy,
-            reason: if plan.order.is_empty() { "none_available" } else { plan.reason.as_str() },
-            plan: plan.order.iter().map(|i| self.variants[*i].cfg.name.clone()).collect(),
+            reason: if plan.order.is_empty() {
+                "none_available"
+            } else {
+                plan.reason.as_str()
+            },
+            plan: plan
+                .order
+                .iter()
+                .map(|i| self.variants[*i].cfg.name.clone())
+                .collect(),
             candidates: candidates
                 .iter()
                 .map(|c| CandidateRecord {
@@ -302,7 +346,8 @@ impl Pool {
     /// Whether a variant may be tried now (re-checked before every attempt).
     pub fn available(&self, index: usize, now_ms: u64) -> bool {
         let st = self.state();
-        st.availability[index].available(now_ms) && !matches!(st.health[index].state, State::Ejected { .. })
+        st.availability[index].available(now_ms)
+            && !matches!(st.health[index].state, State::Ejected { .. })
     }
 
     pub fn cool_down(&self, index: usize, now_ms: u64, for_ms: u64) {
@@ -464,9 +509,14 @@ impl Pool {
         let v = &self.variants[target];
         let mut st = self.state();
         let ok = st.availability[target].available(now)
-            && matches!(st.health[target].state, State::Healthy | State::SlowStart { .. })
+            && matches!(
+                st.health[target].state,
+                State::Healthy | State::SlowStart { .. }
+            )
             && st.health[target].weight(now, &hc) > keel_core::health::FLOOR
-            && v.cfg.max_concurrency.is_none_or(|m| v.in_flight.load(Ordering::Relaxed) < m);
+            && v.cfg
+                .max_concurrency
+                .is_none_or(|m| v.in_flight.load(Ordering::Relaxed) < m);
         ok && st.hedges.try_retry(now)
     }
 
@@ -477,7 +527,12 @@ impl Pool {
 
     /// Counts a request on a variant until the guard drops.
     pub fn enter(self: &Arc<Self>, index: usize) -> InFlight {
-        self.variants[index].in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight { pool: self.clone(), index }
+        self.variants[index]
+            .in_flight
+            .fetch_add(1, Ordering::Relaxed);
+        InFlight {
+            pool: self.clone(),
+            index,
+        }
     }
 }

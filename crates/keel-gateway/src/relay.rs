@@ -105,7 +105,10 @@ enum SegmentEnd {
     Complete,
     ClientGone,
     /// The upstream failed; `reason` is `stall`, `slow` or `error`.
-    Failed { reason: &'static str, message: String },
+    Failed {
+        reason: &'static str,
+        message: String,
+    },
     /// The request's total deadline: no migration can help.
     Deadline,
 }
@@ -131,9 +134,19 @@ impl Relay {
     }
 
     /// Relays the committed stream to its end, migrating as needed, and accounts for it.
-    pub async fn run(self, vi: usize, start: StreamStart, guard: InFlight, mut log: RequestLog) -> Summary {
+    pub async fn run(
+        self,
+        vi: usize,
+        start: StreamStart,
+        guard: InFlight,
+        mut log: RequestLog,
+    ) -> Summary {
         let mut stitcher = Stitcher::new(self.protocol);
-        let mut seg = Segment { vi, start, _guard: guard };
+        let mut seg = Segment {
+            vi,
+            start,
+            _guard: guard,
+        };
         let mut tried = vec![vi];
         let mut migrations = 0u32;
         let mut trim = false;
@@ -143,8 +156,13 @@ impl Relay {
             // stream beats an error.
             let now = self.pool.now_ms();
             let slow_allowed = migrations < self.pool.cfg.max_migrations
-                && self.order.iter().any(|i| !tried.contains(i) && self.pool.available(*i, now));
-            let end = self.segment(&mut seg, &mut stitcher, &mut trim, &mut gaps, slow_allowed).await;
+                && self
+                    .order
+                    .iter()
+                    .any(|i| !tried.contains(i) && self.pool.available(*i, now));
+            let end = self
+                .segment(&mut seg, &mut stitcher, &mut trim, &mut gaps, slow_allowed)
+                .await;
             match &end {
                 SegmentEnd::Complete => self.pool.record_stream(seg.vi, &gaps),
                 SegmentEnd::Failed { .. } => self.pool.record_attempt(seg.vi, false, None),
@@ -155,14 +173,23 @@ impl Relay {
                 other => break other,
             };
             if migrations >= self.pool.cfg.max_migrations {
-                break SegmentEnd::Failed { reason, message: format!("{message}; no migration left (max_migrations = {})", self.pool.cfg.max_migrations) };
+                break SegmentEnd::Failed {
+                    reason,
+                    message: format!(
+                        "{message}; no migration left (max_migrations = {})",
+                        self.pool.cfg.max_migrations
+                    ),
+                };
             }
             let from = self.pool.variants[seg.vi].cfg.name.clone();
             match self.migrate(&stitcher, &mut tried).await {
                 Ok((next, mode)) => {
                     migrations += 1;
                     let to = &self.pool.variants[next.vi].cfg.name;
-                    let note = format!("keel migrated from={from} to={to} reason={reason} after_tokens={}", stitcher.delivered_tokens());
+                    let note = format!(
+                        "keel migrated from={from} to={to} reason={reason} after_tokens={}",
+                        stitcher.delivered_tokens()
+                    );
                     metrics::counter!("keel_migrations_total", "pool" => self.pool.cfg.name.clone(), "reason" => reason, "outcome" => "ok").increment(1);
                     tracing::info!(request_id = %self.ctx.id, pool = %self.pool.cfg.name, from = %from, to = %to, reason, detail = %message, "migrated");
                     if !self.send(SseEvent::comment(&note)).await {
@@ -177,31 +204,54 @@ impl Relay {
                 }
                 Err(why) => {
                     metrics::counter!("keel_migrations_total", "pool" => self.pool.cfg.name.clone(), "reason" => reason, "outcome" => "failed").increment(1);
-                    break SegmentEnd::Failed { reason, message: format!("{message}; migration impossible: {why}") };
+                    break SegmentEnd::Failed {
+                        reason,
+                        message: format!("{message}; migration impossible: {why}"),
+                    };
                 }
             }
         };
         drop(seg);
-        let summary = Summary { route: log.route, variant: log.variant.clone(), attempts: log.attempts };
+        let summary = Summary {
+            route: log.route,
+            variant: log.variant.clone(),
+            attempts: log.attempts,
+        };
         match end {
             SegmentEnd::Complete => log.finish("ok", None),
             SegmentEnd::ClientGone => log.finish("cancelled", Some("client disconnected")),
-            SegmentEnd::Deadline => self.give_up(&mut log, "the request's total deadline was reached").await,
+            SegmentEnd::Deadline => {
+                self.give_up(&mut log, "the request's total deadline was reached")
+                    .await
+            }
             SegmentEnd::Failed { message, .. } => self.give_up(&mut log, &message).await,
         }
         summary
     }
 
     async fn give_up(&self, log: &mut RequestLog, message: &str) {
-        let ev = stream_error_event(self.protocol, ErrorKind::BadGateway, &format!("keel: {message}; the response is incomplete"));
+        let ev = stream_error_event(
+            self.protocol,
+            ErrorKind::BadGateway,
+            &format!("keel: {message}; the response is incomplete"),
+        );
         let _ = self.send(ev.raw).await;
         log.finish("incomplete", Some(message));
     }
 
     /// Finds a variant that continues the generation; tries each remaining one in plan order.
-    async fn migrate(&self, stitcher: &Stitcher, tried: &mut Vec<usize>) -> Result<(Segment, ResumeMode), String> {
+    async fn migrate(
+        &self,
+        stitcher: &Stitcher,
+        tried: &mut Vec<usize>,
+    ) -> Result<(Segment, ResumeMode), String> {
         let mut reasons = Vec::new();
-        let candidates: Vec<usize> = self.order.iter().copied().filter(|i| !tried.contains(i)).collect();
+        let candidates: Vec<usize> = self
+            .order
+            .iter()
+            .copied()
+            .filter(|i| !tried.contains(i))
+            .collect();
         for vi in candidates {
             if Instant::now() >= self.ctx.deadline {
                 reasons.push("deadline reached".to_owned());
@@ -213,7 +263,13 @@ impl Relay {
                 continue;
             }
             tried.push(vi);
-            let (endpoint, body) = match continuation(&self.req, variant.resume, &variant.continuation_fields, &stitcher.delivered, stitcher.delivered_tokens()) {
+            let (endpoint, body) = match continuation(
+                &self.req,
+                variant.resume,
+                &variant.continuation_fields,
+                &stitcher.delivered,
+                stitcher.delivered_tokens(),
+            ) {
                 Ok(x) => x,
                 Err(e) => {
                     reasons.push(format!("{}: {e:?}", variant.name));
@@ -229,15 +285,33 @@ impl Relay {
             let started = Instant::now();
             match attempt(&self.pool, vi, &req, &ctx).await {
                 AttemptResult::Served(Served::Stream(start)) => {
-                    self.pool.record_attempt(vi, true, Some(start.first_token_at.duration_since(started).as_secs_f64() * 1000.0));
-                    return Ok((Segment { vi, start, _guard: guard }, variant.resume));
+                    self.pool.record_attempt(
+                        vi,
+                        true,
+                        Some(start.first_token_at.duration_since(started).as_secs_f64() * 1000.0),
+                    );
+                    return Ok((
+                        Segment {
+                            vi,
+                            start,
+                            _guard: guard,
+                        },
+                        variant.resume,
+                    ));
                 }
-                AttemptResult::Served(Served::Whole { .. }) => reasons.push(format!("{}: answered without a stream", variant.name)),
+                AttemptResult::Served(Served::Whole { .. }) => {
+                    reasons.push(format!("{}: answered without a stream", variant.name))
+                }
                 AttemptResult::ClientError(Served::Whole { status, .. }) => {
                     // e.g. a prefill the variant rejects: try the next one.
-                    reasons.push(format!("{}: continuation rejected with HTTP {status}", variant.name));
+                    reasons.push(format!(
+                        "{}: continuation rejected with HTTP {status}",
+                        variant.name
+                    ));
                 }
-                AttemptResult::ClientError(_) => reasons.push(format!("{}: continuation rejected", variant.name)),
+                AttemptResult::ClientError(_) => {
+                    reasons.push(format!("{}: continuation rejected", variant.name))
+                }
                 AttemptResult::Failed(f) => {
                     self.pool.record_attempt(vi, false, None);
                     reasons.push(format!("{}: {}", variant.name, f.describe()));
@@ -251,11 +325,31 @@ impl Relay {
     }
 
     /// Relays one segment until it completes or fails.
-    async fn segment(&self, seg: &mut Segment, st: &mut Stitcher, trim: &mut bool, gaps: &mut Vec<f64>, slow_allowed: bool) -> SegmentEnd {
+    async fn segment(
+        &self,
+        seg: &mut Segment,
+        st: &mut Stitcher,
+        trim: &mut bool,
+        gaps: &mut Vec<f64>,
+        slow_allowed: bool,
+    ) -> SegmentEnd {
         let stall = Duration::from_millis(self.pool.stall_threshold_ms(seg.vi));
-        let baseline_gap = if slow_allowed { self.pool.baseline_gap_ms(seg.vi) } else { None };
-        let mut w = Watch { last_output: seg.start.first_token_at, held: Vec::new(), holding: false, slow_checks: 0, baseline_gap };
-        for ev in std::mem::take(&mut seg.start.head).into_iter().chain(std::mem::take(&mut seg.start.pending)) {
+        let baseline_gap = if slow_allowed {
+            self.pool.baseline_gap_ms(seg.vi)
+        } else {
+            None
+        };
+        let mut w = Watch {
+            last_output: seg.start.first_token_at,
+            held: Vec::new(),
+            holding: false,
+            slow_checks: 0,
+            baseline_gap,
+        };
+        for ev in std::mem::take(&mut seg.start.head)
+            .into_iter()
+            .chain(std::mem::take(&mut seg.start.pending))
+        {
             if let Some(end) = self.handle(ev, st, trim, &mut w, gaps).await {
                 return end;
             }
@@ -269,13 +363,34 @@ impl Relay {
             };
             let chunk = match next {
                 Err(_) if stall_at >= self.ctx.deadline => return SegmentEnd::Deadline,
-                Err(_) => return SegmentEnd::Failed { reason: "stall", message: format!("the upstream stalled: no output for {} ms", stall.as_millis()) },
-                Ok(None) => return SegmentEnd::Failed { reason: "error", message: "the upstream closed the stream before it was complete".into() },
-                Ok(Some(Err(e))) => return SegmentEnd::Failed { reason: "error", message: format!("upstream connection failed mid-stream: {e}") },
+                Err(_) => {
+                    return SegmentEnd::Failed {
+                        reason: "stall",
+                        message: format!(
+                            "the upstream stalled: no output for {} ms",
+                            stall.as_millis()
+                        ),
+                    }
+                }
+                Ok(None) => {
+                    return SegmentEnd::Failed {
+                        reason: "error",
+                        message: "the upstream closed the stream before it was complete".into(),
+                    }
+                }
+                Ok(Some(Err(e))) => {
+                    return SegmentEnd::Failed {
+                        reason: "error",
+                        message: format!("upstream connection failed mid-stream: {e}"),
+                    }
+                }
                 Ok(Some(Ok(c))) => c,
             };
             if let Err(e) = seg.start.decoder.feed(&chunk, &mut events) {
-                return SegmentEnd::Failed { reason: "error", message: format!("upstream stream framing error: {e}") };
+                return SegmentEnd::Failed {
+                    reason: "error",
+                    message: format!("upstream stream framing error: {e}"),
+                };
             }
             for ev in std::mem::take(&mut events) {
                 if let Some(end) = self.handle(ev, st, trim, &mut w, gaps).await {
@@ -285,11 +400,28 @@ impl Relay {
         }
     }
 
-    async fn handle(&self, ev: SseEvent, st: &mut Stitcher, trim: &mut bool, w: &mut Watch, gaps: &mut Vec<f64>) -> Option<SegmentEnd> {
+    async fn handle(
+        &self,
+        ev: SseEvent,
+        st: &mut Stitcher,
+        trim: &mut bool,
+        w: &mut Watch,
+        gaps: &mut Vec<f64>,
+    ) -> Option<SegmentEnd> {
         let role = event_role(self.protocol, &ev);
         match &role {
-            EventRole::Malformed(m) => return Some(SegmentEnd::Failed { reason: "error", message: format!("upstream sent a malformed event: {m}") }),
-            EventRole::Error(m) => return Some(SegmentEnd::Failed { reason: "error", message: format!("upstream error event: {m}") }),
+            EventRole::Malformed(m) => {
+                return Some(SegmentEnd::Failed {
+                    reason: "error",
+                    message: format!("upstream sent a malformed event: {m}"),
+                })
+            }
+            EventRole::Error(m) => {
+                return Some(SegmentEnd::Failed {
+                    reason: "error",
+                    message: format!("upstream error event: {m}"),
+                })
+            }
             EventRole::Output => {
                 let now = Instant::now();
                 gaps.push(now.duration_since(w.last_output).as_secs_f64() * 1000.0);
@@ -359,16 +491,26 @@ impl Watch {
 }
 
 fn starts_tool_call(protocol: Protocol, ev: &SseEvent) -> bool {
-    let Ok(v) = serde_json::from_str::<Value>(&ev.data) else { return false };
+    let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
+        return false;
+    };
     match protocol {
-        Protocol::OpenAi => v.pointer("/choices/0/delta/tool_calls").is_some_and(|t| !t.is_null()),
-        Protocol::Anthropic => ev.event.as_deref() == Some("content_block_start") && v.pointer("/content_block/type").and_then(Value::as_str) == Some("tool_use"),
+        Protocol::OpenAi => v
+            .pointer("/choices/0/delta/tool_calls")
+            .is_some_and(|t| !t.is_null()),
+        Protocol::Anthropic => {
+            ev.event.as_deref() == Some("content_block_start")
+                && v.pointer("/content_block/type").and_then(Value::as_str) == Some("tool_use")
+        }
     }
 }
 
 fn ends_tool_call(protocol: Protocol, ev: &SseEvent) -> bool {
     match protocol {
-        Protocol::OpenAi => serde_json::from_str::<Value>(&ev.data).is_ok_and(|v| v.pointer("/choices/0/finish_reason").is_some_and(|f| !f.is_null())),
+        Protocol::OpenAi => serde_json::from_str::<Value>(&ev.data).is_ok_and(|v| {
+            v.pointer("/choices/0/finish_reason")
+                .is_some_and(|f| !f.is_null())
+        }),
         Protocol::Anthropic => ev.event.as_deref() == Some("content_block_stop"),
     }
 }

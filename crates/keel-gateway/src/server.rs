@@ -24,7 +24,11 @@ use crate::{admission, execution, full_body, Body, Gateway};
 
 /// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests (streams
 /// included) finish for up to `drain_ms`.
-pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+pub async fn serve(
+    gw: Arc<Gateway>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
@@ -32,7 +36,10 @@ pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Futur
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(gw.cfg.header_read_timeout_ms))
         .keep_alive(true);
-    builder.http2().timer(TokioTimer::new()).keep_alive_interval(Some(Duration::from_secs(30)));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(30)));
     tokio::pin!(shutdown);
     let monitor = tokio::spawn(crate::monitor::run(gw.clone()));
     loop {
@@ -51,7 +58,9 @@ pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Futur
         let _ = tcp.set_nodelay(true);
         let gw = gw.clone();
         let svc = hyper::service::service_fn(move |req| handle(gw.clone(), req));
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), svc).into_owned();
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
+            .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             let _ = conn.await;
@@ -59,7 +68,10 @@ pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Futur
     }
     drop(listener);
     monitor.abort();
-    tracing::info!(drain_ms = gw.cfg.drain_ms, "shutting down: draining in-flight requests");
+    tracing::info!(
+        drain_ms = gw.cfg.drain_ms,
+        "shutting down: draining in-flight requests"
+    );
     tokio::select! {
         _ = graceful.shutdown() => tracing::info!("drained"),
         _ = tokio::time::sleep(Duration::from_millis(gw.cfg.drain_ms)) => tracing::warn!("drain deadline reached; closing remaining connections"),
@@ -76,12 +88,21 @@ fn new_request_id() -> String {
 }
 
 /// Routes one request.
-pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+pub async fn handle(
+    gw: Arc<Gateway>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
     let started = Instant::now();
     let path = req.uri().path().to_owned();
     let endpoint = Endpoint::from_path(&path);
     let anthropic_client = req.headers().contains_key("anthropic-version");
-    let protocol = endpoint.map(Endpoint::protocol).unwrap_or(if anthropic_client { Protocol::Anthropic } else { Protocol::OpenAi });
+    let protocol = endpoint
+        .map(Endpoint::protocol)
+        .unwrap_or(if anthropic_client {
+            Protocol::Anthropic
+        } else {
+            Protocol::OpenAi
+        });
     let resp = match (req.method(), endpoint, path.as_str()) {
         (&Method::POST, Some(ep), _) => handle_generation(&gw, ep, req, started).await,
         (&Method::GET, _, "/v1/models") => models(&gw, anthropic_client),
@@ -90,21 +111,41 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response
             let body = serde_json::to_string(&gw.decisions()).unwrap_or_else(|_| "[]".into());
             full_body(StatusCode::OK, "application/json", Bytes::from(body))
         }
-        (&Method::GET, _, "/metrics") | (&Method::GET, _, "/keel/metrics") => {
-            full_body(StatusCode::OK, "text/plain; version=0.0.4", Bytes::from(crate::metrics::render()))
-        }
-        (_, Some(_), _) | (_, _, "/v1/models" | "/keel/health" | "/keel/decisions" | "/metrics" | "/keel/metrics") => {
-            let mut r = GatewayError::new(ErrorKind::InvalidRequest, format!("method {} is not allowed on {path}", req.method())).to_response(protocol);
+        (&Method::GET, _, "/metrics") | (&Method::GET, _, "/keel/metrics") => full_body(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            Bytes::from(crate::metrics::render()),
+        ),
+        (_, Some(_), _)
+        | (
+            _,
+            _,
+            "/v1/models" | "/keel/health" | "/keel/decisions" | "/metrics" | "/keel/metrics",
+        ) => {
+            let mut r = GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!("method {} is not allowed on {path}", req.method()),
+            )
+            .to_response(protocol);
             *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
             r
         }
-        _ => GatewayError::new(ErrorKind::NotFound, format!("no route for {} {path}", req.method())).to_response(protocol),
+        _ => GatewayError::new(
+            ErrorKind::NotFound,
+            format!("no route for {} {path}", req.method()),
+        )
+        .to_response(protocol),
     };
     Ok(resp)
 }
 
 /// The four stages, in order, for one generation request.
-pub async fn handle_generation(gw: &Arc<Gateway>, endpoint: Endpoint, req: Request<Incoming>, started: Instant) -> Response<Body> {
+pub async fn handle_generation(
+    gw: &Arc<Gateway>,
+    endpoint: Endpoint,
+    req: Request<Incoming>,
+    started: Instant,
+) -> Response<Body> {
     let protocol = endpoint.protocol();
     let id = new_request_id();
     let (parts, body) = req.into_parts();
@@ -113,7 +154,13 @@ pub async fn handle_generation(gw: &Arc<Gateway>, endpoint: Endpoint, req: Reque
     // Stage 0: admission.
     let admitted = match admission::admit(gw, endpoint, &parts, body, &id, started).await {
         Ok(a) => a,
-        Err(e) => return delivery::error_response(RequestLog::new(&id, started, endpoint, "none"), protocol, &e),
+        Err(e) => {
+            return delivery::error_response(
+                RequestLog::new(&id, started, endpoint, "none"),
+                protocol,
+                &e,
+            )
+        }
     };
     let admission::Admitted { req, pool, ctx } = admitted;
     let mut log = RequestLog::new(&id, started, endpoint, &pool.cfg.name);
@@ -127,12 +174,17 @@ pub async fn handle_generation(gw: &Arc<Gateway>, endpoint: Endpoint, req: Reque
     }
 
     // Stage 1: selection.
-    let controls = Controls { force_variant: ctx.force_variant.as_deref(), preference: ctx.preference, min_tier: ctx.min_tier };
+    let controls = Controls {
+        force_variant: ctx.force_variant.as_deref(),
+        preference: ctx.preference,
+        min_tier: ctx.min_tier,
+    };
     // When every variant is cooling down (upstream retry-after) for a short while, wait for the
     // first to come back instead of failing: the client would have to wait that long anyway.
     let (mut selection, mut record) = pool.select(&req, controls, &id);
     while let Selection::Unavailable { retry_after_ms } = selection {
-        let wake = tokio::time::Instant::now() + std::time::Duration::from_millis(retry_after_ms.max(10));
+        let wake =
+            tokio::time::Instant::now() + std::time::Duration::from_millis(retry_after_ms.max(10));
         if retry_after_ms > QUEUE_WAIT_MAX_MS || wake >= ctx.deadline {
             break;
         }
@@ -147,7 +199,10 @@ pub async fn handle_generation(gw: &Arc<Gateway>, endpoint: Endpoint, req: Reque
         Selection::Unavailable { retry_after_ms } => {
             let e = GatewayError::new(
                 ErrorKind::Overloaded,
-                format!("every variant of `{}` is cooling down or at its concurrency limit", pool.cfg.name),
+                format!(
+                    "every variant of `{}` is cooling down or at its concurrency limit",
+                    pool.cfg.name
+                ),
             )
             .with_retry_after(retry_after_ms);
             return delivery::error_response(log, protocol, &e);
@@ -160,11 +215,23 @@ pub async fn handle_generation(gw: &Arc<Gateway>, endpoint: Endpoint, req: Reque
             return delivery::error_response(log, protocol, &e);
         }
         Selection::NoTier { min_tier } => {
-            let e = GatewayError::new(ErrorKind::InvalidRequest, format!("x-keel-min-tier: `{}` has no variant of tier {min_tier} or better", pool.cfg.name));
+            let e = GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "x-keel-min-tier: `{}` has no variant of tier {min_tier} or better",
+                    pool.cfg.name
+                ),
+            );
             return delivery::error_response(log, protocol, &e);
         }
         Selection::NoSuchVariant(name) => {
-            let e = GatewayError::new(ErrorKind::InvalidRequest, format!("x-keel-force-variant: `{}` has no variant `{name}`", pool.cfg.name));
+            let e = GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "x-keel-force-variant: `{}` has no variant `{name}`",
+                    pool.cfg.name
+                ),
+            );
             return delivery::error_response(log, protocol, &e);
         }
     };
@@ -172,19 +239,35 @@ pub async fn handle_generation(gw: &Arc<Gateway>, endpoint: Endpoint, req: Reque
     // Stage 2: execution; stage 3: delivery. A non-streaming request is streamed upstream (and
     // assembled in delivery) so that it is protected by migration too.
     let client_stream = req.stream;
-    let upstream_req = if !req.stream && endpoint != Endpoint::CountTokens && pool.cfg.assemble_non_streaming && pool.cfg.max_migrations > 0 {
+    let upstream_req = if !req.stream
+        && endpoint != Endpoint::CountTokens
+        && pool.cfg.assemble_non_streaming
+        && pool.cfg.max_migrations > 0
+    {
         let mut r = req;
         r.stream = true;
-        r.body.insert("stream".into(), serde_json::Value::Bool(true));
+        r.body
+            .insert("stream".into(), serde_json::Value::Bool(true));
         if pool.protocol == Protocol::OpenAi {
-            r.body.insert("stream_options".into(), json!({"include_usage": true}));
+            r.body
+                .insert("stream_options".into(), json!({"include_usage": true}));
         }
         r
     } else {
         req
     };
     let executed = execution::execute(gw, &pool, &upstream_req, &ctx, &order).await;
-    delivery::deliver(log, &pool, &ctx, protocol, executed, upstream_req, order, client_stream).await
+    delivery::deliver(
+        log,
+        &pool,
+        &ctx,
+        protocol,
+        executed,
+        upstream_req,
+        order,
+        client_stream,
+    )
+    .await
 }
 
 fn models(gw: &Gateway, anthropic: bool) -> Response<Body> {
@@ -193,10 +276,17 @@ fn models(gw: &Gateway, anthropic: bool) -> Response<Body> {
         let data: Vec<_> = names.iter().map(|n| json!({"type": "model", "id": n, "display_name": n, "created_at": "1970-01-01T00:00:00Z"})).collect();
         json!({"data": data, "has_more": false, "first_id": names.first(), "last_id": names.last()})
     } else {
-        let data: Vec<_> = names.iter().map(|n| json!({"id": n, "object": "model", "created": 0, "owned_by": "keel"})).collect();
+        let data: Vec<_> = names
+            .iter()
+            .map(|n| json!({"id": n, "object": "model", "created": 0, "owned_by": "keel"}))
+            .collect();
         json!({"object": "list", "data": data})
     };
-    full_body(StatusCode::OK, "application/json", Bytes::from(body.to_string()))
+    full_body(
+        StatusCode::OK,
+        "application/json",
+        Bytes::from(body.to_string()),
+    )
 }
 
 fn health(gw: &Gateway) -> Response<Body> {
@@ -205,5 +295,9 @@ fn health(gw: &Gateway) -> Response<Body> {
         .iter()
         .map(|p| json!({"name": p.cfg.name, "protocol": p.protocol.as_str(), "policy": p.cfg.policy, "variants": p.snapshot()}))
         .collect();
-    full_body(StatusCode::OK, "application/json", Bytes::from(json!({"status": "ok", "pools": pools}).to_string()))
+    full_body(
+        StatusCode::OK,
+        "application/json",
+        Bytes::from(json!({"status": "ok", "pools": pools}).to_string()),
+    )
 }

@@ -30,9 +30,23 @@ pub fn client(connect_ms: u64) -> reqwest::Client {
 /// client re-computes, the client's credentials (keel presents the variant's own), cookies,
 /// keel's own controls, and `accept-encoding` (keel parses the stream, so it asks for identity).
 const NOT_FORWARDED: &[&str] = &[
-    "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade", "host", "content-length", "authorization", "x-api-key", "api-key", "cookie",
-    "accept-encoding", "content-type",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "authorization",
+    "x-api-key",
+    "api-key",
+    "cookie",
+    "accept-encoding",
+    "content-type",
 ];
 
 /// The client's headers that travel upstream.
@@ -56,10 +70,19 @@ pub fn forwarded_headers(client: &HeaderMap) -> HeaderMap {
 }
 
 /// Builds the upstream request for one variant.
-pub fn request(client: &reqwest::Client, variant: &VariantConfig, endpoint: Endpoint, forwarded: &HeaderMap, body: Vec<u8>) -> reqwest::RequestBuilder {
+pub fn request(
+    client: &reqwest::Client,
+    variant: &VariantConfig,
+    endpoint: Endpoint,
+    forwarded: &HeaderMap,
+    body: Vec<u8>,
+) -> reqwest::RequestBuilder {
     let url = format!("{}{}", variant.url, endpoint.upstream_path());
     let mut headers = forwarded.clone();
-    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     if let Some(key) = &variant.api_key {
         match variant.protocol {
             Protocol::OpenAi => {
@@ -78,7 +101,10 @@ pub fn request(client: &reqwest::Client, variant: &VariantConfig, endpoint: Endp
         }
     }
     if variant.protocol == Protocol::Anthropic && !headers.contains_key("anthropic-version") {
-        headers.insert(HeaderName::from_static("anthropic-version"), HeaderValue::from_static(ANTHROPIC_VERSION));
+        headers.insert(
+            HeaderName::from_static("anthropic-version"),
+            HeaderValue::from_static(ANTHROPIC_VERSION),
+        );
     }
     client.post(url).headers(headers).body(body)
 }
@@ -90,9 +116,15 @@ mod tests {
     #[test]
     fn strips_credentials_and_hop_by_hop() {
         let mut h = HeaderMap::new();
-        h.insert("authorization", HeaderValue::from_static("Bearer client-key"));
+        h.insert(
+            "authorization",
+            HeaderValue::from_static("Bearer client-key"),
+        );
         h.insert("x-api-key", HeaderValue::from_static("client-key"));
-        h.insert("connection", HeaderValue::from_static("keep-alive, x-trace"));
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, x-trace"),
+        );
         h.insert("x-trace", HeaderValue::from_static("1"));
         h.insert("x-keel-session", HeaderValue::from_static("s"));
         h.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));

@@ -29,7 +29,10 @@ pub struct GenerationConfig {
 
 impl Default for GenerationConfig {
     fn default() -> Self {
-        GenerationConfig { min_reply_tokens: 16, mean_reply_tokens: 48 }
+        GenerationConfig {
+            min_reply_tokens: 16,
+            mean_reply_tokens: 48,
+        }
     }
 }
 
@@ -155,7 +158,12 @@ impl FleetConfig {
     pub fn uniform(n: usize) -> Self {
         FleetConfig {
             generation: GenerationConfig::default(),
-            servers: (0..n).map(|i| ServerConfig { name: format!("sim-{i}"), ..Default::default() }).collect(),
+            servers: (0..n)
+                .map(|i| ServerConfig {
+                    name: format!("sim-{i}"),
+                    ..Default::default()
+                })
+                .collect(),
         }
     }
 
@@ -172,7 +180,8 @@ impl FleetConfig {
                 .unwrap_or_default();
             ConfigError(format!("{origin}{pos}: {}", e.message()))
         })?;
-        cfg.validate().map_err(|e| ConfigError(format!("{origin}: {}", e.0)))?;
+        cfg.validate()
+            .map_err(|e| ConfigError(format!("{origin}: {}", e.0)))?;
         Ok(cfg)
     }
 
@@ -180,10 +189,14 @@ impl FleetConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let g = &self.generation;
         if g.mean_reply_tokens <= g.min_reply_tokens {
-            return Err(ConfigError("generation.mean_reply_tokens: must be greater than min_reply_tokens".into()));
+            return Err(ConfigError(
+                "generation.mean_reply_tokens: must be greater than min_reply_tokens".into(),
+            ));
         }
         if self.servers.is_empty() {
-            return Err(ConfigError("servers: at least one [[servers]] entry is required".into()));
+            return Err(ConfigError(
+                "servers: at least one [[servers]] entry is required".into(),
+            ));
         }
         for (i, s) in self.servers.iter().enumerate() {
             let field = |f: &str, what: &str| Err(ConfigError(format!("servers[{i}].{f}: {what}")));
@@ -215,10 +228,14 @@ impl FleetConfig {
                 return field("tail_factor", "must be ≥ 1");
             }
             if s.port != 0 && s.replicas > 1 {
-                return field("port", "a fixed port cannot be shared by several replicas (use port = 0)");
+                return field(
+                    "port",
+                    "a fixed port cannot be shared by several replicas (use port = 0)",
+                );
             }
             for (j, f) in s.faults.iter().enumerate() {
-                f.validate().map_err(|e| ConfigError(format!("servers[{i}].faults[{j}].{e}")))?;
+                f.validate()
+                    .map_err(|e| ConfigError(format!("servers[{i}].faults[{j}].{e}")))?;
             }
         }
         Ok(())
@@ -228,11 +245,19 @@ impl FleetConfig {
     pub fn expanded(&self) -> Vec<ServerConfig> {
         let mut out = Vec::new();
         for (i, s) in self.servers.iter().enumerate() {
-            let base = if s.name.is_empty() { format!("sim-{i}") } else { s.name.clone() };
+            let base = if s.name.is_empty() {
+                format!("sim-{i}")
+            } else {
+                s.name.clone()
+            };
             for r in 0..s.replicas {
                 let mut c = s.clone();
                 c.replicas = 1;
-                c.name = if s.replicas > 1 { format!("{base}-{r}") } else { base.clone() };
+                c.name = if s.replicas > 1 {
+                    format!("{base}-{r}")
+                } else {
+                    base.clone()
+                };
                 if c.seed.is_none() {
                     c.seed = Some(out.len() as u64 + 1);
                 }
@@ -249,7 +274,8 @@ mod tests {
 
     #[test]
     fn unknown_field_is_named_with_position() {
-        let e = FleetConfig::from_toml("[[servers]]\nname = \"a\"\ncapacty = 3\n", "sim.toml").unwrap_err();
+        let e = FleetConfig::from_toml("[[servers]]\nname = \"a\"\ncapacty = 3\n", "sim.toml")
+            .unwrap_err();
         assert!(e.0.starts_with("sim.toml:3:1"), "{}", e.0);
         assert!(e.0.contains("capacty"), "{}", e.0);
     }
@@ -258,7 +284,8 @@ mod tests {
     fn range_errors_name_the_field() {
         let e = FleetConfig::from_toml("[[servers]]\ncapacity = 0\n", "sim.toml").unwrap_err();
         assert_eq!(e.0, "sim.toml: servers[0].capacity: must be at least 1");
-        let e = FleetConfig::from_toml("[[servers]]\n[[servers.faults]]\nkind = \"stall\"\n", "f").unwrap_err();
+        let e = FleetConfig::from_toml("[[servers]]\n[[servers.faults]]\nkind = \"stall\"\n", "f")
+            .unwrap_err();
         assert!(e.0.contains("servers[0].faults[0].after_tokens"), "{}", e.0);
     }
 

@@ -93,13 +93,20 @@ impl FaultSpec {
                 Some(_) => Err("status: must be an HTTP error status (400–599)".into()),
                 None => Err("status: required for kind \"error\" (e.g. 429, 500, 503, 529)".into()),
             },
-            FaultKind::Stall | FaultKind::Close | FaultKind::Malformed if self.after_tokens.is_none() => {
-                Err(format!("after_tokens: required for kind \"{}\"", kind_name(self.kind)))
+            FaultKind::Stall | FaultKind::Close | FaultKind::Malformed
+                if self.after_tokens.is_none() =>
+            {
+                Err(format!(
+                    "after_tokens: required for kind \"{}\"",
+                    kind_name(self.kind)
+                ))
             }
             FaultKind::Slowdown if !self.factor.is_some_and(|f| f.is_finite() && f >= 1.0) => {
                 Err("factor: required for kind \"slowdown\", a number ≥ 1".into())
             }
-            FaultKind::ColdStart if self.extra_ms.is_none() => Err("extra_ms: required for kind \"cold_start\"".into()),
+            FaultKind::ColdStart if self.extra_ms.is_none() => {
+                Err("extra_ms: required for kind \"cold_start\"".into())
+            }
             FaultKind::Delay if self.ms.is_none() => Err("ms: required for kind \"delay\"".into()),
             FaultKind::Degraded if self.error_rate.is_some_and(|r| !(0.0..=1.0).contains(&r)) => {
                 Err("error_rate: must be between 0 and 1".into())
@@ -110,7 +117,10 @@ impl FaultSpec {
 }
 
 fn kind_name(k: FaultKind) -> String {
-    serde_json::to_value(k).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+    serde_json::to_value(k)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 /// What goes wrong with one request.
@@ -151,7 +161,11 @@ impl FaultSet {
 
     /// Resolves the faults for one request, consuming counts.
     pub fn resolve(&mut self, rng: &mut Rng) -> RequestFaults {
-        let mut out = RequestFaults { gap_factor: 1.0, ttft_factor: 1.0, ..Default::default() };
+        let mut out = RequestFaults {
+            gap_factor: 1.0,
+            ttft_factor: 1.0,
+            ..Default::default()
+        };
         for (f, remaining) in &mut self.active {
             if *remaining == Some(0) {
                 continue;

@@ -28,7 +28,9 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(blocks: u32, block_tokens: u32) -> Self {
         KvCache {
-            blocks: LruCache::new(NonZeroUsize::new(blocks.max(1) as usize).unwrap_or(NonZeroUsize::MIN)),
+            blocks: LruCache::new(
+                NonZeroUsize::new(blocks.max(1) as usize).unwrap_or(NonZeroUsize::MIN),
+            ),
             block_tokens: block_tokens.max(1) as usize,
         }
     }
@@ -63,7 +65,12 @@ impl KvCache {
 }
 
 /// Draws TTFT (without queueing and fault extras) in milliseconds.
-pub fn draw_ttft_ms(cfg: &ServerConfig, rng: &mut Rng, uncached_tokens: usize, ttft_factor: f64) -> f64 {
+pub fn draw_ttft_ms(
+    cfg: &ServerConfig,
+    rng: &mut Rng,
+    uncached_tokens: usize,
+    ttft_factor: f64,
+) -> f64 {
     let mut base = rng.lognormal(cfg.ttft_ms, cfg.ttft_sigma) * ttft_factor;
     if cfg.tail_prob > 0.0 && rng.next_f64() < cfg.tail_prob {
         base *= cfg.tail_factor;
@@ -87,7 +94,10 @@ mod tests {
         let a = "one two three four five six seven eight nine ten";
         assert_eq!(kv.admit(a), (0, 10));
         // Same first 8 tokens (two full blocks), different tail.
-        assert_eq!(kv.admit("one two three four five six seven eight x y z w"), (8, 12));
+        assert_eq!(
+            kv.admit("one two three four five six seven eight x y z w"),
+            (8, 12)
+        );
         // Different first block: nothing is a hit even though later blocks match text.
         assert_eq!(kv.admit("zero two three four five six seven eight").0, 0);
         assert!(kv.usage() > 0.0);
@@ -95,7 +105,12 @@ mod tests {
 
     #[test]
     fn ttft_grows_with_uncached_prompt() {
-        let cfg = ServerConfig { ttft_sigma: 0.0, ttft_ms: 10.0, prefill_us_per_token: 1000.0, ..Default::default() };
+        let cfg = ServerConfig {
+            ttft_sigma: 0.0,
+            ttft_ms: 10.0,
+            prefill_us_per_token: 1000.0,
+            ..Default::default()
+        };
         let mut rng = Rng::new(1);
         assert_eq!(draw_ttft_ms(&cfg, &mut rng, 0, 1.0), 10.0);
         assert_eq!(draw_ttft_ms(&cfg, &mut rng, 50, 1.0), 60.0);

@@ -38,7 +38,11 @@ impl Fleet {
         let cfg = FleetConfig {
             generation: GenerationConfig::default(),
             servers: (0..n)
-                .map(|i| ServerConfig { name: format!("sim-{i}"), seed: Some(i as u64 + 1), ..template.clone() })
+                .map(|i| ServerConfig {
+                    name: format!("sim-{i}"),
+                    seed: Some(i as u64 + 1),
+                    ..template.clone()
+                })
                 .collect(),
         };
         Fleet::start(&cfg).await

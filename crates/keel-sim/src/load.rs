@@ -60,7 +60,9 @@ impl LoadConfig {
     fn body(&self, i: usize) -> Value {
         let prompt = &self.prompts[i % self.prompts.len().max(1)];
         match self.endpoint {
-            Endpoint::Completions => json!({"model": self.model, "prompt": prompt, "max_tokens": self.max_tokens, "stream": self.stream}),
+            Endpoint::Completions => {
+                json!({"model": self.model, "prompt": prompt, "max_tokens": self.max_tokens, "stream": self.stream})
+            }
             _ => json!({"model": self.model, "max_tokens": self.max_tokens, "stream": self.stream,
                 "messages": [{"role": "user", "content": prompt}]}),
         }
@@ -127,14 +129,24 @@ impl LoadReport {
             "sent {}  ok {}  errors {}  shed {}  achieved {:.1} req/s\n",
             self.sent, self.ok, self.errors, self.shed, self.achieved_rps
         );
-        s.push_str(&format!("{:<8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "measure", "count", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms"));
-        for (name, m) in [("ttft", &self.ttft), ("total", &self.total), ("gap", &self.gap)] {
+        s.push_str(&format!(
+            "{:<8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+            "measure", "count", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms"
+        ));
+        for (name, m) in [
+            ("ttft", &self.ttft),
+            ("total", &self.total),
+            ("gap", &self.gap),
+        ] {
             s.push_str(&format!(
                 "{:<8} {:>8} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>10.3}\n",
                 name, m.count, m.p50_ms, m.p90_ms, m.p99_ms, m.p999_ms, m.max_ms
             ));
         }
-        s.push_str(&format!("dispatch lag p50 {:.3} ms, p99 {:.3} ms\n", self.dispatch_lag.p50_ms, self.dispatch_lag.p99_ms));
+        s.push_str(&format!(
+            "dispatch lag p50 {:.3} ms, p99 {:.3} ms\n",
+            self.dispatch_lag.p50_ms, self.dispatch_lag.p99_ms
+        ));
         for (k, v) in &self.error_kinds {
             s.push_str(&format!("error {k}: {v}\n"));
         }
@@ -167,7 +179,13 @@ pub async fn run(cfg: LoadConfig) -> LoadReport {
 
 /// Runs the load with a given client (to share connection pools between runs).
 pub async fn run_with_client(cfg: LoadConfig, client: reqwest::Client) -> LoadReport {
-    let rec = Arc::new(Mutex::new(Recorder { ttft: hist(), total: hist(), gap: hist(), ok: 0, errors: BTreeMap::new() }));
+    let rec = Arc::new(Mutex::new(Recorder {
+        ttft: hist(),
+        total: hist(),
+        gap: hist(),
+        ok: 0,
+        errors: BTreeMap::new(),
+    }));
     let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let cfg = Arc::new(cfg);
     let interval = Duration::from_secs_f64(1.0 / cfg.rps.max(0.001));
@@ -188,7 +206,8 @@ pub async fn run_with_client(cfg: LoadConfig, client: reqwest::Client) -> LoadRe
             }
         }
         in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (client, cfg, rec, in_flight) = (client.clone(), cfg.clone(), rec.clone(), in_flight.clone());
+        let (client, cfg, rec, in_flight) =
+            (client.clone(), cfg.clone(), rec.clone(), in_flight.clone());
         tasks.push(tokio::spawn(async move {
             let result = one(&client, &cfg, i, dispatched).await;
             in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -232,15 +251,29 @@ struct Measured {
     gaps_us: Vec<u64>,
 }
 
-async fn one(client: &reqwest::Client, cfg: &LoadConfig, i: usize, scheduled: Instant) -> Result<Measured, String> {
-    let mut req = client.post(cfg.target()).header("content-type", "application/json").body(cfg.body(i).to_string());
+async fn one(
+    client: &reqwest::Client,
+    cfg: &LoadConfig,
+    i: usize,
+    scheduled: Instant,
+) -> Result<Measured, String> {
+    let mut req = client
+        .post(cfg.target())
+        .header("content-type", "application/json")
+        .body(cfg.body(i).to_string());
     if cfg.endpoint.protocol() == keel_core::protocol::Protocol::Anthropic {
         req = req.header("anthropic-version", "2023-06-01");
     }
     for (k, v) in &cfg.headers {
         req = req.header(k, v);
     }
-    let resp = req.send().await.map_err(|e| if e.is_connect() { "connect".to_owned() } else { "io".to_owned() })?;
+    let resp = req.send().await.map_err(|e| {
+        if e.is_connect() {
+            "connect".to_owned()
+        } else {
+            "io".to_owned()
+        }
+    })?;
     let status = resp.status().as_u16();
     if status != 200 {
         return Err(format!("status_{status}"));
@@ -250,7 +283,11 @@ async fn one(client: &reqwest::Client, cfg: &LoadConfig, i: usize, scheduled: In
         let body = resp.bytes().await.map_err(|_| "io".to_owned())?;
         serde_json::from_slice::<Value>(&body).map_err(|_| "malformed".to_owned())?;
         let now = us(Instant::now());
-        return Ok(Measured { ttft_us: now, total_us: now, gaps_us: Vec::new() });
+        return Ok(Measured {
+            ttft_us: now,
+            total_us: now,
+            gaps_us: Vec::new(),
+        });
     }
     let protocol = cfg.endpoint.protocol();
     let mut dec = SseDecoder::new();
@@ -262,7 +299,8 @@ async fn one(client: &reqwest::Client, cfg: &LoadConfig, i: usize, scheduled: In
     let mut terminal = false;
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|_| "stream_broken".to_owned())?;
-        dec.feed(&chunk, &mut events).map_err(|_| "stream_framing".to_owned())?;
+        dec.feed(&chunk, &mut events)
+            .map_err(|_| "stream_framing".to_owned())?;
         for ev in events.drain(..) {
             match event_role(protocol, &ev) {
                 EventRole::Output => {
@@ -283,5 +321,9 @@ async fn one(client: &reqwest::Client, cfg: &LoadConfig, i: usize, scheduled: In
     if !terminal {
         return Err("stream_incomplete".into());
     }
-    Ok(Measured { ttft_us: first.unwrap_or_else(|| us(Instant::now())), total_us: us(Instant::now()), gaps_us: gaps })
+    Ok(Measured {
+        ttft_us: first.unwrap_or_else(|| us(Instant::now())),
+        total_us: us(Instant::now()),
+        gaps_us: gaps,
+    })
 }

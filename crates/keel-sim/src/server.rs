@@ -37,7 +37,9 @@ use crate::wire::{count_tokens_body, parse_request, Reply};
 type Body = BoxBody<Bytes, io::Error>;
 
 /// TTFT histogram bucket bounds in seconds (vLLM's).
-const TTFT_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
 
 /// Counters and gauges, readable by tests through [`SimServer::stats`] and `GET /sim/stats`.
 #[derive(Default)]
@@ -127,7 +129,8 @@ impl SimServer {
     /// Clears every fault; a configured cold start re-arms, as after a restart.
     pub fn clear_faults(&self) {
         lock(&self.faults).clear();
-        self.cold_remaining.store(self.cfg.cold_start_requests, Ordering::Relaxed);
+        self.cold_remaining
+            .store(self.cfg.cold_start_requests, Ordering::Relaxed);
     }
 
     /// Headers of the last generation request received (tests check what a proxy forwarded).
@@ -151,8 +154,12 @@ impl SimServer {
             (&Method::POST, Some(ep), _) => self.generate(ep, req).await,
             (&Method::GET, _, "/v1/models") => Ok(json_response(StatusCode::OK, &self.models())),
             (&Method::GET, _, "/metrics") => Ok(text_response(self.metrics())),
-            (&Method::GET, _, "/health") => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
-            (&Method::GET, _, "/sim/stats") => Ok(json_response(StatusCode::OK, &self.stats_json())),
+            (&Method::GET, _, "/health") => {
+                Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
+            }
+            (&Method::GET, _, "/sim/stats") => {
+                Ok(json_response(StatusCode::OK, &self.stats_json()))
+            }
             (&Method::GET, _, "/sim/faults") => {
                 let list = lock(&self.faults).list();
                 Ok(json_response(StatusCode::OK, &json!(list)))
@@ -164,7 +171,11 @@ impl SimServer {
             }
             _ => Ok(json_response(
                 StatusCode::NOT_FOUND,
-                &error_body(Protocol::OpenAi, ErrorKind::NotFound, &format!("no route for {} {path}", req.method())),
+                &error_body(
+                    Protocol::OpenAi,
+                    ErrorKind::NotFound,
+                    &format!("no route for {} {path}", req.method()),
+                ),
             )),
         }
     }
@@ -195,11 +206,18 @@ impl SimServer {
         for s in specs {
             self.add_fault(s);
         }
-        json_response(StatusCode::OK, &json!({"added": n, "active": lock(&self.faults).list()}))
+        json_response(
+            StatusCode::OK,
+            &json!({"added": n, "active": lock(&self.faults).list()}),
+        )
     }
 
     fn models(&self) -> Value {
-        let names: Vec<&str> = if self.cfg.models.is_empty() { vec!["sim"] } else { self.cfg.models.iter().map(String::as_str).collect() };
+        let names: Vec<&str> = if self.cfg.models.is_empty() {
+            vec!["sim"]
+        } else {
+            self.cfg.models.iter().map(String::as_str).collect()
+        };
         json!({"object": "list", "data": names.iter().map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "keel-sim"})).collect::<Vec<_>>()})
     }
 
@@ -216,24 +234,52 @@ impl SimServer {
         let kv = lock(&self.kv).usage();
         let mut out = String::new();
         let mut gauge = |name: &str, help: &str, v: String| {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{model_name=\"{m}\"}} {v}\n"));
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{model_name=\"{m}\"}} {v}\n"
+            ));
         };
-        gauge("vllm:num_requests_running", "Number of requests in model execution batches.", s.running.to_string());
-        gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.waiting.to_string());
-        gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", format!("{kv}"));
+        gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            s.running.to_string(),
+        );
+        gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            s.waiting.to_string(),
+        );
+        gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            format!("{kv}"),
+        );
         let (buckets, sum, count) = lock(&self.ttft).clone();
         out.push_str("# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.\n");
         out.push_str("# TYPE vllm:time_to_first_token_seconds histogram\n");
         let mut cum = 0;
         for (le, n) in TTFT_BUCKETS.iter().zip(buckets.iter()) {
             cum += n;
-            out.push_str(&format!("vllm:time_to_first_token_seconds_bucket{{le=\"{le}\",model_name=\"{m}\"}} {cum}\n"));
+            out.push_str(&format!(
+                "vllm:time_to_first_token_seconds_bucket{{le=\"{le}\",model_name=\"{m}\"}} {cum}\n"
+            ));
         }
-        out.push_str(&format!("vllm:time_to_first_token_seconds_bucket{{le=\"+Inf\",model_name=\"{m}\"}} {count}\n"));
-        out.push_str(&format!("vllm:time_to_first_token_seconds_sum{{model_name=\"{m}\"}} {sum}\n"));
-        out.push_str(&format!("vllm:time_to_first_token_seconds_count{{model_name=\"{m}\"}} {count}\n"));
-        out.push_str(&format!("# TYPE sim_requests_total counter\nsim_requests_total {}\n", s.requests));
-        out.push_str(&format!("# TYPE sim_requests_cancelled_total counter\nsim_requests_cancelled_total {}\n", s.cancelled));
+        out.push_str(&format!(
+            "vllm:time_to_first_token_seconds_bucket{{le=\"+Inf\",model_name=\"{m}\"}} {count}\n"
+        ));
+        out.push_str(&format!(
+            "vllm:time_to_first_token_seconds_sum{{model_name=\"{m}\"}} {sum}\n"
+        ));
+        out.push_str(&format!(
+            "vllm:time_to_first_token_seconds_count{{model_name=\"{m}\"}} {count}\n"
+        ));
+        out.push_str(&format!(
+            "# TYPE sim_requests_total counter\nsim_requests_total {}\n",
+            s.requests
+        ));
+        out.push_str(&format!(
+            "# TYPE sim_requests_cancelled_total counter\nsim_requests_cancelled_total {}\n",
+            s.cancelled
+        ));
         out
     }
 
@@ -263,16 +309,31 @@ impl SimServer {
         json_response(code, &error_body(protocol, kind, message))
     }
 
-    async fn generate(self: Arc<Self>, endpoint: Endpoint, req: Request<Incoming>) -> Result<Response<Body>, io::Error> {
+    async fn generate(
+        self: Arc<Self>,
+        endpoint: Endpoint,
+        req: Request<Incoming>,
+    ) -> Result<Response<Body>, io::Error> {
         let arrived = Instant::now();
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         let protocol = endpoint.protocol();
-        *lock(&self.last_headers) =
-            req.headers().iter().map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
+        *lock(&self.last_headers) = req
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
 
         if let Some(key) = &self.cfg.api_key {
             let h = req.headers();
-            let bearer = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+            let bearer = h
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "));
             let xkey = h.get("x-api-key").and_then(|v| v.to_str().ok());
             if bearer != Some(key.as_str()) && xkey != Some(key.as_str()) {
                 self.counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -281,7 +342,9 @@ impl SimServer {
         }
         let bytes = match Limited::new(req.into_body(), 32 << 20).collect().await {
             Ok(b) => b.to_bytes(),
-            Err(e) => return Ok(self.protocol_error(protocol, 400, &format!("cannot read body: {e}"))),
+            Err(e) => {
+                return Ok(self.protocol_error(protocol, 400, &format!("cannot read body: {e}")))
+            }
         };
         let body: Value = match serde_json::from_slice(&bytes) {
             Ok(v) => v,
@@ -297,7 +360,11 @@ impl SimServer {
         };
         if !self.cfg.models.is_empty() && !self.cfg.models.contains(&sreq.model) {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            return Ok(self.protocol_error(protocol, 404, &format!("The model `{}` does not exist.", sreq.model)));
+            return Ok(self.protocol_error(
+                protocol,
+                404,
+                &format!("The model `{}` does not exist.", sreq.model),
+            ));
         }
         if endpoint == Endpoint::CountTokens {
             self.counters.completed.fetch_add(1, Ordering::Relaxed);
@@ -309,7 +376,10 @@ impl SimServer {
             let mut rng = lock(&self.rng);
             lock(&self.faults).resolve(&mut rng)
         };
-        let cold = self.cold_remaining.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok();
+        let cold = self
+            .cold_remaining
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
         if cold {
             faults.extra_ttft_ms += self.cfg.cold_start_extra_ms;
             self.counters.cold_served.fetch_add(1, Ordering::Relaxed);
@@ -322,30 +392,61 @@ impl SimServer {
         }
         if faults.reset {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            return Err(io::Error::new(io::ErrorKind::ConnectionReset, "sim fault: reset"));
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "sim fault: reset",
+            ));
         }
         if let Some(hang) = faults.hang_ms {
             tokio::time::sleep(Duration::from_millis(hang.unwrap_or(24 * 3600 * 1000))).await;
         }
         if let Some((status, retry_after)) = faults.error {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            let mut resp = self.protocol_error(protocol, status, &format!("sim fault: HTTP {status}"));
+            let mut resp =
+                self.protocol_error(protocol, status, &format!("sim fault: HTTP {status}"));
             if let Some(s) = retry_after {
                 let h = resp.headers_mut();
-                h.insert(header::RETRY_AFTER, header_value(&format!("{}", s.ceil() as u64)));
-                h.insert("retry-after-ms", header_value(&format!("{}", (s * 1000.0).round() as u64)));
+                h.insert(
+                    header::RETRY_AFTER,
+                    header_value(&format!("{}", s.ceil() as u64)),
+                );
+                h.insert(
+                    "retry-after-ms",
+                    header_value(&format!("{}", (s * 1000.0).round() as u64)),
+                );
             }
             return Ok(resp);
         }
 
-        let out = self.gen.generate(sreq.mode, &sreq.context, &sreq.prefill, sreq.max_tokens, &sreq.stop);
-        let created = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        let mut reply = Reply::new(&sreq, out, self.id_counter.fetch_add(1, Ordering::Relaxed), created);
-        let (cached, _) = lock(&self.kv).admit(&format!("{}{}", normalize(&sreq.context), sreq.prefill));
+        let out = self.gen.generate(
+            sreq.mode,
+            &sreq.context,
+            &sreq.prefill,
+            sreq.max_tokens,
+            &sreq.stop,
+        );
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut reply = Reply::new(
+            &sreq,
+            out,
+            self.id_counter.fetch_add(1, Ordering::Relaxed),
+            created,
+        );
+        let (cached, _) =
+            lock(&self.kv).admit(&format!("{}{}", normalize(&sreq.context), sreq.prefill));
         reply.cached_tokens = cached as u64;
         let uncached = (sreq.prompt_tokens as usize).saturating_sub(cached);
 
-        let run = Generation { server: self.clone(), reply, faults, uncached, arrived };
+        let run = Generation {
+            server: self.clone(),
+            reply,
+            faults,
+            uncached,
+            arrived,
+        };
         if sreq.stream {
             Ok(run.stream())
         } else {
@@ -382,19 +483,29 @@ impl Generation {
         let permit = s.slots.acquire().await.ok();
         s.counters.waiting.fetch_sub(1, Ordering::Relaxed);
         s.counters.running.fetch_add(1, Ordering::Relaxed);
-        permit.map(|p| Slot { _permit: p, server: s })
+        permit.map(|p| Slot {
+            _permit: p,
+            server: s,
+        })
     }
 
     /// Time to first token from now (the slot is held), in ms.
     fn ttft_ms(&self) -> f64 {
         let mut rng = lock(&self.server.rng);
-        draw_ttft_ms(&self.server.cfg, &mut rng, self.uncached, self.faults.ttft_factor) + self.faults.extra_ttft_ms as f64
+        draw_ttft_ms(
+            &self.server.cfg,
+            &mut rng,
+            self.uncached,
+            self.faults.ttft_factor,
+        ) + self.faults.extra_ttft_ms as f64
     }
 
     fn gap(&self) -> Duration {
         let running = self.server.counters.running.load(Ordering::Relaxed).max(0) as u32;
         let mut rng = lock(&self.server.rng);
-        Duration::from_secs_f64(draw_gap_ms(&self.server.cfg, &mut rng, running, self.faults.gap_factor) / 1000.0)
+        Duration::from_secs_f64(
+            draw_gap_ms(&self.server.cfg, &mut rng, running, self.faults.gap_factor) / 1000.0,
+        )
     }
 
     /// Non-streaming: the whole body after the whole generation time.
@@ -402,7 +513,8 @@ impl Generation {
         let slot = self.acquire().await;
         let ttft = Duration::from_secs_f64(self.ttft_ms() / 1000.0);
         sleep_unless_zero(ttft).await;
-        self.server.record_ttft(self.arrived.elapsed().as_secs_f64());
+        self.server
+            .record_ttft(self.arrived.elapsed().as_secs_f64());
         let mut total = Duration::ZERO;
         for i in 0..self.reply.pieces.len() {
             if let Some((after, ms)) = self.faults.stall {
@@ -413,7 +525,10 @@ impl Generation {
             if self.faults.close_after == Some(i as u64) {
                 tokio::time::sleep(total).await;
                 self.server.counters.errors.fetch_add(1, Ordering::Relaxed);
-                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "sim fault: close"));
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "sim fault: close",
+                ));
             }
             total += self.gap();
         }
@@ -423,11 +538,25 @@ impl Generation {
         if self.faults.malformed_after.is_some() {
             self.server.counters.errors.fetch_add(1, Ordering::Relaxed);
             let cut = body.len() / 2;
-            return Ok(bytes_response(StatusCode::OK, "application/json", Bytes::from(body[..cut].to_owned())));
+            return Ok(bytes_response(
+                StatusCode::OK,
+                "application/json",
+                Bytes::from(body[..cut].to_owned()),
+            ));
         }
-        self.server.counters.completed.fetch_add(1, Ordering::Relaxed);
-        self.server.counters.tokens_sent.fetch_add(self.reply.completion_tokens, Ordering::Relaxed);
-        Ok(bytes_response(StatusCode::OK, "application/json", Bytes::from(body)))
+        self.server
+            .counters
+            .completed
+            .fetch_add(1, Ordering::Relaxed);
+        self.server
+            .counters
+            .tokens_sent
+            .fetch_add(self.reply.completion_tokens, Ordering::Relaxed);
+        Ok(bytes_response(
+            StatusCode::OK,
+            "application/json",
+            Bytes::from(body),
+        ))
     }
 
     /// Streaming: headers now, events from a task that notices when the client goes away.
@@ -440,17 +569,24 @@ impl Generation {
                 server.counters.cancelled.fetch_add(1, Ordering::Relaxed);
             }
         });
-        let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
         let mut resp = Response::new(StreamBody::new(stream).boxed());
         let h = resp.headers_mut();
-        h.insert(header::CONTENT_TYPE, header_value("text/event-stream; charset=utf-8"));
+        h.insert(
+            header::CONTENT_TYPE,
+            header_value("text/event-stream; charset=utf-8"),
+        );
         h.insert(header::CACHE_CONTROL, header_value("no-cache"));
         resp
     }
 
     /// Sends the stream; false when the client went away first.
     async fn pump(self, tx: &mpsc::Sender<Result<Frame<Bytes>, io::Error>>) -> bool {
-        let send = |bytes: Vec<u8>| async move { tx.send(Ok(Frame::data(Bytes::from(bytes)))).await.is_ok() };
+        let send = |bytes: Vec<u8>| async move {
+            tx.send(Ok(Frame::data(Bytes::from(bytes)))).await.is_ok()
+        };
         let wait = |d: Duration| async move {
             if d.is_zero() {
                 // tokio's timer has millisecond resolution: a zero sleep would still cost ~1 ms.
@@ -468,24 +604,38 @@ impl Generation {
         if !wait(Duration::from_secs_f64(self.ttft_ms() / 1000.0)).await {
             return false;
         }
-        self.server.record_ttft(self.arrived.elapsed().as_secs_f64());
-        let mut head: Vec<u8> = self.reply.stream_head().into_iter().flat_map(|e| e.raw).collect();
+        self.server
+            .record_ttft(self.arrived.elapsed().as_secs_f64());
+        let mut head: Vec<u8> = self
+            .reply
+            .stream_head()
+            .into_iter()
+            .flat_map(|e| e.raw)
+            .collect();
         for (i, piece) in self.reply.pieces.iter().enumerate() {
             let i = i as u64;
             if i > 0 && !wait(self.gap()).await {
                 return false;
             }
             if let Some((after, ms)) = self.faults.stall {
-                if after == i && !wait(Duration::from_millis(ms.unwrap_or(24 * 3600 * 1000))).await {
+                if after == i && !wait(Duration::from_millis(ms.unwrap_or(24 * 3600 * 1000))).await
+                {
                     return false;
                 }
             }
             if self.faults.close_after == Some(i) {
                 self.server.counters.errors.fetch_add(1, Ordering::Relaxed);
-                let _ = tx.send(Err(io::Error::new(io::ErrorKind::ConnectionAborted, "sim fault: close"))).await;
+                let _ = tx
+                    .send(Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "sim fault: close",
+                    )))
+                    .await;
                 return true;
             }
-            if self.faults.malformed_after == Some(i) && !send(b"data: {\"choices\": [{\"delta\": \n\n".to_vec()).await {
+            if self.faults.malformed_after == Some(i)
+                && !send(b"data: {\"choices\": [{\"delta\": \n\n".to_vec()).await
+            {
                 return false;
             }
             let mut bytes = std::mem::take(&mut head);
@@ -493,22 +643,38 @@ impl Generation {
             if !send(bytes).await {
                 return false;
             }
-            self.server.counters.tokens_sent.fetch_add(1, Ordering::Relaxed);
+            self.server
+                .counters
+                .tokens_sent
+                .fetch_add(1, Ordering::Relaxed);
         }
-        if self.reply.pieces.is_empty() && !head.is_empty() && !send(std::mem::take(&mut head)).await {
+        if self.reply.pieces.is_empty()
+            && !head.is_empty()
+            && !send(std::mem::take(&mut head)).await
+        {
             return false;
         }
         if let Some((after, ms)) = self.faults.stall {
-            if after >= self.reply.pieces.len() as u64 && !wait(Duration::from_millis(ms.unwrap_or(24 * 3600 * 1000))).await {
+            if after >= self.reply.pieces.len() as u64
+                && !wait(Duration::from_millis(ms.unwrap_or(24 * 3600 * 1000))).await
+            {
                 return false;
             }
         }
         drop(slot);
-        let tail: Vec<u8> = self.reply.stream_tail().into_iter().flat_map(|e| e.raw).collect();
+        let tail: Vec<u8> = self
+            .reply
+            .stream_tail()
+            .into_iter()
+            .flat_map(|e| e.raw)
+            .collect();
         if !send(tail).await {
             return false;
         }
-        self.server.counters.completed.fetch_add(1, Ordering::Relaxed);
+        self.server
+            .counters
+            .completed
+            .fetch_add(1, Ordering::Relaxed);
         true
     }
 }
@@ -530,9 +696,14 @@ fn header_value(s: &str) -> http::HeaderValue {
 }
 
 fn bytes_response(status: StatusCode, content_type: &str, body: Bytes) -> Response<Body> {
-    let mut resp = Response::new(Full::new(body).map_err(|never: Infallible| match never {}).boxed());
+    let mut resp = Response::new(
+        Full::new(body)
+            .map_err(|never: Infallible| match never {})
+            .boxed(),
+    );
     *resp.status_mut() = status;
-    resp.headers_mut().insert(header::CONTENT_TYPE, header_value(content_type));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, header_value(content_type));
     resp
 }
 
@@ -604,5 +775,10 @@ pub async fn start(cfg: ServerConfig, generation: GenerationConfig) -> io::Resul
             });
         }
     });
-    Ok(ServerHandle { name, addr, state, shutdown })
+    Ok(ServerHandle {
+        name,
+        addr,
+        state,
+        shutdown,
+    })
 }

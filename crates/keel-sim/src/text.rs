@@ -19,12 +19,70 @@ use keel_core::tokens;
 use crate::config::GenerationConfig;
 
 const VOCAB: &[&str] = &[
-    "the", "model", "routes", "every", "request", "to", "a", "healthy", "variant", "and", "keeps", "latency",
-    "flat", "while", "streams", "continue", "on", "another", "server", "when", "one", "stalls", "tokens", "arrive",
-    "in", "order", "with", "no", "gaps", "cache", "prefix", "warm", "queue", "short", "fleet", "of", "gpus",
-    "answers", "quickly", "under", "load", "each", "reply", "is", "deterministic", "so", "tests", "can", "compare",
-    "text", "exactly", "across", "servers", "retry", "budget", "limits", "storms", "hedge", "wins", "first", "byte",
-    "seam", "stays", "clean",
+    "the",
+    "model",
+    "routes",
+    "every",
+    "request",
+    "to",
+    "a",
+    "healthy",
+    "variant",
+    "and",
+    "keeps",
+    "latency",
+    "flat",
+    "while",
+    "streams",
+    "continue",
+    "on",
+    "another",
+    "server",
+    "when",
+    "one",
+    "stalls",
+    "tokens",
+    "arrive",
+    "in",
+    "order",
+    "with",
+    "no",
+    "gaps",
+    "cache",
+    "prefix",
+    "warm",
+    "queue",
+    "short",
+    "fleet",
+    "of",
+    "gpus",
+    "answers",
+    "quickly",
+    "under",
+    "load",
+    "each",
+    "reply",
+    "is",
+    "deterministic",
+    "so",
+    "tests",
+    "can",
+    "compare",
+    "text",
+    "exactly",
+    "across",
+    "servers",
+    "retry",
+    "budget",
+    "limits",
+    "storms",
+    "hedge",
+    "wins",
+    "first",
+    "byte",
+    "seam",
+    "stays",
+    "clean",
 ];
 
 /// Why a generation ended.
@@ -88,7 +146,10 @@ impl Generator {
     pub fn new(family: &str, cfg: GenerationConfig) -> Self {
         // Sentences average about nine tokens (one in eight words is followed by a period), so
         // ending at a sentence end with probability 9 / (mean - min) gives about `mean` tokens.
-        let extra = cfg.mean_reply_tokens.saturating_sub(cfg.min_reply_tokens).max(1) as f64;
+        let extra = cfg
+            .mean_reply_tokens
+            .saturating_sub(cfg.min_reply_tokens)
+            .max(1) as f64;
         let q = (9.0 / extra).min(1.0);
         Generator {
             family_seed: hash_bytes(0x6b65_656c, family.as_bytes()),
@@ -107,7 +168,12 @@ impl Generator {
                 min_reply: self.min_reply,
             },
             Mode::Completion => {
-                let mut st = State { h: mix(self.family_seed ^ 0xC0), position: 0, prev: Prev::Start, min_reply: 0 };
+                let mut st = State {
+                    h: mix(self.family_seed ^ 0xC0),
+                    position: 0,
+                    prev: Prev::Start,
+                    min_reply: 0,
+                };
                 for tok in tokens::split(&normalized) {
                     advance(&mut st, tok);
                 }
@@ -120,7 +186,8 @@ impl Generator {
     /// The next token from a state, or `None` when the reply ends here.
     fn next(&self, st: &State) -> Option<String> {
         let r = mix(st.h ^ self.family_seed);
-        if st.prev == Prev::Period && st.position >= st.min_reply && r % 10_000 < self.stop_per_10k {
+        if st.prev == Prev::Period && st.position >= st.min_reply && r % 10_000 < self.stop_per_10k
+        {
             return None;
         }
         let roll = (r >> 16) % 8;
@@ -149,7 +216,14 @@ impl Generator {
 
     /// Generates a reply to `context` (the rendered conversation, or a completion prompt) after
     /// the `prefill` already present in the reply.
-    pub fn generate(&self, mode: Mode, context: &str, prefill: &str, max_tokens: Option<u64>, stop: &[String]) -> Output {
+    pub fn generate(
+        &self,
+        mode: Mode,
+        context: &str,
+        prefill: &str,
+        max_tokens: Option<u64>,
+        stop: &[String],
+    ) -> Output {
         let mut st = self.start(mode, context);
         let mut pieces: Vec<String> = Vec::new();
         let prefill_tokens = tokens::split(prefill);
@@ -250,9 +324,18 @@ mod tests {
         let b = gen().generate(Mode::Chat, "user:   hello ", "", None, &[]);
         assert_eq!(a, b);
         assert!(a.pieces.len() >= 16, "{:?}", a);
-        let c = Generator::new("other", GenerationConfig::default()).generate(Mode::Chat, "user: hello", "", None, &[]);
+        let c = Generator::new("other", GenerationConfig::default()).generate(
+            Mode::Chat,
+            "user: hello",
+            "",
+            None,
+            &[],
+        );
         assert_ne!(a.text(), c.text());
-        assert_eq!(tokens::split(&a.text()), a.pieces.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(
+            tokens::split(&a.text()),
+            a.pieces.iter().map(String::as_str).collect::<Vec<_>>()
+        );
     }
 
     #[test]
@@ -262,7 +345,13 @@ mod tests {
         assert_eq!(five.pieces, full.pieces[..5].to_vec());
         assert_eq!(five.finish, Finish::Length);
         let stop = full.pieces[3].clone();
-        let cut = gen().generate(Mode::Chat, "user: hi", "", None, std::slice::from_ref(&stop));
+        let cut = gen().generate(
+            Mode::Chat,
+            "user: hi",
+            "",
+            None,
+            std::slice::from_ref(&stop),
+        );
         assert_eq!(cut.finish, Finish::StopSequence(stop.clone()));
         assert!(!cut.text().contains(&stop));
         assert!(full.text().starts_with(&cut.text()));

@@ -40,14 +40,34 @@ pub struct ToolCall {
 }
 
 /// Reads a request body. Errors are client errors (400) with a precise message.
-pub fn parse_request(endpoint: Endpoint, body: &Value, prefill_convention: PrefillConvention) -> Result<SimRequest, String> {
-    let obj = body.as_object().ok_or("request body must be a JSON object")?;
-    let model = obj.get("model").and_then(Value::as_str).ok_or("missing required field `model`")?.to_owned();
+pub fn parse_request(
+    endpoint: Endpoint,
+    body: &Value,
+    prefill_convention: PrefillConvention,
+) -> Result<SimRequest, String> {
+    let obj = body
+        .as_object()
+        .ok_or("request body must be a JSON object")?;
+    let model = obj
+        .get("model")
+        .and_then(Value::as_str)
+        .ok_or("missing required field `model`")?
+        .to_owned();
     let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let include_usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
+    let include_usage = body
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let max_tokens = match endpoint {
-        Endpoint::Messages => Some(obj.get("max_tokens").and_then(Value::as_u64).ok_or("missing required field `max_tokens`")?),
-        _ => obj.get("max_completion_tokens").or_else(|| obj.get("max_tokens")).and_then(Value::as_u64),
+        Endpoint::Messages => Some(
+            obj.get("max_tokens")
+                .and_then(Value::as_u64)
+                .ok_or("missing required field `max_tokens`")?,
+        ),
+        _ => obj
+            .get("max_completion_tokens")
+            .or_else(|| obj.get("max_tokens"))
+            .and_then(Value::as_u64),
     };
     if let Some(n) = obj.get("n").and_then(Value::as_u64) {
         if n != 1 {
@@ -57,7 +77,11 @@ pub fn parse_request(endpoint: Endpoint, body: &Value, prefill_convention: Prefi
     let stop = match obj.get("stop").or_else(|| obj.get("stop_sequences")) {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect(),
         Some(_) => return Err("`stop` must be a string or an array of strings".into()),
     };
 
@@ -65,22 +89,40 @@ pub fn parse_request(endpoint: Endpoint, body: &Value, prefill_convention: Prefi
         Endpoint::Completions => {
             let prompt = match obj.get("prompt") {
                 Some(Value::String(p)) => p.clone(),
-                Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_owned(),
+                Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+                    a[0].as_str().unwrap_or_default().to_owned()
+                }
                 _ => return Err("`prompt` must be a string".into()),
             };
             (Mode::Completion, prompt, String::new())
         }
         _ => {
-            let msgs = obj.get("messages").and_then(Value::as_array).ok_or("missing required field `messages`")?;
+            let msgs = obj
+                .get("messages")
+                .and_then(Value::as_array)
+                .ok_or("missing required field `messages`")?;
             if msgs.is_empty() {
                 return Err("`messages` must not be empty".into());
             }
-            let continue_final = obj.get("continue_final_message").and_then(Value::as_bool).unwrap_or(false);
-            let add_generation_prompt = obj.get("add_generation_prompt").and_then(Value::as_bool).unwrap_or(true);
-            if continue_final && add_generation_prompt && obj.contains_key("add_generation_prompt") {
-                return Err("continue_final_message and add_generation_prompt cannot both be true".into());
+            let continue_final = obj
+                .get("continue_final_message")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            let add_generation_prompt = obj
+                .get("add_generation_prompt")
+                .and_then(Value::as_bool)
+                .unwrap_or(true);
+            if continue_final && add_generation_prompt && obj.contains_key("add_generation_prompt")
+            {
+                return Err(
+                    "continue_final_message and add_generation_prompt cannot both be true".into(),
+                );
             }
-            let last_is_assistant = msgs.last().and_then(|m| m.get("role")).and_then(Value::as_str) == Some("assistant");
+            let last_is_assistant = msgs
+                .last()
+                .and_then(|m| m.get("role"))
+                .and_then(Value::as_str)
+                == Some("assistant");
             let prefill_final = last_is_assistant
                 && match endpoint {
                     Endpoint::Messages => true,
@@ -92,21 +134,48 @@ pub fn parse_request(endpoint: Endpoint, body: &Value, prefill_convention: Prefi
                 context.push_str(&content_text(system));
                 context.push('\n');
             }
-            let upto = if prefill_final { msgs.len() - 1 } else { msgs.len() };
+            let upto = if prefill_final {
+                msgs.len() - 1
+            } else {
+                msgs.len()
+            };
             for (i, m) in msgs[..upto].iter().enumerate() {
-                let role = m.get("role").and_then(Value::as_str).ok_or(format!("missing required field `messages[{i}].role`"))?;
+                let role = m
+                    .get("role")
+                    .and_then(Value::as_str)
+                    .ok_or(format!("missing required field `messages[{i}].role`"))?;
                 context.push_str(role);
                 context.push_str(": ");
                 context.push_str(&content_text(m.get("content").unwrap_or(&Value::Null)));
                 context.push('\n');
             }
-            let prefill = if prefill_final { content_text(msgs[upto].get("content").unwrap_or(&Value::Null)) } else { String::new() };
+            let prefill = if prefill_final {
+                content_text(msgs[upto].get("content").unwrap_or(&Value::Null))
+            } else {
+                String::new()
+            };
             (Mode::Chat, context, prefill)
         }
     };
-    let tool_call = if endpoint == Endpoint::Completions { None } else { pick_tool(obj, endpoint, &context)? };
+    let tool_call = if endpoint == Endpoint::Completions {
+        None
+    } else {
+        pick_tool(obj, endpoint, &context)?
+    };
     let prompt_tokens = tokens::count(&normalize(&context)) as u64 + tokens::count(&prefill) as u64;
-    Ok(SimRequest { endpoint, model, stream, include_usage, mode, context, prefill, max_tokens, stop, tool_call, prompt_tokens })
+    Ok(SimRequest {
+        endpoint,
+        model,
+        stream,
+        include_usage,
+        mode,
+        context,
+        prefill,
+        max_tokens,
+        stop,
+        tool_call,
+        prompt_tokens,
+    })
 }
 
 /// Text of a message `content`: a string, or the text parts of an array (other parts by type).
@@ -117,7 +186,10 @@ fn content_text(content: &Value) -> String {
             .iter()
             .map(|p| match p.get("text").and_then(Value::as_str) {
                 Some(t) => t.to_owned(),
-                None => format!("[{}]", p.get("type").and_then(Value::as_str).unwrap_or("part")),
+                None => format!(
+                    "[{}]",
+                    p.get("type").and_then(Value::as_str).unwrap_or("part")
+                ),
             })
             .collect::<Vec<_>>()
             .join(" "),
@@ -128,39 +200,74 @@ fn content_text(content: &Value) -> String {
 
 /// Decides whether to call a tool: a forcing `tool_choice`, or the last user message naming a
 /// tool. Arguments are derived from the tool's JSON schema, deterministically.
-fn pick_tool(obj: &Map<String, Value>, endpoint: Endpoint, context: &str) -> Result<Option<ToolCall>, String> {
-    let Some(tools) = obj.get("tools").and_then(Value::as_array) else { return Ok(None) };
+fn pick_tool(
+    obj: &Map<String, Value>,
+    endpoint: Endpoint,
+    context: &str,
+) -> Result<Option<ToolCall>, String> {
+    let Some(tools) = obj.get("tools").and_then(Value::as_array) else {
+        return Ok(None);
+    };
     let specs: Vec<(&str, Option<&Value>)> = tools
         .iter()
         .filter_map(|t| match endpoint {
             Endpoint::Messages => Some((t.get("name")?.as_str()?, t.get("input_schema"))),
-            _ => Some((t.pointer("/function/name")?.as_str()?, t.pointer("/function/parameters"))),
+            _ => Some((
+                t.pointer("/function/name")?.as_str()?,
+                t.pointer("/function/parameters"),
+            )),
         })
         .collect();
     if specs.is_empty() {
         return Ok(None);
     }
     let choice = obj.get("tool_choice");
-    let choice_kind = choice.and_then(|c| c.as_str().or_else(|| c.get("type").and_then(Value::as_str))).unwrap_or("auto");
+    let choice_kind = choice
+        .and_then(|c| c.as_str().or_else(|| c.get("type").and_then(Value::as_str)))
+        .unwrap_or("auto");
     let forced_name = choice
         .and_then(|c| c.pointer("/function/name").or_else(|| c.get("name")))
         .and_then(Value::as_str);
-    let last_user = context.lines().rfind(|l| l.starts_with("user: ")).unwrap_or("").to_lowercase();
-    let last_line_is_user = context.lines().last().is_some_and(|l| l.starts_with("user: "));
+    let last_user = context
+        .lines()
+        .rfind(|l| l.starts_with("user: "))
+        .unwrap_or("")
+        .to_lowercase();
+    let last_line_is_user = context
+        .lines()
+        .last()
+        .is_some_and(|l| l.starts_with("user: "));
     let chosen = match (choice_kind, forced_name) {
         ("none", _) => None,
-        (_, Some(name)) => Some(specs.iter().find(|(n, _)| *n == name).ok_or(format!("tool_choice names unknown tool `{name}`"))?),
-        ("required" | "any", _) => specs.iter().find(|(n, _)| last_user.contains(&n.to_lowercase())).or(specs.first()),
-        _ if last_line_is_user => specs.iter().find(|(n, _)| last_user.contains(&n.to_lowercase())),
+        (_, Some(name)) => Some(
+            specs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .ok_or(format!("tool_choice names unknown tool `{name}`"))?,
+        ),
+        ("required" | "any", _) => specs
+            .iter()
+            .find(|(n, _)| last_user.contains(&n.to_lowercase()))
+            .or(specs.first()),
+        _ if last_line_is_user => specs
+            .iter()
+            .find(|(n, _)| last_user.contains(&n.to_lowercase())),
         _ => None,
     };
     Ok(chosen.map(|(name, schema)| {
         let key = hash_bytes(7, format!("{context}\u{0}{name}").as_bytes());
         let mut args = Map::new();
-        if let Some(props) = schema.and_then(|s| s.get("properties")).and_then(Value::as_object) {
+        if let Some(props) = schema
+            .and_then(|s| s.get("properties"))
+            .and_then(Value::as_object)
+        {
             for (i, (prop, spec)) in props.iter().enumerate() {
                 let k = key.wrapping_add(i as u64 * 0x9E37);
-                let v = if let Some(choices) = spec.get("enum").and_then(Value::as_array).filter(|a| !a.is_empty()) {
+                let v = if let Some(choices) = spec
+                    .get("enum")
+                    .and_then(Value::as_array)
+                    .filter(|a| !a.is_empty())
+                {
                     choices[(k % choices.len() as u64) as usize].clone()
                 } else {
                     match spec.get("type").and_then(Value::as_str) {
@@ -174,8 +281,16 @@ fn pick_tool(obj: &Map<String, Value>, endpoint: Endpoint, context: &str) -> Res
                 args.insert(prop.clone(), v);
             }
         }
-        let prefix = if endpoint == Endpoint::Messages { "toolu_" } else { "call_" };
-        ToolCall { id: format!("{prefix}{:016x}", key), name: name.to_string(), arguments: Value::Object(args).to_string() }
+        let prefix = if endpoint == Endpoint::Messages {
+            "toolu_"
+        } else {
+            "call_"
+        };
+        ToolCall {
+            id: format!("{prefix}{:016x}", key),
+            name: name.to_string(),
+            arguments: Value::Object(args).to_string(),
+        }
     }))
 }
 
@@ -214,11 +329,19 @@ impl Reply {
                     .chunks(12)
                     .map(|c| Piece::ToolArgs(String::from_utf8_lossy(c).into_owned()))
                     .collect();
-                (chunks, tokens::count(&tc.arguments) as u64 + 1, Finish::Natural)
+                (
+                    chunks,
+                    tokens::count(&tc.arguments) as u64 + 1,
+                    Finish::Natural,
+                )
             }
             None => {
                 let n = out.pieces.len() as u64;
-                (out.pieces.into_iter().map(Piece::Text).collect(), n, out.finish)
+                (
+                    out.pieces.into_iter().map(Piece::Text).collect(),
+                    n,
+                    out.finish,
+                )
             }
         };
         let id = match req.endpoint {
@@ -268,11 +391,24 @@ impl Reply {
     }
 
     fn text(&self) -> String {
-        self.pieces.iter().filter_map(|p| if let Piece::Text(t) = p { Some(t.as_str()) } else { None }).collect()
+        self.pieces
+            .iter()
+            .filter_map(|p| {
+                if let Piece::Text(t) = p {
+                    Some(t.as_str())
+                } else {
+                    None
+                }
+            })
+            .collect()
     }
 
     fn chunk(&self, choice: Value) -> SseEvent {
-        let object = if self.endpoint == Endpoint::Completions { "text_completion" } else { "chat.completion.chunk" };
+        let object = if self.endpoint == Endpoint::Completions {
+            "text_completion"
+        } else {
+            "chat.completion.chunk"
+        };
         let mut v = json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice]});
         if self.include_usage {
             v["usage"] = Value::Null;
@@ -285,15 +421,23 @@ impl Reply {
         match self.endpoint {
             Endpoint::Messages => {
                 let block = match &self.tool_call {
-                    Some(tc) => json!({"type": "tool_use", "id": tc.id, "name": tc.name, "input": {}}),
+                    Some(tc) => {
+                        json!({"type": "tool_use", "id": tc.id, "name": tc.name, "input": {}})
+                    }
                     None => json!({"type": "text", "text": ""}),
                 };
                 vec![
-                    anthropic_event("message_start", json!({"type": "message_start", "message": {
+                    anthropic_event(
+                        "message_start",
+                        json!({"type": "message_start", "message": {
                         "id": self.id, "type": "message", "role": "assistant", "content": [], "model": self.model,
                         "stop_reason": null, "stop_sequence": null,
-                        "usage": {"input_tokens": self.prompt_tokens, "cache_read_input_tokens": self.cached_tokens, "output_tokens": 1}}})),
-                    anthropic_event("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": block})),
+                        "usage": {"input_tokens": self.prompt_tokens, "cache_read_input_tokens": self.cached_tokens, "output_tokens": 1}}}),
+                    ),
+                    anthropic_event(
+                        "content_block_start",
+                        json!({"type": "content_block_start", "index": 0, "content_block": block}),
+                    ),
                     anthropic_event("ping", json!({"type": "ping"})),
                 ]
             }
@@ -304,7 +448,9 @@ impl Reply {
                         {"index": 0, "id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": ""}}]}),
                     None => json!({"role": "assistant", "content": ""}),
                 };
-                vec![self.chunk(json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}))]
+                vec![self.chunk(
+                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}),
+                )]
             }
         }
     }
@@ -337,10 +483,16 @@ impl Reply {
             Endpoint::Messages => {
                 let (reason, seq) = self.anthropic_stop();
                 vec![
-                    anthropic_event("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
-                    anthropic_event("message_delta", json!({"type": "message_delta",
+                    anthropic_event(
+                        "content_block_stop",
+                        json!({"type": "content_block_stop", "index": 0}),
+                    ),
+                    anthropic_event(
+                        "message_delta",
+                        json!({"type": "message_delta",
                         "delta": {"stop_reason": reason, "stop_sequence": seq},
-                        "usage": {"output_tokens": self.completion_tokens}})),
+                        "usage": {"output_tokens": self.completion_tokens}}),
+                    ),
                     anthropic_event("message_stop", json!({"type": "message_stop"})),
                 ]
             }
@@ -352,7 +504,11 @@ impl Reply {
                 };
                 let mut out = vec![self.chunk(last)];
                 if self.include_usage {
-                    let object = if self.endpoint == Endpoint::Completions { "text_completion" } else { "chat.completion.chunk" };
+                    let object = if self.endpoint == Endpoint::Completions {
+                        "text_completion"
+                    } else {
+                        "chat.completion.chunk"
+                    };
                     let v = json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
                         "choices": [], "usage": self.usage_openai()});
                     out.push(SseEvent::new(None, &v.to_string()));
@@ -378,13 +534,17 @@ impl Reply {
                     "usage": {"input_tokens": self.prompt_tokens, "cache_read_input_tokens": self.cached_tokens,
                         "output_tokens": self.completion_tokens}})
             }
-            Endpoint::Completions => json!({"id": self.id, "object": "text_completion", "created": self.created,
+            Endpoint::Completions => {
+                json!({"id": self.id, "object": "text_completion", "created": self.created,
                 "model": self.model, "choices": [{"index": 0, "text": self.text(), "logprobs": null,
-                "finish_reason": self.openai_finish()}], "usage": self.usage_openai()}),
+                "finish_reason": self.openai_finish()}], "usage": self.usage_openai()})
+            }
             _ => {
                 let message = match &self.tool_call {
-                    Some(tc) => json!({"role": "assistant", "content": null, "refusal": null, "tool_calls": [
-                        {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}]}),
+                    Some(tc) => {
+                        json!({"role": "assistant", "content": null, "refusal": null, "tool_calls": [
+                        {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}]})
+                    }
                     None => json!({"role": "assistant", "content": self.text(), "refusal": null}),
                 };
                 json!({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,

@@ -71,9 +71,23 @@ pub enum BenchCommand {
 
 pub async fn run(cmd: BenchCommand) -> Result<(), String> {
     match cmd {
-        BenchCommand::Overhead { rps, duration, rounds, out, keel_threads, keel_pool } => overhead(rps, duration, rounds.max(1), out, keel_threads, &keel_pool).await,
-        BenchCommand::Decision { variants, iterations } => decision(variants.max(2), iterations.max(1000)),
-        BenchCommand::Routing { rps, duration, seed } => routing(rps, duration, seed).await,
+        BenchCommand::Overhead {
+            rps,
+            duration,
+            rounds,
+            out,
+            keel_threads,
+            keel_pool,
+        } => overhead(rps, duration, rounds.max(1), out, keel_threads, &keel_pool).await,
+        BenchCommand::Decision {
+            variants,
+            iterations,
+        } => decision(variants.max(2), iterations.max(1000)),
+        BenchCommand::Routing {
+            rps,
+            duration,
+            seed,
+        } => routing(rps, duration, seed).await,
         BenchCommand::Migration { requests, rps } => migration(requests, rps).await,
         BenchCommand::Scenario(args) => scenario_args(args).await,
     }
@@ -85,21 +99,39 @@ async fn fleet_and_gateway(
     template: ServerConfig,
     tweak: impl Fn(usize, &mut ServerConfig),
     pool_extra: &str,
-) -> Result<(Fleet, std::net::SocketAddr, tokio::sync::oneshot::Sender<()>), String> {
+) -> Result<
+    (
+        Fleet,
+        std::net::SocketAddr,
+        tokio::sync::oneshot::Sender<()>,
+    ),
+    String,
+> {
     let servers = (0..4)
         .map(|i| {
-            let mut s = ServerConfig { name: format!("v{i}"), seed: Some(template.seed.unwrap_or(1) + i as u64), ..template.clone() };
+            let mut s = ServerConfig {
+                name: format!("v{i}"),
+                seed: Some(template.seed.unwrap_or(1) + i as u64),
+                ..template.clone()
+            };
             tweak(i, &mut s);
             s
         })
         .collect();
-    let fleet = Fleet::start(&keel_sim::FleetConfig { servers, ..Default::default() }).await.map_err(|e| e.to_string())?;
+    let fleet = Fleet::start(&keel_sim::FleetConfig {
+        servers,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
     let mut toml = format!("[[pools]]\nname = \"p\"\n{pool_extra}\n");
     for s in &fleet.servers {
         toml.push_str(&format!("[[pools.variants]]\nname = \"{}\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n", s.name, s.openai_base()));
     }
     let cfg = Config::parse(&toml, "<bench>", &Default::default()).map_err(|e| e.to_string())?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let gw = keel_gateway::Gateway::new(cfg);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -114,16 +146,37 @@ async fn fleet_and_gateway(
 /// Parses `<scenario> [--quick] [--duration S] [--seed N] [--out DIR] [--contenders a,b]`.
 async fn scenario_args(args: Vec<String>) -> Result<(), String> {
     let name = args.first().cloned().ok_or("usage: keel bench <scenario|all> [--quick] [--duration S] [--seed N] [--out DIR] [--contenders keel,nginx]")?;
-    let (mut quick, mut duration, mut seed, mut out, mut contenders) = (false, None, 1u64, PathBuf::from("bench/out"), vec!["keel".to_owned(), "nginx".to_owned()]);
+    let (mut quick, mut duration, mut seed, mut out, mut contenders) = (
+        false,
+        None,
+        1u64,
+        PathBuf::from("bench/out"),
+        vec!["keel".to_owned(), "nginx".to_owned()],
+    );
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
         let mut value = |flag: &str| it.next().cloned().ok_or(format!("{flag} needs a value"));
         match a.as_str() {
             "--quick" => quick = true,
-            "--duration" => duration = Some(value("--duration")?.parse::<f64>().map_err(|_| "--duration: seconds expected")?),
-            "--seed" => seed = value("--seed")?.parse().map_err(|_| "--seed: an integer expected")?,
+            "--duration" => {
+                duration = Some(
+                    value("--duration")?
+                        .parse::<f64>()
+                        .map_err(|_| "--duration: seconds expected")?,
+                )
+            }
+            "--seed" => {
+                seed = value("--seed")?
+                    .parse()
+                    .map_err(|_| "--seed: an integer expected")?
+            }
             "--out" => out = PathBuf::from(value("--out")?),
-            "--contenders" => contenders = value("--contenders")?.split(',').map(str::to_owned).collect(),
+            "--contenders" => {
+                contenders = value("--contenders")?
+                    .split(',')
+                    .map(str::to_owned)
+                    .collect()
+            }
             other => return Err(format!("unknown option `{other}`")),
         }
     }
@@ -134,13 +187,19 @@ async fn scenario_args(args: Vec<String>) -> Result<(), String> {
 fn percentiles_us(mut v: Vec<f64>) -> (f64, f64, f64, f64) {
     v.sort_by(f64::total_cmp);
     let q = |p: f64| v[((v.len() as f64 * p) as usize).min(v.len() - 1)];
-    (q(0.5), q(0.99), q(0.999), v.iter().sum::<f64>() / v.len() as f64)
+    (
+        q(0.5),
+        q(0.99),
+        q(0.999),
+        v.iter().sum::<f64>() / v.len() as f64,
+    )
 }
 
 /// The gateway's real stage-1 call (`Pool::select`: lock, health weights, candidates, policy,
 /// decision record) timed one call at a time.
 fn decision(variants: usize, iterations: usize) -> Result<(), String> {
-    let mut toml = String::from("[[pools]]\nname = \"bench\"\n[pools.health]\nprewarm_requests = 0\n");
+    let mut toml =
+        String::from("[[pools]]\nname = \"bench\"\n[pools.health]\nprewarm_requests = 0\n");
     for i in 0..variants {
         toml.push_str(&format!("[[pools.variants]]\nname = \"v{i}\"\nurl = \"http://127.0.0.1:9/v1\"\nprotocol = \"openai\"\nupstream_model = \"m\"\n"));
     }
@@ -150,12 +209,19 @@ fn decision(variants: usize, iterations: usize) -> Result<(), String> {
     let mut rng = keel_core::rng::Rng::new(3);
     for _ in 0..64 {
         for i in 0..variants {
-            pool.record_attempt(i, rng.next_f64() > 0.02, Some(rng.lognormal(80.0 + i as f64 * 3.0, 0.3)));
+            pool.record_attempt(
+                i,
+                rng.next_f64() > 0.02,
+                Some(rng.lognormal(80.0 + i as f64 * 3.0, 0.3)),
+            );
             pool.record_stream(i, &[10.0, 11.0, 9.0, 12.0, 10.0]);
         }
     }
-    let req = keel_core::request::parse(keel_core::protocol::Endpoint::ChatCompletions, br#"{"model":"bench","messages":[{"role":"user","content":"hello"}]}"#)
-        .map_err(|e| e.message)?;
+    let req = keel_core::request::parse(
+        keel_core::protocol::Endpoint::ChatCompletions,
+        br#"{"model":"bench","messages":[{"role":"user","content":"hello"}]}"#,
+    )
+    .map_err(|e| e.message)?;
     let mut samples = Vec::with_capacity(iterations);
     for n in 0..iterations {
         let t = std::time::Instant::now();
@@ -177,10 +243,21 @@ fn decision(variants: usize, iterations: usize) -> Result<(), String> {
 async fn routing(rps: f64, duration: f64, seed: u64) -> Result<(), String> {
     use keel_sim::{FaultKind, FaultSpec};
     println!("keel bench routing: 4 variants (lognormal TTFT median 60 ms, 2% tail ×10), one degraded (30% 503, 4× slower); {rps} req/s for {duration} s, streaming, client without retries");
-    println!("{:<12} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8}", "policy", "ttft p50", "ttft p90", "ttft p99", "total p50", "total p99", "errors");
+    println!(
+        "{:<12} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8}",
+        "policy", "ttft p50", "ttft p90", "ttft p99", "total p50", "total p99", "errors"
+    );
     let mut rows = Vec::new();
     for policy in ["p2c", "round_robin"] {
-        let template = ServerConfig { seed: Some(seed), ttft_ms: 60.0, ttft_sigma: 0.4, gap_ms: 8.0, tail_prob: 0.02, tail_factor: 10.0, ..Default::default() };
+        let template = ServerConfig {
+            seed: Some(seed),
+            ttft_ms: 60.0,
+            ttft_sigma: 0.4,
+            gap_ms: 8.0,
+            tail_prob: 0.02,
+            tail_factor: 10.0,
+            ..Default::default()
+        };
         let degraded = |i: usize, s: &mut ServerConfig| {
             if i == 0 {
                 let mut f = FaultSpec::new(FaultKind::Degraded);
@@ -189,24 +266,42 @@ async fn routing(rps: f64, duration: f64, seed: u64) -> Result<(), String> {
                 s.faults = vec![f];
             }
         };
-        let (fleet, addr, stop) = fleet_and_gateway(template, degraded, &format!("policy = \"{policy}\"")).await?;
+        let (fleet, addr, stop) =
+            fleet_and_gateway(template, degraded, &format!("policy = \"{policy}\"")).await?;
         let mut c = LoadConfig::new(&format!("http://{addr}/v1"), "p");
         c.rps = rps;
         c.duration = Duration::from_secs_f64(duration);
         c.stream = true;
         c.max_tokens = 24;
-        c.prompts = (0..50).map(|i| format!("request {i} about routing")).collect();
+        c.prompts = (0..50)
+            .map(|i| format!("request {i} about routing"))
+            .collect();
         let r = keel_sim::load::run(c).await;
         let _ = stop.send(());
         println!(
             "{:<12} {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>10.1} {:>7.2}%",
-            policy, r.ttft.p50_ms, r.ttft.p90_ms, r.ttft.p99_ms, r.total.p50_ms, r.total.p99_ms, 100.0 * r.errors as f64 / r.sent.max(1) as f64
+            policy,
+            r.ttft.p50_ms,
+            r.ttft.p90_ms,
+            r.ttft.p99_ms,
+            r.total.p50_ms,
+            r.total.p99_ms,
+            100.0 * r.errors as f64 / r.sent.max(1) as f64
         );
-        let degraded_share = fleet.servers[0].state.stats().requests as f64 / fleet.servers.iter().map(|s| s.state.stats().requests).sum::<u64>().max(1) as f64;
+        let degraded_share = fleet.servers[0].state.stats().requests as f64
+            / fleet
+                .servers
+                .iter()
+                .map(|s| s.state.stats().requests)
+                .sum::<u64>()
+                .max(1) as f64;
         rows.push((policy, degraded_share));
     }
     for (policy, share) in rows {
-        println!("{policy}: degraded variant received {:.1}% of upstream requests", share * 100.0);
+        println!(
+            "{policy}: degraded variant received {:.1}% of upstream requests",
+            share * 100.0
+        );
     }
     Ok(())
 }
@@ -216,25 +311,51 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-async fn overhead(rps: f64, duration: f64, rounds: usize, out: Option<PathBuf>, keel_threads: Option<usize>, keel_pool: &str) -> Result<(), String> {
-    let upstream = ServerConfig { ttft_ms: 0.0, ttft_sigma: 0.0, prefill_us_per_token: 0.0, gap_ms: 0.0, gap_sigma: 0.0, capacity: 100_000, ..ServerConfig::fast("fast") };
-    let fleet = Fleet::start_n(1, upstream).await.map_err(|e| e.to_string())?;
+async fn overhead(
+    rps: f64,
+    duration: f64,
+    rounds: usize,
+    out: Option<PathBuf>,
+    keel_threads: Option<usize>,
+    keel_pool: &str,
+) -> Result<(), String> {
+    let upstream = ServerConfig {
+        ttft_ms: 0.0,
+        ttft_sigma: 0.0,
+        prefill_us_per_token: 0.0,
+        gap_ms: 0.0,
+        gap_sigma: 0.0,
+        capacity: 100_000,
+        ..ServerConfig::fast("fast")
+    };
+    let fleet = Fleet::start_n(1, upstream)
+        .await
+        .map_err(|e| e.to_string())?;
     let sim = fleet.get(0);
     let toml = format!(
         "[[pools]]\nname = \"bench\"\n{keel_pool}\n[[pools.variants]]\nname = \"fast\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n",
         sim.openai_base()
     );
     Config::parse(&toml, "<bench>", &Default::default()).map_err(|e| e.to_string())?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let cfg_path = std::env::temp_dir().join(format!("keel-bench-{}.toml", std::process::id()));
-    let threads = keel_threads.map(|n| format!("worker_threads = {n}\n")).unwrap_or_default();
-    std::fs::write(&cfg_path, format!("listen = \"{addr}\"\n{threads}{toml}")).map_err(|e| e.to_string())?;
+    let threads = keel_threads
+        .map(|n| format!("worker_threads = {n}\n"))
+        .unwrap_or_default();
+    std::fs::write(&cfg_path, format!("listen = \"{addr}\"\n{threads}{toml}"))
+        .map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = std::process::Command::new(exe)
         .args(["serve", "--config"])
         .arg(&cfg_path)
-        .env("KEEL_LOG", std::env::var("KEEL_BENCH_LOG").unwrap_or_else(|_| "info".into()))
+        .env(
+            "KEEL_LOG",
+            std::env::var("KEEL_BENCH_LOG").unwrap_or_else(|_| "info".into()),
+        )
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -242,7 +363,12 @@ async fn overhead(rps: f64, duration: f64, rounds: usize, out: Option<PathBuf>, 
     let probe = reqwest::Client::new();
     let mut up = false;
     for _ in 0..200 {
-        if probe.get(format!("http://{addr}/keel/health")).send().await.is_ok() {
+        if probe
+            .get(format!("http://{addr}/keel/health"))
+            .send()
+            .await
+            .is_ok()
+        {
             up = true;
             break;
         }
@@ -252,15 +378,25 @@ async fn overhead(rps: f64, duration: f64, rounds: usize, out: Option<PathBuf>, 
         let _ = child.kill();
         return Err("keel serve did not come up".into());
     }
-    let client = reqwest::Client::builder().pool_max_idle_per_host(4096).tcp_nodelay(true).build().map_err(|e| e.to_string())?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(4096)
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| e.to_string())?;
 
-    let targets = [("direct", sim.openai_base(), "sim"), ("keel", format!("http://{addr}/v1"), "bench")];
+    let targets = [
+        ("direct", sim.openai_base(), "sim"),
+        ("keel", format!("http://{addr}/v1"), "bench"),
+    ];
     let mut results = Vec::new();
     println!(
         "keel bench overhead: {rps} req/s open loop, {duration} s × {rounds} rounds per target, one zero-latency simulated upstream, keel worker threads: {}",
         keel_threads.map(|n| n.to_string()).unwrap_or_else(|| "one per core".into())
     );
-    println!("{:<10} {:<7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}", "mode", "target", "ttfb p50", "ttfb p99", "total p50", "total p99", "total p99.9", "errors");
+    println!(
+        "{:<10} {:<7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}",
+        "mode", "target", "ttfb p50", "ttfb p99", "total p50", "total p99", "total p99.9", "errors"
+    );
     for stream in [false, true] {
         let mode = if stream { "stream" } else { "whole" };
         let make = |url: &str, model: &str, secs: f64| {
@@ -279,7 +415,10 @@ async fn overhead(rps: f64, duration: f64, rounds: usize, out: Option<PathBuf>, 
         let mut per_target: Vec<Vec<LoadReport>> = vec![Vec::new(), Vec::new()];
         for _ in 0..rounds {
             for (i, (_, url, model)) in targets.iter().enumerate() {
-                per_target[i].push(keel_sim::load::run_with_client(make(url, model, duration), client.clone()).await);
+                per_target[i].push(
+                    keel_sim::load::run_with_client(make(url, model, duration), client.clone())
+                        .await,
+                );
             }
         }
         let mut medians = Vec::new();
@@ -295,13 +434,20 @@ async fn overhead(rps: f64, duration: f64, rounds: usize, out: Option<PathBuf>, 
             });
             println!(
                 "{:<10} {:<7} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>8}",
-                mode, name, row["ttfb_p50_ms"].as_f64().unwrap_or(0.0), row["ttfb_p99_ms"].as_f64().unwrap_or(0.0),
-                row["total_p50_ms"].as_f64().unwrap_or(0.0), row["total_p99_ms"].as_f64().unwrap_or(0.0),
-                row["total_p999_ms"].as_f64().unwrap_or(0.0), row["errors"]
+                mode,
+                name,
+                row["ttfb_p50_ms"].as_f64().unwrap_or(0.0),
+                row["ttfb_p99_ms"].as_f64().unwrap_or(0.0),
+                row["total_p50_ms"].as_f64().unwrap_or(0.0),
+                row["total_p99_ms"].as_f64().unwrap_or(0.0),
+                row["total_p999_ms"].as_f64().unwrap_or(0.0),
+                row["errors"]
             );
             medians.push(row);
         }
-        let d = |k: &str| (medians[1][k].as_f64().unwrap_or(0.0) - medians[0][k].as_f64().unwrap_or(0.0)) * 1000.0;
+        let d = |k: &str| {
+            (medians[1][k].as_f64().unwrap_or(0.0) - medians[0][k].as_f64().unwrap_or(0.0)) * 1000.0
+        };
         println!(
             "{:<10} added by keel: ttfb p50 {:+.0} µs, p99 {:+.0} µs; total p50 {:+.0} µs, p99 {:+.0} µs",
             mode, d("ttfb_p50_ms"), d("ttfb_p99_ms"), d("total_p50_ms"), d("total_p99_ms")
@@ -316,7 +462,11 @@ async fn overhead(rps: f64, duration: f64, rounds: usize, out: Option<PathBuf>, 
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let path = dir.join("overhead.json");
         let doc = json!({"rps": rps, "duration_s": duration, "rounds": rounds, "keel_worker_threads": keel_threads, "results": results});
-        std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap_or_default()).map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&doc).unwrap_or_default(),
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
         println!("written {}", path.display());
     }
     Ok(())
@@ -326,7 +476,12 @@ async fn overhead(rps: f64, duration: f64, rounds: usize, out: Option<PathBuf>, 
 async fn stream_text(client: &reqwest::Client, url: &str, prompt: &str) -> Result<String, String> {
     use futures_util::StreamExt;
     let body = serde_json::json!({"model": "p", "stream": true, "max_tokens": 200, "messages": [{"role": "user", "content": prompt}]});
-    let resp = client.post(url).json(&body).send().await.map_err(|e| format!("send: {e}"))?;
+    let resp = client
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| format!("send: {e}"))?;
     if resp.status() != 200 {
         return Err(format!("status {}", resp.status()));
     }
@@ -337,7 +492,8 @@ async fn stream_text(client: &reqwest::Client, url: &str, prompt: &str) -> Resul
     let mut stream = resp.bytes_stream();
     while let Some(c) = stream.next().await {
         let c = c.map_err(|e| format!("broken: {e}"))?;
-        dec.feed(&c, &mut events).map_err(|e| format!("framing: {e}"))?;
+        dec.feed(&c, &mut events)
+            .map_err(|e| format!("framing: {e}"))?;
         for ev in events.drain(..) {
             if ev.comment_only {
                 continue;
@@ -346,41 +502,74 @@ async fn stream_text(client: &reqwest::Client, url: &str, prompt: &str) -> Resul
                 done = true;
                 continue;
             }
-            let v: serde_json::Value = serde_json::from_str(&ev.data).map_err(|_| "malformed".to_owned())?;
+            let v: serde_json::Value =
+                serde_json::from_str(&ev.data).map_err(|_| "malformed".to_owned())?;
             if v.get("error").is_some() {
                 return Err("error event".into());
             }
-            if let Some(t) = v.pointer("/choices/0/delta/content").and_then(|t| t.as_str()) {
+            if let Some(t) = v
+                .pointer("/choices/0/delta/content")
+                .and_then(|t| t.as_str())
+            {
                 text.push_str(t);
             }
         }
     }
-    if done { Ok(text) } else { Err("no terminal event".into()) }
+    if done {
+        Ok(text)
+    } else {
+        Err("no terminal event".into())
+    }
 }
 
 /// 4 variants; one stalls forever after 10 tokens in 20% of its streams (5% of all requests).
 async fn migration(requests: usize, rps: f64) -> Result<(), String> {
     use keel_sim::{FaultKind, FaultSpec};
     println!("keel bench migration: 4 variants (lognormal TTFT median 40 ms, gaps 5 ms), one stalls forever after 10 tokens in 20% of its streams (5% of all); {requests} streamed requests at {rps}/s");
-    println!("{:<22} {:>8} {:>10} {:>11} {:>11} {:>13}", "contender", "intact", "errors", "total p50", "total p99", "extra tokens");
-    let clean = Fleet::start_n(1, ServerConfig::fast("reference")).await.map_err(|e| e.to_string())?;
+    println!(
+        "{:<22} {:>8} {:>10} {:>11} {:>11} {:>13}",
+        "contender", "intact", "errors", "total p50", "total p99", "extra tokens"
+    );
+    let clean = Fleet::start_n(1, ServerConfig::fast("reference"))
+        .await
+        .map_err(|e| e.to_string())?;
     let client = reqwest::Client::new();
-    let prompts: Vec<String> = (0..requests).map(|i| format!("question number {i} about resilient streaming")).collect();
+    let prompts: Vec<String> = (0..requests)
+        .map(|i| format!("question number {i} about resilient streaming"))
+        .collect();
     let mut reference = Vec::new();
     for p in &prompts {
         let v: serde_json::Value = client
             .post(format!("{}/chat/completions", clean.get(0).openai_base()))
             .json(&serde_json::json!({"model": "sim", "max_tokens": 200, "messages": [{"role": "user", "content": p}]}))
             .send().await.map_err(|e| e.to_string())?.json().await.map_err(|e| e.to_string())?;
-        reference.push(v["choices"][0]["message"]["content"].as_str().unwrap_or("").to_owned());
+        reference.push(
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned(),
+        );
     }
-    let reference_tokens: u64 = reference.iter().map(|t| keel_core::tokens::count(t) as u64).sum();
+    let reference_tokens: u64 = reference
+        .iter()
+        .map(|t| keel_core::tokens::count(t) as u64)
+        .sum();
     for (name, pool_extra) in [
         ("keel", "stall_ms = 2000"),
         ("keel, no migration", "stall_ms = 2000\nmax_migrations = 0"),
-        ("round robin", "stall_ms = 2000\nmax_migrations = 0\npolicy = \"round_robin\"\nhedge = \"off\""),
+        (
+            "round robin",
+            "stall_ms = 2000\nmax_migrations = 0\npolicy = \"round_robin\"\nhedge = \"off\"",
+        ),
     ] {
-        let template = ServerConfig { seed: Some(1), ttft_ms: 40.0, ttft_sigma: 0.3, gap_ms: 5.0, gap_sigma: 0.2, ..Default::default() };
+        let template = ServerConfig {
+            seed: Some(1),
+            ttft_ms: 40.0,
+            ttft_sigma: 0.3,
+            gap_ms: 5.0,
+            gap_sigma: 0.2,
+            ..Default::default()
+        };
         let stalls = |i: usize, s: &mut ServerConfig| {
             if i == 0 {
                 let mut f = FaultSpec::new(FaultKind::Stall);
@@ -395,11 +584,15 @@ async fn migration(requests: usize, rps: f64) -> Result<(), String> {
         let mut tasks = Vec::new();
         for (i, p) in prompts.iter().enumerate() {
             tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rps)).await;
-            let (client, url, p, want) = (client.clone(), url.clone(), p.clone(), reference[i].clone());
+            let (client, url, p, want) =
+                (client.clone(), url.clone(), p.clone(), reference[i].clone());
             tasks.push(tokio::spawn(async move {
                 let t = std::time::Instant::now();
                 let r = stream_text(&client, &url, &p).await;
-                (r.map(|text| text == want), t.elapsed().as_secs_f64() * 1000.0)
+                (
+                    r.map(|text| text == want),
+                    t.elapsed().as_secs_f64() * 1000.0,
+                )
             }));
         }
         let (mut intact, mut errors, mut lat) = (0, 0, Vec::new());
@@ -414,7 +607,11 @@ async fn migration(requests: usize, rps: f64) -> Result<(), String> {
             }
         }
         let _ = stop.send(());
-        let sent: u64 = fleet.servers.iter().map(|s| s.state.stats().tokens_sent).sum();
+        let sent: u64 = fleet
+            .servers
+            .iter()
+            .map(|s| s.state.stats().tokens_sent)
+            .sum();
         lat.sort_by(f64::total_cmp);
         let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
         println!(

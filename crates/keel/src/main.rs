@@ -14,7 +14,11 @@ use clap::{Args, Parser, Subcommand};
 use keel_gateway::{Config, Gateway};
 
 #[derive(Parser)]
-#[command(name = "keel", version, about = "LLM inference routing and resilience layer")]
+#[command(
+    name = "keel",
+    version,
+    about = "LLM inference routing and resilience layer"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -94,8 +98,12 @@ struct LoadArgs {
 }
 
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .try_init();
 }
 
 fn main() -> ExitCode {
@@ -155,7 +163,11 @@ fn check(path: &str) -> Result<(), String> {
         println!("warning: {w}");
     }
     let variants: usize = cfg.pools.iter().map(|p| p.variants.len()).sum();
-    println!("{path}: ok ({} pools, {variants} variants, listen {})", cfg.pools.len(), cfg.listen);
+    println!(
+        "{path}: ok ({} pools, {variants} variants, listen {})",
+        cfg.pools.len(),
+        cfg.listen
+    );
     Ok(())
 }
 
@@ -164,13 +176,14 @@ pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}
@@ -185,12 +198,16 @@ async fn serve(cfg: Config) -> Result<(), String> {
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }
-    let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let gw = Gateway::new(cfg);
     tracing::info!(%addr, pools = gw.pools().len(), "keel listening");
     println!("keel listening on http://{addr}");
-    keel_gateway::server::serve(gw, listener, shutdown_signal()).await.map_err(|e| e.to_string())
+    keel_gateway::server::serve(gw, listener, shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())
 }
 
 async fn sim(args: SimArgs) -> Result<(), String> {
@@ -200,8 +217,10 @@ async fn sim(args: SimArgs) -> Result<(), String> {
     init_tracing();
     let mut cfg = match &args.config {
         Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: cannot read: {e}", p.display()))?;
-            keel_sim::FleetConfig::from_toml(&text, &p.display().to_string()).map_err(|e| e.to_string())?
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| format!("{}: cannot read: {e}", p.display()))?;
+            keel_sim::FleetConfig::from_toml(&text, &p.display().to_string())
+                .map_err(|e| e.to_string())?
         }
         None => keel_sim::FleetConfig::uniform(args.servers.max(1)),
     };
@@ -221,10 +240,22 @@ async fn sim(args: SimArgs) -> Result<(), String> {
             .collect();
     }
     let started = std::time::Instant::now();
-    let fleet = keel_sim::Fleet::start(&cfg).await.map_err(|e| format!("cannot start the fleet: {e}"))?;
-    println!("keel-sim: {} servers up in {:.0} ms", fleet.servers.len(), started.elapsed().as_secs_f64() * 1000.0);
+    let fleet = keel_sim::Fleet::start(&cfg)
+        .await
+        .map_err(|e| format!("cannot start the fleet: {e}"))?;
+    println!(
+        "keel-sim: {} servers up in {:.0} ms",
+        fleet.servers.len(),
+        started.elapsed().as_secs_f64() * 1000.0
+    );
     for s in &fleet.servers {
-        println!("  {:<12} openai {}   anthropic {}   faults http://{}/sim/faults", s.name, s.openai_base(), s.anthropic_base(), s.addr);
+        println!(
+            "  {:<12} openai {}   anthropic {}   faults http://{}/sim/faults",
+            s.name,
+            s.openai_base(),
+            s.anthropic_base(),
+            s.addr
+        );
     }
     shutdown_signal().await;
     Ok(())
@@ -235,7 +266,11 @@ async fn load(l: LoadArgs) -> Result<(), String> {
         "chat" => keel_core::protocol::Endpoint::ChatCompletions,
         "completions" => keel_core::protocol::Endpoint::Completions,
         "messages" => keel_core::protocol::Endpoint::Messages,
-        other => return Err(format!("--endpoint: expected chat, completions or messages, got `{other}`")),
+        other => {
+            return Err(format!(
+                "--endpoint: expected chat, completions or messages, got `{other}`"
+            ))
+        }
     };
     if !(l.rps > 0.0 && l.rps.is_finite()) {
         return Err("--rps must be a positive number".into());

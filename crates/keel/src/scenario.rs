@@ -87,8 +87,11 @@ pub struct Event {
 impl Scenario {
     pub fn load(path: &Path) -> Result<Scenario, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let s: Scenario = toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.message()))?;
-        s.fleet.validate().map_err(|e| format!("{}: fleet.{e}", path.display()))?;
+        let s: Scenario =
+            toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.message()))?;
+        s.fleet
+            .validate()
+            .map_err(|e| format!("{}: fleet.{e}", path.display()))?;
         Ok(s)
     }
 }
@@ -102,7 +105,15 @@ struct Planned {
 
 fn prompt(rng: &mut Rng, mix: [f64; 3], i: usize, prefixes: &[String]) -> Value {
     let filler = "Explain how the routing layer keeps latency flat when a backend misbehaves. ";
-    let question = format!("Request {i}: {}", ["what is a seam?", "why hedge?", "how do retries storm?", "what is TGSV?"][i % 4]);
+    let question = format!(
+        "Request {i}: {}",
+        [
+            "what is a seam?",
+            "why hedge?",
+            "how do retries storm?",
+            "what is TGSV?"
+        ][i % 4]
+    );
     if !prefixes.is_empty() {
         let p = &prefixes[(rng.next_u64() % prefixes.len() as u64) as usize];
         return json!([{"role": "system", "content": p}, {"role": "user", "content": question}]);
@@ -120,7 +131,12 @@ fn prompt(rng: &mut Rng, mix: [f64; 3], i: usize, prefixes: &[String]) -> Value 
 
 fn plan(s: &Scenario, duration: f64, seed: u64) -> Vec<Planned> {
     let mut rng = Rng::new(seed);
-    let prefixes: Vec<String> = (0..s.shared_prefixes).map(|i| format!("House style guide {i}. ") + &"Always answer precisely and cite the routing policy. ".repeat(60)).collect();
+    let prefixes: Vec<String> = (0..s.shared_prefixes)
+        .map(|i| {
+            format!("House style guide {i}. ")
+                + &"Always answer precisely and cite the routing policy. ".repeat(60)
+        })
+        .collect();
     let generator = Generator::new("default", s.fleet.generation);
     let n = (duration * s.rps).round() as usize;
     (0..n)
@@ -150,7 +166,14 @@ struct Seen {
 }
 
 /// The OpenAI SDK's default retry policy around one request.
-async fn sdk_request(client: &reqwest::Client, url: &str, headers: &[(String, String)], body: &Value, reference: &str, rng_seed: u64) -> Seen {
+async fn sdk_request(
+    client: &reqwest::Client,
+    url: &str,
+    headers: &[(String, String)],
+    body: &Value,
+    reference: &str,
+    rng_seed: u64,
+) -> Seen {
     let started = Instant::now();
     let mut rng = Rng::new(rng_seed);
     let mut seen = Seen::default();
@@ -162,7 +185,14 @@ async fn sdk_request(client: &reqwest::Client, url: &str, headers: &[(String, St
         let resp = req.send().await;
         let retry_wait = match resp {
             Ok(r) if r.status().is_success() => {
-                read_answer(r, body["stream"].as_bool().unwrap_or(false), started, reference, &mut seen).await;
+                read_answer(
+                    r,
+                    body["stream"].as_bool().unwrap_or(false),
+                    started,
+                    reference,
+                    &mut seen,
+                )
+                .await;
                 seen.total_us = started.elapsed().as_micros() as u64;
                 return seen;
             }
@@ -174,29 +204,51 @@ async fn sdk_request(client: &reqwest::Client, url: &str, headers: &[(String, St
                 if status == 429 {
                     seen.retried_after_429 = true;
                 }
-                let h = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<f64>().ok());
-                h("retry-after-ms").map(|ms| ms / 1000.0).or(h("retry-after")).filter(|s| *s >= 0.0 && *s <= 60.0)
+                let h = |n: &str| {
+                    r.headers()
+                        .get(n)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<f64>().ok())
+                };
+                h("retry-after-ms")
+                    .map(|ms| ms / 1000.0)
+                    .or(h("retry-after"))
+                    .filter(|s| *s >= 0.0 && *s <= 60.0)
             }
             Err(_) => None,
         };
         if attempt == 2 {
             break;
         }
-        let backoff = retry_wait.unwrap_or_else(|| (0.5 * 2f64.powi(attempt as i32)).min(8.0) * (1.0 - 0.25 * rng.next_f64()));
+        let backoff = retry_wait.unwrap_or_else(|| {
+            (0.5 * 2f64.powi(attempt as i32)).min(8.0) * (1.0 - 0.25 * rng.next_f64())
+        });
         tokio::time::sleep(Duration::from_secs_f64(backoff)).await;
     }
     seen.total_us = started.elapsed().as_micros() as u64;
     seen
 }
 
-async fn read_answer(resp: reqwest::Response, stream: bool, started: Instant, reference: &str, seen: &mut Seen) {
+async fn read_answer(
+    resp: reqwest::Response,
+    stream: bool,
+    started: Instant,
+    reference: &str,
+    seen: &mut Seen,
+) {
     if !stream {
         if let Ok(v) = resp.json::<Value>().await {
             seen.ttft_us = Some(started.elapsed().as_micros() as u64);
             seen.ok = v["choices"][0]["message"]["content"].is_string();
             seen.intact = v["choices"][0]["message"]["content"].as_str() == Some(reference);
-            seen.cached = v.pointer("/usage/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
-            seen.prompt = v.pointer("/usage/prompt_tokens").and_then(Value::as_u64).unwrap_or(0);
+            seen.cached = v
+                .pointer("/usage/prompt_tokens_details/cached_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
+            seen.prompt = v
+                .pointer("/usage/prompt_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
         }
         return;
     }
@@ -220,15 +272,24 @@ async fn read_answer(resp: reqwest::Response, stream: bool, started: Instant, re
                 done = true;
                 continue;
             }
-            let Ok(v) = serde_json::from_str::<Value>(&ev.data) else { return };
+            let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
+                return;
+            };
             if v.get("error").is_some() {
                 return;
             }
             if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                seen.cached = u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
+                seen.cached = u
+                    .pointer("/prompt_tokens_details/cached_tokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
                 seen.prompt = u["prompt_tokens"].as_u64().unwrap_or(0);
             }
-            if let Some(t) = v.pointer("/choices/0/delta/content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+            if let Some(t) = v
+                .pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+                .filter(|t| !t.is_empty())
+            {
                 let now = Instant::now();
                 match last {
                     None => seen.ttft_us = Some(started.elapsed().as_micros() as u64),
@@ -243,7 +304,9 @@ async fn read_answer(resp: reqwest::Response, stream: bool, started: Instant, re
     seen.intact = done && text == reference;
     if gaps.len() >= 2 {
         let m = gaps.iter().sum::<f64>() / gaps.len() as f64;
-        seen.tgsv_ms = Some((gaps.iter().map(|g| (g - m) * (g - m)).sum::<f64>() / (gaps.len() - 1) as f64).sqrt());
+        seen.tgsv_ms = Some(
+            (gaps.iter().map(|g| (g - m) * (g - m)).sum::<f64>() / (gaps.len() - 1) as f64).sqrt(),
+        );
     }
 }
 
@@ -260,8 +323,15 @@ async fn start_keel(s: &Scenario, fleet: &Fleet) -> Result<Running, String> {
     for srv in &fleet.servers {
         toml.push_str(&format!("[[pools.variants]]\nname = \"{}\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n", srv.name, srv.openai_base()));
     }
-    let cfg = keel_gateway::Config::parse(&toml, &format!("<scenario {}>", s.name), &Default::default()).map_err(|e| e.to_string())?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+    let cfg = keel_gateway::Config::parse(
+        &toml,
+        &format!("<scenario {}>", s.name),
+        &Default::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let gw = keel_gateway::Gateway::new(cfg);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -269,9 +339,13 @@ async fn start_keel(s: &Scenario, fleet: &Fleet) -> Result<Running, String> {
         let _ = rx.await;
     }));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    Ok(Running { url: format!("http://{addr}/v1/chat/completions"), headers: Vec::new(), stop: Box::new(move || {
-        let _ = tx.send(());
-    }) })
+    Ok(Running {
+        url: format!("http://{addr}/v1/chat/completions"),
+        headers: Vec::new(),
+        stop: Box::new(move || {
+            let _ = tx.send(());
+        }),
+    })
 }
 
 /// A peer gateway started by its script in `bench/peers/<name>.sh DIR PORT BASE_URL...`, which
@@ -281,7 +355,10 @@ async fn start_peer(name: &str, fleet: &Fleet, out: &Path) -> Result<Running, St
     if !script.exists() {
         return Err(format!("no peer script {}", script.display()));
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
     let dir = out.join(name);
     let status = std::process::Command::new("bash")
         .arg(&script)
@@ -313,13 +390,25 @@ async fn start_peer(name: &str, fleet: &Fleet, out: &Path) -> Result<Running, St
         for (k, v) in &headers {
             req = req.header(k, v);
         }
-        if req.send().await.map(|r| r.status().is_success()).unwrap_or(false) {
-            return Ok(Running { url, headers, stop: Box::new(stop) });
+        if req
+            .send()
+            .await
+            .map(|r| r.status().is_success())
+            .unwrap_or(false)
+        {
+            return Ok(Running {
+                url,
+                headers,
+                stop: Box::new(stop),
+            });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     stop();
-    Err(format!("{name} did not answer within 120 s (see {}/)", dir.display()))
+    Err(format!(
+        "{name} did not answer within 120 s (see {}/)",
+        dir.display()
+    ))
 }
 
 /// Figures of one contender on one scenario.
@@ -349,17 +438,35 @@ fn quantiles(h: &Histogram<u64>) -> [f64; 4] {
     [0.5, 0.9, 0.99, 0.999].map(|q| h.value_at_quantile(q) as f64 / 1000.0)
 }
 
-async fn run_contender(s: &Scenario, name: &str, duration: f64, seed: u64, out: &Path) -> Result<Figures, String> {
+async fn run_contender(
+    s: &Scenario,
+    name: &str,
+    duration: f64,
+    seed: u64,
+    out: &Path,
+) -> Result<Figures, String> {
     let fleet = Fleet::start(&s.fleet).await.map_err(|e| e.to_string())?;
     let running = match name {
         "keel" => start_keel(s, &fleet).await?,
         peer => start_peer(peer, &fleet, out).await?,
     };
     let planned = plan(s, duration, seed);
-    let client = reqwest::Client::builder().pool_max_idle_per_host(1024).build().map_err(|e| e.to_string())?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .build()
+        .map_err(|e| e.to_string())?;
     let start = tokio::time::Instant::now();
     for ev in s.events.clone() {
-        let srv = fleet.servers.get(ev.server).ok_or(format!("event names server {} of {}", ev.server, fleet.servers.len()))?.state.clone();
+        let srv = fleet
+            .servers
+            .get(ev.server)
+            .ok_or(format!(
+                "event names server {} of {}",
+                ev.server,
+                fleet.servers.len()
+            ))?
+            .state
+            .clone();
         let at = start + Duration::from_secs_f64(ev.at * duration);
         tokio::spawn(async move {
             tokio::time::sleep_until(at).await;
@@ -379,11 +486,24 @@ async fn run_contender(s: &Scenario, name: &str, duration: f64, seed: u64, out: 
         if i % (total / 20).max(1) == 0 {
             eprint!("\r  {name:<8} {:>3}%", i * 100 / total.max(1));
         }
-        let (client, url, headers, results) = (client.clone(), running.url.clone(), running.headers.clone(), results.clone());
+        let (client, url, headers, results) = (
+            client.clone(),
+            running.url.clone(),
+            running.headers.clone(),
+            results.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let mut body = p.body;
             body["model"] = json!("bench");
-            let seen = sdk_request(&client, &url, &headers, &body, &p.reference, seed ^ i as u64).await;
+            let seen = sdk_request(
+                &client,
+                &url,
+                &headers,
+                &body,
+                &p.reference,
+                seed ^ i as u64,
+            )
+            .await;
             results.lock().unwrap_or_else(|e| e.into_inner()).push(seen);
         }));
     }
@@ -394,9 +514,11 @@ async fn run_contender(s: &Scenario, name: &str, duration: f64, seed: u64, out: 
     let elapsed = start.elapsed().as_secs_f64();
     (running.stop)();
     let seen = std::mem::take(&mut *results.lock().unwrap_or_else(|e| e.into_inner()));
-    let mut ttft = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).map_err(|e| e.to_string())?;
+    let mut ttft =
+        Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).map_err(|e| e.to_string())?;
     let mut totals = ttft.clone();
-    let (mut ok, mut intact, mut tgsv, mut tgsv_n, mut cached, mut prompt) = (0usize, 0usize, 0.0, 0usize, 0u64, 0u64);
+    let (mut ok, mut intact, mut tgsv, mut tgsv_n, mut cached, mut prompt) =
+        (0usize, 0usize, 0.0, 0usize, 0u64, 0u64);
     let (mut r429, mut r429_ok) = (0usize, 0usize);
     for x in &seen {
         if x.ok {
@@ -419,10 +541,24 @@ async fn run_contender(s: &Scenario, name: &str, duration: f64, seed: u64, out: 
         }
     }
     let upstream_requests: u64 = fleet.servers.iter().map(|s| s.state.stats().requests).sum();
-    let tokens_sent: u64 = fleet.servers.iter().map(|s| s.state.stats().tokens_sent).sum();
-    let reference_tokens: u64 = plan(s, duration, seed).iter().map(|p| keel_core::tokens::count(&p.reference) as u64).sum();
+    let tokens_sent: u64 = fleet
+        .servers
+        .iter()
+        .map(|s| s.state.stats().tokens_sent)
+        .sum();
+    let reference_tokens: u64 = plan(s, duration, seed)
+        .iter()
+        .map(|p| keel_core::tokens::count(&p.reference) as u64)
+        .sum();
     let n = seen.len().max(1);
-    let cdf = (1..=100).map(|p| (p as f64 / 100.0, ttft.value_at_quantile((p as f64 / 100.0).min(0.999)) as f64 / 1000.0)).collect();
+    let cdf = (1..=100)
+        .map(|p| {
+            (
+                p as f64 / 100.0,
+                ttft.value_at_quantile((p as f64 / 100.0).min(0.999)) as f64 / 1000.0,
+            )
+        })
+        .collect();
     Ok(Figures {
         contender: name.into(),
         requests: seen.len(),
@@ -430,11 +566,19 @@ async fn run_contender(s: &Scenario, name: &str, duration: f64, seed: u64, out: 
         total_ms: quantiles(&totals),
         error_rate: 1.0 - ok as f64 / n as f64,
         intact: intact as f64 / n as f64,
-        tgsv_ms: if tgsv_n > 0 { tgsv / tgsv_n as f64 } else { 0.0 },
+        tgsv_ms: if tgsv_n > 0 {
+            tgsv / tgsv_n as f64
+        } else {
+            0.0
+        },
         extra_requests: upstream_requests as f64 / n as f64 - 1.0,
         extra_tokens: tokens_sent as f64 / reference_tokens.max(1) as f64 - 1.0,
         admitted_rps: ok as f64 / elapsed,
-        kv_hit_rate: if prompt > 0 { cached as f64 / prompt as f64 } else { 0.0 },
+        kv_hit_rate: if prompt > 0 {
+            cached as f64 / prompt as f64
+        } else {
+            0.0
+        },
         retry_after_success: (r429 > 0).then(|| r429_ok as f64 / r429 as f64),
         ttft_cdf: cdf,
     })
@@ -443,20 +587,42 @@ async fn run_contender(s: &Scenario, name: &str, duration: f64, seed: u64, out: 
 /// A latency CDF as a small standalone SVG (one polyline per contender).
 fn svg_cdf(title: &str, figures: &[Figures]) -> String {
     let (w, h, pad) = (640.0, 400.0, 50.0);
-    let max = figures.iter().flat_map(|f| f.ttft_cdf.iter().map(|p| p.1)).fold(1.0f64, f64::max);
+    let max = figures
+        .iter()
+        .flat_map(|f| f.ttft_cdf.iter().map(|p| p.1))
+        .fold(1.0f64, f64::max);
     let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
     let mut out = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{pad}\" y=\"20\">{title}: TTFT CDF (ms, log scale)</text>\n");
     let x = |ms: f64| pad + (w - 2.0 * pad) * (ms.max(1.0).ln() / max.max(2.0).ln());
     let y = |q: f64| h - pad - (h - 2.0 * pad) * q;
     out.push_str(&format!("<line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n<line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{}\" stroke=\"black\"/>\n", h - pad, w - pad, h - pad, h - pad));
-    for tick in [1.0, 10.0, 100.0, 1000.0, 10000.0].into_iter().filter(|t| *t <= max * 1.01) {
-        out.push_str(&format!("<text x=\"{:.1}\" y=\"{}\">{tick}</text>\n", x(tick), h - pad + 15.0));
+    for tick in [1.0, 10.0, 100.0, 1000.0, 10000.0]
+        .into_iter()
+        .filter(|t| *t <= max * 1.01)
+    {
+        out.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{}\">{tick}</text>\n",
+            x(tick),
+            h - pad + 15.0
+        ));
     }
     for (i, f) in figures.iter().enumerate() {
-        let pts: Vec<String> = f.ttft_cdf.iter().map(|(q, ms)| format!("{:.1},{:.1}", x(*ms), y(*q))).collect();
+        let pts: Vec<String> = f
+            .ttft_cdf
+            .iter()
+            .map(|(q, ms)| format!("{:.1},{:.1}", x(*ms), y(*q)))
+            .collect();
         let c = colours[i % colours.len()];
-        out.push_str(&format!("<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>\n", pts.join(" ")));
-        out.push_str(&format!("<text x=\"{}\" y=\"{}\" fill=\"{c}\">{}</text>\n", w - pad - 120.0, pad + 15.0 * i as f64, f.contender));
+        out.push_str(&format!(
+            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>\n",
+            pts.join(" ")
+        ));
+        out.push_str(&format!(
+            "<text x=\"{}\" y=\"{}\" fill=\"{c}\">{}</text>\n",
+            w - pad - 120.0,
+            pad + 15.0 * i as f64,
+            f.contender
+        ));
     }
     out.push_str("</svg>\n");
     out
@@ -480,9 +646,20 @@ fn markdown(s: &Scenario, figures: &[Figures]) -> String {
 }
 
 /// Runs scenarios (`all` or one name) with the given contenders; writes JSON, Markdown and SVG.
-pub async fn run(which: &str, contenders: &[String], quick: bool, duration: Option<f64>, seed: u64, out: &Path) -> Result<(), String> {
+pub async fn run(
+    which: &str,
+    contenders: &[String],
+    quick: bool,
+    duration: Option<f64>,
+    seed: u64,
+    out: &Path,
+) -> Result<(), String> {
     let dir = PathBuf::from("bench/scenarios");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "toml")).collect();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
     files.sort();
     if which != "all" {
         files.retain(|p| p.file_stem().is_some_and(|s| s == which));
@@ -495,7 +672,11 @@ pub async fn run(which: &str, contenders: &[String], quick: bool, duration: Opti
     let mut report = String::new();
     for f in files {
         let s = Scenario::load(&f)?;
-        let d = duration.unwrap_or(if quick { s.quick_duration_s } else { s.duration_s });
+        let d = duration.unwrap_or(if quick {
+            s.quick_duration_s
+        } else {
+            s.duration_s
+        });
         eprintln!("scenario {} ({d} s at {} req/s)", s.name, s.rps);
         let mut figures = Vec::new();
         for c in contenders {
@@ -511,11 +692,22 @@ pub async fn run(which: &str, contenders: &[String], quick: bool, duration: Opti
         println!("{md}");
         report.push_str(&md);
         report.push('\n');
-        std::fs::write(out.join(format!("{}.svg", s.name)), svg_cdf(&s.name, &figures)).map_err(|e| e.to_string())?;
+        std::fs::write(
+            out.join(format!("{}.svg", s.name)),
+            svg_cdf(&s.name, &figures),
+        )
+        .map_err(|e| e.to_string())?;
         all.insert(s.name.clone(), figures);
     }
-    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| e.to_string())?;
     std::fs::write(out.join("results.md"), report).map_err(|e| e.to_string())?;
-    eprintln!("written {}/results.json, results.md and one SVG per scenario", out.display());
+    eprintln!(
+        "written {}/results.json, results.md and one SVG per scenario",
+        out.display()
+    );
     Ok(())
 }

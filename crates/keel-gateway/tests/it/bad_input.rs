@@ -19,54 +19,149 @@ async fn raw(h: &Harness, path: &str, content_type: Option<&str>, body: Vec<u8>)
 async fn bad_requests_get_precise_errors() {
     let h = Harness::openai(1, 1, "max_body_bytes = 1000", "").await;
     let json_ct = Some("application/json");
-    let (s, v) = raw(&h, "/v1/chat/completions", json_ct, b"{\n \"model\": \"p\",\n oops }".to_vec()).await;
+    let (s, v) = raw(
+        &h,
+        "/v1/chat/completions",
+        json_ct,
+        b"{\n \"model\": \"p\",\n oops }".to_vec(),
+    )
+    .await;
     assert_eq!(s, 400);
-    assert!(v["error"]["message"].as_str().unwrap().contains("line 3 column 2"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("line 3 column 2"),
+        "{v}"
+    );
     assert_eq!(v["error"]["type"], "invalid_request_error");
 
-    let (s, v) = raw(&h, "/v1/chat/completions", json_ct, br#"{"messages": [{"role": "user", "content": "x"}]}"#.to_vec()).await;
-    assert_eq!((s, v["error"]["message"].as_str().unwrap()), (400, "missing required field `model`"));
-    let (s, v) = raw(&h, "/v1/chat/completions", json_ct, br#"{"model": "p"}"#.to_vec()).await;
-    assert_eq!((s, v["error"]["message"].as_str().unwrap()), (400, "missing required field `messages`"));
+    let (s, v) = raw(
+        &h,
+        "/v1/chat/completions",
+        json_ct,
+        br#"{"messages": [{"role": "user", "content": "x"}]}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["message"].as_str().unwrap()),
+        (400, "missing required field `model`")
+    );
+    let (s, v) = raw(
+        &h,
+        "/v1/chat/completions",
+        json_ct,
+        br#"{"model": "p"}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["message"].as_str().unwrap()),
+        (400, "missing required field `messages`")
+    );
 
-    let (s, v) = raw(&h, "/v1/chat/completions", json_ct, br#"{"model": "nope", "messages": [{"role": "user", "content": "x"}]}"#.to_vec()).await;
+    let (s, v) = raw(
+        &h,
+        "/v1/chat/completions",
+        json_ct,
+        br#"{"model": "nope", "messages": [{"role": "user", "content": "x"}]}"#.to_vec(),
+    )
+    .await;
     assert_eq!(s, 404);
-    assert!(v["error"]["message"].as_str().unwrap().contains("known models: p"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("known models: p"),
+        "{v}"
+    );
 
-    let (s, v) = raw(&h, "/v1/chat/completions", Some("text/plain"), b"{}".to_vec()).await;
+    let (s, v) = raw(
+        &h,
+        "/v1/chat/completions",
+        Some("text/plain"),
+        b"{}".to_vec(),
+    )
+    .await;
     assert_eq!(s, 415);
-    assert!(v["error"]["message"].as_str().unwrap().contains("text/plain"));
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("text/plain"));
 
-    let (s, v) = raw(&h, "/v1/chat/completions", json_ct, b"{\"model\": \"\xff\xfe\"}".to_vec()).await;
+    let (s, v) = raw(
+        &h,
+        "/v1/chat/completions",
+        json_ct,
+        b"{\"model\": \"\xff\xfe\"}".to_vec(),
+    )
+    .await;
     assert_eq!(s, 400);
     assert!(v["error"]["message"].as_str().unwrap().contains("UTF-8"));
 
-    let big = format!(r#"{{"model": "p", "messages": [{{"role": "user", "content": "{}"}}]}}"#, "x".repeat(2000));
+    let big = format!(
+        r#"{{"model": "p", "messages": [{{"role": "user", "content": "{}"}}]}}"#,
+        "x".repeat(2000)
+    );
     let (s, v) = raw(&h, "/v1/chat/completions", json_ct, big.into_bytes()).await;
     assert_eq!(s, 413);
-    assert!(v["error"]["message"].as_str().unwrap().contains("1000 bytes"));
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("1000 bytes"));
 
-    let r = keel_sim::http_client().get(h.url("/v2/nothing")).send().await.unwrap();
+    let r = keel_sim::http_client()
+        .get(h.url("/v2/nothing"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
-    let r = keel_sim::http_client().get(h.url("/v1/chat/completions")).send().await.unwrap();
+    let r = keel_sim::http_client()
+        .get(h.url("/v1/chat/completions"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 405);
-    assert_eq!(h.server(0).state.stats().requests, 0, "no bad request reached an upstream");
+    assert_eq!(
+        h.server(0).state.stats().requests,
+        0,
+        "no bad request reached an upstream"
+    );
 }
 
 #[tokio::test]
 async fn anthropic_bad_input_uses_anthropic_shape() {
-    let fleet = keel_sim::Fleet::start_n(1, keel_sim::ServerConfig::fast("s")).await.unwrap();
+    let fleet = keel_sim::Fleet::start_n(1, keel_sim::ServerConfig::fast("s"))
+        .await
+        .unwrap();
     let cfg = pool_over(&fleet, "c", "anthropic", 1, "");
     let h = Harness::start(fleet, &cfg).await;
-    let (s, v) = raw(&h, "/v1/messages", Some("application/json"), br#"{"model": "c", "messages": [{"role": "user", "content": "x"}]}"#.to_vec()).await;
+    let (s, v) = raw(
+        &h,
+        "/v1/messages",
+        Some("application/json"),
+        br#"{"model": "c", "messages": [{"role": "user", "content": "x"}]}"#.to_vec(),
+    )
+    .await;
     assert_eq!(s, 400);
     assert_eq!(v["type"], "error");
     assert_eq!(v["error"]["type"], "invalid_request_error");
     assert_eq!(v["error"]["message"], "missing required field `max_tokens`");
-    let r = keel_sim::http_client().get(h.url("/v1/nothing")).header("anthropic-version", "2023-06-01").send().await.unwrap();
+    let r = keel_sim::http_client()
+        .get(h.url("/v1/nothing"))
+        .header("anthropic-version", "2023-06-01")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.json::<Value>().await.unwrap()["type"], "error");
-    let r = keel_sim::http_client().post(h.url("/v1/messages")).header("x-keel-force-variant", "sim-0")
-        .json(&json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})).send().await.unwrap();
+    let r = keel_sim::http_client()
+        .post(h.url("/v1/messages"))
+        .header("x-keel-force-variant", "sim-0")
+        .json(
+            &json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400, "force-variant is off unless configured");
 }
 
@@ -74,8 +169,14 @@ async fn anthropic_bad_input_uses_anthropic_shape() {
 async fn slow_clients_cannot_hold_a_connection() {
     let h = Harness::openai(1, 1, "header_read_timeout_ms = 200", "").await;
     let mut tcp = tokio::net::TcpStream::connect(h.addr).await.unwrap();
-    tcp.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    tcp.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
     let mut buf = Vec::new();
-    let read = tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read_to_end(&mut buf)).await;
-    assert!(read.is_ok(), "the gateway closed the connection of a client that never finished its headers");
+    let read =
+        tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read_to_end(&mut buf)).await;
+    assert!(
+        read.is_ok(),
+        "the gateway closed the connection of a client that never finished its headers"
+    );
 }

@@ -14,7 +14,11 @@ use crate::harness::*;
 async fn assert_fails_over(fault: Value, pool_extra: &str, stream: bool) {
     let h = Harness::openai(2, 1000, "", pool_extra).await;
     add_fault(h.server(0), fault.clone()).await;
-    let body = if stream { stream_body("x") } else { chat_body("x") };
+    let body = if stream {
+        stream_body("x")
+    } else {
+        chat_body("x")
+    };
     let r = h.post("/v1/chat/completions", &body).await;
     assert_eq!(r.status(), 200, "{fault}: {}", r.text().await.unwrap());
     assert_eq!(header(r.headers(), "x-keel-variant"), "sim-1", "{fault}");
@@ -48,14 +52,24 @@ async fn transport_faults_fail_over() {
 #[tokio::test]
 async fn first_token_timeout_fails_over() {
     assert_fails_over(json!({"kind": "hang"}), "first_token_ms = 200", true).await;
-    assert_fails_over(json!({"kind": "stall", "after_tokens": 0}), "first_token_ms = 200", true).await;
+    assert_fails_over(
+        json!({"kind": "stall", "after_tokens": 0}),
+        "first_token_ms = 200",
+        true,
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn connect_errors_fail_over_and_cool_down() {
-    let fleet = keel_sim::Fleet::start_n(1, keel_sim::ServerConfig::fast("s")).await.unwrap();
+    let fleet = keel_sim::Fleet::start_n(1, keel_sim::ServerConfig::fast("s"))
+        .await
+        .unwrap();
     // A closed port: bind then drop a listener to get one nobody listens on.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let cfg = format!(
         "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\n{}{}",
         variant("dead", &format!("http://{dead}/v1"), "openai", 1000),
@@ -70,7 +84,10 @@ async fn connect_errors_fail_over_and_cool_down() {
     let (_, headers, _) = h.chat(&chat_body("x")).await;
     assert_eq!(header(&headers, "x-keel-attempts"), "1");
     let m = h.metrics().await;
-    assert!(m.contains("variant=\"dead\",outcome=\"connect_error\""), "{m}");
+    assert!(
+        m.contains("variant=\"dead\",outcome=\"connect_error\""),
+        "{m}"
+    );
 }
 
 #[tokio::test]
@@ -85,21 +102,37 @@ async fn client_errors_are_returned_unchanged_and_never_retried() {
         let (got, headers, body) = h.chat(&chat_body("x")).await;
         assert_eq!(got, status);
         assert_eq!(header(&headers, "x-keel-attempts"), "1");
-        assert!(body["error"]["message"].as_str().unwrap().contains(&format!("HTTP {status}")), "upstream body passed through: {body}");
-        assert_eq!(h.server(1).state.stats().requests, 0, "{status} must not reach another variant");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("HTTP {status}")),
+            "upstream body passed through: {body}"
+        );
+        assert_eq!(
+            h.server(1).state.stats().requests,
+            0,
+            "{status} must not reach another variant"
+        );
     }
 }
 
 #[tokio::test]
 async fn upstream_404_is_not_retried() {
-    let cfg = keel_sim::ServerConfig { models: vec!["other".into()], ..keel_sim::ServerConfig::fast("s") };
+    let cfg = keel_sim::ServerConfig {
+        models: vec!["other".into()],
+        ..keel_sim::ServerConfig::fast("s")
+    };
     let fleet = keel_sim::Fleet::start_n(2, cfg).await.unwrap();
     let toml = pool_over(&fleet, "p", "openai", 1000, "");
     let h = Harness::start(fleet, &toml).await;
     let (status, headers, body) = h.chat(&chat_body("x")).await;
     assert_eq!(status, 404);
     assert_eq!(header(&headers, "x-keel-attempts"), "1");
-    assert!(body["error"]["message"].as_str().unwrap().contains("does not exist"));
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("does not exist"));
     assert_eq!(h.server(1).state.stats().requests, 0);
 }
 
@@ -116,7 +149,15 @@ async fn safety_refusal_is_returned_as_given() {
 
 #[tokio::test]
 async fn broken_credential_fails_over_and_marks_the_variant() {
-    let fleet = keel_sim::Fleet::start_n(1, keel_sim::ServerConfig { api_key: Some("right".into()), ..keel_sim::ServerConfig::fast("s") }).await.unwrap();
+    let fleet = keel_sim::Fleet::start_n(
+        1,
+        keel_sim::ServerConfig {
+            api_key: Some("right".into()),
+            ..keel_sim::ServerConfig::fast("s")
+        },
+    )
+    .await
+    .unwrap();
     let base = fleet.get(0).openai_base();
     let cfg = format!(
         "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\n{}api_key = \"wrong\"\n{}api_key = \"right\"\n",
@@ -127,7 +168,14 @@ async fn broken_credential_fails_over_and_marks_the_variant() {
     let (status, headers, _) = h.chat(&chat_body("x")).await;
     assert_eq!(status, 200);
     assert_eq!(header(&headers, "x-keel-variant"), "good-key");
-    let health: Value = keel_sim::http_client().get(h.url("/keel/health")).send().await.unwrap().json().await.unwrap();
+    let health: Value = keel_sim::http_client()
+        .get(h.url("/keel/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let v = &health["pools"][0]["variants"][0];
     assert_eq!(v["credential_broken"], true);
     assert_eq!(v["available"], false);
@@ -139,19 +187,40 @@ async fn broken_credential_fails_over_and_marks_the_variant() {
 #[tokio::test]
 async fn retry_after_sets_an_exact_cooldown() {
     let h = Harness::openai(2, 1000, "", "").await;
-    add_fault(h.server(0), json!({"kind": "error", "status": 429, "retry_after_s": 1, "count": 1})).await;
+    add_fault(
+        h.server(0),
+        json!({"kind": "error", "status": 429, "retry_after_s": 1, "count": 1}),
+    )
+    .await;
     let (_, headers, _) = h.chat(&chat_body("x")).await;
     assert_eq!(header(&headers, "x-keel-variant"), "sim-1");
-    let health: Value = keel_sim::http_client().get(h.url("/keel/health")).send().await.unwrap().json().await.unwrap();
-    let cooldown = health["pools"][0]["variants"][0]["cooldown_ms"].as_u64().unwrap();
+    let health: Value = keel_sim::http_client()
+        .get(h.url("/keel/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let cooldown = health["pools"][0]["variants"][0]["cooldown_ms"]
+        .as_u64()
+        .unwrap();
     assert!(cooldown > 0 && cooldown <= 1000, "{cooldown}");
     for _ in 0..5 {
         let (_, headers, _) = h.chat(&chat_body("x")).await;
-        assert_eq!(header(&headers, "x-keel-variant"), "sim-1", "sim-0 is cooling down");
+        assert_eq!(
+            header(&headers, "x-keel-variant"),
+            "sim-1",
+            "sim-0 is cooling down"
+        );
     }
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let (_, headers, _) = h.chat(&chat_body("x")).await;
-    assert_eq!(header(&headers, "x-keel-variant"), "sim-0", "back after its retry-after");
+    assert_eq!(
+        header(&headers, "x-keel-variant"),
+        "sim-0",
+        "back after its retry-after"
+    );
 }
 
 #[tokio::test]
@@ -163,16 +232,30 @@ async fn everything_failing_gives_a_precise_error_in_each_protocol() {
     let (status, _, body) = h.chat(&chat_body("x")).await;
     assert_eq!(status, 502);
     let msg = body["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("sim-0: HTTP 500") && msg.contains("sim-1: HTTP 500"), "{msg}");
+    assert!(
+        msg.contains("sim-0: HTTP 500") && msg.contains("sim-1: HTTP 500"),
+        "{msg}"
+    );
     assert_eq!(body["error"]["type"], "api_error");
 
-    let fleet = keel_sim::Fleet::start_n(2, keel_sim::ServerConfig::fast("s")).await.unwrap();
+    let fleet = keel_sim::Fleet::start_n(2, keel_sim::ServerConfig::fast("s"))
+        .await
+        .unwrap();
     for s in &fleet.servers {
-        add_fault(s, json!({"kind": "error", "status": 529, "retry_after_s": 3})).await;
+        add_fault(
+            s,
+            json!({"kind": "error", "status": 529, "retry_after_s": 3}),
+        )
+        .await;
     }
     let cfg = pool_over(&fleet, "c", "anthropic", 1, "");
     let h = Harness::start(fleet, &cfg).await;
-    let r = h.post("/v1/messages", &json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})).await;
+    let r = h
+        .post(
+            "/v1/messages",
+            &json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
     assert_eq!(r.status(), 503);
     assert_eq!(header(r.headers(), "retry-after"), "3");
     assert_eq!(header(r.headers(), "retry-after-ms"), "3000");
@@ -180,7 +263,12 @@ async fn everything_failing_gives_a_precise_error_in_each_protocol() {
     assert_eq!(v["type"], "error");
     assert_eq!(v["error"]["type"], "overloaded_error");
     // Both are cooling down now: keel answers at once with the exact wait.
-    let r = h.post("/v1/messages", &json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})).await;
+    let r = h
+        .post(
+            "/v1/messages",
+            &json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
     assert_eq!(r.status(), 503);
     let wait: u64 = header(r.headers(), "retry-after-ms").parse().unwrap();
     assert!(wait > 0 && wait <= 3000, "{wait}");
@@ -195,7 +283,12 @@ async fn attempts_are_bounded_by_max_attempts() {
     let (status, headers, _) = h.chat(&chat_body("x")).await;
     assert_eq!(status, 503);
     assert_eq!(header(&headers, "x-keel-attempts"), "2");
-    let total: u64 = h.fleet.servers.iter().map(|s| s.state.stats().requests).sum();
+    let total: u64 = h
+        .fleet
+        .servers
+        .iter()
+        .map(|s| s.state.stats().requests)
+        .sum();
     assert_eq!(total, 2);
 }
 
@@ -207,8 +300,14 @@ async fn retry_budget_stops_retry_storms() {
     let (status, headers, body) = h.chat(&chat_body("x")).await;
     assert_eq!(status, 502);
     assert_eq!(header(&headers, "x-keel-attempts"), "1");
-    assert!(body["error"]["message"].as_str().unwrap().contains("retry budget"));
-    assert!(h.metrics().await.contains("keel_retry_budget_exhausted_total{pool=\"p\"} 1"));
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("retry budget"));
+    assert!(h
+        .metrics()
+        .await
+        .contains("keel_retry_budget_exhausted_total{pool=\"p\"} 1"));
 }
 
 #[tokio::test]
@@ -222,11 +321,22 @@ async fn client_deadline_caps_every_attempt() {
         .post(h.url("/v1/chat/completions"))
         .header("x-keel-timeout-ms", "300")
         .json(&chat_body("x"))
-        .send().await.unwrap();
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 504);
     assert!(started.elapsed() >= Duration::from_millis(300));
     let v: Value = r.json().await.unwrap();
-    assert!(v["error"]["message"].as_str().unwrap().contains("deadline"), "{v}");
-    let r = keel_sim::http_client().post(h.url("/v1/chat/completions")).header("x-keel-timeout-ms", "soon").json(&chat_body("x")).send().await.unwrap();
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("deadline"),
+        "{v}"
+    );
+    let r = keel_sim::http_client()
+        .post(h.url("/v1/chat/completions"))
+        .header("x-keel-timeout-ms", "soon")
+        .json(&chat_body("x"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
 }

@@ -26,34 +26,68 @@ pub fn variant(name: &str, url: &str, protocol: &str, weight: u32) -> String {
 /// A pool over every server of the fleet; the first server gets `first_weight`, others 1.
 /// Warm-up requests are off unless `pool_extra` has its own `[pools.health]` table, so that
 /// upstream request counts in tests are the client's requests only.
-pub fn pool_over(fleet: &Fleet, name: &str, protocol: &str, first_weight: u32, pool_extra: &str) -> String {
-    let health = if pool_extra.contains("[pools.health]") { "" } else { "[pools.health]\nprewarm_requests = 0\n" };
+pub fn pool_over(
+    fleet: &Fleet,
+    name: &str,
+    protocol: &str,
+    first_weight: u32,
+    pool_extra: &str,
+) -> String {
+    let health = if pool_extra.contains("[pools.health]") {
+        ""
+    } else {
+        "[pools.health]\nprewarm_requests = 0\n"
+    };
     let mut s = format!("[[pools]]\nname = \"{name}\"\n{pool_extra}\n{health}");
     for (i, srv) in fleet.servers.iter().enumerate() {
-        let url = if protocol == "openai" { srv.openai_base() } else { srv.anthropic_base() };
-        s.push_str(&variant(&srv.name, &url, protocol, if i == 0 { first_weight } else { 1 }));
+        let url = if protocol == "openai" {
+            srv.openai_base()
+        } else {
+            srv.anthropic_base()
+        };
+        s.push_str(&variant(
+            &srv.name,
+            &url,
+            protocol,
+            if i == 0 { first_weight } else { 1 },
+        ));
     }
     s
 }
 
 impl Harness {
     pub async fn start(fleet: Fleet, config: &str) -> Harness {
-        let env: HashMap<String, String> = HashMap::from([("UPSTREAM_KEY".into(), "sk-upstream-secret".into())]);
-        let cfg = Config::parse(config, "test.toml", &env).unwrap_or_else(|e| panic!("{e}\n{config}"));
+        let env: HashMap<String, String> =
+            HashMap::from([("UPSTREAM_KEY".into(), "sk-upstream-secret".into())]);
+        let cfg =
+            Config::parse(config, "test.toml", &env).unwrap_or_else(|e| panic!("{e}\n{config}"));
         let gw = Gateway::new(cfg);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(keel_gateway::server::serve(gw.clone(), listener, async move {
-            let _ = stopped.await;
-        }));
-        Harness { fleet, gw, addr, stop: Some(stop), task: Some(task) }
+        let task = tokio::spawn(keel_gateway::server::serve(
+            gw.clone(),
+            listener,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Harness {
+            fleet,
+            gw,
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
     }
 
     /// `n` fast servers and one OpenAI pool `p` over them (first server weight `w0`).
     pub async fn openai(n: usize, w0: u32, top: &str, pool_extra: &str) -> Harness {
         let fleet = Fleet::start_n(n, ServerConfig::fast("s")).await.unwrap();
-        let cfg = format!("{top}\n{}", pool_over(&fleet, "p", "openai", w0, pool_extra));
+        let cfg = format!(
+            "{top}\n{}",
+            pool_over(&fleet, "p", "openai", w0, pool_extra)
+        );
         Harness::start(fleet, &cfg).await
     }
 
@@ -72,7 +106,12 @@ impl Harness {
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
-        keel_sim::http_client().post(self.url(path)).json(body).send().await.expect("gateway reachable")
+        keel_sim::http_client()
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .expect("gateway reachable")
     }
 
     pub async fn chat(&self, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
@@ -80,11 +119,22 @@ impl Harness {
         let status = r.status().as_u16();
         let headers = r.headers().clone();
         let text = r.text().await.unwrap();
-        (status, headers, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            headers,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     pub async fn metrics(&self) -> String {
-        keel_sim::http_client().get(self.url("/metrics")).send().await.unwrap().text().await.unwrap()
+        keel_sim::http_client()
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
     }
 }
 
@@ -103,7 +153,12 @@ pub fn stream_body(prompt: &str) -> Value {
 }
 
 pub async fn add_fault(server: &ServerHandle, fault: Value) {
-    let r = keel_sim::http_client().post(format!("http://{}/sim/faults", server.addr)).json(&fault).send().await.unwrap();
+    let r = keel_sim::http_client()
+        .post(format!("http://{}/sim/faults", server.addr))
+        .json(&fault)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
 }
 
@@ -124,6 +179,10 @@ pub fn openai_stream_text(events: &[keel_core::sse::SseEvent]) -> String {
     events
         .iter()
         .filter(|e| e.data != "[DONE]")
-        .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok()?["choices"].get(0)?["delta"]["content"].as_str().map(str::to_owned))
+        .filter_map(|e| {
+            serde_json::from_str::<Value>(&e.data).ok()?["choices"].get(0)?["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
         .collect()
 }

@@ -8,13 +8,23 @@ use serde_json::{json, Value};
 use crate::harness::*;
 
 async fn forced(h: &Harness, body: &Value) -> reqwest::Response {
-    keel_sim::http_client().post(h.url("/v1/chat/completions")).header("x-keel-force-variant", "sim-0").json(body).send().await.unwrap()
+    keel_sim::http_client()
+        .post(h.url("/v1/chat/completions"))
+        .header("x-keel-force-variant", "sim-0")
+        .json(body)
+        .send()
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
 async fn a_hedge_beats_a_slow_first_token_and_the_loser_is_cancelled() {
     let h = Harness::openai(2, 1, "allow_force_variant = true", "hedge = 100").await;
-    add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 0, "count": 1})).await;
+    add_fault(
+        h.server(0),
+        json!({"kind": "stall", "after_tokens": 0, "count": 1}),
+    )
+    .await;
     let resp = forced(&h, &stream_body("hedge me")).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(header(resp.headers(), "x-keel-route"), "hedged");
@@ -32,19 +42,32 @@ async fn a_hedge_beats_a_slow_first_token_and_the_loser_is_cancelled() {
     }
     assert_eq!(sim0.stats().cancelled, 1);
     assert_eq!(sim0.stats().running, 0);
-    assert!(h.metrics().await.contains("keel_hedges_total{pool=\"p\",outcome=\"won\"} 1"));
+    assert!(h
+        .metrics()
+        .await
+        .contains("keel_hedges_total{pool=\"p\",outcome=\"won\"} 1"));
 }
 
 #[tokio::test]
 async fn non_streaming_requests_are_hedged_too() {
     let h = Harness::openai(2, 1, "allow_force_variant = true", "hedge = 100").await;
-    add_fault(h.server(0), json!({"kind": "delay", "ms": 3000, "count": 1})).await;
+    add_fault(
+        h.server(0),
+        json!({"kind": "delay", "ms": 3000, "count": 1}),
+    )
+    .await;
     let resp = forced(&h, &chat_body("hedge me")).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(header(resp.headers(), "x-keel-route"), "hedged");
     assert_eq!(header(resp.headers(), "x-keel-variant"), "sim-1");
     let v: Value = resp.json().await.unwrap();
-    assert!(v["choices"][0]["message"]["content"].as_str().unwrap().len() > 10);
+    assert!(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .len()
+            > 10
+    );
 }
 
 #[tokio::test]
@@ -60,7 +83,13 @@ async fn a_fast_primary_is_not_hedged() {
 
 #[tokio::test]
 async fn hedges_stay_within_their_budget_under_sustained_slowness() {
-    let h = Harness::openai(2, 1, "allow_force_variant = true", "hedge = 20\nhedge_budget = 0.05").await;
+    let h = Harness::openai(
+        2,
+        1,
+        "allow_force_variant = true",
+        "hedge = 20\nhedge_budget = 0.05",
+    )
+    .await;
     add_fault(h.server(0), json!({"kind": "delay", "ms": 100})).await;
     let n = 40;
     for _ in 0..n {
@@ -68,7 +97,10 @@ async fn hedges_stay_within_their_budget_under_sustained_slowness() {
         assert_eq!(resp.status(), 200);
     }
     let hedges = h.server(1).state.stats().requests;
-    assert!(hedges as f64 <= (0.05 * n as f64).ceil(), "{hedges} hedges for {n} requests");
+    assert!(
+        hedges as f64 <= (0.05 * n as f64).ceil(),
+        "{hedges} hedges for {n} requests"
+    );
     assert!(hedges >= 1, "the budget allows some hedges");
 }
 

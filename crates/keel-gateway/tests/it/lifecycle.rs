@@ -15,10 +15,18 @@ async fn shutdown_drains_in_flight_streams() {
     h.stop();
     tokio::time::sleep(Duration::from_millis(100)).await;
     // New connections are refused once shutdown began...
-    assert!(keel_sim::http_client().get(h.url("/keel/health")).send().await.is_err());
+    assert!(keel_sim::http_client()
+        .get(h.url("/keel/health"))
+        .send()
+        .await
+        .is_err());
     // ...while the stream in flight completes intact.
     let events = read_stream(resp).await;
     assert_eq!(events.last().unwrap().data, "[DONE]");
     let task = h.task.take().unwrap();
-    tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }

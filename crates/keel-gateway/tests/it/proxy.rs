@@ -10,20 +10,33 @@ async fn openai_whole_and_streamed_match_the_upstream() {
     let direct: Value = keel_sim::http_client()
         .post(format!("{}/chat/completions", h.server(0).openai_base()))
         .json(&chat_body("hello keel"))
-        .send().await.unwrap().json().await.unwrap();
-    let want = direct["choices"][0]["message"]["content"].as_str().unwrap().to_owned();
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let want = direct["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
 
     let (status, headers, body) = h.chat(&chat_body("hello keel")).await;
     assert_eq!(status, 200);
     assert_eq!(body["choices"][0]["message"]["content"], want.as_str());
-    assert_eq!(body["model"], "sim", "the upstream's answer is passed through");
+    assert_eq!(
+        body["model"], "sim",
+        "the upstream's answer is passed through"
+    );
     assert_eq!(header(&headers, "x-keel-route"), "direct");
     assert_eq!(header(&headers, "x-keel-attempts"), "1");
     assert!(["sim-0", "sim-1"].contains(&header(&headers, "x-keel-variant")));
     let id = header(&headers, "x-keel-request-id").to_owned();
     assert_eq!(uuid::Uuid::parse_str(&id).unwrap().get_version_num(), 7);
 
-    let resp = h.post("/v1/chat/completions", &stream_body("hello keel")).await;
+    let resp = h
+        .post("/v1/chat/completions", &stream_body("hello keel"))
+        .await;
     assert_eq!(resp.status(), 200);
     assert!(header(resp.headers(), "content-type").starts_with("text/event-stream"));
     assert_eq!(header(resp.headers(), "x-keel-attempts"), "1");
@@ -34,7 +47,9 @@ async fn openai_whole_and_streamed_match_the_upstream() {
 
 #[tokio::test]
 async fn anthropic_whole_and_streamed() {
-    let fleet = keel_sim::Fleet::start_n(2, keel_sim::ServerConfig::fast("s")).await.unwrap();
+    let fleet = keel_sim::Fleet::start_n(2, keel_sim::ServerConfig::fast("s"))
+        .await
+        .unwrap();
     let cfg = pool_over(&fleet, "claude", "anthropic", 1, "");
     let h = Harness::start(fleet, &cfg).await;
     let body = json!({"model": "claude", "max_tokens": 64, "system": "be brief", "messages": [{"role": "user", "content": "hi"}]});
@@ -53,16 +68,36 @@ async fn anthropic_whole_and_streamed() {
     let streamed: String = events
         .iter()
         .filter(|e| e.event.as_deref() == Some("content_block_delta"))
-        .map(|e| serde_json::from_str::<Value>(&e.data).unwrap()["delta"]["text"].as_str().unwrap().to_owned())
+        .map(|e| {
+            serde_json::from_str::<Value>(&e.data).unwrap()["delta"]["text"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect();
     assert_eq!(streamed, text);
 
     // count_tokens is forwarded to an Anthropic upstream.
-    let r = h.post("/v1/messages/count_tokens", &json!({"model": "claude", "messages": [{"role": "user", "content": "hi there"}]})).await;
+    let r = h
+        .post(
+            "/v1/messages/count_tokens",
+            &json!({"model": "claude", "messages": [{"role": "user", "content": "hi there"}]}),
+        )
+        .await;
     assert_eq!(r.status(), 200);
-    assert!(r.json::<Value>().await.unwrap()["input_tokens"].as_u64().unwrap() > 0);
+    assert!(
+        r.json::<Value>().await.unwrap()["input_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
     // An OpenAI-protocol model on the Anthropic endpoint gets a clear error.
-    let r = h.post("/v1/chat/completions", &json!({"model": "claude", "messages": [{"role": "user", "content": "x"}]})).await;
+    let r = h
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "claude", "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
     assert_eq!(r.status(), 400);
     assert!(r.text().await.unwrap().contains("anthropic protocol"));
 }
@@ -77,13 +112,19 @@ async fn completions_endpoint_and_unknown_fields_pass_through() {
     assert_eq!(v["object"], "text_completion");
     let seen = h.server(0).state.last_body();
     assert_eq!(seen["x_vendor_flag"], json!({"deep": [1, 2]}));
-    assert_eq!(seen["model"], "sim", "the public name is replaced by the upstream model");
+    assert_eq!(
+        seen["model"], "sim",
+        "the public name is replaced by the upstream model"
+    );
     assert_eq!(seen["temperature"], 0);
 }
 
 #[tokio::test]
 async fn credentials_are_the_variants_and_never_leak() {
-    let cfg = keel_sim::ServerConfig { api_key: Some("sk-upstream-secret".into()), ..keel_sim::ServerConfig::fast("s") };
+    let cfg = keel_sim::ServerConfig {
+        api_key: Some("sk-upstream-secret".into()),
+        ..keel_sim::ServerConfig::fast("s")
+    };
     let fleet = keel_sim::Fleet::start_n(1, cfg).await.unwrap();
     let toml = format!(
         "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\n[[pools.variants]]\nname = \"a\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\napi_key = \"${{UPSTREAM_KEY}}\"\nparams = {{ max_tokens = 3 }}\n",
@@ -98,37 +139,87 @@ async fn credentials_are_the_variants_and_never_leak() {
         .header("openai-beta", "x")
         .json(&json!({"model": "p", "max_tokens": 50, "messages": [{"role": "user", "content": "x"}]}))
         .send().await.unwrap();
-    assert_eq!(r.status(), 200, "the sim accepted the variant's key, not the client's");
+    assert_eq!(
+        r.status(),
+        200,
+        "the sim accepted the variant's key, not the client's"
+    );
     let text = r.text().await.unwrap();
     assert!(!text.contains("sk-upstream-secret"));
-    let seen: std::collections::HashMap<String, String> = h.server(0).state.last_headers().into_iter().collect();
+    let seen: std::collections::HashMap<String, String> =
+        h.server(0).state.last_headers().into_iter().collect();
     assert_eq!(seen["authorization"], "Bearer sk-upstream-secret");
-    assert!(!seen.contains_key("x-api-key"), "client's x-api-key is not forwarded");
+    assert!(
+        !seen.contains_key("x-api-key"),
+        "client's x-api-key is not forwarded"
+    );
     assert!(!seen.keys().any(|k| k.starts_with("x-keel-")));
-    assert_eq!(seen["openai-beta"], "x", "other client headers pass through");
-    assert_eq!(h.server(0).state.last_body()["max_tokens"], 3, "variant params cap max_tokens");
+    assert_eq!(
+        seen["openai-beta"], "x",
+        "other client headers pass through"
+    );
+    assert_eq!(
+        h.server(0).state.last_body()["max_tokens"],
+        3,
+        "variant params cap max_tokens"
+    );
     assert!(!h.metrics().await.contains("sk-upstream-secret"));
-    let health = keel_sim::http_client().get(h.url("/keel/health")).send().await.unwrap().text().await.unwrap();
+    let health = keel_sim::http_client()
+        .get(h.url("/keel/health"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(!health.contains("sk-upstream-secret"));
 }
 
 #[tokio::test]
 async fn models_health_and_metrics_endpoints() {
-    let fleet = keel_sim::Fleet::start_n(1, keel_sim::ServerConfig::fast("s")).await.unwrap();
+    let fleet = keel_sim::Fleet::start_n(1, keel_sim::ServerConfig::fast("s"))
+        .await
+        .unwrap();
     let cfg = pool_over(&fleet, "models-pool", "openai", 1, "aliases = [\"mp\"]");
     let h = Harness::start(fleet, &cfg).await;
-    let v: Value = keel_sim::http_client().get(h.url("/v1/models")).send().await.unwrap().json().await.unwrap();
+    let v: Value = keel_sim::http_client()
+        .get(h.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["data"][0]["id"], "models-pool");
-    let a: Value = keel_sim::http_client().get(h.url("/v1/models")).header("anthropic-version", "2023-06-01").send().await.unwrap().json().await.unwrap();
+    let a: Value = keel_sim::http_client()
+        .get(h.url("/v1/models"))
+        .header("anthropic-version", "2023-06-01")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(a["data"][0]["type"], "model");
     // An alias routes to its pool.
-    let (status, _, _) = h.chat(&json!({"model": "mp", "messages": [{"role": "user", "content": "x"}]})).await;
+    let (status, _, _) = h
+        .chat(&json!({"model": "mp", "messages": [{"role": "user", "content": "x"}]}))
+        .await;
     assert_eq!(status, 200);
-    let health: Value = keel_sim::http_client().get(h.url("/keel/health")).send().await.unwrap().json().await.unwrap();
+    let health: Value = keel_sim::http_client()
+        .get(h.url("/keel/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(health["pools"][0]["variants"][0]["available"], true);
     let m = h.metrics().await;
     assert!(m.contains("keel_requests_total{pool=\"models-pool\",endpoint=\"chat_completions\",route=\"direct\",outcome=\"ok\"} 1"), "{m}");
-    assert!(m.contains("keel_attempts_total{pool=\"models-pool\",variant=\"sim-0\",outcome=\"ok\"} 1"));
+    assert!(
+        m.contains("keel_attempts_total{pool=\"models-pool\",variant=\"sim-0\",outcome=\"ok\"} 1")
+    );
     assert!(m.contains("keel_request_duration_seconds_bucket{pool=\"models-pool\""));
     assert!(m.contains("keel_ttft_seconds_bucket{pool=\"models-pool\""));
 }
@@ -136,7 +227,12 @@ async fn models_health_and_metrics_endpoints() {
 #[tokio::test]
 async fn count_tokens_on_an_openai_pool_is_estimated_locally() {
     let h = Harness::openai(1, 1, "", "").await;
-    let r = h.post("/v1/messages/count_tokens", &json!({"model": "p", "messages": [{"role": "user", "content": "Hello, world."}]})).await;
+    let r = h
+        .post(
+            "/v1/messages/count_tokens",
+            &json!({"model": "p", "messages": [{"role": "user", "content": "Hello, world."}]}),
+        )
+        .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<Value>().await.unwrap()["input_tokens"], 4);
     assert_eq!(h.server(0).state.stats().requests, 0);

@@ -14,20 +14,37 @@ async fn requests(h: &Harness, i: usize) -> u64 {
 /// Client attempts keel sent to a variant (probes and warm-ups are counted separately).
 async fn client_attempts(h: &Harness, variant: &str) -> u64 {
     let prefix = format!("keel_attempts_total{{pool=\"p\",variant=\"{variant}\",");
-    h.metrics().await.lines().filter(|l| l.starts_with(&prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok()).sum()
+    h.metrics()
+        .await
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
 }
 
 async fn health(h: &Harness) -> Value {
-    keel_sim::http_client().get(h.url("/keel/health")).send().await.unwrap().json().await.unwrap()
+    keel_sim::http_client()
+        .get(h.url("/keel/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
 async fn a_degraded_variant_stops_getting_traffic_and_returns_after_the_fault_clears() {
-    let extra = "[pools.health]\nprewarm_requests = 0\nslow_start_ms = 300\nprobe_interval_ms = 200";
+    let extra =
+        "[pools.health]\nprewarm_requests = 0\nslow_start_ms = 300\nprobe_interval_ms = 200";
     let h = Harness::openai(3, 1, "", extra).await;
     // Mostly failing (a GPU out of memory): two good probes in a row, which would bring it back
     // for a while by design, are then rare enough not to blur what this test looks at.
-    add_fault(h.server(0), json!({"kind": "degraded", "error_rate": 0.9, "factor": 4})).await;
+    add_fault(
+        h.server(0),
+        json!({"kind": "degraded", "error_rate": 0.9, "factor": 4}),
+    )
+    .await;
     // 2 s of traffic at 50 req/s: keel learns.
     for _ in 0..100 {
         let (status, _, _) = h.chat(&chat_body("x")).await;
@@ -41,49 +58,89 @@ async fn a_degraded_variant_stops_getting_traffic_and_returns_after_the_fault_cl
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let during = client_attempts(&h, "sim-0").await - before;
-    assert!(during <= 2, "the degraded variant got {during} client requests after 2 s");
+    assert!(
+        during <= 2,
+        "the degraded variant got {during} client requests after 2 s"
+    );
     // Sustained errors eject it (3 s of severity): it is probed (a degraded instance may pass
     // two probes in a row and come back for a while; that is what slow start is for).
     let mut probed = false;
     for _ in 0..80 {
-        if h.metrics().await.contains("keel_maintenance_requests_total{pool=\"p\",variant=\"sim-0\",kind=\"probe\"") {
+        if h.metrics()
+            .await
+            .contains("keel_maintenance_requests_total{pool=\"p\",variant=\"sim-0\",kind=\"probe\"")
+        {
             probed = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(probed, "the degraded variant was ejected and probed: {}", health(&h).await);
-    keel_sim::http_client().delete(format!("http://{}/sim/faults", h.server(0).addr)).send().await.unwrap();
+    assert!(
+        probed,
+        "the degraded variant was ejected and probed: {}",
+        health(&h).await
+    );
+    keel_sim::http_client()
+        .delete(format!("http://{}/sim/faults", h.server(0).addr))
+        .send()
+        .await
+        .unwrap();
     let mut back = false;
     for _ in 0..150 {
         let before = requests(&h, 0).await;
         h.chat(&chat_body("x")).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let st = health(&h).await["pools"][0]["variants"][0]["state"].as_str().unwrap().to_owned();
+        let st = health(&h).await["pools"][0]["variants"][0]["state"]
+            .as_str()
+            .unwrap()
+            .to_owned();
         if st == "healthy" && requests(&h, 0).await > before {
             back = true;
             break;
         }
     }
-    assert!(back, "the variant returned to rotation after the fault cleared: {}", health(&h).await);
+    assert!(
+        back,
+        "the variant returned to rotation after the fault cleared: {}",
+        health(&h).await
+    );
 }
 
 #[tokio::test]
 async fn a_cold_start_is_paid_by_warm_up_not_by_clients() {
-    let cold = keel_sim::ServerConfig { cold_start_requests: 2, cold_start_extra_ms: 300, ..keel_sim::ServerConfig::fast("cold") };
+    let cold = keel_sim::ServerConfig {
+        cold_start_requests: 2,
+        cold_start_extra_ms: 300,
+        ..keel_sim::ServerConfig::fast("cold")
+    };
     let fleet = keel_sim::Fleet::start_n(2, cold).await.unwrap();
-    let cfg = pool_over(&fleet, "p", "openai", 1, "[pools.health]\nprewarm_requests = 2\nslow_start_ms = 0");
+    let cfg = pool_over(
+        &fleet,
+        "p",
+        "openai",
+        1,
+        "[pools.health]\nprewarm_requests = 2\nslow_start_ms = 0",
+    );
     let h = Harness::start(fleet, &cfg).await;
     // Until warm-up finishes, client traffic waits for nothing: but we let the monitor work first.
     for _ in 0..200 {
         let v = health(&h).await;
-        if v["pools"][0]["variants"].as_array().unwrap().iter().all(|x| x["state"] == "healthy") {
+        if v["pools"][0]["variants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["state"] == "healthy")
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for i in 0..2 {
-        assert_eq!(h.server(i).state.stats().cold_served, 2, "warm-up requests absorbed the cold start");
+        assert_eq!(
+            h.server(i).state.stats().cold_served,
+            2,
+            "warm-up requests absorbed the cold start"
+        );
         assert_eq!(h.server(i).state.stats().requests, 2);
     }
     for _ in 0..10 {
@@ -93,24 +150,38 @@ async fn a_cold_start_is_paid_by_warm_up_not_by_clients() {
     let client_requests: u64 = (0..2).map(|i| h.server(i).state.stats().requests - 2).sum();
     assert_eq!(client_requests, 10);
     for i in 0..2 {
-        assert_eq!(h.server(i).state.stats().cold_served, 2, "no client request paid a cold start");
+        assert_eq!(
+            h.server(i).state.stats().cold_served,
+            2,
+            "no client request paid a cold start"
+        );
     }
 }
 
 /// KV-cache hit rate of a workload of shared system prompts under a pool setting.
 async fn hit_rate(pool_extra: &str) -> f64 {
-    let cfg = keel_sim::ServerConfig { prefill_us_per_token: 0.0, ..keel_sim::ServerConfig::fast("s") };
+    let cfg = keel_sim::ServerConfig {
+        prefill_us_per_token: 0.0,
+        ..keel_sim::ServerConfig::fast("s")
+    };
     let fleet = keel_sim::Fleet::start_n(4, cfg).await.unwrap();
     let toml = pool_over(&fleet, "p", "openai", 1, pool_extra);
     let h = Harness::start(fleet, &toml).await;
-    let systems: Vec<String> = (0..4).map(|i| format!("System prompt number {i}. ") + &"Follow the house style guide carefully. ".repeat(30)).collect();
+    let systems: Vec<String> = (0..4)
+        .map(|i| {
+            format!("System prompt number {i}. ")
+                + &"Follow the house style guide carefully. ".repeat(30)
+        })
+        .collect();
     let (mut cached, mut prompt) = (0u64, 0u64);
     for n in 0..40 {
         let body = json!({"model": "p", "max_tokens": 1, "messages": [
             {"role": "system", "content": systems[(n * 7 + n / 3) % 4]}, {"role": "user", "content": format!("question {n}")}]});
         let (status, _, v) = h.chat(&body).await;
         assert_eq!(status, 200);
-        cached += v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        cached += v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
         prompt += v["usage"]["prompt_tokens"].as_u64().unwrap();
     }
     cached as f64 / prompt as f64
@@ -120,8 +191,15 @@ async fn hit_rate(pool_extra: &str) -> f64 {
 async fn prefix_affinity_beats_round_robin_on_cache_hits() {
     let affinity = hit_rate("affinity = \"prefix\"").await;
     let rr = hit_rate("policy = \"round_robin\"").await;
-    eprintln!("simulated KV-cache hit rate: prefix affinity {:.1}%, round robin {:.1}%", affinity * 100.0, rr * 100.0);
-    assert!(affinity > rr + 0.1, "prefix affinity {affinity:.3} vs round robin {rr:.3}");
+    eprintln!(
+        "simulated KV-cache hit rate: prefix affinity {:.1}%, round robin {:.1}%",
+        affinity * 100.0,
+        rr * 100.0
+    );
+    assert!(
+        affinity > rr + 0.1,
+        "prefix affinity {affinity:.3} vs round robin {rr:.3}"
+    );
 }
 
 #[tokio::test]
@@ -130,7 +208,13 @@ async fn sessions_stick_to_one_variant() {
     for s in 0..8 {
         let mut seen = std::collections::HashSet::new();
         for _ in 0..5 {
-            let r = keel_sim::http_client().post(h.url("/v1/chat/completions")).header("x-keel-session", format!("conv-{s}")).json(&chat_body("x")).send().await.unwrap();
+            let r = keel_sim::http_client()
+                .post(h.url("/v1/chat/completions"))
+                .header("x-keel-session", format!("conv-{s}"))
+                .json(&chat_body("x"))
+                .send()
+                .await
+                .unwrap();
             seen.insert(header(r.headers(), "x-keel-variant").to_owned());
         }
         assert_eq!(seen.len(), 1, "session conv-{s} moved: {seen:?}");
@@ -147,27 +231,65 @@ async fn sessions_stick_to_one_variant() {
 #[tokio::test]
 async fn decisions_and_gauges_explain_routing() {
     let h = Harness::openai(3, 1, "", "").await;
-    let r = keel_sim::http_client().post(h.url("/v1/chat/completions")).header("x-keel-preference", "low-cost").json(&chat_body("x")).send().await.unwrap();
+    let r = keel_sim::http_client()
+        .post(h.url("/v1/chat/completions"))
+        .header("x-keel-preference", "low-cost")
+        .json(&chat_body("x"))
+        .send()
+        .await
+        .unwrap();
     let id = header(r.headers(), "x-keel-request-id").to_owned();
-    let decisions: Value = keel_sim::http_client().get(h.url("/keel/decisions")).send().await.unwrap().json().await.unwrap();
-    let d = decisions.as_array().unwrap().iter().find(|d| d["request_id"] == id.as_str()).expect("decision recorded");
+    let decisions: Value = keel_sim::http_client()
+        .get(h.url("/keel/decisions"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let d = decisions
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["request_id"] == id.as_str())
+        .expect("decision recorded");
     assert_eq!(d["policy"], "p2c");
     assert_eq!(d["candidates"].as_array().unwrap().len(), 3);
     assert!(d["duration_us"].as_f64().unwrap() > 0.0);
     tokio::time::sleep(Duration::from_millis(250)).await;
     let m = h.metrics().await;
-    for g in ["keel_variant_weight{", "keel_variant_ttft_seconds{", "keel_variant_state{", "keel_variant_inflight{", "keel_decision_duration_seconds_bucket{"] {
+    for g in [
+        "keel_variant_weight{",
+        "keel_variant_ttft_seconds{",
+        "keel_variant_state{",
+        "keel_variant_inflight{",
+        "keel_decision_duration_seconds_bucket{",
+    ] {
         assert!(m.contains(g), "missing {g}");
     }
-    let bad = keel_sim::http_client().post(h.url("/v1/chat/completions")).header("x-keel-preference", "fastest").json(&chat_body("x")).send().await.unwrap();
+    let bad = keel_sim::http_client()
+        .post(h.url("/v1/chat/completions"))
+        .header("x-keel-preference", "fastest")
+        .json(&chat_body("x"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(bad.status(), 400);
-    let bad = keel_sim::http_client().post(h.url("/v1/chat/completions")).header("x-keel-min-tier", "0").json(&chat_body("x")).send().await.unwrap();
+    let bad = keel_sim::http_client()
+        .post(h.url("/v1/chat/completions"))
+        .header("x-keel-min-tier", "0")
+        .json(&chat_body("x"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(bad.status(), 400);
 }
 
 #[tokio::test]
 async fn min_tier_filters_variants() {
-    let fleet = keel_sim::Fleet::start_n(2, keel_sim::ServerConfig::fast("s")).await.unwrap();
+    let fleet = keel_sim::Fleet::start_n(2, keel_sim::ServerConfig::fast("s"))
+        .await
+        .unwrap();
     let cfg = format!(
         "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\n{}tier = 1\n{}tier = 2\n",
         variant("best", &fleet.get(0).openai_base(), "openai", 1),
@@ -175,14 +297,28 @@ async fn min_tier_filters_variants() {
     );
     let h = Harness::start(fleet, &cfg).await;
     for _ in 0..10 {
-        let r = keel_sim::http_client().post(h.url("/v1/chat/completions")).header("x-keel-min-tier", "1").json(&chat_body("x")).send().await.unwrap();
+        let r = keel_sim::http_client()
+            .post(h.url("/v1/chat/completions"))
+            .header("x-keel-min-tier", "1")
+            .json(&chat_body("x"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(header(r.headers(), "x-keel-variant"), "best");
     }
 }
 
 #[tokio::test]
 async fn scraped_queue_depth_steers_traffic_away() {
-    let fleet = keel_sim::Fleet::start_n(2, keel_sim::ServerConfig { capacity: 1, ..keel_sim::ServerConfig::fast("s") }).await.unwrap();
+    let fleet = keel_sim::Fleet::start_n(
+        2,
+        keel_sim::ServerConfig {
+            capacity: 1,
+            ..keel_sim::ServerConfig::fast("s")
+        },
+    )
+    .await
+    .unwrap();
     let cfg = format!(
         "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\nscrape_interval_ms = 100\nwaiting_warn = 0.5\nwaiting_severe = 2\n{}metrics_url = \"http://{}/metrics\"\n{}metrics_url = \"http://{}/metrics\"\n",
         variant("busy", &fleet.get(0).openai_base(), "openai", 1),
@@ -192,18 +328,33 @@ async fn scraped_queue_depth_steers_traffic_away() {
     );
     let h = Harness::start(fleet, &cfg).await;
     // Fill the busy server directly (not through keel): one running, two waiting.
-    add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 1, "ms": 3000, "count": 3})).await;
+    add_fault(
+        h.server(0),
+        json!({"kind": "stall", "after_tokens": 1, "ms": 3000, "count": 3}),
+    )
+    .await;
     let url = format!("{}/chat/completions", h.server(0).openai_base());
     let mut hogs = Vec::new();
     for _ in 0..3 {
         let u = url.clone();
-        hogs.push(tokio::spawn(async move { keel_sim::http_client().post(u).json(&json!({"model": "sim", "messages": [{"role": "user", "content": "hog"}]})).send().await.map(|r| r.status()) }));
+        hogs.push(tokio::spawn(async move {
+            keel_sim::http_client()
+                .post(u)
+                .json(&json!({"model": "sim", "messages": [{"role": "user", "content": "hog"}]}))
+                .send()
+                .await
+                .map(|r| r.status())
+        }));
     }
     // Let the monitor scrape the queue.
     let mut seen_waiting = false;
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        if health(&h).await["pools"][0]["variants"][0]["waiting"].as_f64().unwrap_or(0.0) >= 2.0 {
+        if health(&h).await["pools"][0]["variants"][0]["waiting"]
+            .as_f64()
+            .unwrap_or(0.0)
+            >= 2.0
+        {
             seen_waiting = true;
             break;
         }
@@ -216,7 +367,10 @@ async fn scraped_queue_depth_steers_traffic_away() {
             to_busy += 1;
         }
     }
-    assert_eq!(to_busy, 0, "a server with a queue gets no traffic while an idle one exists");
+    assert_eq!(
+        to_busy, 0,
+        "a server with a queue gets no traffic while an idle one exists"
+    );
     for hog in hogs {
         hog.abort();
     }

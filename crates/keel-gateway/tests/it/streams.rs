@@ -11,17 +11,34 @@ async fn upstream_death_mid_stream_ends_with_an_explicit_error_event() {
     let h = Harness::openai(1, 1, "", "").await;
     add_fault(h.server(0), json!({"kind": "close", "after_tokens": 3})).await;
     let events = read_stream(h.post("/v1/chat/completions", &stream_body("x")).await).await;
-    assert!(events.iter().all(|e| e.data != "[DONE]"), "never a clean end");
+    assert!(
+        events.iter().all(|e| e.data != "[DONE]"),
+        "never a clean end"
+    );
     let last: Value = serde_json::from_str(&events.last().unwrap().data).unwrap();
-    assert!(last["error"]["message"].as_str().unwrap().contains("incomplete"), "{last}");
-    assert!(!openai_stream_text(&events).is_empty(), "the tokens before the failure were delivered");
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("incomplete"),
+        "{last}"
+    );
+    assert!(
+        !openai_stream_text(&events).is_empty(),
+        "the tokens before the failure were delivered"
+    );
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(h.metrics().await.contains("route=\"direct\",outcome=\"incomplete\"} 1"));
+    assert!(h
+        .metrics()
+        .await
+        .contains("route=\"direct\",outcome=\"incomplete\"} 1"));
 }
 
 #[tokio::test]
 async fn anthropic_stream_failure_ends_with_event_error() {
-    let fleet = keel_sim::Fleet::start_n(1, keel_sim::ServerConfig::fast("s")).await.unwrap();
+    let fleet = keel_sim::Fleet::start_n(1, keel_sim::ServerConfig::fast("s"))
+        .await
+        .unwrap();
     add_fault(fleet.get(0), json!({"kind": "close", "after_tokens": 2})).await;
     let cfg = pool_over(&fleet, "c", "anthropic", 1, "");
     let h = Harness::start(fleet, &cfg).await;
@@ -29,7 +46,9 @@ async fn anthropic_stream_failure_ends_with_event_error() {
     let events = read_stream(h.post("/v1/messages", &body).await).await;
     let last = events.last().unwrap();
     assert_eq!(last.event.as_deref(), Some("error"));
-    assert!(!events.iter().any(|e| e.event.as_deref() == Some("message_stop")));
+    assert!(!events
+        .iter()
+        .any(|e| e.event.as_deref() == Some("message_stop")));
     let v: Value = serde_json::from_str(&last.data).unwrap();
     assert_eq!(v["type"], "error");
 }
@@ -40,7 +59,10 @@ async fn a_stall_after_the_first_byte_ends_with_an_error_not_a_hang() {
     add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 4})).await;
     let events = read_stream(h.post("/v1/chat/completions", &stream_body("x")).await).await;
     let last: Value = serde_json::from_str(&events.last().unwrap().data).unwrap();
-    assert!(last["error"]["message"].as_str().unwrap().contains("stall"), "{last}");
+    assert!(
+        last["error"]["message"].as_str().unwrap().contains("stall"),
+        "{last}"
+    );
 }
 
 #[tokio::test]
@@ -49,7 +71,11 @@ async fn malformed_event_mid_stream_is_not_forwarded() {
     add_fault(h.server(0), json!({"kind": "malformed", "after_tokens": 3})).await;
     let events = read_stream(h.post("/v1/chat/completions", &stream_body("x")).await).await;
     for e in &events {
-        assert!(serde_json::from_str::<Value>(&e.data).is_ok(), "client never sees a malformed event: {:?}", e.data);
+        assert!(
+            serde_json::from_str::<Value>(&e.data).is_ok(),
+            "client never sees a malformed event: {:?}",
+            e.data
+        );
     }
     let last: Value = serde_json::from_str(&events.last().unwrap().data).unwrap();
     assert!(last["error"].is_object());
@@ -70,7 +96,11 @@ async fn client_disconnect_cancels_the_upstream_request() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(sim.stats().cancelled, 1, "the upstream saw its client go away");
+    assert_eq!(
+        sim.stats().cancelled,
+        1,
+        "the upstream saw its client go away"
+    );
     assert_eq!(sim.stats().running, 0);
     for _ in 0..100 {
         if h.metrics().await.contains("outcome=\"cancelled\"} 1") {
