@@ -168,14 +168,7 @@ async fn broken_credential_fails_over_and_marks_the_variant() {
     let (status, headers, _) = h.chat(&chat_body("x")).await;
     assert_eq!(status, 200);
     assert_eq!(header(&headers, "x-keel-variant"), "good-key");
-    let health: Value = keel_sim::http_client()
-        .get(h.url("/keel/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: Value = h.get_json("/keel/health").await;
     let v = &health["pools"][0]["variants"][0];
     assert_eq!(v["credential_broken"], true);
     assert_eq!(v["available"], false);
@@ -194,14 +187,7 @@ async fn retry_after_sets_an_exact_cooldown() {
     .await;
     let (_, headers, _) = h.chat(&chat_body("x")).await;
     assert_eq!(header(&headers, "x-keel-variant"), "sim-1");
-    let health: Value = keel_sim::http_client()
-        .get(h.url("/keel/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: Value = h.get_json("/keel/health").await;
     let cooldown = health["pools"][0]["variants"][0]["cooldown_ms"]
         .as_u64()
         .unwrap();
@@ -317,13 +303,13 @@ async fn client_deadline_caps_every_attempt() {
         add_fault(s, json!({"kind": "hang"})).await;
     }
     let started = std::time::Instant::now();
-    let r = keel_sim::http_client()
-        .post(h.url("/v1/chat/completions"))
-        .header("x-keel-timeout-ms", "300")
-        .json(&chat_body("x"))
-        .send()
-        .await
-        .unwrap();
+    let r = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("x-keel-timeout-ms", "300")],
+            &chat_body("x"),
+        )
+        .await;
     assert_eq!(r.status(), 504);
     assert!(started.elapsed() >= Duration::from_millis(300));
     let v: Value = r.json().await.unwrap();
@@ -331,12 +317,12 @@ async fn client_deadline_caps_every_attempt() {
         v["error"]["message"].as_str().unwrap().contains("deadline"),
         "{v}"
     );
-    let r = keel_sim::http_client()
-        .post(h.url("/v1/chat/completions"))
-        .header("x-keel-timeout-ms", "soon")
-        .json(&chat_body("x"))
-        .send()
-        .await
-        .unwrap();
+    let r = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("x-keel-timeout-ms", "soon")],
+            &chat_body("x"),
+        )
+        .await;
     assert_eq!(r.status(), 400);
 }

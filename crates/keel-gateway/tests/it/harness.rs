@@ -114,6 +114,32 @@ impl Harness {
             .expect("gateway reachable")
     }
 
+    /// A POST with extra request headers.
+    pub async fn post_with(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> reqwest::Response {
+        let mut req = keel_sim::http_client().post(self.url(path)).json(body);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.send().await.expect("gateway reachable")
+    }
+
+    /// A GET whose answer is JSON.
+    pub async fn get_json(&self, path: &str) -> Value {
+        keel_sim::http_client()
+            .get(self.url(path))
+            .send()
+            .await
+            .expect("gateway reachable")
+            .json()
+            .await
+            .expect("JSON answer")
+    }
+
     pub async fn chat(&self, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
         let r = self.post("/v1/chat/completions", body).await;
         let status = r.status().as_u16();

@@ -8,13 +8,12 @@ use serde_json::{json, Value};
 use crate::harness::*;
 
 async fn forced(h: &Harness, body: &Value) -> reqwest::Response {
-    keel_sim::http_client()
-        .post(h.url("/v1/chat/completions"))
-        .header("x-keel-force-variant", "sim-0")
-        .json(body)
-        .send()
-        .await
-        .unwrap()
+    h.post_with(
+        "/v1/chat/completions",
+        &[("x-keel-force-variant", "sim-0")],
+        body,
+    )
+    .await
 }
 
 #[tokio::test]

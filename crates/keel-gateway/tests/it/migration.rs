@@ -31,13 +31,8 @@ async fn reference(h: &Harness, path: &str, body: &Value) -> Value {
 
 /// Sends with sim-0 (the faulty one) as the primary; the rest of the plan stays as fallbacks.
 async fn forced(h: &Harness, path: &str, body: &Value, variant: &str) -> reqwest::Response {
-    keel_sim::http_client()
-        .post(h.url(path))
-        .header("x-keel-force-variant", variant)
-        .json(body)
-        .send()
+    h.post_with(path, &[("x-keel-force-variant", variant)], body)
         .await
-        .unwrap()
 }
 
 fn comments(events: &[SseEvent]) -> Vec<String> {

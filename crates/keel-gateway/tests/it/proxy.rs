@@ -182,14 +182,7 @@ async fn models_health_and_metrics_endpoints() {
         .unwrap();
     let cfg = pool_over(&fleet, "models-pool", "openai", 1, "aliases = [\"mp\"]");
     let h = Harness::start(fleet, &cfg).await;
-    let v: Value = keel_sim::http_client()
-        .get(h.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = h.get_json("/v1/models").await;
     assert_eq!(v["data"][0]["id"], "models-pool");
     let a: Value = keel_sim::http_client()
         .get(h.url("/v1/models"))
@@ -206,14 +199,7 @@ async fn models_health_and_metrics_endpoints() {
         .chat(&json!({"model": "mp", "messages": [{"role": "user", "content": "x"}]}))
         .await;
     assert_eq!(status, 200);
-    let health: Value = keel_sim::http_client()
-        .get(h.url("/keel/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: Value = h.get_json("/keel/health").await;
     assert_eq!(health["pools"][0]["variants"][0]["available"], true);
     let m = h.metrics().await;
     assert!(m.contains("keel_requests_total{pool=\"models-pool\",endpoint=\"chat_completions\",route=\"direct\",outcome=\"ok\"} 1"), "{m}");

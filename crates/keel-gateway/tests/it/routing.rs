@@ -23,14 +23,7 @@ async fn client_attempts(h: &Harness, variant: &str) -> u64 {
 }
 
 async fn health(h: &Harness) -> Value {
-    keel_sim::http_client()
-        .get(h.url("/keel/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    h.get_json("/keel/health").await
 }
 
 #[tokio::test]
@@ -208,13 +201,13 @@ async fn sessions_stick_to_one_variant() {
     for s in 0..8 {
         let mut seen = std::collections::HashSet::new();
         for _ in 0..5 {
-            let r = keel_sim::http_client()
-                .post(h.url("/v1/chat/completions"))
-                .header("x-keel-session", format!("conv-{s}"))
-                .json(&chat_body("x"))
-                .send()
-                .await
-                .unwrap();
+            let r = h
+                .post_with(
+                    "/v1/chat/completions",
+                    &[("x-keel-session", &format!("conv-{s}"))],
+                    &chat_body("x"),
+                )
+                .await;
             seen.insert(header(r.headers(), "x-keel-variant").to_owned());
         }
         assert_eq!(seen.len(), 1, "session conv-{s} moved: {seen:?}");
@@ -231,22 +224,15 @@ async fn sessions_stick_to_one_variant() {
 #[tokio::test]
 async fn decisions_and_gauges_explain_routing() {
     let h = Harness::openai(3, 1, "", "").await;
-    let r = keel_sim::http_client()
-        .post(h.url("/v1/chat/completions"))
-        .header("x-keel-preference", "low-cost")
-        .json(&chat_body("x"))
-        .send()
-        .await
-        .unwrap();
+    let r = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("x-keel-preference", "low-cost")],
+            &chat_body("x"),
+        )
+        .await;
     let id = header(r.headers(), "x-keel-request-id").to_owned();
-    let decisions: Value = keel_sim::http_client()
-        .get(h.url("/keel/decisions"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let decisions: Value = h.get_json("/keel/decisions").await;
     let d = decisions
         .as_array()
         .unwrap()
@@ -267,21 +253,21 @@ async fn decisions_and_gauges_explain_routing() {
     ] {
         assert!(m.contains(g), "missing {g}");
     }
-    let bad = keel_sim::http_client()
-        .post(h.url("/v1/chat/completions"))
-        .header("x-keel-preference", "fastest")
-        .json(&chat_body("x"))
-        .send()
-        .await
-        .unwrap();
+    let bad = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("x-keel-preference", "fastest")],
+            &chat_body("x"),
+        )
+        .await;
     assert_eq!(bad.status(), 400);
-    let bad = keel_sim::http_client()
-        .post(h.url("/v1/chat/completions"))
-        .header("x-keel-min-tier", "0")
-        .json(&chat_body("x"))
-        .send()
-        .await
-        .unwrap();
+    let bad = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("x-keel-min-tier", "0")],
+            &chat_body("x"),
+        )
+        .await;
     assert_eq!(bad.status(), 400);
 }
 
@@ -297,13 +283,13 @@ async fn min_tier_filters_variants() {
     );
     let h = Harness::start(fleet, &cfg).await;
     for _ in 0..10 {
-        let r = keel_sim::http_client()
-            .post(h.url("/v1/chat/completions"))
-            .header("x-keel-min-tier", "1")
-            .json(&chat_body("x"))
-            .send()
-            .await
-            .unwrap();
+        let r = h
+            .post_with(
+                "/v1/chat/completions",
+                &[("x-keel-min-tier", "1")],
+                &chat_body("x"),
+            )
+            .await;
         assert_eq!(header(r.headers(), "x-keel-variant"), "best");
     }
 }
