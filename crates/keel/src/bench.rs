@@ -124,22 +124,8 @@ async fn fleet_and_gateway(
     })
     .await
     .map_err(|e| e.to_string())?;
-    let mut toml = format!("[[pools]]\nname = \"p\"\n{pool_extra}\n");
-    for s in &fleet.servers {
-        toml.push_str(&format!("[[pools.variants]]\nname = \"{}\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n", s.name, s.openai_base()));
-    }
-    let cfg = Config::parse(&toml, "<bench>", &Default::default()).map_err(|e| e.to_string())?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let gw = keel_gateway::Gateway::new(cfg);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(keel_gateway::server::serve(gw, listener, async move {
-        let _ = stopped.await;
-    }));
-    // Let warm-up requests finish before measuring.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let toml = crate::scenario::pool_toml(&fleet, "p", pool_extra);
+    let (addr, stop) = crate::scenario::start_gateway(&toml, "<bench>").await?;
     Ok((fleet, addr, stop))
 }
 
@@ -332,10 +318,7 @@ async fn overhead(
         .await
         .map_err(|e| e.to_string())?;
     let sim = fleet.get(0);
-    let toml = format!(
-        "[[pools]]\nname = \"bench\"\n{keel_pool}\n[[pools.variants]]\nname = \"fast\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n",
-        sim.openai_base()
-    );
+    let toml = crate::scenario::pool_toml(&fleet, "bench", keel_pool);
     Config::parse(&toml, "<bench>", &Default::default()).map_err(|e| e.to_string())?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -318,17 +318,27 @@ pub struct Running {
     stop: Box<dyn FnOnce() + Send>,
 }
 
-async fn start_keel(s: &Scenario, fleet: &Fleet) -> Result<Running, String> {
-    let mut toml = format!("[[pools]]\nname = \"bench\"\n{}\n", s.keel_pool);
+/// A pool table named `name` (`extra` lines in it) with one OpenAI variant per simulated server.
+pub fn pool_toml(fleet: &Fleet, name: &str, extra: &str) -> String {
+    let mut toml = format!("[[pools]]\nname = \"{name}\"\n{extra}\n");
     for srv in &fleet.servers {
-        toml.push_str(&format!("[[pools.variants]]\nname = \"{}\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n", srv.name, srv.openai_base()));
+        toml.push_str(&format!(
+            "[[pools.variants]]\nname = \"{}\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n",
+            srv.name,
+            srv.openai_base()
+        ));
     }
-    let cfg = keel_gateway::Config::parse(
-        &toml,
-        &format!("<scenario {}>", s.name),
-        &Default::default(),
-    )
-    .map_err(|e| e.to_string())?;
+    toml
+}
+
+/// An in-process gateway serving `toml` on a free loopback port, after its warm-up requests;
+/// sending on the returned sender stops it.
+pub async fn start_gateway(
+    toml: &str,
+    origin: &str,
+) -> Result<(std::net::SocketAddr, tokio::sync::oneshot::Sender<()>), String> {
+    let cfg = keel_gateway::Config::parse(toml, origin, &Default::default())
+        .map_err(|e| e.to_string())?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| e.to_string())?;
@@ -339,6 +349,12 @@ async fn start_keel(s: &Scenario, fleet: &Fleet) -> Result<Running, String> {
         let _ = rx.await;
     }));
     tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok((addr, tx))
+}
+
+async fn start_keel(s: &Scenario, fleet: &Fleet) -> Result<Running, String> {
+    let toml = pool_toml(fleet, "bench", &s.keel_pool);
+    let (addr, tx) = start_gateway(&toml, &format!("<scenario {}>", s.name)).await?;
     Ok(Running {
         url: format!("http://{addr}/v1/chat/completions"),
         headers: Vec::new(),
