@@ -150,9 +150,14 @@ struct RawHealth {
 }
 
 impl RawHealth {
-    fn build(&self) -> Result<(HealthConfig, u64), String> {
+    /// The health settings and scrape interval; an error names the field and what is expected.
+    fn build(&self) -> Result<(HealthConfig, u64), (String, String)> {
         let d = HealthConfig::default();
-        let band = |name: &str, b: Band, w: Option<f64>, s: Option<f64>| -> Result<Band, String> {
+        let band = |name: &str,
+                    b: Band,
+                    w: Option<f64>,
+                    s: Option<f64>|
+         -> Result<Band, (String, String)> {
             let band = Band {
                 warn: w.unwrap_or(b.warn),
                 severe: s.unwrap_or(b.severe),
@@ -162,9 +167,12 @@ impl RawHealth {
                 && band.warn >= 0.0
                 && band.severe > band.warn)
             {
-                return Err(format!(
-                    "{name}_severe: must be greater than {name}_warn (got warn {}, severe {})",
-                    band.warn, band.severe
+                return Err((
+                    format!("{name}_severe"),
+                    format!(
+                        "must be greater than {name}_warn (got warn {}, severe {})",
+                        band.warn, band.severe
+                    ),
                 ));
             }
             Ok(band)
@@ -648,8 +656,7 @@ impl Config {
             let (health, scrape_interval_ms) = p
                 .health
                 .build()
-                .map_err(|e| err_at(at, field(&format!("health.{e}")), String::new()))
-                .map_err(|e| ConfigError(e.0.trim_end_matches(": ").to_owned()))?;
+                .map_err(|(f, what)| err_at(at, field(&format!("health.{f}")), what))?;
             let hedge = match &p.hedge {
                 None => Hedge::Auto,
                 Some(toml::Value::String(s)) if s == "auto" => Hedge::Auto,

@@ -89,11 +89,6 @@ impl RequestLog {
     }
 }
 
-/// The endpoint the client called (the context's endpoint may be a continuation's).
-fn req_endpoint(ctx: &RequestCtx) -> Endpoint {
-    ctx.endpoint
-}
-
 impl RequestLog {
     /// A log used only to write headers (its request is accounted for elsewhere).
     fn quiet(id: &str, route: &'static str, variant: &str, attempts: usize) -> Self {
@@ -220,7 +215,7 @@ pub async fn deliver(
                 None => crate::full_body(
                     StatusCode::OK,
                     "application/json",
-                    bytes::Bytes::from(assembler.finish(req_endpoint(ctx)).to_string()),
+                    bytes::Bytes::from(assembler.finish(ctx.endpoint).to_string()),
                 ),
             };
             keel_headers(

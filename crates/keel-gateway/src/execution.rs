@@ -474,33 +474,19 @@ fn timeout_failure(hit_total: bool, started: Instant) -> AttemptFailure {
 
 /// Strips URLs from transport errors: they carry no secrets today, but keel never prints more
 /// of an upstream than its variant name.
-fn transport_error(e: &reqwest::Error) -> AttemptFailure {
-    let mut msg = e.without_url_ref().to_string();
-    let mut src = std::error::Error::source(e);
+fn transport_error(e: reqwest::Error) -> AttemptFailure {
+    let connect = e.is_connect();
+    let e = e.without_url();
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(&e);
     while let Some(s) = src {
         msg = format!("{msg}: {s}");
         src = s.source();
     }
-    if e.is_connect() {
+    if connect {
         AttemptFailure::Connect(msg)
     } else {
         AttemptFailure::Io(msg)
-    }
-}
-
-trait WithoutUrl {
-    fn without_url_ref(&self) -> String;
-}
-
-impl WithoutUrl for reqwest::Error {
-    fn without_url_ref(&self) -> String {
-        let mut s = self.to_string();
-        if let Some(url) = self.url() {
-            s = s
-                .replace(&format!(" for url ({url})"), "")
-                .replace(url.as_str(), "<upstream>");
-        }
-        s
     }
 }
 
@@ -533,7 +519,7 @@ pub(crate) async fn attempt(
     let send = upstream::request(&pool.client, variant, ctx.endpoint, &ctx.forwarded, body).send();
     let resp = match timeout_at(head_deadline, send).await {
         Err(_) => return AttemptResult::Failed(timeout_failure(hit_total(head_deadline), started)),
-        Ok(Err(e)) => return AttemptResult::Failed(transport_error(&e)),
+        Ok(Err(e)) => return AttemptResult::Failed(transport_error(e)),
         Ok(Ok(r)) => r,
     };
     let status = resp.status();
@@ -582,7 +568,7 @@ pub(crate) async fn attempt(
                     after_ms: started.elapsed().as_millis() as u64,
                 })
             }
-            Ok(Err(e)) => return AttemptResult::Failed(transport_error(&e)),
+            Ok(Err(e)) => return AttemptResult::Failed(transport_error(e)),
             Ok(Ok(b)) => b,
         };
         if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
@@ -623,7 +609,7 @@ pub(crate) async fn attempt(
                     "stream ended before the first token".into(),
                 ))
             }
-            Ok(Some(Err(e))) => return AttemptResult::Failed(transport_error(&e)),
+            Ok(Some(Err(e))) => return AttemptResult::Failed(transport_error(e)),
             Ok(Some(Ok(c))) => c,
         };
         if let Err(e) = decoder.feed(&chunk, &mut events) {
