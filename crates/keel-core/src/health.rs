@@ -145,40 +145,54 @@ impl Ewma {
     }
 }
 
-/// Ring of recent TTFT samples for a windowed P95.
-#[derive(Debug, Clone, Default, PartialEq)]
-struct Window {
-    samples: Vec<(u64, f64)>,
-    next: usize,
-    p90: Option<f64>,
-    p95: Option<f64>,
+/// Recent TTFT samples (at most `capacity`, none older than 60 s) for windowed quantiles: a
+/// variant's P95 for the SLO filter, a pool's hedge delay. Kept sorted as they arrive, so a
+/// record costs a binary search and a short move and a quantile is one index.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TtftWindow {
+    capacity: usize,
+    /// (time, value) in arrival order.
+    arrivals: std::collections::VecDeque<(u64, f64)>,
+    sorted: Vec<f64>,
 }
 
 const WINDOW_SAMPLES: usize = 64;
 const WINDOW_MS: u64 = 60_000;
 
-impl Window {
-    fn record(&mut self, now_ms: u64, v: f64) {
-        if self.samples.len() < WINDOW_SAMPLES {
-            self.samples.push((now_ms, v));
-        } else {
-            self.samples[self.next] = (now_ms, v);
+impl Default for TtftWindow {
+    fn default() -> Self {
+        TtftWindow::with_capacity(WINDOW_SAMPLES)
+    }
+}
+
+impl TtftWindow {
+    pub fn with_capacity(capacity: usize) -> Self {
+        TtftWindow {
+            capacity: capacity.max(1),
+            arrivals: Default::default(),
+            sorted: Vec::with_capacity(capacity),
         }
-        self.next = (self.next + 1) % WINDOW_SAMPLES;
-        let mut recent: Vec<f64> = self
-            .samples
-            .iter()
-            .filter(|(t, _)| now_ms.saturating_sub(*t) <= WINDOW_MS)
-            .map(|s| s.1)
-            .collect();
-        recent.sort_by(f64::total_cmp);
-        let q = |p: f64| {
-            recent
-                .get(((recent.len() as f64 * p).ceil() as usize).saturating_sub(1))
-                .copied()
-        };
-        self.p90 = q(0.90);
-        self.p95 = q(0.95);
+    }
+
+    pub fn record(&mut self, now_ms: u64, v: f64) {
+        while let Some(&(t, old)) = self.arrivals.front() {
+            if self.arrivals.len() < self.capacity && now_ms.saturating_sub(t) <= WINDOW_MS {
+                break;
+            }
+            self.arrivals.pop_front();
+            if let Ok(i) = self.sorted.binary_search_by(|x| x.total_cmp(&old)) {
+                self.sorted.remove(i);
+            }
+        }
+        self.arrivals.push_back((now_ms, v));
+        let i = self.sorted.partition_point(|x| x.total_cmp(&v).is_lt());
+        self.sorted.insert(i, v);
+    }
+
+    /// The nearest-rank `q` quantile of the recent samples.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let rank = (self.sorted.len() as f64 * q.clamp(0.0, 1.0)).ceil() as usize;
+        self.sorted.get(rank.saturating_sub(1)).copied()
     }
 }
 
@@ -248,7 +262,7 @@ pub struct VariantHealth {
     baseline_gap_ms: Ewma,
     pub tgsv_ms: Ewma,
     pub error_rate: Ewma,
-    window: Window,
+    window: TtftWindow,
     pub kv_usage: Option<f64>,
     pub waiting: Option<f64>,
     pub state: State,
@@ -285,7 +299,7 @@ impl VariantHealth {
             baseline_gap_ms: Ewma::default(),
             tgsv_ms: Ewma::default(),
             error_rate: Ewma::default(),
-            window: Window::default(),
+            window: TtftWindow::default(),
             kv_usage: None,
             waiting: None,
             state: if prewarm > 0 {
@@ -323,6 +337,16 @@ impl VariantHealth {
         self.ttft_ms.record(now_ms, ms, cfg.decay_ms, true);
         Self::record_baseline(&mut self.baseline_ttft_ms, now_ms, ms, cfg);
         self.window.record(now_ms, ms);
+    }
+
+    /// A lower bound of a TTFT: an attempt cancelled `ms` after it started (it lost a hedge
+    /// race). Blended in as a plain EWMA sample, not a peak: it refreshes a stale estimate
+    /// that has relaxed toward zero (or a variant that always loses races would keep looking
+    /// cheap and keep being chosen), while it barely moves a fresh one (a random tail event on
+    /// a good variant is no news about the variant). Not in the window or the baseline, which
+    /// hold answered first tokens only.
+    pub fn record_late_ttft(&mut self, now_ms: u64, ms: f64, cfg: &HealthConfig) {
+        self.ttft_ms.record(now_ms, ms, cfg.decay_ms, false);
     }
 
     /// Inter-token gaps of one stream (in order) and its TGSV over the last 10.
@@ -388,14 +412,15 @@ impl VariantHealth {
         self.baseline_gap_ms.get()
     }
 
-    /// Recent P90 of TTFT (60 s window, last 64 samples): the default hedge delay.
-    pub fn p90_ttft_ms(&self) -> Option<f64> {
-        self.window.p90
+    /// Recent `q` quantile of TTFT (60 s window, last 64 samples): hedge delays are drawn
+    /// from it.
+    pub fn ttft_quantile_ms(&self, q: f64) -> Option<f64> {
+        self.window.quantile(q)
     }
 
     /// Recent P95 of TTFT (60 s window, last 64 samples).
     pub fn p95_ttft_ms(&self) -> Option<f64> {
-        self.window.p95
+        self.window.quantile(0.95)
     }
 
     /// Predicted TTFT for cost: the peak-EWMA, decayed toward zero for the time without samples
@@ -710,5 +735,60 @@ mod tests {
         }
         // The last 64 samples hold 16..=19 four times and 0..=15 three times.
         assert_eq!(h.p95_ttft_ms(), Some(19.0));
+        // Rank ceil(0.5 × 64) = 32 of 0,0,0,1,1,1,…,15,15,15,16,…: value 10.
+        assert_eq!(h.ttft_quantile_ms(0.5), Some(10.0));
+        assert_eq!(h.ttft_quantile_ms(1.0), Some(19.0));
+        // Samples older than the window no longer count.
+        h.record_ttft(100 + WINDOW_MS + 1, 500.0, &c);
+        assert_eq!(h.ttft_quantile_ms(0.5), Some(500.0));
+    }
+
+    #[test]
+    fn window_quantiles_match_a_sort_of_the_recent_samples() {
+        let mut rng = crate::rng::Rng::new(7);
+        let mut w = TtftWindow::with_capacity(16);
+        let mut all: Vec<(u64, f64)> = Vec::new();
+        let mut t = 0;
+        for i in 0..500u64 {
+            // Bursts and gaps, so that both the capacity and the 60 s age evict samples.
+            t += match i % 50 {
+                0 => 70_000,
+                n if n % 7 == 0 => 20_000,
+                _ => 1000,
+            };
+            let v = (rng.next_u64() % 1000) as f64;
+            w.record(t, v);
+            all.push((t, v));
+            let mut recent: Vec<f64> = all
+                .iter()
+                .rev()
+                .take(16)
+                .filter(|(at, _)| t - at <= WINDOW_MS)
+                .map(|x| x.1)
+                .collect();
+            recent.sort_by(f64::total_cmp);
+            for q in [0.0, 0.5, 0.9, 0.95, 1.0] {
+                let rank = (recent.len() as f64 * q).ceil() as usize;
+                assert_eq!(w.quantile(q), recent.get(rank.saturating_sub(1)).copied());
+            }
+        }
+    }
+
+    #[test]
+    fn a_late_ttft_refreshes_a_stale_estimate_and_barely_moves_a_fresh_one() {
+        let c = cfg();
+        let mut stale = VariantHealth::new(0);
+        stale.record_ttft(0, 360.0, &c);
+        // Idle for a minute: the prediction has relaxed toward zero.
+        assert!(stale.predicted_ttft_ms(60_000, &c) < 1.0);
+        stale.record_late_ttft(60_000, 150.0, &c);
+        let p = stale.predicted_ttft_ms(60_000, &c);
+        assert!(p > 150.0 && p <= 360.0, "{p}");
+
+        let mut fresh = VariantHealth::new(0);
+        fresh.record_ttft(0, 60.0, &c);
+        fresh.record_late_ttft(200, 200.0, &c);
+        let p = fresh.predicted_ttft_ms(200, &c);
+        assert!(p > 60.0 && p < 70.0, "{p}");
     }
 }

@@ -1,8 +1,9 @@
 //! keel's default selection policy: power of two choices over a live cost, with optional
 //! affinity (rendezvous hashing with bounded load).
 //!
-//! **Cost** (lower is better): `predicted TTFT × (in-flight + 1) / (configured weight × health)`,
-//! the shape of tower's PeakEwma balancer with keel's health weight as a divisor, so a degraded
+//! **Cost** (lower is better): `predicted TTFT × (1 + in-flight / 4) / (configured weight ×
+//! health)`, the shape of tower's PeakEwma balancer (with in-flight requests weighed for a
+//! batching server, see [`IN_FLIGHT_COST`]) and keel's health weight as a divisor, so a degraded
 //! variant looks proportionally more expensive. `x-keel-preference` reshapes it: `high-fidelity`
 //! multiplies by 1000^(tier−1), which orders by tier first (tier 1 = best); `low-cost` multiplies
 //! by the variant's `price`.
@@ -27,6 +28,16 @@
 use crate::rng::{mix, Rng};
 use crate::selection::{Candidate, Plan, Preference, Reason, RequestSignals, Selector};
 
+/// What one request in flight adds to a variant's cost, as a share of its predicted TTFT.
+///
+/// tower's PeakEwma counts each pending request as a whole one ahead in line (`× (n + 1)`). An
+/// LLM server batches: a stream in decode slows a new request's first token by a fraction of a
+/// TTFT, not by one. Counted whole, in-flight streams outweigh latency itself, and a far zone
+/// 6× slower wins against a busy fast one; at a quarter, four streams cost one TTFT, which
+/// still spreads load while latency leads. Queueing at a saturated server shows up in the
+/// predicted TTFT itself (peak-EWMA) and in scraped queue depth.
+pub const IN_FLIGHT_COST: f64 = 0.25;
+
 /// Bounded-load factor for affinity.
 pub const LOAD_BOUND: f64 = 1.25;
 
@@ -45,7 +56,8 @@ impl PowerOfTwo {
 /// The cost of a candidate under a preference.
 pub fn cost(c: &Candidate, pref: Preference) -> f64 {
     let weight = (c.weight as f64 * c.health).max(1e-9);
-    let base = c.predicted_ttft_ms.max(0.001) * (c.in_flight as f64 + 1.0) / weight;
+    let base =
+        c.predicted_ttft_ms.max(0.001) * (1.0 + c.in_flight as f64 * IN_FLIGHT_COST) / weight;
     match pref {
         Preference::LowLatency => base,
         Preference::HighFidelity => base * 1000f64.powi(c.tier.saturating_sub(1) as i32),

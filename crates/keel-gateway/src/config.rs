@@ -111,7 +111,7 @@ struct RawPool {
     adaptive_stall: Option<bool>,
     /// Hedge late first tokens: `auto` (default: the primary's recent P90 TTFT, 50 ms–2 s), `off`, or a delay in ms.
     hedge: Option<toml::Value>,
-    /// Largest share of extra upstream requests hedges may add (default 0.05).
+    /// Largest share of extra upstream requests hedges may add (default 0.1).
     hedge_budget: Option<f64>,
     /// Hold tool-call deltas until each call is complete (default true).
     hold_tool_calls: Option<bool>,
@@ -670,7 +670,7 @@ impl Config {
                     ))
                 }
             };
-            let hedge_budget = p.hedge_budget.unwrap_or(0.05);
+            let hedge_budget = p.hedge_budget.unwrap_or(0.1);
             if !(0.0..=1.0).contains(&hedge_budget) {
                 return Err(err_at(
                     at,

@@ -194,18 +194,19 @@ struct Outcome {
     started: Instant,
 }
 
-/// Runs the primary; if its first token is late by `delay`, races it against a hedge on
-/// `hedge_vi`. The first to produce a token wins and the other is dropped at once (its
-/// connection closes, so the upstream stops generating). Finished outcomes come back in order.
-/// Also returns whether the hedge won (`None`: no race was decided) and the attempt cancelled.
+/// Runs the primary; if its first token is late by `delay`, races it against a hedge on the
+/// first of `others` that can take one then. The first to produce a token wins and the other
+/// is dropped at once (its connection closes, so the upstream stops generating). Finished
+/// outcomes come back in order. Also returns whether the hedge won (`None`: no race was
+/// decided) and the attempt cancelled, with its start.
 async fn race(
     pool: &Arc<Pool>,
     vi: usize,
-    hedge_vi: usize,
+    others: &[usize],
     req: &CanonicalRequest,
     ctx: &RequestCtx,
     delay: Duration,
-) -> (Vec<Outcome>, Option<bool>, Option<usize>) {
+) -> (Vec<Outcome>, Option<bool>, Option<(usize, Instant)>) {
     let final_result = |r: &AttemptResult| !matches!(r, AttemptResult::Failed(_));
     let mut guard = Some(pool.enter(vi));
     let started = Instant::now();
@@ -215,7 +216,10 @@ async fn race(
         r = &mut primary => return (vec![Outcome { vi, result: r, guard: guard.take().expect("guard"), started }], None, None),
         _ = tokio::time::sleep(delay.min(ctx.deadline.saturating_duration_since(Instant::now()))) => {}
     }
-    if Instant::now() >= ctx.deadline || !pool.try_hedge(hedge_vi) {
+    let target = (Instant::now() < ctx.deadline)
+        .then(|| pool.try_hedge(others))
+        .flatten();
+    let Some(hedge_vi) = target else {
         let r = primary.await;
         return (
             vec![Outcome {
@@ -227,7 +231,7 @@ async fn race(
             None,
             None,
         );
-    }
+    };
     let mut hedge_guard = Some(pool.enter(hedge_vi));
     let hedge_started = Instant::now();
     let hedge = attempt(pool, hedge_vi, req, ctx);
@@ -247,7 +251,7 @@ async fn race(
                     label("lost");
                     // Nothing was received from the cancelled hedge: it had no first token.
                     metrics::counter!("keel_hedge_wasted_tokens_total", "pool" => pool.cfg.name.clone()).increment(0);
-                    return (out, Some(false), (!hedge_done).then_some(hedge_vi));
+                    return (out, Some(false), (!hedge_done).then_some((hedge_vi, hedge_started)));
                 }
             }
             r = &mut hedge, if !hedge_done => {
@@ -256,7 +260,7 @@ async fn race(
                 out.push(Outcome { vi: hedge_vi, result: r, guard: hedge_guard.take().expect("guard"), started: hedge_started });
                 if won {
                     label("won");
-                    return (out, Some(true), (!primary_done).then_some(vi));
+                    return (out, Some(true), (!primary_done).then_some((vi, started)));
                 }
             }
         }
@@ -321,18 +325,20 @@ pub async fn execute(
                 }
             }
             tried_this_round = true;
-            // The first attempt may be hedged by the next variant of the plan.
-            let hedge_target = order
-                .iter()
-                .copied()
-                .find(|&j| j != vi)
-                .filter(|_| ledger.attempts.is_empty());
-            let outcomes = match (hedge_target, pool.hedge_delay_ms(vi)) {
-                (Some(h), Some(delay)) if max_attempts > 1 => {
+            // The first attempt may be hedged by the best other variant of the plan.
+            let others: Vec<usize> = order.iter().copied().filter(|&j| j != vi).collect();
+            let delay = ledger
+                .attempts
+                .is_empty()
+                .then(|| pool.hedge_delay_ms(pool.hedge_target(&others)?))
+                .flatten();
+            let outcomes = match delay {
+                Some(delay) if max_attempts > 1 => {
                     let (outcomes, hedge_won, cancelled) =
-                        race(pool, vi, h, req, ctx, Duration::from_millis(delay)).await;
+                        race(pool, vi, &others, req, ctx, Duration::from_millis(delay)).await;
                     hedged = hedge_won == Some(true);
-                    if let Some(c) = cancelled {
+                    if let Some((c, c_started)) = cancelled {
+                        pool.record_late_ttft(c, c_started.elapsed().as_secs_f64() * 1000.0);
                         let name = pool.variants[c].cfg.name.clone();
                         metrics::counter!("keel_attempts_total", "pool" => pool.cfg.name.clone(), "variant" => name.clone(), "outcome" => "hedge_cancelled").increment(1);
                         ledger.attempts.push(AttemptRecord {

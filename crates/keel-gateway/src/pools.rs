@@ -10,7 +10,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use keel_core::budget::{RetryBudget, RetryBudgetConfig};
-use keel_core::health::{State, VariantHealth};
+use keel_core::health::{State, TtftWindow, VariantHealth};
 use keel_core::protocol::Protocol;
 use keel_core::request::CanonicalRequest;
 use keel_core::rng::hash_bytes;
@@ -30,11 +30,17 @@ struct PoolState {
     selector: Box<dyn Selector>,
     /// Hedges may add at most `hedge_budget` of the pool's requests (sliding 10 s window).
     hedges: RetryBudget,
+    /// Recent client TTFTs over the whole pool: the auto hedge delay before a variant has its
+    /// own, the median assumed for a variant without samples.
+    ttft: TtftWindow,
     availability: Vec<Availability>,
     health: Vec<VariantHealth>,
     /// A warm-up or probe request is in flight for this variant.
     maintenance_busy: Vec<bool>,
 }
+
+/// Client TTFT samples in a pool's window (the hedge delay's quantile).
+const POOL_TTFT_SAMPLES: usize = 512;
 
 /// One pool at run time.
 pub struct Pool {
@@ -167,6 +173,7 @@ impl Pool {
                     window_ms: 10_000,
                     min_retries_per_sec: 0,
                 }),
+                ttft: TtftWindow::with_capacity(POOL_TTFT_SAMPLES),
                 availability: vec![Availability::default(); n],
                 health,
                 maintenance_busy: vec![false; n],
@@ -369,12 +376,23 @@ impl Pool {
         let now = self.now_ms();
         let hc = self.cfg.health;
         let mut st = self.state();
+        if let Some(t) = ttft_ms {
+            st.ttft.record(now, t);
+        }
         let h = &mut st.health[index];
         if let Some(t) = ttft_ms {
             h.record_ttft(now, t, &hc);
         }
         h.record_outcome(now, ok, &hc);
         h.tick(now, &hc);
+    }
+
+    /// Feeds a lower bound of a TTFT: an attempt cancelled `ms` after it started, before its
+    /// first token (it lost a hedge race).
+    pub fn record_late_ttft(&self, index: usize, ms: f64) {
+        let now = self.now_ms();
+        let hc = self.cfg.health;
+        self.state().health[index].record_late_ttft(now, ms, &hc);
     }
 
     /// Feeds a finished stream's inter-token gaps.
@@ -488,36 +506,71 @@ impl Pool {
         self.state().hedges.record_request(now);
     }
 
-    /// The hedge delay for a primary, or `None` when hedging is off: the configured delay, or
-    /// the primary's recent P90 TTFT clamped to 50 ms–2 s (2 s before any sample).
-    pub fn hedge_delay_ms(&self, primary: usize) -> Option<u64> {
+    /// The hedge delay when `target` would take the hedge, or `None` when hedging is off: the
+    /// configured delay, or (auto) the target's recent TTFT quantile at 1 − hedge_budget/2 (the
+    /// whole pool's before the target has samples), clamped to 50 ms–2 s (2 s before any sample).
+    ///
+    /// Why that quantile: hedging after it races about half the budget's share of requests, so
+    /// the budget is there for the slow first tokens instead of running out on ordinary ones.
+    /// Why the target's: the question is whether the hedge would likely answer sooner, so a
+    /// primary that is slow by nature (a far zone, a degraded replica) is raced as soon as the
+    /// target would usually have answered, not once it is late by its own slow standard, and a
+    /// pool-wide figure would carry the slow zone's samples.
+    pub fn hedge_delay_ms(&self, target: usize) -> Option<u64> {
         match self.cfg.hedge {
             crate::config::Hedge::Off => None,
             crate::config::Hedge::AfterMs(ms) => Some(ms),
             crate::config::Hedge::Auto => {
-                let p90 = self.state().health[primary].p90_ttft_ms().unwrap_or(2000.0);
-                Some(p90.clamp(50.0, 2000.0) as u64)
+                let q = (1.0 - self.cfg.hedge_budget / 2.0).clamp(0.5, 0.99);
+                let st = self.state();
+                let delay = st.health[target]
+                    .ttft_quantile_ms(q)
+                    .or_else(|| st.ttft.quantile(q))
+                    .unwrap_or(2000.0);
+                Some(delay.clamp(50.0, 2000.0) as u64)
             }
         }
     }
 
-    /// Whether a hedge to `target` may be sent now: the target is available, below its
-    /// concurrency limit and not degraded, and the hedge budget allows one more (counted).
-    pub fn try_hedge(&self, target: usize) -> bool {
+    /// The variant of `candidates` that could take a hedge now (available, below its
+    /// concurrency limit, not ejected, warming or floored by its health) and would most likely
+    /// answer first: the lowest recent median TTFT × (in flight + 1).
+    ///
+    /// Not simply the plan's next variant: the plan ranks by live estimates that relax toward
+    /// zero while a variant is idle (so that it gets re-measured), and a hedge is no place for
+    /// re-measuring a variant that was slow the last time it was seen.
+    pub fn hedge_target(&self, candidates: &[usize]) -> Option<usize> {
         let now = self.now_ms();
         let hc = self.cfg.health;
-        let v = &self.variants[target];
-        let mut st = self.state();
-        let ok = st.availability[target].available(now)
-            && matches!(
-                st.health[target].state,
-                State::Healthy | State::SlowStart { .. }
-            )
-            && st.health[target].weight(now, &hc) > keel_core::health::FLOOR
-            && v.cfg
-                .max_concurrency
-                .is_none_or(|m| v.in_flight.load(Ordering::Relaxed) < m);
-        ok && st.hedges.try_retry(now)
+        let st = self.state();
+        let unknown = st.ttft.quantile(0.5).unwrap_or(0.0);
+        candidates
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let v = &self.variants[i];
+                st.availability[i].available(now)
+                    && matches!(st.health[i].state, State::Healthy | State::SlowStart { .. })
+                    && st.health[i].weight(now, &hc) > keel_core::health::FLOOR
+                    && v.cfg
+                        .max_concurrency
+                        .is_none_or(|m| v.in_flight.load(Ordering::Relaxed) < m)
+            })
+            .map(|i| {
+                let median = st.health[i].ttft_quantile_ms(0.5).unwrap_or(unknown);
+                let load = self.variants[i].in_flight.load(Ordering::Relaxed) as f64 + 1.0;
+                (i, median * load)
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(i, _)| i)
+    }
+
+    /// The variant a hedge goes to now, if one can take it and the hedge budget allows one
+    /// more (then counted).
+    pub fn try_hedge(&self, candidates: &[usize]) -> Option<usize> {
+        let target = self.hedge_target(candidates)?;
+        let now = self.now_ms();
+        self.state().hedges.try_retry(now).then_some(target)
     }
 
     /// The variant's baseline inter-token gap, for slowdown detection.

@@ -671,13 +671,19 @@ pub async fn run(
     out: &Path,
 ) -> Result<(), String> {
     let dir = PathBuf::from("bench/scenarios");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-        .collect();
+    // A path names the user's own scenario file; a bare name one of the seed scenarios.
+    let own = Path::new(which);
+    let mut files: Vec<PathBuf> = if own.extension().is_some_and(|x| x == "toml") {
+        vec![own.to_path_buf()]
+    } else {
+        std::fs::read_dir(&dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .collect()
+    };
     files.sort();
-    if which != "all" {
+    if which != "all" && own.extension().is_none() {
         files.retain(|p| p.file_stem().is_some_and(|s| s == which));
         if files.is_empty() {
             return Err(format!("no scenario `{which}` in {}", dir.display()));

@@ -111,3 +111,30 @@ async fn hedging_can_be_turned_off() {
     assert_eq!(header(resp.headers(), "x-keel-route"), "direct");
     assert_eq!(header(resp.headers(), "x-keel-variant"), "sim-0");
 }
+
+#[tokio::test]
+async fn an_auto_hedge_races_a_slow_primary_once_the_target_would_usually_have_answered() {
+    // hedge = auto: the delay is the hedge target's recent TTFT quantile, so a primary that is
+    // slow by nature (here 800 ms of network delay, no samples of its own yet) is raced after
+    // the fast variants' usual first token (clamped to 50 ms), not after 2 s.
+    let h = Harness::openai(3, 1, "allow_force_variant = true", "hedge = \"auto\"").await;
+    for i in 0..12 {
+        let v = ["sim-1", "sim-2"][i % 2];
+        let resp = h
+            .post_with(
+                "/v1/chat/completions",
+                &[("x-keel-force-variant", v)],
+                &stream_body("warm"),
+            )
+            .await;
+        assert_eq!(resp.status(), 200);
+        read_stream(resp).await;
+    }
+    add_fault(h.server(0), json!({"kind": "delay", "ms": 800})).await;
+    let resp = forced(&h, &stream_body("far zone")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(resp.headers(), "x-keel-route"), "hedged");
+    assert_ne!(header(resp.headers(), "x-keel-variant"), "sim-0");
+    let events = read_stream(resp).await;
+    assert_eq!(events.last().unwrap().data, "[DONE]");
+}
