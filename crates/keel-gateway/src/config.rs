@@ -107,9 +107,12 @@ struct RawPool {
     policy: Option<String>,
     /// Migrations per request after the first byte (default 2; 0 disables migration).
     max_migrations: Option<u32>,
+    /// Longest wait in line for a slot when every variant is at its concurrency limit
+    /// (default 2000; 0: refuse at once).
+    queue_ms: Option<u64>,
     /// Stall threshold adapts to each variant's gaps (capped by `stall_ms`); false: `stall_ms` fixed.
     adaptive_stall: Option<bool>,
-    /// Hedge late first tokens: `auto` (default: the primary's recent P90 TTFT, 50 ms–2 s), `off`, or a delay in ms.
+    /// Hedge late first tokens: `auto` (default: a recent TTFT quantile, 50 ms–2 s), `off`, or a delay in ms.
     hedge: Option<toml::Value>,
     /// Largest share of extra upstream requests hedges may add (default 0.1).
     hedge_budget: Option<f64>,
@@ -306,6 +309,7 @@ pub struct PoolConfig {
     pub affinity: Affinity,
     pub slo_ttft_p95_ms: Option<f64>,
     pub max_migrations: u32,
+    pub queue_ms: u64,
     pub adaptive_stall: bool,
     pub hedge: Hedge,
     pub hedge_budget: f64,
@@ -700,6 +704,7 @@ impl Config {
             }
             pools.push(PoolConfig {
                 max_migrations: p.max_migrations.unwrap_or(2),
+                queue_ms: p.queue_ms.unwrap_or(2000),
                 adaptive_stall: p.adaptive_stall.unwrap_or(true),
                 hedge,
                 hedge_budget,

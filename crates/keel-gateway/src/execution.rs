@@ -14,6 +14,7 @@
 //! pool's `max_attempts`, by the total deadline, and by the fleet-wide retry budget.
 
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,6 +103,13 @@ pub(crate) enum AttemptResult {
 }
 
 /// What the attempts of one request have left behind.
+/// A 429 while other requests of this gateway are running on the variant (this attempt's
+/// slot is still held): the variant is full, not out of quota.
+fn is_full(f: &AttemptFailure, pool: &Pool, vi: usize) -> bool {
+    matches!(f, AttemptFailure::Status { status: 429, .. })
+        && pool.variants[vi].in_flight.load(Ordering::Relaxed) >= 2
+}
+
 #[derive(Default)]
 struct Ledger {
     attempts: Vec<AttemptRecord>,
@@ -142,6 +150,7 @@ impl Ledger {
                 };
                 pool.record_attempt(vi, true, Some(ttft.as_secs_f64() * 1000.0));
                 pool.record_success(vi);
+                pool.variants[vi].limit.success();
                 Some(s)
             }
             AttemptResult::ClientError(s) => {
@@ -151,6 +160,19 @@ impl Ledger {
             AttemptResult::Failed(f) => {
                 let now_ms = gw.now_ms();
                 match f.verdict() {
+                    Verdict::Retry { .. } if is_full(&f, pool, vi) => {
+                        // Full at this concurrency, not broken: lower its limit (see
+                        // `capacity`); it stays available below it.
+                        let running = pool.variants[vi].in_flight.load(Ordering::Relaxed);
+                        pool.variants[vi].limit.full_at(running);
+                        let total = pool
+                            .variants
+                            .iter()
+                            .map(|v| v.in_flight.load(Ordering::Relaxed))
+                            .sum();
+                        self.retry_after_ms =
+                            pool.line.expected_wait_ms(pool.line.waiting(), total);
+                    }
                     Verdict::Retry { cooldown_ms } => {
                         pool.record_attempt(vi, false, None);
                         let cool = cooldown_ms
@@ -308,7 +330,7 @@ pub async fn execute(
                 continue; // already tried in this round (e.g. as a hedge)
             }
             if !ledger.attempts.is_empty() {
-                if !pool.available(vi, gw.now_ms()) {
+                if !pool.available(vi, gw.now_ms()) || !pool.wait_for_slot(vi, ctx.deadline).await {
                     continue;
                 }
                 if !gw.try_retry() {
@@ -359,8 +381,9 @@ pub async fn execute(
                     }]
                 }
             };
-            for o in outcomes {
+            for mut o in outcomes {
                 if let Some(served) = ledger.settle(gw, pool, o.vi, o.result, o.started) {
+                    o.guard.serving = true;
                     let route = if hedged { Some("hedged") } else { None };
                     return Executed {
                         outcome: Ok((o.vi, served, o.guard)),

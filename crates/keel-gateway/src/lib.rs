@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod capacity;
 pub mod config;
 pub mod delivery;
 pub mod errors;

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::capacity::{Limit, WaitLine};
 use keel_core::budget::{RetryBudget, RetryBudgetConfig};
 use keel_core::health::{State, TtftWindow, VariantHealth};
 use keel_core::protocol::Protocol;
@@ -23,6 +24,8 @@ use crate::config::{Affinity, PoolConfig, VariantConfig};
 pub struct Variant {
     pub cfg: VariantConfig,
     pub in_flight: AtomicU32,
+    /// Concurrency limit learned from the variant's 429s.
+    pub limit: Limit,
     name_hash: u64,
 }
 
@@ -52,6 +55,8 @@ pub struct Pool {
     state: Mutex<PoolState>,
     /// The gateway's clock origin: `now_ms` is milliseconds since then.
     epoch: Instant,
+    /// Requests waiting for a slot while every variant is at its concurrency limit.
+    pub line: WaitLine,
 }
 
 /// What selection produced.
@@ -59,8 +64,11 @@ pub struct Pool {
 pub enum Selection {
     /// Variant indexes in order: primary first.
     Plan(Vec<usize>),
-    /// Every variant is cooling down, ejected or at its concurrency limit; retry after this long.
+    /// Every variant is cooling down or ejected; retry after this long.
     Unavailable { retry_after_ms: u64 },
+    /// Every variant that could serve is at its concurrency limit (configured or learned),
+    /// `running` requests in all: wait in line for a slot.
+    Full { running: u32 },
     /// The request does not fit any variant's context window.
     TooLong { needed: u64, largest: u64 },
     /// No variant is at or above the requested fidelity (`x-keel-min-tier`).
@@ -106,6 +114,10 @@ pub struct DecisionRecord {
 pub struct InFlight {
     pub(crate) pool: Arc<Pool>,
     pub(crate) index: usize,
+    since: Instant,
+    /// The attempt is serving the client: its holding time feeds the wait line's estimate
+    /// (refused or cancelled attempts would make slots look quicker to free than they are).
+    pub(crate) serving: bool,
 }
 
 impl Drop for InFlight {
@@ -113,6 +125,8 @@ impl Drop for InFlight {
         self.pool.variants[self.index]
             .in_flight
             .fetch_sub(1, Ordering::Relaxed);
+        let held_us = self.since.elapsed().as_secs_f64() * 1e6;
+        self.pool.line.freed(self.serving.then_some(held_us));
     }
 }
 
@@ -140,6 +154,18 @@ pub struct VariantSnapshot {
     pub kv_usage: Option<f64>,
     pub waiting: Option<f64>,
     pub in_flight: u32,
+    /// The concurrency limit in force (configured or learned from 429s); `None`: unlimited.
+    pub concurrency_limit: Option<u32>,
+}
+
+impl Variant {
+    /// The lower of the configured `max_concurrency` and the limit learned from 429s.
+    pub fn concurrency_limit(&self) -> u32 {
+        self.cfg
+            .max_concurrency
+            .unwrap_or(u32::MAX)
+            .min(self.limit.get())
+    }
 }
 
 impl Pool {
@@ -150,6 +176,7 @@ impl Pool {
             .map(|v| Variant {
                 cfg: v.clone(),
                 in_flight: AtomicU32::new(0),
+                limit: Limit::default(),
                 name_hash: hash_bytes(0x6e61_6d65, v.name.as_bytes()),
             })
             .collect();
@@ -180,6 +207,7 @@ impl Pool {
             }),
             epoch,
             cfg,
+            line: WaitLine::default(),
         }
     }
 
@@ -263,7 +291,7 @@ impl Pool {
                             && fits(v)
                             && at_tier(v)
                             && st.availability[i].available(now_ms)
-                            && v.cfg.max_concurrency.is_none_or(|m| in_flight < m),
+                            && in_flight < v.concurrency_limit(),
                         health: if warming {
                             keel_core::health::FLOOR
                         } else {
@@ -292,7 +320,22 @@ impl Pool {
             plan = st.selector.plan(&candidates, &signals);
         }
         let policy = st.selector.name();
-        let selection = if plan.order.is_empty() {
+        let full = |(i, v): (usize, &Variant)| {
+            !matches!(st.health[i].state, State::Ejected { .. })
+                && fits(v)
+                && at_tier(v)
+                && st.availability[i].available(now_ms)
+                && v.in_flight.load(Ordering::Relaxed) >= v.concurrency_limit()
+        };
+        let selection = if plan.order.is_empty() && self.variants.iter().enumerate().any(full) {
+            Selection::Full {
+                running: self
+                    .variants
+                    .iter()
+                    .map(|v| v.in_flight.load(Ordering::Relaxed))
+                    .sum(),
+            }
+        } else if plan.order.is_empty() {
             let wait = st
                 .availability
                 .iter()
@@ -355,6 +398,30 @@ impl Pool {
         let st = self.state();
         st.availability[index].available(now_ms)
             && !matches!(st.health[index].state, State::Ejected { .. })
+    }
+
+    /// Waits in the pool's line until the variant is below its concurrency limit: false when
+    /// that takes longer than `queue_ms` or the deadline allows. A retry after a "full" 429
+    /// goes through here, so it waits for a slot instead of being refused again at once.
+    pub async fn wait_for_slot(&self, index: usize, deadline: tokio::time::Instant) -> bool {
+        let v = &self.variants[index];
+        let below = || v.in_flight.load(Ordering::Relaxed) < v.concurrency_limit();
+        if below() {
+            return true;
+        }
+        let until = (tokio::time::Instant::now()
+            + std::time::Duration::from_millis(self.cfg.queue_ms))
+        .min(deadline);
+        let ticket = self.line.join();
+        while !below() {
+            if tokio::time::timeout_at(until, ticket.slot_freed())
+                .await
+                .is_err()
+            {
+                return false;
+            }
+        }
+        true
     }
 
     pub fn cool_down(&self, index: usize, now_ms: u64, for_ms: u64) {
@@ -477,6 +544,7 @@ impl Pool {
                     kv_usage: h.kv_usage,
                     waiting: h.waiting,
                     in_flight: v.in_flight.load(Ordering::Relaxed),
+                    concurrency_limit: Some(v.concurrency_limit()).filter(|l| *l != u32::MAX),
                 }
             })
             .collect()
@@ -552,9 +620,7 @@ impl Pool {
                 st.availability[i].available(now)
                     && matches!(st.health[i].state, State::Healthy | State::SlowStart { .. })
                     && st.health[i].weight(now, &hc) > keel_core::health::FLOOR
-                    && v.cfg
-                        .max_concurrency
-                        .is_none_or(|m| v.in_flight.load(Ordering::Relaxed) < m)
+                    && v.in_flight.load(Ordering::Relaxed) < v.concurrency_limit()
             })
             .map(|i| {
                 let median = st.health[i].ttft_quantile_ms(0.5).unwrap_or(unknown);
@@ -586,6 +652,8 @@ impl Pool {
         InFlight {
             pool: self.clone(),
             index,
+            since: Instant::now(),
+            serving: false,
         }
     }
 }

@@ -19,7 +19,7 @@ use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 
 use crate::delivery::{self, RequestLog};
 use crate::errors::GatewayError;
-use crate::pools::{Controls, Selection};
+use crate::pools::{Controls, Pool, Selection};
 use crate::{admission, execution, full_body, Body, Gateway};
 
 /// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests (streams
@@ -80,7 +80,62 @@ pub async fn serve(
 }
 
 /// Longest wait for a cooling-down pool before answering 503 with retry-after.
-const QUEUE_WAIT_MAX_MS: u64 = 2_000;
+const COOLDOWN_WAIT_MAX_MS: u64 = 2_000;
+
+/// Selects, waiting when that helps: for the first variant back from a short cooldown (the
+/// client would have to wait that long anyway), or in the pool's line while every variant is
+/// full (see `capacity`). Returns `Unavailable` or `Full` when waiting would not help in time.
+async fn select_or_wait(
+    pool: &Arc<Pool>,
+    req: &keel_core::request::CanonicalRequest,
+    controls: Controls<'_>,
+    id: &str,
+    deadline: tokio::time::Instant,
+) -> (Selection, Option<crate::pools::DecisionRecord>) {
+    let started = tokio::time::Instant::now();
+    let line_deadline = (started + Duration::from_millis(pool.cfg.queue_ms)).min(deadline);
+    let mut ticket = None;
+    loop {
+        let (selection, record) = pool.select(req, controls, id);
+        match selection {
+            Selection::Unavailable { retry_after_ms } => {
+                let wake =
+                    tokio::time::Instant::now() + Duration::from_millis(retry_after_ms.max(10));
+                if retry_after_ms > COOLDOWN_WAIT_MAX_MS || wake >= deadline {
+                    return (selection, record);
+                }
+                tokio::time::sleep_until(wake).await;
+            }
+            Selection::Full { running } => {
+                if ticket.is_none() {
+                    // Join only if the line can drain within the wait allowed.
+                    let expected = pool
+                        .line
+                        .expected_wait_ms(pool.line.waiting(), running)
+                        .unwrap_or(0);
+                    if started + Duration::from_millis(expected) > line_deadline {
+                        return (selection, record);
+                    }
+                    ticket = Some(pool.line.join());
+                }
+                let t = ticket.as_ref().expect("joined");
+                if tokio::time::timeout_at(line_deadline, t.slot_freed())
+                    .await
+                    .is_err()
+                {
+                    return (selection, record);
+                }
+            }
+            _ => {
+                if ticket.is_some() {
+                    metrics::histogram!("keel_queue_wait_seconds", "pool" => pool.cfg.name.clone())
+                        .record(started.elapsed().as_secs_f64());
+                }
+                return (selection, record);
+            }
+        }
+    }
+}
 
 fn new_request_id() -> String {
     // UUIDv7: time-ordered, so ids sort by arrival in logs.
@@ -179,18 +234,7 @@ pub async fn handle_generation(
         preference: ctx.preference,
         min_tier: ctx.min_tier,
     };
-    // When every variant is cooling down (upstream retry-after) for a short while, wait for the
-    // first to come back instead of failing: the client would have to wait that long anyway.
-    let (mut selection, mut record) = pool.select(&req, controls, &id);
-    while let Selection::Unavailable { retry_after_ms } = selection {
-        let wake =
-            tokio::time::Instant::now() + std::time::Duration::from_millis(retry_after_ms.max(10));
-        if retry_after_ms > QUEUE_WAIT_MAX_MS || wake >= ctx.deadline {
-            break;
-        }
-        tokio::time::sleep_until(wake).await;
-        (selection, record) = pool.select(&req, controls, &id);
-    }
+    let (selection, record) = select_or_wait(&pool, &req, controls, &id, ctx.deadline).await;
     if let Some(r) = record {
         gw.record_decision(r);
     }
@@ -199,12 +243,25 @@ pub async fn handle_generation(
         Selection::Unavailable { retry_after_ms } => {
             let e = GatewayError::new(
                 ErrorKind::Overloaded,
+                format!("every variant of `{}` is cooling down", pool.cfg.name),
+            )
+            .with_retry_after(retry_after_ms);
+            return delivery::error_response(log, protocol, &e);
+        }
+        Selection::Full { running } => {
+            // Refused by the wait line: the expected wait for a place at the back of it.
+            let ahead = pool.line.waiting();
+            let wait = pool.line.expected_wait_ms(ahead, running).unwrap_or(1000);
+            metrics::counter!("keel_queue_refused_total", "pool" => pool.cfg.name.clone())
+                .increment(1);
+            let e = GatewayError::new(
+                ErrorKind::Overloaded,
                 format!(
-                    "every variant of `{}` is cooling down or at its concurrency limit",
+                    "every variant of `{}` is at its concurrency limit and {ahead} requests are waiting",
                     pool.cfg.name
                 ),
             )
-            .with_retry_after(retry_after_ms);
+            .with_retry_after(wait.max(1));
             return delivery::error_response(log, protocol, &e);
         }
         Selection::TooLong { needed, largest } => {

@@ -2,6 +2,7 @@
 //! One test binary (faster to link); one module per concern.
 
 mod bad_input;
+mod capacity;
 mod failover;
 mod harness;
 mod hedging;
