@@ -45,6 +45,15 @@ impl Assembler {
         if ev.comment_only || ev.data == "[DONE]" {
             return;
         }
+        // Most chunks carry one piece of text and nothing else: take it without a JSON tree.
+        if protocol == Protocol::OpenAi && self.first.is_some() {
+            if let Some(view) = crate::protocol::ChunkView::parse(&ev.data) {
+                if view.is_plain_text() {
+                    self.text.push_str(view.text().unwrap_or(""));
+                    return;
+                }
+            }
+        }
         let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
             return;
         };

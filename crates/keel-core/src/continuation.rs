@@ -171,6 +171,11 @@ pub fn overlap(delivered: &str, continuation: &str) -> usize {
 
 /// Generated text carried by one output event (text only; tool-call arguments are not text).
 pub fn event_text(protocol: Protocol, ev: &SseEvent) -> Option<String> {
+    if protocol == Protocol::OpenAi {
+        if let Some(view) = crate::protocol::ChunkView::parse(&ev.data) {
+            return view.text().map(str::to_owned);
+        }
+    }
     let v: Value = serde_json::from_str(&ev.data).ok()?;
     match protocol {
         Protocol::OpenAi => {

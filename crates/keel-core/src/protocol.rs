@@ -4,6 +4,8 @@
 //! Everything here is data in, data out. Message shapes are kept as `serde_json::Value` so that
 //! unknown fields pass through untouched; only the fields keel acts on are interpreted.
 
+use std::borrow::Cow;
+
 use serde_json::{json, Value};
 
 use crate::sse::SseEvent;
@@ -194,6 +196,13 @@ pub fn event_role(protocol: Protocol, ev: &SseEvent) -> EventRole {
             if ev.data == "[DONE]" {
                 return EventRole::Terminal;
             }
+            if let Some(view) = ChunkView::parse(&ev.data).filter(|v| !v.has_error()) {
+                return if view.has_output() {
+                    EventRole::Output
+                } else {
+                    EventRole::Preamble
+                };
+            }
             match serde_json::from_str::<Value>(&ev.data) {
                 Ok(v) => match v.get("error") {
                     Some(e) if !e.is_null() => EventRole::Error(error_message(&v)),
@@ -226,8 +235,117 @@ pub fn event_role(protocol: Protocol, ev: &SseEvent) -> EventRole {
     }
 }
 
-/// Whether an OpenAI chunk carries output: content, tool calls, a refusal, reasoning, completion
-/// text, a finish reason, or the final usage chunk.
+/// The parts of an OpenAI stream chunk keel reads on every event, deserialized without building
+/// a JSON tree (unknown fields are skipped, strings borrowed where unescaped). Parsing each
+/// chunk into a `Value` was the relay's largest cost per token; this view is several times
+/// cheaper. `None` fields were absent or `null`.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct ChunkView<'a> {
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+    #[serde(default, borrow)]
+    choices: Option<Vec<ChoiceView<'a>>>,
+    #[serde(default)]
+    usage: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct ChoiceView<'a> {
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(default)]
+    finish_reason: Option<serde::de::IgnoredAny>,
+    #[serde(default, borrow)]
+    delta: Option<DeltaView<'a>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct DeltaView<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    function_call: Option<serde::de::IgnoredAny>,
+}
+
+impl<'a> ChunkView<'a> {
+    /// `None` when the data is not JSON of the expected shape (callers fall back to `Value`).
+    pub fn parse(data: &'a str) -> Option<Self> {
+        serde_json::from_str(data).ok()
+    }
+
+    pub fn has_error(&self) -> bool {
+        self.error.is_some()
+    }
+
+    fn first(&self) -> Option<&ChoiceView<'a>> {
+        self.choices.as_ref()?.first()
+    }
+
+    /// Generated text of the first choice (chat `delta.content` or completions `text`).
+    pub fn text(&self) -> Option<&str> {
+        let c = self.first()?;
+        c.delta
+            .as_ref()
+            .and_then(|d| d.content.as_deref())
+            .or(c.text.as_deref())
+    }
+
+    pub fn starts_tool_call(&self) -> bool {
+        self.first()
+            .and_then(|c| c.delta.as_ref())
+            .is_some_and(|d| d.tool_calls.is_some())
+    }
+
+    pub fn finished(&self) -> bool {
+        self.first().is_some_and(|c| c.finish_reason.is_some())
+    }
+
+    /// Anything beyond plain text of the first choice (tool calls, a finish, usage, several
+    /// choices): the chunk needs the full `Value` to be assembled.
+    pub fn is_plain_text(&self) -> bool {
+        self.usage.is_none()
+            && self.error.is_none()
+            && self.choices.as_ref().is_some_and(|c| c.len() == 1)
+            && !self.finished()
+            && self.first().is_some_and(|c| {
+                c.delta
+                    .as_ref()
+                    .is_none_or(|d| d.tool_calls.is_none() && d.function_call.is_none())
+            })
+    }
+
+    /// Whether the chunk carries output: content, tool calls, a refusal, reasoning, completion
+    /// text, a finish reason, or the final usage chunk.
+    pub fn has_output(&self) -> bool {
+        let Some(choices) = &self.choices else {
+            return false;
+        };
+        if choices.is_empty() {
+            return self.usage.is_some();
+        }
+        let non_empty = |x: &Option<Cow<str>>| x.as_deref().is_some_and(|s| !s.is_empty());
+        choices.iter().any(|c| {
+            non_empty(&c.text)
+                || c.finish_reason.is_some()
+                || c.delta.as_ref().is_some_and(|d| {
+                    non_empty(&d.content)
+                        || non_empty(&d.refusal)
+                        || non_empty(&d.reasoning_content)
+                        || d.tool_calls.is_some()
+                        || d.function_call.is_some()
+                })
+        })
+    }
+}
+
+/// Whether an OpenAI chunk carries output (the `Value` form of [`ChunkView::has_output`], for
+/// chunks the view cannot read).
 fn openai_chunk_has_output(v: &Value) -> bool {
     let Some(choices) = v.get("choices").and_then(Value::as_array) else {
         return false;
@@ -316,5 +434,41 @@ mod tests {
         let a = error_body(Protocol::Anthropic, ErrorKind::TooLarge, "too big");
         assert_eq!(a["type"], "error");
         assert_eq!(a["error"]["type"], "request_too_large");
+    }
+
+    #[test]
+    fn the_chunk_view_reads_chunks_as_the_json_tree_does() {
+        let chunks = [
+            r#"{"id":"a","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            r#"{"id":"a","choices":[{"index":0,"delta":{"content":"Hel\"lo"},"finish_reason":null}]}"#,
+            r#"{"id":"a","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+            r#"{"id":"a","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5}}"#,
+            r#"{"id":"a","choices":[],"usage":null}"#,
+            r#"{"id":"a","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c"}]}}]}"#,
+            r#"{"id":"a","choices":[{"index":0,"delta":{"reasoning_content":"hm"}}]}"#,
+            r#"{"id":"a","choices":[{"index":0,"text":"completion text"}]}"#,
+            r#"{"id":"a","error":null,"choices":[{"index":0,"delta":{"refusal":"no"}}]}"#,
+            r#"{"id":"a"}"#,
+        ];
+        for c in chunks {
+            let view = ChunkView::parse(c).expect(c);
+            let v: Value = serde_json::from_str(c).unwrap();
+            assert_eq!(view.has_output(), openai_chunk_has_output(&v), "{c}");
+            let text = v
+                .pointer("/choices/0/delta/content")
+                .or_else(|| v.pointer("/choices/0/text"))
+                .and_then(Value::as_str);
+            assert_eq!(view.text(), text, "{c}");
+            assert_eq!(
+                view.finished(),
+                v.pointer("/choices/0/finish_reason")
+                    .is_some_and(|f| !f.is_null()),
+                "{c}"
+            );
+        }
+        // An error chunk is not read by the view: callers take the tree for its message.
+        assert!(ChunkView::parse(r#"{"error":{"message":"boom"}}"#)
+            .unwrap()
+            .has_error());
     }
 }

@@ -32,7 +32,9 @@ use tokio::sync::mpsc;
 use tokio::time::{timeout_at, Instant};
 
 use keel_core::continuation::{continuation, ResumeMode, Stitcher};
-use keel_core::protocol::{event_role, stream_error_event, ErrorKind, EventRole, Protocol};
+use keel_core::protocol::{
+    event_role, stream_error_event, ChunkView, ErrorKind, EventRole, Protocol,
+};
 use keel_core::request::CanonicalRequest;
 use keel_core::sse::SseEvent;
 
@@ -491,6 +493,11 @@ impl Watch {
 }
 
 fn starts_tool_call(protocol: Protocol, ev: &SseEvent) -> bool {
+    if protocol == Protocol::OpenAi {
+        if let Some(view) = ChunkView::parse(&ev.data) {
+            return view.starts_tool_call();
+        }
+    }
     let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
         return false;
     };
@@ -507,10 +514,7 @@ fn starts_tool_call(protocol: Protocol, ev: &SseEvent) -> bool {
 
 fn ends_tool_call(protocol: Protocol, ev: &SseEvent) -> bool {
     match protocol {
-        Protocol::OpenAi => serde_json::from_str::<Value>(&ev.data).is_ok_and(|v| {
-            v.pointer("/choices/0/finish_reason")
-                .is_some_and(|f| !f.is_null())
-        }),
+        Protocol::OpenAi => ChunkView::parse(&ev.data).is_some_and(|v| v.finished()),
         Protocol::Anthropic => ev.event.as_deref() == Some("content_block_stop"),
     }
 }

@@ -3,6 +3,7 @@
 
 mod bench;
 mod demo;
+mod overhead;
 mod scenario;
 
 use std::path::PathBuf;

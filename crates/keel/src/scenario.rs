@@ -320,7 +320,9 @@ pub struct Running {
     pub url: String,
     /// Headers sent with every request (a peer's per-request routing config).
     pub headers: Vec<(String, String)>,
-    stop: Box<dyn FnOnce() + Send>,
+    /// The peer's main process (for memory and CPU pinning); `None` in-process.
+    pub pid: Option<u32>,
+    pub stop: Box<dyn FnOnce() + Send>,
 }
 
 /// A pool table named `name` (`extra` lines in it) with one OpenAI variant per simulated server.
@@ -363,6 +365,7 @@ async fn start_keel(s: &Scenario, fleet: &Fleet) -> Result<Running, String> {
     Ok(Running {
         url: format!("http://{addr}/v1/chat/completions"),
         headers: Vec::new(),
+        pid: None,
         stop: Box::new(move || {
             let _ = tx.send(());
         }),
@@ -371,7 +374,7 @@ async fn start_keel(s: &Scenario, fleet: &Fleet) -> Result<Running, String> {
 
 /// A peer gateway started by its script in `bench/peers/<name>.sh DIR PORT BASE_URL...`, which
 /// writes `DIR/<name>.pid`; it serves the fleet as model `bench` on `PORT`.
-async fn start_peer(name: &str, fleet: &Fleet, out: &Path) -> Result<Running, String> {
+pub async fn start_peer(name: &str, fleet: &Fleet, out: &Path) -> Result<Running, String> {
     let script = PathBuf::from(format!("bench/peers/{name}.sh"));
     if !script.exists() {
         return Err(format!("no peer script {}", script.display()));
@@ -417,9 +420,13 @@ async fn start_peer(name: &str, fleet: &Fleet, out: &Path) -> Result<Running, St
             .map(|r| r.status().is_success())
             .unwrap_or(false)
         {
+            let pid = std::fs::read_to_string(dir.join(format!("{name}.pid")))
+                .ok()
+                .and_then(|p| p.trim().parse().ok());
             return Ok(Running {
                 url,
                 headers,
+                pid,
                 stop: Box::new(stop),
             });
         }

@@ -1,0 +1,385 @@
+//! `keel bench overhead`: the latency each gateway adds over calling a fast upstream directly.
+//!
+//! One zero-latency simulated server (keel-sim) runs in the bench process beside the open-loop
+//! load generator. keel runs as its own process (`keel serve`), peers as their scripts start
+//! them (`bench/peers/<name>.sh`). Where the machine has two cores or more, the gateway under
+//! test is pinned to the last core and the bench process (load generator and upstream) to the
+//! others (`taskset`), so that they do not preempt each other; the report says so.
+//!
+//! For each contender: the highest sustainable rate (a ramp of short streaming runs: no errors,
+//! at least 95% of the offered rate achieved, P99 total under 100 ms on a zero-latency
+//! upstream), then at each fixed rate it sustains, rounds alternating direct and through the
+//! gateway (so both see the same machine state); figures are medians across rounds of each
+//! round's percentiles, and "added" is gateway − direct. Peak memory is the high-water resident
+//! set of the gateway's processes at the end.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use keel_core::protocol::Endpoint;
+use keel_gateway::Config;
+use keel_sim::load::{LoadConfig, LoadReport};
+use keel_sim::{Fleet, ServerConfig};
+
+use crate::scenario::{start_peer, Running};
+
+/// What to run.
+pub struct Options {
+    pub rates: Vec<f64>,
+    pub duration: f64,
+    pub rounds: usize,
+    pub contenders: Vec<String>,
+    pub keel_threads: Option<usize>,
+    pub keel_pool: String,
+    pub max_rate: bool,
+    pub pin: bool,
+    pub out: Option<PathBuf>,
+}
+
+/// Rates tried, in order, for the highest sustainable one.
+const RAMP: [f64; 7] = [100.0, 250.0, 500.0, 1000.0, 2000.0, 4000.0, 8000.0];
+const RAMP_SECONDS: f64 = 2.0;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Pins `pid` and every thread and child process of it to `cpus` (a taskset list).
+fn pin(pid: u32, cpus: &str) {
+    for p in std::iter::once(pid).chain(descendants(pid)) {
+        let _ = std::process::Command::new("taskset")
+            .args(["-a", "-cp", cpus, &p.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten();
+    for t in tasks.flatten() {
+        let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        for c in children
+            .split_whitespace()
+            .filter_map(|c| c.parse::<u32>().ok())
+        {
+            out.push(c);
+            out.extend(descendants(c));
+        }
+    }
+    out
+}
+
+/// Peak resident set (MiB) of `pid` and its descendants, from /proc's VmHWM.
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let kib: u64 = std::iter::once(pid)
+        .chain(descendants(pid))
+        .filter_map(|p| {
+            let status = std::fs::read_to_string(format!("/proc/{p}/status")).ok()?;
+            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .sum();
+    (kib > 0).then(|| kib as f64 / 1024.0)
+}
+
+/// A gateway under test: where to send, and its process.
+struct Target {
+    name: String,
+    base: String,
+    model: String,
+    headers: Vec<(String, String)>,
+    pid: Option<u32>,
+    stop: Option<Box<dyn FnOnce() + Send>>,
+}
+
+/// `keel serve` as its own process over `fleet`.
+async fn start_keel(fleet: &Fleet, o: &Options) -> Result<(Target, PathBuf), String> {
+    let toml = crate::scenario::pool_toml(fleet, "bench", &o.keel_pool);
+    Config::parse(&toml, "<bench>", &Default::default()).map_err(|e| e.to_string())?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
+    let cfg_path = std::env::temp_dir().join(format!("keel-bench-{}.toml", std::process::id()));
+    let threads = o
+        .keel_threads
+        .map(|n| format!("worker_threads = {n}\n"))
+        .unwrap_or_default();
+    std::fs::write(
+        &cfg_path,
+        format!("listen = \"127.0.0.1:{port}\"\n{threads}{toml}"),
+    )
+    .map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = std::process::Command::new(exe)
+        .args(["serve", "--config"])
+        .arg(&cfg_path)
+        .env(
+            "KEEL_LOG",
+            std::env::var("KEEL_BENCH_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start keel serve: {e}"))?;
+    let probe = reqwest::Client::new();
+    for _ in 0..200 {
+        let url = format!("http://127.0.0.1:{port}/keel/health");
+        if probe.get(url).send().await.is_ok() {
+            let pid = child.id();
+            return Ok((
+                Target {
+                    name: "keel".into(),
+                    base: format!("http://127.0.0.1:{port}/v1"),
+                    model: "bench".into(),
+                    headers: Vec::new(),
+                    pid: Some(pid),
+                    stop: Some(Box::new(move || {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    })),
+                },
+                cfg_path,
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let _ = child.kill();
+    Err("keel serve did not come up".into())
+}
+
+fn peer_target(name: &str, r: Running) -> Target {
+    Target {
+        name: name.into(),
+        base: r.url.trim_end_matches("/chat/completions").to_owned(),
+        model: "bench".into(),
+        headers: r.headers,
+        pid: r.pid,
+        stop: Some(r.stop),
+    }
+}
+
+async fn load(
+    client: &reqwest::Client,
+    t: &Target,
+    rps: f64,
+    secs: f64,
+    stream: bool,
+) -> LoadReport {
+    let mut c = LoadConfig::new(&t.base, &t.model);
+    c.endpoint = Endpoint::ChatCompletions;
+    c.rps = rps;
+    c.duration = Duration::from_secs_f64(secs);
+    c.stream = stream;
+    c.max_tokens = 16;
+    c.headers = t.headers.clone();
+    keel_sim::load::run_with_client(c, client.clone()).await
+}
+
+fn sustained(r: &LoadReport, rps: f64) -> bool {
+    r.errors == 0 && r.achieved_rps >= 0.95 * rps && r.total.p99_ms < 100.0
+}
+
+/// The highest rate of the ramp `t` sustains (streaming), or 0.
+async fn max_rate(client: &reqwest::Client, t: &Target) -> f64 {
+    let mut best = 0.0;
+    for rps in RAMP {
+        let r = load(client, t, rps, RAMP_SECONDS, true).await;
+        eprintln!(
+            "  {:<8} {rps:>6} req/s: achieved {:.0}, errors {}, p99 {:.1} ms",
+            t.name, r.achieved_rps, r.errors, r.total.p99_ms
+        );
+        if !sustained(&r, rps) {
+            break;
+        }
+        best = rps;
+    }
+    best
+}
+
+fn row(reps: &[LoadReport]) -> Value {
+    let m = |f: fn(&LoadReport) -> f64| median(reps.iter().map(f).collect());
+    json!({
+        "ttfb_p50_ms": m(|r| r.ttft.p50_ms), "ttfb_p99_ms": m(|r| r.ttft.p99_ms),
+        "total_p50_ms": m(|r| r.total.p50_ms), "total_p99_ms": m(|r| r.total.p99_ms),
+        "errors": reps.iter().map(|r| r.errors).sum::<u64>(),
+        "requests": reps.iter().map(|r| r.sent).sum::<u64>(),
+    })
+}
+
+pub async fn run(o: Options) -> Result<(), String> {
+    let upstream = ServerConfig {
+        ttft_ms: 0.0,
+        ttft_sigma: 0.0,
+        prefill_us_per_token: 0.0,
+        gap_ms: 0.0,
+        gap_sigma: 0.0,
+        capacity: 100_000,
+        ..ServerConfig::fast("fast")
+    };
+    let fleet = Fleet::start_n(1, upstream)
+        .await
+        .map_err(|e| e.to_string())?;
+    let peers_dir = o
+        .out
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("keel-bench-overhead"));
+    let pinned = o.pin && cores() >= 2;
+    let (gw_cpu, bench_cpus) = (
+        format!("{}", cores() - 1),
+        format!("0-{}", cores().saturating_sub(2)),
+    );
+    if pinned {
+        pin(std::process::id(), &bench_cpus);
+    }
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(4096)
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let direct = Target {
+        name: "direct".into(),
+        base: fleet.get(0).openai_base(),
+        model: "sim".into(),
+        headers: Vec::new(),
+        pid: None,
+        stop: None,
+    };
+    println!(
+        "keel bench overhead: one zero-latency simulated upstream; {}; rates {:?} req/s, {} s × {} rounds; keel worker threads: {}",
+        if pinned {
+            format!("gateway pinned to CPU {gw_cpu}, load generator and upstream to CPU {bench_cpus}")
+        } else {
+            "no CPU pinning (one core, or --no-pin)".into()
+        },
+        o.rates,
+        o.duration,
+        o.rounds,
+        o.keel_threads.map_or_else(|| "one per core".into(), |n| n.to_string())
+    );
+    print!("{HEADER}");
+    let mut report = Vec::new();
+    let mut lines = String::new();
+    for name in &o.contenders {
+        let (mut target, cfg_file) = match name.as_str() {
+            "keel" => match start_keel(&fleet, &o).await {
+                Ok((t, f)) => (t, Some(f)),
+                Err(e) => return Err(e),
+            },
+            peer => match start_peer(peer, &fleet, &peers_dir).await {
+                Ok(r) => (peer_target(peer, r), None),
+                Err(e) => {
+                    eprintln!("{peer}: skipped: {e}");
+                    lines.push_str(&format!("{peer}: skipped: {e}\n"));
+                    continue;
+                }
+            },
+        };
+        if let (true, Some(pid)) = (pinned, target.pid) {
+            pin(pid, &gw_cpu);
+        }
+        // Warm both paths (connection pools, caches).
+        for t in [&direct, &target] {
+            load(&client, t, 50.0, 1.0, true).await;
+        }
+        let sustainable = if o.max_rate {
+            Some(max_rate(&client, &target).await)
+        } else {
+            None
+        };
+        let mut by_rate = Vec::new();
+        for &rps in &o.rates {
+            if sustainable.is_some_and(|m| rps > m) {
+                let line = format!(
+                    "{name:<8} {rps:>6}  over its sustainable rate ({} req/s): not run\n",
+                    sustainable.unwrap_or(0.0)
+                );
+                print!("{line}");
+                lines.push_str(&line);
+                continue;
+            }
+            for stream in [false, true] {
+                let (mut d, mut g) = (Vec::new(), Vec::new());
+                for _ in 0..o.rounds {
+                    d.push(load(&client, &direct, rps, o.duration, stream).await);
+                    g.push(load(&client, &target, rps, o.duration, stream).await);
+                }
+                let (d, g) = (row(&d), row(&g));
+                let added = |k: &str| {
+                    (g[k].as_f64().unwrap_or(0.0) - d[k].as_f64().unwrap_or(0.0)) * 1000.0
+                };
+                let mode = if stream { "stream" } else { "whole" };
+                let line = format!(
+                    "{name:<8} {rps:>6} {mode:<7} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>8} {:>8}\n",
+                    added("ttfb_p50_ms"),
+                    added("ttfb_p99_ms"),
+                    added("total_p50_ms"),
+                    added("total_p99_ms"),
+                    g["errors"],
+                    g["requests"]
+                );
+                print!("{line}");
+                lines.push_str(&line);
+                by_rate.push(json!({"rps": rps, "mode": mode, "direct": d, "gateway": g,
+                    "added_us": {"ttfb_p50": added("ttfb_p50_ms"), "ttfb_p99": added("ttfb_p99_ms"),
+                                 "total_p50": added("total_p50_ms"), "total_p99": added("total_p99_ms")}}));
+            }
+        }
+        let peak = target.pid.and_then(peak_rss_mib);
+        let line = format!(
+            "{name:<8} max sustainable rate {} req/s (streaming), peak memory {}\n",
+            sustainable.map_or("not measured".into(), |m| format!("≥ {m}")),
+            peak.map_or("unknown".into(), |m| format!("{m:.1} MiB"))
+        );
+        print!("{line}");
+        lines.push_str(&line);
+        report.push(json!({"contender": name, "max_sustainable_rps": sustainable, "peak_rss_mib": peak, "rates": by_rate}));
+        if let Some(stop) = target.stop.take() {
+            stop();
+        }
+        if let Some(f) = cfg_file {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+    if let Some(dir) = &o.out {
+        write_out(dir, &o, pinned, &report, &lines)?;
+    }
+    Ok(())
+}
+
+fn write_out(
+    dir: &Path,
+    o: &Options,
+    pinned: bool,
+    report: &[Value],
+    lines: &str,
+) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join("overhead.json");
+    let doc = json!({"rates": o.rates, "duration_s": o.duration, "rounds": o.rounds,
+        "keel_worker_threads": o.keel_threads, "pinned": pinned, "contenders": report});
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&doc).unwrap_or_default(),
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::write(dir.join("overhead.txt"), format!("{HEADER}{lines}"))
+        .map_err(|e| e.to_string())?;
+    println!("written {} and overhead.txt", path.display());
+    Ok(())
+}
+
+/// Column heads of the table (added latency in µs: gateway − direct, medians of rounds).
+pub const HEADER: &str =
+    "contender  req/s mode    +ttfb p50 +ttfb p99 +total p50 +total p99   errors requests\n";
