@@ -149,44 +149,45 @@ async fn fleet_and_gateway(
     Ok((fleet, addr, stop))
 }
 
-/// Parses `<scenario> [--quick] [--duration S] [--seed N] [--out DIR] [--contenders a,b]`.
+/// Parses `<scenario> [--quick] [--duration S] [--rps R] [--repeat N] [--seed N] [--out DIR]
+/// [--contenders a,b]`.
 async fn scenario_args(args: Vec<String>) -> Result<(), String> {
-    let name = args.first().cloned().ok_or("usage: keel bench <scenario|all> [--quick] [--duration S] [--seed N] [--out DIR] [--contenders keel,nginx]")?;
-    let (mut quick, mut duration, mut seed, mut out, mut contenders) = (
-        false,
-        None,
-        1u64,
-        PathBuf::from("bench/out"),
-        vec!["keel".to_owned(), "nginx".to_owned()],
-    );
+    const USAGE: &str = "usage: keel bench <scenario|all|FILE.toml> [--quick] [--duration S] [--rps R] [--repeat N] [--seed N] [--out DIR] [--contenders keel,nginx,litellm,portkey]";
+    let name = args.first().cloned().ok_or(USAGE)?;
+    let mut o = crate::scenario::RunOptions {
+        contenders: vec!["keel".to_owned(), "nginx".to_owned()],
+        quick: false,
+        duration: None,
+        rps: None,
+        repeat: 1,
+        seed: 1,
+        out: PathBuf::from("bench/out"),
+    };
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
         let mut value = |flag: &str| it.next().cloned().ok_or(format!("{flag} needs a value"));
+        let number = |flag: &str, v: String| {
+            v.parse::<f64>()
+                .ok()
+                .filter(|x| *x > 0.0)
+                .ok_or(format!("{flag}: a positive number expected"))
+        };
         match a.as_str() {
-            "--quick" => quick = true,
-            "--duration" => {
-                duration = Some(
-                    value("--duration")?
-                        .parse::<f64>()
-                        .map_err(|_| "--duration: seconds expected")?,
-                )
-            }
+            "--quick" => o.quick = true,
+            "--duration" => o.duration = Some(number(a, value(a)?)?),
+            "--rps" => o.rps = Some(number(a, value(a)?)?),
+            "--repeat" => o.repeat = number(a, value(a)?)? as usize,
             "--seed" => {
-                seed = value("--seed")?
+                o.seed = value(a)?
                     .parse()
                     .map_err(|_| "--seed: an integer expected")?
             }
-            "--out" => out = PathBuf::from(value("--out")?),
-            "--contenders" => {
-                contenders = value("--contenders")?
-                    .split(',')
-                    .map(str::to_owned)
-                    .collect()
-            }
-            other => return Err(format!("unknown option `{other}`")),
+            "--out" => o.out = PathBuf::from(value(a)?),
+            "--contenders" => o.contenders = value(a)?.split(',').map(str::to_owned).collect(),
+            other => return Err(format!("unknown option `{other}`\n{USAGE}")),
         }
     }
-    crate::scenario::run(&name, &contenders, quick, duration, seed, &out).await
+    crate::scenario::run(&name, &o).await
 }
 
 /// Percentiles (µs) of a sample set.

@@ -455,8 +455,41 @@ pub struct Figures {
     pub kv_hit_rate: f64,
     /// Share of retries made after waiting an advertised retry-after that succeeded.
     pub retry_after_success: Option<f64>,
+    /// Runs the figures are medians of.
+    pub runs: usize,
     #[serde(skip)]
     pub ttft_cdf: Vec<(f64, f64)>,
+}
+
+/// The median of each figure across runs (the CDF of the run with the median P99 TTFT).
+fn median_figures(mut runs: Vec<Figures>) -> Figures {
+    fn med(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+    if runs.len() == 1 {
+        return runs.remove(0);
+    }
+    runs.sort_by(|a, b| a.ttft_ms[2].total_cmp(&b.ttft_ms[2]));
+    let m = |f: &dyn Fn(&Figures) -> f64| med(runs.iter().map(f).collect());
+    let q = |f: &dyn Fn(&Figures) -> [f64; 4]| [0, 1, 2, 3].map(|i| m(&|x| f(x)[i]));
+    let retry: Vec<f64> = runs.iter().filter_map(|x| x.retry_after_success).collect();
+    Figures {
+        contender: runs[0].contender.clone(),
+        requests: runs.iter().map(|x| x.requests).sum(),
+        ttft_ms: q(&|x| x.ttft_ms),
+        total_ms: q(&|x| x.total_ms),
+        error_rate: m(&|x| x.error_rate),
+        intact: m(&|x| x.intact),
+        tgsv_ms: m(&|x| x.tgsv_ms),
+        extra_requests: m(&|x| x.extra_requests),
+        extra_tokens: m(&|x| x.extra_tokens),
+        admitted_rps: m(&|x| x.admitted_rps),
+        kv_hit_rate: m(&|x| x.kv_hit_rate),
+        retry_after_success: (!retry.is_empty()).then(|| med(retry)),
+        runs: runs.len(),
+        ttft_cdf: runs[runs.len() / 2].ttft_cdf.clone(),
+    }
 }
 
 fn quantiles(h: &Histogram<u64>) -> [f64; 4] {
@@ -508,12 +541,18 @@ async fn run_contender(
     }
     let results: Arc<Mutex<Vec<Seen>>> = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    let total = planned.len();
+    // Answers received so far (the bar also covers the drain after the last arrival).
+    let bar = indicatif::ProgressBar::new(planned.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template(
+            "  {prefix:<8} [{bar:30}] {pos}/{len} answers  {elapsed_precise}",
+        )
+        .map_err(|e| e.to_string())?
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(name.to_owned());
     for (i, p) in planned.into_iter().enumerate() {
         tokio::time::sleep_until(start + p.at).await;
-        if i % (total / 20).max(1) == 0 {
-            eprint!("\r  {name:<8} {:>3}%", i * 100 / total.max(1));
-        }
+        let bar = bar.clone();
         let (client, url, headers, results) = (
             client.clone(),
             running.url.clone(),
@@ -533,12 +572,13 @@ async fn run_contender(
             )
             .await;
             results.lock().unwrap_or_else(|e| e.into_inner()).push(seen);
+            bar.inc(1);
         }));
     }
     for t in tasks {
         let _ = t.await;
     }
-    eprintln!("\r  {name:<8} 100%");
+    bar.finish();
     let elapsed = start.elapsed().as_secs_f64();
     (running.stop)();
     let seen = std::mem::take(&mut *results.lock().unwrap_or_else(|e| e.into_inner()));
@@ -606,6 +646,7 @@ async fn run_contender(
             0.0
         },
         retry_after_success: (r429 > 0).then(|| r429_ok as f64 / r429 as f64),
+        runs: 1,
         ttft_cdf: cdf,
     })
 }
@@ -655,7 +696,17 @@ fn svg_cdf(title: &str, figures: &[Figures]) -> String {
 }
 
 fn markdown(s: &Scenario, figures: &[Figures]) -> String {
-    let mut t = format!("### {}\n\n{}\n\n", s.name, s.description);
+    let mut t = format!("### {}\n\n{}", s.name, s.description);
+    let runs = figures.iter().map(|f| f.runs).max().unwrap_or(1);
+    if runs > 1 {
+        t.push_str(&format!(
+            " Medians of {runs} runs (seeds in a row), {} req/s.",
+            s.rps
+        ));
+    } else {
+        t.push_str(&format!(" One run, {} req/s.", s.rps));
+    }
+    t.push_str("\n\n");
     t.push_str("| contender | TTFT p50 | p90 | p99 | p99.9 | total p50 | p99 | errors | intact | TGSV ms | extra req | extra tokens | admitted/s | KV hits |\n");
     t.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for f in figures {
@@ -673,15 +724,24 @@ fn markdown(s: &Scenario, figures: &[Figures]) -> String {
     t
 }
 
-/// Runs scenarios (`all` or one name) with the given contenders; writes JSON, Markdown and SVG.
-pub async fn run(
-    which: &str,
-    contenders: &[String],
-    quick: bool,
-    duration: Option<f64>,
-    seed: u64,
-    out: &Path,
-) -> Result<(), String> {
+/// How `keel bench <scenario>` runs.
+pub struct RunOptions {
+    pub contenders: Vec<String>,
+    pub quick: bool,
+    /// Seconds per run (default: the scenario's, or its quick duration).
+    pub duration: Option<f64>,
+    /// Arrival rate instead of the scenario's (e.g. one every contender can sustain).
+    pub rps: Option<f64>,
+    /// Runs per contender (seeds `seed`, `seed + 1`, …); figures are medians across them.
+    pub repeat: usize,
+    pub seed: u64,
+    pub out: PathBuf,
+}
+
+/// Runs scenarios (`all`, one name, or a file) with the given contenders; writes JSON, Markdown
+/// and SVG.
+pub async fn run(which: &str, o: &RunOptions) -> Result<(), String> {
+    let out = o.out.as_path();
     let dir = PathBuf::from("bench/scenarios");
     // A path names the user's own scenario file; a bare name one of the seed scenarios.
     let own = Path::new(which);
@@ -705,19 +765,34 @@ pub async fn run(
     let mut all = BTreeMap::new();
     let mut report = String::new();
     for f in files {
-        let s = Scenario::load(&f)?;
-        let d = duration.unwrap_or(if quick {
+        let mut s = Scenario::load(&f)?;
+        if let Some(rps) = o.rps {
+            s.rps = rps;
+        }
+        let d = o.duration.unwrap_or(if o.quick {
             s.quick_duration_s
         } else {
             s.duration_s
         });
-        eprintln!("scenario {} ({d} s at {} req/s)", s.name, s.rps);
+        eprintln!(
+            "scenario {} ({d} s at {} req/s, {} run(s) per contender)",
+            s.name,
+            s.rps,
+            o.repeat.max(1)
+        );
         let mut figures = Vec::new();
-        for c in contenders {
-            match run_contender(&s, c, d, seed, out).await {
-                Ok(fig) => figures.push(fig),
-                Err(e) => eprintln!("  {c}: skipped: {e}"),
+        'contenders: for c in &o.contenders {
+            let mut runs = Vec::new();
+            for r in 0..o.repeat.max(1) as u64 {
+                match run_contender(&s, c, d, o.seed + r, out).await {
+                    Ok(fig) => runs.push(fig),
+                    Err(e) => {
+                        eprintln!("  {c}: skipped: {e}");
+                        continue 'contenders;
+                    }
+                }
             }
+            figures.push(median_figures(runs));
         }
         if figures.is_empty() || figures.iter().any(|f| f.requests == 0) {
             return Err(format!("scenario {} produced no figures", s.name));
