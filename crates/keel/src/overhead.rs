@@ -6,12 +6,12 @@
 //! test is pinned to the last core and the bench process (load generator and upstream) to the
 //! others (`taskset`), so that they do not preempt each other; the report says so.
 //!
-//! For each contender: the highest sustainable rate (a ramp of short streaming runs: no errors,
-//! at least 95% of the offered rate achieved, P99 total under 100 ms on a zero-latency
-//! upstream), then at each fixed rate it sustains, rounds alternating direct and through the
+//! For each contender and mode (whole responses, streams): the highest sustainable rate (a ramp
+//! of short runs: no errors, at least 95% of the offered rate achieved, P99 total under 100 ms
+//! on a zero-latency upstream), then at each fixed rate it sustains, rounds alternating direct and through the
 //! gateway (so both see the same machine state); figures are medians across rounds of each
 //! round's percentiles, and "added" is gateway − direct. Peak memory is the high-water resident
-//! set of the gateway's processes at the end.
+//! set of the gateway's processes over the fixed-rate runs (a fresh process after the ramp).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -159,6 +159,49 @@ async fn start_keel(fleet: &Fleet, o: &Options) -> Result<(Target, PathBuf), Str
     Err("keel serve did not come up".into())
 }
 
+/// Starts keel or a peer; `None` (with the reason in `lines`) when a peer cannot start.
+async fn start_target(
+    name: &str,
+    fleet: &Fleet,
+    o: &Options,
+    peers_dir: &Path,
+    lines: &mut String,
+) -> Result<Option<(Target, Option<PathBuf>)>, String> {
+    Ok(Some(match name {
+        "keel" => {
+            let (t, f) = start_keel(fleet, o).await?;
+            (t, Some(f))
+        }
+        peer => match start_peer(peer, fleet, peers_dir).await {
+            Ok(r) => (peer_target(peer, r), None),
+            Err(e) => {
+                eprintln!("{peer}: skipped: {e}");
+                lines.push_str(&format!("{peer}: skipped: {e}\n"));
+                return Ok(None);
+            }
+        },
+    }))
+}
+
+/// Pins the gateway's processes (when asked) and warms both paths (connection pools, caches).
+async fn prepare(client: &reqwest::Client, direct: &Target, target: &Target, cpu: Option<&str>) {
+    if let (Some(cpu), Some(pid)) = (cpu, target.pid) {
+        pin(pid, cpu);
+    }
+    for t in [direct, target] {
+        load(client, t, 50.0, 1.0, true).await;
+    }
+}
+
+fn stop_target(target: &mut Target, cfg_file: Option<PathBuf>) {
+    if let Some(stop) = target.stop.take() {
+        stop();
+    }
+    if let Some(f) = cfg_file {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
 fn peer_target(name: &str, r: Running) -> Target {
     Target {
         name: name.into(),
@@ -187,18 +230,30 @@ async fn load(
     keel_sim::load::run_with_client(c, client.clone()).await
 }
 
+fn mode_name(stream: bool) -> &'static str {
+    if stream {
+        "stream"
+    } else {
+        "whole"
+    }
+}
+
 fn sustained(r: &LoadReport, rps: f64) -> bool {
     r.errors == 0 && r.achieved_rps >= 0.95 * rps && r.total.p99_ms < 100.0
 }
 
-/// The highest rate of the ramp `t` sustains (streaming), or 0.
-async fn max_rate(client: &reqwest::Client, t: &Target) -> f64 {
+/// The highest rate of the ramp `t` sustains, or 0.
+async fn max_rate(client: &reqwest::Client, t: &Target, stream: bool) -> f64 {
     let mut best = 0.0;
     for rps in RAMP {
-        let r = load(client, t, rps, RAMP_SECONDS, true).await;
+        let r = load(client, t, rps, RAMP_SECONDS, stream).await;
         eprintln!(
-            "  {:<8} {rps:>6} req/s: achieved {:.0}, errors {}, p99 {:.1} ms",
-            t.name, r.achieved_rps, r.errors, r.total.p99_ms
+            "  {:<8} {:<6} {rps:>6} req/s: achieved {:.0}, errors {}, p99 {:.1} ms",
+            t.name,
+            mode_name(stream),
+            r.achieved_rps,
+            r.errors,
+            r.total.p99_ms
         );
         if !sustained(&r, rps) {
             break;
@@ -272,44 +327,41 @@ pub async fn run(o: Options) -> Result<(), String> {
     let mut report = Vec::new();
     let mut lines = String::new();
     for name in &o.contenders {
-        let (mut target, cfg_file) = match name.as_str() {
-            "keel" => match start_keel(&fleet, &o).await {
-                Ok((t, f)) => (t, Some(f)),
-                Err(e) => return Err(e),
-            },
-            peer => match start_peer(peer, &fleet, &peers_dir).await {
-                Ok(r) => (peer_target(peer, r), None),
-                Err(e) => {
-                    eprintln!("{peer}: skipped: {e}");
-                    lines.push_str(&format!("{peer}: skipped: {e}\n"));
+        // The ramp ends in overload, which leaves any process holding more memory than it
+        // needs: the fixed-rate runs get a fresh start of the gateway.
+        let mut maxes = [None, None];
+        if o.max_rate {
+            let Some((mut target, cfg_file)) =
+                start_target(name, &fleet, &o, &peers_dir, &mut lines).await?
+            else {
+                continue;
+            };
+            prepare(&client, &direct, &target, pinned.then_some(gw_cpu.as_str())).await;
+            for (i, stream) in [false, true].into_iter().enumerate() {
+                maxes[i] = Some(max_rate(&client, &target, stream).await);
+            }
+            stop_target(&mut target, cfg_file);
+        }
+        let Some((mut target, cfg_file)) =
+            start_target(name, &fleet, &o, &peers_dir, &mut lines).await?
+        else {
+            continue;
+        };
+        prepare(&client, &direct, &target, pinned.then_some(gw_cpu.as_str())).await;
+        let mut by_rate = Vec::new();
+        let mut sustainable = Vec::new();
+        for (stream, max) in [false, true].into_iter().zip(maxes) {
+            let mode = mode_name(stream);
+            sustainable.push(json!({"mode": mode, "max_sustainable_rps": max}));
+            for &rps in &o.rates {
+                if let Some(m) = max.filter(|m| rps > *m) {
+                    let line = format!(
+                        "{name:<8} {rps:>6} {mode:<7} over its sustainable rate ({m} req/s): not run\n"
+                    );
+                    print!("{line}");
+                    lines.push_str(&line);
                     continue;
                 }
-            },
-        };
-        if let (true, Some(pid)) = (pinned, target.pid) {
-            pin(pid, &gw_cpu);
-        }
-        // Warm both paths (connection pools, caches).
-        for t in [&direct, &target] {
-            load(&client, t, 50.0, 1.0, true).await;
-        }
-        let sustainable = if o.max_rate {
-            Some(max_rate(&client, &target).await)
-        } else {
-            None
-        };
-        let mut by_rate = Vec::new();
-        for &rps in &o.rates {
-            if sustainable.is_some_and(|m| rps > m) {
-                let line = format!(
-                    "{name:<8} {rps:>6}  over its sustainable rate ({} req/s): not run\n",
-                    sustainable.unwrap_or(0.0)
-                );
-                print!("{line}");
-                lines.push_str(&line);
-                continue;
-            }
-            for stream in [false, true] {
                 let (mut d, mut g) = (Vec::new(), Vec::new());
                 for _ in 0..o.rounds {
                     d.push(load(&client, &direct, rps, o.duration, stream).await);
@@ -319,7 +371,6 @@ pub async fn run(o: Options) -> Result<(), String> {
                 let added = |k: &str| {
                     (g[k].as_f64().unwrap_or(0.0) - d[k].as_f64().unwrap_or(0.0)) * 1000.0
                 };
-                let mode = if stream { "stream" } else { "whole" };
                 let line = format!(
                     "{name:<8} {rps:>6} {mode:<7} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>8} {:>8}\n",
                     added("ttfb_p50_ms"),
@@ -337,20 +388,21 @@ pub async fn run(o: Options) -> Result<(), String> {
             }
         }
         let peak = target.pid.and_then(peak_rss_mib);
+        let max = |i: usize| {
+            sustainable[i]["max_sustainable_rps"]
+                .as_f64()
+                .map_or("not measured".into(), |m| format!("≥ {m} req/s"))
+        };
         let line = format!(
-            "{name:<8} max sustainable rate {} req/s (streaming), peak memory {}\n",
-            sustainable.map_or("not measured".into(), |m| format!("≥ {m}")),
+            "{name:<8} highest sustainable rate: whole {}, stream {}; peak memory {}\n",
+            max(0),
+            max(1),
             peak.map_or("unknown".into(), |m| format!("{m:.1} MiB"))
         );
         print!("{line}");
         lines.push_str(&line);
-        report.push(json!({"contender": name, "max_sustainable_rps": sustainable, "peak_rss_mib": peak, "rates": by_rate}));
-        if let Some(stop) = target.stop.take() {
-            stop();
-        }
-        if let Some(f) = cfg_file {
-            let _ = std::fs::remove_file(f);
-        }
+        report.push(json!({"contender": name, "sustainable": sustainable, "peak_rss_mib": peak, "rates": by_rate}));
+        stop_target(&mut target, cfg_file);
     }
     if let Some(dir) = &o.out {
         write_out(dir, &o, pinned, &report, &lines)?;
