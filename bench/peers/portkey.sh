@@ -4,6 +4,11 @@
 # (pid in DIR/portkey.pid). Portkey takes its routing per request, in the x-portkey-config
 # header: written to DIR/headers.json, which the bench client sends with every request —
 # fallback over two load-balanced groups of every variant, with retries on 429/5xx.
+# Known (2026-11): with @portkey-ai/gateway 1.15.2 (and 1.9.8) on Node, every *streamed* request
+# fails inside the gateway ("TypeError: immutable" from undici's Headers.append in
+# updateHeaders; upstream issues Portkey-AI/gateway#1389 and #1550). Node 22 and an npm override
+# of @hono/node-server to 1.14.2 (the workaround in #1389) did not help here. Non-streaming
+# requests work, so `keel bench overhead` measures Portkey on whole responses.
 set -euo pipefail
 mkdir -p "$1"
 dir=$(cd "$1" && pwd)

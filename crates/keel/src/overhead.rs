@@ -39,7 +39,9 @@ pub struct Options {
 }
 
 /// Rates tried, in order, for the highest sustainable one.
-const RAMP: [f64; 7] = [100.0, 250.0, 500.0, 1000.0, 2000.0, 4000.0, 8000.0];
+const RAMP: [f64; 10] = [
+    10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2000.0, 4000.0, 8000.0,
+];
 const RAMP_SECONDS: f64 = 2.0;
 
 fn median(mut v: Vec<f64>) -> f64 {
