@@ -7,8 +7,8 @@
 //! it was running minus one, and nothing else changes. Cooling the whole variant down for the
 //! advertised retry-after instead (what a generic proxy does) leaves a saturated fleet idle
 //! while every variant waits out its cooldown, which is how admitted throughput falls below
-//! capacity under overload. A 429 to a lone request is a quota, not a capacity, and is honoured
-//! as a cooldown (see `execution`). After `limit` successes in a row the limit grows by one
+//! capacity under overload. A 429 to a lone request, or one asking to wait more than 2 s, is a
+//! quota, not a capacity, and is honoured as a cooldown (see `execution`). After `limit` successes in a row the limit grows by one
 //! (additive increase), so a transient never caps a variant for good.
 //!
 //! **The wait line.** When every variant is at its limit, a request waits, first come first

@@ -103,10 +103,16 @@ pub(crate) enum AttemptResult {
 }
 
 /// What the attempts of one request have left behind.
+/// Longest retry-after a "full" 429 may carry: capacity frees within a second or two, while
+/// a rate-limit quota (hosted APIs) asks for longer, and is honoured as a cooldown.
+const FULL_RETRY_AFTER_MAX_MS: u64 = 2_000;
+
 /// A 429 while other requests of this gateway are running on the variant (this attempt's
-/// slot is still held): the variant is full, not out of quota.
+/// slot is still held), with at most a short retry-after: the variant is full, not out of
+/// quota.
 fn is_full(f: &AttemptFailure, pool: &Pool, vi: usize) -> bool {
-    matches!(f, AttemptFailure::Status { status: 429, .. })
+    matches!(f, AttemptFailure::Status { status: 429, retry_after_ms, .. }
+        if retry_after_ms.is_none_or(|ms| ms <= FULL_RETRY_AFTER_MAX_MS))
         && pool.variants[vi].in_flight.load(Ordering::Relaxed) >= 2
 }
 

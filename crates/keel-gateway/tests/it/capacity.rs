@@ -8,10 +8,11 @@ use serde_json::{json, Value};
 use crate::harness::*;
 
 /// One server running at most 2 streams and queueing none: the third concurrent gets a 429.
-async fn two_slot_fleet() -> Fleet {
+async fn two_slot_fleet(retry_after_s: f64) -> Fleet {
     let cfg = ServerConfig {
         capacity: 2,
         max_waiting: Some(0),
+        retry_after_s,
         gap_ms: 15.0,
         ..ServerConfig::fast("s")
     };
@@ -57,7 +58,7 @@ async fn learned_limit(h: &Harness) -> Option<u64> {
 
 #[tokio::test]
 async fn a_full_variant_gets_a_limit_and_the_excess_waits_in_line() {
-    let fleet = two_slot_fleet().await;
+    let fleet = two_slot_fleet(1.0).await;
     let cfg = pool_over(&fleet, "p", "openai", 1, "hedge = \"off\"");
     let h = Harness::start(fleet, &cfg).await;
     // Three at once: the upstream refuses the third with 429 while two run.
@@ -76,7 +77,7 @@ async fn a_full_variant_gets_a_limit_and_the_excess_waits_in_line() {
 
 #[tokio::test]
 async fn without_room_in_line_the_excess_is_refused_with_the_expected_wait() {
-    let fleet = two_slot_fleet().await;
+    let fleet = two_slot_fleet(1.0).await;
     let cfg = pool_over(&fleet, "p", "openai", 1, "hedge = \"off\"\nqueue_ms = 0");
     let h = Harness::start(fleet, &cfg).await;
     run_concurrently(&h, 3).await;
@@ -90,4 +91,16 @@ async fn without_room_in_line_the_excess_is_refused_with_the_expected_wait() {
     // divided by the two slots, never zero or absent.
     let ms: u64 = retry.as_deref().expect("retry-after-ms").parse().unwrap();
     assert!((50..=2000).contains(&ms), "retry-after-ms {ms}");
+}
+
+#[tokio::test]
+async fn a_429_asking_for_a_long_wait_is_a_quota_and_cools_the_variant_down() {
+    let fleet = two_slot_fleet(30.0).await;
+    let cfg = pool_over(&fleet, "p", "openai", 1, "hedge = \"off\"");
+    let h = Harness::start(fleet, &cfg).await;
+    run_concurrently(&h, 3).await;
+    let health = h.get_json("/keel/health").await;
+    let v = &health["pools"][0]["variants"][0];
+    assert!(v["concurrency_limit"].is_null(), "{v}");
+    assert!(v["cooldown_ms"].as_u64().unwrap() > 1000, "{v}");
 }
