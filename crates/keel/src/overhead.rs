@@ -334,7 +334,7 @@ pub async fn run(o: Options) -> Result<(), String> {
         let mut maxes = [None, None];
         if o.max_rate {
             let Some((mut target, cfg_file)) =
-                start_target(name, &fleet, &o, &peers_dir, &mut lines).await?
+                start_target(name, &fleet, &o, &peers_dir.join("ramp"), &mut lines).await?
             else {
                 continue;
             };
@@ -345,7 +345,9 @@ pub async fn run(o: Options) -> Result<(), String> {
             stop_target(&mut target, cfg_file);
         }
         let Some((mut target, cfg_file)) =
-            start_target(name, &fleet, &o, &peers_dir, &mut lines).await?
+            // Its own directory: a peer's pid file must not be removed by the ramp's instance
+            // as it exits.
+            start_target(name, &fleet, &o, &peers_dir.join("fixed"), &mut lines).await?
         else {
             continue;
         };
