@@ -225,7 +225,7 @@ impl RawHealth {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hedge {
     Off,
-    /// The primary's recent P90 TTFT, clamped to 50 ms–2 s.
+    /// The hedge target's recent TTFT quantile at 1 − hedge_budget/2, clamped to 50 ms–2 s.
     Auto,
     /// A fixed delay.
     AfterMs(u64),

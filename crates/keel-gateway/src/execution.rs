@@ -171,13 +171,7 @@ impl Ledger {
                         // `capacity`); it stays available below it.
                         let running = pool.variants[vi].in_flight.load(Ordering::Relaxed);
                         pool.variants[vi].limit.full_at(running);
-                        let total = pool
-                            .variants
-                            .iter()
-                            .map(|v| v.in_flight.load(Ordering::Relaxed))
-                            .sum();
-                        self.retry_after_ms =
-                            pool.line.expected_wait_ms(pool.line.waiting(), total);
+                        self.retry_after_ms = pool.expected_wait_ms();
                     }
                     Verdict::Retry { cooldown_ms } => {
                         pool.record_attempt(vi, false, None);
@@ -354,14 +348,17 @@ pub async fn execute(
             }
             tried_this_round = true;
             // The first attempt may be hedged by the best other variant of the plan.
-            let others: Vec<usize> = order.iter().copied().filter(|&j| j != vi).collect();
-            let delay = ledger
-                .attempts
-                .is_empty()
+            let hedgeable = ledger.attempts.is_empty() && max_attempts > 1 && pool.hedging();
+            let others: Vec<usize> = if hedgeable {
+                order.iter().copied().filter(|&j| j != vi).collect()
+            } else {
+                Vec::new()
+            };
+            let delay = hedgeable
                 .then(|| pool.hedge_delay_ms(pool.hedge_target(&others)?))
                 .flatten();
             let outcomes = match delay {
-                Some(delay) if max_attempts > 1 => {
+                Some(delay) => {
                     let (outcomes, hedge_won, cancelled) =
                         race(pool, vi, &others, req, ctx, Duration::from_millis(delay)).await;
                     hedged = hedge_won == Some(true);

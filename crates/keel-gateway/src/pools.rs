@@ -66,9 +66,9 @@ pub enum Selection {
     Plan(Vec<usize>),
     /// Every variant is cooling down or ejected; retry after this long.
     Unavailable { retry_after_ms: u64 },
-    /// Every variant that could serve is at its concurrency limit (configured or learned),
-    /// `running` requests in all: wait in line for a slot.
-    Full { running: u32 },
+    /// Every variant that could serve is at its concurrency limit (configured or learned):
+    /// wait in line for a slot.
+    Full,
     /// The request does not fit any variant's context window.
     TooLong { needed: u64, largest: u64 },
     /// No variant is at or above the requested fidelity (`x-keel-min-tier`).
@@ -328,13 +328,7 @@ impl Pool {
                 && v.in_flight.load(Ordering::Relaxed) >= v.concurrency_limit()
         };
         let selection = if plan.order.is_empty() && self.variants.iter().enumerate().any(full) {
-            Selection::Full {
-                running: self
-                    .variants
-                    .iter()
-                    .map(|v| v.in_flight.load(Ordering::Relaxed))
-                    .sum(),
-            }
+            Selection::Full
         } else if plan.order.is_empty() {
             let wait = st
                 .availability
@@ -398,6 +392,22 @@ impl Pool {
         let st = self.state();
         st.availability[index].available(now_ms)
             && !matches!(st.health[index].state, State::Ejected { .. })
+    }
+
+    /// Expected wait (ms) for a request joining the back of the wait line now, from the
+    /// requests running on every variant (see `capacity`); `None` before any was measured.
+    pub fn expected_wait_ms(&self) -> Option<u64> {
+        let running = self
+            .variants
+            .iter()
+            .map(|v| v.in_flight.load(Ordering::Relaxed))
+            .sum();
+        self.line.expected_wait_ms(self.line.waiting(), running)
+    }
+
+    /// Whether hedging is on for this pool.
+    pub fn hedging(&self) -> bool {
+        !matches!(self.cfg.hedge, crate::config::Hedge::Off)
     }
 
     /// Waits in the pool's line until the variant is below its concurrency limit: false when

@@ -106,13 +106,10 @@ async fn select_or_wait(
                 }
                 tokio::time::sleep_until(wake).await;
             }
-            Selection::Full { running } => {
+            Selection::Full => {
                 if ticket.is_none() {
                     // Join only if the line can drain within the wait allowed.
-                    let expected = pool
-                        .line
-                        .expected_wait_ms(pool.line.waiting(), running)
-                        .unwrap_or(0);
+                    let expected = pool.expected_wait_ms().unwrap_or(0);
                     if started + Duration::from_millis(expected) > line_deadline {
                         return (selection, record);
                     }
@@ -248,10 +245,10 @@ pub async fn handle_generation(
             .with_retry_after(retry_after_ms);
             return delivery::error_response(log, protocol, &e);
         }
-        Selection::Full { running } => {
+        Selection::Full => {
             // Refused by the wait line: the expected wait for a place at the back of it.
             let ahead = pool.line.waiting();
-            let wait = pool.line.expected_wait_ms(ahead, running).unwrap_or(1000);
+            let wait = pool.expected_wait_ms().unwrap_or(1000);
             metrics::counter!("keel_queue_refused_total", "pool" => pool.cfg.name.clone())
                 .increment(1);
             let e = GatewayError::new(
