@@ -63,6 +63,8 @@ pub enum SseError {
     UnknownField { line: String },
     /// Event bytes that are not UTF-8.
     NotUtf8,
+    /// One event grew past the decoder's limit (a hostile or broken upstream).
+    TooLarge { limit: usize },
 }
 
 impl fmt::Display for SseError {
@@ -76,15 +78,24 @@ impl fmt::Display for SseError {
             }
             SseError::UnknownField { line } => write!(f, "unknown SSE field line: {line:?}"),
             SseError::NotUtf8 => write!(f, "SSE event is not valid UTF-8"),
+            SseError::TooLarge { limit } => {
+                write!(f, "an SSE event exceeds the limit of {limit} bytes")
+            }
         }
     }
 }
 
 impl std::error::Error for SseError {}
 
-/// Incremental decoder: feed arbitrary byte chunks, collect whole events.
-#[derive(Debug, Default)]
+/// Default bound on one event's size: far above any real chunk (a tool call's arguments arrive
+/// in many small events), far below what would hurt the process.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
+
+/// Incremental decoder: feed arbitrary byte chunks, collect whole events. One event may hold at
+/// most `max_event_bytes` (raw bytes, fields included); a longer one is [`SseError::TooLarge`].
+#[derive(Debug)]
 pub struct SseDecoder {
+    max_event_bytes: usize,
     /// Bytes of the current, not yet dispatched block.
     block: Vec<u8>,
     /// Offset in `block` where the next unparsed line starts.
@@ -98,9 +109,29 @@ pub struct SseDecoder {
     dispatch_pending: bool,
 }
 
+impl Default for SseDecoder {
+    fn default() -> Self {
+        Self::with_max_event_bytes(DEFAULT_MAX_EVENT_BYTES)
+    }
+}
+
 impl SseDecoder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A decoder that refuses events larger than `max_event_bytes`.
+    pub fn with_max_event_bytes(max_event_bytes: usize) -> Self {
+        SseDecoder {
+            max_event_bytes,
+            block: Vec::new(),
+            line_start: 0,
+            event: None,
+            data: None,
+            saw_field: false,
+            after_cr: false,
+            dispatch_pending: false,
+        }
     }
 
     /// Feeds bytes and appends every event they complete to `out`.
@@ -121,6 +152,11 @@ impl SseDecoder {
                     self.dispatch_pending = false;
                     self.dispatch(out);
                 }
+            }
+            if self.block.len() >= self.max_event_bytes {
+                return Err(SseError::TooLarge {
+                    limit: self.max_event_bytes,
+                });
             }
             self.block.push(b);
             if b == b'\n' || b == b'\r' {
@@ -233,6 +269,19 @@ mod tests {
             assert!(out[1].comment_only);
             assert_eq!(out[2].data, "x\ny");
         }
+    }
+
+    #[test]
+    fn an_event_past_the_limit_is_refused() {
+        let mut dec = SseDecoder::with_max_event_bytes(64);
+        let mut out = Vec::new();
+        dec.feed(b"data: short\n\n", &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        let long = format!("data: {}\n\n", "x".repeat(100));
+        assert_eq!(
+            dec.feed(long.as_bytes(), &mut out),
+            Err(SseError::TooLarge { limit: 64 })
+        );
     }
 
     #[test]

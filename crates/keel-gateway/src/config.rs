@@ -70,6 +70,9 @@ struct RawConfig {
     listen: Option<Spanned<String>>,
     max_body_bytes: Option<usize>,
     header_read_timeout_ms: Option<u64>,
+    body_read_timeout_ms: Option<u64>,
+    max_upstream_body_bytes: Option<usize>,
+    max_sse_event_bytes: Option<usize>,
     drain_ms: Option<u64>,
     max_attempts: Option<u32>,
     allow_force_variant: Option<bool>,
@@ -288,6 +291,12 @@ pub struct Config {
     pub listen: SocketAddr,
     pub max_body_bytes: usize,
     pub header_read_timeout_ms: u64,
+    /// The whole request body must arrive within this (slow bodies get 408).
+    pub body_read_timeout_ms: u64,
+    /// Largest whole (non-streamed) upstream response body; more is a `malformed` failure.
+    pub max_upstream_body_bytes: usize,
+    /// Largest single SSE event from an upstream; more is a `malformed` failure.
+    pub max_sse_event_bytes: usize,
     pub drain_ms: u64,
     pub allow_force_variant: bool,
     /// Runtime worker threads for `keel serve` (default: one per core).
@@ -727,6 +736,9 @@ impl Config {
             listen,
             max_body_bytes: raw.max_body_bytes.unwrap_or(10 * 1024 * 1024),
             header_read_timeout_ms: raw.header_read_timeout_ms.unwrap_or(10_000),
+            body_read_timeout_ms: raw.body_read_timeout_ms.unwrap_or(30_000),
+            max_upstream_body_bytes: raw.max_upstream_body_bytes.unwrap_or(64 * 1024 * 1024),
+            max_sse_event_bytes: raw.max_sse_event_bytes.unwrap_or(4 * 1024 * 1024),
             drain_ms: raw.drain_ms.unwrap_or(30_000),
             allow_force_variant: raw.allow_force_variant.unwrap_or(false),
             worker_threads: match raw.worker_threads {
