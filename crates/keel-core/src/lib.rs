@@ -18,4 +18,6 @@ pub mod request;
 pub mod rng;
 pub mod selection;
 pub mod sse;
+pub mod stream_watch;
+pub mod synthesize;
 pub mod tokens;

@@ -22,8 +22,15 @@ pub enum AttemptFailure {
         retry_after_ms: Option<u64>,
         message: String,
     },
-    /// The upstream answered 200 with a body keel could not understand.
+    /// The upstream answered 200 with a body keel could not understand (or one past a size
+    /// bound: an event, a body, a tool-call index).
     Malformed(String),
+    /// After the first token: no output for `silent_ms`.
+    Stall { silent_ms: u64 },
+    /// After the first token: the token rate fell well below the variant's baseline.
+    Slow(String),
+    /// The upstream reported an error inside its stream.
+    ErrorEvent(String),
 }
 
 impl AttemptFailure {
@@ -36,6 +43,9 @@ impl AttemptFailure {
             AttemptFailure::Deadline { .. } => "deadline".into(),
             AttemptFailure::Status { status, .. } => format!("status_{status}"),
             AttemptFailure::Malformed(_) => "malformed".into(),
+            AttemptFailure::Stall { .. } => "stall".into(),
+            AttemptFailure::Slow(_) => "slow".into(),
+            AttemptFailure::ErrorEvent(_) => "error_event".into(),
         }
     }
 
@@ -60,6 +70,21 @@ impl AttemptFailure {
                 }
             }
             AttemptFailure::Malformed(e) => format!("malformed response: {e}"),
+            AttemptFailure::Stall { silent_ms } => {
+                format!("the upstream stalled: no output for {silent_ms} ms")
+            }
+            AttemptFailure::Slow(e) => format!("the upstream slowed down: {e}"),
+            AttemptFailure::ErrorEvent(e) => format!("upstream error event: {e}"),
+        }
+    }
+
+    /// The reason a failure after the first token gives for a migration: `stall`, `slow` or
+    /// `error` (the label of `: keel migrated … reason=` and of `keel_migrations_total`).
+    pub fn migration_reason(&self) -> &'static str {
+        match self {
+            AttemptFailure::Stall { .. } => "stall",
+            AttemptFailure::Slow(_) => "slow",
+            _ => "error",
         }
     }
 

@@ -90,6 +90,8 @@ pub enum ErrorKind {
     TooLarge,
     UnsupportedMediaType,
     RateLimited,
+    /// The client's request body did not arrive in time (408).
+    RequestTimeout,
     Timeout,
     Overloaded,
     BadGateway,
@@ -106,6 +108,7 @@ impl ErrorKind {
             ErrorKind::TooLarge => 413,
             ErrorKind::UnsupportedMediaType => 415,
             ErrorKind::RateLimited => 429,
+            ErrorKind::RequestTimeout => 408,
             ErrorKind::Internal => 500,
             ErrorKind::BadGateway => 502,
             ErrorKind::Overloaded => 503,
@@ -115,9 +118,10 @@ impl ErrorKind {
 
     fn openai_type(self) -> &'static str {
         match self {
-            ErrorKind::InvalidRequest | ErrorKind::TooLarge | ErrorKind::UnsupportedMediaType => {
-                "invalid_request_error"
-            }
+            ErrorKind::InvalidRequest
+            | ErrorKind::TooLarge
+            | ErrorKind::UnsupportedMediaType
+            | ErrorKind::RequestTimeout => "invalid_request_error",
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::Permission => "permission_error",
             ErrorKind::NotFound => "not_found_error",
@@ -130,7 +134,9 @@ impl ErrorKind {
 
     fn anthropic_type(self) -> &'static str {
         match self {
-            ErrorKind::InvalidRequest | ErrorKind::UnsupportedMediaType => "invalid_request_error",
+            ErrorKind::InvalidRequest
+            | ErrorKind::UnsupportedMediaType
+            | ErrorKind::RequestTimeout => "invalid_request_error",
             ErrorKind::TooLarge => "request_too_large",
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::Permission => "permission_error",

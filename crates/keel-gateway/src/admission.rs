@@ -1,4 +1,4 @@
-//! Stage 0, admission: bounded body read, parsing and validation (a precise 4xx in the client's
+//! Stage 0, admission: bounded body read (size and time), parsing and validation (a precise 4xx in the client's
 //! protocol for every kind of bad input), resolution of the public model name to a pool, and the
 //! request controls (`x-keel-timeout-ms`, `x-keel-session`, `x-keel-force-variant`).
 
@@ -14,8 +14,8 @@ use keel_core::protocol::{Endpoint, ErrorKind};
 use keel_core::request::{self, CanonicalRequest};
 use keel_core::selection::Preference;
 
+use crate::context::RequestCtx;
 use crate::errors::GatewayError;
-use crate::execution::RequestCtx;
 use crate::pools::Pool;
 use crate::{upstream, Gateway};
 
@@ -30,11 +30,13 @@ fn header<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
     parts.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// Reads the body within the size limit.
+/// Reads the body within the size limit and before `timeout` (a client that trickles its body
+/// cannot hold a connection and a task: 408).
 pub async fn read_body(
     parts: &Parts,
     body: Incoming,
     limit: usize,
+    timeout: Duration,
 ) -> Result<bytes::Bytes, GatewayError> {
     if let Some(ct) = header(parts, "content-type") {
         let essence = ct
@@ -55,7 +57,17 @@ pub async fn read_body(
             return Err(too_large(limit));
         }
     }
-    match Limited::new(body, limit).collect().await {
+    let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await;
+    let Ok(read) = read else {
+        return Err(GatewayError::new(
+            ErrorKind::RequestTimeout,
+            format!(
+                "the request body did not arrive within {} ms (body_read_timeout_ms)",
+                timeout.as_millis()
+            ),
+        ));
+    };
+    match read {
         Ok(b) => Ok(b.to_bytes()),
         Err(e)
             if e.downcast_ref::<http_body_util::LengthLimitError>()
@@ -86,7 +98,13 @@ pub async fn admit(
     id: &str,
     started: Instant,
 ) -> Result<Admitted, GatewayError> {
-    let bytes = read_body(parts, body, gw.cfg.max_body_bytes).await?;
+    let bytes = read_body(
+        parts,
+        body,
+        gw.cfg.max_body_bytes,
+        Duration::from_millis(gw.cfg.body_read_timeout_ms),
+    )
+    .await?;
     let mut req = request::parse(endpoint, &bytes)?;
     if let Some(s) = header(parts, "x-keel-session") {
         req.session = Some(s.to_owned());
@@ -169,6 +187,7 @@ pub async fn admit(
         endpoint,
         forwarded: upstream::forwarded_headers(&parts.headers),
         deadline: started + total,
+        client_stream: req.stream,
         force_variant,
     };
     Ok(Admitted {

@@ -1,47 +1,50 @@
 //! keel-gateway: the IO shell around keel-core. It reads requests, drives the four stages in
-//! order, and performs what they decide:
+//! order, and performs what they decide. Modules in the order a request travels:
 //!
 //! ```text
-//! client ─▶ admission ─▶ selection ─▶ execution ─▶ delivery ─▶ client
-//!           (admission)  (pools)      (execution)  (delivery)
+//! client ─▶ server ─▶ admission ─▶ selection ─▶ execution ──────────────▶ delivery ─▶ client
+//!                     (context)                 attempt, settlement       relay (after the
+//!                                                                         first byte), body,
+//!                                                                         access_log
 //! ```
 //!
 //! [`server`] accepts connections and routes each request to [`server::handle_generation`],
-//! which calls the stages in that order; each stage is one module named for it.
+//! which calls the stages in that order. Every upstream attempt, whichever stage starts it,
+//! enters its variant and is settled through [`settlement`]. State that outlives a request:
+//! [`pools`] (live variant state), [`capacity`] (learned limits, the wait line), [`monitor`]
+//! (probes, warm-ups, scrapes), [`metrics`] (this gateway's registry).
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admission;
+pub mod attempt;
+pub mod body;
 pub mod capacity;
 pub mod config;
+pub mod context;
 pub mod delivery;
 pub mod errors;
 pub mod execution;
+pub mod hooks;
 pub mod metrics;
 pub mod monitor;
 pub mod pools;
 pub mod relay;
+pub mod selection;
 pub mod server;
+pub mod settlement;
 pub mod upstream;
 
 use std::collections::{HashMap, VecDeque};
-use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::Frame;
-use tokio::sync::mpsc;
-
 use keel_core::budget::RetryBudget;
 
+pub use body::{full_body, Body};
 pub use config::Config;
-use pools::Pool;
-
-/// The response body type of every keel response.
-pub type Body = BoxBody<Bytes, io::Error>;
+use pools::{Pool, UpstreamLimits};
+use selection::DecisionRecord;
 
 /// The running gateway's shared state.
 pub struct Gateway {
@@ -52,7 +55,11 @@ pub struct Gateway {
     /// Origin of `now_ms`: the core's clock is milliseconds since the gateway started.
     epoch: Instant,
     /// The most recent decision records (`GET /keel/decisions`).
-    decisions: Mutex<VecDeque<pools::DecisionRecord>>,
+    decisions: Mutex<VecDeque<DecisionRecord>>,
+    /// This gateway's metrics registry.
+    pub metrics: Arc<metrics::Metrics>,
+    /// Faults injected inside keel (tests only; see `hooks`).
+    pub hooks: hooks::TestHooks,
 }
 
 /// Decision records kept for `/keel/decisions`.
@@ -63,6 +70,11 @@ impl Gateway {
         let epoch = Instant::now();
         let mut by_name = HashMap::new();
         let mut pools = Vec::new();
+        let metrics = metrics::Metrics::new();
+        let limits = UpstreamLimits {
+            max_body_bytes: cfg.max_upstream_body_bytes,
+            max_event_bytes: cfg.max_sse_event_bytes,
+        };
         for (i, p) in cfg.pools.iter().enumerate() {
             by_name.insert(p.name.clone(), i);
             for a in &p.aliases {
@@ -72,9 +84,10 @@ impl Gateway {
                 p.clone(),
                 upstream::client(p.timeouts.connect_ms),
                 epoch,
+                metrics.clone(),
+                limits,
             )));
         }
-        let _ = metrics::handle();
         Arc::new(Gateway {
             budget: Mutex::new(RetryBudget::new(cfg.retry_budget)),
             cfg,
@@ -82,6 +95,8 @@ impl Gateway {
             by_name,
             epoch,
             decisions: Mutex::new(VecDeque::with_capacity(DECISIONS_KEPT)),
+            metrics,
+            hooks: hooks::TestHooks::default(),
         })
     }
 
@@ -103,7 +118,7 @@ impl Gateway {
         self.pools.iter().map(|p| p.cfg.name.as_str()).collect()
     }
 
-    pub(crate) fn record_decision(&self, d: pools::DecisionRecord) {
+    pub(crate) fn record_decision(&self, d: DecisionRecord) {
         let mut q = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
         if q.len() == DECISIONS_KEPT {
             q.pop_front();
@@ -112,7 +127,7 @@ impl Gateway {
     }
 
     /// The most recent decision records, oldest first.
-    pub fn decisions(&self) -> Vec<pools::DecisionRecord> {
+    pub fn decisions(&self) -> Vec<DecisionRecord> {
         self.decisions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -139,24 +154,4 @@ impl Gateway {
 /// Installs the process-wide TLS crypto provider (ring) once.
 pub fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
-/// A complete response body.
-pub fn full_body(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
-    let mut resp = Response::new(Full::new(body).map_err(|never| match never {}).boxed());
-    *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    resp
-}
-
-/// A streamed body fed through a channel; the sender sees `closed()` when the client is gone.
-pub fn channel_body() -> (mpsc::Sender<Bytes>, Body) {
-    let (tx, rx) = mpsc::channel::<Bytes>(32);
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<_, io::Error>(Frame::data(b)), rx))
-    });
-    (tx, StreamBody::new(stream).boxed())
 }

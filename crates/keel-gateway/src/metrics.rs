@@ -1,44 +1,109 @@
-//! Prometheus metrics. Names and labels:
+//! Prometheus metrics, one registry per gateway instance (not a process-global recorder): two
+//! gateways in one process (tests, an embedding program) each count only their own requests, so
+//! tests can assert exact values. Names and labels:
 //!
 //! | metric | labels | meaning |
 //! |---|---|---|
 //! | `keel_requests_total` | pool, endpoint, route, outcome | every accepted request, once, when it ends |
 //! | `keel_request_duration_seconds` | pool, endpoint, outcome | entry to last byte |
 //! | `keel_ttft_seconds` | pool, endpoint | entry to the first byte of a successful response |
-//! | `keel_attempts_total` | pool, variant, outcome | every upstream attempt (`ok`, `status_503`, `connect_error`, …) |
-//! | `keel_retry_budget_exhausted_total` | pool | retries refused by the fleet-wide budget |
+//! | `keel_attempts_total` | pool, variant, kind, outcome | every upstream attempt, once, when it ends (`ok`, `status_503`, `connect_error`, `stall`, …); kind = `first`, `fallback`, `hedge`, `continuation` |
+//! | `keel_retry_budget_exhausted_total` | pool | retries (fallbacks, continuations) refused by the fleet-wide budget |
 //! | `keel_variant_credential_broken_total` | pool, variant | upstream 401/403 answers |
+//! | `keel_migrations_total` | pool, reason, outcome | continuations after the first byte |
+//! | `keel_hedges_total` | pool, outcome | hedges started (`won`, `lost`, `failed`) |
+//! | `keel_queue_wait_seconds`, `keel_queue_refused_total` | pool | the wait line of a full pool |
+//! | `keel_decision_duration_seconds` | pool | one selection |
 //! | `keel_requests_in_flight` | | requests being served now |
+//! | `keel_variant_*` | pool, variant | live health gauges (weight, ttft, tgsv, inflight, state) |
 //!
-//! `outcome` is one of `ok`, `client_error` (4xx), `error` (keel could not serve: 5xx),
-//! `incomplete` (a stream that failed after its first byte), `cancelled` (client went away).
+//! `outcome` of a request is one of `ok`, `client_error` (4xx), `error` (keel could not serve:
+//! 5xx), `incomplete` (a stream that failed after its first byte), `cancelled` (client went away).
 
-use std::sync::OnceLock;
+use std::sync::Arc;
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-
-static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     120.0, 300.0, 600.0,
 ];
 
-/// Installs the process-wide recorder once and returns its handle (None if another recorder
-/// was installed first, e.g. by an embedding program).
-pub fn handle() -> Option<&'static PrometheusHandle> {
-    HANDLE
-        .get_or_init(|| {
-            PrometheusBuilder::new()
-                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
-                .ok()?
-                .install_recorder()
-                .ok()
-        })
-        .as_ref()
+static META: Metadata<'static> = Metadata::new("keel", Level::INFO, Some("keel_gateway"));
+
+/// One gateway's metrics registry.
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
 }
 
-/// The exposition text.
-pub fn render() -> String {
-    handle().map(|h| h.render()).unwrap_or_default()
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {
+    let labels: Vec<Label> = labels
+        .iter()
+        .map(|(k, v)| Label::new(*k, v.to_string()))
+        .collect();
+    Key::from_parts(name, labels)
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Metrics> {
+        let builder = PrometheusBuilder::new();
+        let builder = match builder
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+        {
+            Ok(b) => b,
+            // Only an empty bucket list is refused; ours is a constant.
+            Err(_) => PrometheusBuilder::new(),
+        };
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        Arc::new(Metrics { recorder, handle })
+    }
+
+    pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Counter {
+        self.recorder.register_counter(&key(name, labels), &META)
+    }
+
+    pub fn gauge(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Gauge {
+        self.recorder.register_gauge(&key(name, labels), &META)
+    }
+
+    pub fn histogram(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Histogram {
+        self.recorder.register_histogram(&key(name, labels), &META)
+    }
+
+    /// The exposition text.
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+
+    /// Drains histogram buffers; the monitor calls it periodically so that memory stays flat
+    /// when nobody scrapes.
+    pub fn upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_registries_count_separately() {
+        let a = Metrics::new();
+        let b = Metrics::new();
+        a.counter("keel_x_total", &[("pool", "p")]).increment(2);
+        b.counter("keel_x_total", &[("pool", "p")]).increment(5);
+        assert!(a.render().contains("keel_x_total{pool=\"p\"} 2\n"));
+        assert!(b.render().contains("keel_x_total{pool=\"p\"} 5\n"));
+    }
 }

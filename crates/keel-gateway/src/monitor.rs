@@ -16,6 +16,8 @@ use crate::{upstream, Gateway};
 
 /// How often the lifecycle is advanced.
 const TICK: Duration = Duration::from_millis(100);
+/// Metrics upkeep (draining histogram buffers) every this many ticks.
+const UPKEEP_TICKS: u64 = 50;
 /// Probes and warm-ups must answer within this.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -26,6 +28,7 @@ pub async fn run(gw: Arc<Gateway>) {
         .iter()
         .map(|_| Instant::now() - Duration::from_secs(3600))
         .collect();
+    let mut ticks = 0u64;
     loop {
         for (pi, pool) in gw.pools().iter().enumerate() {
             for m in pool.maintenance() {
@@ -40,6 +43,10 @@ pub async fn run(gw: Arc<Gateway>) {
                 }
             }
             publish_gauges(pool);
+        }
+        ticks += 1;
+        if ticks % UPKEEP_TICKS == 0 {
+            gw.metrics.upkeep();
         }
         tokio::time::sleep(TICK).await;
     }
@@ -81,7 +88,17 @@ async fn maintain(pool: Arc<Pool>, m: Maintenance) {
         Maintenance::Probe(_) => "probe",
         Maintenance::WarmUp(_) => "warmup",
     };
-    metrics::counter!("keel_maintenance_requests_total", "pool" => pool.cfg.name.clone(), "variant" => pool.variants[vi].cfg.name.clone(), "kind" => kind, "outcome" => if ok { "ok" } else { "error" }).increment(1);
+    pool.metrics
+        .counter(
+            "keel_maintenance_requests_total",
+            &[
+                ("pool", &pool.cfg.name),
+                ("variant", &pool.variants[vi].cfg.name),
+                ("kind", kind),
+                ("outcome", if ok { "ok" } else { "error" }),
+            ],
+        )
+        .increment(1);
     pool.maintenance_done(m, ok, ok.then_some(ms));
 }
 
@@ -138,14 +155,20 @@ async fn scrape(pool: Arc<Pool>, vi: usize, url: String) {
 
 fn publish_gauges(pool: &Pool) {
     for s in pool.snapshot() {
-        let labels = [("pool", pool.cfg.name.clone()), ("variant", s.name.clone())];
-        metrics::gauge!("keel_variant_weight", &labels).set(s.weight);
-        metrics::gauge!("keel_variant_ttft_seconds", &labels)
+        let labels = [
+            ("pool", pool.cfg.name.as_str()),
+            ("variant", s.name.as_str()),
+        ];
+        let m = &pool.metrics;
+        m.gauge("keel_variant_weight", &labels).set(s.weight);
+        m.gauge("keel_variant_ttft_seconds", &labels)
             .set(s.ttft_ms.unwrap_or(0.0) / 1000.0);
-        metrics::gauge!("keel_variant_tgsv_seconds", &labels)
+        m.gauge("keel_variant_tgsv_seconds", &labels)
             .set(s.tgsv_ms.unwrap_or(0.0) / 1000.0);
-        metrics::gauge!("keel_variant_inflight", &labels).set(s.in_flight as f64);
-        metrics::gauge!("keel_variant_state", &labels).set(s.state_code as f64);
+        m.gauge("keel_variant_inflight", &labels)
+            .set(s.in_flight as f64);
+        m.gauge("keel_variant_state", &labels)
+            .set(s.state_code as f64);
     }
 }
 

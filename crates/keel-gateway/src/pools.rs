@@ -1,7 +1,7 @@
-//! Runtime state of pools and variants, and stage 1 (selection) as the gateway drives it: live
-//! health (`keel_core::health`) and cooldowns turned into candidates for the pure policy
-//! (`keel_core::selection`), with eligibility filters (ejection, warm-up, concurrency limit,
-//! context window, tier floor) and a decision record for every request.
+//! Runtime state of pools and variants: live health (`keel_core::health`), cooldowns and
+//! credentials, in-flight counts and learned concurrency limits, the hedge budget, and the
+//! lifecycle the monitor advances (probes, warm-ups). Selection reads it (`selection`);
+//! settlement writes it (`settlement`).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,9 +15,10 @@ use keel_core::health::{State, TtftWindow, VariantHealth};
 use keel_core::protocol::Protocol;
 use keel_core::request::CanonicalRequest;
 use keel_core::rng::hash_bytes;
-use keel_core::selection::{self, Availability, Candidate, Preference, RequestSignals, Selector};
+use keel_core::selection::{self, Availability, Selector};
 
 use crate::config::{Affinity, PoolConfig, VariantConfig};
+use crate::metrics::Metrics;
 
 /// One variant at run time.
 #[derive(Debug)]
@@ -26,20 +27,20 @@ pub struct Variant {
     pub in_flight: AtomicU32,
     /// Concurrency limit learned from the variant's 429s.
     pub limit: Limit,
-    name_hash: u64,
+    pub(crate) name_hash: u64,
 }
 
-struct PoolState {
-    selector: Box<dyn Selector>,
+pub(crate) struct PoolState {
+    pub(crate) selector: Box<dyn Selector>,
     /// Hedges may add at most `hedge_budget` of the pool's requests (sliding 10 s window).
-    hedges: RetryBudget,
+    pub(crate) hedges: RetryBudget,
     /// Recent client TTFTs over the whole pool: the auto hedge delay before a variant has its
     /// own, the median assumed for a variant without samples.
-    ttft: TtftWindow,
-    availability: Vec<Availability>,
-    health: Vec<VariantHealth>,
+    pub(crate) ttft: TtftWindow,
+    pub(crate) availability: Vec<Availability>,
+    pub(crate) health: Vec<VariantHealth>,
     /// A warm-up or probe request is in flight for this variant.
-    maintenance_busy: Vec<bool>,
+    pub(crate) maintenance_busy: Vec<bool>,
 }
 
 /// Client TTFT samples in a pool's window (the hedge delay's quantile).
@@ -57,57 +58,19 @@ pub struct Pool {
     epoch: Instant,
     /// Requests waiting for a slot while every variant is at its concurrency limit.
     pub line: WaitLine,
+    /// The gateway's metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// Bounds on what is read from upstreams.
+    pub limits: UpstreamLimits,
 }
 
-/// What selection produced.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Selection {
-    /// Variant indexes in order: primary first.
-    Plan(Vec<usize>),
-    /// Every variant is cooling down or ejected; retry after this long.
-    Unavailable { retry_after_ms: u64 },
-    /// Every variant that could serve is at its concurrency limit (configured or learned):
-    /// wait in line for a slot.
-    Full,
-    /// The request does not fit any variant's context window.
-    TooLong { needed: u64, largest: u64 },
-    /// No variant is at or above the requested fidelity (`x-keel-min-tier`).
-    NoTier { min_tier: u8 },
-    /// `x-keel-force-variant` named no variant of this pool.
-    NoSuchVariant(String),
-}
-
-/// Per-request inputs to selection.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Controls<'a> {
-    pub force_variant: Option<&'a str>,
-    pub preference: Preference,
-    /// Only variants with `tier <= min_tier` (1 = best fidelity).
-    pub min_tier: Option<u8>,
-}
-
-/// One candidate in a decision record.
-#[derive(Debug, Clone, Serialize)]
-pub struct CandidateRecord {
-    pub variant: String,
-    pub state: &'static str,
-    pub eligible: bool,
-    pub weight: f64,
-    pub predicted_ttft_ms: f64,
-    pub in_flight: u32,
-    pub cost: Option<f64>,
-}
-
-/// Why a request went where it went.
-#[derive(Debug, Clone, Serialize)]
-pub struct DecisionRecord {
-    pub request_id: String,
-    pub pool: String,
-    pub policy: &'static str,
-    pub reason: &'static str,
-    pub plan: Vec<String>,
-    pub candidates: Vec<CandidateRecord>,
-    pub duration_us: f64,
+/// Bounds on what keel reads from an upstream (see `attempt`).
+#[derive(Debug, Clone, Copy)]
+pub struct UpstreamLimits {
+    /// A whole response body.
+    pub max_body_bytes: usize,
+    /// One SSE event; also the most a held tool call may accumulate.
+    pub max_event_bytes: usize,
 }
 
 /// Decrements a variant's in-flight count when dropped (also when a stream is cancelled).
@@ -169,7 +132,13 @@ impl Variant {
 }
 
 impl Pool {
-    pub fn new(cfg: PoolConfig, client: reqwest::Client, epoch: Instant) -> Self {
+    pub fn new(
+        cfg: PoolConfig,
+        client: reqwest::Client,
+        epoch: Instant,
+        metrics: Arc<Metrics>,
+        limits: UpstreamLimits,
+    ) -> Self {
         let variants: Vec<Variant> = cfg
             .variants
             .iter()
@@ -208,6 +177,8 @@ impl Pool {
             epoch,
             cfg,
             line: WaitLine::default(),
+            metrics,
+            limits,
         }
     }
 
@@ -215,7 +186,7 @@ impl Pool {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, PoolState> {
+    pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, PoolState> {
         // The state is plain data updated in one step; a poisoned lock still holds valid data.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -229,169 +200,24 @@ impl Pool {
         }
     }
 
-    /// Stage 1: an ordered plan for this request, and its decision record.
-    pub fn select(
-        &self,
-        req: &CanonicalRequest,
-        controls: Controls<'_>,
-        request_id: &str,
-    ) -> (Selection, Option<DecisionRecord>) {
-        let started = Instant::now();
-        let now_ms = self.now_ms();
-        // A forced variant (tests, debugging) becomes the primary; the plan's other variants
-        // stay as fallbacks and migration targets.
-        let forced = match controls.force_variant {
-            Some(name) => match self.variants.iter().position(|v| v.cfg.name == name) {
-                Some(i) => Some(i),
-                None => return (Selection::NoSuchVariant(name.to_owned()), None),
-            },
-            None => None,
-        };
-        let needed = req.estimated_input_tokens + req.max_tokens.unwrap_or(0);
-        let fits = |v: &Variant| v.cfg.context_window.is_none_or(|w| needed <= w);
-        if !self.variants.iter().any(fits) {
-            let largest = self
-                .variants
-                .iter()
-                .filter_map(|v| v.cfg.context_window)
-                .max()
-                .unwrap_or(0);
-            return (Selection::TooLong { needed, largest }, None);
-        }
-        let at_tier = |v: &Variant| controls.min_tier.is_none_or(|t| v.cfg.tier <= t);
-        if let Some(t) = controls.min_tier {
-            if !self.variants.iter().any(at_tier) {
-                return (Selection::NoTier { min_tier: t }, None);
-            }
-        }
-        let signals = RequestSignals {
-            affinity_key: self.affinity_key(req),
-            preference: controls.preference,
-            slo_ttft_p95_ms: self.cfg.slo_ttft_p95_ms,
-        };
-        let mut st = self.state();
-        let hc = self.cfg.health;
-        let build = |st: &PoolState, allow_warming: bool| -> Vec<Candidate> {
-            self.variants
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    let h = &st.health[i];
-                    let warming = matches!(h.state, State::Warming { .. });
-                    let live = match h.state {
-                        State::Ejected { .. } => false,
-                        State::Warming { .. } => allow_warming,
-                        _ => true,
-                    };
-                    let in_flight = v.in_flight.load(Ordering::Relaxed);
-                    Candidate {
-                        index: i,
-                        weight: v.cfg.weight,
-                        available: live
-                            && fits(v)
-                            && at_tier(v)
-                            && st.availability[i].available(now_ms)
-                            && in_flight < v.concurrency_limit(),
-                        health: if warming {
-                            keel_core::health::FLOOR
-                        } else {
-                            h.weight(now_ms, &hc)
-                        },
-                        predicted_ttft_ms: h.predicted_ttft_ms(now_ms, &hc),
-                        in_flight,
-                        tier: v.cfg.tier,
-                        price: v.cfg.price,
-                        p95_ttft_ms: h.p95_ttft_ms(),
-                        name_hash: v.name_hash,
-                    }
-                })
-                .collect()
-        };
-        let mut candidates = build(&st, false);
-        let mut plan = st.selector.plan(&candidates, &signals);
-        if plan.order.is_empty()
-            && st
-                .health
-                .iter()
-                .any(|h| matches!(h.state, State::Warming { .. }))
-        {
-            // Everything else is out: a variant still warming up beats an error.
-            candidates = build(&st, true);
-            plan = st.selector.plan(&candidates, &signals);
-        }
-        let policy = st.selector.name();
-        let full = |(i, v): (usize, &Variant)| {
-            !matches!(st.health[i].state, State::Ejected { .. })
-                && fits(v)
-                && at_tier(v)
-                && st.availability[i].available(now_ms)
-                && v.in_flight.load(Ordering::Relaxed) >= v.concurrency_limit()
-        };
-        let selection = if plan.order.is_empty() && self.variants.iter().enumerate().any(full) {
-            Selection::Full
-        } else if plan.order.is_empty() {
-            let wait = st
-                .availability
-                .iter()
-                .map(|a| a.available_in_ms(now_ms))
-                .filter(|ms| *ms > 0)
-                .min()
-                .unwrap_or(hc.probe_interval_ms.max(1000));
-            Selection::Unavailable {
-                retry_after_ms: wait,
-            }
-        } else {
-            Selection::Plan(plan.order.clone())
-        };
-        let selection = match forced {
-            Some(i) => {
-                let mut order = vec![i];
-                order.extend(plan.order.iter().copied().filter(|j| *j != i));
-                Selection::Plan(order)
-            }
-            None => selection,
-        };
-        let states: Vec<&'static str> = st.health.iter().map(|h| h.state.name()).collect();
-        drop(st);
-        let duration = started.elapsed();
-        metrics::histogram!("keel_decision_duration_seconds", "pool" => self.cfg.name.clone())
-            .record(duration.as_secs_f64());
-        let record = DecisionRecord {
-            request_id: request_id.to_owned(),
-            pool: self.cfg.name.clone(),
-            policy,
-            reason: if plan.order.is_empty() {
-                "none_available"
-            } else {
-                plan.reason.as_str()
-            },
-            plan: plan
-                .order
-                .iter()
-                .map(|i| self.variants[*i].cfg.name.clone())
-                .collect(),
-            candidates: candidates
-                .iter()
-                .map(|c| CandidateRecord {
-                    variant: self.variants[c.index].cfg.name.clone(),
-                    state: states[c.index],
-                    eligible: c.available,
-                    weight: c.health * c.weight as f64,
-                    predicted_ttft_ms: c.predicted_ttft_ms,
-                    in_flight: c.in_flight,
-                    cost: plan.costs.iter().find(|(i, _)| *i == c.index).map(|x| x.1),
-                })
-                .collect(),
-            duration_us: duration.as_secs_f64() * 1e6,
-        };
-        (selection, Some(record))
-    }
-
-    /// Whether a variant may be tried now (re-checked before every attempt).
+    /// Whether a variant may be tried now (re-checked before every attempt): not cooling down,
+    /// credential not refused, not ejected. Its concurrency is a separate question
+    /// ([`Pool::below_limit`]): a full variant is waited for, not skipped.
     pub fn available(&self, index: usize, now_ms: u64) -> bool {
         let st = self.state();
         st.availability[index].available(now_ms)
             && !matches!(st.health[index].state, State::Ejected { .. })
+    }
+
+    /// Whether a variant has a free slot under its concurrency limit (configured or learned).
+    pub fn below_limit(&self, index: usize) -> bool {
+        let v = &self.variants[index];
+        v.in_flight.load(Ordering::Relaxed) < v.concurrency_limit()
+    }
+
+    /// Whether an attempt could start on a variant right now, without waiting.
+    pub fn can_take(&self, index: usize, now_ms: u64) -> bool {
+        self.below_limit(index) && self.available(index, now_ms)
     }
 
     /// Expected wait (ms) for a request joining the back of the wait line now, from the

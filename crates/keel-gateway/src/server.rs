@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -17,9 +18,11 @@ use tokio::time::Instant;
 
 use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 
-use crate::delivery::{self, RequestLog};
+use crate::access_log::RequestLog;
+use crate::delivery;
 use crate::errors::GatewayError;
-use crate::pools::{Controls, Pool, Selection};
+use crate::selection::{select_or_wait, Controls, Selection};
+use crate::settlement::Attempts;
 use crate::{admission, execution, full_body, Body, Gateway};
 
 /// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests (streams
@@ -79,83 +82,50 @@ pub async fn serve(
     Ok(())
 }
 
-/// Longest wait for a cooling-down pool before answering 503 with retry-after.
-const COOLDOWN_WAIT_MAX_MS: u64 = 2_000;
-
-/// Selects, waiting when that helps: for the first variant back from a short cooldown (the
-/// client would have to wait that long anyway), or in the pool's line while every variant is
-/// full (see `capacity`). Returns `Unavailable` or `Full` when waiting would not help in time.
-async fn select_or_wait(
-    pool: &Arc<Pool>,
-    req: &keel_core::request::CanonicalRequest,
-    controls: Controls<'_>,
-    id: &str,
-    deadline: tokio::time::Instant,
-) -> (Selection, Option<crate::pools::DecisionRecord>) {
-    let started = tokio::time::Instant::now();
-    let line_deadline = (started + Duration::from_millis(pool.cfg.queue_ms)).min(deadline);
-    let mut ticket = None;
-    loop {
-        let (selection, record) = pool.select(req, controls, id);
-        match selection {
-            Selection::Unavailable { retry_after_ms } => {
-                let wake =
-                    tokio::time::Instant::now() + Duration::from_millis(retry_after_ms.max(10));
-                if retry_after_ms > COOLDOWN_WAIT_MAX_MS || wake >= deadline {
-                    return (selection, record);
-                }
-                tokio::time::sleep_until(wake).await;
-            }
-            Selection::Full => {
-                if ticket.is_none() {
-                    // Join only if the line can drain within the wait allowed.
-                    let expected = pool.expected_wait_ms().unwrap_or(0);
-                    if started + Duration::from_millis(expected) > line_deadline {
-                        return (selection, record);
-                    }
-                    ticket = Some(pool.line.join());
-                }
-                let t = ticket.as_ref().expect("joined");
-                if tokio::time::timeout_at(line_deadline, t.slot_freed())
-                    .await
-                    .is_err()
-                {
-                    return (selection, record);
-                }
-            }
-            _ => {
-                if ticket.is_some() {
-                    metrics::histogram!("keel_queue_wait_seconds", "pool" => pool.cfg.name.clone())
-                        .record(started.elapsed().as_secs_f64());
-                }
-                return (selection, record);
-            }
-        }
-    }
-}
-
 fn new_request_id() -> String {
     // UUIDv7: time-ordered, so ids sort by arrival in logs.
     uuid::Uuid::now_v7().to_string()
 }
 
-/// Routes one request.
+/// Routes one request. A panic anywhere in its handling is answered with a 500 in the
+/// client's protocol (and counted, see `access_log`), never a dropped connection with no word.
 pub async fn handle(
     gw: Arc<Gateway>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
-    let started = Instant::now();
-    let path = req.uri().path().to_owned();
-    let endpoint = Endpoint::from_path(&path);
+    let protocol = client_protocol(&req);
+    let handled = std::panic::AssertUnwindSafe(route(gw, req))
+        .catch_unwind()
+        .await;
+    Ok(handled.unwrap_or_else(|_| {
+        tracing::error!("a request handler panicked; answered 500");
+        GatewayError::new(
+            ErrorKind::Internal,
+            "keel: internal error while handling the request",
+        )
+        .to_response(protocol)
+    }))
+}
+
+/// The protocol a client speaks, by path (or `anthropic-version` for shared paths).
+fn client_protocol(req: &Request<Incoming>) -> Protocol {
     let anthropic_client = req.headers().contains_key("anthropic-version");
-    let protocol = endpoint
+    Endpoint::from_path(req.uri().path())
         .map(Endpoint::protocol)
         .unwrap_or(if anthropic_client {
             Protocol::Anthropic
         } else {
             Protocol::OpenAi
-        });
-    let resp = match (req.method(), endpoint, path.as_str()) {
+        })
+}
+
+async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+    let started = Instant::now();
+    let path = req.uri().path().to_owned();
+    let endpoint = Endpoint::from_path(&path);
+    let anthropic_client = req.headers().contains_key("anthropic-version");
+    let protocol = client_protocol(&req);
+    match (req.method(), endpoint, path.as_str()) {
         (&Method::POST, Some(ep), _) => handle_generation(&gw, ep, req, started).await,
         (&Method::GET, _, "/v1/models") => models(&gw, anthropic_client),
         (&Method::GET, _, "/keel/health") => health(&gw),
@@ -166,7 +136,7 @@ pub async fn handle(
         (&Method::GET, _, "/metrics") | (&Method::GET, _, "/keel/metrics") => full_body(
             StatusCode::OK,
             "text/plain; version=0.0.4",
-            Bytes::from(crate::metrics::render()),
+            Bytes::from(gw.metrics.render()),
         ),
         (_, Some(_), _)
         | (
@@ -187,8 +157,7 @@ pub async fn handle(
             format!("no route for {} {path}", req.method()),
         )
         .to_response(protocol),
-    };
-    Ok(resp)
+    }
 }
 
 /// The four stages, in order, for one generation request.
@@ -208,14 +177,14 @@ pub async fn handle_generation(
         Ok(a) => a,
         Err(e) => {
             return delivery::error_response(
-                RequestLog::new(&id, started, endpoint, "none"),
+                RequestLog::new(&gw.metrics, &id, started, endpoint, "none"),
                 protocol,
                 &e,
             )
         }
     };
     let admission::Admitted { req, pool, ctx } = admitted;
-    let mut log = RequestLog::new(&id, started, endpoint, &pool.cfg.name);
+    let mut log = RequestLog::new(&gw.metrics, &id, started, endpoint, &pool.cfg.name);
     if endpoint == Endpoint::CountTokens && pool.protocol == Protocol::OpenAi {
         // OpenAI-protocol servers have no count_tokens endpoint: answer with keel's estimate.
         let body = json!({"input_tokens": req.estimated_input_tokens}).to_string();
@@ -232,9 +201,8 @@ pub async fn handle_generation(
         min_tier: ctx.min_tier,
     };
     let (selection, record) = select_or_wait(&pool, &req, controls, &id, ctx.deadline).await;
-    if let Some(r) = record {
-        gw.record_decision(r);
-    }
+    // The record is kept when the request's attempts are settled (see `settlement`).
+    let attempts = Attempts::new(gw, &pool, record);
     let order = match selection {
         Selection::Plan(order) => order,
         Selection::Unavailable { retry_after_ms } => {
@@ -249,7 +217,8 @@ pub async fn handle_generation(
             // Refused by the wait line: the expected wait for a place at the back of it.
             let ahead = pool.line.waiting();
             let wait = pool.expected_wait_ms().unwrap_or(1000);
-            metrics::counter!("keel_queue_refused_total", "pool" => pool.cfg.name.clone())
+            pool.metrics
+                .counter("keel_queue_refused_total", &[("pool", &pool.cfg.name)])
                 .increment(1);
             let e = GatewayError::new(
                 ErrorKind::Overloaded,
@@ -292,7 +261,6 @@ pub async fn handle_generation(
 
     // Stage 2: execution; stage 3: delivery. A non-streaming request is streamed upstream (and
     // assembled in delivery) so that it is protected by migration too.
-    let client_stream = req.stream;
     let upstream_req = if !req.stream
         && endpoint != Endpoint::CountTokens
         && pool.cfg.assemble_non_streaming
@@ -310,8 +278,9 @@ pub async fn handle_generation(
     } else {
         req
     };
-    let executed = execution::execute(gw, &pool, &upstream_req, &ctx, &order).await;
+    let executed = execution::execute(&pool, &upstream_req, &ctx, &order, attempts).await;
     delivery::deliver(
+        gw,
         log,
         &pool,
         &ctx,
@@ -319,7 +288,6 @@ pub async fn handle_generation(
         executed,
         upstream_req,
         order,
-        client_stream,
     )
     .await
 }

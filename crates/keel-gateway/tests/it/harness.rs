@@ -152,6 +152,12 @@ impl Harness {
         )
     }
 
+    /// The sum of every series of metric `name` whose labels include all of `labels` (exact
+    /// values), parsed from this gateway's exposition; 0 when none exists.
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        parse_metric(&self.metrics().await, name, labels)
+    }
+
     pub async fn metrics(&self) -> String {
         keel_sim::http_client()
             .get(self.url("/metrics"))
@@ -211,4 +217,48 @@ pub fn openai_stream_text(events: &[keel_core::sse::SseEvent]) -> String {
                 .map(str::to_owned)
         })
         .collect()
+}
+
+/// See [`Harness::metric`].
+pub fn parse_metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let mut sum = 0.0;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (n, label_text) = match series.split_once('{') {
+            Some((n, rest)) => (n, rest.strip_suffix('}').unwrap_or(rest)),
+            None => (series, ""),
+        };
+        if n != name {
+            continue;
+        }
+        // Label values here never contain `",`; split on it.
+        let present: Vec<(&str, &str)> = label_text
+            .split("\",")
+            .filter_map(|kv| {
+                let (k, v) = kv.split_once("=\"")?;
+                Some((k, v.trim_end_matches('"')))
+            })
+            .collect();
+        if labels.iter().all(|l| present.contains(l)) {
+            sum += value
+                .parse::<f64>()
+                .unwrap_or_else(|_| panic!("bad value in {line}"));
+        }
+    }
+    sum
+}
+
+#[test]
+fn parse_metric_matches_exact_label_values() {
+    let text = "# TYPE x counter\nx{pool=\"p\",outcome=\"ok\"} 1\nx{pool=\"p\",outcome=\"ok2\"} 10\nx{pool=\"q\",outcome=\"ok\"} 5\ny 3\n";
+    assert_eq!(parse_metric(text, "x", &[("outcome", "ok")]), 6.0);
+    assert_eq!(
+        parse_metric(text, "x", &[("pool", "p"), ("outcome", "ok")]),
+        1.0
+    );
+    assert_eq!(parse_metric(text, "x", &[]), 16.0);
+    assert_eq!(parse_metric(text, "y", &[]), 3.0);
+    assert_eq!(parse_metric(text, "z", &[]), 0.0);
 }

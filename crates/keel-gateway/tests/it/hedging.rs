@@ -41,10 +41,11 @@ async fn a_hedge_beats_a_slow_first_token_and_the_loser_is_cancelled() {
     }
     assert_eq!(sim0.stats().cancelled, 1);
     assert_eq!(sim0.stats().running, 0);
-    assert!(h
-        .metrics()
-        .await
-        .contains("keel_hedges_total{pool=\"p\",outcome=\"won\"} 1"));
+    assert_eq!(
+        h.metric("keel_hedges_total", &[("pool", "p"), ("outcome", "won")])
+            .await,
+        1.0
+    );
 }
 
 #[tokio::test]

@@ -202,9 +202,27 @@ async fn models_health_and_metrics_endpoints() {
     let health: Value = h.get_json("/keel/health").await;
     assert_eq!(health["pools"][0]["variants"][0]["available"], true);
     let m = h.metrics().await;
-    assert!(m.contains("keel_requests_total{pool=\"models-pool\",endpoint=\"chat_completions\",route=\"direct\",outcome=\"ok\"} 1"), "{m}");
-    assert!(
-        m.contains("keel_attempts_total{pool=\"models-pool\",variant=\"sim-0\",outcome=\"ok\"} 1")
+    let requests = [
+        ("pool", "models-pool"),
+        ("endpoint", "chat_completions"),
+        ("route", "direct"),
+        ("outcome", "ok"),
+    ];
+    assert_eq!(
+        parse_metric(&m, "keel_requests_total", &requests),
+        1.0,
+        "{m}"
+    );
+    let attempts = [
+        ("pool", "models-pool"),
+        ("variant", "sim-0"),
+        ("kind", "first"),
+        ("outcome", "ok"),
+    ];
+    assert_eq!(
+        parse_metric(&m, "keel_attempts_total", &attempts),
+        1.0,
+        "{m}"
     );
     assert!(m.contains("keel_request_duration_seconds_bucket{pool=\"models-pool\""));
     assert!(m.contains("keel_ttft_seconds_bucket{pool=\"models-pool\""));

@@ -28,10 +28,14 @@ async fn upstream_death_mid_stream_ends_with_an_explicit_error_event() {
         "the tokens before the failure were delivered"
     );
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(h
-        .metrics()
-        .await
-        .contains("route=\"direct\",outcome=\"incomplete\"} 1"));
+    assert_eq!(
+        h.metric(
+            "keel_requests_total",
+            &[("route", "direct"), ("outcome", "incomplete")]
+        )
+        .await,
+        1.0
+    );
 }
 
 #[tokio::test]
@@ -103,7 +107,10 @@ async fn client_disconnect_cancels_the_upstream_request() {
     );
     assert_eq!(sim.stats().running, 0);
     for _ in 0..100 {
-        if h.metrics().await.contains("outcome=\"cancelled\"} 1") {
+        if h.metric("keel_requests_total", &[("outcome", "cancelled")])
+            .await
+            == 1.0
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

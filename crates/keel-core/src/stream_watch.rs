@@ -1,0 +1,253 @@
+//! Per-event decisions the relay takes while a committed stream flows, kept pure so that each
+//! is a deterministic unit test (time enters as measured gaps, never read here):
+//!
+//! * [`ToolCallHold`]: whether an event must be held back because it belongs to a tool call
+//!   that is not complete yet. A migration may then never leave half a call on the client's
+//!   side: the continuation regenerates the call whole. The bound on held events keeps an
+//!   upstream that opens a call and never closes it from growing keel's memory.
+//! * [`SlowRate`]: whether the token rate has fallen far enough below the variant's baseline,
+//!   for long enough, to be worth a migration.
+
+use serde_json::Value;
+
+use crate::protocol::{ChunkView, Protocol};
+use crate::sse::SseEvent;
+
+/// Is this event the start of a tool call?
+pub fn starts_tool_call(protocol: Protocol, ev: &SseEvent) -> bool {
+    if protocol == Protocol::OpenAi {
+        if let Some(view) = ChunkView::parse(&ev.data) {
+            return view.starts_tool_call();
+        }
+    }
+    let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
+        return false;
+    };
+    match protocol {
+        Protocol::OpenAi => v
+            .pointer("/choices/0/delta/tool_calls")
+            .is_some_and(|t| !t.is_null()),
+        Protocol::Anthropic => {
+            ev.event.as_deref() == Some("content_block_start")
+                && v.pointer("/content_block/type").and_then(Value::as_str) == Some("tool_use")
+        }
+    }
+}
+
+/// Does this event complete the tool calls held so far? OpenAI: the choice finishes (calls
+/// of one choice stream interleaved until the finish reason); Anthropic: the block stops.
+pub fn ends_tool_call(protocol: Protocol, ev: &SseEvent) -> bool {
+    match protocol {
+        Protocol::OpenAi => ChunkView::parse(&ev.data).is_some_and(|v| v.finished()),
+        Protocol::Anthropic => ev.event.as_deref() == Some("content_block_stop"),
+    }
+}
+
+/// What to do with one event under [`ToolCallHold`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// Forward it now.
+    Pass(SseEvent),
+    /// Held: nothing to forward yet.
+    Held,
+    /// The call is complete: forward these, in order.
+    Release(Vec<SseEvent>),
+    /// More was held than `max_bytes` allows: a broken or hostile upstream.
+    Overflow,
+}
+
+/// Holds tool-call events until each call is complete.
+#[derive(Debug, Default)]
+pub struct ToolCallHold {
+    held: Vec<SseEvent>,
+    held_bytes: usize,
+    holding: bool,
+}
+
+impl ToolCallHold {
+    /// Takes one event; `terminal` says the stream ends with it (which also releases).
+    pub fn push(
+        &mut self,
+        protocol: Protocol,
+        ev: SseEvent,
+        terminal: bool,
+        max_bytes: usize,
+    ) -> Hold {
+        if !self.holding && !starts_tool_call(protocol, &ev) {
+            return Hold::Pass(ev);
+        }
+        self.holding = true;
+        let ends = terminal || ends_tool_call(protocol, &ev);
+        self.held_bytes += ev.raw.len();
+        if self.held_bytes > max_bytes {
+            return Hold::Overflow;
+        }
+        self.held.push(ev);
+        if !ends {
+            return Hold::Held;
+        }
+        self.holding = false;
+        self.held_bytes = 0;
+        Hold::Release(std::mem::take(&mut self.held))
+    }
+
+    /// Whether a call is being held (its events have not reached the client).
+    pub fn holding(&self) -> bool {
+        self.holding
+    }
+}
+
+/// Consecutive slow checks (of [`SlowRate::WINDOW`] tokens each) that count as a slowdown.
+pub const SLOW_CHECKS: u32 = 3;
+/// A token rate this far below the baseline is slow (40% below): mean gap × 0.6 > baseline.
+pub const SLOW_RATE: f64 = 0.6;
+
+/// Slowdown detection over a segment's inter-token gaps.
+#[derive(Debug, Clone)]
+pub struct SlowRate {
+    baseline_gap_ms: f64,
+    slow_checks: u32,
+}
+
+impl SlowRate {
+    /// Tokens per check.
+    pub const WINDOW: usize = 10;
+
+    pub fn new(baseline_gap_ms: f64) -> Self {
+        SlowRate {
+            baseline_gap_ms,
+            slow_checks: 0,
+        }
+    }
+
+    /// Called after each output event with every gap of the segment so far (the first is the
+    /// time to the first token). Every `WINDOW` tokens it compares the mean of the last
+    /// `WINDOW` inter-token gaps with the baseline; returns true on the `SLOW_CHECKS`th slow
+    /// check in a row.
+    pub fn check(&mut self, gaps_ms: &[f64]) -> bool {
+        let n = gaps_ms.len();
+        if n < Self::WINDOW + 1 || n % Self::WINDOW != 1 {
+            return false;
+        }
+        let window = &gaps_ms[n - Self::WINDOW..];
+        let mean = window.iter().sum::<f64>() / Self::WINDOW as f64;
+        // Gaps below 5 ms are dominated by scheduling noise: never call those slow.
+        if mean > 5.0 && mean * SLOW_RATE > self.baseline_gap_ms {
+            self.slow_checks += 1;
+        } else {
+            self.slow_checks = 0;
+        }
+        self.slow_checks >= SLOW_CHECKS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn oa(v: Value) -> SseEvent {
+        SseEvent::new(None, &v.to_string())
+    }
+
+    #[test]
+    fn openai_tool_call_is_held_until_the_finish() {
+        let mut h = ToolCallHold::default();
+        let text = oa(json!({"choices": [{"index": 0, "delta": {"content": "hi"}}]}));
+        assert_eq!(
+            h.push(Protocol::OpenAi, text.clone(), false, 1 << 20),
+            Hold::Pass(text)
+        );
+        let start = oa(
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": ""}}]}}]}),
+        );
+        let args = oa(
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]}),
+        );
+        let fin =
+            oa(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}));
+        assert_eq!(
+            h.push(Protocol::OpenAi, start.clone(), false, 1 << 20),
+            Hold::Held
+        );
+        assert!(h.holding());
+        assert_eq!(
+            h.push(Protocol::OpenAi, args.clone(), false, 1 << 20),
+            Hold::Held
+        );
+        assert_eq!(
+            h.push(Protocol::OpenAi, fin.clone(), false, 1 << 20),
+            Hold::Release(vec![start, args, fin])
+        );
+        assert!(!h.holding());
+    }
+
+    #[test]
+    fn anthropic_tool_use_block_is_held_until_its_stop() {
+        let mut h = ToolCallHold::default();
+        let start = SseEvent::new(
+            Some("content_block_start"),
+            &json!({"index": 1, "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}}}).to_string(),
+        );
+        let stop = SseEvent::new(Some("content_block_stop"), r#"{"index":1}"#);
+        assert_eq!(
+            h.push(Protocol::Anthropic, start.clone(), false, 1 << 20),
+            Hold::Held
+        );
+        assert_eq!(
+            h.push(Protocol::Anthropic, stop.clone(), false, 1 << 20),
+            Hold::Release(vec![start, stop])
+        );
+    }
+
+    #[test]
+    fn a_call_that_never_ends_overflows_instead_of_growing() {
+        let mut h = ToolCallHold::default();
+        let ev = oa(
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "xxxxxxxxxx"}}]}}]}),
+        );
+        let mut outcome = Hold::Held;
+        for _ in 0..100 {
+            outcome = h.push(Protocol::OpenAi, ev.clone(), false, 2_000);
+            if outcome != Hold::Held {
+                break;
+            }
+        }
+        assert_eq!(outcome, Hold::Overflow);
+    }
+
+    #[test]
+    fn slow_after_three_slow_windows_in_a_row() {
+        let mut s = SlowRate::new(10.0);
+        let mut gaps = vec![100.0]; // time to first token
+        let mut fired_at = None;
+        for i in 0..40 {
+            gaps.push(20.0); // 20 × 0.6 = 12 > 10: slow
+            if s.check(&gaps) {
+                fired_at = Some(i + 1);
+                break;
+            }
+        }
+        assert_eq!(fired_at, Some(30));
+    }
+
+    #[test]
+    fn a_normal_window_resets_the_count_and_tiny_gaps_never_count() {
+        let mut s = SlowRate::new(10.0);
+        let mut gaps = vec![100.0];
+        gaps.extend([20.0; 20]);
+        for n in 2..=gaps.len() {
+            assert!(!s.check(&gaps[..n]));
+        }
+        gaps.extend([10.0; 10]); // back to normal
+        assert!(!s.check(&gaps));
+        gaps.extend([20.0; 20]);
+        assert!(!s.check(&gaps[..gaps.len() - 10]));
+        assert!(!s.check(&gaps));
+        let mut tiny = SlowRate::new(1.0);
+        let g = [[50.0].as_slice(), &[4.0; 30]].concat();
+        for n in 2..=g.len() {
+            assert!(!tiny.check(&g[..n]));
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! One upstream attempt: send the request to a variant and read until its first token (for a
+//! stream: the first event carrying output, not the response head, not a role-only preamble,
+//! not a ping) or its whole body, under the attempt's deadlines. The result is classified, not
+//! acted on: entering and settling are `settlement`'s.
+//!
+//! Everything read from an upstream is bounded: a whole body by `max_upstream_body_bytes`, an
+//! error body by [`MAX_ERROR_BODY_BYTES`], one SSE event by `max_sse_event_bytes`. Exceeding a
+//! bound is a `malformed` failure, which fails over (or, after the first byte, migrates).
+//!
+//! An upstream that answers a streamed request with one JSON body (some OpenAI-compatible
+//! servers ignore `stream`) is served: passed through to a client that asked for a whole
+//! response, turned into the equivalent stream (`keel_core::synthesize`) for one that asked
+//! for a stream.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use http::{HeaderMap, StatusCode};
+use tokio::time::{timeout_at, Instant};
+
+use keel_core::outcome::{parse_retry_after, AttemptFailure, Verdict};
+use keel_core::protocol::{error_message, event_role, Endpoint, EventRole};
+use keel_core::request::CanonicalRequest;
+use keel_core::sse::{SseDecoder, SseError, SseEvent};
+use keel_core::synthesize::stream_from_whole;
+
+use crate::context::RequestCtx;
+use crate::pools::Pool;
+use crate::settlement::MAX_COOLDOWN_MS;
+use crate::upstream;
+
+/// Largest error body read from an upstream (only its message is used).
+pub const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+
+/// Upstream bytes of a committed stream.
+pub type UpstreamBytes = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// A committed stream: what was received up to and including the first output event, and the
+/// rest still to read.
+pub struct StreamStart {
+    /// Events up to and including the first output event.
+    pub head: Vec<SseEvent>,
+    /// Events received in the same read as the first output, not yet processed.
+    pub pending: Vec<SseEvent>,
+    pub decoder: SseDecoder,
+    pub upstream: UpstreamBytes,
+    pub headers: HeaderMap,
+    /// When the first output arrived.
+    pub first_token_at: Instant,
+}
+
+/// What the client gets.
+pub enum Served {
+    Whole {
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+    },
+    Stream(StreamStart),
+}
+
+/// How one attempt ended, before settlement.
+pub enum AttemptResult {
+    Served(Served),
+    /// The client's own error, returned as the upstream gave it.
+    ClientError(Served),
+    Failed(AttemptFailure),
+}
+
+/// Why reading a stream stopped.
+pub enum ReadEnd {
+    /// The deadline passed first.
+    Timeout,
+    /// The upstream closed the stream.
+    Closed,
+    Transport(reqwest::Error),
+    Framing(SseError),
+}
+
+impl ReadEnd {
+    /// The failure it means, for reads other than a timeout (whose meaning depends on which
+    /// deadline it was).
+    pub fn failure(self, what: &str) -> AttemptFailure {
+        match self {
+            ReadEnd::Timeout => AttemptFailure::Io(format!("timed out {what}")),
+            ReadEnd::Closed => AttemptFailure::Io(format!("the upstream closed the stream {what}")),
+            ReadEnd::Transport(e) => transport_error(e),
+            ReadEnd::Framing(e) => AttemptFailure::Malformed(format!("stream framing: {e}")),
+        }
+    }
+}
+
+/// Reads the next chunk of a stream before `deadline` and decodes the events it completes into
+/// `out` (possibly none: a chunk may end inside an event). Shared by the first-token wait and
+/// the relay.
+pub async fn next_events(
+    upstream: &mut UpstreamBytes,
+    decoder: &mut SseDecoder,
+    deadline: Instant,
+    out: &mut Vec<SseEvent>,
+) -> Result<(), ReadEnd> {
+    let chunk = match timeout_at(deadline, upstream.next()).await {
+        Err(_) => return Err(ReadEnd::Timeout),
+        Ok(None) => return Err(ReadEnd::Closed),
+        Ok(Some(Err(e))) => return Err(ReadEnd::Transport(e)),
+        Ok(Some(Ok(c))) => c,
+    };
+    decoder.feed(&chunk, out).map_err(ReadEnd::Framing)
+}
+
+/// Reads a whole body of at most `limit` bytes before `deadline`.
+async fn read_body(
+    resp: reqwest::Response,
+    limit: usize,
+    deadline: Instant,
+    started: Instant,
+) -> Result<Bytes, AttemptFailure> {
+    if resp.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(too_large(limit));
+    }
+    let mut stream = resp.bytes_stream();
+    let mut body = Vec::new();
+    loop {
+        match timeout_at(deadline, stream.next()).await {
+            Err(_) => {
+                return Err(AttemptFailure::Deadline {
+                    after_ms: started.elapsed().as_millis() as u64,
+                })
+            }
+            Ok(None) => return Ok(Bytes::from(body)),
+            Ok(Some(Err(e))) => return Err(transport_error(e)),
+            Ok(Some(Ok(c))) => {
+                if body.len() + c.len() > limit {
+                    return Err(too_large(limit));
+                }
+                body.extend_from_slice(&c);
+            }
+        }
+    }
+}
+
+fn too_large(limit: usize) -> AttemptFailure {
+    AttemptFailure::Malformed(format!(
+        "the response body exceeds {limit} bytes (max_upstream_body_bytes)"
+    ))
+}
+
+/// Upstream response headers passed to the client: request ids for support tickets, and
+/// `retry-after` on returned errors. Everything else (rate-limit counters of one variant,
+/// cookies, framing) would mislead or leak.
+fn kept_headers(h: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (name, value) in h {
+        let n = name.as_str();
+        if matches!(
+            n,
+            "content-type"
+                | "x-request-id"
+                | "request-id"
+                | "retry-after"
+                | "retry-after-ms"
+                | "openai-processing-ms"
+        ) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+fn timeout_failure(hit_total: bool, started: Instant) -> AttemptFailure {
+    let after_ms = started.elapsed().as_millis() as u64;
+    if hit_total {
+        AttemptFailure::Deadline { after_ms }
+    } else {
+        AttemptFailure::FirstTokenTimeout { after_ms }
+    }
+}
+
+/// Strips URLs from transport errors: they carry no secrets today, but keel never prints more
+/// of an upstream than its variant name.
+pub fn transport_error(e: reqwest::Error) -> AttemptFailure {
+    let connect = e.is_connect();
+    let e = e.without_url();
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(&e);
+    while let Some(s) = src {
+        msg = format!("{msg}: {s}");
+        src = s.source();
+    }
+    if connect {
+        AttemptFailure::Connect(msg)
+    } else {
+        AttemptFailure::Io(msg)
+    }
+}
+
+/// Runs one attempt on variant `vi` until its first token, its whole body, or its failure.
+pub async fn attempt(
+    pool: &Pool,
+    vi: usize,
+    req: &CanonicalRequest,
+    ctx: &RequestCtx,
+) -> AttemptResult {
+    match run(pool, vi, req, ctx).await {
+        Ok(r) => r,
+        Err(f) => AttemptResult::Failed(f),
+    }
+}
+
+async fn run(
+    pool: &Pool,
+    vi: usize,
+    req: &CanonicalRequest,
+    ctx: &RequestCtx,
+) -> Result<AttemptResult, AttemptFailure> {
+    let variant = &pool.variants[vi].cfg;
+    let body = serde_json::to_vec(&req.upstream_view(&variant.upstream_model, &variant.params))
+        .map_err(|e| AttemptFailure::Malformed(format!("cannot encode request: {e}")))?;
+    let started = Instant::now();
+    let streaming = req.stream && ctx.endpoint != Endpoint::CountTokens;
+    let first_token_deadline = started + Duration::from_millis(pool.cfg.timeouts.first_token_ms);
+    let head_deadline = if streaming {
+        first_token_deadline.min(ctx.deadline)
+    } else {
+        ctx.deadline
+    };
+    let hit_total = |d: Instant| d >= ctx.deadline;
+
+    let send = upstream::request(&pool.client, variant, ctx.endpoint, &ctx.forwarded, body).send();
+    let resp = match timeout_at(head_deadline, send).await {
+        Err(_) => return Err(timeout_failure(hit_total(head_deadline), started)),
+        Ok(Err(e)) => return Err(transport_error(e)),
+        Ok(Ok(r)) => r,
+    };
+    let status = resp.status();
+    let headers = kept_headers(resp.headers());
+
+    if !status.is_success() {
+        let h = resp.headers();
+        let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let retry_after_ms = parse_retry_after(
+            get("retry-after-ms").as_deref(),
+            get("retry-after").as_deref(),
+            MAX_COOLDOWN_MS,
+        );
+        let read_until = (Instant::now() + Duration::from_secs(5)).min(ctx.deadline);
+        let body = read_body(resp, MAX_ERROR_BODY_BYTES, read_until, started)
+            .await
+            .unwrap_or_default();
+        let message = serde_json::from_slice(&body)
+            .map(|v| error_message(&v))
+            .unwrap_or_default();
+        let message: String = message.chars().take(300).collect();
+        let failure = AttemptFailure::Status {
+            status: status.as_u16(),
+            retry_after_ms,
+            message,
+        };
+        return Ok(match failure.verdict() {
+            Verdict::ReturnToClient => AttemptResult::ClientError(Served::Whole {
+                status,
+                headers,
+                body,
+            }),
+            _ => AttemptResult::Failed(failure),
+        });
+    }
+
+    let content_type = resp
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let is_stream = content_type.starts_with("text/event-stream");
+    if !streaming || !is_stream {
+        if streaming && !content_type.is_empty() && !content_type.contains("json") {
+            return Err(AttemptFailure::Malformed(format!(
+                "expected an event stream or a JSON body, got content-type {content_type:?}"
+            )));
+        }
+        let body = read_body(resp, pool.limits.max_body_bytes, ctx.deadline, started).await?;
+        let value: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| AttemptFailure::Malformed(format!("response body is not JSON: {e}")))?;
+        if !streaming || !ctx.client_stream {
+            if streaming {
+                // Streamed upstream for assembly, answered whole: the answer itself, unless it
+                // is an error dressed as a success.
+                stream_from_whole(variant.protocol, ctx.endpoint, &value)
+                    .map_err(AttemptFailure::Malformed)?;
+            }
+            return Ok(AttemptResult::Served(Served::Whole {
+                status,
+                headers,
+                body,
+            }));
+        }
+        let head = stream_from_whole(variant.protocol, ctx.endpoint, &value)
+            .map_err(AttemptFailure::Malformed)?;
+        return Ok(AttemptResult::Served(Served::Stream(StreamStart {
+            head,
+            pending: Vec::new(),
+            decoder: SseDecoder::new(),
+            upstream: Box::pin(futures_util::stream::empty()),
+            headers,
+            first_token_at: Instant::now(),
+        })));
+    }
+
+    let protocol = variant.protocol;
+    let mut upstream: UpstreamBytes = Box::pin(resp.bytes_stream());
+    let mut decoder = SseDecoder::with_max_event_bytes(pool.limits.max_event_bytes);
+    let mut head = Vec::new();
+    let mut events = Vec::new();
+    loop {
+        if let Err(end) = next_events(&mut upstream, &mut decoder, head_deadline, &mut events).await
+        {
+            return Err(match end {
+                ReadEnd::Timeout => timeout_failure(hit_total(head_deadline), started),
+                other => other.failure("before the first token"),
+            });
+        }
+        let mut drained = events.drain(..);
+        for ev in drained.by_ref() {
+            match event_role(protocol, &ev) {
+                // Keep-alives while a server queues the request are forwarded once it answers,
+                // but not without bound; a preamble that never ends is broken.
+                EventRole::KeepAlive if head.len() >= MAX_PREAMBLE_EVENTS => {}
+                EventRole::KeepAlive => head.push(ev),
+                EventRole::Preamble if head.len() >= MAX_PREAMBLE_EVENTS => {
+                    return Err(AttemptFailure::Malformed(format!(
+                        "more than {MAX_PREAMBLE_EVENTS} events before the first token"
+                    )))
+                }
+                EventRole::Preamble => head.push(ev),
+                EventRole::Output | EventRole::Terminal => {
+                    head.push(ev);
+                    let pending: Vec<SseEvent> = drained.collect();
+                    return Ok(AttemptResult::Served(Served::Stream(StreamStart {
+                        head,
+                        pending,
+                        decoder,
+                        upstream,
+                        headers,
+                        first_token_at: Instant::now(),
+                    })));
+                }
+                EventRole::Error(m) => {
+                    return Err(AttemptFailure::ErrorEvent(format!(
+                        "before the first token: {m}"
+                    )))
+                }
+                EventRole::Malformed(m) => return Err(AttemptFailure::Malformed(m)),
+            }
+        }
+    }
+}
+
+/// Events (preamble, keep-alives) kept before the first token: far more than any server sends.
+const MAX_PREAMBLE_EVENTS: usize = 1_000;

@@ -1,0 +1,140 @@
+//! Response bodies, and the rule for how a streamed one ends: **only on an explicit end**.
+//!
+//! A streamed body is fed through a channel by the relay. The relay ends it with
+//! [`BodySender::end`], which it calls only after forwarding the upstream's terminal event or
+//! keel's own error event. If the sender disappears any other way (the relay task panicked, a
+//! bug returned early, the task was aborted), the body does not end cleanly: it sends the
+//! protocol's error event (so an SDK raises an error instead of returning a truncated answer)
+//! and then fails, which makes hyper abort the response: HTTP/1.1 closes the connection without
+//! the final chunk, HTTP/2 resets the stream. Either way no client can take it for complete.
+
+use std::io;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use tokio::sync::mpsc;
+
+use keel_core::protocol::{stream_error_event, ErrorKind, Protocol};
+
+/// The response body type of every keel response.
+pub type Body = BoxBody<Bytes, io::Error>;
+
+/// A complete response body.
+pub fn full_body(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
+    let mut resp = Response::new(Full::new(body).map_err(|never| match never {}).boxed());
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+enum Msg {
+    Data(Bytes),
+    End,
+}
+
+/// The producer's side of a streamed body.
+pub struct BodySender {
+    tx: mpsc::Sender<Msg>,
+}
+
+impl BodySender {
+    /// Sends bytes; false when the client is gone.
+    pub async fn send(&self, bytes: Bytes) -> bool {
+        bytes.is_empty() || self.tx.send(Msg::Data(bytes)).await.is_ok()
+    }
+
+    /// Ends the body cleanly. Call it only after the stream's terminal event (the upstream's,
+    /// or keel's error event).
+    pub async fn end(self) {
+        let _ = self.tx.send(Msg::End).await;
+    }
+
+    /// Resolves when the client has gone away.
+    pub async fn closed(&self) {
+        self.tx.closed().await
+    }
+}
+
+/// What the body does next.
+enum State {
+    Open(mpsc::Receiver<Msg>),
+    /// The producer vanished: the error event went out, the abort follows.
+    Aborting,
+    Done,
+}
+
+/// A streamed body in `protocol` and its sender.
+pub fn stream_body(protocol: Protocol) -> (BodySender, Body) {
+    let (tx, rx) = mpsc::channel::<Msg>(32);
+    let stream = futures_util::stream::unfold(State::Open(rx), move |state| async move {
+        match state {
+            State::Open(mut rx) => match rx.recv().await {
+                Some(Msg::Data(b)) => Some((Ok(Frame::data(b)), State::Open(rx))),
+                Some(Msg::End) => None,
+                None => {
+                    tracing::error!(
+                        "a response stream lost its producer before its end; the client gets an error event and an aborted response"
+                    );
+                    let ev = stream_error_event(
+                        protocol,
+                        ErrorKind::Internal,
+                        "keel: internal error, the response is incomplete",
+                    );
+                    Some((Ok(Frame::data(Bytes::from(ev.raw))), State::Aborting))
+                }
+            },
+            State::Aborting => Some((
+                Err(io::Error::other(
+                    "response producer ended without an explicit end",
+                )),
+                State::Done,
+            )),
+            State::Done => None,
+        }
+    });
+    (BodySender { tx }, StreamBody::new(stream).boxed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn an_explicit_end_is_a_clean_end() {
+        let (tx, mut body) = stream_body(Protocol::OpenAi);
+        tokio::spawn(async move {
+            assert!(tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await);
+            tx.end().await;
+        });
+        let f = body.frame().await.unwrap().unwrap();
+        assert_eq!(
+            f.into_data().unwrap(),
+            Bytes::from_static(b"data: [DONE]\n\n")
+        );
+        assert!(body.frame().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_vanished_producer_is_an_error_event_then_a_failure() {
+        for protocol in [Protocol::OpenAi, Protocol::Anthropic] {
+            let (tx, mut body) = stream_body(protocol);
+            tokio::spawn(async move {
+                tx.send(Bytes::from_static(b"data: x\n\n")).await;
+                // Dropped without `end`.
+            });
+            body.frame().await.unwrap().unwrap();
+            let ev = body.frame().await.unwrap().unwrap().into_data().unwrap();
+            let text = std::str::from_utf8(&ev).unwrap();
+            assert!(text.contains("the response is incomplete"), "{text}");
+            if protocol == Protocol::Anthropic {
+                assert!(text.starts_with("event: error\n"), "{text}");
+            }
+            assert!(body.frame().await.unwrap().is_err());
+        }
+    }
+}

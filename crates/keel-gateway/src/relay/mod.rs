@@ -1,0 +1,245 @@
+//! After the commit point: relaying a stream to the client, detecting when its upstream fails,
+//! and migrating the rest of the generation to another variant.
+//!
+//! * [`segment`]: the IO pump of one segment and its per-event policy. Events are forwarded one
+//!   whole event at a time (never a partial one), through a `Stitcher` that keeps the client's
+//!   stream one response. Each segment is watched for a **stall** (no output for the stall
+//!   threshold: adaptive per variant, max(4 × its P99-ish inter-token gap, 500 ms), capped by
+//!   `stall_ms`), a **slowdown** (`keel_core::stream_watch::SlowRate`), and an **error** (the
+//!   connection breaks or closes before the terminal event, a malformed or oversized event, an
+//!   error event). Failures are typed `AttemptFailure`s, the same vocabulary as before the
+//!   commit point.
+//! * [`migration`]: finding a variant that continues the generation. A continuation is an
+//!   attempt like any other: it enters its variant and is settled through `settlement`, so it
+//!   respects cooldowns, credentials, learned concurrency limits and the retry budget.
+//! * this module: the decision between them. On a failure, while `max_migrations` allows, the
+//!   failed segment is settled, a continuation is started, and its stream is spliced in after an
+//!   SSE comment `: keel migrated from=<a> to=<b> reason=<stall|slow|error> after_tokens=<n>`.
+//!   When nothing can continue, the stream ends with an explicit error event.
+//!
+//! The client's body ends cleanly only through [`Sink::end`], called after a terminal event
+//! (the upstream's or keel's error event); if this task disappears any other way, the body
+//! aborts (see `body`).
+
+mod migration;
+mod segment;
+mod sink;
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+
+use keel_core::continuation::{ResumeMode, Stitcher};
+use keel_core::outcome::AttemptFailure;
+use keel_core::protocol::{stream_error_event, ErrorKind, Protocol};
+use keel_core::request::CanonicalRequest;
+use keel_core::sse::SseEvent;
+
+pub use sink::{Assembled, Sink};
+
+use crate::access_log::RequestLog;
+use crate::attempt::StreamStart;
+use crate::context::RequestCtx;
+use crate::pools::Pool;
+use crate::settlement::{Attempts, Committed, StreamEnd};
+use crate::Gateway;
+
+/// Everything needed to relay a stream and continue it elsewhere.
+pub struct Relay {
+    pub gw: Arc<Gateway>,
+    pub sink: Sink,
+    pub protocol: Protocol,
+    pub pool: Arc<Pool>,
+    pub req: CanonicalRequest,
+    pub ctx: RequestCtx,
+    /// The plan: candidates for continuations, in order.
+    pub order: Vec<usize>,
+    /// The request's attempts so far (stage 2's); continuations join them.
+    pub attempts: Attempts,
+    /// Event blocks sent to the client (test hooks count them).
+    sent: AtomicUsize,
+}
+
+/// How one segment ended.
+enum SegmentEnd {
+    Complete,
+    ClientGone,
+    /// The upstream failed after its first token.
+    Failed(AttemptFailure),
+    /// The request's total deadline: no migration can help.
+    Deadline,
+}
+
+/// What the client's headers would say about a relayed response, known once it has ended.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub route: &'static str,
+    pub variant: String,
+    pub attempts: usize,
+}
+
+/// One segment being relayed: the committed attempt and its stream.
+struct Segment {
+    committed: Committed,
+    start: StreamStart,
+}
+
+/// How the whole relay ended.
+enum Ending {
+    Complete,
+    ClientGone,
+    /// An explicit error event ends the stream: why.
+    GiveUp(String),
+}
+
+impl Relay {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        gw: &Arc<Gateway>,
+        sink: Sink,
+        protocol: Protocol,
+        pool: &Arc<Pool>,
+        req: CanonicalRequest,
+        ctx: &RequestCtx,
+        order: Vec<usize>,
+        attempts: Attempts,
+    ) -> Relay {
+        Relay {
+            gw: gw.clone(),
+            sink,
+            protocol,
+            pool: pool.clone(),
+            req,
+            ctx: ctx.clone(),
+            order,
+            attempts,
+            sent: AtomicUsize::new(0),
+        }
+    }
+
+    /// Relays the committed stream to its end, migrating as needed, and accounts for it.
+    pub async fn run(
+        mut self,
+        committed: Committed,
+        start: StreamStart,
+        mut log: RequestLog,
+    ) -> Summary {
+        let mut stitcher = Stitcher::new(self.protocol);
+        let mut tried = vec![committed.vi];
+        let mut seg = Segment { committed, start };
+        let mut migrations = 0u32;
+        let mut trim = false;
+        let max_migrations = self.pool.cfg.max_migrations;
+        let ending = loop {
+            // Slowness alone is only worth a migration when there is somewhere to go: a slow
+            // stream beats an error.
+            let now = self.pool.now_ms();
+            let slow_allowed = migrations < max_migrations
+                && self
+                    .order
+                    .iter()
+                    .any(|i| !tried.contains(i) && self.pool.can_take(*i, now));
+            let mut gaps = Vec::new();
+            let end = self
+                .segment(&mut seg, &mut stitcher, &mut trim, &mut gaps, slow_allowed)
+                .await;
+            let Segment { committed, .. } = seg;
+            let from = self.pool.variants[committed.vi].cfg.name.clone();
+            let failure = match end {
+                SegmentEnd::Complete => {
+                    self.attempts
+                        .settle_end(committed, StreamEnd::Complete { gaps_ms: gaps });
+                    break Ending::Complete;
+                }
+                SegmentEnd::ClientGone => {
+                    self.attempts.settle_end(committed, StreamEnd::ClientGone);
+                    break Ending::ClientGone;
+                }
+                SegmentEnd::Deadline => {
+                    self.attempts.settle_end(committed, StreamEnd::Deadline);
+                    break Ending::GiveUp("the request's total deadline was reached".into());
+                }
+                SegmentEnd::Failed(f) => f,
+            };
+            let (reason, message) = (failure.migration_reason(), failure.describe());
+            self.attempts
+                .settle_end(committed, StreamEnd::Failed(failure));
+            if migrations >= max_migrations {
+                break Ending::GiveUp(format!(
+                    "{message}; no migration left (max_migrations = {max_migrations})"
+                ));
+            }
+            let migrated = self.migrate(&stitcher, &mut tried).await;
+            let outcome = if migrated.is_ok() { "ok" } else { "failed" };
+            self.pool
+                .metrics
+                .counter(
+                    "keel_migrations_total",
+                    &[
+                        ("pool", &self.pool.cfg.name),
+                        ("reason", reason),
+                        ("outcome", outcome),
+                    ],
+                )
+                .increment(1);
+            match migrated {
+                Ok((next, mode)) => {
+                    migrations += 1;
+                    let to = self.pool.variants[next.committed.vi].cfg.name.clone();
+                    let note = format!(
+                        "keel migrated from={from} to={to} reason={reason} after_tokens={}",
+                        stitcher.delivered_tokens()
+                    );
+                    tracing::info!(request_id = %self.ctx.id, pool = %self.pool.cfg.name, from = %from, to = %to, reason, detail = %message, "migrated");
+                    seg = next;
+                    if !self.send(SseEvent::comment(&note)).await {
+                        let Segment { committed, .. } = seg;
+                        self.attempts.settle_end(committed, StreamEnd::ClientGone);
+                        break Ending::ClientGone;
+                    }
+                    log.route = "migrated";
+                    log.variant = to;
+                    stitcher.begin_segment();
+                    trim = mode == ResumeMode::Instruction;
+                }
+                Err(why) => {
+                    break Ending::GiveUp(format!("{message}; migration impossible: {why}"));
+                }
+            }
+        };
+        log.attempts = self.attempts.len();
+        let summary = Summary {
+            route: log.route,
+            variant: log.variant.clone(),
+            attempts: log.attempts,
+        };
+        match ending {
+            Ending::Complete => {
+                log.finish("ok", None);
+                self.sink.end().await;
+            }
+            Ending::ClientGone => log.finish("cancelled", Some("client disconnected")),
+            Ending::GiveUp(message) => {
+                let ev = stream_error_event(
+                    self.protocol,
+                    ErrorKind::BadGateway,
+                    &format!("keel: {message}; the response is incomplete"),
+                );
+                log.finish("incomplete", Some(&message));
+                if self.send(ev.raw).await {
+                    self.sink.end().await;
+                }
+            }
+        }
+        summary
+    }
+
+    /// Sends bytes of whole events to the sink; false when the client is gone.
+    async fn send(&self, bytes: Vec<u8>) -> bool {
+        if bytes.is_empty() {
+            return true;
+        }
+        let sent = self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        self.gw.hooks.before_send(sent);
+        self.sink.send(self.protocol, bytes).await
+    }
+}

@@ -1,0 +1,292 @@
+//! Stage 1, selection, as the gateway drives it: live health (`keel_core::health`), cooldowns
+//! and concurrency turned into candidates for the pure policy (`keel_core::selection`), with
+//! eligibility filters (ejection, warm-up, concurrency limit, context window, tier floor), an
+//! ordered plan (primary, then fallbacks), a decision record for every request, and the waits
+//! that help (a short cooldown ending, a place in the line of a full pool).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use keel_core::health::State;
+use keel_core::request::CanonicalRequest;
+use keel_core::selection::{Candidate, Preference, RequestSignals};
+
+use crate::pools::{Pool, PoolState, Variant};
+use crate::settlement::AttemptRecord;
+
+/// What selection produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    /// Variant indexes in order: primary first.
+    Plan(Vec<usize>),
+    /// Every variant is cooling down or ejected; retry after this long.
+    Unavailable { retry_after_ms: u64 },
+    /// Every variant that could serve is at its concurrency limit (configured or learned):
+    /// wait in line for a slot.
+    Full,
+    /// The request does not fit any variant's context window.
+    TooLong { needed: u64, largest: u64 },
+    /// No variant is at or above the requested fidelity (`x-keel-min-tier`).
+    NoTier { min_tier: u8 },
+    /// `x-keel-force-variant` named no variant of this pool.
+    NoSuchVariant(String),
+}
+
+/// Per-request inputs to selection.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Controls<'a> {
+    pub force_variant: Option<&'a str>,
+    pub preference: Preference,
+    /// Only variants with `tier <= min_tier` (1 = best fidelity).
+    pub min_tier: Option<u8>,
+}
+
+/// One candidate in a decision record.
+#[derive(Debug, Clone, Serialize)]
+pub struct CandidateRecord {
+    pub variant: String,
+    pub state: &'static str,
+    pub eligible: bool,
+    pub weight: f64,
+    pub predicted_ttft_ms: f64,
+    pub in_flight: u32,
+    pub cost: Option<f64>,
+}
+
+/// Why a request went where it went.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionRecord {
+    pub request_id: String,
+    pub pool: String,
+    pub policy: &'static str,
+    pub reason: &'static str,
+    pub plan: Vec<String>,
+    pub candidates: Vec<CandidateRecord>,
+    pub duration_us: f64,
+    /// Every attempt the request made, in order (filled in when the request ends).
+    pub attempts: Vec<AttemptRecord>,
+}
+
+impl Pool {
+    /// Stage 1: an ordered plan for this request, and its decision record.
+    pub fn select(
+        &self,
+        req: &CanonicalRequest,
+        controls: Controls<'_>,
+        request_id: &str,
+    ) -> (Selection, Option<DecisionRecord>) {
+        let started = Instant::now();
+        let now_ms = self.now_ms();
+        // A forced variant (tests, debugging) becomes the primary; the plan's other variants
+        // stay as fallbacks and migration targets.
+        let forced = match controls.force_variant {
+            Some(name) => match self.variants.iter().position(|v| v.cfg.name == name) {
+                Some(i) => Some(i),
+                None => return (Selection::NoSuchVariant(name.to_owned()), None),
+            },
+            None => None,
+        };
+        let needed = req.estimated_input_tokens + req.max_tokens.unwrap_or(0);
+        let fits = |v: &Variant| v.cfg.context_window.is_none_or(|w| needed <= w);
+        if !self.variants.iter().any(fits) {
+            let largest = self
+                .variants
+                .iter()
+                .filter_map(|v| v.cfg.context_window)
+                .max()
+                .unwrap_or(0);
+            return (Selection::TooLong { needed, largest }, None);
+        }
+        let at_tier = |v: &Variant| controls.min_tier.is_none_or(|t| v.cfg.tier <= t);
+        if let Some(t) = controls.min_tier {
+            if !self.variants.iter().any(at_tier) {
+                return (Selection::NoTier { min_tier: t }, None);
+            }
+        }
+        let signals = RequestSignals {
+            affinity_key: self.affinity_key(req),
+            preference: controls.preference,
+            slo_ttft_p95_ms: self.cfg.slo_ttft_p95_ms,
+        };
+        let mut st = self.state();
+        let hc = self.cfg.health;
+        let build = |st: &PoolState, allow_warming: bool| -> Vec<Candidate> {
+            self.variants
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let h = &st.health[i];
+                    let warming = matches!(h.state, State::Warming { .. });
+                    let live = match h.state {
+                        State::Ejected { .. } => false,
+                        State::Warming { .. } => allow_warming,
+                        _ => true,
+                    };
+                    let in_flight = v.in_flight.load(Ordering::Relaxed);
+                    Candidate {
+                        index: i,
+                        weight: v.cfg.weight,
+                        available: live
+                            && fits(v)
+                            && at_tier(v)
+                            && st.availability[i].available(now_ms)
+                            && in_flight < v.concurrency_limit(),
+                        health: if warming {
+                            keel_core::health::FLOOR
+                        } else {
+                            h.weight(now_ms, &hc)
+                        },
+                        predicted_ttft_ms: h.predicted_ttft_ms(now_ms, &hc),
+                        in_flight,
+                        tier: v.cfg.tier,
+                        price: v.cfg.price,
+                        p95_ttft_ms: h.p95_ttft_ms(),
+                        name_hash: v.name_hash,
+                    }
+                })
+                .collect()
+        };
+        let mut candidates = build(&st, false);
+        let mut plan = st.selector.plan(&candidates, &signals);
+        if plan.order.is_empty()
+            && st
+                .health
+                .iter()
+                .any(|h| matches!(h.state, State::Warming { .. }))
+        {
+            // Everything else is out: a variant still warming up beats an error.
+            candidates = build(&st, true);
+            plan = st.selector.plan(&candidates, &signals);
+        }
+        let policy = st.selector.name();
+        let full = |(i, v): (usize, &Variant)| {
+            !matches!(st.health[i].state, State::Ejected { .. })
+                && fits(v)
+                && at_tier(v)
+                && st.availability[i].available(now_ms)
+                && v.in_flight.load(Ordering::Relaxed) >= v.concurrency_limit()
+        };
+        let selection = if plan.order.is_empty() && self.variants.iter().enumerate().any(full) {
+            Selection::Full
+        } else if plan.order.is_empty() {
+            let wait = st
+                .availability
+                .iter()
+                .map(|a| a.available_in_ms(now_ms))
+                .filter(|ms| *ms > 0)
+                .min()
+                .unwrap_or(hc.probe_interval_ms.max(1000));
+            Selection::Unavailable {
+                retry_after_ms: wait,
+            }
+        } else {
+            Selection::Plan(plan.order.clone())
+        };
+        let selection = match forced {
+            Some(i) => {
+                let mut order = vec![i];
+                order.extend(plan.order.iter().copied().filter(|j| *j != i));
+                Selection::Plan(order)
+            }
+            None => selection,
+        };
+        let states: Vec<&'static str> = st.health.iter().map(|h| h.state.name()).collect();
+        drop(st);
+        let duration = started.elapsed();
+        self.metrics
+            .histogram(
+                "keel_decision_duration_seconds",
+                &[("pool", &self.cfg.name)],
+            )
+            .record(duration.as_secs_f64());
+        let record = DecisionRecord {
+            request_id: request_id.to_owned(),
+            pool: self.cfg.name.clone(),
+            policy,
+            reason: if plan.order.is_empty() {
+                "none_available"
+            } else {
+                plan.reason.as_str()
+            },
+            plan: plan
+                .order
+                .iter()
+                .map(|i| self.variants[*i].cfg.name.clone())
+                .collect(),
+            candidates: candidates
+                .iter()
+                .map(|c| CandidateRecord {
+                    variant: self.variants[c.index].cfg.name.clone(),
+                    state: states[c.index],
+                    eligible: c.available,
+                    weight: c.health * c.weight as f64,
+                    predicted_ttft_ms: c.predicted_ttft_ms,
+                    in_flight: c.in_flight,
+                    cost: plan.costs.iter().find(|(i, _)| *i == c.index).map(|x| x.1),
+                })
+                .collect(),
+            duration_us: duration.as_secs_f64() * 1e6,
+            attempts: Vec::new(),
+        };
+        (selection, Some(record))
+    }
+}
+
+/// Longest wait for a cooling-down pool before answering 503 with retry-after.
+const COOLDOWN_WAIT_MAX_MS: u64 = 2_000;
+
+/// Selects, waiting when that helps: for the first variant back from a short cooldown (the
+/// client would have to wait that long anyway), or in the pool's line while every variant is
+/// full (see `capacity`). Returns `Unavailable` or `Full` when waiting would not help in time.
+pub async fn select_or_wait(
+    pool: &Arc<Pool>,
+    req: &keel_core::request::CanonicalRequest,
+    controls: Controls<'_>,
+    id: &str,
+    deadline: tokio::time::Instant,
+) -> (Selection, Option<DecisionRecord>) {
+    let started = tokio::time::Instant::now();
+    let line_deadline = (started + Duration::from_millis(pool.cfg.queue_ms)).min(deadline);
+    let mut ticket = None;
+    loop {
+        let (selection, record) = pool.select(req, controls, id);
+        match selection {
+            Selection::Unavailable { retry_after_ms } => {
+                let wake =
+                    tokio::time::Instant::now() + Duration::from_millis(retry_after_ms.max(10));
+                if retry_after_ms > COOLDOWN_WAIT_MAX_MS || wake >= deadline {
+                    return (selection, record);
+                }
+                tokio::time::sleep_until(wake).await;
+            }
+            Selection::Full => {
+                if ticket.is_none() {
+                    // Join only if the line can drain within the wait allowed.
+                    let expected = pool.expected_wait_ms().unwrap_or(0);
+                    if started + Duration::from_millis(expected) > line_deadline {
+                        return (selection, record);
+                    }
+                    ticket = Some(pool.line.join());
+                }
+                let t = ticket.as_ref().expect("joined");
+                if tokio::time::timeout_at(line_deadline, t.slot_freed())
+                    .await
+                    .is_err()
+                {
+                    return (selection, record);
+                }
+            }
+            _ => {
+                if ticket.is_some() {
+                    pool.metrics
+                        .histogram("keel_queue_wait_seconds", &[("pool", &pool.cfg.name)])
+                        .record(started.elapsed().as_secs_f64());
+                }
+                return (selection, record);
+            }
+        }
+    }
+}

@@ -1,0 +1,472 @@
+//! Settlement: the one way every upstream attempt enters a variant, and the one place where
+//! its end is accounted for. The first attempt, a fallback, a hedge and a continuation after
+//! the first byte all go through [`Attempts::enter`] and [`Attempts::settle`] (and, for a
+//! stream that reached the client, [`Attempts::settle_end`]); no other code touches cooldowns,
+//! credentials, learned limits, health samples or attempt metrics.
+//!
+//! **Entering a variant.** It must be available (not cooling down, not ejected, credential not
+//! refused); it must have a free slot under its concurrency limit (configured, or learned from
+//! 429s), waiting in the pool's line for one when it is full (hedges never wait: a hedge that
+//! must queue is no longer a race); and every *retry* (a fallback or a continuation) must be
+//! allowed by the fleet-wide retry budget. So under a fleet-wide incident, migrations are
+//! budgeted retries like any other, and no attempt overfills a variant.
+//!
+//! **Settling an attempt.** One classification (`keel_core::outcome`) decides: a 429 while
+//! other requests run on the variant lowers its learned limit (full, not broken); other
+//! retryable failures feed health and honour `retry-after` as a cooldown (a refused connection
+//! gets a short one); 401/403 mark the variant's credential; a deadline says nothing about the
+//! variant. A success feeds the TTFT sample, closes any open cooldown and grows the learned
+//! limit. Every attempt is counted once in `keel_attempts_total` (a stream when it ends, so a
+//! stream that stalls after its first token counts as `stall`, not `ok`) and listed, with its
+//! kind and outcome, in the request's decision record.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use keel_core::outcome::{AttemptFailure, Verdict};
+use keel_core::protocol::ErrorKind;
+
+use crate::attempt::{AttemptResult, Served};
+use crate::context::RequestCtx;
+use crate::errors::GatewayError;
+use crate::pools::{InFlight, Pool};
+use crate::selection::DecisionRecord;
+use crate::Gateway;
+
+/// Longest `retry-after` keel honours as a cooldown.
+pub const MAX_COOLDOWN_MS: u64 = 300_000;
+/// A refused connection is very likely refused again: keep the variant out briefly.
+const CONNECT_COOLDOWN_MS: u64 = 1_000;
+/// Longest retry-after a "full" 429 may carry: capacity frees within a second or two, while
+/// a rate-limit quota (hosted APIs) asks for longer, and is honoured as a cooldown.
+const FULL_RETRY_AFTER_MAX_MS: u64 = 2_000;
+
+/// Why an attempt is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptKind {
+    /// The plan's first attempt.
+    First,
+    /// A new attempt before the first byte reached the client.
+    Fallback,
+    /// A duplicate of the first attempt, started because its first token is late.
+    Hedge,
+    /// A new attempt after bytes reached the client, continuing from the text already sent.
+    Continuation,
+}
+
+impl AttemptKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptKind::First => "first",
+            AttemptKind::Fallback => "fallback",
+            AttemptKind::Hedge => "hedge",
+            AttemptKind::Continuation => "continuation",
+        }
+    }
+
+    /// Retries spend the fleet-wide retry budget (hedges have the pool's hedge budget).
+    fn is_retry(self) -> bool {
+        matches!(self, AttemptKind::Fallback | AttemptKind::Continuation)
+    }
+}
+
+/// One attempt, for headers, metrics, logs and the decision record.
+#[derive(Debug, Clone, Serialize)]
+pub struct AttemptRecord {
+    pub variant: String,
+    pub kind: AttemptKind,
+    pub outcome: String,
+}
+
+/// Why an attempt could not enter a variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Cooling down, ejected or with a refused credential.
+    Unavailable,
+    /// At its concurrency limit, and no slot freed in time.
+    Full,
+    /// The fleet-wide retry budget is spent.
+    Budget,
+}
+
+impl Refused {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Refused::Unavailable => "unavailable",
+            Refused::Full => "at its concurrency limit",
+            Refused::Budget => "retry budget exhausted",
+        }
+    }
+}
+
+/// An attempt that entered its variant; it holds the variant's slot until settled.
+pub struct Entered {
+    pub vi: usize,
+    pub kind: AttemptKind,
+    guard: InFlight,
+    pub started: Instant,
+}
+
+/// An attempt whose response was committed to the client. It holds its slot while it serves;
+/// a stream is settled again when it ends ([`Attempts::settle_end`]).
+pub struct Committed {
+    pub vi: usize,
+    pub kind: AttemptKind,
+    guard: InFlight,
+    record: usize,
+    counted: bool,
+}
+
+/// What settling an attempt decided.
+pub enum Settled {
+    /// The attempt serves the client.
+    Served(Committed, Served),
+    /// The client's own error, returned as the upstream gave it (never retried elsewhere).
+    ClientError(Served),
+    /// The attempt failed; the next one may be tried.
+    Failed,
+}
+
+/// How a committed stream ended.
+pub enum StreamEnd {
+    /// Its terminal event arrived; `gaps_ms` are its inter-token gaps (the first is the TTFT).
+    Complete { gaps_ms: Vec<f64> },
+    /// It failed after its first token.
+    Failed(AttemptFailure),
+    /// The client went away.
+    ClientGone,
+    /// The request's deadline ended it (says nothing about the variant).
+    Deadline,
+}
+
+/// Every attempt of one request, and what they left behind.
+pub struct Attempts {
+    gw: Arc<Gateway>,
+    pool: Arc<Pool>,
+    records: Vec<AttemptRecord>,
+    failures: Vec<(String, AttemptFailure)>,
+    retry_after_ms: Option<u64>,
+    budget_refused: bool,
+    /// Selection's record; completed with the attempts and kept when the request ends.
+    decision: Option<DecisionRecord>,
+}
+
+impl Attempts {
+    pub fn new(gw: &Arc<Gateway>, pool: &Arc<Pool>, decision: Option<DecisionRecord>) -> Self {
+        Attempts {
+            gw: gw.clone(),
+            pool: pool.clone(),
+            records: Vec::new(),
+            failures: Vec::new(),
+            retry_after_ms: None,
+            budget_refused: false,
+            decision,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    pub fn records(&self) -> &[AttemptRecord] {
+        &self.records
+    }
+
+    /// Attempts made on variant `vi` so far.
+    pub fn tried(&self, vi: usize) -> usize {
+        let name = &self.pool.variants[vi].cfg.name;
+        self.records.iter().filter(|r| &r.variant == name).count()
+    }
+
+    /// The last failure, described.
+    pub fn last_failure(&self) -> Option<String> {
+        self.failures.last().map(|(_, f)| f.describe())
+    }
+
+    /// Whether the last failure means nothing more can be done (the deadline).
+    pub fn gave_up(&self) -> bool {
+        self.failures
+            .last()
+            .is_some_and(|(_, f)| f.verdict() == Verdict::GiveUp)
+    }
+
+    /// Enters variant `vi` for an attempt of `kind` (see the module doc).
+    pub async fn enter(
+        &mut self,
+        vi: usize,
+        kind: AttemptKind,
+        deadline: Instant,
+    ) -> Result<Entered, Refused> {
+        let pool = &self.pool;
+        if !pool.available(vi, self.gw.now_ms()) {
+            return Err(Refused::Unavailable);
+        }
+        let slot = if kind == AttemptKind::Hedge {
+            pool.below_limit(vi)
+        } else {
+            pool.wait_for_slot(vi, deadline).await
+        };
+        if !slot {
+            return Err(Refused::Full);
+        }
+        if kind.is_retry() && !self.gw.try_retry() {
+            self.budget_refused = true;
+            self.pool
+                .metrics
+                .counter(
+                    "keel_retry_budget_exhausted_total",
+                    &[("pool", &self.pool.cfg.name)],
+                )
+                .increment(1);
+            return Err(Refused::Budget);
+        }
+        Ok(Entered {
+            vi,
+            kind,
+            guard: pool.enter(vi),
+            started: Instant::now(),
+        })
+    }
+
+    fn count(&self, vi: usize, kind: AttemptKind, outcome: &str) {
+        let pool = &self.pool;
+        pool.metrics
+            .counter(
+                "keel_attempts_total",
+                &[
+                    ("pool", &pool.cfg.name),
+                    ("variant", &pool.variants[vi].cfg.name),
+                    ("kind", kind.as_str()),
+                    ("outcome", outcome),
+                ],
+            )
+            .increment(1);
+    }
+
+    fn push_record(&mut self, vi: usize, kind: AttemptKind, outcome: String) -> usize {
+        self.records.push(AttemptRecord {
+            variant: self.pool.variants[vi].cfg.name.clone(),
+            kind,
+            outcome,
+        });
+        self.records.len() - 1
+    }
+
+    /// Settles an attempt that produced a response head, a first token, or a failure.
+    pub fn settle(&mut self, entered: Entered, result: AttemptResult) -> Settled {
+        let Entered {
+            vi,
+            kind,
+            mut guard,
+            started,
+        } = entered;
+        let pool = self.pool.clone();
+        match result {
+            AttemptResult::Served(s) => {
+                let (ttft, whole) = match &s {
+                    Served::Stream(st) => (st.first_token_at.duration_since(started), false),
+                    Served::Whole { .. } => (started.elapsed(), true),
+                };
+                pool.record_attempt(vi, true, Some(ttft.as_secs_f64() * 1000.0));
+                pool.record_success(vi);
+                pool.variants[vi].limit.success();
+                let record = self.push_record(vi, kind, "ok".into());
+                if whole {
+                    self.count(vi, kind, "ok");
+                }
+                guard.serving = true;
+                Settled::Served(
+                    Committed {
+                        vi,
+                        kind,
+                        guard,
+                        record,
+                        counted: whole,
+                    },
+                    s,
+                )
+            }
+            AttemptResult::ClientError(s) => {
+                let label = match &s {
+                    Served::Whole { status, .. } => format!("status_{}", status.as_u16()),
+                    Served::Stream(_) => "client_error".to_owned(),
+                };
+                self.count(vi, kind, &label);
+                self.push_record(vi, kind, label);
+                pool.record_attempt(vi, true, None);
+                Settled::ClientError(s)
+            }
+            AttemptResult::Failed(f) => {
+                let label = f.label();
+                self.count(vi, kind, &label);
+                self.push_record(vi, kind, label);
+                // The slot is still held: a 429 sees this attempt among those running.
+                self.fail(vi, f);
+                drop(guard);
+                Settled::Failed
+            }
+        }
+    }
+
+    /// Settles a committed stream when it ends.
+    pub fn settle_end(&mut self, committed: Committed, end: StreamEnd) {
+        let Committed {
+            vi,
+            kind,
+            guard,
+            record,
+            counted,
+        } = committed;
+        let label = match &end {
+            StreamEnd::Complete { .. } => "ok".to_owned(),
+            StreamEnd::Failed(f) => f.label(),
+            StreamEnd::ClientGone => "cancelled".to_owned(),
+            StreamEnd::Deadline => "deadline".to_owned(),
+        };
+        if !counted {
+            self.count(vi, kind, &label);
+        }
+        if let Some(r) = self.records.get_mut(record) {
+            r.outcome = label;
+        }
+        match end {
+            StreamEnd::Complete { gaps_ms } => self.pool.record_stream(vi, &gaps_ms),
+            StreamEnd::Failed(f) => self.fail(vi, f),
+            StreamEnd::ClientGone | StreamEnd::Deadline => {}
+        }
+        drop(guard);
+    }
+
+    /// A hedge race's loser, cancelled before its first token: its elapsed time is a lower
+    /// bound of its TTFT.
+    pub fn cancelled(&mut self, entered: Entered) {
+        let Entered {
+            vi, kind, started, ..
+        } = entered;
+        self.pool
+            .record_late_ttft(vi, started.elapsed().as_secs_f64() * 1000.0);
+        self.count(vi, kind, "hedge_cancelled");
+        self.push_record(vi, kind, "hedge_cancelled".into());
+    }
+
+    /// The bookkeeping of a failure, before or after the commit point.
+    fn fail(&mut self, vi: usize, f: AttemptFailure) {
+        let pool = &self.pool;
+        let variant = &pool.variants[vi].cfg;
+        let now_ms = self.gw.now_ms();
+        match f.verdict() {
+            Verdict::Retry { .. } if is_full(&f, pool, vi) => {
+                // Full at this concurrency, not broken: lower its limit (see `capacity`); it
+                // stays available below it.
+                let running = pool.variants[vi].in_flight.load(Ordering::Relaxed);
+                pool.variants[vi].limit.full_at(running);
+                self.retry_after_ms = pool.expected_wait_ms();
+            }
+            Verdict::Retry { cooldown_ms } => {
+                pool.record_attempt(vi, false, None);
+                let cool = cooldown_ms
+                    .or(matches!(f, AttemptFailure::Connect(_)).then_some(CONNECT_COOLDOWN_MS));
+                if let Some(ms) = cool {
+                    pool.cool_down(vi, now_ms, ms.min(MAX_COOLDOWN_MS));
+                }
+                if cooldown_ms.is_some() {
+                    self.retry_after_ms = cooldown_ms;
+                }
+            }
+            Verdict::BrokenCredential => {
+                pool.record_attempt(vi, false, None);
+                pool.mark_credential_broken(vi, now_ms);
+                pool.metrics
+                    .counter(
+                        "keel_variant_credential_broken_total",
+                        &[("pool", &pool.cfg.name), ("variant", &variant.name)],
+                    )
+                    .increment(1);
+                tracing::error!(pool = %pool.cfg.name, variant = %variant.name, "upstream refused the variant's credential; variant marked broken and skipped for 60 s");
+            }
+            // Running out of the request's own time says nothing about the variant.
+            Verdict::ReturnToClient | Verdict::GiveUp => {}
+        }
+        self.failures.push((variant.name.clone(), f));
+    }
+
+    /// The client's error when no variant could serve: 504 when time ran out, 503 when every
+    /// variant was saturated (with the shortest retry-after), 502 otherwise; the message lists
+    /// every attempt.
+    pub fn give_up_error(&self, ctx: &RequestCtx) -> GatewayError {
+        let failures = &self.failures;
+        let tried: Vec<String> = failures
+            .iter()
+            .map(|(v, f)| format!("{v}: {}", f.describe()))
+            .collect();
+        let mut message = format!(
+            "no variant of `{}` could serve the request",
+            self.pool.cfg.name
+        );
+        if tried.is_empty() {
+            message.push_str(" (no attempt could be made before the deadline)");
+        } else {
+            message.push_str(&format!("; tried {}", tried.join("; ")));
+        }
+        if self.budget_refused {
+            message.push_str(
+                "; further retries refused by the retry budget (the fleet is failing broadly)",
+            );
+        }
+        let timed_out = Instant::now() >= ctx.deadline
+            || failures.iter().all(|(_, f)| {
+                matches!(
+                    f,
+                    AttemptFailure::FirstTokenTimeout { .. } | AttemptFailure::Deadline { .. }
+                )
+            });
+        let saturated = !failures.is_empty()
+            && failures.iter().all(|(_, f)| {
+                matches!(
+                    f,
+                    AttemptFailure::Status {
+                        status: 429 | 503 | 529,
+                        ..
+                    }
+                )
+            });
+        if failures.is_empty() || timed_out {
+            GatewayError::new(ErrorKind::Timeout, message)
+        } else if saturated {
+            let e = GatewayError::new(ErrorKind::Overloaded, message);
+            match self.retry_after_ms {
+                Some(ms) => e.with_retry_after(ms),
+                None => e,
+            }
+        } else {
+            GatewayError::new(ErrorKind::BadGateway, message)
+        }
+    }
+}
+
+impl Drop for Attempts {
+    /// The request's decision record is kept when its attempts are all settled.
+    fn drop(&mut self) {
+        if let Some(mut d) = self.decision.take() {
+            d.attempts = std::mem::take(&mut self.records);
+            self.gw.record_decision(d);
+        }
+    }
+}
+
+/// A 429 while other requests of this gateway are running on the variant (this attempt's
+/// slot is still held), with at most a short retry-after: the variant is full, not out of
+/// quota.
+fn is_full(f: &AttemptFailure, pool: &Pool, vi: usize) -> bool {
+    matches!(f, AttemptFailure::Status { status: 429, retry_after_ms, .. }
+        if retry_after_ms.is_none_or(|ms| ms <= FULL_RETRY_AFTER_MAX_MS))
+        && pool.variants[vi].in_flight.load(Ordering::Relaxed) >= 2
+}
