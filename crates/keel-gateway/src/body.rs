@@ -31,6 +31,9 @@ pub fn full_body(status: StatusCode, content_type: &'static str, body: Bytes) ->
     resp
 }
 
+/// How long the error event of a vanished producer gets to reach the client before the abort.
+const FLUSH_BEFORE_ABORT: std::time::Duration = std::time::Duration::from_millis(100);
+
 enum Msg {
     Data(Bytes),
     End,
@@ -87,12 +90,17 @@ pub fn stream_body(protocol: Protocol) -> (BodySender, Body) {
                     Some((Ok(Frame::data(Bytes::from(ev.raw))), State::Aborting))
                 }
             },
-            State::Aborting => Some((
-                Err(io::Error::other(
-                    "response producer ended without an explicit end",
-                )),
-                State::Done,
-            )),
+            State::Aborting => {
+                // Let the connection flush the error event before it is torn down (an abort
+                // discards what is still buffered).
+                tokio::time::sleep(FLUSH_BEFORE_ABORT).await;
+                Some((
+                    Err(io::Error::other(
+                        "response producer ended without an explicit end",
+                    )),
+                    State::Done,
+                ))
+            }
             State::Done => None,
         }
     });

@@ -35,6 +35,11 @@ pub enum FaultKind {
     Degraded,
     /// Added network delay of `ms` before the response head.
     Delay,
+    /// Answer a streamed request with the whole JSON body, as servers that ignore `stream` do.
+    IgnoreStream,
+    /// Answer 200 with exactly `body` (content type `content_type`, default
+    /// `application/json`): a broken or hostile upstream, byte for byte.
+    Raw,
 }
 
 /// One configured fault.
@@ -62,6 +67,12 @@ pub struct FaultSpec {
     /// Apply to the next `count` requests only, then expire.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
+    /// `raw`: the response body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// `raw`: the response content type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
 }
 
 impl FaultSpec {
@@ -77,6 +88,8 @@ impl FaultSpec {
             error_rate: None,
             rate: None,
             count: None,
+            body: None,
+            content_type: None,
         }
     }
 
@@ -108,6 +121,7 @@ impl FaultSpec {
                 Err("extra_ms: required for kind \"cold_start\"".into())
             }
             FaultKind::Delay if self.ms.is_none() => Err("ms: required for kind \"delay\"".into()),
+            FaultKind::Raw if self.body.is_none() => Err("body: required for kind \"raw\"".into()),
             FaultKind::Degraded if self.error_rate.is_some_and(|r| !(0.0..=1.0).contains(&r)) => {
                 Err("error_rate: must be between 0 and 1".into())
             }
@@ -137,6 +151,9 @@ pub struct RequestFaults {
     pub gap_factor: f64,
     pub ttft_factor: f64,
     pub extra_ttft_ms: u64,
+    pub ignore_stream: bool,
+    /// (content type, body) answered verbatim.
+    pub raw: Option<(String, String)>,
 }
 
 /// A server's active faults with their remaining counts.
@@ -192,6 +209,14 @@ impl FaultSet {
                 FaultKind::Slowdown => out.gap_factor *= f.factor.unwrap_or(1.0),
                 FaultKind::ColdStart => out.extra_ttft_ms += f.extra_ms.unwrap_or(0),
                 FaultKind::Delay => out.extra_ttft_ms += f.ms.unwrap_or(0),
+                FaultKind::IgnoreStream => out.ignore_stream = true,
+                FaultKind::Raw => {
+                    let ct = f.content_type.clone();
+                    out.raw = Some((
+                        ct.unwrap_or_else(|| "application/json".into()),
+                        f.body.clone().unwrap_or_default(),
+                    ));
+                }
                 FaultKind::Degraded => {
                     if rng.next_f64() < f.error_rate.unwrap_or(0.3) {
                         if out.error.is_none() {

@@ -417,6 +417,13 @@ impl SimServer {
             }
             return Ok(resp);
         }
+        if let Some((content_type, body)) = faults.raw.take() {
+            return Ok(bytes_response(
+                StatusCode::OK,
+                &content_type,
+                Bytes::from(body),
+            ));
+        }
 
         let out = self.gen.generate(
             sreq.mode,
@@ -447,7 +454,7 @@ impl SimServer {
             uncached,
             arrived,
         };
-        if sreq.stream {
+        if sreq.stream && !run.faults.ignore_stream {
             Ok(run.stream())
         } else {
             run.whole().await

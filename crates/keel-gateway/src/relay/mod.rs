@@ -212,12 +212,15 @@ impl Relay {
             variant: log.variant.clone(),
             attempts: log.attempts,
         };
-        match ending {
+        let ends_cleanly = match ending {
             Ending::Complete => {
                 log.finish("ok", None);
-                self.sink.end().await;
+                true
             }
-            Ending::ClientGone => log.finish("cancelled", Some("client disconnected")),
+            Ending::ClientGone => {
+                log.finish("cancelled", Some("client disconnected"));
+                false
+            }
             Ending::GiveUp(message) => {
                 let ev = stream_error_event(
                     self.protocol,
@@ -225,10 +228,15 @@ impl Relay {
                     &format!("keel: {message}; the response is incomplete"),
                 );
                 log.finish("incomplete", Some(&message));
-                if self.send(ev.raw).await {
-                    self.sink.end().await;
-                }
+                self.send(ev.raw).await
             }
+        };
+        let Relay { sink, attempts, .. } = self;
+        // Every attempt is settled: the decision record is complete before the client sees
+        // the end.
+        drop(attempts);
+        if ends_cleanly {
+            sink.end().await;
         }
         summary
     }

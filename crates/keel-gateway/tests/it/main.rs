@@ -10,4 +10,5 @@ mod lifecycle;
 mod migration;
 mod proxy;
 mod routing;
+mod safeguards;
 mod streams;
