@@ -97,6 +97,42 @@ impl ToolCallHold {
     }
 }
 
+/// Largest tool-call, choice or content-block index keel accepts from an upstream. Real
+/// responses use a handful; an absurd index (`4000000000`) is how a hostile upstream makes a
+/// client, or an assembler, allocate without bound: the event is `malformed`.
+pub const MAX_OUTPUT_INDEX: u64 = 1023;
+
+/// The first index in the event above [`MAX_OUTPUT_INDEX`], if any. Only events that can carry
+/// such indexes are parsed (OpenAI tool-call chunks, Anthropic content-block events), so plain
+/// text chunks cost a substring scan.
+pub fn oversized_index(protocol: Protocol, ev: &SseEvent) -> Option<u64> {
+    let over = |i: Option<u64>| i.filter(|i| *i > MAX_OUTPUT_INDEX);
+    match protocol {
+        Protocol::OpenAi => {
+            if !ev.data.contains("tool_calls") {
+                return None;
+            }
+            let v: Value = serde_json::from_str(&ev.data).ok()?;
+            let choices = v.get("choices")?.as_array()?;
+            choices.iter().find_map(|c| {
+                over(c.get("index").and_then(Value::as_u64)).or_else(|| {
+                    let calls = c.get("delta")?.get("tool_calls")?.as_array()?;
+                    calls
+                        .iter()
+                        .find_map(|t| over(t.get("index").and_then(Value::as_u64)))
+                })
+            })
+        }
+        Protocol::Anthropic => {
+            if !ev.event.as_deref()?.starts_with("content_block") {
+                return None;
+            }
+            let v: Value = serde_json::from_str(&ev.data).ok()?;
+            over(v.get("index").and_then(Value::as_u64))
+        }
+    }
+}
+
 /// Consecutive slow checks (of [`SlowRate::WINDOW`] tokens each) that count as a slowdown.
 pub const SLOW_CHECKS: u32 = 3;
 /// A token rate this far below the baseline is slow (40% below): mean gap × 0.6 > baseline.
@@ -214,6 +250,40 @@ mod tests {
             }
         }
         assert_eq!(outcome, Hold::Overflow);
+    }
+
+    #[test]
+    fn absurd_indexes_are_found() {
+        let call = |i: u64| {
+            oa(
+                json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"arguments": ""}}]}}]}),
+            )
+        };
+        assert_eq!(oversized_index(Protocol::OpenAi, &call(3)), None);
+        assert_eq!(
+            oversized_index(Protocol::OpenAi, &call(4_000_000_000)),
+            Some(4_000_000_000)
+        );
+        let text = oa(json!({"choices": [{"index": 0, "delta": {"content": "hi"}}]}));
+        assert_eq!(oversized_index(Protocol::OpenAi, &text), None);
+        let block = |i: u64| {
+            SseEvent::new(
+                Some("content_block_delta"),
+                &json!({"index": i, "delta": {"type": "text_delta", "text": "x"}}).to_string(),
+            )
+        };
+        assert_eq!(oversized_index(Protocol::Anthropic, &block(1)), None);
+        assert_eq!(
+            oversized_index(Protocol::Anthropic, &block(1 << 40)),
+            Some(1 << 40)
+        );
+        // Wrong shapes are not this check's business (the event is classified elsewhere).
+        let odd = SseEvent::new(Some("content_block_start"), "[1,2]");
+        assert_eq!(oversized_index(Protocol::Anthropic, &odd), None);
+        assert_eq!(
+            oversized_index(Protocol::OpenAi, &oa(json!({"tool_calls": 5}))),
+            None
+        );
     }
 
     #[test]

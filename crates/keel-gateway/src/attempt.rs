@@ -24,6 +24,7 @@ use keel_core::outcome::{parse_retry_after, AttemptFailure, Verdict};
 use keel_core::protocol::{error_message, event_role, Endpoint, EventRole};
 use keel_core::request::CanonicalRequest;
 use keel_core::sse::{SseDecoder, SseError, SseEvent};
+use keel_core::stream_watch::{oversized_index, MAX_OUTPUT_INDEX};
 use keel_core::synthesize::stream_from_whole;
 
 use crate::context::RequestCtx;
@@ -324,6 +325,11 @@ async fn run(
         }
         let mut drained = events.drain(..);
         for ev in drained.by_ref() {
+            if let Some(i) = oversized_index(protocol, &ev) {
+                return Err(AttemptFailure::Malformed(format!(
+                    "an index of {i} (more than {MAX_OUTPUT_INDEX})"
+                )));
+            }
             match event_role(protocol, &ev) {
                 // Keep-alives while a server queues the request are forwarded once it answers,
                 // but not without bound; a preamble that never ends is broken.

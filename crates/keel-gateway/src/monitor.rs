@@ -45,7 +45,7 @@ pub async fn run(gw: Arc<Gateway>) {
             publish_gauges(pool);
         }
         ticks += 1;
-        if ticks % UPKEEP_TICKS == 0 {
+        if ticks.is_multiple_of(UPKEEP_TICKS) {
             gw.metrics.upkeep();
         }
         tokio::time::sleep(TICK).await;

@@ -9,7 +9,9 @@ use keel_core::continuation::Stitcher;
 use keel_core::outcome::AttemptFailure;
 use keel_core::protocol::{event_role, EventRole};
 use keel_core::sse::SseEvent;
-use keel_core::stream_watch::{Hold, SlowRate, ToolCallHold, SLOW_CHECKS, SLOW_RATE};
+use keel_core::stream_watch::{
+    oversized_index, Hold, SlowRate, ToolCallHold, MAX_OUTPUT_INDEX, SLOW_CHECKS, SLOW_RATE,
+};
 
 use super::{Relay, Segment, SegmentEnd};
 use crate::attempt::{next_events, ReadEnd};
@@ -108,6 +110,11 @@ impl Relay {
                 }
             }
             _ => {}
+        }
+        if let Some(i) = oversized_index(self.protocol, &ev) {
+            return Some(SegmentEnd::Failed(AttemptFailure::Malformed(format!(
+                "an index of {i} (more than {MAX_OUTPUT_INDEX})"
+            ))));
         }
         let terminal = role == EventRole::Terminal;
         let release = if self.pool.cfg.hold_tool_calls {

@@ -6,6 +6,7 @@ mod capacity;
 mod failover;
 mod harness;
 mod hedging;
+mod hostile;
 mod lifecycle;
 mod migration;
 mod proxy;
