@@ -137,18 +137,10 @@ pub async fn deliver(
     };
     log.status = 200;
     log.ttft = Some(start.first_token_at.duration_since(log.started));
+    let relay = |sink| Relay::new(gw, sink, protocol, pool, req, ctx, order, attempts);
     if !ctx.client_stream {
         let assembled = Arc::new(Mutex::new(Assembled::default()));
-        let relay = Relay::new(
-            gw,
-            Sink::Assemble(assembled.clone()),
-            protocol,
-            pool,
-            req,
-            ctx,
-            order,
-            attempts,
-        );
+        let relay = relay(Sink::Assemble(assembled.clone()));
         let summary: Summary = relay.run(committed, start, log).await;
         let (failure, assembler) = {
             let mut a = assembled.lock().unwrap_or_else(|e| e.into_inner());
@@ -184,17 +176,7 @@ pub async fn deliver(
     }
     log_headers(&mut headers, &log);
     let (tx, body) = stream_body(protocol);
-    let relay = Relay::new(
-        gw,
-        Sink::Client(tx),
-        protocol,
-        pool,
-        req,
-        ctx,
-        order,
-        attempts,
-    );
-    tokio::spawn(relay.run(committed, start, log));
+    tokio::spawn(relay(Sink::Client(tx)).run(committed, start, log));
     let mut resp = Response::new(body);
     *resp.status_mut() = StatusCode::OK;
     *resp.headers_mut() = headers;

@@ -194,6 +194,39 @@ pub async fn add_fault(server: &ServerHandle, fault: Value) {
     assert_eq!(r.status(), 200);
 }
 
+/// A chat request with sim-0 forced as the first attempt (the rest of the plan stays as
+/// fallbacks and migration targets).
+pub async fn forced_sim0(h: &Harness, body: &Value) -> reqwest::Response {
+    h.post_with(
+        "/v1/chat/completions",
+        &[("x-keel-force-variant", "sim-0")],
+        body,
+    )
+    .await
+}
+
+/// The answer simulated server `i` gives without streaming: the reference text (the
+/// simulator's generation is deterministic per prompt).
+pub async fn reference(h: &Harness, i: usize, path: &str, body: &Value) -> Value {
+    let url = if path.starts_with("/v1/messages") {
+        format!("{}{path}", h.server(i).anthropic_base())
+    } else {
+        format!("{}{}", h.server(i).openai_base(), &path[3..])
+    };
+    let mut b = body.clone();
+    b["stream"] = json!(false);
+    b["model"] = json!("sim");
+    keel_sim::http_client()
+        .post(url)
+        .json(&b)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 pub fn header<'a>(h: &'a reqwest::header::HeaderMap, name: &str) -> &'a str {
     h.get(name).map(|v| v.to_str().unwrap()).unwrap_or("")
 }

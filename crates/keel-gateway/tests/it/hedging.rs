@@ -7,15 +7,6 @@ use serde_json::{json, Value};
 
 use crate::harness::*;
 
-async fn forced(h: &Harness, body: &Value) -> reqwest::Response {
-    h.post_with(
-        "/v1/chat/completions",
-        &[("x-keel-force-variant", "sim-0")],
-        body,
-    )
-    .await
-}
-
 #[tokio::test]
 async fn a_hedge_beats_a_slow_first_token_and_the_loser_is_cancelled() {
     let h = Harness::openai(2, 1, "allow_force_variant = true", "hedge = 100").await;
@@ -24,7 +15,7 @@ async fn a_hedge_beats_a_slow_first_token_and_the_loser_is_cancelled() {
         json!({"kind": "stall", "after_tokens": 0, "count": 1}),
     )
     .await;
-    let resp = forced(&h, &stream_body("hedge me")).await;
+    let resp = forced_sim0(&h, &stream_body("hedge me")).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(header(resp.headers(), "x-keel-route"), "hedged");
     assert_eq!(header(resp.headers(), "x-keel-variant"), "sim-1");
@@ -56,7 +47,7 @@ async fn non_streaming_requests_are_hedged_too() {
         json!({"kind": "delay", "ms": 3000, "count": 1}),
     )
     .await;
-    let resp = forced(&h, &chat_body("hedge me")).await;
+    let resp = forced_sim0(&h, &chat_body("hedge me")).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(header(resp.headers(), "x-keel-route"), "hedged");
     assert_eq!(header(resp.headers(), "x-keel-variant"), "sim-1");
@@ -74,7 +65,7 @@ async fn non_streaming_requests_are_hedged_too() {
 async fn a_fast_primary_is_not_hedged() {
     let h = Harness::openai(2, 1, "allow_force_variant = true", "hedge = 2000").await;
     for _ in 0..5 {
-        let resp = forced(&h, &stream_body("x")).await;
+        let resp = forced_sim0(&h, &stream_body("x")).await;
         assert_eq!(header(resp.headers(), "x-keel-route"), "direct");
         read_stream(resp).await;
     }
@@ -93,7 +84,7 @@ async fn hedges_stay_within_their_budget_under_sustained_slowness() {
     add_fault(h.server(0), json!({"kind": "delay", "ms": 100})).await;
     let n = 40;
     for _ in 0..n {
-        let resp = forced(&h, &chat_body("x")).await;
+        let resp = forced_sim0(&h, &chat_body("x")).await;
         assert_eq!(resp.status(), 200);
     }
     let hedges = h.server(1).state.stats().requests;
@@ -108,7 +99,7 @@ async fn hedges_stay_within_their_budget_under_sustained_slowness() {
 async fn hedging_can_be_turned_off() {
     let h = Harness::openai(2, 1, "allow_force_variant = true", "hedge = \"off\"").await;
     add_fault(h.server(0), json!({"kind": "delay", "ms": 300, "count": 1})).await;
-    let resp = forced(&h, &chat_body("x")).await;
+    let resp = forced_sim0(&h, &chat_body("x")).await;
     assert_eq!(header(resp.headers(), "x-keel-route"), "direct");
     assert_eq!(header(resp.headers(), "x-keel-variant"), "sim-0");
 }
@@ -132,7 +123,7 @@ async fn an_auto_hedge_races_a_slow_primary_once_the_target_would_usually_have_a
         read_stream(resp).await;
     }
     add_fault(h.server(0), json!({"kind": "delay", "ms": 800})).await;
-    let resp = forced(&h, &stream_body("far zone")).await;
+    let resp = forced_sim0(&h, &stream_body("far zone")).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(header(resp.headers(), "x-keel-route"), "hedged");
     assert_ne!(header(resp.headers(), "x-keel-variant"), "sim-0");

@@ -17,16 +17,6 @@ fn chunk(delta: Value, finish: Value) -> Value {
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 }
 
-/// A forced first attempt on sim-0 (the hostile one), the rest of the pool as fallbacks.
-async fn forced(h: &Harness, body: &Value) -> reqwest::Response {
-    h.post_with(
-        "/v1/chat/completions",
-        &[("x-keel-force-variant", "sim-0")],
-        body,
-    )
-    .await
-}
-
 #[tokio::test]
 async fn an_absurd_tool_call_index_fails_over_instead_of_allocating() {
     let h = Harness::openai(2, 1, "allow_force_variant = true", "hedge = \"off\"").await;
@@ -46,7 +36,7 @@ async fn an_absurd_tool_call_index_fails_over_instead_of_allocating() {
         .await;
         let mut body = chat_body("hello");
         body["stream"] = json!(stream);
-        let resp = forced(&h, &body).await;
+        let resp = forced_sim0(&h, &body).await;
         assert_eq!(resp.status(), 200, "stream = {stream}");
         assert_eq!(header(resp.headers(), "x-keel-variant"), "sim-1");
         assert_eq!(header(resp.headers(), "x-keel-route"), "fallback");
@@ -79,7 +69,7 @@ async fn an_absurd_index_mid_stream_migrates() {
         json!({"kind": "raw", "content_type": "text/event-stream", "body": hostile, "count": 1}),
     )
     .await;
-    let resp = forced(&h, &stream_body("a story")).await;
+    let resp = forced_sim0(&h, &stream_body("a story")).await;
     assert_eq!(resp.status(), 200);
     let events = read_stream(resp).await;
     assert!(events
@@ -116,7 +106,7 @@ async fn oversized_events_and_bodies_fail_over() {
         .await;
         let mut body = chat_body("hello");
         body["stream"] = json!(stream);
-        let resp = forced(&h, &body).await;
+        let resp = forced_sim0(&h, &body).await;
         assert_eq!(resp.status(), 200, "{content_type}");
         assert_eq!(header(resp.headers(), "x-keel-variant"), "sim-1");
         assert_eq!(header(resp.headers(), "x-keel-attempts"), "2");
@@ -131,27 +121,6 @@ async fn oversized_events_and_bodies_fail_over() {
     );
 }
 
-/// The answer a simulated server gives without streaming (its text is deterministic).
-async fn whole_answer(h: &Harness, path: &str, body: &Value) -> Value {
-    let url = if path.starts_with("/v1/messages") {
-        format!("{}{path}", h.server(0).anthropic_base())
-    } else {
-        format!("{}{}", h.server(0).openai_base(), &path[3..])
-    };
-    let mut b = body.clone();
-    b["stream"] = json!(false);
-    b["model"] = json!("sim");
-    keel_sim::http_client()
-        .post(url)
-        .json(&b)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn a_server_that_ignores_stream_is_served_in_both_protocols() {
     // OpenAI: a streaming client gets the equivalent stream; a non-streaming one (streamed
@@ -159,7 +128,7 @@ async fn a_server_that_ignores_stream_is_served_in_both_protocols() {
     let h = Harness::openai(1, 1, "", "hedge = \"off\"").await;
     add_fault(h.server(0), json!({"kind": "ignore_stream"})).await;
     let body = stream_body("tell me about rivers");
-    let want = whole_answer(&h, "/v1/chat/completions", &body).await;
+    let want = reference(&h, 0, "/v1/chat/completions", &body).await;
     let want_text = want["choices"][0]["message"]["content"].as_str().unwrap();
     let resp = h.post("/v1/chat/completions", &body).await;
     assert_eq!(resp.status(), 200);
@@ -180,7 +149,7 @@ async fn a_server_that_ignores_stream_is_served_in_both_protocols() {
     add_fault(h.server(0), json!({"kind": "ignore_stream"})).await;
     let body = json!({"model": "p", "max_tokens": 40, "stream": true,
         "messages": [{"role": "user", "content": "tell me about rivers"}]});
-    let want = whole_answer(&h, "/v1/messages", &body).await;
+    let want = reference(&h, 0, "/v1/messages", &body).await;
     let resp = h.post("/v1/messages", &body).await;
     assert_eq!(resp.status(), 200);
     let events = read_stream(resp).await;

@@ -8,27 +8,6 @@ use keel_core::sse::SseEvent;
 
 use crate::harness::*;
 
-/// The uninterrupted answer, straight from a simulated server.
-async fn reference(h: &Harness, path: &str, body: &Value) -> Value {
-    let url = if path.starts_with("/v1/messages") {
-        format!("{}{path}", h.server(2).anthropic_base())
-    } else {
-        format!("{}{}", h.server(2).openai_base(), &path[3..])
-    };
-    let mut b = body.clone();
-    b["stream"] = json!(false);
-    b["model"] = json!("sim");
-    keel_sim::http_client()
-        .post(url)
-        .json(&b)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 /// Sends with sim-0 (the faulty one) as the primary; the rest of the plan stays as fallbacks.
 async fn forced(h: &Harness, path: &str, body: &Value, variant: &str) -> reqwest::Response {
     h.post_with(path, &[("x-keel-force-variant", variant)], body)
@@ -51,7 +30,7 @@ async fn openai_case(fault: Value, prompt: &str, path: &str, extra: &str) {
     } else {
         json!({"model": "p", "stream": true, "stream_options": {"include_usage": true}, "messages": [{"role": "user", "content": prompt}]})
     };
-    let want = reference(&h, path, &body).await;
+    let want = reference(&h, 2, path, &body).await;
     let resp = forced(&h, path, &body, "sim-0").await;
     assert_eq!(resp.status(), 200);
     assert_eq!(
@@ -174,7 +153,7 @@ async fn anthropic_stream_migrates_by_prefill() {
             );
             let h = Harness::start(fleet, &cfg).await;
             let body = json!({"model": "c", "max_tokens": 300, "stream": true, "messages": [{"role": "user", "content": format!("write {i}")}]});
-            let want = reference(&h, "/v1/messages", &body).await;
+            let want = reference(&h, 2, "/v1/messages", &body).await;
             let events = read_stream(forced(&h, "/v1/messages", &body, "sim-0").await).await;
             let data: Vec<&SseEvent> = events.iter().filter(|e| !e.comment_only).collect();
             let names: Vec<&str> = data.iter().map(|e| e.event.as_deref().unwrap()).collect();
@@ -312,7 +291,7 @@ async fn tool_calls_are_never_left_half_sent() {
     let body = json!({"model": "c", "max_tokens": 100, "stream": true,
         "tools": [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"type": "string"}}}}],
         "messages": [{"role": "user", "content": "Use get_weather please"}]});
-    let want = reference(&h, "/v1/messages", &body).await;
+    let want = reference(&h, 2, "/v1/messages", &body).await;
     let events = read_stream(forced(&h, "/v1/messages", &body, "sim-0").await).await;
     let data: Vec<&SseEvent> = events.iter().filter(|e| !e.comment_only).collect();
     let starts: Vec<Value> = data
@@ -355,7 +334,7 @@ async fn non_streaming_requests_are_protected_and_assembled() {
         let h = Harness::openai(3, 1, "allow_force_variant = true", "stall_ms = 600").await;
         add_fault(h.server(0), fault.clone()).await;
         let body = json!({"model": "p", "messages": [{"role": "user", "content": format!("assemble {i}")}]});
-        let want = reference(&h, "/v1/chat/completions", &body).await;
+        let want = reference(&h, 2, "/v1/chat/completions", &body).await;
         let resp = forced(&h, "/v1/chat/completions", &body, "sim-0").await;
         assert_eq!(resp.status(), 200);
         assert_eq!(header(resp.headers(), "x-keel-route"), "migrated");
@@ -390,7 +369,7 @@ async fn non_streaming_requests_are_protected_and_assembled() {
     );
     let h = Harness::start(fleet, &cfg).await;
     let body = json!({"model": "c", "max_tokens": 300, "messages": [{"role": "user", "content": "a long answer please"}]});
-    let want = reference(&h, "/v1/messages", &body).await;
+    let want = reference(&h, 2, "/v1/messages", &body).await;
     let got: Value = forced(&h, "/v1/messages", &body, "sim-0")
         .await
         .json()
