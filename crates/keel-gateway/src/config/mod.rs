@@ -5,11 +5,11 @@
 //!
 //! How it reads: the TOML text is parsed once into toml's spanned document tree
 //! ([`toml::de::DeTable`]: every key and value keeps its byte range), and then one small parser
-//! per section walks its table: top level (here), [`timeouts`], [`budget`] (`[retry_budget]`),
-//! [`pool`], [`variant`] and [`health`]. A section asks its [`read::Table`] for each key it
-//! knows; a value of the wrong type or out of range is recorded in [`read::Issues`] and the
+//! per section walks its table: top level (here), `timeouts`, `budget` (`[retry_budget]`),
+//! `pool`, `variant` and `health`. A section asks its `read::Table` for each key it
+//! knows; a value of the wrong type or out of range is recorded in `read::Issues` and the
 //! parser carries on with the default, and whatever keys were never asked for are reported as
-//! unknown, with a suggestion (`did you mean `weight`?`) among the keys that were.
+//! unknown, with a suggestion ("did you mean `weight`?") among the keys that were.
 //!
 //! Why not serde derive with `deny_unknown_fields` and `Spanned<…>` fields (the previous design)?
 //! A derived `Deserialize` stops at the first problem, and its errors point at the enclosing

@@ -79,22 +79,7 @@ pub(super) fn read(
     warnings: &mut Vec<String>,
     issues: &mut Issues,
 ) -> PoolConfig {
-    let name = t.required::<String>("name", "the public model name (a string)", issues);
-    if let Some(n) = &name {
-        if n.value.is_empty() {
-            issues.report(n.at, &n.path, "must not be empty");
-        }
-    }
-    let aliases = t.strings("aliases", issues);
-    for n in name.iter().chain(aliases.iter()) {
-        if let Some(other) = names.insert(n.value.clone(), t.path().to_owned()) {
-            issues.report(
-                n.at,
-                &n.path,
-                format!("model name `{}` is already used by {other}", n.value),
-            );
-        }
-    }
+    let (name, aliases) = read_names(&mut t, names, issues);
     let max_attempts = match t.get::<u32>("max_attempts", issues) {
         Some(v) if v.value == 0 => {
             issues.report(v.at, &v.path, "must be at least 1");
@@ -136,8 +121,8 @@ pub(super) fn read(
     };
     let variants = read_variants(&mut t, up, warnings, issues);
     let pool = PoolConfig {
-        name: name.map(|n| n.value).unwrap_or_default(),
-        aliases: aliases.into_iter().map(|a| a.value).collect(),
+        name,
+        aliases,
         max_attempts,
         timeouts,
         policy,
@@ -158,6 +143,34 @@ pub(super) fn read(
     };
     t.finish(issues);
     pool
+}
+
+/// `name` and `aliases`: the public model names, none claimed by an earlier pool.
+fn read_names(
+    t: &mut Table,
+    names: &mut HashMap<String, String>,
+    issues: &mut Issues,
+) -> (String, Vec<String>) {
+    let name = t.required::<String>("name", "the public model name (a string)", issues);
+    if let Some(n) = &name {
+        if n.value.is_empty() {
+            issues.report(n.at, &n.path, "must not be empty");
+        }
+    }
+    let aliases = t.strings("aliases", issues);
+    for n in name.iter().chain(aliases.iter()) {
+        if let Some(other) = names.insert(n.value.clone(), t.path().to_owned()) {
+            issues.report(
+                n.at,
+                &n.path,
+                format!("model name `{}` is already used by {other}", n.value),
+            );
+        }
+    }
+    (
+        name.map(|n| n.value).unwrap_or_default(),
+        aliases.into_iter().map(|a| a.value).collect(),
+    )
 }
 
 fn policies() -> [(&'static str, PolicyKind); 2] {
