@@ -136,12 +136,36 @@ pub trait Selector: Send {
     fn plan(&mut self, candidates: &[Candidate], signals: &RequestSignals) -> Plan;
 }
 
-/// Builds a policy by name (`p2c` or `round_robin`), seeded.
-pub fn policy(name: &str, seed: u64) -> Option<Box<dyn Selector>> {
-    match name {
-        "p2c" => Some(Box::new(PowerOfTwo::new(Rng::new(seed)))),
-        "round_robin" => Some(Box::new(WeightedRoundRobin::new())),
-        _ => None,
+/// Which selection policy a pool uses; the config names it by [`PolicyKind::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub enum PolicyKind {
+    /// [`PowerOfTwo`]: live cost with affinity (the default).
+    #[default]
+    #[serde(rename = "p2c")]
+    P2c,
+    /// [`WeightedRoundRobin`]: weighted, health-blind.
+    #[serde(rename = "round_robin")]
+    RoundRobin,
+}
+
+impl PolicyKind {
+    /// Every policy, in the order the config's error messages list them.
+    pub const ALL: [PolicyKind; 2] = [PolicyKind::P2c, PolicyKind::RoundRobin];
+
+    /// The name written in the config (and in the health JSON).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::P2c => "p2c",
+            PolicyKind::RoundRobin => "round_robin",
+        }
+    }
+}
+
+/// Builds a pool's policy, seeded.
+pub fn policy(kind: PolicyKind, seed: u64) -> Box<dyn Selector> {
+    match kind {
+        PolicyKind::P2c => Box::new(PowerOfTwo::new(Rng::new(seed))),
+        PolicyKind::RoundRobin => Box::new(WeightedRoundRobin::new()),
     }
 }
 
@@ -236,6 +260,22 @@ impl Availability {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn policy_kinds_serialize_as_their_config_names() {
+        for kind in PolicyKind::ALL {
+            assert_eq!(
+                serde_json::to_value(kind).unwrap(),
+                serde_json::Value::String(kind.as_str().to_owned())
+            );
+        }
+        assert_eq!(PolicyKind::default(), PolicyKind::P2c);
+        assert_eq!(policy(PolicyKind::P2c, 1).name(), "p2c");
+        assert_eq!(
+            policy(PolicyKind::RoundRobin, 1).name(),
+            "weighted_round_robin"
+        );
+    }
 
     fn cands(weights: &[u32]) -> Vec<Candidate> {
         weights

@@ -153,8 +153,7 @@ impl Pool {
         let n = variants.len();
         let seed = hash_bytes(epoch.elapsed().as_nanos() as u64, cfg.name.as_bytes())
             ^ std::process::id() as u64;
-        let selector = selection::policy(&cfg.policy, seed)
-            .unwrap_or_else(|| Box::new(selection::WeightedRoundRobin::new()));
+        let selector = selection::policy(cfg.policy, seed);
         let health = (0..n)
             .map(|_| VariantHealth::new(cfg.health.prewarm_requests))
             .collect();

@@ -158,8 +158,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// Prints every problem in the file (one per line, `file:line:column: field: what`), or a summary.
 fn check(path: &str) -> Result<(), String> {
-    let cfg = Config::load(path).map_err(|e| e.to_string())?;
+    let cfg = match Config::load(path) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            for issue in &e.issues {
+                eprintln!("{issue}");
+            }
+            let n = e.issues.len();
+            return Err(format!(
+                "{path}: {n} error{}",
+                if n == 1 { "" } else { "s" }
+            ));
+        }
+    };
     for w in &cfg.warnings {
         println!("warning: {w}");
     }

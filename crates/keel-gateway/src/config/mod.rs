@@ -1,0 +1,263 @@
+//! Configuration: `keel.toml` read into validated runtime types, with every problem reported at
+//! once. Each error names the file, line, column and field, and says what was expected:
+//! `keel.toml:14:7: pools[0].variants[1].url: expected an http:// or https:// base URL, got
+//! "ftp://x"`.
+//!
+//! How it reads: the TOML text is parsed once into toml's spanned document tree
+//! ([`toml::de::DeTable`]: every key and value keeps its byte range), and then one small parser
+//! per section walks its table: top level (here), `timeouts`, `budget` (`[retry_budget]`),
+//! `pool`, `variant` and `health`. A section asks its `read::Table` for each key it
+//! knows; a value of the wrong type or out of range is recorded in `read::Issues` and the
+//! parser carries on with the default, and whatever keys were never asked for are reported as
+//! unknown, with a suggestion ("did you mean `weight`?") among the keys that were.
+//!
+//! Why not serde derive with `deny_unknown_fields` and `Spanned<…>` fields (the previous design)?
+//! A derived `Deserialize` stops at the first problem, and its errors point at the enclosing
+//! table rather than at the field, so it can neither report every error at once nor name the
+//! field of a type error. Only a TOML syntax error stops the reading: past one, the document
+//! has no reliable shape.
+
+mod budget;
+mod health;
+mod pool;
+mod read;
+mod timeouts;
+mod variant;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+
+use toml::de::DeTable;
+
+use keel_core::budget::RetryBudgetConfig;
+
+pub use keel_core::continuation::ResumeMode;
+pub use keel_core::selection::PolicyKind;
+pub use pool::{Affinity, Hedge, PoolConfig};
+pub use timeouts::Timeouts;
+pub use variant::VariantConfig;
+
+use read::{Issues, Kind, Table, Val};
+use timeouts::TimeoutLayer;
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub max_body_bytes: usize,
+    pub header_read_timeout_ms: u64,
+    /// The whole request body must arrive within this (slow bodies get 408).
+    pub body_read_timeout_ms: u64,
+    /// Largest whole (non-streamed) upstream response body; more is a `malformed` failure.
+    pub max_upstream_body_bytes: usize,
+    /// Largest single SSE event from an upstream; more is a `malformed` failure.
+    pub max_sse_event_bytes: usize,
+    pub drain_ms: u64,
+    pub allow_force_variant: bool,
+    /// Runtime worker threads for `keel serve` (default: one per core).
+    pub worker_threads: Option<usize>,
+    pub retry_budget: RetryBudgetConfig,
+    pub pools: Vec<PoolConfig>,
+    /// Warnings that do not stop the gateway (printed by `keel check` and at start).
+    pub warnings: Vec<String>,
+}
+
+/// Line and column (1-based; the column counts characters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub line: usize,
+    pub column: usize,
+}
+
+/// One problem in a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigIssue {
+    pub file: String,
+    /// Where in the file; `None` only when the file could not be read.
+    pub at: Option<Position>,
+    /// The field's path, such as `pools[0].variants[1].url`; empty for a syntax error.
+    pub field: String,
+    /// What is wrong and what was expected.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:", self.file)?;
+        if let Some(Position { line, column }) = self.at {
+            write!(f, "{line}:{column}:")?;
+        }
+        if !self.field.is_empty() {
+            write!(f, " {}:", self.field)?;
+        }
+        write!(f, " {}", self.message)
+    }
+}
+
+/// Every problem found in a config file, in file order (at least one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub issues: Vec<ConfigIssue>,
+}
+
+/// One problem per line.
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, issue) in self.issues.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{issue}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// Reads and validates a file.
+    pub fn load(path: &str) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            issues: vec![ConfigIssue {
+                file: path.to_owned(),
+                at: None,
+                field: String::new(),
+                message: format!("cannot read: {e}"),
+            }],
+        })?;
+        let env: HashMap<String, String> = std::env::vars().collect();
+        Config::parse(&text, path, &env)
+    }
+
+    /// Parses TOML text; `origin` names the file in errors; `env` resolves `${VAR}`.
+    pub fn parse(
+        text: &str,
+        origin: &str,
+        env: &HashMap<String, String>,
+    ) -> Result<Config, ConfigError> {
+        let doc = DeTable::parse(text).map_err(|e| {
+            let at = read::position(text, e.span().map(|s| s.start).unwrap_or(0));
+            ConfigError {
+                issues: vec![ConfigIssue {
+                    file: origin.to_owned(),
+                    at: Some(at),
+                    field: String::new(),
+                    message: e.message().trim().to_owned(),
+                }],
+            }
+        })?;
+        let mut issues = Issues::new(text, origin);
+        let config = read_top(
+            Table::new(String::new(), 0, doc.get_ref()),
+            env,
+            &mut issues,
+        );
+        if issues.count() == 0 {
+            Ok(config)
+        } else {
+            Err(ConfigError {
+                issues: issues.into_sorted(),
+            })
+        }
+    }
+}
+
+/// The top-level keys, then each section.
+fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) -> Config {
+    let default_listen = SocketAddr::from(([127, 0, 0, 1], 8080));
+    let listen = match t.get::<String>("listen", issues) {
+        Some(l) => l.value.parse().unwrap_or_else(|_| {
+            issues.report(
+                l.at,
+                &l.path,
+                format!(
+                    "expected an address such as \"127.0.0.1:8080\", got {:?}",
+                    l.value
+                ),
+            );
+            default_listen
+        }),
+        None => default_listen,
+    };
+    let max_attempts = at_least_one(t.get::<u32>("max_attempts", issues), issues).unwrap_or(3);
+    let worker_threads = at_least_one(t.get::<usize>("worker_threads", issues), issues);
+    let timeouts = {
+        let section = t.table("timeouts", issues);
+        TimeoutLayer::read_table(section, issues).over(Timeouts::default())
+    };
+    let retry_budget = {
+        let section = t.table("retry_budget", issues);
+        budget::read(section, issues)
+    };
+    let mut warnings = Vec::new();
+    let pools = read_pools(&mut t, max_attempts, timeouts, env, &mut warnings, issues);
+    let config = Config {
+        listen,
+        max_body_bytes: t
+            .value("max_body_bytes", issues)
+            .unwrap_or(10 * 1024 * 1024),
+        header_read_timeout_ms: t.value("header_read_timeout_ms", issues).unwrap_or(10_000),
+        body_read_timeout_ms: t.value("body_read_timeout_ms", issues).unwrap_or(30_000),
+        max_upstream_body_bytes: t
+            .value("max_upstream_body_bytes", issues)
+            .unwrap_or(64 * 1024 * 1024),
+        max_sse_event_bytes: t
+            .value("max_sse_event_bytes", issues)
+            .unwrap_or(4 * 1024 * 1024),
+        drain_ms: t.value("drain_ms", issues).unwrap_or(30_000),
+        allow_force_variant: t.value("allow_force_variant", issues).unwrap_or(false),
+        worker_threads,
+        retry_budget,
+        pools,
+        warnings,
+    };
+    t.finish(issues);
+    config
+}
+
+/// A count that must be at least 1, reported where it is written.
+fn at_least_one<T: Kind + PartialEq + From<u8>>(
+    v: Option<Val<T>>,
+    issues: &mut Issues,
+) -> Option<T> {
+    let v = v?;
+    if v.value == T::from(0) {
+        issues.report(v.at, &v.path, "must be at least 1");
+    }
+    Some(v.value)
+}
+
+/// `[[pools]]`: at least one, and no public model name claimed twice.
+fn read_pools(
+    t: &mut Table,
+    max_attempts: u32,
+    timeouts: Timeouts,
+    env: &HashMap<String, String>,
+    warnings: &mut Vec<String>,
+    issues: &mut Issues,
+) -> Vec<PoolConfig> {
+    let before = issues.count();
+    let tables = t.tables("pools", issues);
+    if tables.is_empty() && issues.count() == before {
+        issues.report(
+            t.raw("pools").map(|v| v.span().start).unwrap_or(0),
+            "pools",
+            "at least one [[pools]] table is required",
+        );
+    }
+    let up = pool::Inherited {
+        timeouts,
+        max_attempts,
+        env,
+    };
+    let mut names = HashMap::new();
+    tables
+        .into_iter()
+        .map(|pt| pool::read(pt, &up, &mut names, warnings, issues))
+        .collect()
+}

@@ -1,0 +1,260 @@
+//! `[[pools]]`: a public model name (and aliases), how its requests are routed, and its
+//! variants (parsed by [`super::variant`]), health settings ([`super::health`]) and timeouts
+//! ([`super::timeouts`]).
+
+use std::collections::HashMap;
+
+use toml::de::DeValue;
+
+use keel_core::health::HealthConfig;
+use keel_core::protocol::Protocol;
+use keel_core::selection::PolicyKind;
+
+use super::read::{did_you_mean, Issues, Kind, Table};
+use super::timeouts::{TimeoutLayer, Timeouts};
+use super::variant::{self, VariantConfig};
+
+/// When to hedge a late first token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hedge {
+    Off,
+    /// The hedge target's recent TTFT quantile at 1 − hedge_budget/2, clamped to 50 ms–2 s.
+    Auto,
+    /// A fixed delay.
+    AfterMs(u64),
+}
+
+/// How requests stick to variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Affinity {
+    None,
+    /// `x-keel-session`, else OpenAI `user`, else Anthropic `metadata.user_id`.
+    Session,
+    /// The first blocks of the prompt (system + earliest messages).
+    Prefix,
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub name: String,
+    pub aliases: Vec<String>,
+    pub max_attempts: u32,
+    pub timeouts: Timeouts,
+    /// Selection policy (`p2c` or `round_robin`; serializes as that name).
+    pub policy: PolicyKind,
+    pub affinity: Affinity,
+    pub slo_ttft_p95_ms: Option<f64>,
+    pub max_migrations: u32,
+    pub queue_ms: u64,
+    pub adaptive_stall: bool,
+    pub hedge: Hedge,
+    pub hedge_budget: f64,
+    pub hold_tool_calls: bool,
+    pub assemble_non_streaming: bool,
+    pub health: HealthConfig,
+    pub scrape_interval_ms: u64,
+    pub variants: Vec<VariantConfig>,
+}
+
+const AFFINITIES: [(&str, Affinity); 3] = [
+    ("none", Affinity::None),
+    ("session", Affinity::Session),
+    ("prefix", Affinity::Prefix),
+];
+
+/// What a pool inherits from the top level.
+pub(super) struct Inherited<'a> {
+    pub(super) timeouts: Timeouts,
+    pub(super) max_attempts: u32,
+    pub(super) env: &'a HashMap<String, String>,
+}
+
+/// Reads one pool. `names` maps every public model name seen so far to the pool path that
+/// claimed it. A pool with errors still comes back (with defaults where values were wrong), so
+/// that later pools are checked against its names; the errors are in `issues`.
+pub(super) fn read(
+    mut t: Table,
+    up: &Inherited,
+    names: &mut HashMap<String, String>,
+    warnings: &mut Vec<String>,
+    issues: &mut Issues,
+) -> PoolConfig {
+    let (name, aliases) = read_names(&mut t, names, issues);
+    let max_attempts = match t.get::<u32>("max_attempts", issues) {
+        Some(v) if v.value == 0 => {
+            issues.report(v.at, &v.path, "must be at least 1");
+            up.max_attempts
+        }
+        Some(v) => v.value,
+        None => up.max_attempts,
+    };
+    let nested = {
+        let nested = t.table("timeouts", issues);
+        TimeoutLayer::read_table(nested, issues)
+    };
+    let flat = TimeoutLayer::read(&mut t, issues);
+    let timeouts = flat.over(nested.over(up.timeouts));
+    let policy = t
+        .choice("policy", &policies(), issues)
+        .map(|p| p.value)
+        .unwrap_or_default();
+    let affinity = t
+        .choice("affinity", &AFFINITIES, issues)
+        .map(|a| a.value)
+        .unwrap_or(Affinity::None);
+    let hedge = read_hedge(&mut t, issues);
+    let hedge_budget = match t.get::<f64>("hedge_budget", issues) {
+        Some(v) if !(0.0..=1.0).contains(&v.value) => {
+            issues.report(
+                v.at,
+                &v.path,
+                format!("expected a share between 0 and 1, got {}", v.value),
+            );
+            0.1
+        }
+        Some(v) => v.value,
+        None => 0.1,
+    };
+    let health = {
+        let h = t.table("health", issues);
+        super::health::read(h, issues)
+    };
+    let variants = read_variants(&mut t, up, warnings, issues);
+    let pool = PoolConfig {
+        name,
+        aliases,
+        max_attempts,
+        timeouts,
+        policy,
+        affinity,
+        slo_ttft_p95_ms: t.value::<f64>("slo_ttft_p95_ms", issues),
+        max_migrations: t.value::<u32>("max_migrations", issues).unwrap_or(2),
+        queue_ms: t.value::<u64>("queue_ms", issues).unwrap_or(2000),
+        adaptive_stall: t.value::<bool>("adaptive_stall", issues).unwrap_or(true),
+        hedge,
+        hedge_budget,
+        hold_tool_calls: t.value::<bool>("hold_tool_calls", issues).unwrap_or(true),
+        assemble_non_streaming: t
+            .value::<bool>("assemble_non_streaming", issues)
+            .unwrap_or(true),
+        health: health.0,
+        scrape_interval_ms: health.1,
+        variants,
+    };
+    t.finish(issues);
+    pool
+}
+
+/// `name` and `aliases`: the public model names, none claimed by an earlier pool.
+fn read_names(
+    t: &mut Table,
+    names: &mut HashMap<String, String>,
+    issues: &mut Issues,
+) -> (String, Vec<String>) {
+    let name = t.required::<String>("name", "the public model name (a string)", issues);
+    if let Some(n) = &name {
+        if n.value.is_empty() {
+            issues.report(n.at, &n.path, "must not be empty");
+        }
+    }
+    let aliases = t.strings("aliases", issues);
+    for n in name.iter().chain(aliases.iter()) {
+        if let Some(other) = names.insert(n.value.clone(), t.path().to_owned()) {
+            issues.report(
+                n.at,
+                &n.path,
+                format!("model name `{}` is already used by {other}", n.value),
+            );
+        }
+    }
+    (
+        name.map(|n| n.value).unwrap_or_default(),
+        aliases.into_iter().map(|a| a.value).collect(),
+    )
+}
+
+fn policies() -> [(&'static str, PolicyKind); 2] {
+    PolicyKind::ALL.map(|p| (p.as_str(), p))
+}
+
+/// `"auto"` (default), `"off"`, or a delay in ms (> 0).
+fn read_hedge(t: &mut Table, issues: &mut Issues) -> Hedge {
+    let Some(raw) = t.raw("hedge") else {
+        return Hedge::Auto;
+    };
+    match raw.get_ref() {
+        DeValue::String(s) if s == "auto" => return Hedge::Auto,
+        DeValue::String(s) if s == "off" => return Hedge::Off,
+        DeValue::Integer(_) => {
+            if let Some(ms) = u64::from_toml(raw.get_ref()).filter(|&ms| ms > 0) {
+                return Hedge::AfterMs(ms);
+            }
+        }
+        _ => {}
+    }
+    let hint = raw
+        .get_ref()
+        .as_str()
+        .and_then(|s| did_you_mean(s, ["auto", "off"]))
+        .map(|m| format!("; did you mean `{m}`?"))
+        .unwrap_or_default();
+    let got = issues.got(raw);
+    issues.report(
+        raw.span().start,
+        &t.field_path("hedge"),
+        format!("expected \"auto\", \"off\" or a delay in ms (> 0), got {got}{hint}"),
+    );
+    Hedge::Auto
+}
+
+/// The pool's variants: at least one, unique names, one protocol, not all of weight 0.
+fn read_variants(
+    t: &mut Table,
+    up: &Inherited,
+    warnings: &mut Vec<String>,
+    issues: &mut Issues,
+) -> Vec<VariantConfig> {
+    let before = issues.count();
+    let tables = t.tables("variants", issues);
+    if tables.is_empty() {
+        if issues.count() == before {
+            issues.report(
+                t.raw("variants").map(|v| v.span().start).unwrap_or(t.at()),
+                &t.field_path("variants"),
+                "at least one [[pools.variants]] table is required",
+            );
+        }
+        return Vec::new();
+    }
+    let wanted = tables.len();
+    let mut parsed: Vec<variant::ParsedVariant> = Vec::new();
+    let mut taken = Vec::new();
+    for vt in tables {
+        if let Some(v) = variant::read(vt, &mut taken, up.env, warnings, issues) {
+            parsed.push(v);
+        }
+    }
+    if let Some(first) = parsed.first() {
+        let protocol: Protocol = first.protocol.value;
+        for other in parsed.iter().filter(|v| v.protocol.value != protocol) {
+            issues.report(
+                other.protocol.at,
+                &other.protocol.path,
+                format!(
+                    "`{}` differs from the pool's first variant (`{}`); a pool's variants share one protocol until cross-protocol translation lands",
+                    other.protocol.value.as_str(),
+                    protocol.as_str()
+                ),
+            );
+        }
+    }
+    // Only when every variant was read: a broken one might have had a weight.
+    if parsed.len() == wanted && parsed.iter().all(|v| v.cfg.weight == 0) {
+        issues.report(
+            t.raw("variants").map(|v| v.span().start).unwrap_or(t.at()),
+            &t.field_path("variants"),
+            "every variant has weight 0; at least one must take traffic",
+        );
+    }
+    parsed.into_iter().map(|v| v.cfg).collect()
+}

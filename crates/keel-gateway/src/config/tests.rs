@@ -1,0 +1,506 @@
+use super::*;
+use keel_core::health::HealthConfig;
+use keel_core::protocol::Protocol;
+
+fn env() -> HashMap<String, String> {
+    HashMap::from([("KEY".to_owned(), "sk-secret".to_owned())])
+}
+
+/// (line, column, field, message) of every issue, in file order.
+fn issues(text: &str) -> Vec<(usize, usize, String, String)> {
+    let e = Config::parse(text, "k.toml", &env()).expect_err("the config should be rejected");
+    e.issues
+        .into_iter()
+        .map(|i| {
+            assert_eq!(i.file, "k.toml");
+            let at = i.at.expect("a position");
+            (at.line, at.column, i.field, i.message)
+        })
+        .collect()
+}
+
+fn one_issue(text: &str) -> (usize, usize, String, String) {
+    let mut all = issues(text);
+    assert_eq!(all.len(), 1, "{all:?}");
+    all.remove(0)
+}
+
+fn issue(line: usize, column: usize, field: &str, message: &str) -> (usize, usize, String, String) {
+    (line, column, field.to_owned(), message.to_owned())
+}
+
+const GOOD: &str = r#"listen = "127.0.0.1:9000"
+[[pools]]
+name = "gpt"
+aliases = ["gpt-4o"]
+first_token_ms = 2000
+[[pools.variants]]
+name = "a"
+url = "http://127.0.0.1:8000/v1/"
+protocol = "openai"
+upstream_model = "m"
+api_key = "${KEY}"
+params = { max_tokens = 100 }
+"#;
+
+#[test]
+fn parses_and_applies_defaults() {
+    let c = Config::parse(GOOD, "keel.toml", &env()).unwrap();
+    assert_eq!(c.listen.port(), 9000);
+    let p = &c.pools[0];
+    assert_eq!(p.aliases, ["gpt-4o"]);
+    assert_eq!(p.timeouts.first_token_ms, 2000);
+    assert_eq!(p.timeouts.connect_ms, 1000);
+    assert_eq!(p.max_attempts, 3);
+    let v = &p.variants[0];
+    assert_eq!(v.url, "http://127.0.0.1:8000/v1");
+    assert_eq!(v.protocol, Protocol::OpenAi);
+    assert_eq!(v.api_key.as_deref(), Some("sk-secret"));
+    assert_eq!(v.params["max_tokens"], 100);
+    assert!(
+        !format!("{v:?}").contains("sk-secret"),
+        "Debug must redact the key"
+    );
+}
+
+/// The defaults README's Configuration section documents.
+#[test]
+fn defaults_are_the_documented_ones() {
+    let minimal = "[[pools]]\nname = \"m\"\n[[pools.variants]]\nname = \"a\"\nurl = \"http://x\"\nprotocol = \"openai\"\nupstream_model = \"m\"\n";
+    let c = Config::parse(minimal, "k.toml", &HashMap::new()).unwrap();
+    assert_eq!(c.listen, SocketAddr::from(([127, 0, 0, 1], 8080)));
+    assert_eq!(c.max_body_bytes, 10_485_760);
+    assert_eq!(c.header_read_timeout_ms, 10_000);
+    assert_eq!(c.body_read_timeout_ms, 30_000);
+    assert_eq!(c.max_upstream_body_bytes, 64 * 1024 * 1024);
+    assert_eq!(c.max_sse_event_bytes, 4 * 1024 * 1024);
+    assert_eq!(c.drain_ms, 30_000);
+    assert!(!c.allow_force_variant);
+    assert_eq!(c.worker_threads, None);
+    let b = RetryBudgetConfig::default();
+    assert_eq!(
+        (
+            c.retry_budget.ratio,
+            c.retry_budget.window_ms,
+            c.retry_budget.min_retries_per_sec
+        ),
+        (b.ratio, b.window_ms, b.min_retries_per_sec)
+    );
+    assert!(c.warnings.is_empty());
+    let p = &c.pools[0];
+    assert_eq!(p.max_attempts, 3);
+    assert_eq!(p.timeouts, Timeouts::default());
+    assert_eq!(
+        Timeouts::default(),
+        Timeouts {
+            connect_ms: 1000,
+            first_token_ms: 15_000,
+            stall_ms: 10_000,
+            total_ms: 600_000
+        }
+    );
+    assert_eq!(p.policy, PolicyKind::P2c);
+    assert_eq!(p.affinity, Affinity::None);
+    assert_eq!(p.slo_ttft_p95_ms, None);
+    assert_eq!(p.hedge, Hedge::Auto);
+    assert_eq!(p.hedge_budget, 0.1);
+    assert_eq!(p.max_migrations, 2);
+    assert_eq!(p.queue_ms, 2000);
+    assert!(p.adaptive_stall && p.hold_tool_calls && p.assemble_non_streaming);
+    assert_eq!(
+        format!("{:?}", p.health),
+        format!("{:?}", HealthConfig::default())
+    );
+    assert_eq!(p.scrape_interval_ms, 1000);
+    let v = &p.variants[0];
+    assert_eq!((v.tier, v.weight, v.price), (1, 1, 1.0));
+    assert_eq!(v.resume, ResumeMode::Prefill);
+    assert!(v.params.is_empty() && v.api_key.is_none() && v.metrics_url.is_none());
+    assert_eq!(
+        v.continuation_fields,
+        keel_core::continuation::default_prefill_fields()
+    );
+}
+
+#[test]
+fn timeouts_layer_flat_over_pool_table_over_top_level() {
+    let text = GOOD.replace(
+        "[[pools]]\n",
+        "[timeouts]\nconnect_ms = 7\nstall_ms = 8\ntotal_ms = 9\n[[pools]]\ntimeouts = { stall_ms = 80, first_token_ms = 1 }\n",
+    );
+    let c = Config::parse(&text, "k.toml", &env()).unwrap();
+    assert_eq!(
+        c.pools[0].timeouts,
+        Timeouts {
+            connect_ms: 7,
+            first_token_ms: 2000,
+            stall_ms: 80,
+            total_ms: 9
+        }
+    );
+}
+
+#[test]
+fn settings_are_read() {
+    let text = GOOD
+        .replace(
+            "first_token_ms = 2000\n",
+            "policy = \"round_robin\"\naffinity = \"prefix\"\nhedge = 300\nhedge_budget = 1\n[pools.health]\nttft_ratio_warn = 3\nttft_ratio_severe = 4.5\n",
+        )
+        .replace(
+            "params =",
+            "tier = 2\nweight = 0\nresume = \"instruction\"\nprice = 0.5\nparams =",
+        );
+    let text = format!("max_attempts = 5\nworker_threads = 2\n{text}[[pools.variants]]\nname = \"b\"\nurl = \"http://b\"\nprotocol = \"openai\"\nupstream_model = \"m\"\n");
+    let c = Config::parse(&text, "k.toml", &env()).unwrap();
+    assert_eq!(c.worker_threads, Some(2));
+    let p = &c.pools[0];
+    assert_eq!(p.max_attempts, 5);
+    assert_eq!(p.policy, PolicyKind::RoundRobin);
+    assert_eq!(p.affinity, Affinity::Prefix);
+    assert_eq!(p.hedge, Hedge::AfterMs(300));
+    assert_eq!(p.hedge_budget, 1.0);
+    assert_eq!(
+        (p.health.ttft_ratio.warn, p.health.ttft_ratio.severe),
+        (3.0, 4.5)
+    );
+    let v = &p.variants[0];
+    assert_eq!((v.tier, v.weight, v.price), (2, 0, 0.5));
+    assert_eq!(v.resume, ResumeMode::Instruction);
+    assert_eq!(p.variants[1].weight, 1);
+}
+
+#[test]
+fn missing_env_var_names_line_column_and_field() {
+    let e = Config::parse(GOOD, "keel.toml", &HashMap::new()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "keel.toml:11:11: pools[0].variants[0].api_key: environment variable `KEY` is not set"
+    );
+}
+
+#[test]
+fn a_type_error_names_the_field_and_its_line() {
+    let text = GOOD.replace("first_token_ms = 2000", "first_token_ms = \"2000\"");
+    assert_eq!(
+        one_issue(&text),
+        issue(
+            5,
+            18,
+            "pools[0].first_token_ms",
+            "expected a non-negative integer, got string \"2000\""
+        )
+    );
+    let text = GOOD.replace("name = \"a\"", "name = \"a\"\ntier = 300");
+    assert_eq!(
+        one_issue(&text),
+        issue(
+            8,
+            8,
+            "pools[0].variants[0].tier",
+            "expected an integer from 0 to 255, got integer 300"
+        )
+    );
+}
+
+#[test]
+fn a_range_error_has_a_line() {
+    let text = GOOD.replace("first_token_ms = 2000", "hedge_budget = 1.5");
+    assert_eq!(
+        one_issue(&text),
+        issue(
+            5,
+            16,
+            "pools[0].hedge_budget",
+            "expected a share between 0 and 1, got 1.5"
+        )
+    );
+    let text = format!("{GOOD}[retry_budget]\nratio = 11\n");
+    assert_eq!(
+        one_issue(&text),
+        issue(
+            14,
+            9,
+            "retry_budget.ratio",
+            "expected a number between 0 and 10, got 11"
+        )
+    );
+}
+
+#[test]
+fn top_level_max_attempts_is_reported_at_the_top_level() {
+    let text = format!("max_attempts = 0\n{GOOD}");
+    assert_eq!(
+        one_issue(&text),
+        issue(1, 16, "max_attempts", "must be at least 1")
+    );
+    let text = GOOD.replace("first_token_ms = 2000", "max_attempts = 0");
+    assert_eq!(
+        one_issue(&text),
+        issue(5, 16, "pools[0].max_attempts", "must be at least 1")
+    );
+}
+
+#[test]
+fn every_error_is_reported_at_once() {
+    let text = r#"max_attempts = 0
+listen = "nope"
+[timeouts]
+stall_ms = 0
+[[pools]]
+name = "gpt"
+policy = "roundrobin"
+first_token_ms = -5
+[pools.health]
+ttft_ratio_warn = 5
+ttft_ratio_severe = 2
+[[pools.variants]]
+name = "a"
+url = "ftp://x"
+protocol = "openai"
+upstream_model = "m"
+wieght = 2
+[[pools.variants]]
+name = "a"
+url = "http://x"
+protocol = "anthropic"
+upstream_model = "m"
+[[pools]]
+name = "gpt"
+"#;
+    assert_eq!(
+        issues(text),
+        vec![
+            issue(1, 16, "max_attempts", "must be at least 1"),
+            issue(
+                2,
+                10,
+                "listen",
+                "expected an address such as \"127.0.0.1:8080\", got \"nope\""
+            ),
+            issue(4, 12, "timeouts.stall_ms", "must be greater than 0"),
+            issue(
+                7,
+                10,
+                "pools[0].policy",
+                "expected `p2c` or `round_robin`, got `roundrobin`; did you mean `round_robin`?"
+            ),
+            issue(
+                8,
+                18,
+                "pools[0].first_token_ms",
+                "expected a non-negative integer, got integer -5"
+            ),
+            issue(
+                11,
+                21,
+                "pools[0].health.ttft_ratio_severe",
+                "must be greater than ttft_ratio_warn, itself at least 0 (got warn 5, severe 2)"
+            ),
+            issue(
+                14,
+                7,
+                "pools[0].variants[0].url",
+                "expected an http:// or https:// base URL, got \"ftp://x\""
+            ),
+            issue(
+                17,
+                1,
+                "pools[0].variants[0].wieght",
+                "unknown field `wieght`, did you mean `weight`?"
+            ),
+            issue(
+                19,
+                8,
+                "pools[0].variants[1].name",
+                "variant name `a` is used twice in this pool"
+            ),
+            issue(
+                23,
+                1,
+                "pools[1].variants",
+                "at least one [[pools.variants]] table is required"
+            ),
+            issue(
+                24,
+                8,
+                "pools[1].name",
+                "model name `gpt` is already used by pools[0]"
+            ),
+        ]
+    );
+}
+
+#[test]
+fn an_unknown_field_gets_a_suggestion_in_every_section() {
+    let text = r#"lisen = "127.0.0.1:1"
+[timeouts]
+stal_ms = 1
+[retry_budget]
+ratoi = 1
+[[pools]]
+name = "gpt"
+polcy = "p2c"
+timeouts = { conect_ms = 5 }
+[pools.health]
+decay_m = 1
+[[pools.variants]]
+name = "a"
+url = "http://x"
+protocol = "openai"
+upstream_model = "m"
+zzz = 1
+"#;
+    let got: Vec<(usize, String, String)> = issues(text)
+        .into_iter()
+        .map(|(line, _, field, message)| (line, field, message))
+        .collect();
+    let hint = |line, field: &str, key: &str, known: &str| {
+        (
+            line,
+            field.to_owned(),
+            format!("unknown field `{key}`, did you mean `{known}`?"),
+        )
+    };
+    assert_eq!(got.len(), 7, "{got:?}");
+    assert_eq!(got[0], hint(1, "lisen", "lisen", "listen"));
+    assert_eq!(got[1], hint(3, "timeouts.stal_ms", "stal_ms", "stall_ms"));
+    assert_eq!(got[2], hint(5, "retry_budget.ratoi", "ratoi", "ratio"));
+    assert_eq!(got[3], hint(8, "pools[0].polcy", "polcy", "policy"));
+    assert_eq!(
+        got[4],
+        hint(9, "pools[0].timeouts.conect_ms", "conect_ms", "connect_ms")
+    );
+    assert_eq!(
+        got[5],
+        hint(11, "pools[0].health.decay_m", "decay_m", "decay_ms")
+    );
+    // Nothing close: the known fields are listed instead.
+    assert_eq!(got[6].0, 17);
+    assert_eq!(got[6].1, "pools[0].variants[0].zzz");
+    let (head, known) = got[6].2.split_once("; expected one of ").unwrap();
+    assert_eq!(head, "unknown field `zzz`");
+    let known: Vec<&str> = known
+        .split([',', ' '])
+        .filter(|w| !w.is_empty() && *w != "or")
+        .map(|w| w.trim_matches('`'))
+        .collect();
+    assert!(
+        known.contains(&"weight") && known.contains(&"upstream_model"),
+        "{known:?}"
+    );
+    assert_eq!(known.len(), 14, "{known:?}");
+}
+
+#[test]
+fn an_unknown_policy_is_an_error_not_round_robin() {
+    let text = GOOD.replace("first_token_ms = 2000", "policy = \"least_loaded\"");
+    assert_eq!(
+        one_issue(&text),
+        issue(
+            5,
+            10,
+            "pools[0].policy",
+            "expected `p2c` or `round_robin`, got `least_loaded`"
+        )
+    );
+    let text = GOOD.replace("first_token_ms = 2000", "policy = \"P2C\"");
+    assert_eq!(
+        one_issue(&text).3,
+        "expected `p2c` or `round_robin`, got `P2C`; did you mean `p2c`?"
+    );
+    let text = GOOD.replace("first_token_ms = 2000", "policy = 2");
+    assert_eq!(
+        one_issue(&text).3,
+        "expected `p2c` or `round_robin`, got integer 2"
+    );
+}
+
+#[test]
+fn other_values_are_precise() {
+    let text = GOOD.replace("\"openai\"", "\"grpc\"");
+    assert_eq!(
+        one_issue(&text),
+        issue(
+            9,
+            12,
+            "pools[0].variants[0].protocol",
+            "expected `openai` or `anthropic`, got `grpc`"
+        )
+    );
+    let text = GOOD.replace("protocol = \"openai\"\n", "");
+    assert_eq!(
+        one_issue(&text),
+        issue(
+            6,
+            1,
+            "pools[0].variants[0].protocol",
+            "missing; expected `openai` or `anthropic`"
+        )
+    );
+    let text = GOOD.replace("first_token_ms = 2000", "hedge = \"of\"");
+    assert_eq!(
+        one_issue(&text).3,
+        "expected \"auto\", \"off\" or a delay in ms (> 0), got string \"of\"; did you mean `off`?"
+    );
+    let text = GOOD.replace("listen = \"127.0.0.1:9000\"", "worker_threads = 0");
+    assert_eq!(
+        one_issue(&text),
+        issue(1, 18, "worker_threads", "must be at least 1")
+    );
+    let text = GOOD.replace("params = { max_tokens = 100 }", "params = 5");
+    assert_eq!(
+        one_issue(&text),
+        issue(
+            12,
+            10,
+            "pools[0].variants[0].params",
+            "expected a table of request fields, got integer 5"
+        )
+    );
+    assert_eq!(
+        one_issue("listen = \"127.0.0.1:1\"\n"),
+        issue(1, 1, "pools", "at least one [[pools]] table is required")
+    );
+}
+
+#[test]
+fn a_syntax_error_stops_at_the_first() {
+    // The type error on line 1 is not reached: past a syntax error the document has no shape.
+    let e = Config::parse(
+        "listen = 5\n[[pools]]\nx = = 1\ny = = 2\n",
+        "k.toml",
+        &env(),
+    )
+    .unwrap_err();
+    assert_eq!(e.issues.len(), 1, "{e}");
+    assert_eq!(e.issues[0].at, Some(Position { line: 3, column: 5 }));
+    assert_eq!(e.issues[0].field, "");
+    let shown = e.to_string();
+    assert_eq!(shown.split_once(": ").unwrap().0, "k.toml:3:5", "{shown}");
+}
+
+#[test]
+fn duplicate_model_names_are_rejected() {
+    let twice = format!("{GOOD}[[pools]]\nname = \"x\"\naliases = [\"gpt-4o\"]\n[[pools.variants]]\nname=\"b\"\nurl=\"http://x\"\nprotocol=\"openai\"\nupstream_model=\"m\"\n");
+    assert_eq!(
+        one_issue(&twice),
+        issue(
+            15,
+            12,
+            "pools[1].aliases[0]",
+            "model name `gpt-4o` is already used by pools[0]"
+        )
+    );
+}
+
+#[test]
+fn anthropic_v1_urls_are_trimmed_with_a_warning() {
+    let text = GOOD.replace("\"openai\"", "\"anthropic\"");
+    let c = Config::parse(&text, "k.toml", &env()).unwrap();
+    assert_eq!(c.pools[0].variants[0].url, "http://127.0.0.1:8000");
+    assert_eq!(
+        c.warnings,
+        ["pools[0].variants[0].url: Anthropic base URLs do not end in /v1; using http://127.0.0.1:8000"]
+    );
+}

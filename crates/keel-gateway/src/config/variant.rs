@@ -1,0 +1,268 @@
+//! `[[pools.variants]]`: one concrete way to serve a pool's model.
+//!
+//! Strings in `url`, `api_key`, `upstream_model` and `metrics_url` may use `${ENV_VAR}`; a
+//! missing variable is an error (a key silently becoming empty would only show up as 401s in
+//! production).
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde_json::{Map, Value};
+
+use keel_core::continuation::ResumeMode;
+use keel_core::protocol::Protocol;
+
+use super::read::{Issues, Table, Val};
+
+#[derive(Clone)]
+pub struct VariantConfig {
+    pub name: String,
+    /// Base URL as the provider's SDK takes it, without a trailing slash.
+    pub url: String,
+    pub protocol: Protocol,
+    pub upstream_model: String,
+    /// Never printed: `Debug` redacts it.
+    pub api_key: Option<String>,
+    pub tier: u8,
+    pub context_window: Option<u64>,
+    pub max_concurrency: Option<u32>,
+    pub weight: u32,
+    pub params: Map<String, Value>,
+    pub resume: ResumeMode,
+    pub price: f64,
+    pub metrics_url: Option<String>,
+    pub continuation_fields: Map<String, Value>,
+}
+
+impl fmt::Debug for VariantConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VariantConfig")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .field("protocol", &self.protocol)
+            .field("upstream_model", &self.upstream_model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("tier", &self.tier)
+            .field("weight", &self.weight)
+            .finish_non_exhaustive()
+    }
+}
+
+const PROTOCOLS: [(&str, Protocol); 2] = [
+    ("openai", Protocol::OpenAi),
+    ("anthropic", Protocol::Anthropic),
+];
+
+const RESUME_MODES: [(&str, ResumeMode); 4] = [
+    ("prefill", ResumeMode::Prefill),
+    ("completion", ResumeMode::Completion),
+    ("instruction", ResumeMode::Instruction),
+    ("none", ResumeMode::None),
+];
+
+/// A variant and where its protocol is written (the pool checks that its variants agree).
+pub(super) struct ParsedVariant {
+    pub(super) cfg: VariantConfig,
+    pub(super) protocol: Val<Protocol>,
+}
+
+/// Reads one variant; `taken` holds the names of the pool's earlier variants (this one's is
+/// added). `None` when a required field is missing or wrong (already reported).
+pub(super) fn read(
+    mut t: Table,
+    taken: &mut Vec<String>,
+    env: &HashMap<String, String>,
+    warnings: &mut Vec<String>,
+    issues: &mut Issues,
+) -> Option<ParsedVariant> {
+    let name = t.required::<String>("name", "the variant's name (a string)", issues);
+    if let Some(n) = &name {
+        if n.value.is_empty() {
+            issues.report(n.at, &n.path, "must not be empty");
+        } else if taken.contains(&n.value) {
+            issues.report(
+                n.at,
+                &n.path,
+                format!("variant name `{}` is used twice in this pool", n.value),
+            );
+        } else {
+            taken.push(n.value.clone());
+        }
+    }
+    let protocol = t.required_choice("protocol", &PROTOCOLS, issues);
+    let url = t
+        .required::<String>("url", "an http:// or https:// base URL", issues)
+        .and_then(|u| base_url(u, protocol.as_ref().map(|p| p.value), env, warnings, issues));
+    let upstream_model = t
+        .required::<String>(
+            "upstream_model",
+            "the model name the upstream knows",
+            issues,
+        )
+        .and_then(|m| interpolate(&m, env, issues));
+    let api_key = t
+        .get::<String>("api_key", issues)
+        .and_then(|k| interpolate(&k, env, issues));
+    let tier = match t.get::<u8>("tier", issues) {
+        Some(v) if v.value == 0 => {
+            issues.report(v.at, &v.path, "expected 1 (best fidelity) or more, got 0");
+            1
+        }
+        Some(v) => v.value,
+        None => 1,
+    };
+    let context_window = t.value::<u64>("context_window", issues);
+    let max_concurrency = t.value::<u32>("max_concurrency", issues);
+    let weight = t.value::<u32>("weight", issues).unwrap_or(1);
+    let params = t.json_table("params", issues).unwrap_or_default();
+    let resume = t
+        .choice("resume", &RESUME_MODES, issues)
+        .map(|r| r.value)
+        .unwrap_or(ResumeMode::Prefill);
+    let price = t.value::<f64>("price", issues).unwrap_or(1.0);
+    let metrics_url = t
+        .get::<String>("metrics_url", issues)
+        .and_then(|u| metrics_url(u, env, issues));
+    let continuation_fields = t
+        .json_table("continuation_fields", issues)
+        .unwrap_or_else(keel_core::continuation::default_prefill_fields);
+    let resume_path = t.field_path("resume");
+    t.finish(issues);
+
+    let (name, url, protocol, upstream_model) = (name?, url?, protocol?, upstream_model?);
+    let cfg = VariantConfig {
+        name: name.value,
+        url,
+        protocol: protocol.value,
+        upstream_model,
+        api_key,
+        tier,
+        context_window,
+        max_concurrency,
+        weight,
+        params,
+        resume,
+        price,
+        metrics_url,
+        continuation_fields,
+    };
+    if let Some(why) = resume_misfit(&cfg) {
+        warnings.push(format!(
+            "{}: `{}` does not fit this variant: {why}",
+            resume_path,
+            resume_name(cfg.resume)
+        ));
+    }
+    Some(ParsedVariant { cfg, protocol })
+}
+
+/// The base URL without a trailing slash; an Anthropic base URL loses a `/v1` (with a warning).
+fn base_url(
+    u: Val<String>,
+    protocol: Option<Protocol>,
+    env: &HashMap<String, String>,
+    warnings: &mut Vec<String>,
+    issues: &mut Issues,
+) -> Option<String> {
+    let mut url = interpolate(&u, env, issues)?
+        .trim_end_matches('/')
+        .to_owned();
+    if !(url.starts_with("http://") || url.starts_with("https://"))
+        || url.parse::<http::Uri>().is_err()
+    {
+        issues.report(
+            u.at,
+            &u.path,
+            format!(
+                "expected an http:// or https:// base URL, got {:?}",
+                u.value
+            ),
+        );
+        return None;
+    }
+    if protocol == Some(Protocol::Anthropic) && url.ends_with("/v1") {
+        // The Anthropic SDK's base URL has no /v1; accept the common slip.
+        url.truncate(url.len() - 3);
+        warnings.push(format!(
+            "{}: Anthropic base URLs do not end in /v1; using {url}",
+            u.path
+        ));
+    }
+    Some(url)
+}
+
+fn metrics_url(
+    u: Val<String>,
+    env: &HashMap<String, String>,
+    issues: &mut Issues,
+) -> Option<String> {
+    let url = interpolate(&u, env, issues)?;
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        issues.report(
+            u.at,
+            &u.path,
+            format!("expected an http:// or https:// URL, got {url:?}"),
+        );
+        return None;
+    }
+    Some(url)
+}
+
+/// Why a variant's resume mode cannot work for it, if it cannot.
+fn resume_misfit(v: &VariantConfig) -> Option<&'static str> {
+    match (v.resume, v.protocol) {
+        (ResumeMode::Completion, Protocol::Anthropic) => {
+            Some("Anthropic has no /v1/completions; use `prefill`")
+        }
+        (ResumeMode::Prefill, Protocol::OpenAi) if v.url.contains("api.openai.com") => Some(
+            "OpenAI's hosted API does not continue a final assistant message; use `instruction`",
+        ),
+        _ => None,
+    }
+}
+
+fn resume_name(mode: ResumeMode) -> &'static str {
+    RESUME_MODES
+        .iter()
+        .find(|(_, m)| *m == mode)
+        .map(|(n, _)| *n)
+        .unwrap_or("?")
+}
+
+/// `${VAR}` replaced by the variable's value; a missing variable is reported.
+fn interpolate(
+    s: &Val<String>,
+    env: &HashMap<String, String>,
+    issues: &mut Issues,
+) -> Option<String> {
+    match substitute(&s.value, env) {
+        Ok(out) => Some(out),
+        Err(var) => {
+            issues.report(
+                s.at,
+                &s.path,
+                format!("environment variable `{var}` is not set"),
+            );
+            None
+        }
+    }
+}
+
+/// Replaces `${VAR}` with the variable's value; returns the missing variable's name on error.
+fn substitute(s: &str, env: &HashMap<String, String>) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find("${") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        let Some(j) = after.find('}') else {
+            out.push_str(&rest[i..]);
+            return Ok(out);
+        };
+        let name = &after[..j];
+        out.push_str(env.get(name).ok_or_else(|| name.to_owned())?);
+        rest = &after[j + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
