@@ -20,6 +20,10 @@ fi
 
 echo "== build"
 cargo build --workspace --bins
+# Binaries live wherever cargo puts them (CARGO_TARGET_DIR, a config file...): ask cargo.
+TARGET_DIR="$(cargo metadata --format-version 1 --no-deps \
+  | .venv/bin/python -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+KEEL="$TARGET_DIR/debug/keel"
 
 echo "== rust tests"
 if cargo nextest --version >/dev/null 2>&1; then
@@ -29,7 +33,7 @@ else
 fi
 
 echo "== benchmark smoke test (every scenario, keel only, a few seconds each)"
-./target/debug/keel bench all --quick --contenders keel --out bench/out/smoke > /dev/null
+"$KEEL" bench all --quick --contenders keel --out bench/out/smoke > /dev/null
 
 echo "== SDK tests and real llama.cpp server tests"
-KEEL_BIN="$PWD/target/debug/keel" .venv/bin/python -m pytest -q -rs tests/python tests/real
+KEEL_BIN="$KEEL" .venv/bin/python -m pytest -q -rs tests/python tests/real

@@ -202,7 +202,10 @@ async fn retry_after_sets_an_exact_cooldown() {
             "sim-0 is cooling down"
         );
     }
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    wait_for!(
+        "sim-0's cooldown to end",
+        h.get_json("/keel/health").await["pools"][0]["variants"][0]["available"] == true
+    );
     let (_, headers, _) = h.chat(&chat_body("x")).await;
     assert_eq!(
         header(&headers, "x-keel-variant"),

@@ -194,6 +194,26 @@ pub async fn add_fault(server: &ServerHandle, fault: Value) {
     assert_eq!(r.status(), 200);
 }
 
+/// Waits (polling every 10 ms, for at most 20 s) until `cond` holds: tests wait for
+/// conditions, never for fixed times, so a loaded machine only makes them slower.
+macro_rules! wait_for {
+    ($what:expr, $cond:expr) => {{
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            if $cond {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {}",
+                $what
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }};
+}
+pub(crate) use wait_for;
+
 /// A chat request with sim-0 forced as the first attempt (the rest of the plan stays as
 /// fallbacks and migration targets).
 pub async fn forced_sim0(h: &Harness, body: &Value) -> reqwest::Response {

@@ -13,13 +13,15 @@ async fn shutdown_drains_in_flight_streams() {
     let resp = h.post("/v1/chat/completions", &stream_body("x")).await;
     assert_eq!(resp.status(), 200);
     h.stop();
-    tokio::time::sleep(Duration::from_millis(100)).await;
     // New connections are refused once shutdown began...
-    assert!(keel_sim::http_client()
-        .get(h.url("/keel/health"))
-        .send()
-        .await
-        .is_err());
+    wait_for!(
+        "the listener to close",
+        keel_sim::http_client()
+            .get(h.url("/keel/health"))
+            .send()
+            .await
+            .is_err()
+    );
     // ...while the stream in flight completes intact.
     let events = read_stream(resp).await;
     assert_eq!(events.last().unwrap().data, "[DONE]");

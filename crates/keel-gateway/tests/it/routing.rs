@@ -242,7 +242,10 @@ async fn decisions_and_gauges_explain_routing() {
     assert_eq!(d["policy"], "p2c");
     assert_eq!(d["candidates"].as_array().unwrap().len(), 3);
     assert!(d["duration_us"].as_f64().unwrap() > 0.0);
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    wait_for!(
+        "the monitor to publish the variant gauges",
+        h.metrics().await.contains("keel_variant_state{")
+    );
     let m = h.metrics().await;
     for g in [
         "keel_variant_weight{",

@@ -267,17 +267,12 @@ async fn a_relay_that_panics_never_ends_the_stream_cleanly() {
                 "{case}: {err}"
             );
             // The request is accounted for as keel's failure, not as a success.
-            let mut counted = 0.0;
-            for _ in 0..200 {
-                counted = h
-                    .metric("keel_requests_total", &[("outcome", "incomplete")])
-                    .await;
-                if counted == 1.0 {
-                    break;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-            assert_eq!(counted, 1.0, "{case}");
+            wait_for!(
+                format!("{case}: the request counted as incomplete"),
+                h.metric("keel_requests_total", &[("outcome", "incomplete")])
+                    .await
+                    == 1.0
+            );
         }
     }
 }

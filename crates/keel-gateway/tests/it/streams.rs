@@ -27,14 +27,14 @@ async fn upstream_death_mid_stream_ends_with_an_explicit_error_event() {
         !openai_stream_text(&events).is_empty(),
         "the tokens before the failure were delivered"
     );
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(
+    wait_for!(
+        "the incomplete stream to be counted",
         h.metric(
             "keel_requests_total",
             &[("route", "direct"), ("outcome", "incomplete")]
         )
-        .await,
-        1.0
+        .await
+            == 1.0
     );
 }
 
