@@ -153,6 +153,8 @@ pub struct Attempts {
     budget_refused: bool,
     /// Selection's record; completed with the attempts and kept when the request ends.
     decision: Option<DecisionRecord>,
+    /// Committed streams not yet settled at their end: (record, variant, kind).
+    open: Vec<(usize, usize, AttemptKind)>,
 }
 
 impl Attempts {
@@ -165,6 +167,7 @@ impl Attempts {
             retry_after_ms: None,
             budget_refused: false,
             decision,
+            open: Vec::new(),
         }
     }
 
@@ -281,6 +284,8 @@ impl Attempts {
                 let record = self.push_record(vi, kind, "ok".into());
                 if whole {
                     self.count(vi, kind, "ok");
+                } else {
+                    self.open.push((record, vi, kind));
                 }
                 guard.serving = true;
                 Settled::Served(
@@ -333,6 +338,7 @@ impl Attempts {
         };
         if !counted {
             self.count(vi, kind, &label);
+            self.open.retain(|(r, ..)| *r != record);
         }
         if let Some(r) = self.records.get_mut(record) {
             r.outcome = label;
@@ -453,8 +459,21 @@ impl Attempts {
 }
 
 impl Drop for Attempts {
-    /// The request's decision record is kept when its attempts are all settled.
+    /// A committed stream whose request was dropped before its end (a non-streaming client
+    /// that went away while its answer was assembled, a task that panicked) is still counted,
+    /// once; then the request's decision record is kept.
     fn drop(&mut self) {
+        let label = if std::thread::panicking() {
+            "internal_error"
+        } else {
+            "cancelled"
+        };
+        for (record, vi, kind) in std::mem::take(&mut self.open) {
+            self.count(vi, kind, label);
+            if let Some(r) = self.records.get_mut(record) {
+                r.outcome = label.to_owned();
+            }
+        }
         if let Some(mut d) = self.decision.take() {
             d.attempts = std::mem::take(&mut self.records);
             self.gw.record_decision(d);

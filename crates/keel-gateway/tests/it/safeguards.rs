@@ -273,6 +273,14 @@ async fn a_relay_that_panics_never_ends_the_stream_cleanly() {
                     .await
                     == 1.0
             );
+            // Its attempt is counted once, as keel's own failure.
+            assert_eq!(h.metric("keel_attempts_total", &[]).await, 1.0, "{case}");
+            assert_eq!(
+                h.metric("keel_attempts_total", &[("outcome", "internal_error")])
+                    .await,
+                1.0,
+                "{case}"
+            );
         }
     }
 }
@@ -287,6 +295,16 @@ async fn a_handler_that_panics_answers_500_in_the_clients_protocol() {
     let (status, _, body) = h.chat(&chat_body("hello")).await;
     assert_eq!(status, 500);
     assert_eq!(body["error"]["type"], "api_error", "{body}");
+    assert_eq!(
+        h.metric("keel_requests_total", &[("outcome", "incomplete")])
+            .await,
+        1.0
+    );
+    assert_eq!(
+        h.metric("keel_attempts_total", &[("outcome", "internal_error")])
+            .await,
+        1.0
+    );
     // The gateway still serves.
     h.gw.hooks
         .relay_panic_after_events
