@@ -16,6 +16,8 @@ pub mod config;
 pub mod delivery;
 pub mod errors;
 pub mod execution;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod metrics;
 pub mod monitor;
 pub mod pools;
