@@ -5,11 +5,34 @@
 //! protocol's non-streaming shape: OpenAI `chat.completion` / `text_completion` (content, tool
 //! calls, finish reason, usage), Anthropic `message` (content blocks, tool inputs, stop reason,
 //! usage). The events are the stitched, client-visible ones, so the body covers every segment.
+//!
+//! **Hostile input.** Every event comes from an upstream keel does not control. Nothing here
+//! indexes JSON mutably without checking its shape, and everything that grows is bounded:
+//! tool-call and content-block indexes by [`MAX_TOOL_CALLS`] and [`MAX_CONTENT_BLOCKS`] (slots
+//! are allocated up to the index an upstream names, so an unbounded index is an allocation of
+//! the upstream's choosing), and the accumulated text, arguments and tool inputs together by
+//! [`MAX_ASSEMBLED_BYTES`]. Exceeding a bound makes [`Assembler::push`] return `Err` with the
+//! message of a `malformed` upstream failure, which fails over or migrates like any other.
 
 use serde_json::{json, Map, Value};
 
 use crate::protocol::{Endpoint, Protocol};
 use crate::sse::SseEvent;
+
+/// Highest number of tool calls in one OpenAI response (`index` 0..=255). Real responses carry a
+/// handful (parallel tool calls are bounded by the tools a request declares, and APIs cap those
+/// at 128); 256 leaves room while keeping the slots keel allocates for one index small (a few
+/// kilobytes), whatever index an upstream writes.
+pub const MAX_TOOL_CALLS: usize = 256;
+
+/// Highest number of content blocks in one Anthropic message (`index` 0..=255), for the same
+/// reason as [`MAX_TOOL_CALLS`]: a message holds a few text, thinking and tool-use blocks.
+pub const MAX_CONTENT_BLOCKS: usize = 256;
+
+/// Most bytes of text, tool-call names and arguments, and tool-input JSON one response may
+/// accumulate: the default largest whole upstream body (64 MiB) — a non-streaming client would
+/// not get more from an upstream that answered in one piece.
+pub const MAX_ASSEMBLED_BYTES: usize = 64 * 1024 * 1024;
 
 /// Builds one body from events.
 #[derive(Debug, Clone, Default)]
@@ -20,42 +43,65 @@ pub struct Assembler {
     tool_calls: Vec<(Value, String, String)>,
     finish_reason: Value,
     usage: Value,
-    /// Anthropic content blocks, and the partial JSON of tool inputs.
+    /// Anthropic content blocks, the text their deltas added, and the partial JSON of tool
+    /// inputs (kept apart from the blocks so that appending is not a copy of the whole text).
     blocks: Vec<Value>,
+    block_text: Vec<String>,
     partial_json: Vec<String>,
     stop_reason: Value,
     stop_sequence: Value,
     output_tokens: Value,
+    /// Bytes accumulated so far (see [`MAX_ASSEMBLED_BYTES`]).
+    accumulated: usize,
+}
+
+/// An upstream-supplied index, if it is within `max` slots.
+fn bounded_index(v: &Value, max: usize, what: &str) -> Result<usize, String> {
+    let i = v.get("index").and_then(Value::as_u64).unwrap_or(0);
+    match usize::try_from(i) {
+        Ok(i) if i < max => Ok(i),
+        _ => Err(format!(
+            "upstream sent {what} index {i}; at most {max} are accepted"
+        )),
+    }
 }
 
 impl Assembler {
     pub fn new() -> Self {
-        Assembler {
-            finish_reason: Value::Null,
-            usage: Value::Null,
-            stop_reason: Value::Null,
-            stop_sequence: Value::Null,
-            output_tokens: Value::Null,
-            ..Default::default()
+        Self::default()
+    }
+
+    /// Counts `n` more accumulated bytes against [`MAX_ASSEMBLED_BYTES`].
+    fn grow(&mut self, n: usize) -> Result<(), String> {
+        self.accumulated = self.accumulated.saturating_add(n);
+        if self.accumulated > MAX_ASSEMBLED_BYTES {
+            return Err(format!(
+                "upstream response exceeds {MAX_ASSEMBLED_BYTES} bytes of assembled output"
+            ));
         }
+        Ok(())
     }
 
     /// Takes one client-visible event (bytes of one or more events as the stitcher wrote them).
-    pub fn push(&mut self, protocol: Protocol, ev: &SseEvent) {
+    /// `Err` is the message of a `malformed` upstream failure: the response broke a bound (see
+    /// the module doc) and must not be served.
+    pub fn push(&mut self, protocol: Protocol, ev: &SseEvent) -> Result<(), String> {
         if ev.comment_only || ev.data == "[DONE]" {
-            return;
+            return Ok(());
         }
         // Most chunks carry one piece of text and nothing else: take it without a JSON tree.
         if protocol == Protocol::OpenAi && self.first.is_some() {
             if let Some(view) = crate::protocol::ChunkView::parse(&ev.data) {
                 if view.is_plain_text() {
-                    self.text.push_str(view.text().unwrap_or(""));
-                    return;
+                    let t = view.text().unwrap_or("");
+                    self.grow(t.len())?;
+                    self.text.push_str(t);
+                    return Ok(());
                 }
             }
         }
         let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
-            return;
+            return Ok(());
         };
         match protocol {
             Protocol::OpenAi => self.push_openai(v),
@@ -63,68 +109,72 @@ impl Assembler {
         }
     }
 
-    fn push_openai(&mut self, v: Value) {
+    fn push_openai(&mut self, v: Value) -> Result<(), String> {
         if self.first.is_none() {
             self.first = Some(v.clone());
         }
-        if v.get("usage").is_some_and(|u| !u.is_null()) {
-            self.usage = v["usage"].clone();
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            self.usage = u.clone();
         }
         let Some(c) = v.get("choices").and_then(|c| c.get(0)) else {
-            return;
+            return Ok(());
         };
-        if let Some(t) = c
-            .pointer("/delta/content")
-            .or_else(|| c.get("text"))
-            .and_then(Value::as_str)
-        {
+        if let Some(t) = crate::protocol::openai_choice_text(c) {
+            self.grow(t.len())?;
             self.text.push_str(t);
         }
         if let Some(calls) = c.pointer("/delta/tool_calls").and_then(Value::as_array) {
             for call in calls {
-                let i = call["index"].as_u64().unwrap_or(0) as usize;
-                while self.tool_calls.len() <= i {
+                let i = bounded_index(call, MAX_TOOL_CALLS, "tool call")?;
+                let name = call.pointer("/function/name").and_then(Value::as_str);
+                let args = call.pointer("/function/arguments").and_then(Value::as_str);
+                self.grow(name.map_or(0, str::len) + args.map_or(0, str::len))?;
+                if self.tool_calls.len() <= i {
                     self.tool_calls
-                        .push((Value::Null, String::new(), String::new()));
+                        .resize(i + 1, (Value::Null, String::new(), String::new()));
                 }
                 let slot = &mut self.tool_calls[i];
-                if !call["id"].is_null() {
-                    slot.0 = call["id"].clone();
+                if let Some(id) = call.get("id").filter(|id| !id.is_null()) {
+                    slot.0 = id.clone();
                 }
-                if let Some(n) = call.pointer("/function/name").and_then(Value::as_str) {
-                    slot.1.push_str(n);
-                }
-                if let Some(a) = call.pointer("/function/arguments").and_then(Value::as_str) {
-                    slot.2.push_str(a);
-                }
+                slot.1.push_str(name.unwrap_or(""));
+                slot.2.push_str(args.unwrap_or(""));
             }
         }
-        if !c["finish_reason"].is_null() {
-            self.finish_reason = c["finish_reason"].clone();
+        if let Some(f) = c.get("finish_reason").filter(|f| !f.is_null()) {
+            self.finish_reason = f.clone();
         }
+        Ok(())
     }
 
-    fn push_anthropic(&mut self, name: &str, v: Value) {
+    fn push_anthropic(&mut self, name: &str, v: Value) -> Result<(), String> {
         match name {
-            "message_start" => self.first = Some(v["message"].clone()),
+            "message_start" => self.first = Some(v.get("message").cloned().unwrap_or(Value::Null)),
             "content_block_start" => {
-                let i = v["index"].as_u64().unwrap_or(0) as usize;
-                while self.blocks.len() <= i {
-                    self.blocks.push(Value::Null);
-                    self.partial_json.push(String::new());
+                let i = bounded_index(&v, MAX_CONTENT_BLOCKS, "content block")?;
+                if self.blocks.len() <= i {
+                    self.blocks.resize(i + 1, Value::Null);
+                    self.block_text.resize(i + 1, String::new());
+                    self.partial_json.resize(i + 1, String::new());
                 }
-                self.blocks[i] = v["content_block"].clone();
+                self.blocks[i] = v.get("content_block").cloned().unwrap_or(Value::Null);
+                self.block_text[i].clear();
+                self.partial_json[i].clear();
             }
             "content_block_delta" => {
-                let i = v["index"].as_u64().unwrap_or(0) as usize;
-                if i >= self.blocks.len() {
-                    return;
-                }
+                // A delta for a block that never started has nowhere to go (dropped, as before).
+                let Some(i) = bounded_index(&v, MAX_CONTENT_BLOCKS, "content block")
+                    .ok()
+                    .filter(|&i| i < self.blocks.len())
+                else {
+                    return Ok(());
+                };
                 if let Some(t) = v.pointer("/delta/text").and_then(Value::as_str) {
-                    let cur = self.blocks[i]["text"].as_str().unwrap_or("").to_owned();
-                    self.blocks[i]["text"] = Value::String(cur + t);
+                    self.grow(t.len())?;
+                    self.block_text[i].push_str(t);
                 }
                 if let Some(p) = v.pointer("/delta/partial_json").and_then(Value::as_str) {
+                    self.grow(p.len())?;
                     self.partial_json[i].push_str(p);
                 }
             }
@@ -144,6 +194,7 @@ impl Assembler {
             }
             _ => {}
         }
+        Ok(())
     }
 
     /// The whole response body.
@@ -154,18 +205,32 @@ impl Assembler {
                 let content: Vec<Value> = self
                     .blocks
                     .into_iter()
+                    .zip(self.block_text)
                     .zip(self.partial_json)
-                    .filter(|(b, _)| !b.is_null())
-                    .map(|(mut b, json)| {
-                        if b["type"] == "tool_use" {
-                            b["input"] = serde_json::from_str(&json).unwrap_or_else(|_| json!({}));
+                    .filter_map(|((b, text), json)| {
+                        // A block that is not an object (never started, or an upstream's
+                        // nonsense) has no content to give.
+                        let Value::Object(mut b) = b else {
+                            return None;
+                        };
+                        if !text.is_empty() {
+                            let before = b.get("text").and_then(Value::as_str).unwrap_or("");
+                            let whole = before.to_owned() + &text;
+                            b.insert("text".into(), Value::String(whole));
                         }
-                        b
+                        if b.get("type").and_then(Value::as_str) == Some("tool_use") {
+                            let input = serde_json::from_str(&json).unwrap_or_else(|_| json!({}));
+                            b.insert("input".into(), input);
+                        }
+                        Some(Value::Object(b))
                     })
                     .collect();
-                let mut usage = first.get("usage").cloned().unwrap_or_else(|| json!({}));
+                let mut usage = match first.get("usage") {
+                    Some(Value::Object(u)) => u.clone(),
+                    _ => Map::new(),
+                };
                 if !self.output_tokens.is_null() {
-                    usage["output_tokens"] = self.output_tokens;
+                    usage.insert("output_tokens".into(), self.output_tokens);
                 }
                 json!({"id": first["id"], "type": "message", "role": "assistant", "model": first["model"], "content": content,
                     "stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence, "usage": usage})
@@ -209,10 +274,10 @@ mod tests {
     fn openai_chat_with_tool_call() {
         let mut a = Assembler::new();
         let ev = |v: Value| SseEvent::new(None, &v.to_string());
-        a.push(Protocol::OpenAi, &ev(json!({"id": "x", "created": 5, "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "f", "arguments": ""}}]}, "finish_reason": null}]})));
-        a.push(Protocol::OpenAi, &ev(json!({"id": "x", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\":1}"}}]}, "finish_reason": null}]})));
-        a.push(Protocol::OpenAi, &ev(json!({"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})));
-        a.push(Protocol::OpenAi, &ev(json!({"id": "x", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}})));
+        a.push(Protocol::OpenAi, &ev(json!({"id": "x", "created": 5, "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "f", "arguments": ""}}]}, "finish_reason": null}]}))).unwrap();
+        a.push(Protocol::OpenAi, &ev(json!({"id": "x", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\":1}"}}]}, "finish_reason": null}]}))).unwrap();
+        a.push(Protocol::OpenAi, &ev(json!({"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}))).unwrap();
+        a.push(Protocol::OpenAi, &ev(json!({"id": "x", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}))).unwrap();
         let body = a.finish(Endpoint::ChatCompletions);
         assert_eq!(body["object"], "chat.completion");
         assert_eq!(body["choices"][0]["message"]["content"], Value::Null);
@@ -228,29 +293,32 @@ mod tests {
     fn anthropic_message() {
         let mut a = Assembler::new();
         let ev = |n: &str, v: Value| SseEvent::new(Some(n), &v.to_string());
-        a.push(Protocol::Anthropic, &ev("message_start", json!({"message": {"id": "msg", "model": "m", "usage": {"input_tokens": 9, "output_tokens": 1}}})));
+        a.push(Protocol::Anthropic, &ev("message_start", json!({"message": {"id": "msg", "model": "m", "usage": {"input_tokens": 9, "output_tokens": 1}}}))).unwrap();
         a.push(
             Protocol::Anthropic,
             &ev(
                 "content_block_start",
                 json!({"index": 0, "content_block": {"type": "text", "text": ""}}),
             ),
-        );
+        )
+        .unwrap();
         a.push(
             Protocol::Anthropic,
             &ev(
                 "content_block_delta",
                 json!({"index": 0, "delta": {"type": "text_delta", "text": "Hi"}}),
             ),
-        );
+        )
+        .unwrap();
         a.push(
             Protocol::Anthropic,
             &ev(
                 "content_block_delta",
                 json!({"index": 0, "delta": {"type": "text_delta", "text": " there"}}),
             ),
-        );
-        a.push(Protocol::Anthropic, &ev("message_delta", json!({"delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 2}})));
+        )
+        .unwrap();
+        a.push(Protocol::Anthropic, &ev("message_delta", json!({"delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 2}}))).unwrap();
         let body = a.finish(Endpoint::Messages);
         assert_eq!(
             body["content"],
@@ -261,5 +329,111 @@ mod tests {
             json!({"input_tokens": 9, "output_tokens": 2})
         );
         assert_eq!(body["stop_reason"], "end_turn");
+    }
+
+    #[test]
+    fn an_index_past_the_bound_is_malformed_not_an_allocation() {
+        // Found from outside: `"index": 4000000000` made keel allocate ~24 GB and be OOM-killed.
+        let mut a = Assembler::new();
+        let huge = json!({"id": "x", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 4_000_000_000u64, "function": {"name": "f"}}]}}]});
+        let err = a
+            .push(Protocol::OpenAi, &SseEvent::new(None, &huge.to_string()))
+            .unwrap_err();
+        assert!(err.contains("4000000000"), "{err}");
+        assert!(a.tool_calls.is_empty());
+        let last = json!({"id": "x", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": MAX_TOOL_CALLS - 1}]}}]});
+        a.push(Protocol::OpenAi, &SseEvent::new(None, &last.to_string()))
+            .unwrap();
+        assert_eq!(a.tool_calls.len(), MAX_TOOL_CALLS);
+
+        let mut a = Assembler::new();
+        let start = |i: u64| {
+            SseEvent::new(
+                Some("content_block_start"),
+                &json!({"index": i, "content_block": {"type": "text", "text": ""}}).to_string(),
+            )
+        };
+        assert!(a.push(Protocol::Anthropic, &start(u64::MAX)).is_err());
+        assert!(a
+            .push(Protocol::Anthropic, &start(MAX_CONTENT_BLOCKS as u64))
+            .is_err());
+        a.push(Protocol::Anthropic, &start(MAX_CONTENT_BLOCKS as u64 - 1))
+            .unwrap();
+        assert_eq!(a.blocks.len(), MAX_CONTENT_BLOCKS);
+    }
+
+    #[test]
+    fn accumulated_output_is_bounded() {
+        let mut a = Assembler::new();
+        let piece = "x".repeat(1024 * 1024);
+        let ev = SseEvent::new(
+            None,
+            &json!({"id": "x", "choices": [{"index": 0, "delta": {"content": piece}}]}).to_string(),
+        );
+        let mut pushed = 0;
+        let err = loop {
+            match a.push(Protocol::OpenAi, &ev) {
+                Ok(()) => pushed += 1,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(pushed, MAX_ASSEMBLED_BYTES / piece.len());
+        assert!(err.contains("exceeds"), "{err}");
+    }
+
+    #[test]
+    fn wrong_shapes_are_ignored_not_a_panic() {
+        // Each event name with data of every JSON shape, and nested fields of the wrong type,
+        // then every endpoint's finish: none of them may panic.
+        let shapes = [
+            "null",
+            "[]",
+            "[1,{}]",
+            "7",
+            "\"s\"",
+            "true",
+            "{}",
+            r#"{"index":"0","delta":[],"content_block":5,"message":[],"usage":"u"}"#,
+            r#"{"index":0,"content_block":"text","delta":{"text":5,"partial_json":[]}}"#,
+            r#"{"index":0,"content_block":[1],"delta":{"text":"t","partial_json":"{"}}"#,
+            r#"{"index":0,"content_block":{"type":"tool_use","text":7},"delta":{"text":"t"}}"#,
+            r#"{"message":{"usage":7,"id":[]},"delta":{"stop_reason":{}},"usage":{"output_tokens":"x"}}"#,
+            r#"{"choices":7}"#,
+            r#"{"choices":[7]}"#,
+            r#"{"choices":[{"delta":7,"text":[]}]}"#,
+            r#"{"choices":[{"delta":{"content":7,"tool_calls":{}}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[7,null,{"index":-1},{"index":1.5,"id":7,"function":"f"}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"function":{"name":7,"arguments":{}}}]}}]}"#,
+        ];
+        let names = [
+            None,
+            Some("message_start"),
+            Some("content_block_start"),
+            Some("content_block_delta"),
+            Some("content_block_stop"),
+            Some("message_delta"),
+            Some("message_stop"),
+            Some("ping"),
+            Some("error"),
+        ];
+        for protocol in [Protocol::OpenAi, Protocol::Anthropic] {
+            let mut a = Assembler::new();
+            // Twice: once to start blocks and take a first chunk, once more with state behind.
+            for _ in 0..2 {
+                for name in names {
+                    for data in shapes {
+                        let _ = a.push(protocol, &SseEvent::new(name, data));
+                    }
+                }
+            }
+            for endpoint in [
+                Endpoint::ChatCompletions,
+                Endpoint::Completions,
+                Endpoint::Messages,
+                Endpoint::CountTokens,
+            ] {
+                let _ = a.clone().finish(endpoint).to_string();
+            }
+        }
     }
 }

@@ -180,10 +180,7 @@ pub fn event_text(protocol: Protocol, ev: &SseEvent) -> Option<String> {
     match protocol {
         Protocol::OpenAi => {
             let c = v.get("choices")?.get(0)?;
-            c.pointer("/delta/content")
-                .or_else(|| c.get("text"))
-                .and_then(Value::as_str)
-                .map(str::to_owned)
+            crate::protocol::openai_choice_text(c).map(str::to_owned)
         }
         Protocol::Anthropic => {
             if ev.event.as_deref() != Some("content_block_delta") {
@@ -239,7 +236,7 @@ impl Stitcher {
 
     /// Starts a continuation segment.
     pub fn begin_segment(&mut self) {
-        self.segment += 1;
+        self.segment = self.segment.saturating_add(1);
         self.tokens_before_segment = self.delivered_tokens();
         self.block_offset = self.open_block.unwrap_or(self.next_block);
         self.continues_open = self.open_block.is_some();
@@ -273,9 +270,9 @@ impl Stitcher {
             Protocol::OpenAi => {
                 if self.identity.is_none() {
                     if let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
-                        if v.get("id").is_some() {
-                            self.identity =
-                                Some((v["id"].clone(), v["created"].clone(), v["model"].clone()));
+                        if let Some(id) = v.get("id") {
+                            let field = |k| v.get(k).cloned().unwrap_or(Value::Null);
+                            self.identity = Some((id.clone(), field("created"), field("model")));
                         }
                     }
                 }
@@ -284,10 +281,11 @@ impl Stitcher {
                 Some("content_block_start") => {
                     let i = serde_json::from_str::<Value>(&ev.data)
                         .ok()
-                        .and_then(|v| v["index"].as_u64())
+                        .and_then(|v| v.get("index").and_then(Value::as_u64))
                         .unwrap_or(self.next_block);
                     self.open_block = Some(i);
-                    self.next_block = i + 1;
+                    // Saturating: an index is the upstream's number, `u64::MAX` included.
+                    self.next_block = i.saturating_add(1);
                 }
                 Some("content_block_stop") => self.open_block = None,
                 _ => {}
@@ -316,35 +314,51 @@ impl Stitcher {
         if ev.data == "[DONE]" {
             return Some(ev.raw.clone());
         }
-        let mut v: Value = serde_json::from_str(&ev.data).ok()?;
+        // A chunk is an object; anything else is not one to rewrite (and would panic on
+        // `v["id"] = …`): dropped, as unparsable JSON is.
+        let Ok(Value::Object(mut v)) = serde_json::from_str::<Value>(&ev.data) else {
+            return None;
+        };
         if let Some((id, created, model)) = &self.identity {
-            v["id"] = id.clone();
-            v["created"] = created.clone();
-            v["model"] = model.clone();
+            v.insert("id".into(), id.clone());
+            v.insert("created".into(), created.clone());
+            v.insert("model".into(), model.clone());
         }
         if let Some(text) = event_text(Protocol::OpenAi, ev) {
             let text = self.trim(&text, trim_overlap);
             self.delivered.push_str(&text);
-            if let Some(c) = v.pointer_mut("/choices/0") {
-                if c.pointer("/delta/content").is_some() {
-                    c["delta"]["content"] = Value::String(text);
-                } else if c.get("text").is_some() {
-                    c["text"] = Value::String(text);
+            let choice = v
+                .get_mut("choices")
+                .and_then(|c| c.get_mut(0))
+                .and_then(Value::as_object_mut);
+            if let Some(c) = choice {
+                // The field `event_text` read the text from (see `openai_choice_text`).
+                let in_delta = c
+                    .get("delta")
+                    .and_then(|d| d.get("content"))
+                    .is_some_and(Value::is_string);
+                if in_delta {
+                    if let Some(d) = c.get_mut("delta").and_then(Value::as_object_mut) {
+                        d.insert("content".into(), Value::String(text));
+                    }
+                } else if c.get("text").is_some_and(Value::is_string) {
+                    c.insert("text".into(), Value::String(text));
                 }
             }
         }
-        if let Some(u) = v.get_mut("usage").filter(|u| u.is_object()) {
+        if let Some(u) = v.get_mut("usage").and_then(Value::as_object_mut) {
             let before = self.tokens_before_segment;
-            let prompt = u["prompt_tokens"]
-                .as_u64()
-                .unwrap_or(0)
-                .saturating_sub(before);
-            let completion = u["completion_tokens"].as_u64().unwrap_or(0) + before;
-            u["prompt_tokens"] = Value::from(prompt);
-            u["completion_tokens"] = Value::from(completion);
-            u["total_tokens"] = Value::from(prompt + completion);
+            let read = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+            let prompt = read("prompt_tokens").saturating_sub(before);
+            let completion = read("completion_tokens").saturating_add(before);
+            u.insert("prompt_tokens".into(), Value::from(prompt));
+            u.insert("completion_tokens".into(), Value::from(completion));
+            u.insert(
+                "total_tokens".into(),
+                Value::from(prompt.saturating_add(completion)),
+            );
         }
-        Some(SseEvent::new(None, &v.to_string()).raw)
+        Some(SseEvent::new(None, &Value::Object(v).to_string()).raw)
     }
 
     fn anthropic_continuation(
@@ -357,39 +371,55 @@ impl Stitcher {
         if matches!(role, EventRole::KeepAlive) || name == "message_start" {
             return None;
         }
-        let mut v: Value = serde_json::from_str(&ev.data).ok()?;
+        // Every Anthropic event is an object; anything else is not one to rewrite (and would
+        // panic on `v["index"] = …`): dropped, as unparsable JSON is.
+        let Ok(Value::Object(mut v)) = serde_json::from_str::<Value>(&ev.data) else {
+            return None;
+        };
         let offset = self.block_offset;
+        // Indexes are the upstream's numbers: shifted with saturation, never overflowing.
+        let index = |v: &Map<String, Value>| v.get("index").and_then(Value::as_u64).unwrap_or(0);
         match name {
             "content_block_start" => {
-                let i = v["index"].as_u64().unwrap_or(0);
+                let i = index(&v);
                 if i == 0 && self.continues_open {
                     return None; // block 0 continues the block the client has open
                 }
-                v["index"] = Value::from(i + offset);
-                self.open_block = Some(i + offset);
-                self.next_block = self.next_block.max(i + offset + 1);
+                let shifted = i.saturating_add(offset);
+                v.insert("index".into(), Value::from(shifted));
+                self.open_block = Some(shifted);
+                self.next_block = self.next_block.max(shifted.saturating_add(1));
             }
             "content_block_delta" | "content_block_stop" => {
-                let i = v["index"].as_u64().unwrap_or(0);
-                v["index"] = Value::from(i + offset);
+                let shifted = index(&v).saturating_add(offset);
+                v.insert("index".into(), Value::from(shifted));
                 if name == "content_block_delta" {
                     if let Some(text) = event_text(Protocol::Anthropic, ev) {
                         let text = self.trim(&text, trim_overlap);
                         self.delivered.push_str(&text);
-                        v["delta"]["text"] = Value::String(text);
+                        // `event_text` found `/delta/text`, so `delta` is an object.
+                        if let Some(d) = v.get_mut("delta").and_then(Value::as_object_mut) {
+                            d.insert("text".into(), Value::String(text));
+                        }
                     }
                 } else {
                     self.open_block = None;
                 }
             }
             "message_delta" => {
-                if let Some(out) = v.pointer("/usage/output_tokens").and_then(Value::as_u64) {
-                    v["usage"]["output_tokens"] = Value::from(out + self.tokens_before_segment);
+                let before = self.tokens_before_segment;
+                if let Some(u) = v.get_mut("usage").and_then(Value::as_object_mut) {
+                    if let Some(out) = u.get("output_tokens").and_then(Value::as_u64) {
+                        u.insert(
+                            "output_tokens".into(),
+                            Value::from(out.saturating_add(before)),
+                        );
+                    }
                 }
             }
             _ => {}
         }
-        Some(SseEvent::new(Some(name), &v.to_string()).raw)
+        Some(SseEvent::new(Some(name), &Value::Object(v).to_string()).raw)
     }
 }
 

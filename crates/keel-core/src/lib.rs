@@ -10,6 +10,8 @@
 pub mod assemble;
 pub mod budget;
 pub mod continuation;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod health;
 pub mod outcome;
 pub mod p2c;

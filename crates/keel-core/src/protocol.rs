@@ -250,7 +250,7 @@ pub struct ChunkView<'a> {
     #[serde(default)]
     error: Option<serde::de::IgnoredAny>,
     #[serde(default, borrow)]
-    choices: Option<Vec<ChoiceView<'a>>>,
+    choices: Option<Vec<MapOnly<ChoiceView<'a>>>>,
     #[serde(default)]
     usage: Option<serde::de::IgnoredAny>,
 }
@@ -262,7 +262,32 @@ struct ChoiceView<'a> {
     #[serde(default)]
     finish_reason: Option<serde::de::IgnoredAny>,
     #[serde(default, borrow)]
-    delta: Option<DeltaView<'a>>,
+    delta: Option<MapOnly<DeltaView<'a>>>,
+}
+
+/// A struct read only from a JSON object. serde's derived structs also accept an array of their
+/// fields in order (`{"choices":[["hi"]]}` would read as a choice with text "hi"), which the
+/// `Value` path rightly does not see as a chunk: the view must read exactly what the tree reads.
+#[derive(Debug, Default)]
+struct MapOnly<T>(T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
+            type Value = MapOnly<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(MapOnly)
+            }
+        }
+        d.deserialize_map(Visit(std::marker::PhantomData))
+    }
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -282,7 +307,9 @@ struct DeltaView<'a> {
 impl<'a> ChunkView<'a> {
     /// `None` when the data is not JSON of the expected shape (callers fall back to `Value`).
     pub fn parse(data: &'a str) -> Option<Self> {
-        serde_json::from_str(data).ok()
+        serde_json::from_str::<MapOnly<Self>>(data)
+            .ok()
+            .map(|m| m.0)
     }
 
     pub fn has_error(&self) -> bool {
@@ -290,7 +317,7 @@ impl<'a> ChunkView<'a> {
     }
 
     fn first(&self) -> Option<&ChoiceView<'a>> {
-        self.choices.as_ref()?.first()
+        self.choices.as_ref()?.first().map(|c| &c.0)
     }
 
     /// Generated text of the first choice (chat `delta.content` or completions `text`).
@@ -298,14 +325,14 @@ impl<'a> ChunkView<'a> {
         let c = self.first()?;
         c.delta
             .as_ref()
-            .and_then(|d| d.content.as_deref())
+            .and_then(|d| d.0.content.as_deref())
             .or(c.text.as_deref())
     }
 
     pub fn starts_tool_call(&self) -> bool {
         self.first()
             .and_then(|c| c.delta.as_ref())
-            .is_some_and(|d| d.tool_calls.is_some())
+            .is_some_and(|d| d.0.tool_calls.is_some())
     }
 
     pub fn finished(&self) -> bool {
@@ -322,7 +349,7 @@ impl<'a> ChunkView<'a> {
             && self.first().is_some_and(|c| {
                 c.delta
                     .as_ref()
-                    .is_none_or(|d| d.tool_calls.is_none() && d.function_call.is_none())
+                    .is_none_or(|d| d.0.tool_calls.is_none() && d.0.function_call.is_none())
             })
     }
 
@@ -336,10 +363,10 @@ impl<'a> ChunkView<'a> {
             return self.usage.is_some();
         }
         let non_empty = |x: &Option<Cow<str>>| x.as_deref().is_some_and(|s| !s.is_empty());
-        choices.iter().any(|c| {
+        choices.iter().map(|c| &c.0).any(|c| {
             non_empty(&c.text)
                 || c.finish_reason.is_some()
-                || c.delta.as_ref().is_some_and(|d| {
+                || c.delta.as_ref().map(|d| &d.0).is_some_and(|d| {
                     non_empty(&d.content)
                         || non_empty(&d.refusal)
                         || non_empty(&d.reasoning_content)
@@ -350,9 +377,18 @@ impl<'a> ChunkView<'a> {
     }
 }
 
+/// Generated text of one OpenAI choice in `Value` form (the tree form of [`ChunkView::text`],
+/// read the same way: `delta.content` when it is a string, else completions `text`).
+pub(crate) fn openai_choice_text(c: &Value) -> Option<&str> {
+    c.get("delta")
+        .and_then(|d| d.get("content"))
+        .and_then(Value::as_str)
+        .or_else(|| c.get("text").and_then(Value::as_str))
+}
+
 /// Whether an OpenAI chunk carries output (the `Value` form of [`ChunkView::has_output`], for
 /// chunks the view cannot read).
-fn openai_chunk_has_output(v: &Value) -> bool {
+pub(crate) fn openai_chunk_has_output(v: &Value) -> bool {
     let Some(choices) = v.get("choices").and_then(Value::as_array) else {
         return false;
     };
@@ -460,15 +496,25 @@ mod tests {
             let view = ChunkView::parse(c).expect(c);
             let v: Value = serde_json::from_str(c).unwrap();
             assert_eq!(view.has_output(), openai_chunk_has_output(&v), "{c}");
-            let text = v
-                .pointer("/choices/0/delta/content")
-                .or_else(|| v.pointer("/choices/0/text"))
-                .and_then(Value::as_str);
+            let text = v.pointer("/choices/0").and_then(openai_choice_text);
             assert_eq!(view.text(), text, "{c}");
             assert_eq!(
                 view.finished(),
                 v.pointer("/choices/0/finish_reason")
                     .is_some_and(|f| !f.is_null()),
+                "{c}"
+            );
+        }
+        // Arrays are not chunks (serde would read a struct from one), at any depth.
+        for c in [
+            r#"[null,[{"text":"x"}]]"#,
+            r#"{"choices":[["hi"]]}"#,
+            r#"{"choices":[{"delta":["hi"]}]}"#,
+        ] {
+            assert!(ChunkView::parse(c).is_none(), "{c}");
+            assert_eq!(
+                event_role(Protocol::OpenAi, &SseEvent::new(None, c)),
+                EventRole::Preamble,
                 "{c}"
             );
         }

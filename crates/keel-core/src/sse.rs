@@ -182,7 +182,22 @@ impl SseDecoder {
         Ok(())
     }
 
-    /// Declares the end of the stream: an unfinished event is a framing error.
+    /// Declares the end of the stream and dispatches an event whose blank line ended in `\r`
+    /// (it waits for a possible `\n`, and at the end of the stream none comes); an unfinished
+    /// event is a framing error.
+    pub fn end(&mut self, out: &mut Vec<SseEvent>) -> Result<(), SseError> {
+        self.finish()?;
+        if self.dispatch_pending {
+            self.dispatch_pending = false;
+            self.after_cr = false;
+            self.dispatch(out);
+        }
+        Ok(())
+    }
+
+    /// Checks the end of the stream without dispatching (see [`SseDecoder::end`], which also
+    /// hands over an event whose last line ended in a lone `\r`): an unfinished event is a
+    /// framing error.
     pub fn finish(&self) -> Result<(), SseError> {
         if self.dispatch_pending || self.block.iter().all(|b| *b == b'\n' || *b == b'\r') {
             Ok(())
@@ -245,7 +260,7 @@ pub fn decode_all(body: &[u8]) -> Result<Vec<SseEvent>, SseError> {
     let mut dec = SseDecoder::new();
     let mut out = Vec::new();
     dec.feed(body, &mut out)?;
-    dec.finish()?;
+    dec.end(&mut out)?;
     Ok(out)
 }
 
@@ -282,6 +297,16 @@ mod tests {
             dec.feed(long.as_bytes(), &mut out),
             Err(SseError::TooLarge { limit: 64 })
         );
+    }
+
+    #[test]
+    fn an_event_ended_by_cr_at_the_end_of_the_stream_is_dispatched() {
+        let out = decode_all(b"data: 1\r\r").unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].data, "1");
+        assert_eq!(out[0].raw, b"data: 1\r\r");
+        // Round trip: an event's raw bytes decode to the event itself.
+        assert_eq!(decode_all(&out[0].raw).unwrap(), out);
     }
 
     #[test]

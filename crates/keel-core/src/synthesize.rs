@@ -205,7 +205,7 @@ mod tests {
         );
         let mut a = Assembler::new();
         for ev in &events {
-            a.push(protocol, ev);
+            a.push(protocol, ev).unwrap();
         }
         a.finish(endpoint)
     }

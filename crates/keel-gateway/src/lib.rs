@@ -25,6 +25,8 @@ pub mod context;
 pub mod delivery;
 pub mod errors;
 pub mod execution;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod hooks;
 pub mod metrics;
 pub mod monitor;

@@ -42,7 +42,11 @@ impl Sink {
                 for ev in &events {
                     match event_role(protocol, ev) {
                         EventRole::Error(m) => a.failure = Some(m),
-                        _ => a.body.push(protocol, ev),
+                        _ => {
+                            if let Err(m) = a.body.push(protocol, ev) {
+                                a.failure = Some(m);
+                            }
+                        }
                     }
                 }
                 true

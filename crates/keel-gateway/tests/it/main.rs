@@ -4,6 +4,7 @@
 mod bad_input;
 mod capacity;
 mod failover;
+mod fuzz_corpus;
 mod harness;
 mod hedging;
 mod hostile;

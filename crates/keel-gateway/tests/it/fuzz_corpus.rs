@@ -1,0 +1,25 @@
+//! Replays the `config_parse` fuzz corpus (`fuzz/corpus/config_parse/`, regressions included)
+//! through its harness on stable; a panic on any file fails the test and names the file.
+
+use std::path::{Path, PathBuf};
+
+#[test]
+fn config_parse_corpus() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/config_parse");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "{} holds no corpus", dir.display());
+    let failed: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            let data = std::fs::read(f).expect("a readable corpus file");
+            std::panic::catch_unwind(|| keel_gateway::fuzzing::config_parse(&data)).is_err()
+        })
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(failed.is_empty(), "the harness panicked on {failed:#?}");
+}
