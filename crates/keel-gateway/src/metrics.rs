@@ -7,7 +7,7 @@
 //! | `keel_requests_total` | pool, endpoint, route, outcome | every accepted request, once, when it ends |
 //! | `keel_request_duration_seconds` | pool, endpoint, outcome | entry to last byte |
 //! | `keel_ttft_seconds` | pool, endpoint | entry to the first byte of a successful response |
-//! | `keel_attempts_total` | pool, variant, kind, outcome | every upstream attempt, once, when it ends (`ok`, `status_503`, `connect_error`, `stall`, …); kind = `first`, `fallback`, `hedge`, `continuation` |
+//! | `keel_attempts_total` | pool, variant, kind, outcome | every upstream attempt, once, when it ends (`ok`, `status_503`, `connect_error`, `stall`, …); kind = `first`, `fallback`, `hedge`, `continuation`, `probe`, `warmup` |
 //! | `keel_retry_budget_exhausted_total` | pool | retries (fallbacks, continuations) refused by the fleet-wide budget |
 //! | `keel_variant_credential_broken_total` | pool, variant | upstream 401/403 answers |
 //! | `keel_migrations_total` | pool, reason, outcome | continuations after the first byte |

@@ -11,8 +11,11 @@ use serde_json::json;
 
 use keel_core::protocol::{Endpoint, Protocol};
 
+use crate::attempt::attempt;
+use crate::context::RequestCtx;
 use crate::pools::{Maintenance, Pool};
-use crate::{upstream, Gateway};
+use crate::settlement::{AttemptKind, Attempts};
+use crate::Gateway;
 
 /// How often the lifecycle is advanced.
 const TICK: Duration = Duration::from_millis(100);
@@ -32,7 +35,7 @@ pub async fn run(gw: Arc<Gateway>) {
     loop {
         for (pi, pool) in gw.pools().iter().enumerate() {
             for m in pool.maintenance() {
-                tokio::spawn(maintain(pool.clone(), m));
+                tokio::spawn(maintain(gw.clone(), pool.clone(), m));
             }
             if last_scrape[pi].elapsed() >= Duration::from_millis(pool.cfg.scrape_interval_ms) {
                 last_scrape[pi] = Instant::now();
@@ -63,43 +66,55 @@ fn tiny_request(pool: &Pool, vi: usize) -> (Endpoint, Vec<u8>) {
     (endpoint, body.to_string().into_bytes())
 }
 
-async fn maintain(pool: Arc<Pool>, m: Maintenance) {
-    let vi = match m {
-        Maintenance::Probe(i) | Maintenance::WarmUp(i) => i,
+/// A probe or warm-up: an attempt like any other (see `settlement`), whose outcome moves the
+/// variant's lifecycle.
+async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
+    let (vi, kind, label) = match m {
+        Maintenance::Probe(i) => (i, AttemptKind::Probe, "probe"),
+        Maintenance::WarmUp(i) => (i, AttemptKind::WarmUp, "warmup"),
     };
     let (endpoint, body) = tiny_request(&pool, vi);
-    let started = Instant::now();
-    let req = upstream::request(
-        &pool.client,
-        &pool.variants[vi].cfg,
-        endpoint,
-        &http::HeaderMap::new(),
-        body,
-    );
-    let ok = matches!(
-        tokio::time::timeout(PROBE_TIMEOUT, async {
-            req.send().await?.error_for_status()?.bytes().await
-        })
-        .await,
-        Ok(Ok(_))
-    );
-    let ms = started.elapsed().as_secs_f64() * 1000.0;
-    let kind = match m {
-        Maintenance::Probe(_) => "probe",
-        Maintenance::WarmUp(_) => "warmup",
+    let req = match keel_core::request::parse(endpoint, &body) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e.message, "cannot build a probe request");
+            pool.maintenance_done(m, false, None);
+            return;
+        }
     };
+    let started = tokio::time::Instant::now();
+    let ctx = RequestCtx {
+        id: format!("{label}-{}", pool.variants[vi].cfg.name),
+        started,
+        endpoint,
+        forwarded: http::HeaderMap::new(),
+        deadline: started + PROBE_TIMEOUT,
+        client_stream: false,
+        force_variant: None,
+        preference: Default::default(),
+        min_tier: None,
+    };
+    let mut attempts = Attempts::new(&gw, &pool, None);
+    let Ok(entered) = attempts.enter(vi, kind, ctx.deadline).await else {
+        // Full with client traffic (or no longer available): try again on a later tick.
+        pool.maintenance_skipped(m);
+        return;
+    };
+    let result = attempt(&pool, vi, &req, &ctx).await;
+    let ttft_ms = attempts.settle_maintenance(entered, result);
+    let ok = ttft_ms.is_some();
     pool.metrics
         .counter(
             "keel_maintenance_requests_total",
             &[
                 ("pool", &pool.cfg.name),
                 ("variant", &pool.variants[vi].cfg.name),
-                ("kind", kind),
+                ("kind", label),
                 ("outcome", if ok { "ok" } else { "error" }),
             ],
         )
         .increment(1);
-    pool.maintenance_done(m, ok, ok.then_some(ms));
+    pool.maintenance_done(m, ok, ttft_ms);
 }
 
 /// Reads a Prometheus text exposition for KV-cache usage and queued requests, by the metric

@@ -332,6 +332,12 @@ impl Pool {
         out
     }
 
+    /// A probe or warm-up that could not start now (the variant is full): due again later.
+    pub fn maintenance_skipped(&self, m: Maintenance) {
+        let (Maintenance::Probe(i) | Maintenance::WarmUp(i)) = m;
+        self.state().maintenance_busy[i] = false;
+    }
+
     /// The result of a probe or warm-up request.
     pub fn maintenance_done(&self, m: Maintenance, ok: bool, ttft_ms: Option<f64>) {
         let now = self.now_ms();

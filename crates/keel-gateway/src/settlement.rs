@@ -1,7 +1,9 @@
 //! Settlement: the one way every upstream attempt enters a variant, and the one place where
 //! its end is accounted for. The first attempt, a fallback, a hedge and a continuation after
 //! the first byte all go through [`Attempts::enter`] and [`Attempts::settle`] (and, for a
-//! stream that reached the client, [`Attempts::settle_end`]); no other code touches cooldowns,
+//! stream that reached the client, [`Attempts::settle_end`]); the monitor's probes and warm-ups
+//! enter the same way and are settled by [`Attempts::settle_maintenance`], which differs only
+//! in handing its health sample to the variant's lifecycle. No other code touches cooldowns,
 //! credentials, learned limits, health samples or attempt metrics.
 //!
 //! **Entering a variant.** It must be available (not cooling down, not ejected, credential not
@@ -56,6 +58,10 @@ pub enum AttemptKind {
     Hedge,
     /// A new attempt after bytes reached the client, continuing from the text already sent.
     Continuation,
+    /// A synthetic one-token request that re-measures an ejected variant (the monitor's).
+    Probe,
+    /// A synthetic request that warms a new or returning variant before client traffic.
+    WarmUp,
 }
 
 impl AttemptKind {
@@ -65,6 +71,8 @@ impl AttemptKind {
             AttemptKind::Fallback => "fallback",
             AttemptKind::Hedge => "hedge",
             AttemptKind::Continuation => "continuation",
+            AttemptKind::Probe => "probe",
+            AttemptKind::WarmUp => "warmup",
         }
     }
 
@@ -209,13 +217,15 @@ impl Attempts {
         deadline: Instant,
     ) -> Result<Entered, Refused> {
         let pool = &self.pool;
-        if !pool.available(vi, self.gw.now_ms()) {
+        // Probing an ejected variant is the point of a probe.
+        if kind != AttemptKind::Probe && !pool.available(vi, self.gw.now_ms()) {
             return Err(Refused::Unavailable);
         }
-        let slot = if kind == AttemptKind::Hedge {
-            pool.below_limit(vi)
-        } else {
-            pool.wait_for_slot(vi, deadline).await
+        // A hedge that must queue is no longer a race; synthetic requests never queue ahead
+        // of clients.
+        let slot = match kind {
+            AttemptKind::Hedge | AttemptKind::Probe | AttemptKind::WarmUp => pool.below_limit(vi),
+            _ => pool.wait_for_slot(vi, deadline).await,
         };
         if !slot {
             return Err(Refused::Full);
@@ -351,6 +361,39 @@ impl Attempts {
         drop(guard);
     }
 
+    /// Settles a probe or warm-up: counted and classified like any attempt (a 401 marks the
+    /// credential, a 429 lowers the learned limit or cools the variant down), but its health
+    /// sample belongs to the variant's lifecycle, so it is returned instead of recorded: the
+    /// time to its whole answer when it succeeded.
+    pub fn settle_maintenance(&mut self, entered: Entered, result: AttemptResult) -> Option<f64> {
+        let Entered {
+            vi,
+            kind,
+            guard,
+            started,
+        } = entered;
+        let (label, ttft_ms) = match &result {
+            AttemptResult::Served(_) => (
+                "ok".to_owned(),
+                Some(started.elapsed().as_secs_f64() * 1000.0),
+            ),
+            AttemptResult::ClientError(Served::Whole { status, .. }) => {
+                (format!("status_{}", status.as_u16()), None)
+            }
+            AttemptResult::ClientError(_) => ("client_error".to_owned(), None),
+            AttemptResult::Failed(f) => (f.label(), None),
+        };
+        self.count(vi, kind, &label);
+        self.push_record(vi, kind, label);
+        match result {
+            AttemptResult::Served(_) => self.pool.variants[vi].limit.success(),
+            AttemptResult::Failed(f) => self.classify(vi, &f, false),
+            AttemptResult::ClientError(_) => {}
+        }
+        drop(guard);
+        ttft_ms
+    }
+
     /// A hedge race's loser, cancelled before its first token: its elapsed time is a lower
     /// bound of its TTFT.
     pub fn cancelled(&mut self, entered: Entered) {
@@ -365,11 +408,24 @@ impl Attempts {
 
     /// The bookkeeping of a failure, before or after the commit point.
     fn fail(&mut self, vi: usize, f: AttemptFailure) {
-        let pool = &self.pool;
+        self.classify(vi, &f, true);
+        let name = self.pool.variants[vi].cfg.name.clone();
+        self.failures.push((name, f));
+    }
+
+    /// What a failure means for its variant; `health_sample` is false for probes and warm-ups,
+    /// whose samples drive the variant's lifecycle instead.
+    fn classify(&mut self, vi: usize, f: &AttemptFailure, health_sample: bool) {
+        let pool = self.pool.clone();
         let variant = &pool.variants[vi].cfg;
         let now_ms = self.gw.now_ms();
+        let sample = |ok| {
+            if health_sample {
+                pool.record_attempt(vi, ok, None);
+            }
+        };
         match f.verdict() {
-            Verdict::Retry { .. } if is_full(&f, pool, vi) => {
+            Verdict::Retry { .. } if is_full(f, &pool, vi) => {
                 // Full at this concurrency, not broken: lower its limit (see `capacity`); it
                 // stays available below it.
                 let running = pool.variants[vi].in_flight.load(Ordering::Relaxed);
@@ -377,7 +433,7 @@ impl Attempts {
                 self.retry_after_ms = pool.expected_wait_ms();
             }
             Verdict::Retry { cooldown_ms } => {
-                pool.record_attempt(vi, false, None);
+                sample(false);
                 let cool = cooldown_ms
                     .or(matches!(f, AttemptFailure::Connect(_)).then_some(CONNECT_COOLDOWN_MS));
                 if let Some(ms) = cool {
@@ -388,7 +444,7 @@ impl Attempts {
                 }
             }
             Verdict::BrokenCredential => {
-                pool.record_attempt(vi, false, None);
+                sample(false);
                 pool.mark_credential_broken(vi, now_ms);
                 pool.metrics
                     .counter(
@@ -401,7 +457,6 @@ impl Attempts {
             // Running out of the request's own time says nothing about the variant.
             Verdict::ReturnToClient | Verdict::GiveUp => {}
         }
-        self.failures.push((variant.name.clone(), f));
     }
 
     /// The client's error when no variant could serve: 504 when time ran out, 503 when every

@@ -11,14 +11,15 @@ async fn requests(h: &Harness, i: usize) -> u64 {
     h.server(i).state.stats().requests
 }
 
-/// Client attempts keel sent to a variant (probes and warm-ups are counted separately).
+/// Client attempts keel sent to a variant (not its probes and warm-ups).
 async fn client_attempts(h: &Harness, variant: &str) -> u64 {
-    let prefix = format!("keel_attempts_total{{pool=\"p\",variant=\"{variant}\",");
-    h.metrics()
-        .await
-        .lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+    let m = h.metrics().await;
+    ["first", "fallback", "hedge", "continuation"]
+        .iter()
+        .map(|kind| {
+            let labels = [("pool", "p"), ("variant", variant), ("kind", *kind)];
+            parse_metric(&m, "keel_attempts_total", &labels) as u64
+        })
         .sum()
 }
 
@@ -59,10 +60,8 @@ async fn a_degraded_variant_stops_getting_traffic_and_returns_after_the_fault_cl
     // two probes in a row and come back for a while; that is what slow start is for).
     let mut probed = false;
     for _ in 0..80 {
-        if h.metrics()
-            .await
-            .contains("keel_maintenance_requests_total{pool=\"p\",variant=\"sim-0\",kind=\"probe\"")
-        {
+        let probes = [("pool", "p"), ("variant", "sim-0"), ("kind", "probe")];
+        if h.metric("keel_maintenance_requests_total", &probes).await > 0.0 {
             probed = true;
             break;
         }

@@ -312,3 +312,46 @@ async fn a_handler_that_panics_answers_500_in_the_clients_protocol() {
     let (status, _, _) = h.chat(&chat_body("hello")).await;
     assert_eq!(status, 200);
 }
+
+#[tokio::test]
+async fn warm_ups_are_settled_like_any_attempt() {
+    // A variant whose key is refused: its warm-up request (before any client traffic) marks the
+    // credential, as a client attempt would, and no client request ever reaches it.
+    let fleet = keel_sim::Fleet::start_n(2, keel_sim::ServerConfig::fast("s"))
+        .await
+        .unwrap();
+    add_fault(fleet.get(0), json!({"kind": "error", "status": 401})).await;
+    let cfg = pool_over(
+        &fleet,
+        "p",
+        "openai",
+        1,
+        "hedge = \"off\"\n[pools.health]\nprewarm_requests = 1",
+    );
+    let h = Harness::start(fleet, &cfg).await;
+    wait_for!(
+        "the warm-up to mark sim-0's credential",
+        h.get_json("/keel/health").await["pools"][0]["variants"][0]["credential_broken"] == true
+    );
+    let warmup = [
+        ("variant", "sim-0"),
+        ("kind", "warmup"),
+        ("outcome", "status_401"),
+    ];
+    assert_eq!(h.metric("keel_attempts_total", &warmup).await, 1.0);
+    assert_eq!(
+        h.metric(
+            "keel_variant_credential_broken_total",
+            &[("variant", "sim-0")]
+        )
+        .await,
+        1.0
+    );
+    for _ in 0..5 {
+        let (status, headers, _) = h.chat(&chat_body("x")).await;
+        assert_eq!(status, 200);
+        assert_eq!(header(&headers, "x-keel-variant"), "sim-1");
+    }
+    let first = [("variant", "sim-0"), ("kind", "first")];
+    assert_eq!(h.metric("keel_attempts_total", &first).await, 0.0);
+}
