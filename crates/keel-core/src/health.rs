@@ -277,6 +277,8 @@ pub struct VariantHealth {
     outcome_next: usize,
     /// Consecutive successful probes while ejected.
     probe_successes: u32,
+    /// It answered that it is still loading its model; cleared by its first success.
+    pub loading: bool,
 }
 
 /// Samples in a row that make a latency signal a condition rather than an outlier.
@@ -313,7 +315,17 @@ impl VariantHealth {
             outcomes: Vec::with_capacity(OUTCOMES_KEPT),
             outcome_next: 0,
             probe_successes: 0,
+            loading: false,
         }
+    }
+
+    /// The variant said it is still loading its model: it is warming (no client traffic; the
+    /// monitor's warm-up requests find out when it is ready), not failing.
+    pub fn mark_loading(&mut self, cfg: &HealthConfig) {
+        self.loading = true;
+        self.state = State::Warming {
+            remaining: cfg.prewarm_requests.max(1),
+        };
     }
 
     /// Baselines follow improvements at once and degradations slowly.
@@ -389,6 +401,9 @@ impl VariantHealth {
             self.outcomes[self.outcome_next] = (now_ms, ok);
         }
         self.outcome_next = (self.outcome_next + 1) % OUTCOMES_KEPT;
+        if ok {
+            self.loading = false;
+        }
         if let State::Warming { remaining } = self.state {
             if ok {
                 self.state = if remaining <= 1 {

@@ -41,6 +41,7 @@ impl AttemptFailure {
             AttemptFailure::Io(_) => "io_error".into(),
             AttemptFailure::FirstTokenTimeout { .. } => "first_token_timeout".into(),
             AttemptFailure::Deadline { .. } => "deadline".into(),
+            f if f.is_loading() => "loading".into(),
             AttemptFailure::Status { status, .. } => format!("status_{status}"),
             AttemptFailure::Malformed(_) => "malformed".into(),
             AttemptFailure::Stall { .. } => "stall".into(),
@@ -86,6 +87,13 @@ impl AttemptFailure {
             AttemptFailure::Slow(_) => "slow",
             _ => "error",
         }
+    }
+
+    /// A server that is still loading its model (llama.cpp, TGI and others answer 503 with a
+    /// message saying so): warming, not failing.
+    pub fn is_loading(&self) -> bool {
+        matches!(self, AttemptFailure::Status { status: 503, message, .. }
+            if message.to_ascii_lowercase().contains("loading"))
     }
 
     pub fn verdict(&self) -> Verdict {
@@ -176,6 +184,19 @@ mod tests {
         for s in [400, 404, 413, 422] {
             assert_eq!(classify_status(s, None), Verdict::ReturnToClient, "{s}");
         }
+    }
+
+    #[test]
+    fn a_loading_server_is_recognised_by_its_message() {
+        let status = |s: u16, m: &str| AttemptFailure::Status {
+            status: s,
+            retry_after_ms: None,
+            message: m.into(),
+        };
+        assert!(status(503, "Loading model").is_loading());
+        assert_eq!(status(503, "Loading model").label(), "loading");
+        assert!(!status(503, "overloaded").is_loading());
+        assert!(!status(500, "loading").is_loading());
     }
 
     #[test]

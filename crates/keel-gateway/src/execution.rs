@@ -62,10 +62,10 @@ pub async fn execute(
     // Walk the plan; when it is exhausted with attempts left, come back to variants that are
     // still available (a one-variant pool can retry a transient 503), after a short backoff.
     let mut round = 0;
-    'rounds: while attempts.len() < max_attempts {
+    'rounds: while attempts.counted() < max_attempts {
         let mut tried_this_round = false;
         for &vi in order {
-            if attempts.len() >= max_attempts || Instant::now() >= ctx.deadline {
+            if attempts.counted() >= max_attempts || Instant::now() >= ctx.deadline {
                 break 'rounds;
             }
             if attempts.tried(vi) > round {

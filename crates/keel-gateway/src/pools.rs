@@ -263,6 +263,17 @@ impl Pool {
         self.state().availability[index].cool_down(now_ms, for_ms);
     }
 
+    /// The variant answered that it is still loading its model (see `VariantHealth::mark_loading`).
+    pub fn mark_loading(&self, index: usize) {
+        let hc = self.cfg.health;
+        self.state().health[index].mark_loading(&hc);
+    }
+
+    /// Whether the variant last said it is still loading its model.
+    pub fn loading(&self, index: usize) -> bool {
+        self.state().health[index].loading
+    }
+
     pub fn mark_credential_broken(&self, index: usize, now_ms: u64) {
         // Re-check a refused credential once a minute: keys get rotated back in.
         self.state().availability[index].mark_credential_broken(now_ms, 60_000);

@@ -24,6 +24,8 @@ pub enum Selection {
     Plan(Vec<usize>),
     /// Every variant is cooling down or ejected; retry after this long.
     Unavailable { retry_after_ms: u64 },
+    /// Nothing can serve now, and some variant is still loading its model: wait for it.
+    Loading,
     /// Every variant that could serve is at its concurrency limit (configured or learned):
     /// wait in line for a slot.
     Full,
@@ -122,7 +124,8 @@ impl Pool {
                     let warming = matches!(h.state, State::Warming { .. });
                     let live = match h.state {
                         State::Ejected { .. } => false,
-                        State::Warming { .. } => allow_warming,
+                        // A variant still loading its model gets no client request at all.
+                        State::Warming { .. } => allow_warming && !h.loading,
                         _ => true,
                     };
                     let in_flight = v.in_flight.load(Ordering::Relaxed);
@@ -171,6 +174,8 @@ impl Pool {
         };
         let selection = if plan.order.is_empty() && self.variants.iter().enumerate().any(full) {
             Selection::Full
+        } else if plan.order.is_empty() && st.health.iter().any(|h| h.loading) {
+            Selection::Loading
         } else if plan.order.is_empty() {
             let wait = st
                 .availability
@@ -235,6 +240,9 @@ impl Pool {
     }
 }
 
+/// How often a request waiting for a loading fleet looks again.
+const LOADING_POLL: Duration = Duration::from_millis(50);
+
 /// Longest wait for a cooling-down pool before answering 503 with retry-after.
 const COOLDOWN_WAIT_MAX_MS: u64 = 2_000;
 
@@ -258,6 +266,15 @@ pub async fn select_or_wait(
                 let wake =
                     tokio::time::Instant::now() + Duration::from_millis(retry_after_ms.max(10));
                 if retry_after_ms > COOLDOWN_WAIT_MAX_MS || wake >= deadline {
+                    return (selection, record);
+                }
+                tokio::time::sleep_until(wake).await;
+            }
+            Selection::Loading => {
+                // The monitor's warm-ups find out when a loading variant is ready; look again
+                // shortly, for as long as the request's deadline allows.
+                let wake = tokio::time::Instant::now() + LOADING_POLL;
+                if wake >= deadline {
                     return (selection, record);
                 }
                 tokio::time::sleep_until(wake).await;

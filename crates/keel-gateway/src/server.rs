@@ -21,6 +21,8 @@ use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 use crate::access_log::RequestLog;
 use crate::delivery;
 use crate::errors::GatewayError;
+use crate::execution::Outcome;
+use crate::pools::Pool;
 use crate::selection::{select_or_wait, Controls, Selection};
 use crate::settlement::Attempts;
 use crate::{admission, execution, full_body, Body, Gateway};
@@ -202,61 +204,10 @@ pub async fn handle_generation(
     };
     let (selection, record) = select_or_wait(&pool, &req, controls, &id, ctx.deadline).await;
     // The record is kept when the request's attempts are settled (see `settlement`).
-    let attempts = Attempts::new(gw, &pool, record);
-    let order = match selection {
-        Selection::Plan(order) => order,
-        Selection::Unavailable { retry_after_ms } => {
-            let e = GatewayError::new(
-                ErrorKind::Overloaded,
-                format!("every variant of `{}` is cooling down", pool.cfg.name),
-            )
-            .with_retry_after(retry_after_ms);
-            return delivery::error_response(log, protocol, &e);
-        }
-        Selection::Full => {
-            // Refused by the wait line: the expected wait for a place at the back of it.
-            let ahead = pool.line.waiting();
-            let wait = pool.expected_wait_ms().unwrap_or(1000);
-            pool.metrics
-                .counter("keel_queue_refused_total", &[("pool", &pool.cfg.name)])
-                .increment(1);
-            let e = GatewayError::new(
-                ErrorKind::Overloaded,
-                format!(
-                    "every variant of `{}` is at its concurrency limit and {ahead} requests are waiting",
-                    pool.cfg.name
-                ),
-            )
-            .with_retry_after(wait.max(1));
-            return delivery::error_response(log, protocol, &e);
-        }
-        Selection::TooLong { needed, largest } => {
-            let e = GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!("the request needs about {needed} tokens (prompt + max_tokens) but the largest context window in `{}` is {largest}", pool.cfg.name),
-            );
-            return delivery::error_response(log, protocol, &e);
-        }
-        Selection::NoTier { min_tier } => {
-            let e = GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!(
-                    "x-keel-min-tier: `{}` has no variant of tier {min_tier} or better",
-                    pool.cfg.name
-                ),
-            );
-            return delivery::error_response(log, protocol, &e);
-        }
-        Selection::NoSuchVariant(name) => {
-            let e = GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!(
-                    "x-keel-force-variant: `{}` has no variant `{name}`",
-                    pool.cfg.name
-                ),
-            );
-            return delivery::error_response(log, protocol, &e);
-        }
+    let mut attempts = Attempts::new(gw, &pool, record);
+    let mut order = match plan_or_error(&pool, selection) {
+        Ok(order) => order,
+        Err(e) => return delivery::error_response(log, protocol, &e),
     };
 
     // Stage 2: execution; stage 3: delivery. A non-streaming request is streamed upstream (and
@@ -278,7 +229,26 @@ pub async fn handle_generation(
     } else {
         req
     };
-    let executed = execution::execute(&pool, &upstream_req, &ctx, &order, attempts).await;
+    let executed = loop {
+        let before = attempts.len();
+        let executed = execution::execute(&pool, &upstream_req, &ctx, &order, attempts).await;
+        let wait_for_fleet = matches!(executed.outcome, Outcome::Failed(_))
+            && executed.attempts.len() > before
+            && executed.attempts.all_loading()
+            && Instant::now() < ctx.deadline;
+        if !wait_for_fleet {
+            break executed;
+        }
+        // Every variant tried is still loading its model: wait for the first that is ready
+        // (selection waits while the monitor's warm-ups find out), within the deadline.
+        attempts = executed.attempts;
+        let (selection, _) =
+            select_or_wait(&pool, &upstream_req, controls, &id, ctx.deadline).await;
+        order = match plan_or_error(&pool, selection) {
+            Ok(order) => order,
+            Err(e) => return delivery::error_response(log, protocol, &e),
+        };
+    };
     delivery::deliver(
         gw,
         log,
@@ -290,6 +260,73 @@ pub async fn handle_generation(
         order,
     )
     .await
+}
+
+/// The plan selection produced, or the client's error when there is none.
+fn plan_or_error(pool: &Pool, selection: Selection) -> Result<Vec<usize>, GatewayError> {
+    match selection {
+        Selection::Plan(order) => Ok(order),
+        Selection::Unavailable { retry_after_ms } => {
+            let e = GatewayError::new(
+                ErrorKind::Overloaded,
+                format!("every variant of `{}` is cooling down", pool.cfg.name),
+            )
+            .with_retry_after(retry_after_ms);
+            Err(e)
+        }
+        Selection::Full => {
+            // Refused by the wait line: the expected wait for a place at the back of it.
+            let ahead = pool.line.waiting();
+            let wait = pool.expected_wait_ms().unwrap_or(1000);
+            pool.metrics
+                .counter("keel_queue_refused_total", &[("pool", &pool.cfg.name)])
+                .increment(1);
+            let e = GatewayError::new(
+                ErrorKind::Overloaded,
+                format!(
+                    "every variant of `{}` is at its concurrency limit and {ahead} requests are waiting",
+                    pool.cfg.name
+                ),
+            )
+            .with_retry_after(wait.max(1));
+            Err(e)
+        }
+        Selection::TooLong { needed, largest } => {
+            let e = GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!("the request needs about {needed} tokens (prompt + max_tokens) but the largest context window in `{}` is {largest}", pool.cfg.name),
+            );
+            Err(e)
+        }
+        Selection::NoTier { min_tier } => {
+            let e = GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "x-keel-min-tier: `{}` has no variant of tier {min_tier} or better",
+                    pool.cfg.name
+                ),
+            );
+            Err(e)
+        }
+        Selection::NoSuchVariant(name) => {
+            let e = GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "x-keel-force-variant: `{}` has no variant `{name}`",
+                    pool.cfg.name
+                ),
+            );
+            Err(e)
+        }
+        Selection::Loading => Err(GatewayError::new(
+            ErrorKind::Overloaded,
+            format!(
+                "every variant of `{}` is still loading its model",
+                pool.cfg.name
+            ),
+        )
+        .with_retry_after(crate::settlement::LOADING_RETRY_AFTER_MS)),
+    }
 }
 
 fn models(gw: &Gateway, anthropic: bool) -> Response<Body> {

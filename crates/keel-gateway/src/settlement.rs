@@ -40,6 +40,8 @@ use crate::Gateway;
 
 /// Longest `retry-after` keel honours as a cooldown.
 pub const MAX_COOLDOWN_MS: u64 = 300_000;
+/// The retry-after given to a client whose fleet is still loading its models.
+pub const LOADING_RETRY_AFTER_MS: u64 = 1_000;
 /// A refused connection is very likely refused again: keep the variant out briefly.
 const CONNECT_COOLDOWN_MS: u64 = 1_000;
 /// Longest retry-after a "full" 429 may carry: capacity frees within a second or two, while
@@ -191,10 +193,28 @@ impl Attempts {
         &self.records
     }
 
-    /// Attempts made on variant `vi` so far.
+    /// Attempts that count against `max_attempts`: all but those a loading server refused.
+    pub fn counted(&self) -> usize {
+        self.records
+            .iter()
+            .filter(|r| r.outcome != "loading")
+            .count()
+    }
+
+    /// Whether every failure so far was a server still loading its model (the request may
+    /// wait for the fleet instead of failing).
+    pub fn all_loading(&self) -> bool {
+        !self.failures.is_empty() && self.failures.iter().all(|(_, f)| f.is_loading())
+    }
+
+    /// Attempts made on variant `vi` so far (those a loading server refused do not count: it
+    /// is tried again once ready).
     pub fn tried(&self, vi: usize) -> usize {
         let name = &self.pool.variants[vi].cfg.name;
-        self.records.iter().filter(|r| &r.variant == name).count()
+        self.records
+            .iter()
+            .filter(|r| &r.variant == name && r.outcome != "loading")
+            .count()
     }
 
     /// The last failure, described.
@@ -217,8 +237,13 @@ impl Attempts {
         deadline: Instant,
     ) -> Result<Entered, Refused> {
         let pool = &self.pool;
-        // Probing an ejected variant is the point of a probe.
+        let synthetic = matches!(kind, AttemptKind::Probe | AttemptKind::WarmUp);
+        // Probing an ejected variant is the point of a probe; finding out whether a loading
+        // variant is ready is the point of a warm-up. No client request goes to either.
         if kind != AttemptKind::Probe && !pool.available(vi, self.gw.now_ms()) {
+            return Err(Refused::Unavailable);
+        }
+        if !synthetic && pool.loading(vi) {
             return Err(Refused::Unavailable);
         }
         // A hedge that must queue is no longer a race; synthetic requests never queue ahead
@@ -419,6 +444,12 @@ impl Attempts {
         let pool = self.pool.clone();
         let variant = &pool.variants[vi].cfg;
         let now_ms = self.gw.now_ms();
+        if f.is_loading() {
+            // Warming, not failing: no error sample, no cooldown; no client request goes there
+            // until a warm-up succeeds.
+            pool.mark_loading(vi);
+            return;
+        }
         let sample = |ok| {
             if health_sample {
                 pool.record_attempt(vi, ok, None);
@@ -499,7 +530,16 @@ impl Attempts {
                     }
                 )
             });
-        if failures.is_empty() || timed_out {
+        if self.all_loading() {
+            GatewayError::new(
+                ErrorKind::Overloaded,
+                format!(
+                    "every variant of `{}` is still loading its model",
+                    self.pool.cfg.name
+                ),
+            )
+            .with_retry_after(LOADING_RETRY_AFTER_MS)
+        } else if failures.is_empty() || timed_out {
             GatewayError::new(ErrorKind::Timeout, message)
         } else if saturated {
             let e = GatewayError::new(ErrorKind::Overloaded, message);

@@ -35,6 +35,9 @@ pub enum FaultKind {
     Degraded,
     /// Added network delay of `ms` before the response head.
     Delay,
+    /// Answer 503 `Loading model`, as llama.cpp does while it loads its model (with `count`:
+    /// the server becomes ready after that many requests).
+    Loading,
     /// Answer a streamed request with the whole JSON body, as servers that ignore `stream` do.
     IgnoreStream,
     /// Answer 200 with exactly `body` (content type `content_type`, default
@@ -152,6 +155,7 @@ pub struct RequestFaults {
     pub ttft_factor: f64,
     pub extra_ttft_ms: u64,
     pub ignore_stream: bool,
+    pub loading: bool,
     /// (content type, body) answered verbatim.
     pub raw: Option<(String, String)>,
 }
@@ -210,6 +214,7 @@ impl FaultSet {
                 FaultKind::ColdStart => out.extra_ttft_ms += f.extra_ms.unwrap_or(0),
                 FaultKind::Delay => out.extra_ttft_ms += f.ms.unwrap_or(0),
                 FaultKind::IgnoreStream => out.ignore_stream = true,
+                FaultKind::Loading => out.loading = true,
                 FaultKind::Raw => {
                     let ct = f.content_type.clone();
                     out.raw = Some((

@@ -390,6 +390,10 @@ impl SimServer {
                 faults.error = Some((429, Some(self.cfg.retry_after_s)));
             }
         }
+        if faults.loading {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            return Ok(self.protocol_error(protocol, 503, "Loading model"));
+        }
         if faults.reset {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
             return Err(io::Error::new(
