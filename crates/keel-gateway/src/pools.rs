@@ -64,6 +64,10 @@ pub struct Pool {
     pub limits: UpstreamLimits,
 }
 
+/// The shortest silence that starts a speculative continuation: below it, scheduling noise on
+/// a loaded machine alone would start races.
+pub const QUIET_FLOOR_MS: u64 = 40;
+
 /// Bounds on what keel reads from an upstream (see `attempt`).
 #[derive(Debug, Clone, Copy)]
 pub struct UpstreamLimits {
@@ -418,6 +422,23 @@ impl Pool {
             }
             None => cap,
         }
+    }
+
+    /// How long a stream on this variant may be silent before a continuation is raced against
+    /// it (see `relay::speculation`): 4 × its P99-ish gap (mean + 3 standard deviations), at
+    /// least [`QUIET_FLOOR_MS`]; `None` without gap statistics, with `adaptive_stall` off, or
+    /// when that is not below the stall threshold (the stall then decides alone).
+    pub fn quiet_threshold_ms(&self, index: usize) -> Option<u64> {
+        if !self.cfg.adaptive_stall {
+            return None;
+        }
+        let stall = self.stall_threshold_ms(index);
+        let st = self.state();
+        let h = &st.health[index];
+        let gap = h.gap_ms.get()?;
+        let p99ish = gap + 3.0 * h.tgsv_ms.get().unwrap_or(gap);
+        let quiet = (4.0 * p99ish).max(QUIET_FLOOR_MS as f64) as u64;
+        (quiet < stall).then_some(quiet)
     }
 
     /// Counts a request for the hedge budget.

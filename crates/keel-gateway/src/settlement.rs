@@ -419,16 +419,20 @@ impl Attempts {
         ttft_ms
     }
 
-    /// A hedge race's loser, cancelled before its first token: its elapsed time is a lower
-    /// bound of its TTFT.
+    /// A race's loser (a hedge, or a speculative continuation), cancelled before its first
+    /// token: its elapsed time is a lower bound of its TTFT.
     pub fn cancelled(&mut self, entered: Entered) {
         let Entered {
             vi, kind, started, ..
         } = entered;
         self.pool
             .record_late_ttft(vi, started.elapsed().as_secs_f64() * 1000.0);
-        self.count(vi, kind, "hedge_cancelled");
-        self.push_record(vi, kind, "hedge_cancelled".into());
+        let label = match kind {
+            AttemptKind::Hedge => "hedge_cancelled",
+            _ => "race_cancelled",
+        };
+        self.count(vi, kind, label);
+        self.push_record(vi, kind, label.into());
     }
 
     /// The bookkeeping of a failure, before or after the commit point.

@@ -9,12 +9,95 @@
 use tokio::time::Instant;
 
 use keel_core::continuation::{continuation, ResumeMode, Stitcher};
+use keel_core::outcome::AttemptFailure;
+use keel_core::request::CanonicalRequest;
 
 use super::{Relay, Segment};
-use crate::attempt::{attempt, Served};
-use crate::settlement::{AttemptKind, Refused, Settled, StreamEnd};
+use crate::attempt::{attempt, AttemptResult, Served};
+use crate::context::RequestCtx;
+use crate::settlement::{AttemptKind, Entered, Refused, Settled, StreamEnd};
+
+/// A continuation request that has entered its variant, ready to send.
+pub(super) struct Continuation {
+    pub entered: Entered,
+    pub req: CanonicalRequest,
+    pub ctx: RequestCtx,
+    pub resume: ResumeMode,
+}
+
+/// Why a variant could not be asked to continue.
+pub(super) struct Skipped {
+    pub reason: String,
+    /// The retry budget is spent: no other variant may be tried either.
+    pub stop: bool,
+}
 
 impl Relay {
+    /// Builds the continuation for variant `vi` and enters it (before entering: a variant that
+    /// cannot continue costs no slot or budget).
+    pub(super) async fn prepare(
+        &mut self,
+        stitcher: &Stitcher,
+        vi: usize,
+    ) -> Result<Continuation, Skipped> {
+        let v = &self.pool.variants[vi].cfg;
+        let (name, resume) = (v.name.clone(), v.resume);
+        let skipped = |reason: String, stop| Skipped { reason, stop };
+        let (endpoint, body) = continuation(
+            &self.req,
+            resume,
+            &v.continuation_fields,
+            &stitcher.delivered,
+            stitcher.delivered_tokens(),
+        )
+        .map_err(|e| skipped(format!("{name}: {e:?}"), false))?;
+        let entered = self
+            .attempts
+            .enter(vi, AttemptKind::Continuation, self.ctx.deadline)
+            .await
+            .map_err(|r| skipped(format!("{name}: {}", r.describe()), r == Refused::Budget))?;
+        let mut req = self.req.clone();
+        req.endpoint = endpoint;
+        req.body = body;
+        let mut ctx = self.ctx.clone();
+        ctx.endpoint = endpoint;
+        // The relay needs a stream, whatever the client asked for.
+        ctx.client_stream = true;
+        Ok(Continuation {
+            entered,
+            req,
+            ctx,
+            resume,
+        })
+    }
+
+    /// Settles a continuation's attempt: the next segment, or why it cannot be one.
+    pub(super) fn conclude(
+        &mut self,
+        entered: Entered,
+        result: AttemptResult,
+    ) -> Result<Segment, String> {
+        let name = self.pool.variants[entered.vi].cfg.name.clone();
+        match self.attempts.settle(entered, result) {
+            Settled::Served(committed, Served::Stream(start)) => Ok(Segment::new(committed, start)),
+            Settled::Served(committed, Served::Whole { .. }) => {
+                let f =
+                    AttemptFailure::Malformed("answered a continuation without a stream".into());
+                let reason = format!("{name}: {}", f.describe());
+                self.attempts.settle_end(committed, StreamEnd::Failed(f));
+                Err(reason)
+            }
+            Settled::ClientError(Served::Whole { status, .. }) => {
+                Err(format!("{name}: continuation rejected with HTTP {status}"))
+            }
+            Settled::ClientError(_) => Err(format!("{name}: continuation rejected")),
+            Settled::Failed => Err(format!(
+                "{name}: {}",
+                self.attempts.last_failure().unwrap_or_default()
+            )),
+        }
+    }
+
     /// The next segment and its variant's resume mode, or why nothing can continue.
     pub(super) async fn migrate(
         &mut self,
@@ -33,68 +116,21 @@ impl Relay {
                 reasons.push("deadline reached".to_owned());
                 break;
             }
-            let name = self.pool.variants[vi].cfg.name.clone();
-            let resume = self.pool.variants[vi].cfg.resume;
-            // Built before entering: a variant that cannot continue costs no slot or budget.
-            let built = continuation(
-                &self.req,
-                resume,
-                &self.pool.variants[vi].cfg.continuation_fields,
-                &stitcher.delivered,
-                stitcher.delivered_tokens(),
-            );
-            let (endpoint, body) = match built {
-                Ok(x) => x,
-                Err(e) => {
-                    tried.push(vi);
-                    reasons.push(format!("{name}: {e:?}"));
-                    continue;
-                }
-            };
-            let entered = match self
-                .attempts
-                .enter(vi, AttemptKind::Continuation, self.ctx.deadline)
-                .await
-            {
-                Ok(e) => e,
-                Err(r) => {
-                    reasons.push(format!("{name}: {}", r.describe()));
-                    if r == Refused::Budget {
+            let c = match self.prepare(stitcher, vi).await {
+                Ok(c) => c,
+                Err(s) => {
+                    reasons.push(s.reason);
+                    if s.stop {
                         break;
                     }
                     continue;
                 }
             };
             tried.push(vi);
-            let mut req = self.req.clone();
-            req.endpoint = endpoint;
-            req.body = body;
-            let mut ctx = self.ctx.clone();
-            ctx.endpoint = endpoint;
-            // The relay needs a stream, whatever the client asked for.
-            ctx.client_stream = true;
-            let result = attempt(&self.pool, vi, &req, &ctx).await;
-            match self.attempts.settle(entered, result) {
-                Settled::Served(committed, Served::Stream(start)) => {
-                    return Ok((Segment { committed, start }, resume));
-                }
-                Settled::Served(committed, Served::Whole { .. }) => {
-                    let f = keel_core::outcome::AttemptFailure::Malformed(
-                        "answered a continuation without a stream".into(),
-                    );
-                    reasons.push(format!("{name}: {}", f.describe()));
-                    self.attempts.settle_end(committed, StreamEnd::Failed(f));
-                }
-                Settled::ClientError(Served::Whole { status, .. }) => {
-                    reasons.push(format!("{name}: continuation rejected with HTTP {status}"));
-                }
-                Settled::ClientError(_) => {
-                    reasons.push(format!("{name}: continuation rejected"));
-                }
-                Settled::Failed => reasons.push(format!(
-                    "{name}: {}",
-                    self.attempts.last_failure().unwrap_or_default()
-                )),
+            let result = attempt(&self.pool, vi, &c.req, &c.ctx).await;
+            match self.conclude(c.entered, result) {
+                Ok(next) => return Ok((next, c.resume)),
+                Err(reason) => reasons.push(reason),
             }
         }
         if reasons.is_empty() {

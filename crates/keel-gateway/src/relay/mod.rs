@@ -24,6 +24,7 @@
 mod migration;
 mod segment;
 mod sink;
+mod speculation;
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -35,6 +36,7 @@ use keel_core::request::CanonicalRequest;
 use keel_core::sse::SseEvent;
 
 pub use sink::{Assembled, Sink};
+use speculation::Speculated;
 
 use crate::access_log::RequestLog;
 use crate::attempt::StreamStart;
@@ -59,10 +61,14 @@ pub struct Relay {
     sent: AtomicUsize,
 }
 
-/// How one segment ended.
+/// How one segment ended (or paused).
 enum SegmentEnd {
     Complete,
     ClientGone,
+    /// Silent past its variant's quiet threshold: worth racing a continuation.
+    Quiet,
+    /// While raced: the stream produced more (kept, not yet forwarded).
+    Resumed,
     /// The upstream failed after its first token.
     Failed(AttemptFailure),
     /// The request's total deadline: no migration can help.
@@ -77,10 +83,22 @@ pub struct Summary {
     pub attempts: usize,
 }
 
-/// One segment being relayed: the committed attempt and its stream.
+/// One segment being relayed: the committed attempt, its stream, and what the relay has
+/// watched of it.
 struct Segment {
     committed: Committed,
     start: StreamStart,
+    watch: segment::Watch,
+    /// A continuation was raced against it once already.
+    raced: bool,
+}
+
+/// How long a stall lasted, for the note at the seam.
+fn silent_of(f: &AttemptFailure) -> Option<u64> {
+    match f {
+        AttemptFailure::Stall { silent_ms } => Some(*silent_ms),
+        _ => None,
+    }
 }
 
 /// How the whole relay ended.
@@ -125,83 +143,126 @@ impl Relay {
     ) -> Summary {
         let mut stitcher = Stitcher::new(self.protocol);
         let mut tried = vec![committed.vi];
-        let mut seg = Segment { committed, start };
+        let mut seg = Segment::new(committed, start);
         let mut migrations = 0u32;
         let mut trim = false;
         let max_migrations = self.pool.cfg.max_migrations;
         let ending = loop {
             // Slowness alone is only worth a migration when there is somewhere to go: a slow
-            // stream beats an error.
+            // stream beats an error. The same goes for racing a quiet stream.
             let now = self.pool.now_ms();
-            let slow_allowed = migrations < max_migrations
+            let elsewhere = migrations < max_migrations
                 && self
                     .order
                     .iter()
                     .any(|i| !tried.contains(i) && self.pool.can_take(*i, now));
-            let mut gaps = Vec::new();
-            let end = self
-                .segment(&mut seg, &mut stitcher, &mut trim, &mut gaps, slow_allowed)
+            let quiet = (elsewhere && !seg.raced)
+                .then(|| self.pool.quiet_threshold_ms(seg.committed.vi))
+                .flatten();
+            let mut end = self
+                .segment(&mut seg, &mut stitcher, &mut trim, elsewhere, quiet)
                 .await;
-            let Segment { committed, .. } = seg;
-            let from = self.pool.variants[committed.vi].cfg.name.clone();
+            if let SegmentEnd::Quiet = end {
+                seg.raced = true;
+                let silent_ms = seg.silent_ms();
+                let (next, mode, failure) =
+                    match self.speculate(&mut seg, &stitcher, &mut tried).await {
+                        Speculated::NotRaced | Speculated::Resumed => continue,
+                        Speculated::Ended(e) => {
+                            end = e;
+                            (None, ResumeMode::None, None)
+                        }
+                        Speculated::Won(next, mode) => {
+                            (Some(next), mode, Some(AttemptFailure::Stall { silent_ms }))
+                        }
+                        Speculated::Rescued(f, next, mode) => (Some(next), mode, Some(f)),
+                    };
+                if let (Some(next), Some(failure)) = (next, failure) {
+                    // The race was won elsewhere: the original is retired as stalled (or as
+                    // the failure it met meanwhile) and the continuation spliced in.
+                    let old = std::mem::replace(&mut seg, next);
+                    let from = self.pool.variants[old.committed.vi].cfg.name.clone();
+                    let (reason, detail) = (failure.migration_reason(), failure.describe());
+                    let silent = silent_of(&failure);
+                    self.attempts
+                        .settle_end(old.committed, StreamEnd::Failed(failure));
+                    migrations += 1;
+                    let spliced = self
+                        .splice(
+                            seg.committed.vi,
+                            &from,
+                            reason,
+                            silent,
+                            &detail,
+                            mode,
+                            &mut stitcher,
+                            &mut log,
+                        )
+                        .await;
+                    if !spliced {
+                        self.attempts
+                            .settle_end(seg.committed, StreamEnd::ClientGone);
+                        break Ending::ClientGone;
+                    }
+                    trim = mode == ResumeMode::Instruction;
+                    continue;
+                }
+            }
             let failure = match end {
                 SegmentEnd::Complete => {
+                    let gaps_ms = std::mem::take(&mut seg.watch.gaps);
                     self.attempts
-                        .settle_end(committed, StreamEnd::Complete { gaps_ms: gaps });
+                        .settle_end(seg.committed, StreamEnd::Complete { gaps_ms });
                     break Ending::Complete;
                 }
                 SegmentEnd::ClientGone => {
-                    self.attempts.settle_end(committed, StreamEnd::ClientGone);
+                    self.attempts
+                        .settle_end(seg.committed, StreamEnd::ClientGone);
                     break Ending::ClientGone;
                 }
                 SegmentEnd::Deadline => {
-                    self.attempts.settle_end(committed, StreamEnd::Deadline);
+                    self.attempts.settle_end(seg.committed, StreamEnd::Deadline);
                     break Ending::GiveUp("the request's total deadline was reached".into());
                 }
                 SegmentEnd::Failed(f) => f,
+                // Only a speculation sees these, and it has turned them into one of the above.
+                SegmentEnd::Quiet | SegmentEnd::Resumed => continue,
             };
+            let from = self.pool.variants[seg.committed.vi].cfg.name.clone();
             let (reason, message) = (failure.migration_reason(), failure.describe());
+            let silent = silent_of(&failure);
             self.attempts
-                .settle_end(committed, StreamEnd::Failed(failure));
+                .settle_end(seg.committed, StreamEnd::Failed(failure));
             if migrations >= max_migrations {
                 break Ending::GiveUp(format!(
                     "{message}; no migration left (max_migrations = {max_migrations})"
                 ));
             }
-            let migrated = self.migrate(&stitcher, &mut tried).await;
-            let outcome = if migrated.is_ok() { "ok" } else { "failed" };
-            self.pool
-                .metrics
-                .counter(
-                    "keel_migrations_total",
-                    &[
-                        ("pool", &self.pool.cfg.name),
-                        ("reason", reason),
-                        ("outcome", outcome),
-                    ],
-                )
-                .increment(1);
-            match migrated {
+            match self.migrate(&stitcher, &mut tried).await {
                 Ok((next, mode)) => {
                     migrations += 1;
-                    let to = self.pool.variants[next.committed.vi].cfg.name.clone();
-                    let note = format!(
-                        "keel migrated from={from} to={to} reason={reason} after_tokens={}",
-                        stitcher.delivered_tokens()
-                    );
-                    tracing::info!(request_id = %self.ctx.id, pool = %self.pool.cfg.name, from = %from, to = %to, reason, detail = %message, "migrated");
                     seg = next;
-                    if !self.send(SseEvent::comment(&note)).await {
-                        let Segment { committed, .. } = seg;
-                        self.attempts.settle_end(committed, StreamEnd::ClientGone);
+                    let spliced = self
+                        .splice(
+                            seg.committed.vi,
+                            &from,
+                            reason,
+                            silent,
+                            &message,
+                            mode,
+                            &mut stitcher,
+                            &mut log,
+                        )
+                        .await;
+                    if !spliced {
+                        self.attempts
+                            .settle_end(seg.committed, StreamEnd::ClientGone);
                         break Ending::ClientGone;
                     }
-                    log.route = "migrated";
-                    log.variant = to;
-                    stitcher.begin_segment();
                     trim = mode == ResumeMode::Instruction;
                 }
                 Err(why) => {
+                    self.count_migration(reason, "failed");
                     break Ending::GiveUp(format!("{message}; migration impossible: {why}"));
                 }
             }
@@ -239,6 +300,56 @@ impl Relay {
             sink.end().await;
         }
         summary
+    }
+
+    fn count_migration(&self, reason: &'static str, outcome: &'static str) {
+        self.pool
+            .metrics
+            .counter(
+                "keel_migrations_total",
+                &[
+                    ("pool", &self.pool.cfg.name),
+                    ("reason", reason),
+                    ("outcome", outcome),
+                ],
+            )
+            .increment(1);
+    }
+
+    /// Splices the continuation on variant `to` in: the note at the seam
+    /// (`: keel migrated from=… to=… reason=… after_tokens=…`, with `silent_ms=…` for a stall),
+    /// the request's route and variant, and the stitcher's new segment. False when the client
+    /// is gone.
+    #[allow(clippy::too_many_arguments)]
+    async fn splice(
+        &self,
+        to: usize,
+        from: &str,
+        reason: &'static str,
+        silent_ms: Option<u64>,
+        detail: &str,
+        mode: ResumeMode,
+        stitcher: &mut Stitcher,
+        log: &mut RequestLog,
+    ) -> bool {
+        self.count_migration(reason, "ok");
+        let to = self.pool.variants[to].cfg.name.clone();
+        let silent = match silent_ms {
+            Some(ms) => format!(" silent_ms={ms}"),
+            None => String::new(),
+        };
+        let note = format!(
+            "keel migrated from={from} to={to} reason={reason} after_tokens={}{silent}",
+            stitcher.delivered_tokens()
+        );
+        tracing::info!(request_id = %self.ctx.id, pool = %self.pool.cfg.name, from = %from, to = %to, reason, detail, resume = ?mode, "migrated");
+        if !self.send(SseEvent::comment(&note)).await {
+            return false;
+        }
+        log.route = "migrated";
+        log.variant = to;
+        stitcher.begin_segment();
+        true
     }
 
     /// Sends bytes of whole events to the sink; false when the client is gone.

@@ -14,53 +14,93 @@ use keel_core::stream_watch::{
 };
 
 use super::{Relay, Segment, SegmentEnd};
-use crate::attempt::{next_events, ReadEnd};
+use crate::attempt::{next_events, ReadEnd, StreamStart};
+use crate::settlement::Committed;
 
-/// Per-segment watch state.
-struct Watch {
+/// Per-segment watch state; it lives as long as the segment, across pump calls.
+pub(super) struct Watch {
     last_output: Instant,
     hold: ToolCallHold,
     slow: Option<SlowRate>,
+    slow_checked: bool,
+    /// Gaps between outputs (the first is the time to the first token).
+    pub(super) gaps: Vec<f64>,
+}
+
+impl Segment {
+    pub(super) fn new(committed: Committed, start: StreamStart) -> Segment {
+        Segment {
+            watch: Watch {
+                last_output: start.first_token_at,
+                hold: ToolCallHold::default(),
+                slow: None,
+                slow_checked: false,
+                gaps: Vec::new(),
+            },
+            committed,
+            start,
+            raced: false,
+        }
+    }
+
+    /// How long the stream has been silent.
+    pub(super) fn silent_ms(&self) -> u64 {
+        self.watch.last_output.elapsed().as_millis() as u64
+    }
 }
 
 impl Relay {
-    /// Relays one segment until it completes or fails.
+    fn stall_failure(&self, seg: &Segment) -> SegmentEnd {
+        SegmentEnd::Failed(AttemptFailure::Stall {
+            silent_ms: seg.silent_ms(),
+        })
+    }
+
+    /// Relays one segment until it completes or fails; with `quiet_ms`, returns
+    /// [`SegmentEnd::Quiet`] once the stream has been silent that long (the caller may race a
+    /// continuation, see `speculation`).
     pub(super) async fn segment(
         &self,
         seg: &mut Segment,
         st: &mut Stitcher,
         trim: &mut bool,
-        gaps: &mut Vec<f64>,
         slow_allowed: bool,
+        quiet_ms: Option<u64>,
     ) -> SegmentEnd {
         let vi = seg.committed.vi;
         let stall = Duration::from_millis(self.pool.stall_threshold_ms(vi));
-        let mut w = Watch {
-            last_output: seg.start.first_token_at,
-            hold: ToolCallHold::default(),
-            slow: slow_allowed
+        if !seg.watch.slow_checked {
+            seg.watch.slow_checked = true;
+            seg.watch.slow = slow_allowed
                 .then(|| self.pool.baseline_gap_ms(vi))
                 .flatten()
-                .map(SlowRate::new),
-        };
-        let start = &mut seg.start;
+                .map(SlowRate::new);
+        }
+        let Segment { start, watch, .. } = seg;
         for ev in std::mem::take(&mut start.head)
             .into_iter()
             .chain(std::mem::take(&mut start.pending))
         {
-            if let Some(end) = self.handle(ev, st, trim, &mut w, gaps).await {
+            if let Some(end) = self.handle(ev, st, trim, watch).await {
                 return end;
             }
         }
         let mut events = Vec::new();
         loop {
-            let stall_at = (w.last_output + stall).min(self.ctx.deadline);
+            let stall_at = (watch.last_output + stall).min(self.ctx.deadline);
+            // A held tool call is never raced: its events have not reached the client.
+            let quiet_at = quiet_ms
+                .filter(|_| !watch.hold.holding())
+                .map(|ms| watch.last_output + Duration::from_millis(ms))
+                .filter(|at| *at < stall_at);
+            let read_until = quiet_at.unwrap_or(stall_at);
             let read = tokio::select! {
-                r = next_events(&mut start.upstream, &mut start.decoder, stall_at, &mut events) => r,
+                r = next_events(&mut start.upstream, &mut start.decoder, read_until, &mut events) => r,
                 _ = self.sink.closed() => return SegmentEnd::ClientGone,
             };
             match read {
                 Ok(()) => {}
+                Err(ReadEnd::Timeout) if quiet_at.is_some() => return SegmentEnd::Quiet,
                 Err(ReadEnd::Timeout) if stall_at >= self.ctx.deadline => {
                     return SegmentEnd::Deadline
                 }
@@ -74,9 +114,45 @@ impl Relay {
                 }
             }
             for ev in std::mem::take(&mut events) {
-                if let Some(end) = self.handle(ev, st, trim, &mut w, gaps).await {
+                if let Some(end) = self.handle(ev, st, trim, watch).await {
                     return end;
                 }
+            }
+        }
+    }
+
+    /// While a continuation races a quiet segment: waits for the segment's next event that
+    /// matters (output, its end, an error) without forwarding anything, so that dropping this
+    /// future (the continuation won) loses nothing and sends nothing. Returns `Resumed` with the
+    /// events kept for the pump, or how the segment ended.
+    pub(super) async fn wait_for_more(&self, seg: &mut Segment) -> SegmentEnd {
+        let stall = Duration::from_millis(self.pool.stall_threshold_ms(seg.committed.vi));
+        let mut events = Vec::new();
+        loop {
+            let stall_at = (seg.watch.last_output + stall).min(self.ctx.deadline);
+            let read = tokio::select! {
+                r = next_events(&mut seg.start.upstream, &mut seg.start.decoder, stall_at, &mut events) => r,
+                _ = self.sink.closed() => return SegmentEnd::ClientGone,
+            };
+            match read {
+                Ok(()) => {}
+                Err(ReadEnd::Timeout) if stall_at >= self.ctx.deadline => {
+                    return SegmentEnd::Deadline
+                }
+                Err(ReadEnd::Timeout) => return self.stall_failure(seg),
+                Err(other) => {
+                    return SegmentEnd::Failed(other.failure("before the stream was complete"))
+                }
+            }
+            let matters = events.iter().any(|ev| {
+                !matches!(
+                    event_role(self.protocol, ev),
+                    EventRole::KeepAlive | EventRole::Preamble
+                )
+            });
+            seg.start.pending.append(&mut events);
+            if matters {
+                return SegmentEnd::Resumed;
             }
         }
     }
@@ -88,7 +164,6 @@ impl Relay {
         st: &mut Stitcher,
         trim: &mut bool,
         w: &mut Watch,
-        gaps: &mut Vec<f64>,
     ) -> Option<SegmentEnd> {
         let role = event_role(self.protocol, &ev);
         match role {
@@ -100,9 +175,10 @@ impl Relay {
             EventRole::Error(m) => return Some(SegmentEnd::Failed(AttemptFailure::ErrorEvent(m))),
             EventRole::Output => {
                 let now = Instant::now();
-                gaps.push(now.duration_since(w.last_output).as_secs_f64() * 1000.0);
+                w.gaps
+                    .push(now.duration_since(w.last_output).as_secs_f64() * 1000.0);
                 w.last_output = now;
-                if w.slow.as_mut().is_some_and(|s| s.check(gaps)) {
+                if w.slow.as_mut().is_some_and(|s| s.check(&w.gaps)) {
                     return Some(SegmentEnd::Failed(AttemptFailure::Slow(format!(
                         "token rate below {:.0}% of the variant's baseline on {SLOW_CHECKS} checks in a row",
                         SLOW_RATE * 100.0

@@ -13,4 +13,5 @@ mod migration;
 mod proxy;
 mod routing;
 mod safeguards;
+mod speculation;
 mod streams;

@@ -1,0 +1,106 @@
+//! Speculative continuation: a stream that goes quiet for longer than its variant's gaps
+//! explain (4 × its P99-ish inter-token gap, at least [`crate::pools::QUIET_FLOOR_MS`]) gets
+//! a continuation started elsewhere *while it is still being read*. Whichever produces the next
+//! token first keeps the stream: if the original resumes, the continuation is cancelled (it
+//! cost a prefill, never text: it had produced nothing); if the continuation answers first, the
+//! original is abandoned as stalled and the continuation is spliced in like any migration. So a
+//! stall costs a few gaps, not the hard stall threshold, and a pause that was only a pause
+//! costs one cancelled request.
+//!
+//! While the race runs nothing is forwarded from the original (`Relay::wait_for_more` only
+//! reads), so abandoning it loses and duplicates nothing; the continuation is built from
+//! exactly the text the client has. One race per segment; it is a continuation attempt like any
+//! other (it enters its variant and spends the retry budget through `settlement`).
+
+use keel_core::continuation::{ResumeMode, Stitcher};
+use keel_core::outcome::AttemptFailure;
+
+use super::{Relay, Segment, SegmentEnd};
+use crate::attempt::{attempt, AttemptResult};
+
+/// How a race ended.
+pub(super) enum Speculated {
+    /// Nothing could race (no candidate, no budget, or the continuation failed): the original
+    /// carries on, under the hard stall threshold.
+    NotRaced,
+    /// The original produced more first; the continuation was cancelled.
+    Resumed,
+    /// The continuation produced its first token first: switch to it.
+    Won(Segment, ResumeMode),
+    /// The original failed while the continuation was under way, and the continuation serves.
+    Rescued(AttemptFailure, Segment, ResumeMode),
+    /// The original ended (a failure nothing rescued, the client gone, the deadline).
+    Ended(SegmentEnd),
+}
+
+enum First {
+    Original(SegmentEnd),
+    Continuation(Box<AttemptResult>),
+}
+
+impl Relay {
+    /// Races a continuation against the quiet segment `seg`.
+    pub(super) async fn speculate(
+        &mut self,
+        seg: &mut Segment,
+        stitcher: &Stitcher,
+        tried: &mut Vec<usize>,
+    ) -> Speculated {
+        let now = self.pool.now_ms();
+        let Some(vi) = self
+            .order
+            .iter()
+            .copied()
+            .find(|i| !tried.contains(i) && self.pool.can_take(*i, now))
+        else {
+            return Speculated::NotRaced;
+        };
+        let Ok(c) = self.prepare(stitcher, vi).await else {
+            return Speculated::NotRaced;
+        };
+        let pool = self.pool.clone();
+        let cont = attempt(&pool, vi, &c.req, &c.ctx);
+        tokio::pin!(cont);
+        let first = {
+            let original = self.wait_for_more(seg);
+            tokio::pin!(original);
+            tokio::select! {
+                // The original first: a token that arrives as the continuation answers keeps
+                // the stream where it is.
+                biased;
+                end = &mut original => First::Original(end),
+                r = &mut cont => First::Continuation(Box::new(r)),
+            }
+        };
+        match first {
+            First::Continuation(result) => match self.conclude(c.entered, *result) {
+                Ok(next) => {
+                    tried.push(vi);
+                    Speculated::Won(next, c.resume)
+                }
+                Err(_) => {
+                    tried.push(vi);
+                    Speculated::NotRaced
+                }
+            },
+            First::Original(SegmentEnd::Failed(f)) => {
+                // The original is gone: the continuation already under way is its migration.
+                tried.push(vi);
+                let result = cont.await;
+                match self.conclude(c.entered, result) {
+                    Ok(next) => Speculated::Rescued(f, next, c.resume),
+                    Err(_) => Speculated::Ended(SegmentEnd::Failed(f)),
+                }
+            }
+            First::Original(end) => {
+                // Resumed, ended cleanly, client gone or deadline: the continuation is not
+                // needed. Dropping its future closes its connection.
+                self.attempts.cancelled(c.entered);
+                match end {
+                    SegmentEnd::Resumed => Speculated::Resumed,
+                    other => Speculated::Ended(other),
+                }
+            }
+        }
+    }
+}
