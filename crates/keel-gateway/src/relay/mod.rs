@@ -93,6 +93,12 @@ struct Segment {
     raced: bool,
 }
 
+/// Migrations for slowness alone, per request, on top of `max_migrations` (which bounds
+/// migrations for stalls and errors). Slowness is a preference, a failure a necessity: the soak
+/// found a fleet-wide slowdown making streams hop between equally slow variants until a real
+/// stall found no migration left and ended the stream with an error.
+const MAX_SLOW_MIGRATIONS: u32 = 1;
+
 /// How long a stall lasted, for the note at the seam.
 fn silent_of(f: &AttemptFailure) -> Option<u64> {
     match f {
@@ -144,23 +150,26 @@ impl Relay {
         let mut stitcher = Stitcher::new(self.protocol);
         let mut tried = vec![committed.vi];
         let mut seg = Segment::new(committed, start);
-        let mut migrations = 0u32;
+        // Migrations for failures (stall, error) and for slowness are counted apart, so that
+        // slowness never spends what a failure needs (see MAX_SLOW_MIGRATIONS).
+        let (mut migrations, mut slow_migrations) = (0u32, 0u32);
         let mut trim = false;
         let max_migrations = self.pool.cfg.max_migrations;
         let ending = loop {
             // Slowness alone is only worth a migration when there is somewhere to go: a slow
             // stream beats an error. The same goes for racing a quiet stream.
             let now = self.pool.now_ms();
-            let elsewhere = migrations < max_migrations
-                && self
-                    .order
-                    .iter()
-                    .any(|i| !tried.contains(i) && self.pool.can_take(*i, now));
-            let quiet = (elsewhere && !seg.raced)
+            let elsewhere = self
+                .order
+                .iter()
+                .any(|i| !tried.contains(i) && self.pool.can_take(*i, now));
+            let slow_allowed =
+                elsewhere && max_migrations > 0 && slow_migrations < MAX_SLOW_MIGRATIONS;
+            let quiet = (elsewhere && migrations < max_migrations && !seg.raced)
                 .then(|| self.pool.quiet_threshold_ms(seg.committed.vi))
                 .flatten();
             let mut end = self
-                .segment(&mut seg, &mut stitcher, &mut trim, elsewhere, quiet)
+                .segment(&mut seg, &mut stitcher, &mut trim, slow_allowed, quiet)
                 .await;
             if let SegmentEnd::Quiet = end {
                 seg.raced = true;
@@ -231,16 +240,22 @@ impl Relay {
             let from = self.pool.variants[seg.committed.vi].cfg.name.clone();
             let (reason, message) = (failure.migration_reason(), failure.describe());
             let silent = silent_of(&failure);
+            // Slowness was only detected while a slow migration was allowed.
+            let slow = matches!(failure, AttemptFailure::Slow(_));
             self.attempts
                 .settle_end(seg.committed, StreamEnd::Failed(failure));
-            if migrations >= max_migrations {
+            if !slow && migrations >= max_migrations {
                 break Ending::GiveUp(format!(
                     "{message}; no migration left (max_migrations = {max_migrations})"
                 ));
             }
             match self.migrate(&stitcher, &mut tried).await {
                 Ok((next, mode)) => {
-                    migrations += 1;
+                    if slow {
+                        slow_migrations += 1;
+                    } else {
+                        migrations += 1;
+                    }
                     seg = next;
                     let spliced = self
                         .splice(

@@ -101,3 +101,69 @@ async fn a_pause_that_ends_first_keeps_the_stream_and_cancels_the_race() {
     let ok = [("variant", "sim-0"), ("kind", "first"), ("outcome", "ok")];
     assert_eq!(h.metric("keel_attempts_total", &ok).await, 4.0);
 }
+
+#[tokio::test]
+async fn slowness_never_spends_the_migration_a_stall_needs() {
+    // Found by the soak: with max_migrations = 1, a migration for slowness used to leave none
+    // for a stall that followed, and the stream ended with an error although sim-2 was fine.
+    let server = |i: usize| keel_sim::ServerConfig {
+        name: format!("sim-{i}"),
+        seed: Some(i as u64 + 1),
+        gap_ms: 8.0,
+        ..keel_sim::ServerConfig::fast("s")
+    };
+    let fleet = keel_sim::Fleet::start(&keel_sim::FleetConfig {
+        generation: keel_sim::GenerationConfig {
+            min_reply_tokens: 80,
+            mean_reply_tokens: 100,
+            ..Default::default()
+        },
+        servers: (0..3).map(server).collect(),
+    })
+    .await
+    .unwrap();
+    // Smooth weighted round robin picks sim-1 (weight 100) for its first 34 requests and
+    // orders fallbacks by weight, ties by index: after the forced sim-0, sim-1 then sim-2.
+    let mut cfg = String::from(
+        "allow_force_variant = true\n[[pools]]\nname = \"p\"\npolicy = \"round_robin\"\nhedge = \"off\"\nmax_migrations = 1\n[pools.health]\nprewarm_requests = 0\n",
+    );
+    for (i, w) in [1, 100, 1].iter().enumerate() {
+        let s = fleet.get(i);
+        cfg.push_str(&variant(&s.name, &s.openai_base(), "openai", *w));
+    }
+    let h = Harness::start(fleet, &cfg).await;
+    for v in ["sim-0", "sim-1"] {
+        for _ in 0..3 {
+            let r = h
+                .post_with(
+                    "/v1/chat/completions",
+                    &[("x-keel-force-variant", v)],
+                    &stream_body("warm up"),
+                )
+                .await;
+            assert_eq!(read_stream(r).await.last().unwrap().data, "[DONE]");
+        }
+    }
+    add_fault(h.server(0), json!({"kind": "slowdown", "factor": 4})).await;
+    add_fault(h.server(1), json!({"kind": "stall", "after_tokens": 5})).await;
+    let body = stream_body("tell me a long story about the sea");
+    let want = want_text(&reference(&h, 2, "/v1/chat/completions", &body).await);
+    let events = read_stream(forced_sim0(&h, &body).await).await;
+    let notes: Vec<String> = events
+        .iter()
+        .filter(|e| e.comment_only)
+        .map(|e| String::from_utf8_lossy(&e.raw).trim().to_owned())
+        .filter(|c| c.contains("keel migrated"))
+        .collect();
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(
+        notes[0].contains("from=sim-0 to=sim-1 reason=slow"),
+        "{notes:?}"
+    );
+    assert!(
+        notes[1].contains("from=sim-1 to=sim-2 reason=stall"),
+        "{notes:?}"
+    );
+    assert_eq!(openai_stream_text(&events), want);
+    assert_eq!(events.last().unwrap().data, "[DONE]");
+}
