@@ -19,7 +19,7 @@ use crate::assemble::Assembler;
 use crate::continuation::{continuation, default_prefill_fields, event_text, ResumeMode, Stitcher};
 use crate::protocol::{event_role, openai_choice_text, openai_chunk_has_output, ChunkView};
 use crate::protocol::{Endpoint, Protocol};
-use crate::request::parse;
+use crate::request::{parse, CanonicalRequest};
 use crate::sse::{decode_all, SseDecoder, SseEvent, DEFAULT_MAX_EVENT_BYTES};
 use crate::tokens;
 
@@ -168,8 +168,9 @@ pub fn assemble(data: &[u8]) {
                 break;
             }
         }
-        for endpoint in ENDPOINTS {
-            let body = a.clone().finish(endpoint).to_string();
+        // `CountTokens` has no body to assemble: `finish` treats it as chat completions.
+        for endpoint in &ENDPOINTS[..3] {
+            let body = a.clone().finish(*endpoint).to_string();
             let bound = 4 * data.len() + 64 * 1024;
             assert!(
                 body.len() <= bound,
@@ -182,7 +183,17 @@ pub fn assemble(data: &[u8]) {
 }
 
 /// Requests a continuation is built for in `stitch`, one per endpoint (with a client prefill
-/// and an output limit, the cases that rewrite the body).
+/// and an output limit, the cases that rewrite the body), parsed once.
+fn stitch_requests() -> &'static [CanonicalRequest] {
+    static REQUESTS: std::sync::OnceLock<Vec<CanonicalRequest>> = std::sync::OnceLock::new();
+    REQUESTS.get_or_init(|| {
+        STITCH_REQUESTS
+            .iter()
+            .map(|(e, b)| parse(*e, b.as_bytes()).expect("a valid fixed request"))
+            .collect()
+    })
+}
+
 const STITCH_REQUESTS: [(Endpoint, &str); 4] = [
     (
         Endpoint::ChatCompletions,
@@ -203,9 +214,10 @@ const STITCH_REQUESTS: [(Endpoint, &str); 4] = [
 ];
 
 /// `stitch`: the events through a [`Stitcher`] for each protocol, with `:segment` comments
-/// starting continuation segments. Everything the stitcher hands the client must be valid SSE,
-/// and a rewritten event (after the first segment) valid JSON. Then a continuation request is
-/// built from the delivered text for every endpoint and resume mode.
+/// starting continuation segments. What the stitcher rewrites (after the first segment; before
+/// it, events pass through byte for byte) must be one valid SSE event, and JSON. Then a
+/// continuation request is built from the delivered text for every endpoint of the protocol and
+/// every resume mode.
 pub fn stitch(data: &[u8]) {
     let evs = events(data);
     for protocol in PROTOCOLS {
@@ -220,8 +232,8 @@ pub fn stitch(data: &[u8]) {
             let Some(out) = st.process(ev, &mut trim) else {
                 continue;
             };
-            let back = decode_all(&out).expect("the stitcher wrote invalid SSE");
             if st.segment > 0 && !ev.comment_only && ev.data != "[DONE]" {
+                let back = decode_all(&out).expect("the stitcher wrote invalid SSE");
                 assert_eq!(back.len(), 1, "one event in, one out");
                 assert!(
                     serde_json::from_str::<Value>(&back[0].data).is_ok(),
@@ -230,11 +242,13 @@ pub fn stitch(data: &[u8]) {
                 );
             }
         }
-        for (endpoint, body) in STITCH_REQUESTS {
-            let req = parse(endpoint, body.as_bytes()).expect("a valid fixed request");
+        for req in stitch_requests() {
+            if req.endpoint.protocol() != protocol {
+                continue;
+            }
             for mode in MODES {
                 let _ = continuation(
-                    &req,
+                    req,
                     mode,
                     &default_prefill_fields(),
                     &st.delivered,
