@@ -104,7 +104,17 @@ pub async fn next_events(
 ) -> Result<(), ReadEnd> {
     let chunk = match timeout_at(deadline, upstream.next()).await {
         Err(_) => return Err(ReadEnd::Timeout),
-        Ok(None) => return Err(ReadEnd::Closed),
+        Ok(None) => {
+            // The end of the bytes may complete a last event (one whose blank line ended in a
+            // lone `\r`); only when it does not is the stream closed.
+            let before = out.len();
+            decoder.end(out).map_err(ReadEnd::Framing)?;
+            return if out.len() > before {
+                Ok(())
+            } else {
+                Err(ReadEnd::Closed)
+            };
+        }
         Ok(Some(Err(e))) => return Err(ReadEnd::Transport(e)),
         Ok(Some(Ok(c))) => c,
     };
@@ -311,7 +321,8 @@ async fn run(
     }
 
     let protocol = variant.protocol;
-    let mut upstream: UpstreamBytes = Box::pin(resp.bytes_stream());
+    // Fused: the relay may ask again after the end (see `next_events`).
+    let mut upstream: UpstreamBytes = Box::pin(resp.bytes_stream().fuse());
     let mut decoder = SseDecoder::with_max_event_bytes(pool.limits.max_event_bytes);
     let mut head = Vec::new();
     let mut events = Vec::new();

@@ -35,7 +35,7 @@ use keel_core::protocol::{stream_error_event, ErrorKind, Protocol};
 use keel_core::request::CanonicalRequest;
 use keel_core::sse::SseEvent;
 
-pub use sink::{Assembled, Sink};
+pub use sink::{Assembled, Sent, Sink};
 use speculation::Speculated;
 
 use crate::access_log::RequestLog;
@@ -367,10 +367,16 @@ impl Relay {
         true
     }
 
-    /// Sends bytes of whole events to the sink; false when the client is gone.
+    /// Sends bytes of whole events to the sink; false when the client is gone (or, for keel's
+    /// own notes and error events, when the assembler refused them).
     async fn send(&self, bytes: Vec<u8>) -> bool {
+        matches!(self.deliver(bytes).await, Sent::Ok)
+    }
+
+    /// Sends bytes of whole events to the sink.
+    async fn deliver(&self, bytes: Vec<u8>) -> Sent {
         if bytes.is_empty() {
-            return true;
+            return Sent::Ok;
         }
         let sent = self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         self.gw.hooks.before_send(sent);

@@ -13,7 +13,7 @@ use keel_core::stream_watch::{
     oversized_index, Hold, SlowRate, ToolCallHold, MAX_OUTPUT_INDEX, SLOW_CHECKS, SLOW_RATE,
 };
 
-use super::{Relay, Segment, SegmentEnd};
+use super::{Relay, Segment, SegmentEnd, Sent};
 use crate::attempt::{next_events, ReadEnd, StreamStart};
 use crate::settlement::Committed;
 
@@ -215,8 +215,12 @@ impl Relay {
         };
         for ev in release {
             if let Some(bytes) = st.process(&ev, trim) {
-                if !self.send(bytes).await {
-                    return Some(SegmentEnd::ClientGone);
+                match self.deliver(bytes).await {
+                    Sent::Ok => {}
+                    Sent::ClientGone => return Some(SegmentEnd::ClientGone),
+                    Sent::Refused(m) => {
+                        return Some(SegmentEnd::Failed(AttemptFailure::Malformed(m)))
+                    }
                 }
             }
         }

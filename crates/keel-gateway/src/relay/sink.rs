@@ -28,28 +28,44 @@ pub struct Assembled {
     pub failure: Option<String>,
 }
 
+/// What became of bytes handed to a sink.
+pub enum Sent {
+    Ok,
+    /// The client went away.
+    ClientGone,
+    /// The assembler refused them (a bound broken): the segment is `malformed`.
+    Refused(String),
+}
+
 impl Sink {
-    /// Forwards bytes of whole events; false when the client is gone.
-    pub async fn send(&self, protocol: Protocol, bytes: Vec<u8>) -> bool {
+    /// Forwards bytes of whole events.
+    pub async fn send(&self, protocol: Protocol, bytes: Vec<u8>) -> Sent {
         match self {
-            Sink::Client(tx) => tx.send(Bytes::from(bytes)).await,
+            Sink::Client(tx) => {
+                if tx.send(Bytes::from(bytes)).await {
+                    Sent::Ok
+                } else {
+                    Sent::ClientGone
+                }
+            }
             Sink::Assemble(a) => {
                 let mut a = a.lock().unwrap_or_else(|e| e.into_inner());
                 let mut events = Vec::new();
                 if let Err(e) = a.decoder.feed(&bytes, &mut events) {
-                    a.failure = Some(format!("keel could not assemble the response: {e}"));
+                    return Sent::Refused(format!("cannot assemble the response: {e}"));
                 }
                 for ev in &events {
                     match event_role(protocol, ev) {
+                        // keel's own error event, when nothing could complete the response.
                         EventRole::Error(m) => a.failure = Some(m),
                         _ => {
                             if let Err(m) = a.body.push(protocol, ev) {
-                                a.failure = Some(m);
+                                return Sent::Refused(m);
                             }
                         }
                     }
                 }
-                true
+                Sent::Ok
             }
         }
     }

@@ -195,3 +195,29 @@ async fn a_slow_request_body_gets_408() {
         .contains("body_read_timeout_ms"));
     assert_eq!(h.server(0).state.stats().requests, 0);
 }
+
+#[tokio::test]
+async fn a_stream_whose_last_event_ends_in_a_lone_cr_is_complete() {
+    // WHATWG framing allows `\r` line endings; the last blank line is then a lone `\r` that
+    // only the end of the bytes completes.
+    let h = Harness::openai(2, 1, "allow_force_variant = true", "hedge = \"off\"").await;
+    let body = format!(
+        "data: {}\r\rdata: {}\r\rdata: [DONE]\r\r",
+        chunk(
+            json!({"role": "assistant", "content": "Hi there"}),
+            Value::Null
+        ),
+        chunk(json!({}), json!("stop"))
+    );
+    add_fault(
+        h.server(0),
+        json!({"kind": "raw", "content_type": "text/event-stream", "body": body, "count": 1}),
+    )
+    .await;
+    let resp = forced_sim0(&h, &stream_body("hello")).await;
+    assert_eq!(header(resp.headers(), "x-keel-variant"), "sim-0");
+    let events = read_stream(resp).await;
+    assert_eq!(openai_stream_text(&events), "Hi there");
+    assert_eq!(events.last().unwrap().data, "[DONE]");
+    assert!(!events.iter().any(|e| e.comment_only), "no migration");
+}
