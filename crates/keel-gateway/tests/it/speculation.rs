@@ -116,7 +116,6 @@ async fn slowness_never_spends_the_migration_a_stall_needs() {
         generation: keel_sim::GenerationConfig {
             min_reply_tokens: 80,
             mean_reply_tokens: 100,
-            ..Default::default()
         },
         servers: (0..3).map(server).collect(),
     })
