@@ -140,6 +140,12 @@ impl SseDecoder {
             if self.after_cr {
                 self.after_cr = false;
                 if b == b'\n' {
+                    // The `\n` of a `\r\n` belongs to the event too: within the limit.
+                    if self.block.len() >= self.max_event_bytes {
+                        return Err(SseError::TooLarge {
+                            limit: self.max_event_bytes,
+                        });
+                    }
                     self.block.push(b);
                     self.line_start = self.block.len();
                     if self.dispatch_pending {
@@ -307,6 +313,19 @@ mod tests {
         assert_eq!(out[0].raw, b"data: 1\r\r");
         // Round trip: an event's raw bytes decode to the event itself.
         assert_eq!(decode_all(&out[0].raw).unwrap(), out);
+    }
+
+    #[test]
+    fn the_lf_of_a_crlf_counts_against_the_limit() {
+        // Found by fuzzing: a block of exactly the limit ending in `\r` took its `\n` past it.
+        let line = b"data: 12345\r";
+        let mut dec = SseDecoder::with_max_event_bytes(line.len());
+        let mut out = Vec::new();
+        dec.feed(line, &mut out).unwrap();
+        assert_eq!(
+            dec.feed(b"\n", &mut out),
+            Err(SseError::TooLarge { limit: line.len() })
+        );
     }
 
     #[test]
