@@ -99,11 +99,26 @@ struct Segment {
 /// stall found no migration left and ended the stream with an error.
 const MAX_SLOW_MIGRATIONS: u32 = 1;
 
-/// How long a stall lasted, for the note at the seam.
-fn silent_of(f: &AttemptFailure) -> Option<u64> {
-    match f {
-        AttemptFailure::Stall { silent_ms } => Some(*silent_ms),
-        _ => None,
+/// What the note at a seam says about the segment that ended there.
+struct Seam {
+    from: String,
+    reason: &'static str,
+    /// How long a stall lasted.
+    silent_ms: Option<u64>,
+    detail: String,
+}
+
+impl Seam {
+    fn new(from: &str, f: &AttemptFailure) -> Seam {
+        Seam {
+            from: from.to_owned(),
+            reason: f.migration_reason(),
+            silent_ms: match f {
+                AttemptFailure::Stall { silent_ms } => Some(*silent_ms),
+                _ => None,
+            },
+            detail: f.describe(),
+        }
     }
 }
 
@@ -190,30 +205,19 @@ impl Relay {
                     // The race was won elsewhere: the original is retired as stalled (or as
                     // the failure it met meanwhile) and the continuation spliced in.
                     let old = std::mem::replace(&mut seg, next);
-                    let from = self.pool.variants[old.committed.vi].cfg.name.clone();
-                    let (reason, detail) = (failure.migration_reason(), failure.describe());
-                    let silent = silent_of(&failure);
+                    let seam = Seam::new(&self.pool.variants[old.committed.vi].cfg.name, &failure);
                     self.attempts
                         .settle_end(old.committed, StreamEnd::Failed(failure));
                     migrations += 1;
+                    let to = seg.committed.vi;
                     let spliced = self
-                        .splice(
-                            seg.committed.vi,
-                            &from,
-                            reason,
-                            silent,
-                            &detail,
-                            mode,
-                            &mut stitcher,
-                            &mut log,
-                        )
+                        .splice(to, &seam, mode, &mut stitcher, &mut trim, &mut log)
                         .await;
                     if !spliced {
                         self.attempts
                             .settle_end(seg.committed, StreamEnd::ClientGone);
                         break Ending::ClientGone;
                     }
-                    trim = mode == ResumeMode::Instruction;
                     continue;
                 }
             }
@@ -237,16 +241,15 @@ impl Relay {
                 // Only a speculation sees these, and it has turned them into one of the above.
                 SegmentEnd::Quiet | SegmentEnd::Resumed => continue,
             };
-            let from = self.pool.variants[seg.committed.vi].cfg.name.clone();
-            let (reason, message) = (failure.migration_reason(), failure.describe());
-            let silent = silent_of(&failure);
+            let seam = Seam::new(&self.pool.variants[seg.committed.vi].cfg.name, &failure);
             // Slowness was only detected while a slow migration was allowed.
             let slow = matches!(failure, AttemptFailure::Slow(_));
             self.attempts
                 .settle_end(seg.committed, StreamEnd::Failed(failure));
             if !slow && migrations >= max_migrations {
                 break Ending::GiveUp(format!(
-                    "{message}; no migration left (max_migrations = {max_migrations})"
+                    "{}; no migration left (max_migrations = {max_migrations})",
+                    seam.detail
                 ));
             }
             match self.migrate(&stitcher, &mut tried).await {
@@ -257,28 +260,19 @@ impl Relay {
                         migrations += 1;
                     }
                     seg = next;
+                    let to = seg.committed.vi;
                     let spliced = self
-                        .splice(
-                            seg.committed.vi,
-                            &from,
-                            reason,
-                            silent,
-                            &message,
-                            mode,
-                            &mut stitcher,
-                            &mut log,
-                        )
+                        .splice(to, &seam, mode, &mut stitcher, &mut trim, &mut log)
                         .await;
                     if !spliced {
                         self.attempts
                             .settle_end(seg.committed, StreamEnd::ClientGone);
                         break Ending::ClientGone;
                     }
-                    trim = mode == ResumeMode::Instruction;
                 }
                 Err(why) => {
-                    self.count_migration(reason, "failed");
-                    break Ending::GiveUp(format!("{message}; migration impossible: {why}"));
+                    self.count_migration(seam.reason, "failed");
+                    break Ending::GiveUp(format!("{}; migration impossible: {why}", seam.detail));
                 }
             }
         };
@@ -335,18 +329,21 @@ impl Relay {
     /// (`: keel migrated from=… to=… reason=… after_tokens=…`, with `silent_ms=…` for a stall),
     /// the request's route and variant, and the stitcher's new segment. False when the client
     /// is gone.
-    #[allow(clippy::too_many_arguments)]
     async fn splice(
         &self,
         to: usize,
-        from: &str,
-        reason: &'static str,
-        silent_ms: Option<u64>,
-        detail: &str,
+        seam: &Seam,
         mode: ResumeMode,
         stitcher: &mut Stitcher,
+        trim: &mut bool,
         log: &mut RequestLog,
     ) -> bool {
+        let Seam {
+            from,
+            reason,
+            silent_ms,
+            detail,
+        } = seam;
         self.count_migration(reason, "ok");
         let to = self.pool.variants[to].cfg.name.clone();
         let silent = match silent_ms {
@@ -364,6 +361,7 @@ impl Relay {
         log.route = "migrated";
         log.variant = to;
         stitcher.begin_segment();
+        *trim = mode == ResumeMode::Instruction;
         true
     }
 
