@@ -204,12 +204,11 @@ impl Pool {
     }
 
     /// Whether a variant may be tried now (re-checked before every attempt): not cooling down,
-    /// credential not refused, not ejected. Its concurrency is a separate question
+    /// credential not refused. Ejection is selection's business (an ejected variant is planned
+    /// only when nothing else can serve); concurrency is a separate question
     /// ([`Pool::below_limit`]): a full variant is waited for, not skipped.
     pub fn available(&self, index: usize, now_ms: u64) -> bool {
-        let st = self.state();
-        st.availability[index].available(now_ms)
-            && !matches!(st.health[index].state, State::Ejected { .. })
+        self.state().availability[index].available(now_ms)
     }
 
     /// Whether a variant has a free slot under its concurrency limit (configured or learned).

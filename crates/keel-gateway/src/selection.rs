@@ -115,17 +115,19 @@ impl Pool {
         };
         let mut st = self.state();
         let hc = self.cfg.health;
-        let build = |st: &PoolState, allow_warming: bool| -> Vec<Candidate> {
+        // `last_resort`: variants still warming, and ejected ones, may serve too.
+        let build = |st: &PoolState, last_resort: bool| -> Vec<Candidate> {
             self.variants
                 .iter()
                 .enumerate()
                 .map(|(i, v)| {
                     let h = &st.health[i];
-                    let warming = matches!(h.state, State::Warming { .. });
+                    // Not yet (or no longer) measured as healthy: the lowest weight there is.
+                    let warming = matches!(h.state, State::Warming { .. } | State::Ejected { .. });
                     let live = match h.state {
-                        State::Ejected { .. } => false,
+                        State::Ejected { .. } => last_resort,
                         // A variant still loading its model gets no client request at all.
-                        State::Warming { .. } => allow_warming && !h.loading,
+                        State::Warming { .. } => last_resort && !h.loading,
                         _ => true,
                     };
                     let in_flight = v.in_flight.load(Ordering::Relaxed);
@@ -154,20 +156,16 @@ impl Pool {
         };
         let mut candidates = build(&st, false);
         let mut plan = st.selector.plan(&candidates, &signals);
-        if plan.order.is_empty()
-            && st
-                .health
-                .iter()
-                .any(|h| matches!(h.state, State::Warming { .. }))
-        {
-            // Everything else is out: a variant still warming up beats an error.
+        if plan.order.is_empty() {
+            // Everything else is out: a variant still warming up, or one ejected (slow, or
+            // failing often but not always), beats making the client wait for the deadline.
+            // Failover and the retry budget still bound what a failing one costs.
             candidates = build(&st, true);
             plan = st.selector.plan(&candidates, &signals);
         }
         let policy = st.selector.name();
         let full = |(i, v): (usize, &Variant)| {
-            !matches!(st.health[i].state, State::Ejected { .. })
-                && fits(v)
+            fits(v)
                 && at_tier(v)
                 && st.availability[i].available(now_ms)
                 && v.in_flight.load(Ordering::Relaxed) >= v.concurrency_limit()

@@ -363,3 +363,30 @@ async fn scraped_queue_depth_steers_traffic_away() {
         hog.abort();
     }
 }
+
+#[tokio::test]
+async fn an_ejected_variant_still_serves_when_nothing_else_can() {
+    // One variant, far slower than its own baseline: ejected for its TTFT, yet clients are
+    // served by it (slowly) instead of waiting for their deadline. (Found by `keel bench
+    // overhead` on a loaded machine: 5,000 requests parked behind the only, ejected, variant.)
+    let extra =
+        "hedge = \"off\"\n[pools.health]\nprewarm_requests = 0\neject_after_ms = 100\nprobe_interval_ms = 600000";
+    let h = Harness::openai(1, 1, "", extra).await;
+    for _ in 0..20 {
+        assert_eq!(h.chat(&chat_body("x")).await.0, 200);
+    }
+    add_fault(h.server(0), json!({"kind": "delay", "ms": 100})).await;
+    wait_for!("the slow variant to be ejected", {
+        h.chat(&chat_body("x")).await;
+        health(&h).await["pools"][0]["variants"][0]["state"] == "ejected"
+    });
+    let r = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("x-keel-timeout-ms", "5000")],
+            &chat_body("x"),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(r.headers(), "x-keel-variant"), "sim-0");
+}
