@@ -328,8 +328,8 @@ mod tests {
             judge(r, "one three", 1, false, false),
             Verdict::Corrupt { duplicated: false }
         );
-        // Text that went wrong before an error is still corrupt.
-        assert_eq!(judge(r, "one thr", 0, true, false), Verdict::Error);
+        // An error after intact text is an error; text that went wrong before it is corrupt.
+        assert_eq!(judge(r, "one tw", 0, true, false), Verdict::Error);
         assert_eq!(
             judge(r, "two", 0, true, false),
             Verdict::Corrupt { duplicated: false }

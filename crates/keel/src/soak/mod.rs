@@ -110,10 +110,15 @@ async fn start_fleet(seed: u64) -> Result<Fleet, String> {
     .map_err(|e| format!("cannot start the fleet: {e}"))
 }
 
-/// VmRSS (KiB) and open descriptors of `pid`, or `None` once it is gone.
-fn sample(pid: u32) -> Option<(u64, u64)> {
+/// The gateway's resident set, open descriptors, and how many of those are established
+/// connections: accepted on its `port` (from the soak's client) and to the `upstream` ports
+/// (the simulated servers); `None` once the process is gone. Every loopback socket of the
+/// machine is in /proc/net/tcp; the soak's own client and the simulators are in this process,
+/// so a socket whose local port is the gateway's, or whose remote port is a simulator's, is the
+/// gateway's.
+fn sample(pid: u32, port: u16, upstream: &[u16], t_s: f64) -> Option<Sample> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss = status
+    let rss_kib = status
         .lines()
         .find(|l| l.starts_with("VmRSS:"))?
         .split_whitespace()
@@ -121,7 +126,33 @@ fn sample(pid: u32) -> Option<(u64, u64)> {
         .parse()
         .ok()?;
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
-    Some((rss, fds))
+    let port_of = |addr: &str| {
+        addr.rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    let (mut client_conns, mut upstream_conns) = (0, 0);
+    for line in std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+    {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 4 || f[3] != "01" {
+            continue;
+        }
+        if port_of(f[1]) == Some(port) {
+            client_conns += 1;
+        } else if port_of(f[2]).is_some_and(|p| upstream.contains(&p)) {
+            upstream_conns += 1;
+        }
+    }
+    Some(Sample {
+        t_s,
+        rss_kib,
+        fds,
+        client_conns,
+        upstream_conns,
+    })
 }
 
 /// Runs the soak; `Err` when a goal is missed (after writing the report) or it cannot run.
@@ -142,7 +173,8 @@ pub async fn run(o: Options) -> Result<(), String> {
         std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
     let mut gateway = KeelProcess::spawn(&toml, log.into()).await?;
     let pid = gateway.pid();
-    let base = format!("http://127.0.0.1:{}", gateway.port);
+    let port = gateway.port;
+    let base = format!("http://127.0.0.1:{port}");
     let windows = schedule::generate(o.seed, duration_ms, &[VARIANTS_PER_POOL; POOLS.len()]);
     let n = (o.duration.as_secs_f64() * o.rps).round() as usize;
     eprintln!(
@@ -174,17 +206,17 @@ pub async fn run(o: Options) -> Result<(), String> {
     // The gateway's memory and descriptors every few seconds.
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let interval = if o.duration < RSS_JUDGED_FROM { 2 } else { 5 };
+    let sim_ports: Vec<u16> = fleet.servers.iter().map(|s| s.addr.port()).collect();
     let sampler = tokio::spawn({
-        let samples = samples.clone();
+        let (samples, sim_ports) = (samples.clone(), sim_ports.clone());
         async move {
             let mut tick = tokio::time::interval(Duration::from_secs(interval));
             loop {
                 tick.tick().await;
-                let Some((rss_kib, fds)) = sample(pid) else {
+                let Some(s) = sample(pid, port, &sim_ports, start.elapsed().as_secs_f64()) else {
                     return;
                 };
-                let t_s = start.elapsed().as_secs_f64();
-                lock(&samples).push(Sample { t_s, rss_kib, fds });
+                lock(&samples).push(s);
             }
         }
     });
@@ -219,19 +251,38 @@ pub async fn run(o: Options) -> Result<(), String> {
     for s in &servers {
         s.clear_faults();
     }
-    // Idle figures once every answer is in: what a leak would leave behind.
-    let drained = sample(pid).map(|(rss_kib, fds)| Sample {
-        t_s: start.elapsed().as_secs_f64(),
-        rss_kib,
-        fds,
-    });
+    // Every answer is in: no upstream generation may still be open (a stalled attempt the
+    // gateway migrated away from must have been cancelled). Probes may be in flight briefly.
+    let mut open_upstream = 0;
+    for _ in 0..50 {
+        open_upstream = servers
+            .iter()
+            .map(|s| (s.stats().running + s.stats().waiting).max(0) as u64)
+            .sum();
+        if open_upstream == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let drained = sample(pid, port, &sim_ports, start.elapsed().as_secs_f64());
     sampler.abort();
     let exited = gateway.exited();
     drop(gateway);
 
     let seen = std::mem::take(&mut *lock(&seen));
     let samples = std::mem::take(&mut *lock(&samples));
-    let report = Report::build(&o, &windows, &seen, samples, drained, arrivals_s, exited)?;
+    let report = Report::build(
+        &o,
+        &windows,
+        &seen,
+        report::Resources {
+            samples,
+            drained,
+            open_upstream,
+            arrivals_s,
+            exited,
+        },
+    )?;
     report.write(&o.out)?;
     print!("{}", report.table());
     eprintln!(
