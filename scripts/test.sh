@@ -31,5 +31,8 @@ fi
 echo "== benchmark smoke test (every scenario, keel only, a few seconds each)"
 ./target/debug/keel bench all --quick --contenders keel --out bench/out/smoke > /dev/null
 
+echo "== soak smoke test (60 s of random faults; every answer byte-exact, no errors, no fd growth)"
+./target/debug/keel bench soak --duration 60s --rps 10 --out bench/out/soak-smoke
+
 echo "== SDK tests and real llama.cpp server tests"
 KEEL_BIN="$PWD/target/debug/keel" .venv/bin/python -m pytest -q -rs tests/python tests/real

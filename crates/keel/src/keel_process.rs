@@ -16,9 +16,9 @@ pub struct KeelProcess {
 
 impl KeelProcess {
     /// Starts the current executable as `keel serve` with `toml` (settings and pools, without
-    /// `listen`), its log (`KEEL_BENCH_LOG`, default info) written to `stderr`, and returns once
-    /// `/keel/health` answers.
-    pub async fn spawn(toml: &str, stderr: Stdio) -> Result<KeelProcess, String> {
+    /// `listen`), its output and log (`KEEL_BENCH_LOG`, default info) written to `log` or
+    /// discarded, and returns once `/keel/health` answers.
+    pub async fn spawn(toml: &str, log: Option<std::fs::File>) -> Result<KeelProcess, String> {
         keel_gateway::Config::parse(toml, "<bench>", &Default::default())
             .map_err(|e| e.to_string())?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -35,6 +35,13 @@ impl KeelProcess {
         std::fs::write(&cfg_path, format!("listen = \"127.0.0.1:{port}\"\n{toml}"))
             .map_err(|e| format!("{}: {e}", cfg_path.display()))?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let (stdout, stderr) = match log {
+            Some(f) => (
+                Stdio::from(f.try_clone().map_err(|e| e.to_string())?),
+                Stdio::from(f),
+            ),
+            None => (Stdio::null(), Stdio::null()),
+        };
         let child = Command::new(exe)
             .args(["serve", "--config"])
             .arg(&cfg_path)
@@ -42,7 +49,7 @@ impl KeelProcess {
                 "KEEL_LOG",
                 std::env::var("KEEL_BENCH_LOG").unwrap_or_else(|_| "info".into()),
             )
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(stderr)
             .spawn()
             .map_err(|e| format!("cannot start keel serve: {e}"))?;

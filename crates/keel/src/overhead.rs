@@ -112,8 +112,7 @@ async fn start_keel(fleet: &Fleet, o: &Options) -> Result<Target, String> {
         .map(|n| format!("worker_threads = {n}\n"))
         .unwrap_or_default();
     let toml = crate::scenario::pool_toml(fleet, "bench", &o.keel_pool);
-    let process =
-        KeelProcess::spawn(&format!("{threads}{toml}"), std::process::Stdio::null()).await?;
+    let process = KeelProcess::spawn(&format!("{threads}{toml}"), None).await?;
     Ok(Target {
         name: "keel".into(),
         base: format!("http://127.0.0.1:{}/v1", process.port),

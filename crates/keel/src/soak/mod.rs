@@ -171,7 +171,7 @@ pub async fn run(o: Options) -> Result<(), String> {
     let log_path = o.out.join("gateway.log");
     let log =
         std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
-    let mut gateway = KeelProcess::spawn(&toml, log.into()).await?;
+    let mut gateway = KeelProcess::spawn(&toml, Some(log)).await?;
     let pid = gateway.pid();
     let port = gateway.port;
     let base = format!("http://127.0.0.1:{port}");
