@@ -36,6 +36,7 @@ impl KeelProcess {
             .map_err(|e| format!("{}: {e}", cfg_path.display()))?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let (stdout, stderr) = match log {
+            // A file, not a terminal: no colour codes.
             Some(f) => (
                 Stdio::from(f.try_clone().map_err(|e| e.to_string())?),
                 Stdio::from(f),
@@ -49,6 +50,7 @@ impl KeelProcess {
                 "KEEL_LOG",
                 std::env::var("KEEL_BENCH_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .env("NO_COLOR", "1")
             .stdout(stdout)
             .stderr(stderr)
             .spawn()

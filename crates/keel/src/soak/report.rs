@@ -118,6 +118,8 @@ impl Report {
             *routes.entry(r.to_owned()).or_default() += 1;
         }
         let comments: u64 = seen.iter().map(|(_, s)| s.migrated_comments as u64).sum();
+        // A stream's route header left before any migration: its comments tell.
+        let migrated_streams = seen.iter().filter(|(_, s)| s.migrated_comments > 0).count();
         let latency = |stream: bool| {
             percentiles_ms(
                 seen.iter()
@@ -250,7 +252,7 @@ impl Report {
             "requests": {"sent": seen.len(), "intact": intact, "lost_text": lost, "duplicated_text": duplicated,
                 "silent_truncations": truncated, "errors": errors,
                 "streams": seen.iter().filter(|(p, _)| p.stream).count()},
-            "routes": routes, "migrated_comments": comments,
+            "routes": routes, "migrated_comments": comments, "migrated_streams": migrated_streams,
             "latency_ms_intact": {"p50": all_ms[0], "p99": all_ms[1], "max": all_ms[2],
                 "stream": {"p50": stream_ms[0], "p99": stream_ms[1], "max": stream_ms[2]},
                 "whole": {"p50": whole_ms[0], "p99": whole_ms[1], "max": whole_ms[2]}},
@@ -289,8 +291,8 @@ impl Report {
         ));
         let l = &d["latency_ms_intact"];
         t.push_str(&format!(
-            "routes {}; `: keel migrated` comments {}\nlatency of intact answers: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (streams p50 {:.0} / p99 {:.0}, whole p50 {:.0} / p99 {:.0})\n",
-            d["routes"], d["migrated_comments"], l["p50"].as_f64().unwrap_or(0.0), l["p99"].as_f64().unwrap_or(0.0),
+            "routes (x-keel-route) {}; streams migrated {} (`: keel migrated` comments {})\nlatency of intact answers: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (streams p50 {:.0} / p99 {:.0}, whole p50 {:.0} / p99 {:.0})\n",
+            d["routes"], d["migrated_streams"], d["migrated_comments"], l["p50"].as_f64().unwrap_or(0.0), l["p99"].as_f64().unwrap_or(0.0),
             l["max"].as_f64().unwrap_or(0.0), l["stream"]["p50"].as_f64().unwrap_or(0.0),
             l["stream"]["p99"].as_f64().unwrap_or(0.0), l["whole"]["p50"].as_f64().unwrap_or(0.0),
             l["whole"]["p99"].as_f64().unwrap_or(0.0)
