@@ -244,8 +244,8 @@ impl Report {
             .collect();
         let doc = json!({
             "command": std::env::args().collect::<Vec<_>>().join(" "),
-            "started_unix_s": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs()).unwrap_or(0).saturating_sub(o.duration.as_secs()),
+            "finished_unix_s": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs()).unwrap_or(0),
             "machine": machine(),
             "seed": o.seed, "duration_s": o.duration.as_secs_f64(), "rps": o.rps,
             "pools": POOLS.iter().map(|(n, p)| json!({"name": n, "protocol": p.as_str(), "variants": super::VARIANTS_PER_POOL})).collect::<Vec<_>>(),
