@@ -47,6 +47,8 @@ pub struct Resources {
     pub arrivals_s: f64,
     /// Set when the gateway exited during the run.
     pub exited: Option<std::process::ExitStatus>,
+    /// How late the load generator sent requests (P50, P99, max): the machine's own delay.
+    pub dispatch_lag_ms: [f64; 3],
 }
 
 /// One goal and how the run did against it.
@@ -100,6 +102,7 @@ impl Report {
             open_upstream,
             arrivals_s,
             exited,
+            dispatch_lag_ms,
         } = res;
         let count =
             |f: &dyn Fn(&Verdict) -> bool| seen.iter().filter(|(_, s)| f(&s.verdict)).count();
@@ -252,6 +255,7 @@ impl Report {
             "requests": {"sent": seen.len(), "intact": intact, "lost_text": lost, "duplicated_text": duplicated,
                 "silent_truncations": truncated, "errors": errors,
                 "streams": seen.iter().filter(|(p, _)| p.stream).count()},
+            "dispatch_lag_ms": {"p50": dispatch_lag_ms[0], "p99": dispatch_lag_ms[1], "max": dispatch_lag_ms[2]},
             "routes": routes, "migrated_comments": comments, "migrated_streams": migrated_streams,
             "latency_ms_intact": {"p50": all_ms[0], "p99": all_ms[1], "max": all_ms[2],
                 "stream": {"p50": stream_ms[0], "p99": stream_ms[1], "max": stream_ms[2]},
@@ -290,6 +294,13 @@ impl Report {
             r["silent_truncations"], r["errors"]
         ));
         let l = &d["latency_ms_intact"];
+        let lag = &d["dispatch_lag_ms"];
+        t.push_str(&format!(
+            "load generator lateness (machine delay): p50 {:.1} ms, p99 {:.1} ms, max {:.0} ms\n",
+            lag["p50"].as_f64().unwrap_or(0.0),
+            lag["p99"].as_f64().unwrap_or(0.0),
+            lag["max"].as_f64().unwrap_or(0.0)
+        ));
         t.push_str(&format!(
             "routes (x-keel-route) {}; streams migrated {} (`: keel migrated` comments {})\nlatency of intact answers: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (streams p50 {:.0} / p99 {:.0}, whole p50 {:.0} / p99 {:.0})\n",
             d["routes"], d["migrated_streams"], d["migrated_comments"], l["p50"].as_f64().unwrap_or(0.0), l["p99"].as_f64().unwrap_or(0.0),
