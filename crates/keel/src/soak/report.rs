@@ -193,7 +193,7 @@ impl Report {
         let zero = |name, n: usize, what: &str| Goal {
             name,
             goal: "0".into(),
-            measured: format!("{n} {what}"),
+            measured: format!("{n} {what}").trim_end().to_owned(),
             met: n == 0,
             judged: true,
         };
