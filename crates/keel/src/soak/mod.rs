@@ -15,8 +15,12 @@
 //! Every answer is compared byte for byte with the simulator's reference text (see [`client`]
 //! for the verdicts). Goals, each failing the command (nonzero exit) when missed:
 //! - no lost or duplicated text, no silent truncation, no client-visible error;
-//! - open file descriptors: growth after warm-up ≤ max(10%, [`FD_SLACK`] descriptors) — the
-//!   count follows the connections in flight, so a few more at the end is load, not a leak.
+//! - open file descriptors other than established connections: growth after warm-up ≤
+//!   max(10%, [`FD_SLACK`] descriptors). Connections (from the soak's client, to the
+//!   simulators) follow the requests in flight and the pools' idle timeouts, so they are
+//!   counted apart and reported; a leaked socket shows up half-closed among the others;
+//! - no upstream generation still open once every answer is in (an attempt the gateway
+//!   abandoned, say after a migration, must have been cancelled).
 //!
 //! Resident memory (VmRSS) growth after warm-up has the goal < 10%, but fails the command only
 //! for runs of [`RSS_JUDGED_FROM`] or longer: in a one-minute run the allocator is still
