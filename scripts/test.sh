@@ -35,5 +35,8 @@ fi
 echo "== benchmark smoke test (every scenario, keel only, a few seconds each)"
 "$KEEL" bench all --quick --contenders keel --out bench/out/smoke > /dev/null
 
+echo "== soak smoke test (60 s of random faults; every answer byte-exact, no errors, no fd growth)"
+"$KEEL" bench soak --duration 60s --rps 10 --out bench/out/soak-smoke
+
 echo "== SDK tests and real llama.cpp server tests"
 KEEL_BIN="$KEEL" .venv/bin/python -m pytest -q -rs tests/python tests/real

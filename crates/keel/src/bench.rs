@@ -62,6 +62,22 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 40.0)]
         rps: f64,
     },
+    /// Steady load on a two-pool simulated fleet while random faults come and go, against a
+    /// `keel serve` child process: every answer checked byte for byte, memory and descriptors
+    /// watched. Exits nonzero when a goal is missed.
+    Soak {
+        /// How long arrivals last: 60s, 30m, 1h.
+        #[arg(long, default_value = "30m", value_parser = crate::soak::parse_duration)]
+        duration: Duration,
+        /// Arrival rate (open loop), both pools together.
+        #[arg(long, default_value_t = 20.0)]
+        rps: f64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Directory for soak.json, soak.md and gateway.log.
+        #[arg(long, default_value = "bench/out/soak")]
+        out: PathBuf,
+    },
     /// keel's live selection vs plain round robin on a fleet with one degraded variant.
     Routing {
         #[arg(long, default_value_t = 100.0)]
@@ -109,6 +125,23 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             seed,
         } => routing(rps, duration, seed).await,
         BenchCommand::Migration { requests, rps } => migration(requests, rps).await,
+        BenchCommand::Soak {
+            duration,
+            rps,
+            seed,
+            out,
+        } => {
+            if !(rps > 0.0 && rps.is_finite()) {
+                return Err("--rps must be a positive number".into());
+            }
+            crate::soak::run(crate::soak::Options {
+                duration,
+                rps,
+                seed,
+                out,
+            })
+            .await
+        }
         BenchCommand::Scenario(args) => scenario_args(args).await,
     }
 }

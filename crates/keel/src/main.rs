@@ -3,8 +3,10 @@
 
 mod bench;
 mod demo;
+mod keel_process;
 mod overhead;
 mod scenario;
+mod soak;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -19,10 +19,10 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use keel_core::protocol::Endpoint;
-use keel_gateway::Config;
 use keel_sim::load::{LoadConfig, LoadReport};
 use keel_sim::{Fleet, ServerConfig};
 
+use crate::keel_process::KeelProcess;
 use crate::scenario::{start_peer, Running};
 
 /// What to run.
@@ -106,59 +106,21 @@ struct Target {
 }
 
 /// `keel serve` as its own process over `fleet`.
-async fn start_keel(fleet: &Fleet, o: &Options) -> Result<(Target, PathBuf), String> {
-    let toml = crate::scenario::pool_toml(fleet, "bench", &o.keel_pool);
-    Config::parse(&toml, "<bench>", &Default::default()).map_err(|e| e.to_string())?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .port();
-    let cfg_path = std::env::temp_dir().join(format!("keel-bench-{}.toml", std::process::id()));
+async fn start_keel(fleet: &Fleet, o: &Options) -> Result<Target, String> {
     let threads = o
         .keel_threads
         .map(|n| format!("worker_threads = {n}\n"))
         .unwrap_or_default();
-    std::fs::write(
-        &cfg_path,
-        format!("listen = \"127.0.0.1:{port}\"\n{threads}{toml}"),
-    )
-    .map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut child = std::process::Command::new(exe)
-        .args(["serve", "--config"])
-        .arg(&cfg_path)
-        .env(
-            "KEEL_LOG",
-            std::env::var("KEEL_BENCH_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start keel serve: {e}"))?;
-    let probe = reqwest::Client::new();
-    for _ in 0..200 {
-        let url = format!("http://127.0.0.1:{port}/keel/health");
-        if probe.get(url).send().await.is_ok() {
-            let pid = child.id();
-            return Ok((
-                Target {
-                    name: "keel".into(),
-                    base: format!("http://127.0.0.1:{port}/v1"),
-                    model: "bench".into(),
-                    headers: Vec::new(),
-                    pid: Some(pid),
-                    stop: Some(Box::new(move || {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                    })),
-                },
-                cfg_path,
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let _ = child.kill();
-    Err("keel serve did not come up".into())
+    let toml = crate::scenario::pool_toml(fleet, "bench", &o.keel_pool);
+    let process = KeelProcess::spawn(&format!("{threads}{toml}"), None).await?;
+    Ok(Target {
+        name: "keel".into(),
+        base: format!("http://127.0.0.1:{}/v1", process.port),
+        model: "bench".into(),
+        headers: Vec::new(),
+        pid: Some(process.pid()),
+        stop: Some(Box::new(move || drop(process))),
+    })
 }
 
 /// Starts keel or a peer; `None` (with the reason in `lines`) when a peer cannot start.
@@ -168,14 +130,11 @@ async fn start_target(
     o: &Options,
     peers_dir: &Path,
     lines: &mut String,
-) -> Result<Option<(Target, Option<PathBuf>)>, String> {
+) -> Result<Option<Target>, String> {
     Ok(Some(match name {
-        "keel" => {
-            let (t, f) = start_keel(fleet, o).await?;
-            (t, Some(f))
-        }
+        "keel" => start_keel(fleet, o).await?,
         peer => match start_peer(peer, fleet, peers_dir).await {
-            Ok(r) => (peer_target(peer, r), None),
+            Ok(r) => peer_target(peer, r),
             Err(e) => {
                 eprintln!("{peer}: skipped: {e}");
                 lines.push_str(&format!("{peer}: skipped: {e}\n"));
@@ -195,12 +154,9 @@ async fn prepare(client: &reqwest::Client, direct: &Target, target: &Target, cpu
     }
 }
 
-fn stop_target(target: &mut Target, cfg_file: Option<PathBuf>) {
+fn stop_target(target: &mut Target) {
     if let Some(stop) = target.stop.take() {
         stop();
-    }
-    if let Some(f) = cfg_file {
-        let _ = std::fs::remove_file(f);
     }
 }
 
@@ -333,7 +289,7 @@ pub async fn run(o: Options) -> Result<(), String> {
         // needs: the fixed-rate runs get a fresh start of the gateway.
         let mut maxes = [None, None];
         if o.max_rate {
-            let Some((mut target, cfg_file)) =
+            let Some(mut target) =
                 start_target(name, &fleet, &o, &peers_dir.join("ramp"), &mut lines).await?
             else {
                 continue;
@@ -342,9 +298,9 @@ pub async fn run(o: Options) -> Result<(), String> {
             for (i, stream) in [false, true].into_iter().enumerate() {
                 maxes[i] = Some(max_rate(&client, &target, stream).await);
             }
-            stop_target(&mut target, cfg_file);
+            stop_target(&mut target);
         }
-        let Some((mut target, cfg_file)) =
+        let Some(mut target) =
             // Its own directory: a peer's pid file must not be removed by the ramp's instance
             // as it exits.
             start_target(name, &fleet, &o, &peers_dir.join("fixed"), &mut lines).await?
@@ -406,7 +362,7 @@ pub async fn run(o: Options) -> Result<(), String> {
         print!("{line}");
         lines.push_str(&line);
         report.push(json!({"contender": name, "sustainable": sustainable, "peak_rss_mib": peak, "rates": by_rate}));
-        stop_target(&mut target, cfg_file);
+        stop_target(&mut target);
     }
     if let Some(dir) = &o.out {
         write_out(dir, &o, pinned, &report, &lines)?;

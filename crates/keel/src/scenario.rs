@@ -18,11 +18,11 @@ use hdrhistogram::Histogram;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use keel_core::protocol::Endpoint;
+use keel_core::protocol::{Endpoint, Protocol};
 use keel_core::rng::Rng;
 use keel_sim::config::PrefillConvention;
 use keel_sim::text::Generator;
-use keel_sim::{FaultSpec, Fleet, FleetConfig};
+use keel_sim::{FaultSpec, Fleet, FleetConfig, ServerHandle};
 
 /// A scenario file.
 #[derive(Debug, Clone, Deserialize)]
@@ -145,8 +145,7 @@ fn plan(s: &Scenario, duration: f64, seed: u64) -> Vec<Planned> {
             if s.stream {
                 body["stream_options"] = json!({"include_usage": true});
             }
-            let sreq = keel_sim::wire::parse_request(Endpoint::ChatCompletions, &body, PrefillConvention::Explicit).expect("bench requests are valid");
-            let reference = generator.generate(sreq.mode, &sreq.context, &sreq.prefill, sreq.max_tokens, &sreq.stop).text();
+            let reference = reference_text(&generator, Endpoint::ChatCompletions, &body);
             Planned { at: Duration::from_secs_f64(i as f64 / s.rps), body, reference }
         })
         .collect()
@@ -327,15 +326,46 @@ pub struct Running {
 
 /// A pool table named `name` (`extra` lines in it) with one OpenAI variant per simulated server.
 pub fn pool_toml(fleet: &Fleet, name: &str, extra: &str) -> String {
+    pool_toml_of(&fleet.servers, Protocol::OpenAi, name, extra)
+}
+
+/// A pool table named `name` (`extra` lines in it) with one variant speaking `protocol` per
+/// simulated server.
+pub fn pool_toml_of(
+    servers: &[ServerHandle],
+    protocol: Protocol,
+    name: &str,
+    extra: &str,
+) -> String {
     let mut toml = format!("[[pools]]\nname = \"{name}\"\n{extra}\n");
-    for srv in &fleet.servers {
+    for srv in servers {
+        let url = match protocol {
+            Protocol::OpenAi => srv.openai_base(),
+            Protocol::Anthropic => srv.anthropic_base(),
+        };
         toml.push_str(&format!(
-            "[[pools.variants]]\nname = \"{}\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n",
+            "[[pools.variants]]\nname = \"{}\"\nurl = \"{url}\"\nprotocol = \"{}\"\nupstream_model = \"sim\"\n",
             srv.name,
-            srv.openai_base()
+            protocol.as_str()
         ));
     }
     toml
+}
+
+/// The text a simulated server of `generator`'s family answers to `body` on `endpoint` when
+/// nothing goes wrong: what every answer through a gateway must equal byte for byte.
+pub fn reference_text(generator: &Generator, endpoint: Endpoint, body: &Value) -> String {
+    let sreq = keel_sim::wire::parse_request(endpoint, body, PrefillConvention::Explicit)
+        .expect("bench requests are valid");
+    generator
+        .generate(
+            sreq.mode,
+            &sreq.context,
+            &sreq.prefill,
+            sreq.max_tokens,
+            &sreq.stop,
+        )
+        .text()
 }
 
 /// An in-process gateway serving `toml` on a free loopback port, after its warm-up requests;
