@@ -133,6 +133,19 @@ pub fn oversized_index(protocol: Protocol, ev: &SseEvent) -> Option<u64> {
     }
 }
 
+/// Whether an output event carries generated tokens (text, tool-call arguments, thinking), as
+/// opposed to a finish reason or usage alone. Only the gaps before token events measure the
+/// token rate: a finish or usage chunk arrives right after the last token, and counting its
+/// near-zero gap drags a variant's measured gap down until ordinary streams look slow (the soak
+/// found exactly that storm of slowness migrations).
+pub fn carries_tokens(protocol: Protocol, ev: &SseEvent) -> bool {
+    match protocol {
+        Protocol::OpenAi => ChunkView::parse(&ev.data)
+            .is_some_and(|v| v.text().is_some_and(|t| !t.is_empty()) || v.starts_tool_call()),
+        Protocol::Anthropic => ev.event.as_deref() == Some("content_block_delta"),
+    }
+}
+
 /// Consecutive slow checks (of [`SlowRate::WINDOW`] tokens each) that count as a slowdown.
 pub const SLOW_CHECKS: u32 = 3;
 /// A token rate this far below the baseline is slow (40% below): mean gap × 0.6 > baseline.
@@ -156,13 +169,12 @@ impl SlowRate {
         }
     }
 
-    /// Called after each output event with every gap of the segment so far (the first is the
-    /// time to the first token). Every `WINDOW` tokens it compares the mean of the last
-    /// `WINDOW` inter-token gaps with the baseline; returns true on the `SLOW_CHECKS`th slow
-    /// check in a row.
+    /// Called after each token event with every inter-token gap of the segment so far. Every
+    /// `WINDOW` gaps it compares the mean of the last `WINDOW` with the baseline; returns true
+    /// on the `SLOW_CHECKS`th slow check in a row.
     pub fn check(&mut self, gaps_ms: &[f64]) -> bool {
         let n = gaps_ms.len();
-        if n < Self::WINDOW + 1 || n % Self::WINDOW != 1 {
+        if n < Self::WINDOW || !n.is_multiple_of(Self::WINDOW) {
             return false;
         }
         let window = &gaps_ms[n - Self::WINDOW..];
@@ -253,6 +265,32 @@ mod tests {
     }
 
     #[test]
+    fn finish_and_usage_chunks_carry_no_tokens() {
+        let text = oa(json!({"choices": [{"index": 0, "delta": {"content": "hi"}}]}));
+        let empty = oa(json!({"choices": [{"index": 0, "delta": {"content": ""}}]}));
+        let finish = oa(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
+        let usage = oa(json!({"choices": [], "usage": {"total_tokens": 3}}));
+        let call = oa(
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]}),
+        );
+        assert!(carries_tokens(Protocol::OpenAi, &text));
+        assert!(carries_tokens(Protocol::OpenAi, &call));
+        for ev in [&empty, &finish, &usage] {
+            assert!(!carries_tokens(Protocol::OpenAi, ev), "{}", ev.data);
+        }
+        let delta = SseEvent::new(
+            Some("content_block_delta"),
+            r#"{"index":0,"delta":{"type":"text_delta","text":"x"}}"#,
+        );
+        let stop = SseEvent::new(
+            Some("message_delta"),
+            r#"{"delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}"#,
+        );
+        assert!(carries_tokens(Protocol::Anthropic, &delta));
+        assert!(!carries_tokens(Protocol::Anthropic, &stop));
+    }
+
+    #[test]
     fn absurd_indexes_are_found() {
         let call = |i: u64| {
             oa(
@@ -289,7 +327,7 @@ mod tests {
     #[test]
     fn slow_after_three_slow_windows_in_a_row() {
         let mut s = SlowRate::new(10.0);
-        let mut gaps = vec![100.0]; // time to first token
+        let mut gaps = Vec::new();
         let mut fired_at = None;
         for i in 0..40 {
             gaps.push(20.0); // 20 × 0.6 = 12 > 10: slow
@@ -304,9 +342,8 @@ mod tests {
     #[test]
     fn a_normal_window_resets_the_count_and_tiny_gaps_never_count() {
         let mut s = SlowRate::new(10.0);
-        let mut gaps = vec![100.0];
-        gaps.extend([20.0; 20]);
-        for n in 2..=gaps.len() {
+        let mut gaps = vec![20.0; 20];
+        for n in 1..=gaps.len() {
             assert!(!s.check(&gaps[..n]));
         }
         gaps.extend([10.0; 10]); // back to normal
@@ -315,8 +352,8 @@ mod tests {
         assert!(!s.check(&gaps[..gaps.len() - 10]));
         assert!(!s.check(&gaps));
         let mut tiny = SlowRate::new(1.0);
-        let g = [[50.0].as_slice(), &[4.0; 30]].concat();
-        for n in 2..=g.len() {
+        let g = [4.0; 30];
+        for n in 1..=g.len() {
             assert!(!tiny.check(&g[..n]));
         }
     }

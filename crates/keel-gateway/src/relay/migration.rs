@@ -105,10 +105,14 @@ impl Relay {
         tried: &mut Vec<usize>,
     ) -> Result<(Segment, ResumeMode), String> {
         let mut reasons = Vec::new();
+        // The plan first; then the pool's other variants, which may have recovered since the
+        // plan was made (entering re-checks each).
+        let others = (0..self.pool.variants.len()).filter(|i| !self.order.contains(i));
         let candidates: Vec<usize> = self
             .order
             .iter()
             .copied()
+            .chain(others)
             .filter(|i| !tried.contains(i))
             .collect();
         for vi in candidates {

@@ -244,9 +244,39 @@ impl Relay {
             let seam = Seam::new(&self.pool.variants[seg.committed.vi].cfg.name, &failure);
             // Slowness was only detected while a slow migration was allowed.
             let slow = matches!(failure, AttemptFailure::Slow(_));
+            if slow {
+                // A slow stream is still a stream: it is retired only once a continuation
+                // has its first token; if none can be had, it goes on where it is.
+                match self.migrate(&stitcher, &mut tried).await {
+                    Ok((next, mode)) => {
+                        let old = std::mem::replace(&mut seg, next);
+                        self.attempts
+                            .settle_end(old.committed, StreamEnd::Failed(failure));
+                        slow_migrations += 1;
+                        let to = seg.committed.vi;
+                        let spliced = self
+                            .splice(to, &seam, mode, &mut stitcher, &mut trim, &mut log)
+                            .await;
+                        if !spliced {
+                            self.attempts
+                                .settle_end(seg.committed, StreamEnd::ClientGone);
+                            break Ending::ClientGone;
+                        }
+                    }
+                    Err(_) => {
+                        self.count_migration(seam.reason, "failed");
+                        slow_migrations = MAX_SLOW_MIGRATIONS;
+                        seg.watch.slow = None;
+                        // The time spent looking elsewhere was not the stream's silence.
+                        seg.watch.last_output = tokio::time::Instant::now();
+                        seg.watch.last_token = None;
+                    }
+                }
+                continue;
+            }
             self.attempts
                 .settle_end(seg.committed, StreamEnd::Failed(failure));
-            if !slow && migrations >= max_migrations {
+            if migrations >= max_migrations {
                 break Ending::GiveUp(format!(
                     "{}; no migration left (max_migrations = {max_migrations})",
                     seam.detail
@@ -254,11 +284,7 @@ impl Relay {
             }
             match self.migrate(&stitcher, &mut tried).await {
                 Ok((next, mode)) => {
-                    if slow {
-                        slow_migrations += 1;
-                    } else {
-                        migrations += 1;
-                    }
+                    migrations += 1;
                     seg = next;
                     let to = seg.committed.vi;
                     let spliced = self

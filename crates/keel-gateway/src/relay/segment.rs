@@ -10,7 +10,8 @@ use keel_core::outcome::AttemptFailure;
 use keel_core::protocol::{event_role, EventRole};
 use keel_core::sse::SseEvent;
 use keel_core::stream_watch::{
-    oversized_index, Hold, SlowRate, ToolCallHold, MAX_OUTPUT_INDEX, SLOW_CHECKS, SLOW_RATE,
+    carries_tokens, oversized_index, Hold, SlowRate, ToolCallHold, MAX_OUTPUT_INDEX, SLOW_CHECKS,
+    SLOW_RATE,
 };
 
 use super::{Relay, Segment, SegmentEnd, Sent};
@@ -19,9 +20,13 @@ use crate::settlement::Committed;
 
 /// Per-segment watch state; it lives as long as the segment, across pump calls.
 pub(super) struct Watch {
-    last_output: Instant,
+    /// The last output of any kind (silence is measured from it).
+    pub(super) last_output: Instant,
+    /// The last event carrying tokens (gaps are measured between these; `None` until the
+    /// segment's first).
+    pub(super) last_token: Option<Instant>,
     hold: ToolCallHold,
-    slow: Option<SlowRate>,
+    pub(super) slow: Option<SlowRate>,
     slow_checked: bool,
     /// Gaps between outputs (the first is the time to the first token).
     pub(super) gaps: Vec<f64>,
@@ -32,6 +37,7 @@ impl Segment {
         Segment {
             watch: Watch {
                 last_output: start.first_token_at,
+                last_token: None,
                 hold: ToolCallHold::default(),
                 slow: None,
                 slow_checked: false,
@@ -77,13 +83,10 @@ impl Relay {
                 .map(SlowRate::new);
         }
         let Segment { start, watch, .. } = seg;
-        for ev in std::mem::take(&mut start.head)
-            .into_iter()
-            .chain(std::mem::take(&mut start.pending))
-        {
-            if let Some(end) = self.handle(ev, st, trim, watch).await {
-                return end;
-            }
+        let mut kept = std::mem::take(&mut start.head);
+        kept.append(&mut start.pending);
+        if let Some(end) = self.handle_all(kept, st, trim, watch, start).await {
+            return end;
         }
         let mut events = Vec::new();
         loop {
@@ -113,12 +116,31 @@ impl Relay {
                     return SegmentEnd::Failed(other.failure("before the stream was complete"))
                 }
             }
-            for ev in std::mem::take(&mut events) {
-                if let Some(end) = self.handle(ev, st, trim, watch).await {
-                    return end;
-                }
+            let batch = std::mem::take(&mut events);
+            if let Some(end) = self.handle_all(batch, st, trim, watch, start).await {
+                return end;
             }
         }
+    }
+
+    /// Handles events in order until one ends the segment; the events after it are kept for
+    /// the segment's next pump call (a slow stream that has nowhere to go goes on with them).
+    async fn handle_all(
+        &self,
+        events: Vec<SseEvent>,
+        st: &mut Stitcher,
+        trim: &mut bool,
+        watch: &mut Watch,
+        start: &mut StreamStart,
+    ) -> Option<SegmentEnd> {
+        let mut events = events.into_iter();
+        while let Some(ev) = events.next() {
+            if let Some(end) = self.handle(ev, st, trim, watch).await {
+                start.pending.extend(events);
+                return Some(end);
+            }
+        }
+        None
     }
 
     /// While a continuation races a quiet segment: waits for the segment's next event that
@@ -166,6 +188,9 @@ impl Relay {
         w: &mut Watch,
     ) -> Option<SegmentEnd> {
         let role = event_role(self.protocol, &ev);
+        // Checked now, acted on once this event is forwarded: whether the stream moves or
+        // goes on where it is, its text reaches the client exactly once.
+        let mut slow = false;
         match role {
             EventRole::Malformed(m) => {
                 return Some(SegmentEnd::Failed(AttemptFailure::Malformed(format!(
@@ -175,14 +200,12 @@ impl Relay {
             EventRole::Error(m) => return Some(SegmentEnd::Failed(AttemptFailure::ErrorEvent(m))),
             EventRole::Output => {
                 let now = Instant::now();
-                w.gaps
-                    .push(now.duration_since(w.last_output).as_secs_f64() * 1000.0);
                 w.last_output = now;
-                if w.slow.as_mut().is_some_and(|s| s.check(&w.gaps)) {
-                    return Some(SegmentEnd::Failed(AttemptFailure::Slow(format!(
-                        "token rate below {:.0}% of the variant's baseline on {SLOW_CHECKS} checks in a row",
-                        SLOW_RATE * 100.0
-                    ))));
+                if !carries_tokens(self.protocol, &ev) {
+                    // A finish or usage chunk: no gap to measure.
+                } else if let Some(last) = w.last_token.replace(now) {
+                    w.gaps.push(now.duration_since(last).as_secs_f64() * 1000.0);
+                    slow = w.slow.as_mut().is_some_and(|s| s.check(&w.gaps));
                 }
             }
             _ => {}
@@ -223,6 +246,12 @@ impl Relay {
                     }
                 }
             }
+        }
+        if slow {
+            return Some(SegmentEnd::Failed(AttemptFailure::Slow(format!(
+                "token rate below {:.0}% of the variant's baseline on {SLOW_CHECKS} checks in a row",
+                SLOW_RATE * 100.0
+            ))));
         }
         terminal.then_some(SegmentEnd::Complete)
     }

@@ -8,6 +8,34 @@ use keel_core::sse::SseEvent;
 
 use crate::harness::*;
 
+/// Servers with 8 ms gaps and replies of 80+ tokens (long enough for slowness checks), one per
+/// weight, in a round-robin pool with `extra` settings.
+async fn long_reply_fleet(weights: &[u32], extra: &str) -> Harness {
+    let server = |i: usize| keel_sim::ServerConfig {
+        name: format!("sim-{i}"),
+        seed: Some(i as u64 + 1),
+        gap_ms: 8.0,
+        ..keel_sim::ServerConfig::fast("s")
+    };
+    let fleet = keel_sim::Fleet::start(&keel_sim::FleetConfig {
+        generation: keel_sim::GenerationConfig {
+            min_reply_tokens: 80,
+            mean_reply_tokens: 100,
+        },
+        servers: (0..weights.len()).map(server).collect(),
+    })
+    .await
+    .unwrap();
+    let mut cfg = format!(
+        "allow_force_variant = true\n[[pools]]\nname = \"p\"\npolicy = \"round_robin\"\nhedge = \"off\"\n{extra}\n[pools.health]\nprewarm_requests = 0\n"
+    );
+    for (i, w) in weights.iter().enumerate() {
+        let s = fleet.get(i);
+        cfg.push_str(&variant(&s.name, &s.openai_base(), "openai", *w));
+    }
+    Harness::start(fleet, &cfg).await
+}
+
 /// Two simulated servers with 8 ms inter-token gaps; sim-0 has served three complete streams,
 /// so keel knows its gaps.
 async fn fleet_with_known_gaps() -> Harness {
@@ -106,31 +134,9 @@ async fn a_pause_that_ends_first_keeps_the_stream_and_cancels_the_race() {
 async fn slowness_never_spends_the_migration_a_stall_needs() {
     // Found by the soak: with max_migrations = 1, a migration for slowness used to leave none
     // for a stall that followed, and the stream ended with an error although sim-2 was fine.
-    let server = |i: usize| keel_sim::ServerConfig {
-        name: format!("sim-{i}"),
-        seed: Some(i as u64 + 1),
-        gap_ms: 8.0,
-        ..keel_sim::ServerConfig::fast("s")
-    };
-    let fleet = keel_sim::Fleet::start(&keel_sim::FleetConfig {
-        generation: keel_sim::GenerationConfig {
-            min_reply_tokens: 80,
-            mean_reply_tokens: 100,
-        },
-        servers: (0..3).map(server).collect(),
-    })
-    .await
-    .unwrap();
     // Smooth weighted round robin picks sim-1 (weight 100) for its first 34 requests and
     // orders fallbacks by weight, ties by index: after the forced sim-0, sim-1 then sim-2.
-    let mut cfg = String::from(
-        "allow_force_variant = true\n[[pools]]\nname = \"p\"\npolicy = \"round_robin\"\nhedge = \"off\"\nmax_migrations = 1\n[pools.health]\nprewarm_requests = 0\n",
-    );
-    for (i, w) in [1, 100, 1].iter().enumerate() {
-        let s = fleet.get(i);
-        cfg.push_str(&variant(&s.name, &s.openai_base(), "openai", *w));
-    }
-    let h = Harness::start(fleet, &cfg).await;
+    let h = long_reply_fleet(&[1, 100, 1], "max_migrations = 1").await;
     for v in ["sim-0", "sim-1"] {
         for _ in 0..3 {
             let r = h
@@ -165,4 +171,35 @@ async fn slowness_never_spends_the_migration_a_stall_needs() {
     );
     assert_eq!(openai_stream_text(&events), want);
     assert_eq!(events.last().unwrap().data, "[DONE]");
+}
+
+#[tokio::test]
+async fn a_slow_stream_with_nowhere_to_go_goes_on_where_it_is() {
+    // Found by the soak: a migration for slowness that could not start ended the stream with
+    // an error although the slow stream was still producing.
+    let h = long_reply_fleet(&[1, 1], "").await;
+    for _ in 0..3 {
+        let r = forced_sim0(&h, &stream_body("warm up")).await;
+        assert_eq!(read_stream(r).await.last().unwrap().data, "[DONE]");
+    }
+    add_fault(h.server(0), json!({"kind": "slowdown", "factor": 4})).await;
+    add_fault(h.server(1), json!({"kind": "error", "status": 503})).await;
+    let body = stream_body("tell me a long story about the sea");
+    let want = want_text(&reference(&h, 0, "/v1/chat/completions", &body).await);
+    let events = read_stream(forced_sim0(&h, &body).await).await;
+    assert_eq!(
+        openai_stream_text(&events),
+        want,
+        "the whole answer, from sim-0"
+    );
+    assert_eq!(events.last().unwrap().data, "[DONE]");
+    assert_eq!(migration_note(&events), None);
+    let tried = [
+        ("variant", "sim-1"),
+        ("kind", "continuation"),
+        ("outcome", "status_503"),
+    ];
+    assert_eq!(h.metric("keel_attempts_total", &tried).await, 1.0);
+    let failed = [("reason", "slow"), ("outcome", "failed")];
+    assert_eq!(h.metric("keel_migrations_total", &failed).await, 1.0);
 }
