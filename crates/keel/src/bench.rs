@@ -182,45 +182,68 @@ async fn fleet_and_gateway(
     Ok((fleet, addr, stop))
 }
 
-/// Parses `<scenario> [--quick] [--duration S] [--rps R] [--repeat N] [--seed N] [--out DIR]
-/// [--contenders a,b]`.
+/// `keel bench <scenario|all|FILE.toml> [options]`: the seed scenarios side by side with peers.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "keel bench <scenario|all|FILE.toml>",
+    about = "Seed scenarios from bench/scenarios (or your own file) with every contender against an identical fleet and arrivals"
+)]
+struct ScenarioArgs {
+    /// A scenario name from bench/scenarios, `all`, or a scenario file.
+    scenario: String,
+    /// A few seconds per scenario (a smoke run).
+    #[arg(long)]
+    quick: bool,
+    /// Seconds per run (replaces the scenario's own).
+    #[arg(long, value_parser = positive)]
+    duration: Option<f64>,
+    /// Requests per second (replaces the scenario's own).
+    #[arg(long, value_parser = positive)]
+    rps: Option<f64>,
+    /// Runs per contender (seeds in a row); figures are medians.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
+    /// First seed (fleet and arrivals).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Output directory (Markdown, JSON, SVG).
+    #[arg(long, default_value = "bench/out")]
+    out: PathBuf,
+    /// Comma-separated: keel, nginx, litellm, portkey.
+    #[arg(long, value_delimiter = ',', default_value = "keel,nginx")]
+    contenders: Vec<String>,
+}
+
+fn positive(v: &str) -> Result<f64, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .ok_or_else(|| format!("a positive number expected, got `{v}`"))
+}
+
+/// Parses the scenario form's arguments (with `--help`) and runs it.
 async fn scenario_args(args: Vec<String>) -> Result<(), String> {
-    const USAGE: &str = "usage: keel bench <scenario|all|FILE.toml> [--quick] [--duration S] [--rps R] [--repeat N] [--seed N] [--out DIR] [--contenders keel,nginx,litellm,portkey]";
-    let name = args.first().cloned().ok_or(USAGE)?;
-    let mut o = crate::scenario::RunOptions {
-        contenders: vec!["keel".to_owned(), "nginx".to_owned()],
-        quick: false,
-        duration: None,
-        rps: None,
-        repeat: 1,
-        seed: 1,
-        out: PathBuf::from("bench/out"),
-    };
-    let mut it = args[1..].iter();
-    while let Some(a) = it.next() {
-        let mut value = |flag: &str| it.next().cloned().ok_or(format!("{flag} needs a value"));
-        let number = |flag: &str, v: String| {
-            v.parse::<f64>()
-                .ok()
-                .filter(|x| *x > 0.0)
-                .ok_or(format!("{flag}: a positive number expected"))
-        };
-        match a.as_str() {
-            "--quick" => o.quick = true,
-            "--duration" => o.duration = Some(number(a, value(a)?)?),
-            "--rps" => o.rps = Some(number(a, value(a)?)?),
-            "--repeat" => o.repeat = number(a, value(a)?)? as usize,
-            "--seed" => {
-                o.seed = value(a)?
-                    .parse()
-                    .map_err(|_| "--seed: an integer expected")?
+    use clap::Parser;
+    let parsed =
+        match ScenarioArgs::try_parse_from(std::iter::once("keel bench".to_owned()).chain(args)) {
+            Ok(a) => a,
+            Err(e) if !e.use_stderr() => {
+                // --help: print and succeed.
+                print!("{e}");
+                return Ok(());
             }
-            "--out" => o.out = PathBuf::from(value(a)?),
-            "--contenders" => o.contenders = value(a)?.split(',').map(str::to_owned).collect(),
-            other => return Err(format!("unknown option `{other}`\n{USAGE}")),
-        }
-    }
-    crate::scenario::run(&name, &o).await
+            Err(e) => return Err(e.to_string()),
+        };
+    let o = crate::scenario::RunOptions {
+        contenders: parsed.contenders,
+        quick: parsed.quick,
+        duration: parsed.duration,
+        rps: parsed.rps,
+        repeat: parsed.repeat as usize,
+        seed: parsed.seed,
+        out: parsed.out,
+    };
+    crate::scenario::run(&parsed.scenario, &o).await
 }
 
 /// Percentiles (µs) of a sample set.
