@@ -204,14 +204,19 @@ impl Relay {
                 if let (Some(next), Some(failure)) = (next, failure) {
                     // The race was won elsewhere: the original is retired as stalled (or as
                     // the failure it met meanwhile) and the continuation spliced in.
-                    let old = std::mem::replace(&mut seg, next);
-                    let seam = Seam::new(&self.pool.variants[old.committed.vi].cfg.name, &failure);
-                    self.attempts
-                        .settle_end(old.committed, StreamEnd::Failed(failure));
+                    let seam = Seam::new(&self.pool.variants[seg.committed.vi].cfg.name, &failure);
                     migrations += 1;
-                    let to = seg.committed.vi;
                     let spliced = self
-                        .splice(to, &seam, mode, &mut stitcher, &mut trim, &mut log)
+                        .switch(
+                            &mut seg,
+                            next,
+                            failure,
+                            &seam,
+                            mode,
+                            &mut stitcher,
+                            &mut trim,
+                            &mut log,
+                        )
                         .await;
                     if !spliced {
                         self.attempts
@@ -249,13 +254,18 @@ impl Relay {
                 // has its first token; if none can be had, it goes on where it is.
                 match self.migrate(&stitcher, &mut tried).await {
                     Ok((next, mode)) => {
-                        let old = std::mem::replace(&mut seg, next);
-                        self.attempts
-                            .settle_end(old.committed, StreamEnd::Failed(failure));
                         slow_migrations += 1;
-                        let to = seg.committed.vi;
                         let spliced = self
-                            .splice(to, &seam, mode, &mut stitcher, &mut trim, &mut log)
+                            .switch(
+                                &mut seg,
+                                next,
+                                failure,
+                                &seam,
+                                mode,
+                                &mut stitcher,
+                                &mut trim,
+                                &mut log,
+                            )
                             .await;
                         if !spliced {
                             self.attempts
@@ -349,6 +359,27 @@ impl Relay {
                 ],
             )
             .increment(1);
+    }
+
+    /// Retires `seg` as `failure` and splices `next` in its place; false when the client is
+    /// gone (the new segment is then the caller's to settle).
+    #[allow(clippy::too_many_arguments)]
+    async fn switch(
+        &mut self,
+        seg: &mut Segment,
+        next: Segment,
+        failure: AttemptFailure,
+        seam: &Seam,
+        mode: ResumeMode,
+        stitcher: &mut Stitcher,
+        trim: &mut bool,
+        log: &mut RequestLog,
+    ) -> bool {
+        let old = std::mem::replace(seg, next);
+        self.attempts
+            .settle_end(old.committed, StreamEnd::Failed(failure));
+        let to = seg.committed.vi;
+        self.splice(to, seam, mode, stitcher, trim, log).await
     }
 
     /// Splices the continuation on variant `to` in: the note at the seam
