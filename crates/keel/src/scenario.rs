@@ -7,6 +7,12 @@
 //!
 //! Scenario files live in `bench/scenarios/*.toml`: the fleet (keel-sim's format under
 //! `[fleet]`), the load, timed fault events, and keel's pool settings.
+//!
+//! **Flatness.** A scenario with faults also runs as its fault-free twin: the same fleet, load
+//! and seeds with every fault and event removed (and the server settings named in `twin`
+//! changed, e.g. heavy-tail's twin has no tail). The report divides each contender's P99 and
+//! P99.9 under fault by its own fault-free figures: 1.0× is a layer that hides the fault
+//! completely.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -51,6 +57,10 @@ pub struct Scenario {
     pub fleet: FleetConfig,
     #[serde(default)]
     pub events: Vec<Event>,
+    /// Server settings the fault-free twin changes besides dropping faults and events, e.g.
+    /// `twin = { tail_prob = 0.0 }`.
+    #[serde(default)]
+    pub twin: Option<toml::Table>,
 }
 
 fn d_duration() -> f64 {
@@ -92,7 +102,37 @@ impl Scenario {
         s.fleet
             .validate()
             .map_err(|e| format!("{}: fleet.{e}", path.display()))?;
+        s.fault_free()
+            .map_err(|e| format!("{}: twin: {e}", path.display()))?;
         Ok(s)
+    }
+
+    /// Whether the scenario differs from its fault-free twin.
+    pub fn has_faults(&self) -> bool {
+        !self.events.is_empty()
+            || self.fleet.servers.iter().any(|s| !s.faults.is_empty())
+            || self.twin.as_ref().is_some_and(|t| !t.is_empty())
+    }
+
+    /// The fault-free twin: the same fleet, load and keel settings without faults and events,
+    /// with the `twin` server settings applied.
+    pub fn fault_free(&self) -> Result<Scenario, String> {
+        let mut t = self.clone();
+        t.name = format!("{} (fault-free)", self.name);
+        t.events.clear();
+        t.twin = None;
+        for srv in &mut t.fleet.servers {
+            srv.faults.clear();
+            if let Some(over) = &self.twin {
+                let mut table = toml::Table::try_from(&*srv).map_err(|e| e.to_string())?;
+                table.extend(over.clone());
+                *srv = table
+                    .try_into()
+                    .map_err(|e: toml::de::Error| e.message().to_owned())?;
+            }
+        }
+        t.fleet.validate().map_err(|e| format!("fleet.{e}"))?;
+        Ok(t)
     }
 }
 
@@ -487,6 +527,9 @@ pub struct Figures {
     pub retry_after_success: Option<f64>,
     /// Runs the figures are medians of.
     pub runs: usize,
+    /// Lowest and highest P99 TTFT and P99 total time (ms) across those runs.
+    pub ttft_p99_range: [f64; 2],
+    pub total_p99_range: [f64; 2],
     #[serde(skip)]
     pub ttft_cdf: Vec<(f64, f64)>,
 }
@@ -504,6 +547,13 @@ fn median_figures(mut runs: Vec<Figures>) -> Figures {
     let m = |f: &dyn Fn(&Figures) -> f64| med(runs.iter().map(f).collect());
     let q = |f: &dyn Fn(&Figures) -> [f64; 4]| [0, 1, 2, 3].map(|i| m(&|x| f(x)[i]));
     let retry: Vec<f64> = runs.iter().filter_map(|x| x.retry_after_success).collect();
+    let range = |f: &dyn Fn(&Figures) -> f64| {
+        runs.iter()
+            .map(f)
+            .fold([f64::INFINITY, f64::NEG_INFINITY], |[lo, hi], v| {
+                [lo.min(v), hi.max(v)]
+            })
+    };
     Figures {
         contender: runs[0].contender.clone(),
         requests: runs.iter().map(|x| x.requests).sum(),
@@ -518,6 +568,8 @@ fn median_figures(mut runs: Vec<Figures>) -> Figures {
         kv_hit_rate: m(&|x| x.kv_hit_rate),
         retry_after_success: (!retry.is_empty()).then(|| med(retry)),
         runs: runs.len(),
+        ttft_p99_range: range(&|x| x.ttft_ms[2]),
+        total_p99_range: range(&|x| x.total_ms[2]),
         ttft_cdf: runs[runs.len() / 2].ttft_cdf.clone(),
     }
 }
@@ -574,12 +626,12 @@ async fn run_contender(
     // Answers received so far (the bar also covers the drain after the last arrival).
     let bar = indicatif::ProgressBar::new(planned.len() as u64).with_style(
         indicatif::ProgressStyle::with_template(
-            "  {prefix:<8} [{bar:30}] {pos}/{len} answers  {elapsed_precise}",
+            "  {prefix:<32} [{bar:30}] {pos}/{len} answers  {elapsed_precise}",
         )
         .map_err(|e| e.to_string())?
         .progress_chars("=> "),
     );
-    bar.set_prefix(name.to_owned());
+    bar.set_prefix(format!("{name}: {}", s.name));
     for (i, p) in planned.into_iter().enumerate() {
         tokio::time::sleep_until(start + p.at).await;
         let bar = bar.clone();
@@ -655,11 +707,12 @@ async fn run_contender(
             )
         })
         .collect();
+    let (ttft_ms, total_ms) = (quantiles(&ttft), quantiles(&totals));
     Ok(Figures {
         contender: name.into(),
         requests: seen.len(),
-        ttft_ms: quantiles(&ttft),
-        total_ms: quantiles(&totals),
+        ttft_ms,
+        total_ms,
         error_rate: 1.0 - ok as f64 / n as f64,
         intact: intact as f64 / n as f64,
         tgsv_ms: if tgsv_n > 0 {
@@ -677,6 +730,8 @@ async fn run_contender(
         },
         retry_after_success: (r429 > 0).then(|| r429_ok as f64 / r429 as f64),
         runs: 1,
+        ttft_p99_range: [ttft_ms[2]; 2],
+        total_p99_range: [total_ms[2]; 2],
         ttft_cdf: cdf,
     })
 }
@@ -725,24 +780,34 @@ fn svg_cdf(title: &str, figures: &[Figures]) -> String {
     out
 }
 
+/// "145" for one run, "145 (139–152)" with the spread of several.
+fn with_spread(v: f64, range: [f64; 2], runs: usize) -> String {
+    if runs > 1 {
+        format!("{v:.0} ({:.0}–{:.0})", range[0], range[1])
+    } else {
+        format!("{v:.0}")
+    }
+}
+
 fn markdown(s: &Scenario, figures: &[Figures]) -> String {
     let mut t = format!("### {}\n\n{}", s.name, s.description);
     let runs = figures.iter().map(|f| f.runs).max().unwrap_or(1);
     if runs > 1 {
         t.push_str(&format!(
-            " Medians of {runs} runs (seeds in a row), {} req/s.",
+            " Medians of {runs} runs (seeds in a row; the lowest–highest P99 in brackets), {} req/s.",
             s.rps
         ));
     } else {
         t.push_str(&format!(" One run, {} req/s.", s.rps));
     }
     t.push_str("\n\n");
-    t.push_str("| contender | TTFT p50 | p90 | p99 | p99.9 | total p50 | p99 | errors | intact | TGSV ms | extra req | extra tokens | admitted/s | KV hits |\n");
+    t.push_str("| contender | TTFT p50 (ms) | p90 (ms) | p99 (ms) | p99.9 (ms) | total p50 (ms) | total p99 (ms) | errors (%) | intact (%) | TGSV (ms) | extra upstream requests (%) | extra tokens (%) | admitted (req/s) | KV hits (%) |\n");
     t.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for f in figures {
         t.push_str(&format!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2}% | {:.1}% | {:.1} | {:+.1}% | {:+.1}% | {:.1} | {:.0}% |\n",
-            f.contender, f.ttft_ms[0], f.ttft_ms[1], f.ttft_ms[2], f.ttft_ms[3], f.total_ms[0], f.total_ms[2],
+            "| {} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {} | {:.2} | {:.1} | {:.1} | {:+.1} | {:+.1} | {:.1} | {:.0} |\n",
+            f.contender, f.ttft_ms[0], f.ttft_ms[1], with_spread(f.ttft_ms[2], f.ttft_p99_range, f.runs), f.ttft_ms[3], f.total_ms[0],
+            with_spread(f.total_ms[2], f.total_p99_range, f.runs),
             f.error_rate * 100.0, f.intact * 100.0, f.tgsv_ms, f.extra_requests * 100.0, f.extra_tokens * 100.0, f.admitted_rps, f.kv_hit_rate * 100.0
         ));
     }
@@ -750,6 +815,58 @@ fn markdown(s: &Scenario, figures: &[Figures]) -> String {
         if let Some(p) = f.retry_after_success {
             t.push_str(&format!("\nretry-after precision ({}): {:.0}% of retries made after waiting the advertised retry-after succeeded\n", f.contender, p * 100.0));
         }
+    }
+    t
+}
+
+/// One contender's figures under fault divided by its own fault-free figures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Flatness {
+    pub contender: String,
+    /// P99 and P99.9 TTFT, fault ÷ fault-free.
+    pub ttft_p99: f64,
+    pub ttft_p999: f64,
+    /// P99 and P99.9 total time, fault ÷ fault-free.
+    pub total_p99: f64,
+    pub total_p999: f64,
+    /// Client-visible errors under fault (share of requests).
+    pub error_rate: f64,
+    /// Upstream requests and generated tokens beyond the fault-free run's, as a share of it.
+    pub extra_requests: f64,
+    pub extra_tokens: f64,
+}
+
+/// The goal: within this factor of the fault-free P99.
+pub const FLATNESS_GOAL: f64 = 1.25;
+
+pub fn flatness(fault: &Figures, free: &Figures) -> Flatness {
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+    Flatness {
+        contender: fault.contender.clone(),
+        ttft_p99: ratio(fault.ttft_ms[2], free.ttft_ms[2]),
+        ttft_p999: ratio(fault.ttft_ms[3], free.ttft_ms[3]),
+        total_p99: ratio(fault.total_ms[2], free.total_ms[2]),
+        total_p999: ratio(fault.total_ms[3], free.total_ms[3]),
+        error_rate: fault.error_rate,
+        extra_requests: ratio(1.0 + fault.extra_requests, 1.0 + free.extra_requests) - 1.0,
+        extra_tokens: ratio(1.0 + fault.extra_tokens, 1.0 + free.extra_tokens) - 1.0,
+    }
+}
+
+fn flatness_markdown(s: &Scenario, fault: &[Figures], free: &[Figures]) -> String {
+    let mut t = format!(
+        "\nFlatness of {} (fault ÷ fault-free twin; goal ≤ {FLATNESS_GOAL}×):\n\n",
+        s.name
+    );
+    t.push_str("| contender | TTFT p99 fault / free (ms) | ×  | TTFT p99.9 × | total p99 fault / free (ms) | × | total p99.9 × | errors (%) | extra upstream requests vs twin (%) | extra tokens vs twin (%) |\n");
+    t.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+    for (f, g) in fault.iter().zip(free) {
+        let x = flatness(f, g);
+        t.push_str(&format!(
+            "| {} | {:.0} / {:.0} | {:.2}× | {:.2}× | {:.0} / {:.0} | {:.2}× | {:.2}× | {:.2} | {:+.1} | {:+.1} |\n",
+            f.contender, f.ttft_ms[2], g.ttft_ms[2], x.ttft_p99, x.ttft_p999, f.total_ms[2], g.total_ms[2],
+            x.total_p99, x.total_p999, x.error_rate * 100.0, x.extra_requests * 100.0, x.extra_tokens * 100.0
+        ));
     }
     t
 }
@@ -793,6 +910,7 @@ pub async fn run(which: &str, o: &RunOptions) -> Result<(), String> {
     }
     std::fs::create_dir_all(out).map_err(|e| e.to_string())?;
     let mut all = BTreeMap::new();
+    let mut flat_all = BTreeMap::new();
     let mut report = String::new();
     for f in files {
         let mut s = Scenario::load(&f)?;
@@ -810,24 +928,41 @@ pub async fn run(which: &str, o: &RunOptions) -> Result<(), String> {
             s.rps,
             o.repeat.max(1)
         );
-        let mut figures = Vec::new();
+        let twin = s.has_faults().then(|| s.fault_free()).transpose()?;
+        let (mut figures, mut free) = (Vec::new(), Vec::new());
         'contenders: for c in &o.contenders {
-            let mut runs = Vec::new();
+            let (mut runs, mut twin_runs) = (Vec::new(), Vec::new());
+            // Fault and fault-free runs alternate, so drift on a shared machine hits both.
             for r in 0..o.repeat.max(1) as u64 {
-                match run_contender(&s, c, d, o.seed + r, out).await {
-                    Ok(fig) => runs.push(fig),
-                    Err(e) => {
-                        eprintln!("  {c}: skipped: {e}");
-                        continue 'contenders;
+                for (which, runs) in [(Some(&s), &mut runs), (twin.as_ref(), &mut twin_runs)] {
+                    let Some(which) = which else { continue };
+                    match run_contender(which, c, d, o.seed + r, out).await {
+                        Ok(fig) => runs.push(fig),
+                        Err(e) => {
+                            eprintln!("  {c}: skipped: {e}");
+                            continue 'contenders;
+                        }
                     }
                 }
             }
             figures.push(median_figures(runs));
+            if !twin_runs.is_empty() {
+                free.push(median_figures(twin_runs));
+            }
         }
         if figures.is_empty() || figures.iter().any(|f| f.requests == 0) {
             return Err(format!("scenario {} produced no figures", s.name));
         }
-        let md = markdown(&s, &figures);
+        let mut md = markdown(&s, &figures);
+        if let Some(twin) = &twin {
+            md.push_str(&flatness_markdown(&s, &figures, &free));
+            let flat: Vec<Flatness> = figures
+                .iter()
+                .zip(&free)
+                .map(|(f, g)| flatness(f, g))
+                .collect();
+            flat_all.insert(s.name.clone(), json!({"fault_free": free, "flatness": flat, "twin_servers": twin.fleet.servers.len()}));
+        }
         println!("{md}");
         report.push_str(&md);
         report.push('\n');
@@ -843,10 +978,77 @@ pub async fn run(which: &str, o: &RunOptions) -> Result<(), String> {
         serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?,
     )
     .map_err(|e| e.to_string())?;
+    std::fs::write(
+        out.join("flatness.json"),
+        serde_json::to_string_pretty(&flat_all).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| e.to_string())?;
     std::fs::write(out.join("results.md"), report).map_err(|e| e.to_string())?;
     eprintln!(
-        "written {}/results.json, results.md and one SVG per scenario",
+        "written {}/results.json, flatness.json, results.md and one SVG per scenario",
         out.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seed_scenario(name: &str) -> Scenario {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/scenarios");
+        Scenario::load(&dir.join(format!("{name}.toml"))).expect("seed scenario loads")
+    }
+
+    #[test]
+    fn the_twin_drops_faults_and_events_and_applies_its_settings() {
+        let zone = seed_scenario("zone-loss");
+        assert!(zone.has_faults());
+        let twin = zone.fault_free().unwrap();
+        assert!(!twin.has_faults());
+        assert!(twin.fleet.servers.iter().all(|s| s.faults.is_empty()));
+        assert_eq!(twin.fleet.servers.len(), zone.fleet.servers.len());
+        assert_eq!(twin.rps, zone.rps);
+
+        let tail = seed_scenario("heavy-tail");
+        assert!(tail.has_faults(), "a twin setting is a difference");
+        let twin = tail.fault_free().unwrap();
+        assert_eq!(twin.fleet.servers[0].tail_prob, 0.0);
+        assert_eq!(twin.fleet.servers[0].ttft_ms, tail.fleet.servers[0].ttft_ms);
+
+        assert!(!seed_scenario("overload").has_faults());
+    }
+
+    #[test]
+    fn a_twin_setting_that_is_not_a_server_setting_is_refused() {
+        let mut s = seed_scenario("heavy-tail");
+        s.twin = Some(toml::toml! { tail_probability = 0.0 });
+        assert!(s.fault_free().unwrap_err().contains("tail_probability"));
+    }
+
+    #[test]
+    fn flatness_divides_fault_by_fault_free() {
+        let fig = |p99: f64, extra: f64| Figures {
+            contender: "keel".into(),
+            requests: 100,
+            ttft_ms: [50.0, 80.0, p99, p99 * 2.0],
+            total_ms: [400.0, 500.0, p99 * 5.0, p99 * 6.0],
+            error_rate: 0.0,
+            intact: 1.0,
+            tgsv_ms: 1.0,
+            extra_requests: extra,
+            extra_tokens: 0.0,
+            admitted_rps: 40.0,
+            kv_hit_rate: 0.0,
+            retry_after_success: None,
+            runs: 1,
+            ttft_p99_range: [p99; 2],
+            total_p99_range: [p99 * 5.0; 2],
+            ttft_cdf: Vec::new(),
+        };
+        let x = flatness(&fig(150.0, 0.1), &fig(120.0, 0.0));
+        assert!((x.ttft_p99 - 1.25).abs() < 1e-9);
+        assert!((x.total_p999 - 1.25).abs() < 1e-9);
+        assert!((x.extra_requests - 0.1).abs() < 1e-9);
+    }
 }
