@@ -44,6 +44,9 @@ impl Band {
     }
 }
 
+/// Refresh intervals without any sample after which estimates relax (see `refresh_after_ms`).
+pub const STALE_GRACE: u64 = 5;
+
 /// The lowest weight of a variant that is degraded but not ejected.
 pub const FLOOR: f64 = 0.1;
 
@@ -68,6 +71,11 @@ pub struct HealthConfig {
     pub waiting: Band,
     pub eject_after_ms: u64,
     pub probe_interval_ms: u64,
+    /// A serving variant without a TTFT sample for this long is re-measured by a refresh probe
+    /// (within the pool's probe budget); its estimates stand unchanged meanwhile, and start
+    /// relaxing only after [`STALE_GRACE`] × this without any evidence (probes off or over
+    /// budget), so a client request goes to a variant on fresh evidence.
+    pub refresh_after_ms: u64,
     pub slow_start_ms: u64,
     pub prewarm_requests: u32,
 }
@@ -100,6 +108,7 @@ impl Default for HealthConfig {
             },
             eject_after_ms: 3_000,
             probe_interval_ms: 1_000,
+            refresh_after_ms: 1_000,
             slow_start_ms: 10_000,
             prewarm_requests: 2,
         }
@@ -279,6 +288,9 @@ pub struct VariantHealth {
     probe_successes: u32,
     /// It answered that it is still loading its model; cleared by its first success.
     pub loading: bool,
+    /// The last TTFT evidence (an answered first token, a lower bound from a lost race, or a
+    /// refresh probe's answer or failure).
+    pub last_sample_ms: Option<u64>,
 }
 
 /// Samples in a row that make a latency signal a condition rather than an outlier.
@@ -316,6 +328,7 @@ impl VariantHealth {
             outcome_next: 0,
             probe_successes: 0,
             loading: false,
+            last_sample_ms: None,
         }
     }
 
@@ -349,6 +362,7 @@ impl VariantHealth {
         self.ttft_ms.record(now_ms, ms, cfg.decay_ms, true);
         Self::record_baseline(&mut self.baseline_ttft_ms, now_ms, ms, cfg);
         self.window.record(now_ms, ms);
+        self.last_sample_ms = Some(now_ms);
     }
 
     /// A lower bound of a TTFT: an attempt cancelled `ms` after it started (it lost a hedge
@@ -359,6 +373,35 @@ impl VariantHealth {
     /// hold answered first tokens only.
     pub fn record_late_ttft(&mut self, now_ms: u64, ms: f64, cfg: &HealthConfig) {
         self.ttft_ms.record(now_ms, ms, cfg.decay_ms, false);
+        self.last_sample_ms = Some(now_ms);
+    }
+
+    /// Whether a refresh probe should re-measure this variant now: it is serving (healthy or in
+    /// slow start) and has had no TTFT evidence for `refresh_after_ms` (or never had any).
+    /// Ejected and warming variants have their own probes and warm-ups.
+    pub fn needs_refresh(&self, now_ms: u64, cfg: &HealthConfig) -> bool {
+        cfg.refresh_after_ms > 0
+            && matches!(self.state, State::Healthy | State::SlowStart { .. })
+            && self
+                .last_sample_ms
+                .is_none_or(|t| now_ms.saturating_sub(t) >= cfg.refresh_after_ms)
+    }
+
+    /// A refresh probe's result: its answer time as a TTFT sample, or a failure as an error
+    /// outcome; either way it is fresh evidence.
+    pub fn refresh_result(&mut self, now_ms: u64, ttft_ms: Option<f64>, cfg: &HealthConfig) {
+        match ttft_ms {
+            Some(t) => self.record_ttft(now_ms, t, cfg),
+            None => self.last_sample_ms = Some(now_ms),
+        }
+        self.record_outcome(now_ms, ttft_ms.is_some(), cfg);
+        self.tick(now_ms, cfg);
+    }
+
+    /// The time estimates are relaxed to: `now_ms` less the grace in which refresh probes are
+    /// expected to bring fresh evidence (estimates stand unchanged within it).
+    fn relax_clock(&self, now_ms: u64, cfg: &HealthConfig) -> u64 {
+        now_ms.saturating_sub(STALE_GRACE * cfg.refresh_after_ms)
     }
 
     /// Inter-token gaps of one stream (in order) and its TGSV over the last 10.
@@ -438,27 +481,31 @@ impl VariantHealth {
         self.window.quantile(0.95)
     }
 
-    /// Predicted TTFT for cost: the peak-EWMA, decayed toward zero for the time without samples
-    /// (as tower's PeakEwma does), so a variant that was slow once and then got no traffic
-    /// becomes attractive again within a few `decay_ms` and is measured afresh instead of being
-    /// starved by a stale estimate. A neutral guess before any sample.
+    /// Predicted TTFT for cost: the peak-EWMA as last measured. A variant without client
+    /// traffic is kept fresh by refresh probes (`needs_refresh`), so a slow variant is not
+    /// re-measured with client requests; only when no evidence at all arrives for longer than
+    /// the grace (probes off or over budget) does the estimate decay toward zero for the time
+    /// beyond it (as tower's PeakEwma does), so a variant is never starved by a stale
+    /// estimate. A neutral guess before any sample.
     pub fn predicted_ttft_ms(&self, now_ms: u64, cfg: &HealthConfig) -> f64 {
         self.ttft_ms
-            .relaxed(now_ms, 0.0, cfg.decay_ms)
+            .relaxed(self.relax_clock(now_ms, cfg), 0.0, cfg.decay_ms)
             .unwrap_or(100.0)
     }
 
     pub fn factors(&self, now_ms: u64, cfg: &HealthConfig) -> Factors {
+        let relax_now = self.relax_clock(now_ms, cfg);
         let ratio = |e: &Ewma, b: &Ewma, decay: f64| match b.get() {
-            Some(b) if b > 0.0 => e.relaxed(now_ms, b, decay).map(|v| v / b).unwrap_or(1.0),
+            Some(b) if b > 0.0 => e.relaxed(relax_now, b, decay).map(|v| v / b).unwrap_or(1.0),
             _ => 1.0,
         };
-        // Relaxed with time (over `decay_ms`, slower than the error EWMA itself moves), so a
-        // variant floored by an error burst is tried again after a while and measured afresh;
-        // ejection is decided on the windowed count instead (see `severe`).
+        // Refresh probes re-measure a variant floored by an error burst; without any evidence
+        // beyond the grace the rate relaxes (over `decay_ms`, slower than the error EWMA itself
+        // moves), so it is tried again eventually. Ejection is decided on the windowed count
+        // instead (see `severe`).
         let errors = self
             .error_rate
-            .relaxed(now_ms, 0.0, cfg.decay_ms)
+            .relaxed(relax_now, 0.0, cfg.decay_ms)
             .unwrap_or(0.0);
         let ramp = match self.state {
             State::SlowStart { since_ms } if cfg.slow_start_ms > 0 => {
@@ -794,8 +841,9 @@ mod tests {
         let c = cfg();
         let mut stale = VariantHealth::new(0);
         stale.record_ttft(0, 360.0, &c);
-        // Idle for a minute: the prediction has relaxed toward zero.
-        assert!(stale.predicted_ttft_ms(60_000, &c) < 1.0);
+        // Idle for a minute with no evidence at all: past the grace, the prediction has relaxed
+        // toward zero.
+        assert!(stale.predicted_ttft_ms(60_000, &c) < 5.0);
         stale.record_late_ttft(60_000, 150.0, &c);
         let p = stale.predicted_ttft_ms(60_000, &c);
         assert!(p > 150.0 && p <= 360.0, "{p}");
@@ -805,5 +853,36 @@ mod tests {
         fresh.record_late_ttft(200, 200.0, &c);
         let p = fresh.predicted_ttft_ms(200, &c);
         assert!(p > 60.0 && p < 70.0, "{p}");
+    }
+
+    #[test]
+    fn estimates_stand_while_refresh_probes_are_due_and_a_probe_refreshes_them() {
+        let c = cfg();
+        let mut h = VariantHealth::new(0);
+        assert!(h.needs_refresh(0, &c), "never measured");
+        h.record_ttft(0, 360.0, &c);
+        assert!(!h.needs_refresh(c.refresh_after_ms - 1, &c));
+        assert!(h.needs_refresh(c.refresh_after_ms, &c));
+        // Within the grace the slow estimate stands: no client is sent to re-measure it.
+        let grace = STALE_GRACE * c.refresh_after_ms;
+        assert_eq!(h.predicted_ttft_ms(grace, &c), 360.0);
+        assert!(h.predicted_ttft_ms(grace + c.decay_ms as u64, &c) < 360.0);
+        // A refresh probe's answer is fresh evidence.
+        h.refresh_result(2_000, Some(60.0), &c);
+        assert!(!h.needs_refresh(2_500, &c));
+        let p = h.predicted_ttft_ms(2_000, &c);
+        assert!(p < 360.0 && p > 60.0, "{p}");
+        // A failed probe is an error outcome, and evidence too.
+        h.refresh_result(3_000, None, &c);
+        assert_eq!(h.last_sample_ms, Some(3_000));
+        assert!(h.error_rate.get().unwrap() > 0.0);
+        // Ejected and warming variants have their own probes.
+        let mut w = VariantHealth::new(2);
+        assert!(!w.needs_refresh(10_000, &c));
+        w.state = State::Ejected {
+            since_ms: 0,
+            last_probe_ms: 0,
+        };
+        assert!(!w.needs_refresh(10_000, &c));
     }
 }

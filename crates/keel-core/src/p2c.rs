@@ -16,6 +16,12 @@
 //! choices avoid the herd behaviour of always picking the global minimum from stale statistics,
 //! and cost O(1) in the pool size beyond the filter.
 //!
+//! **Competitive candidates.** The two random choices are drawn among the candidates whose cost
+//! is within [`COMPETITIVE`] × the cheapest one's: with a quarter of a pool in a slow zone, plain
+//! P2C draws two slow variants for 1 request in 28 and sends it there, which alone sets the P99.
+//! Costs include the requests in flight, so when the fast variants fill up, the slow ones come
+//! back into the draw and take their share of the load.
+//!
 //! **Affinity.** With a key (a session, or a prompt-prefix hash), candidates are ranked by
 //! weighted rendezvous hashing (highest `−w / ln(u)`, `u` from the key and the variant's name
 //! hash): the same key keeps the same variant while it stays eligible, and removing a variant
@@ -37,6 +43,10 @@ use crate::selection::{Candidate, Plan, Preference, Reason, RequestSignals, Sele
 /// still spreads load while latency leads. Queueing at a saturated server shows up in the
 /// predicted TTFT itself (peak-EWMA) and in scraped queue depth.
 pub const IN_FLIGHT_COST: f64 = 0.25;
+
+/// Candidates costing more than this multiple of the cheapest are left out of the P2C draw
+/// (they stay fallbacks).
+pub const COMPETITIVE: f64 = 3.0;
 
 /// Bounded-load factor for affinity.
 pub const LOAD_BOUND: f64 = 1.25;
@@ -127,28 +137,41 @@ impl Selector for PowerOfTwo {
         } else if pick_from.len() == 1 {
             (pick_from[0].index, Reason::Only)
         } else {
-            let n = pick_from.len() as u64;
-            let a = (self.rng.next_u64() % n) as usize;
-            let mut b = (self.rng.next_u64() % (n - 1)) as usize;
-            if b >= a {
-                b += 1;
-            }
-            let (ca, cb) = (
-                cost_of(pick_from[a].index, &costs),
-                cost_of(pick_from[b].index, &costs),
-            );
-            let pick = match ca.total_cmp(&cb) {
-                std::cmp::Ordering::Less => a,
-                std::cmp::Ordering::Greater => b,
-                std::cmp::Ordering::Equal => {
-                    if pick_from[a].index < pick_from[b].index {
-                        a
-                    } else {
-                        b
-                    }
+            let cheapest = pick_from
+                .iter()
+                .map(|c| cost_of(c.index, &costs))
+                .fold(f64::INFINITY, f64::min);
+            let pick_from: Vec<&Candidate> = pick_from
+                .iter()
+                .copied()
+                .filter(|c| cost_of(c.index, &costs) <= cheapest * COMPETITIVE)
+                .collect();
+            if pick_from.len() == 1 {
+                (pick_from[0].index, Reason::PowerOfTwo)
+            } else {
+                let n = pick_from.len() as u64;
+                let a = (self.rng.next_u64() % n) as usize;
+                let mut b = (self.rng.next_u64() % (n - 1)) as usize;
+                if b >= a {
+                    b += 1;
                 }
-            };
-            (pick_from[pick].index, Reason::PowerOfTwo)
+                let (ca, cb) = (
+                    cost_of(pick_from[a].index, &costs),
+                    cost_of(pick_from[b].index, &costs),
+                );
+                let pick = match ca.total_cmp(&cb) {
+                    std::cmp::Ordering::Less => a,
+                    std::cmp::Ordering::Greater => b,
+                    std::cmp::Ordering::Equal => {
+                        if pick_from[a].index < pick_from[b].index {
+                            a
+                        } else {
+                            b
+                        }
+                    }
+                };
+                (pick_from[pick].index, Reason::PowerOfTwo)
+            }
         };
         let reason = if outside_only {
             Reason::OutsideSlo
@@ -192,6 +215,31 @@ mod tests {
     }
 
     #[test]
+    fn a_slow_zone_is_left_out_of_the_draw_until_the_fast_variants_fill_up() {
+        // Six fast variants and a slow zone of two (6× their TTFT).
+        let mut c = cands(8);
+        for x in &mut c[6..] {
+            x.predicted_ttft_ms = 600.0;
+        }
+        let mut p = PowerOfTwo::new(Rng::new(7));
+        for _ in 0..5_000 {
+            let plan = p.plan(&c, &RequestSignals::default());
+            assert!(plan.order[0] < 6, "drew the slow zone: {:?}", plan.order);
+            // The slow zone stays in the plan as fallbacks, last.
+            assert_eq!(plan.order.len(), 8);
+            assert!(plan.order[6..].iter().all(|&i| i >= 6));
+        }
+        // Fast variants busy enough to cost more than a third of the slow zone's: it is drawn.
+        for x in &mut c[..6] {
+            x.in_flight = 6; // 100 × (1 + 6/4) = 250 > 600 / 3
+        }
+        let slow = (0..1_000)
+            .filter(|_| p.plan(&c, &RequestSignals::default()).order[0] >= 6)
+            .count();
+        assert!(slow > 0, "a busy fleet must spill over to the slow zone");
+    }
+
+    #[test]
     fn cheaper_variant_wins_every_pair() {
         let mut c = cands(2);
         c[1].predicted_ttft_ms = 500.0;
@@ -206,16 +254,19 @@ mod tests {
     #[test]
     fn degraded_health_and_load_raise_cost() {
         let mut c = cands(3);
-        c[0].health = 0.1; // ten times the cost
-        c[1].in_flight = 4; // five times the cost
+        c[0].health = 0.1; // ten times the cost: out of the draw (over COMPETITIVE ×)
+        c[1].in_flight = 4; // twice the cost: drawn, but loses to 2 every time
         let mut p = PowerOfTwo::new(Rng::new(3));
         let mut wins = [0; 3];
         for _ in 0..3000 {
-            wins[p.plan(&c, &RequestSignals::default()).order[0]] += 1;
+            let plan = p.plan(&c, &RequestSignals::default());
+            wins[plan.order[0]] += 1;
+            assert_eq!(plan.order[1..], [1, 0], "fallbacks by cost");
         }
-        // Each variant is picked only when it is the cheaper of the pair drawn.
-        assert_eq!(wins[0], 0);
-        assert!(wins[2] > wins[1] && wins[1] > 0, "{wins:?}");
+        assert_eq!(wins, [0, 0, 3000]);
+        // Without variant 2, variant 1 is the cheapest and 0 stays out of the draw.
+        c[2].available = false;
+        assert_eq!(p.plan(&c, &RequestSignals::default()).order, [1, 0]);
     }
 
     #[test]

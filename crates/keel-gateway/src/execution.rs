@@ -13,10 +13,14 @@
 //! own errors are returned unchanged. Attempts are bounded by the pool's `max_attempts`, by the
 //! total deadline, and by the fleet-wide retry budget. The first attempt may be **hedged**: if
 //! its first token is late, the same request goes to the variant most likely to answer first,
-//! and the first to produce a token wins.
+//! and if that one is late too, to the next (up to `max_hedges`, within the hedge budget); the
+//! first to produce a token wins.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use tokio::time::Instant;
 
@@ -112,7 +116,7 @@ pub async fn execute(
                     )
                     .await;
                     hedged = race.hedge_won == Some(true);
-                    if let Some(loser) = race.cancelled {
+                    for loser in race.cancelled {
                         attempts.cancelled(loser);
                     }
                     race.finished
@@ -150,17 +154,22 @@ pub async fn execute(
     }
 }
 
-/// What a hedge race left: finished attempts in the order they finished, whether the hedge
-/// won (`None`: no race was decided), and the loser still running (cancelled by dropping it).
+/// What a hedge race left: finished attempts in the order they finished, whether a hedge won
+/// (`None`: no race was decided), and the attempts still running (cancelled by dropping them).
 struct Race {
     finished: Vec<(Entered, AttemptResult)>,
     hedge_won: Option<bool>,
-    cancelled: Option<Entered>,
+    cancelled: Vec<Entered>,
 }
 
+/// One racer's attempt, tagged with its slot in the race.
+type Racer<'a> = std::pin::Pin<Box<dyn Future<Output = (usize, AttemptResult)> + Send + 'a>>;
+
 /// Runs the primary; if its first token is late by `delay`, races it against a hedge on the
-/// best of `others` that can take one then. The first to produce a token wins and the other
-/// is dropped at once (its connection closes, so the upstream stops generating).
+/// variant of `others` most likely to answer first then; if that hedge is late too (by its own
+/// target's delay), another, up to the pool's `max_hedges` while the hedge budget allows. The
+/// first to produce a token wins and the others are dropped at once (their connections close,
+/// so the upstreams stop generating). A racer that fails leaves the others running.
 async fn race(
     attempts: &mut Attempts,
     pool: &Arc<Pool>,
@@ -170,35 +179,9 @@ async fn race(
     ctx: &RequestCtx,
     delay: Duration,
 ) -> Race {
-    let final_result = |r: &AttemptResult| !matches!(r, AttemptResult::Failed(_));
-    let alone = |primary, r| Race {
-        finished: vec![(primary, r)],
-        hedge_won: None,
-        cancelled: None,
+    let racer = |slot: usize, vi: usize| -> Racer<'_> {
+        Box::pin(async move { (slot, attempt(pool, vi, req, ctx).await) })
     };
-    let vi = primary.vi;
-    let first = attempt(pool, vi, req, ctx);
-    tokio::pin!(first);
-    tokio::select! {
-        r = &mut first => return alone(primary, r),
-        _ = tokio::time::sleep(delay.min(ctx.deadline.saturating_duration_since(Instant::now()))) => {}
-    }
-    let target = (Instant::now() < ctx.deadline)
-        .then(|| pool.try_hedge(others))
-        .flatten();
-    let hedge = match target {
-        Some(h) => attempts
-            .enter(h, AttemptKind::Hedge, ctx.deadline)
-            .await
-            .ok(),
-        None => None,
-    };
-    let Some(hedge) = hedge else {
-        let r = first.await;
-        return alone(primary, r);
-    };
-    let second = attempt(pool, hedge.vi, req, ctx);
-    tokio::pin!(second);
     let label = |outcome: &'static str| {
         pool.metrics
             .counter(
@@ -207,34 +190,61 @@ async fn race(
             )
             .increment(1)
     };
-    let (mut primary, mut hedge) = (Some(primary), Some(hedge));
+    let mut running = FuturesUnordered::new();
+    running.push(racer(0, primary.vi));
+    // Slot 0 is the primary, slots 1.. the hedges in the order they started.
+    let mut entered: Vec<Option<Entered>> = vec![Some(primary)];
     let mut finished = Vec::new();
+    let mut next_hedge = Some(Instant::now() + delay).filter(|at| *at < ctx.deadline);
     loop {
         tokio::select! {
-            r = &mut first, if primary.is_some() => {
-                let won = final_result(&r);
-                finished.push((primary.take().expect("primary running"), r));
+            Some((slot, r)) = running.next() => {
+                let done = entered[slot].take().expect("a racer finishes once");
+                let won = !matches!(r, AttemptResult::Failed(_));
+                finished.push((done, r));
+                let hedges = entered.len() - 1;
                 if won {
-                    label("lost");
-                    return Race { finished, hedge_won: Some(false), cancelled: hedge };
+                    if hedges > 0 {
+                        label(if slot == 0 { "lost" } else { "won" });
+                    }
+                    return Race {
+                        finished,
+                        hedge_won: (hedges > 0).then_some(slot > 0),
+                        cancelled: entered.into_iter().flatten().collect(),
+                    };
+                }
+                if running.is_empty() {
+                    // Every racer failed: the plan's fallbacks take over.
+                    if hedges > 0 {
+                        label("failed");
+                    }
+                    return Race { finished, hedge_won: None, cancelled: Vec::new() };
                 }
             }
-            r = &mut second, if hedge.is_some() => {
-                let won = final_result(&r);
-                finished.push((hedge.take().expect("hedge running"), r));
-                if won {
-                    label("won");
-                    return Race { finished, hedge_won: Some(true), cancelled: primary };
+            _ = tokio::time::sleep_until(next_hedge.unwrap_or(ctx.deadline)), if next_hedge.is_some() => {
+                next_hedge = None;
+                // The best variant not already racing (or failed in this race).
+                let busy: Vec<usize> = entered
+                    .iter()
+                    .flatten()
+                    .map(|e| e.vi)
+                    .chain(finished.iter().map(|(e, _)| e.vi))
+                    .collect();
+                let free: Vec<usize> = others.iter().copied().filter(|j| !busy.contains(j)).collect();
+                let Some(h) = pool.try_hedge(&free) else { continue };
+                let Ok(hedge) = attempts.enter(h, AttemptKind::Hedge, ctx.deadline).await else {
+                    continue;
+                };
+                running.push(racer(entered.len(), hedge.vi));
+                entered.push(Some(hedge));
+                // If this hedge is late too by its own standard, another may follow.
+                if entered.len() - 1 < pool.cfg.max_hedges as usize {
+                    next_hedge = pool
+                        .hedge_delay_ms(h)
+                        .map(|ms| Instant::now() + Duration::from_millis(ms))
+                        .filter(|at| *at < ctx.deadline);
                 }
             }
-        }
-        if primary.is_none() && hedge.is_none() {
-            label("failed");
-            return Race {
-                finished,
-                hedge_won: None,
-                cancelled: None,
-            };
         }
     }
 }

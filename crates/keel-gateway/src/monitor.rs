@@ -72,6 +72,7 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
     let (vi, kind, label) = match m {
         Maintenance::Probe(i) => (i, AttemptKind::Probe, "probe"),
         Maintenance::WarmUp(i) => (i, AttemptKind::WarmUp, "warmup"),
+        Maintenance::Refresh(i) => (i, AttemptKind::Probe, "refresh"),
     };
     let (endpoint, body) = tiny_request(&pool, vi);
     let req = match keel_core::request::parse(endpoint, &body) {

@@ -34,6 +34,8 @@ pub(crate) struct PoolState {
     pub(crate) selector: Box<dyn Selector>,
     /// Hedges may add at most `hedge_budget` of the pool's requests (sliding 10 s window).
     pub(crate) hedges: RetryBudget,
+    /// Refresh probes may add at most `probe_budget` of the pool's requests (10 s window).
+    pub(crate) probes: RetryBudget,
     /// Recent client TTFTs over the whole pool: the auto hedge delay before a variant has its
     /// own, the median assumed for a variant without samples.
     pub(crate) ttft: TtftWindow,
@@ -100,8 +102,19 @@ impl Drop for InFlight {
 /// Maintenance work the monitor performs for a variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Maintenance {
+    /// An ejected variant: is it well again?
     Probe(usize),
+    /// A new, returning or loading variant, before client traffic.
     WarmUp(usize),
+    /// A serving variant without recent evidence: re-measure it (within the probe budget).
+    Refresh(usize),
+}
+
+impl Maintenance {
+    pub fn variant(self) -> usize {
+        let (Maintenance::Probe(i) | Maintenance::WarmUp(i) | Maintenance::Refresh(i)) = self;
+        i
+    }
 }
 
 /// What `/keel/health` and the gauges show for a variant.
@@ -172,6 +185,11 @@ impl Pool {
                     window_ms: 10_000,
                     min_retries_per_sec: 0,
                 }),
+                probes: RetryBudget::new(RetryBudgetConfig {
+                    ratio: cfg.probe_budget,
+                    window_ms: 10_000,
+                    min_retries_per_sec: 0,
+                }),
                 ttft: TtftWindow::with_capacity(POOL_TTFT_SAMPLES),
                 availability: vec![Availability::default(); n],
                 health,
@@ -235,7 +253,7 @@ impl Pool {
 
     /// Whether hedging is on for this pool.
     pub fn hedging(&self) -> bool {
-        !matches!(self.cfg.hedge, crate::config::Hedge::Off)
+        !matches!(self.cfg.hedge, crate::config::Hedge::Off) && self.cfg.max_hedges > 0
     }
 
     /// Waits in the pool's line until the variant is below its concurrency limit: false when
@@ -343,13 +361,29 @@ impl Pool {
                 out.push(Maintenance::WarmUp(i));
             }
         }
+        // Refresh probes, the longest without evidence first, while the budget lasts.
+        let mut stale: Vec<(u64, usize)> = (0..self.variants.len())
+            .filter(|&i| {
+                !st.maintenance_busy[i]
+                    && st.availability[i].available(now)
+                    && st.health[i].needs_refresh(now, &hc)
+            })
+            .map(|i| (st.health[i].last_sample_ms.unwrap_or(0), i))
+            .collect();
+        stale.sort_unstable();
+        for (_, i) in stale {
+            if !st.probes.try_retry(now) {
+                break;
+            }
+            st.maintenance_busy[i] = true;
+            out.push(Maintenance::Refresh(i));
+        }
         out
     }
 
     /// A probe or warm-up that could not start now (the variant is full): due again later.
     pub fn maintenance_skipped(&self, m: Maintenance) {
-        let (Maintenance::Probe(i) | Maintenance::WarmUp(i)) = m;
-        self.state().maintenance_busy[i] = false;
+        self.state().maintenance_busy[m.variant()] = false;
     }
 
     /// The result of a probe or warm-up request.
@@ -370,6 +404,10 @@ impl Pool {
                     }
                     st.health[i].record_outcome(now, true, &hc);
                 }
+            }
+            Maintenance::Refresh(i) => {
+                st.maintenance_busy[i] = false;
+                st.health[i].refresh_result(now, ttft_ms.filter(|_| ok), &hc);
             }
         }
     }
@@ -440,10 +478,12 @@ impl Pool {
         (quiet < stall).then_some(quiet)
     }
 
-    /// Counts a request for the hedge budget.
+    /// Counts a request for the hedge and probe budgets.
     pub fn count_request(&self) {
         let now = self.now_ms();
-        self.state().hedges.record_request(now);
+        let mut st = self.state();
+        st.hedges.record_request(now);
+        st.probes.record_request(now);
     }
 
     /// The hedge delay when `target` would take the hedge, or `None` when hedging is off: the
@@ -476,9 +516,9 @@ impl Pool {
     /// concurrency limit, not ejected, warming or floored by its health) and would most likely
     /// answer first: the lowest recent median TTFT × (in flight + 1).
     ///
-    /// Not simply the plan's next variant: the plan ranks by live estimates that relax toward
-    /// zero while a variant is idle (so that it gets re-measured), and a hedge is no place for
-    /// re-measuring a variant that was slow the last time it was seen.
+    /// Not simply the plan's next variant: the plan ranks by peak-EWMA estimates (which jump on
+    /// one slow answer and fade slowly), while the race is won by whoever usually answers
+    /// first now: the recent median, weighed by the requests already running there.
     pub fn hedge_target(&self, candidates: &[usize]) -> Option<usize> {
         let now = self.now_ms();
         let hc = self.cfg.health;

@@ -58,6 +58,9 @@ pub(super) fn read(t: Option<Table>, issues: &mut Issues) -> (HealthConfig, u64)
             .value::<u64>("probe_interval_ms", issues)
             .unwrap_or(d.probe_interval_ms)
             .max(50),
+        refresh_after_ms: t
+            .value::<u64>("refresh_after_ms", issues)
+            .unwrap_or(d.refresh_after_ms),
         slow_start_ms: t
             .value::<u64>("slow_start_ms", issues)
             .unwrap_or(d.slow_start_ms),

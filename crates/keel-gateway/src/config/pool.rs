@@ -49,6 +49,11 @@ pub struct PoolConfig {
     pub adaptive_stall: bool,
     pub hedge: Hedge,
     pub hedge_budget: f64,
+    /// Hedges one request may start when each is late in turn.
+    pub max_hedges: u32,
+    /// Refresh probes of serving variants without recent evidence may add at most this share
+    /// of the pool's requests (10 s window).
+    pub probe_budget: f64,
     pub hold_tool_calls: bool,
     pub assemble_non_streaming: bool,
     pub health: HealthConfig,
@@ -103,18 +108,8 @@ pub(super) fn read(
         .map(|a| a.value)
         .unwrap_or(Affinity::None);
     let hedge = read_hedge(&mut t, issues);
-    let hedge_budget = match t.get::<f64>("hedge_budget", issues) {
-        Some(v) if !(0.0..=1.0).contains(&v.value) => {
-            issues.report(
-                v.at,
-                &v.path,
-                format!("expected a share between 0 and 1, got {}", v.value),
-            );
-            0.1
-        }
-        Some(v) => v.value,
-        None => 0.1,
-    };
+    let hedge_budget = share(&mut t, "hedge_budget", 0.1, issues);
+    let probe_budget = share(&mut t, "probe_budget", 0.05, issues);
     let health = {
         let h = t.table("health", issues);
         super::health::read(h, issues)
@@ -133,6 +128,8 @@ pub(super) fn read(
         adaptive_stall: t.value::<bool>("adaptive_stall", issues).unwrap_or(true),
         hedge,
         hedge_budget,
+        max_hedges: t.value::<u32>("max_hedges", issues).unwrap_or(2),
+        probe_budget,
         hold_tool_calls: t.value::<bool>("hold_tool_calls", issues).unwrap_or(true),
         assemble_non_streaming: t
             .value::<bool>("assemble_non_streaming", issues)
@@ -178,6 +175,22 @@ fn policies() -> [(&'static str, PolicyKind); 2] {
 }
 
 /// `"auto"` (default), `"off"`, or a delay in ms (> 0).
+/// A share between 0 and 1 (`default` when absent or out of range, which is reported).
+fn share(t: &mut Table, key: &'static str, default: f64, issues: &mut Issues) -> f64 {
+    match t.get::<f64>(key, issues) {
+        Some(v) if !(0.0..=1.0).contains(&v.value) => {
+            issues.report(
+                v.at,
+                &v.path,
+                format!("expected a share between 0 and 1, got {}", v.value),
+            );
+            default
+        }
+        Some(v) => v.value,
+        None => default,
+    }
+}
+
 fn read_hedge(t: &mut Table, issues: &mut Issues) -> Hedge {
     let Some(raw) = t.raw("hedge") else {
         return Hedge::Auto;

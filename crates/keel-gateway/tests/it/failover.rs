@@ -71,7 +71,7 @@ async fn connect_errors_fail_over_and_cool_down() {
         .local_addr()
         .unwrap();
     let cfg = format!(
-        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\n{}{}",
+        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n{}{}",
         variant("dead", &format!("http://{dead}/v1"), "openai", 1000),
         variant("live", &fleet.get(0).openai_base(), "openai", 1)
     );
@@ -162,7 +162,7 @@ async fn broken_credential_fails_over_and_marks_the_variant() {
     .unwrap();
     let base = fleet.get(0).openai_base();
     let cfg = format!(
-        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\n{}api_key = \"wrong\"\n{}api_key = \"right\"\n",
+        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n{}api_key = \"wrong\"\n{}api_key = \"right\"\n",
         variant("bad-key", &base, "openai", 1000),
         variant("good-key", &base, "openai", 1)
     );

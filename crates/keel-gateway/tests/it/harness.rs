@@ -24,8 +24,9 @@ pub fn variant(name: &str, url: &str, protocol: &str, weight: u32) -> String {
 }
 
 /// A pool over every server of the fleet; the first server gets `first_weight`, others 1.
-/// Warm-up requests are off unless `pool_extra` has its own `[pools.health]` table, so that
-/// upstream request counts in tests are the client's requests only.
+/// Warm-up requests and refresh probes are off unless `pool_extra` has its own
+/// `[pools.health]` table, so that upstream request counts in tests are the client's requests
+/// only.
 pub fn pool_over(
     fleet: &Fleet,
     name: &str,
@@ -36,7 +37,7 @@ pub fn pool_over(
     let health = if pool_extra.contains("[pools.health]") {
         ""
     } else {
-        "[pools.health]\nprewarm_requests = 0\n"
+        "[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n"
     };
     let mut s = format!("[[pools]]\nname = \"{name}\"\n{pool_extra}\n{health}");
     for (i, srv) in fleet.servers.iter().enumerate() {

@@ -130,3 +130,73 @@ async fn an_auto_hedge_races_a_slow_primary_once_the_target_would_usually_have_a
     let events = read_stream(resp).await;
     assert_eq!(events.last().unwrap().data, "[DONE]");
 }
+
+#[tokio::test]
+async fn a_late_hedge_is_followed_by_another() {
+    // sim-0 (the primary), sim-1 and sim-2 are each slow for one request; sim-3 always answers
+    // 30 ms later than they usually do, so hedges go to sim-1 and sim-2 first. Both are late
+    // too: the third hedge, on sim-3, wins.
+    let h = Harness::openai(
+        4,
+        1,
+        "allow_force_variant = true",
+        "hedge = 50\nmax_hedges = 3\nhedge_budget = 1",
+    )
+    .await;
+    add_fault(h.server(3), json!({"kind": "delay", "ms": 30})).await;
+    for v in ["sim-1", "sim-2", "sim-3"] {
+        for _ in 0..2 {
+            let resp = h
+                .post_with(
+                    "/v1/chat/completions",
+                    &[("x-keel-force-variant", v)],
+                    &chat_body("warm"),
+                )
+                .await;
+            assert_eq!(resp.status(), 200);
+        }
+    }
+    for i in 0..3 {
+        add_fault(
+            h.server(i),
+            json!({"kind": "delay", "ms": 3000, "count": 1}),
+        )
+        .await;
+    }
+    let before: Vec<u64> = (0..4).map(|i| h.server(i).state.stats().requests).collect();
+    let resp = forced_sim0(&h, &stream_body("hedge twice")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(resp.headers(), "x-keel-route"), "hedged");
+    assert_eq!(header(resp.headers(), "x-keel-variant"), "sim-3");
+    read_stream(resp).await;
+    for (i, b) in before.iter().enumerate() {
+        assert_eq!(
+            h.server(i).state.stats().requests - b,
+            1,
+            "sim-{i} raced once"
+        );
+    }
+    let won = [("pool", "p"), ("outcome", "won")];
+    assert_eq!(h.metric("keel_hedges_total", &won).await, 1.0);
+    let hedges = h.metric("keel_attempts_total", &[("kind", "hedge")]).await;
+    assert_eq!(hedges, 3.0);
+}
+
+#[tokio::test]
+async fn max_hedges_bounds_the_race() {
+    let h = Harness::openai(
+        4,
+        1,
+        "allow_force_variant = true",
+        "hedge = 50\nmax_hedges = 1\nhedge_budget = 1",
+    )
+    .await;
+    for i in 0..3 {
+        add_fault(h.server(i), json!({"kind": "delay", "ms": 300, "count": 1})).await;
+    }
+    let resp = forced_sim0(&h, &stream_body("hedge once")).await;
+    assert_eq!(resp.status(), 200);
+    read_stream(resp).await;
+    let raced: u64 = (0..4).map(|i| h.server(i).state.stats().requests).sum();
+    assert_eq!(raced, 2, "the primary and one hedge");
+}

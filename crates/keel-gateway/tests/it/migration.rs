@@ -218,7 +218,7 @@ async fn giving_up_is_explicit() {
         .unwrap();
     add_fault(fleet.get(0), json!({"kind": "close", "after_tokens": 3})).await;
     let cfg = format!(
-        "allow_force_variant = true\n[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\n{}{}resume = \"none\"\n",
+        "allow_force_variant = true\n[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n{}{}resume = \"none\"\n",
         variant("a", &fleet.get(0).openai_base(), "openai", 1),
         variant("b", &fleet.get(1).openai_base(), "openai", 1)
     );
@@ -249,7 +249,7 @@ async fn a_rejected_continuation_falls_through_to_the_next_variant() {
     let picky = keel_sim::Fleet::start_n(1, picky).await.unwrap();
     add_fault(fleet.get(0), json!({"kind": "close", "after_tokens": 4})).await;
     let cfg = format!(
-        "allow_force_variant = true\n[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\n{}{}{}",
+        "allow_force_variant = true\n[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n{}{}{}",
         variant("a", &fleet.get(0).openai_base(), "openai", 1),
         variant("picky", &picky.get(0).openai_base(), "openai", 1),
         variant("c", &fleet.get(1).openai_base(), "openai", 1)

@@ -127,7 +127,7 @@ async fn credentials_are_the_variants_and_never_leak() {
     };
     let fleet = keel_sim::Fleet::start_n(1, cfg).await.unwrap();
     let toml = format!(
-        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\n[[pools.variants]]\nname = \"a\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\napi_key = \"${{UPSTREAM_KEY}}\"\nparams = {{ max_tokens = 3 }}\n",
+        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n[[pools.variants]]\nname = \"a\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\napi_key = \"${{UPSTREAM_KEY}}\"\nparams = {{ max_tokens = 3 }}\n",
         fleet.get(0).openai_base()
     );
     let h = Harness::start(fleet, &toml).await;

@@ -30,7 +30,7 @@ async fn health(h: &Harness) -> Value {
 #[tokio::test]
 async fn a_degraded_variant_stops_getting_traffic_and_returns_after_the_fault_clears() {
     let extra =
-        "[pools.health]\nprewarm_requests = 0\nslow_start_ms = 300\nprobe_interval_ms = 200";
+        "[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\nslow_start_ms = 300\nprobe_interval_ms = 200";
     let h = Harness::openai(3, 1, "", extra).await;
     // Mostly failing (a GPU out of memory): two good probes in a row, which would bring it back
     // for a while by design, are then rare enough not to blur what this test looks at.
@@ -279,7 +279,7 @@ async fn min_tier_filters_variants() {
         .await
         .unwrap();
     let cfg = format!(
-        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\n{}tier = 1\n{}tier = 2\n",
+        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n{}tier = 1\n{}tier = 2\n",
         variant("best", &fleet.get(0).openai_base(), "openai", 1),
         variant("small", &fleet.get(1).openai_base(), "openai", 100)
     );
@@ -308,7 +308,7 @@ async fn scraped_queue_depth_steers_traffic_away() {
     .await
     .unwrap();
     let cfg = format!(
-        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\nscrape_interval_ms = 100\nwaiting_warn = 0.5\nwaiting_severe = 2\n{}metrics_url = \"http://{}/metrics\"\n{}metrics_url = \"http://{}/metrics\"\n",
+        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\nscrape_interval_ms = 100\nwaiting_warn = 0.5\nwaiting_severe = 2\n{}metrics_url = \"http://{}/metrics\"\n{}metrics_url = \"http://{}/metrics\"\n",
         variant("busy", &fleet.get(0).openai_base(), "openai", 1),
         fleet.get(0).addr,
         variant("idle", &fleet.get(1).openai_base(), "openai", 1),
@@ -370,7 +370,7 @@ async fn an_ejected_variant_still_serves_when_nothing_else_can() {
     // served by it (slowly) instead of waiting for their deadline. (Found by `keel bench
     // overhead` on a loaded machine: 5,000 requests parked behind the only, ejected, variant.)
     let extra =
-        "hedge = \"off\"\n[pools.health]\nprewarm_requests = 0\neject_after_ms = 100\nprobe_interval_ms = 600000";
+        "hedge = \"off\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\neject_after_ms = 100\nprobe_interval_ms = 600000";
     let h = Harness::openai(1, 1, "", extra).await;
     for _ in 0..20 {
         assert_eq!(h.chat(&chat_body("x")).await.0, 200);
@@ -389,4 +389,58 @@ async fn an_ejected_variant_still_serves_when_nothing_else_can() {
         .await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(r.headers(), "x-keel-variant"), "sim-0");
+}
+
+#[tokio::test]
+async fn refresh_probes_remeasure_an_idle_slow_variant_without_any_client_request_reaching_it() {
+    let extra = "allow_force_variant = true";
+    let pool = "hedge = \"off\"\nprobe_budget = 1\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 100\ndecay_ms = 300";
+    let h = Harness::openai(3, 1, extra, pool).await;
+    add_fault(h.server(0), json!({"kind": "delay", "ms": 400})).await;
+    // Setup: one client request measures sim-0 as slow; the others are measured as fast.
+    let resp = forced_sim0(&h, &chat_body("measure")).await;
+    assert_eq!(resp.status(), 200);
+    for _ in 0..6 {
+        assert_eq!(h.chat(&chat_body("x")).await.0, 200);
+    }
+    let clients_before = client_attempts(&h, "sim-0").await;
+    let upstream_before = requests(&h, 0).await;
+    let refresh = [("pool", "p"), ("variant", "sim-0"), ("kind", "refresh")];
+    let probes_before = h.metric("keel_maintenance_requests_total", &refresh).await;
+    // 1.5 s of traffic: sim-0 stays slow, and only refresh probes go there.
+    for _ in 0..75 {
+        let (status, headers, _) = h.chat(&chat_body("x")).await;
+        assert_eq!(status, 200);
+        assert_ne!(header(&headers, "x-keel-variant"), "sim-0");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        client_attempts(&h, "sim-0").await,
+        clients_before,
+        "no client request reached the slow variant"
+    );
+    let probes = h.metric("keel_maintenance_requests_total", &refresh).await;
+    assert!(
+        probes - probes_before >= 2.0,
+        "the idle slow variant was re-measured"
+    );
+    // Every upstream request sim-0 got was a refresh probe (give or take the one that may be in
+    // flight at either end: the simulator counts it when it arrives, keel when it ends).
+    let got = (requests(&h, 0).await - upstream_before) as f64;
+    assert!(
+        (got - (probes - probes_before)).abs() <= 1.0,
+        "{got} upstream requests, {} probes",
+        probes - probes_before
+    );
+    // Recovered: the probes see it, and client traffic comes back on that evidence.
+    keel_sim::http_client()
+        .delete(format!("http://{}/sim/faults", h.server(0).addr))
+        .send()
+        .await
+        .unwrap();
+    wait_for!("client traffic back on sim-0", {
+        h.chat(&chat_body("x")).await;
+        client_attempts(&h, "sim-0").await > clients_before
+    });
+    assert!(h.metric("keel_maintenance_requests_total", &refresh).await > probes);
 }

@@ -117,7 +117,7 @@ async fn a_continuation_refused_with_401_marks_the_credential_and_moves_on() {
         .await
         .unwrap();
     let mut cfg = String::from(
-        "allow_force_variant = true\n[[pools]]\nname = \"p\"\npolicy = \"round_robin\"\nhedge = \"off\"\nadaptive_stall = false\nstall_ms = 300\n[pools.health]\nprewarm_requests = 0\n",
+        "allow_force_variant = true\n[[pools]]\nname = \"p\"\npolicy = \"round_robin\"\nhedge = \"off\"\nadaptive_stall = false\nstall_ms = 300\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n",
     );
     for (i, w) in [1, 5, 2].iter().enumerate() {
         let s = fleet.get(i);

@@ -27,7 +27,7 @@ async fn long_reply_fleet(weights: &[u32], extra: &str) -> Harness {
     .await
     .unwrap();
     let mut cfg = format!(
-        "allow_force_variant = true\n[[pools]]\nname = \"p\"\npolicy = \"round_robin\"\nhedge = \"off\"\n{extra}\n[pools.health]\nprewarm_requests = 0\n"
+        "allow_force_variant = true\n[[pools]]\nname = \"p\"\npolicy = \"round_robin\"\nhedge = \"off\"\n{extra}\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n"
     );
     for (i, w) in weights.iter().enumerate() {
         let s = fleet.get(i);
