@@ -148,7 +148,13 @@ fn main() -> ExitCode {
             Command::Check { config } => check(&config),
             Command::Demo(args) => demo::run(args).await,
             Command::Sim(args) => sim(args).await,
-            Command::Bench { which } => bench::run(which).await,
+            Command::Bench { which } => {
+                // The in-process gateways log (access lines included) only when asked to.
+                if std::env::var_os("KEEL_LOG").is_some() {
+                    init_tracing();
+                }
+                bench::run(which).await
+            }
         }
     });
     match result {

@@ -662,6 +662,18 @@ async fn run_contender(
     }
     bar.finish();
     let elapsed = start.elapsed().as_secs_f64();
+    if name == "keel" {
+        // keel's last decision records (candidates, costs, attempts), to see why.
+        let decisions = running
+            .url
+            .replace("/v1/chat/completions", "/keel/decisions");
+        if let Ok(r) = client.get(&decisions).send().await {
+            if let Ok(text) = r.text().await {
+                let file = format!("{}-seed{seed}-decisions.json", s.name.replace(' ', "-"));
+                let _ = std::fs::write(out.join(file), text);
+            }
+        }
+    }
     (running.stop)();
     let seen = std::mem::take(&mut *results.lock().unwrap_or_else(|e| e.into_inner()));
     let mut ttft =
