@@ -61,6 +61,9 @@ pub enum BenchCommand {
         requests: usize,
         #[arg(long, default_value_t = 40.0)]
         rps: f64,
+        /// Runs per contender (seeds in a row); the table shows medians and their spread.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+        repeat: u64,
     },
     /// Steady load on a two-pool simulated fleet while random faults come and go, against a
     /// `keel serve` child process: every answer checked byte for byte, memory and descriptors
@@ -86,6 +89,10 @@ pub enum BenchCommand {
         duration: f64,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Runs per policy (seeds in a row, policies alternating); the table shows medians and
+        /// their spread.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+        repeat: u64,
     },
 }
 
@@ -123,8 +130,13 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             rps,
             duration,
             seed,
-        } => routing(rps, duration, seed).await,
-        BenchCommand::Migration { requests, rps } => migration(requests, rps).await,
+            repeat,
+        } => routing(rps, duration, seed, repeat).await,
+        BenchCommand::Migration {
+            requests,
+            rps,
+            repeat,
+        } => migration(requests, rps, repeat).await,
         BenchCommand::Soak {
             duration,
             rps,
@@ -302,71 +314,116 @@ fn decision(variants: usize, iterations: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Rows of figures by contender over repeated runs, printed as medians with their spread.
+struct Repeated {
+    columns: &'static [&'static str],
+    rows: Vec<(String, Vec<Vec<f64>>)>,
+}
+
+impl Repeated {
+    fn new(columns: &'static [&'static str]) -> Self {
+        Repeated {
+            columns,
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds one run's figures for `contender`.
+    fn add(&mut self, contender: &str, figures: Vec<f64>) {
+        match self.rows.iter_mut().find(|r| r.0 == contender) {
+            Some(r) => r.1.push(figures),
+            None => self.rows.push((contender.to_owned(), vec![figures])),
+        }
+    }
+
+    /// A Markdown table: each cell the median over runs, with lowest–highest when several.
+    fn table(&self) -> String {
+        let mut t = format!("| contender | {} |\n|---|", self.columns.join(" | "));
+        t.push_str(&"---|".repeat(self.columns.len()));
+        t.push('\n');
+        for (name, runs) in &self.rows {
+            t.push_str(&format!("| {name} |"));
+            for c in 0..self.columns.len() {
+                let mut v: Vec<f64> = runs.iter().map(|r| r[c]).collect();
+                v.sort_by(f64::total_cmp);
+                let median = v[v.len() / 2];
+                let cell = if v.len() > 1 {
+                    format!(" {median:.1} ({:.1}–{:.1}) |", v[0], v[v.len() - 1])
+                } else {
+                    format!(" {median:.1} |")
+                };
+                t.push_str(&cell);
+            }
+            t.push('\n');
+        }
+        t
+    }
+}
+
 /// 4 variants with heavy-tailed latency, one of them degraded (errors and slowness): keel's
 /// live selection against plain round robin, same fleet settings, same arrival sequence.
-async fn routing(rps: f64, duration: f64, seed: u64) -> Result<(), String> {
+async fn routing(rps: f64, duration: f64, seed: u64, repeat: u64) -> Result<(), String> {
     use keel_sim::{FaultKind, FaultSpec};
-    println!("keel bench routing: 4 variants (lognormal TTFT median 60 ms, 2% tail ×10), one degraded (30% 503, 4× slower); {rps} req/s for {duration} s, streaming, client without retries");
-    println!(
-        "{:<12} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8}",
-        "policy", "ttft p50", "ttft p90", "ttft p99", "total p50", "total p99", "errors"
-    );
-    let mut rows = Vec::new();
-    for policy in ["p2c", "round_robin"] {
-        let template = ServerConfig {
-            seed: Some(seed),
-            ttft_ms: 60.0,
-            ttft_sigma: 0.4,
-            gap_ms: 8.0,
-            tail_prob: 0.02,
-            tail_factor: 10.0,
-            ..Default::default()
-        };
-        let degraded = |i: usize, s: &mut ServerConfig| {
-            if i == 0 {
-                let mut f = FaultSpec::new(FaultKind::Degraded);
-                f.error_rate = Some(0.3);
-                f.factor = Some(4.0);
-                s.faults = vec![f];
-            }
-        };
-        let (fleet, addr, stop) =
-            fleet_and_gateway(template, degraded, &format!("policy = \"{policy}\"")).await?;
-        let mut c = LoadConfig::new(&format!("http://{addr}/v1"), "p");
-        c.rps = rps;
-        c.duration = Duration::from_secs_f64(duration);
-        c.stream = true;
-        c.max_tokens = 24;
-        c.prompts = (0..50)
-            .map(|i| format!("request {i} about routing"))
-            .collect();
-        let r = keel_sim::load::run(c).await;
-        let _ = stop.send(());
-        println!(
-            "{:<12} {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>10.1} {:>7.2}%",
-            policy,
-            r.ttft.p50_ms,
-            r.ttft.p90_ms,
-            r.ttft.p99_ms,
-            r.total.p50_ms,
-            r.total.p99_ms,
-            100.0 * r.errors as f64 / r.sent.max(1) as f64
-        );
-        let degraded_share = fleet.servers[0].state.stats().requests as f64
-            / fleet
-                .servers
-                .iter()
-                .map(|s| s.state.stats().requests)
-                .sum::<u64>()
-                .max(1) as f64;
-        rows.push((policy, degraded_share));
+    println!("keel bench routing: 4 variants (lognormal TTFT median 60 ms, 2% tail ×10), one degraded (30% 503, 4× slower); {rps} req/s for {duration} s, streaming, client without retries; medians of {repeat} run(s) per policy (lowest–highest in brackets)\n");
+    let mut table = Repeated::new(&[
+        "TTFT p50 (ms)",
+        "TTFT p90 (ms)",
+        "TTFT p99 (ms)",
+        "total p50 (ms)",
+        "total p99 (ms)",
+        "errors (%)",
+        "degraded variant's share (%)",
+    ]);
+    for run in 0..repeat {
+        for policy in ["p2c", "round_robin"] {
+            let template = ServerConfig {
+                seed: Some(seed + run),
+                ttft_ms: 60.0,
+                ttft_sigma: 0.4,
+                gap_ms: 8.0,
+                tail_prob: 0.02,
+                tail_factor: 10.0,
+                ..Default::default()
+            };
+            let degraded = |i: usize, s: &mut ServerConfig| {
+                if i == 0 {
+                    let mut f = FaultSpec::new(FaultKind::Degraded);
+                    f.error_rate = Some(0.3);
+                    f.factor = Some(4.0);
+                    s.faults = vec![f];
+                }
+            };
+            let (fleet, addr, stop) =
+                fleet_and_gateway(template, degraded, &format!("policy = \"{policy}\"")).await?;
+            let mut c = LoadConfig::new(&format!("http://{addr}/v1"), "p");
+            c.rps = rps;
+            c.duration = Duration::from_secs_f64(duration);
+            c.stream = true;
+            c.max_tokens = 24;
+            c.prompts = (0..50)
+                .map(|i| format!("request {i} about routing"))
+                .collect();
+            eprintln!("  run {}/{repeat}: {policy}", run + 1);
+            let r = keel_sim::load::run(c).await;
+            let _ = stop.send(());
+            let total: u64 = fleet.servers.iter().map(|s| s.state.stats().requests).sum();
+            let degraded_share =
+                fleet.servers[0].state.stats().requests as f64 / total.max(1) as f64;
+            table.add(
+                policy,
+                vec![
+                    r.ttft.p50_ms,
+                    r.ttft.p90_ms,
+                    r.ttft.p99_ms,
+                    r.total.p50_ms,
+                    r.total.p99_ms,
+                    100.0 * r.errors as f64 / r.sent.max(1) as f64,
+                    100.0 * degraded_share,
+                ],
+            );
+        }
     }
-    for (policy, share) in rows {
-        println!(
-            "{policy}: degraded variant received {:.1}% of upstream requests",
-            share * 100.0
-        );
-    }
+    println!("{}", table.table());
     Ok(())
 }
 
@@ -421,13 +478,16 @@ async fn stream_text(client: &reqwest::Client, url: &str, prompt: &str) -> Resul
 }
 
 /// 4 variants; one stalls forever after 10 tokens in 20% of its streams (5% of all requests).
-async fn migration(requests: usize, rps: f64) -> Result<(), String> {
+async fn migration(requests: usize, rps: f64, repeat: u64) -> Result<(), String> {
     use keel_sim::{FaultKind, FaultSpec};
-    println!("keel bench migration: 4 variants (lognormal TTFT median 40 ms, gaps 5 ms), one stalls forever after 10 tokens in 20% of its streams (5% of all); {requests} streamed requests at {rps}/s");
-    println!(
-        "{:<22} {:>8} {:>10} {:>11} {:>11} {:>13}",
-        "contender", "intact", "errors", "total p50", "total p99", "extra tokens"
-    );
+    println!("keel bench migration: 4 variants (lognormal TTFT median 40 ms, gaps 5 ms), one stalls forever after 10 tokens in 20% of its streams (5% of all); {requests} streamed requests at {rps}/s; medians of {repeat} run(s) (lowest–highest in brackets)\n");
+    let mut table = Repeated::new(&[
+        "intact (%)",
+        "errors",
+        "total p50 (ms)",
+        "total p99 (ms)",
+        "extra tokens (%)",
+    ]);
     let clean = Fleet::start_n(1, ServerConfig::fast("reference"))
         .await
         .map_err(|e| e.to_string())?;
@@ -452,16 +512,20 @@ async fn migration(requests: usize, rps: f64) -> Result<(), String> {
         .iter()
         .map(|t| keel_core::tokens::count(t) as u64)
         .sum();
-    for (name, pool_extra) in [
-        ("keel", "stall_ms = 2000"),
-        ("keel, no migration", "stall_ms = 2000\nmax_migrations = 0"),
-        (
-            "round robin",
-            "stall_ms = 2000\nmax_migrations = 0\npolicy = \"round_robin\"\nhedge = \"off\"",
-        ),
-    ] {
+    for (run, (name, pool_extra)) in (0..repeat).flat_map(|run| {
+        [
+            ("keel", "stall_ms = 2000"),
+            ("keel, no migration", "stall_ms = 2000\nmax_migrations = 0"),
+            (
+                "round robin",
+                "stall_ms = 2000\nmax_migrations = 0\npolicy = \"round_robin\"\nhedge = \"off\"",
+            ),
+        ]
+        .map(|c| (run, c))
+    }) {
+        eprintln!("  run {}/{repeat}: {name}", run + 1);
         let template = ServerConfig {
-            seed: Some(1),
+            seed: Some(1 + run),
             ttft_ms: 40.0,
             ttft_sigma: 0.3,
             gap_ms: 5.0,
@@ -512,16 +576,18 @@ async fn migration(requests: usize, rps: f64) -> Result<(), String> {
             .sum();
         lat.sort_by(f64::total_cmp);
         let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
-        println!(
-            "{:<22} {:>7.1}% {:>10} {:>9.0}ms {:>9.0}ms {:>12.1}%",
+        table.add(
             name,
-            100.0 * intact as f64 / requests as f64,
-            errors,
-            q(0.5),
-            q(0.99),
-            100.0 * (sent as f64 - reference_tokens as f64) / reference_tokens as f64
+            vec![
+                100.0 * intact as f64 / requests as f64,
+                errors as f64,
+                q(0.5),
+                q(0.99),
+                100.0 * (sent as f64 - reference_tokens as f64) / reference_tokens as f64,
+            ],
         );
     }
+    println!("{}", table.table());
     println!("intact: text byte-identical to the uninterrupted generation, with a terminal event; extra tokens: upstream tokens sent beyond the delivered answers (negative: answers cut short)");
     Ok(())
 }
