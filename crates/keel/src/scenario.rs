@@ -429,8 +429,11 @@ pub async fn start_gateway(
     Ok((addr, tx))
 }
 
-async fn start_keel(s: &Scenario, fleet: &Fleet) -> Result<Running, String> {
-    let toml = pool_toml(fleet, "bench", &s.keel_pool);
+/// keel over the fleet, with the scenario's pool lines and then `extra` ones (a contender
+/// `keel:LINES` runs keel with LINES, `;`-separated, e.g. `keel:max_hedges = 1`).
+async fn start_keel(s: &Scenario, fleet: &Fleet, extra: &str) -> Result<Running, String> {
+    let lines = format!("{}\n{}", s.keel_pool, extra.replace(';', "\n"));
+    let toml = pool_toml(fleet, "bench", &lines);
     let (addr, tx) = start_gateway(&toml, &format!("<scenario {}>", s.name)).await?;
     Ok(Running {
         url: format!("http://{addr}/v1/chat/completions"),
@@ -590,7 +593,8 @@ async fn run_contender(
 ) -> Result<Figures, String> {
     let fleet = Fleet::start(&s.fleet).await.map_err(|e| e.to_string())?;
     let running = match name {
-        "keel" => start_keel(s, &fleet).await?,
+        "keel" => start_keel(s, &fleet, "").await?,
+        keel if keel.starts_with("keel:") => start_keel(s, &fleet, &keel["keel:".len()..]).await?,
         peer => start_peer(peer, &fleet, out).await?,
     };
     let planned = plan(s, duration, seed);
@@ -662,14 +666,17 @@ async fn run_contender(
     }
     bar.finish();
     let elapsed = start.elapsed().as_secs_f64();
-    if name == "keel" {
+    if name.starts_with("keel") {
         // keel's last decision records (candidates, costs, attempts), to see why.
         let decisions = running
             .url
             .replace("/v1/chat/completions", "/keel/decisions");
         if let Ok(r) = client.get(&decisions).send().await {
             if let Ok(text) = r.text().await {
-                let file = format!("{}-seed{seed}-decisions.json", s.name.replace(' ', "-"));
+                let file = format!("{}-{name}-seed{seed}-decisions.json", s.name).replace(
+                    |c: char| !c.is_ascii_alphanumeric() && c != '-' && c != '.',
+                    "_",
+                );
                 let _ = std::fs::write(out.join(file), text);
             }
         }
