@@ -41,6 +41,11 @@ pub(crate) struct PoolState {
     pub(crate) health: Vec<VariantHealth>,
     /// A warm-up or probe request is in flight for this variant.
     pub(crate) maintenance_busy: Vec<bool>,
+    /// Readiness (see [`Pool::mark_ready`]): the variant's health endpoint answered 200 since
+    /// it last went loading or restarting.
+    pub(crate) ready: Vec<bool>,
+    /// Since when the variant has been refusing connections (a restart), if it is.
+    pub(crate) restarting_since: Vec<Option<u64>>,
 }
 
 /// Client TTFT samples in a pool's window (the hedge delay's quantile).
@@ -102,6 +107,8 @@ impl Drop for InFlight {
 pub enum Maintenance {
     Probe(usize),
     WarmUp(usize),
+    /// A readiness check on the variant's health endpoint (no generation), before warm-ups.
+    Ready(usize),
 }
 
 /// What `/keel/health` and the gauges show for a variant.
@@ -158,8 +165,16 @@ impl Pool {
         let seed = hash_bytes(epoch.elapsed().as_nanos() as u64, cfg.name.as_bytes())
             ^ std::process::id() as u64;
         let selector = selection::policy(cfg.policy, seed);
-        let health = (0..n)
-            .map(|_| VariantHealth::new(cfg.health.prewarm_requests))
+        let health = variants
+            .iter()
+            .map(|v| {
+                let mut h = VariantHealth::new(cfg.health.prewarm_requests);
+                if v.cfg.health_url.is_some() {
+                    // Not ready until its health endpoint says so: no client request before.
+                    h.mark_loading(&cfg.health);
+                }
+                h
+            })
             .collect();
         Pool {
             protocol,
@@ -176,6 +191,8 @@ impl Pool {
                 availability: vec![Availability::default(); n],
                 health,
                 maintenance_busy: vec![false; n],
+                ready: vec![false; n],
+                restarting_since: vec![None; n],
             }),
             epoch,
             cfg,
@@ -269,7 +286,55 @@ impl Pool {
     /// The variant answered that it is still loading its model (see `VariantHealth::mark_loading`).
     pub fn mark_loading(&self, index: usize) {
         let hc = self.cfg.health;
-        self.state().health[index].mark_loading(&hc);
+        let mut st = self.state();
+        st.health[index].mark_loading(&hc);
+        // It answered: alive and loading, not dead.
+        st.ready[index] = false;
+        st.restarting_since[index] = None;
+    }
+
+    /// The variant refused a connection. One that is not ejected is restarting: it is warming
+    /// like a loading one (no client request; the monitor finds out when it is ready, through
+    /// its health endpoint where it has one), so requests wait for a ready variant instead of
+    /// failing. One that has refused for longer than `restart_grace_ms` is dead: ejected (and
+    /// probed). Returns whether it is warming for a restart now.
+    pub fn mark_restarting(&self, index: usize) -> bool {
+        let now = self.now_ms();
+        let hc = self.cfg.health;
+        let grace = self.cfg.restart_grace_ms;
+        let mut st = self.state();
+        if matches!(st.health[index].state, State::Ejected { .. }) {
+            return false;
+        }
+        let since = *st.restarting_since[index].get_or_insert(now);
+        st.ready[index] = false;
+        if now.saturating_sub(since) > grace {
+            let h = &mut st.health[index];
+            h.loading = false;
+            h.state = State::Ejected {
+                since_ms: now,
+                last_probe_ms: now,
+            };
+            st.restarting_since[index] = None;
+            tracing::warn!(pool = %self.cfg.name, variant = %self.variants[index].cfg.name, grace_ms = grace, "variant refused connections for longer than restart_grace_ms; ejected");
+            return false;
+        }
+        if !st.health[index].loading {
+            st.health[index].mark_loading(&hc);
+        }
+        true
+    }
+
+    /// The variant's health endpoint answered 200: the monitor's warm-ups may go to it now.
+    pub fn mark_ready(&self, index: usize) {
+        let mut st = self.state();
+        st.ready[index] = true;
+        st.restarting_since[index] = None;
+    }
+
+    /// Whether the variant is in a restart: refusing connections, within its grace.
+    pub fn restarting(&self, index: usize) -> bool {
+        self.state().restarting_since[index].is_some()
     }
 
     /// Whether the variant last said it is still loading its model.
@@ -283,7 +348,9 @@ impl Pool {
     }
 
     pub fn record_success(&self, index: usize) {
-        self.state().availability[index].record_success();
+        let mut st = self.state();
+        st.availability[index].record_success();
+        st.restarting_since[index] = None;
     }
 
     /// Feeds one attempt's outcome to the variant's health: `ok` is false only for backend
@@ -340,7 +407,14 @@ impl Pool {
                 out.push(Maintenance::Probe(i));
             } else if matches!(st.health[i].state, State::Warming { .. }) {
                 st.maintenance_busy[i] = true;
-                out.push(Maintenance::WarmUp(i));
+                // Readiness first where the variant has a health endpoint.
+                out.push(
+                    if self.variants[i].cfg.health_url.is_some() && !st.ready[i] {
+                        Maintenance::Ready(i)
+                    } else {
+                        Maintenance::WarmUp(i)
+                    },
+                );
             }
         }
         out
@@ -348,7 +422,7 @@ impl Pool {
 
     /// A probe or warm-up that could not start now (the variant is full): due again later.
     pub fn maintenance_skipped(&self, m: Maintenance) {
-        let (Maintenance::Probe(i) | Maintenance::WarmUp(i)) = m;
+        let (Maintenance::Probe(i) | Maintenance::WarmUp(i) | Maintenance::Ready(i)) = m;
         self.state().maintenance_busy[i] = false;
     }
 
@@ -361,7 +435,13 @@ impl Pool {
             Maintenance::Probe(i) => {
                 st.maintenance_busy[i] = false;
                 st.health[i].probe_result(now, ok, ttft_ms, &hc);
+                if ok {
+                    st.restarting_since[i] = None;
+                }
             }
+            // A readiness check that did not find the variant ready (one that did goes on to
+            // a warm-up at once, see `monitor`).
+            Maintenance::Ready(i) => st.maintenance_busy[i] = false,
             Maintenance::WarmUp(i) => {
                 st.maintenance_busy[i] = false;
                 if ok {
@@ -369,6 +449,7 @@ impl Pool {
                         st.health[i].record_ttft(now, t, &hc);
                     }
                     st.health[i].record_outcome(now, true, &hc);
+                    st.restarting_since[i] = None;
                 }
             }
         }

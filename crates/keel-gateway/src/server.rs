@@ -320,10 +320,7 @@ fn plan_or_error(pool: &Pool, selection: Selection) -> Result<Vec<usize>, Gatewa
         }
         Selection::Loading => Err(GatewayError::new(
             ErrorKind::Overloaded,
-            format!(
-                "every variant of `{}` is still loading its model",
-                pool.cfg.name
-            ),
+            crate::settlement::loading_message(pool, true),
         )
         .with_retry_after(crate::settlement::LOADING_RETRY_AFTER_MS)),
     }

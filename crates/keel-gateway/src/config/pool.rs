@@ -53,6 +53,8 @@ pub struct PoolConfig {
     pub assemble_non_streaming: bool,
     pub health: HealthConfig,
     pub scrape_interval_ms: u64,
+    /// How long refused connections count as a restart before the variant counts as dead.
+    pub restart_grace_ms: u64,
     pub variants: Vec<VariantConfig>,
 }
 
@@ -139,6 +141,7 @@ pub(super) fn read(
             .unwrap_or(true),
         health: health.0,
         scrape_interval_ms: health.1,
+        restart_grace_ms: health.2,
         variants,
     };
     t.finish(issues);
