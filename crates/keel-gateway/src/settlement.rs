@@ -214,6 +214,30 @@ impl Attempts {
         !self.failures.is_empty() && self.warming_failures == self.failures.len()
     }
 
+    /// Whether waiting for the fleet may help: some failure was a server loading or
+    /// restarting, and every other one a connection that failed or broke (a restarting
+    /// server drops its open connections; a pooled one may meet that first).
+    pub fn restart_like(&self) -> bool {
+        let transport = self
+            .failures
+            .iter()
+            .filter(|(_, f)| matches!(f, AttemptFailure::Io(_) | AttemptFailure::Connect(_)))
+            .count();
+        self.warming_failures > 0 && self.warming_failures + transport == self.failures.len()
+    }
+
+    /// (failures so far, those of them that left their variant warming): a caller compares
+    /// two marks to tell whether everything that failed in between was a loading or
+    /// restarting server.
+    pub fn failure_marks(&self) -> (usize, usize) {
+        (self.failures.len(), self.warming_failures)
+    }
+
+    /// The failures after the first `from`.
+    pub fn failures_since(&self, from: usize) -> impl Iterator<Item = &AttemptFailure> {
+        self.failures.iter().skip(from).map(|(_, f)| f)
+    }
+
     /// Attempts made on variant `vi` so far (those a loading or restarting server refused do
     /// not count: it is tried again once ready).
     pub fn tried(&self, vi: usize) -> usize {

@@ -322,3 +322,45 @@ async fn a_dead_variant_is_ejected_after_its_restart_grace_and_stops_making_requ
         ["ejected"]
     );
 }
+
+#[tokio::test]
+async fn a_stream_cut_by_a_whole_fleet_restart_waits_and_is_continued() {
+    let fleet = keel_sim::Fleet::start_n(2, keel_sim::ServerConfig::fast("s"))
+        .await
+        .unwrap();
+    let cfg = pool_with_health(&fleet, "[pools.health]\nprewarm_requests = 1");
+    let h = Harness::start(fleet, &cfg).await;
+    wait_for!(
+        "the fleet to be ready",
+        variant_states(&h.get_json("/keel/health").await)
+            .iter()
+            .all(|s| s != "warming")
+    );
+    for s in &h.fleet.servers {
+        add_fault(s, json!({"kind": "slowdown", "factor": 20})).await;
+    }
+    let resp = h.post("/v1/chat/completions", &stream_body("x")).await;
+    assert_eq!(resp.status(), 200);
+    // Committed to one server: now the whole fleet restarts under it.
+    for s in &h.fleet.servers {
+        s.state.clear_faults();
+        for f in [
+            json!({"kind": "refuse", "ms": 300}),
+            json!({"kind": "loading", "ms": 700}),
+        ] {
+            s.state.add_fault(serde_json::from_value(f).unwrap());
+        }
+    }
+    let events = read_stream(resp).await;
+    assert_eq!(events.last().unwrap().data, "[DONE]");
+    assert!(
+        events.iter().all(|e| !e.data.contains("\"error\"")),
+        "no error event"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.comment_only && String::from_utf8_lossy(&e.raw).contains("keel migrated")),
+        "the stream was continued after the restart"
+    );
+}
