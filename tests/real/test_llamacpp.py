@@ -54,13 +54,23 @@ class LlamaServer:
         self.name, self.port = name, port
         self.proc = None
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "llamacpp_server.py"), str(self.port), self.name],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_http(f"http://127.0.0.1:{self.port}/health")
+        if wait:
+            wait_http(f"http://127.0.0.1:{self.port}/health")
+
+    def health(self) -> str:
+        """What its /health says now: `refused`, an HTTP status, or another error."""
+        try:
+            return str(httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code)
+        except httpx.ConnectError as e:
+            return "refused" if "refused" in str(e).lower() else f"connect error: {e}"
+        except httpx.HTTPError as e:
+            return f"error: {e}"
 
     def signal(self, sig) -> None:
         os.kill(self.proc.pid, sig)
@@ -117,6 +127,77 @@ metrics_url = "http://127.0.0.1:{s.port}/metrics"
 def body(prompt: str, max_tokens: int = 48, stream: bool = True, model: str = "gemma") -> dict:
     return {"model": model, "max_tokens": max_tokens, "stream": stream, "temperature": 0,
             "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]}
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The sum of a Prometheus counter's series whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name + "{"):
+            continue
+        series, value = line.rsplit(" ", 1)
+        if all(f'{k}="{v}"' in series for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def test_a_request_sent_while_the_fleet_starts_waits_then_succeeds():
+    """keel and two llama.cpp servers start at the same moment; a request sent at once, while
+    no server is listening or done loading, waits for the first ready one and succeeds.
+    Readiness is asked of each server's /health (health_path), so no generation request
+    reaches a server before it is ready. Runs before the module's `fleet` (its own servers)."""
+    servers = [LlamaServer(n, free_port()) for n in ("c", "d")]
+    keel_port = free_port()
+    variants = "".join(
+        f"""
+[[pools.variants]]
+name = "{s.name}"
+url = "http://127.0.0.1:{s.port}/v1"
+protocol = "openai"
+upstream_model = "gemma"
+health_path = "/health"
+"""
+        for s in servers
+    )
+    config = (f'listen = "127.0.0.1:{keel_port}"\n\n[[pools]]\nname = "gemma"\nhedge = "off"\n'
+              f"[pools.health]\nprewarm_requests = 1\n{variants}")
+    cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+    cfg.write(config)
+    cfg.close()
+    started = time.time()
+    keel = subprocess.Popen([KEEL, "serve", "--config", cfg.name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for s in servers:
+            s.start(wait=False)
+        base = f"http://127.0.0.1:{keel_port}"
+        wait_http(base + "/keel/health")
+        before = {s.name: s.health() for s in servers}
+        assert all(h != "200" for h in before.values()), f"a server was ready before the request: {before}"
+        sent = time.time()
+        r = httpx.post(base + "/v1/chat/completions", json=body("Say hello.", 16, False), timeout=180)
+        waited = time.time() - sent
+        assert r.status_code == 200, r.text
+        text = r.json()["choices"][0]["message"]["content"]
+        assert text and text.strip(), r.text
+        assert r.headers["x-keel-variant"] in ("c", "d")
+        after = {s.name: s.health() for s in servers}
+        m = httpx.get(base + "/metrics", timeout=10).text
+        checks = {o: metric(m, "keel_maintenance_requests_total", kind="health", outcome=o)
+                  for o in ("refused", "not_ready", "ok")}
+        print(f"\nsent {sent - started:.2f} s after start, servers {before}; answered after waiting "
+              f"{waited:.2f} s by {r.headers['x-keel-variant']} ({r.headers['x-keel-attempts']} attempt(s)): {text!r}; "
+              f"servers now {after}; health checks {checks}")
+        assert checks["refused"] + checks["not_ready"] > 0, "keel saw the servers starting"
+        assert checks["ok"] >= 1
+        # No generation request (client or warm-up) met a server that was still loading.
+        assert metric(m, "keel_attempts_total", outcome="loading") == 0
+        assert metric(m, "keel_attempts_total", kind="first", outcome="connect_error") == 0
+    finally:
+        keel.terminate()
+        keel.wait(timeout=40)
+        for s in servers:
+            s.stop()
+        os.unlink(cfg.name)
 
 
 def test_sdk_stream_and_whole(fleet):

@@ -10,6 +10,8 @@
 pub enum AttemptFailure {
     /// TCP/TLS connection could not be established.
     Connect(String),
+    /// The connection was refused (nothing listens: a server restarting, or dead).
+    Refused(String),
     /// The connection broke before a complete response head or first event arrived.
     Io(String),
     /// No response head within the connect/first-token deadline.
@@ -37,7 +39,7 @@ impl AttemptFailure {
     /// A short label for metrics (`outcome` label of attempts).
     pub fn label(&self) -> String {
         match self {
-            AttemptFailure::Connect(_) => "connect_error".into(),
+            AttemptFailure::Connect(_) | AttemptFailure::Refused(_) => "connect_error".into(),
             AttemptFailure::Io(_) => "io_error".into(),
             AttemptFailure::FirstTokenTimeout { .. } => "first_token_timeout".into(),
             AttemptFailure::Deadline { .. } => "deadline".into(),
@@ -53,7 +55,9 @@ impl AttemptFailure {
     /// One line for logs and for the client's "what was tried" message.
     pub fn describe(&self) -> String {
         match self {
-            AttemptFailure::Connect(e) => format!("connect error: {e}"),
+            AttemptFailure::Connect(e) | AttemptFailure::Refused(e) => {
+                format!("connect error: {e}")
+            }
             AttemptFailure::Io(e) => format!("connection error: {e}"),
             AttemptFailure::FirstTokenTimeout { after_ms } => {
                 format!("no first token within {after_ms} ms")

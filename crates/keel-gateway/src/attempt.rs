@@ -195,12 +195,18 @@ pub fn transport_error(e: reqwest::Error) -> AttemptFailure {
     let connect = e.is_connect();
     let e = e.without_url();
     let mut msg = e.to_string();
+    let mut refused = false;
     let mut src = std::error::Error::source(&e);
     while let Some(s) = src {
         msg = format!("{msg}: {s}");
+        refused |= s
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused);
         src = s.source();
     }
-    if connect {
+    if connect && refused {
+        AttemptFailure::Refused(msg)
+    } else if connect {
         AttemptFailure::Connect(msg)
     } else {
         AttemptFailure::Io(msg)

@@ -3,6 +3,12 @@
 //! warm-up requests to new, restarted or returning ones (so no client pays a cold start),
 //! scrapes vLLM / SGLang / llama.cpp Prometheus endpoints for load signals, and refreshes the
 //! per-variant gauges.
+//!
+//! A variant with a health endpoint (`health_path` / `health_url`) is asked for readiness
+//! first: while it is loading or restarting, a cheap GET (no generation) is sent instead of a
+//! warm-up, and only a 200 lets the warm-ups go (at once); an ejected one is probed only once
+//! it answers 200. These checks are counted in `keel_maintenance_requests_total{kind="health"}`;
+//! they are not attempts (no slot, no retry budget).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +29,8 @@ const TICK: Duration = Duration::from_millis(100);
 const UPKEEP_TICKS: u64 = 50;
 /// Probes and warm-ups must answer within this.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A health endpoint must answer within this.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Runs until the task is aborted.
 pub async fn run(gw: Arc<Gateway>) {
@@ -73,6 +81,20 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         Maintenance::Probe(i) => (i, AttemptKind::Probe, "probe"),
         Maintenance::WarmUp(i) => (i, AttemptKind::WarmUp, "warmup"),
         Maintenance::Refresh(i) => (i, AttemptKind::Probe, "refresh"),
+        Maintenance::Ready(i) => (i, AttemptKind::WarmUp, "warmup"),
+    };
+    // Readiness first, where the variant has a health endpoint: a loading or restarting one
+    // warms up only once it answers 200 (then at once, in this task), an ejected one is
+    // probed only then.
+    if matches!(m, Maintenance::Ready(_) | Maintenance::Probe(_))
+        && !check_ready(&pool, vi, matches!(m, Maintenance::Ready(_))).await
+    {
+        pool.maintenance_done(m, false, None);
+        return;
+    }
+    let m = match m {
+        Maintenance::Ready(i) => Maintenance::WarmUp(i),
+        other => other,
     };
     let (endpoint, body) = tiny_request(&pool, vi);
     let req = match keel_core::request::parse(endpoint, &body) {
@@ -116,6 +138,54 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         )
         .increment(1);
     pool.maintenance_done(m, ok, ttft_ms);
+}
+
+/// Asks the variant's health endpoint whether it is ready (true without one). A 503 there
+/// means still loading (`warming`: the variant stays warming); a refused connection, still
+/// restarting (see `Pool::mark_restarting`). A 404 or 405 means the server has no such
+/// endpoint: logged, and the warm-up (a real generation) decides instead.
+async fn check_ready(pool: &Pool, vi: usize, warming: bool) -> bool {
+    let v = &pool.variants[vi].cfg;
+    let Some(url) = v.health_url.as_deref() else {
+        return true;
+    };
+    let answer = tokio::time::timeout(READY_TIMEOUT, pool.client.get(url).send()).await;
+    let (ready, outcome) = match answer {
+        Ok(Ok(r)) if r.status() == http::StatusCode::OK => (true, "ok"),
+        Ok(Ok(r)) if matches!(r.status().as_u16(), 404 | 405) => {
+            tracing::warn!(pool = %pool.cfg.name, variant = %v.name, status = r.status().as_u16(), "the variant's health endpoint does not exist; check health_path / health_url (readiness is left to warm-up requests)");
+            (true, "no_endpoint")
+        }
+        Ok(Ok(r)) => {
+            if warming && r.status() == http::StatusCode::SERVICE_UNAVAILABLE {
+                pool.mark_loading(vi);
+            }
+            (false, "not_ready")
+        }
+        Ok(Err(e)) => match crate::attempt::transport_error(e) {
+            keel_core::outcome::AttemptFailure::Refused(_) => {
+                pool.mark_restarting(vi);
+                (false, "refused")
+            }
+            _ => (false, "error"),
+        },
+        Err(_) => (false, "timeout"),
+    };
+    if ready {
+        pool.mark_ready(vi);
+    }
+    pool.metrics
+        .counter(
+            "keel_maintenance_requests_total",
+            &[
+                ("pool", &pool.cfg.name),
+                ("variant", &v.name),
+                ("kind", "health"),
+                ("outcome", outcome),
+            ],
+        )
+        .increment(1);
+    ready
 }
 
 /// Reads a Prometheus text exposition for KV-cache usage and queued requests, by the metric

@@ -43,6 +43,11 @@ pub(crate) struct PoolState {
     pub(crate) health: Vec<VariantHealth>,
     /// A warm-up or probe request is in flight for this variant.
     pub(crate) maintenance_busy: Vec<bool>,
+    /// Readiness (see [`Pool::mark_ready`]): the variant's health endpoint answered 200 since
+    /// it last went loading or restarting.
+    pub(crate) ready: Vec<bool>,
+    /// Since when the variant has been refusing connections (a restart), if it is.
+    pub(crate) restarting_since: Vec<Option<u64>>,
 }
 
 /// Client TTFT samples in a pool's window (the hedge delay's quantile).
@@ -108,11 +113,16 @@ pub enum Maintenance {
     WarmUp(usize),
     /// A serving variant without recent evidence: re-measure it (within the probe budget).
     Refresh(usize),
+    /// A readiness check on the variant's health endpoint (no generation), before warm-ups.
+    Ready(usize),
 }
 
 impl Maintenance {
     pub fn variant(self) -> usize {
-        let (Maintenance::Probe(i) | Maintenance::WarmUp(i) | Maintenance::Refresh(i)) = self;
+        let (Maintenance::Probe(i)
+        | Maintenance::WarmUp(i)
+        | Maintenance::Refresh(i)
+        | Maintenance::Ready(i)) = self;
         i
     }
 }
@@ -171,8 +181,16 @@ impl Pool {
         let seed = hash_bytes(epoch.elapsed().as_nanos() as u64, cfg.name.as_bytes())
             ^ std::process::id() as u64;
         let selector = selection::policy(cfg.policy, seed);
-        let health = (0..n)
-            .map(|_| VariantHealth::new(cfg.health.prewarm_requests))
+        let health = variants
+            .iter()
+            .map(|v| {
+                let mut h = VariantHealth::new(cfg.health.prewarm_requests);
+                if v.cfg.health_url.is_some() {
+                    // Not ready until its health endpoint says so: no client request before.
+                    h.mark_loading(&cfg.health);
+                }
+                h
+            })
             .collect();
         Pool {
             protocol,
@@ -194,6 +212,8 @@ impl Pool {
                 availability: vec![Availability::default(); n],
                 health,
                 maintenance_busy: vec![false; n],
+                ready: vec![false; n],
+                restarting_since: vec![None; n],
             }),
             epoch,
             cfg,
@@ -287,7 +307,55 @@ impl Pool {
     /// The variant answered that it is still loading its model (see `VariantHealth::mark_loading`).
     pub fn mark_loading(&self, index: usize) {
         let hc = self.cfg.health;
-        self.state().health[index].mark_loading(&hc);
+        let mut st = self.state();
+        st.health[index].mark_loading(&hc);
+        // It answered: alive and loading, not dead.
+        st.ready[index] = false;
+        st.restarting_since[index] = None;
+    }
+
+    /// The variant refused a connection. One that is not ejected is restarting: it is warming
+    /// like a loading one (no client request; the monitor finds out when it is ready, through
+    /// its health endpoint where it has one), so requests wait for a ready variant instead of
+    /// failing. One that has refused for longer than `restart_grace_ms` is dead: ejected (and
+    /// probed). Returns whether it is warming for a restart now.
+    pub fn mark_restarting(&self, index: usize) -> bool {
+        let now = self.now_ms();
+        let hc = self.cfg.health;
+        let grace = self.cfg.restart_grace_ms;
+        let mut st = self.state();
+        if matches!(st.health[index].state, State::Ejected { .. }) {
+            return false;
+        }
+        let since = *st.restarting_since[index].get_or_insert(now);
+        st.ready[index] = false;
+        if now.saturating_sub(since) > grace {
+            let h = &mut st.health[index];
+            h.loading = false;
+            h.state = State::Ejected {
+                since_ms: now,
+                last_probe_ms: now,
+            };
+            st.restarting_since[index] = None;
+            tracing::warn!(pool = %self.cfg.name, variant = %self.variants[index].cfg.name, grace_ms = grace, "variant refused connections for longer than restart_grace_ms; ejected");
+            return false;
+        }
+        if !st.health[index].loading {
+            st.health[index].mark_loading(&hc);
+        }
+        true
+    }
+
+    /// The variant's health endpoint answered 200: the monitor's warm-ups may go to it now.
+    pub fn mark_ready(&self, index: usize) {
+        let mut st = self.state();
+        st.ready[index] = true;
+        st.restarting_since[index] = None;
+    }
+
+    /// Whether the variant is in a restart: refusing connections, within its grace.
+    pub fn restarting(&self, index: usize) -> bool {
+        self.state().restarting_since[index].is_some()
     }
 
     /// Whether the variant last said it is still loading its model.
@@ -301,7 +369,9 @@ impl Pool {
     }
 
     pub fn record_success(&self, index: usize) {
-        self.state().availability[index].record_success();
+        let mut st = self.state();
+        st.availability[index].record_success();
+        st.restarting_since[index] = None;
     }
 
     /// Feeds one attempt's outcome to the variant's health: `ok` is false only for backend
@@ -358,7 +428,14 @@ impl Pool {
                 out.push(Maintenance::Probe(i));
             } else if matches!(st.health[i].state, State::Warming { .. }) {
                 st.maintenance_busy[i] = true;
-                out.push(Maintenance::WarmUp(i));
+                // Readiness first where the variant has a health endpoint.
+                out.push(
+                    if self.variants[i].cfg.health_url.is_some() && !st.ready[i] {
+                        Maintenance::Ready(i)
+                    } else {
+                        Maintenance::WarmUp(i)
+                    },
+                );
             }
         }
         // Refresh probes, the longest without evidence first, while the budget lasts.
@@ -395,7 +472,13 @@ impl Pool {
             Maintenance::Probe(i) => {
                 st.maintenance_busy[i] = false;
                 st.health[i].probe_result(now, ok, ttft_ms, &hc);
+                if ok {
+                    st.restarting_since[i] = None;
+                }
             }
+            // A readiness check that did not find the variant ready (one that did goes on to
+            // a warm-up at once, see `monitor`).
+            Maintenance::Ready(i) => st.maintenance_busy[i] = false,
             Maintenance::WarmUp(i) => {
                 st.maintenance_busy[i] = false;
                 if ok {
@@ -403,6 +486,7 @@ impl Pool {
                         st.health[i].record_ttft(now, t, &hc);
                     }
                     st.health[i].record_outcome(now, true, &hc);
+                    st.restarting_since[i] = None;
                 }
             }
             Maintenance::Refresh(i) => {

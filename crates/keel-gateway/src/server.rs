@@ -234,13 +234,14 @@ pub async fn handle_generation(
         let executed = execution::execute(&pool, &upstream_req, &ctx, &order, attempts).await;
         let wait_for_fleet = matches!(executed.outcome, Outcome::Failed(_))
             && executed.attempts.len() > before
-            && executed.attempts.all_loading()
+            && executed.attempts.restart_like()
             && Instant::now() < ctx.deadline;
         if !wait_for_fleet {
             break executed;
         }
-        // Every variant tried is still loading its model: wait for the first that is ready
-        // (selection waits while the monitor's warm-ups find out), within the deadline.
+        // Every variant tried is still loading its model or restarting: wait for the first
+        // that is ready (selection waits while the monitor finds out), within the deadline.
+        // Bounded: attempts on variants that fail otherwise count against `max_attempts`.
         attempts = executed.attempts;
         let (selection, _) =
             select_or_wait(&pool, &upstream_req, controls, &id, ctx.deadline).await;
@@ -320,10 +321,7 @@ fn plan_or_error(pool: &Pool, selection: Selection) -> Result<Vec<usize>, Gatewa
         }
         Selection::Loading => Err(GatewayError::new(
             ErrorKind::Overloaded,
-            format!(
-                "every variant of `{}` is still loading its model",
-                pool.cfg.name
-            ),
+            crate::settlement::loading_message(pool, true),
         )
         .with_retry_after(crate::settlement::LOADING_RETRY_AFTER_MS)),
     }

@@ -16,7 +16,9 @@
 //! **Settling an attempt.** One classification (`keel_core::outcome`) decides: a 429 while
 //! other requests run on the variant lowers its learned limit (full, not broken); other
 //! retryable failures feed health and honour `retry-after` as a cooldown (a refused connection
-//! gets a short one); 401/403 mark the variant's credential; a deadline says nothing about the
+//! gets a short one); a server still loading its model, or refusing connections within its
+//! restart grace (a restart), is warming instead: no error sample, no cooldown, no client
+//! request until the monitor finds it ready; 401/403 mark the variant's credential; a deadline says nothing about the
 //! variant. A success feeds the TTFT sample, closes any open cooldown and grows the learned
 //! limit. Every attempt is counted once in `keel_attempts_total` (a stream when it ends, so a
 //! stream that stalls after its first token counts as `stall`, not `ok`) and listed, with its
@@ -90,6 +92,10 @@ pub struct AttemptRecord {
     pub variant: String,
     pub kind: AttemptKind,
     pub outcome: String,
+    /// It failed on a variant still loading or restarting: it does not count against
+    /// `max_attempts` (the variant is tried again once ready).
+    #[serde(skip)]
+    warming: bool,
 }
 
 /// Why an attempt could not enter a variant.
@@ -159,6 +165,8 @@ pub struct Attempts {
     pool: Arc<Pool>,
     records: Vec<AttemptRecord>,
     failures: Vec<(String, AttemptFailure)>,
+    /// Failures that left their variant warming (loading, or restarting).
+    warming_failures: usize,
     retry_after_ms: Option<u64>,
     budget_refused: bool,
     /// Selection's record; completed with the attempts and kept when the request ends.
@@ -174,6 +182,7 @@ impl Attempts {
             pool: pool.clone(),
             records: Vec::new(),
             failures: Vec::new(),
+            warming_failures: 0,
             retry_after_ms: None,
             budget_refused: false,
             decision,
@@ -193,27 +202,49 @@ impl Attempts {
         &self.records
     }
 
-    /// Attempts that count against `max_attempts`: all but those a loading server refused.
+    /// Attempts that count against `max_attempts`: all but those a loading or restarting
+    /// server refused.
     pub fn counted(&self) -> usize {
-        self.records
-            .iter()
-            .filter(|r| r.outcome != "loading")
-            .count()
+        self.records.iter().filter(|r| !r.warming).count()
     }
 
-    /// Whether every failure so far was a server still loading its model (the request may
-    /// wait for the fleet instead of failing).
+    /// Whether every failure so far was a server still loading its model or restarting (the
+    /// request may wait for the fleet instead of failing).
     pub fn all_loading(&self) -> bool {
-        !self.failures.is_empty() && self.failures.iter().all(|(_, f)| f.is_loading())
+        !self.failures.is_empty() && self.warming_failures == self.failures.len()
     }
 
-    /// Attempts made on variant `vi` so far (those a loading server refused do not count: it
-    /// is tried again once ready).
+    /// Whether waiting for the fleet may help: some failure was a server loading or
+    /// restarting, and every other one a connection that failed or broke (a restarting
+    /// server drops its open connections; a pooled one may meet that first).
+    pub fn restart_like(&self) -> bool {
+        let transport = self
+            .failures
+            .iter()
+            .filter(|(_, f)| matches!(f, AttemptFailure::Io(_) | AttemptFailure::Connect(_)))
+            .count();
+        self.warming_failures > 0 && self.warming_failures + transport == self.failures.len()
+    }
+
+    /// (failures so far, those of them that left their variant warming): a caller compares
+    /// two marks to tell whether everything that failed in between was a loading or
+    /// restarting server.
+    pub fn failure_marks(&self) -> (usize, usize) {
+        (self.failures.len(), self.warming_failures)
+    }
+
+    /// The failures after the first `from`.
+    pub fn failures_since(&self, from: usize) -> impl Iterator<Item = &AttemptFailure> {
+        self.failures.iter().skip(from).map(|(_, f)| f)
+    }
+
+    /// Attempts made on variant `vi` so far (those a loading or restarting server refused do
+    /// not count: it is tried again once ready).
     pub fn tried(&self, vi: usize) -> usize {
         let name = &self.pool.variants[vi].cfg.name;
         self.records
             .iter()
-            .filter(|r| &r.variant == name && r.outcome != "loading")
+            .filter(|r| &r.variant == name && !r.warming)
             .count()
     }
 
@@ -294,6 +325,7 @@ impl Attempts {
             variant: self.pool.variants[vi].cfg.name.clone(),
             kind,
             outcome,
+            warming: false,
         });
         self.records.len() - 1
     }
@@ -347,9 +379,9 @@ impl Attempts {
             AttemptResult::Failed(f) => {
                 let label = f.label();
                 self.count(vi, kind, &label);
-                self.push_record(vi, kind, label);
+                let record = self.push_record(vi, kind, label);
                 // The slot is still held: a 429 sees this attempt among those running.
-                self.fail(vi, f);
+                self.fail(vi, f, record);
                 drop(guard);
                 Settled::Failed
             }
@@ -380,7 +412,7 @@ impl Attempts {
         }
         match end {
             StreamEnd::Complete { gaps_ms } => self.pool.record_stream(vi, &gaps_ms),
-            StreamEnd::Failed(f) => self.fail(vi, f),
+            StreamEnd::Failed(f) => self.fail(vi, f, record),
             StreamEnd::ClientGone | StreamEnd::Deadline => {}
         }
         drop(guard);
@@ -412,7 +444,9 @@ impl Attempts {
         self.push_record(vi, kind, label);
         match result {
             AttemptResult::Served(_) => self.pool.variants[vi].limit.success(),
-            AttemptResult::Failed(f) => self.classify(vi, &f, false),
+            AttemptResult::Failed(f) => {
+                self.classify(vi, &f, false);
+            }
             AttemptResult::ClientError(_) => {}
         }
         drop(guard);
@@ -436,15 +470,21 @@ impl Attempts {
     }
 
     /// The bookkeeping of a failure, before or after the commit point.
-    fn fail(&mut self, vi: usize, f: AttemptFailure) {
-        self.classify(vi, &f, true);
+    fn fail(&mut self, vi: usize, f: AttemptFailure, record: usize) {
+        if self.classify(vi, &f, true) {
+            self.warming_failures += 1;
+            if let Some(r) = self.records.get_mut(record) {
+                r.warming = true;
+            }
+        }
         let name = self.pool.variants[vi].cfg.name.clone();
         self.failures.push((name, f));
     }
 
     /// What a failure means for its variant; `health_sample` is false for probes and warm-ups,
-    /// whose samples drive the variant's lifecycle instead.
-    fn classify(&mut self, vi: usize, f: &AttemptFailure, health_sample: bool) {
+    /// whose samples drive the variant's lifecycle instead. True when it left the variant
+    /// warming (still loading its model, or restarting).
+    fn classify(&mut self, vi: usize, f: &AttemptFailure, health_sample: bool) -> bool {
         let pool = self.pool.clone();
         let variant = &pool.variants[vi].cfg;
         let now_ms = self.gw.now_ms();
@@ -452,7 +492,12 @@ impl Attempts {
             // Warming, not failing: no error sample, no cooldown; no client request goes there
             // until a warm-up succeeds.
             pool.mark_loading(vi);
-            return;
+            return true;
+        }
+        if matches!(f, AttemptFailure::Refused(_)) && pool.mark_restarting(vi) {
+            // A restart (or a server not up yet): warming like a loading one. A variant that
+            // refuses past its restart grace is ejected instead and handled below.
+            return true;
         }
         let sample = |ok| {
             if health_sample {
@@ -469,8 +514,11 @@ impl Attempts {
             }
             Verdict::Retry { cooldown_ms } => {
                 sample(false);
-                let cool = cooldown_ms
-                    .or(matches!(f, AttemptFailure::Connect(_)).then_some(CONNECT_COOLDOWN_MS));
+                let cool = cooldown_ms.or(matches!(
+                    f,
+                    AttemptFailure::Connect(_) | AttemptFailure::Refused(_)
+                )
+                .then_some(CONNECT_COOLDOWN_MS));
                 if let Some(ms) = cool {
                     pool.cool_down(vi, now_ms, ms.min(MAX_COOLDOWN_MS));
                 }
@@ -492,6 +540,7 @@ impl Attempts {
             // Running out of the request's own time says nothing about the variant.
             Verdict::ReturnToClient | Verdict::GiveUp => {}
         }
+        false
     }
 
     /// The client's error when no variant could serve: 504 when time ran out, 503 when every
@@ -537,10 +586,7 @@ impl Attempts {
         if self.all_loading() {
             GatewayError::new(
                 ErrorKind::Overloaded,
-                format!(
-                    "every variant of `{}` is still loading its model",
-                    self.pool.cfg.name
-                ),
+                loading_message(&self.pool, failures.iter().all(|(_, f)| f.is_loading())),
             )
             .with_retry_after(LOADING_RETRY_AFTER_MS)
         } else if failures.is_empty() || timed_out {
@@ -577,6 +623,22 @@ impl Drop for Attempts {
             d.attempts = std::mem::take(&mut self.records);
             self.gw.record_decision(d);
         }
+    }
+}
+
+/// The client's message when a request gave up waiting for a fleet that is loading its
+/// models (`only_loading`) or restarting.
+pub fn loading_message(pool: &Pool, only_loading: bool) -> String {
+    if only_loading && !(0..pool.variants.len()).any(|i| pool.restarting(i)) {
+        format!(
+            "every variant of `{}` is still loading its model",
+            pool.cfg.name
+        )
+    } else {
+        format!(
+            "every variant of `{}` is restarting or still loading its model",
+            pool.cfg.name
+        )
     }
 }
 

@@ -36,8 +36,12 @@ pub enum FaultKind {
     /// Added network delay of `ms` before the response head.
     Delay,
     /// Answer 503 `Loading model`, as llama.cpp does while it loads its model (with `count`:
-    /// the server becomes ready after that many requests).
+    /// the server becomes ready after that many requests; with `ms`: that long after the fault
+    /// was added). `GET /health` answers 503 while it is active.
     Loading,
+    /// Refuse connections for `ms` (a process restarting: the listener is closed and every
+    /// open connection dropped, then the server listens again on the same port).
+    Refuse,
     /// Answer a streamed request with the whole JSON body, as servers that ignore `stream` do.
     IgnoreStream,
     /// Answer 200 with exactly `body` (content type `content_type`, default
@@ -124,6 +128,9 @@ impl FaultSpec {
                 Err("extra_ms: required for kind \"cold_start\"".into())
             }
             FaultKind::Delay if self.ms.is_none() => Err("ms: required for kind \"delay\"".into()),
+            FaultKind::Refuse if self.ms.is_none() => {
+                Err("ms: required for kind \"refuse\" (how long connections are refused)".into())
+            }
             FaultKind::Raw if self.body.is_none() => Err("body: required for kind \"raw\"".into()),
             FaultKind::Degraded if self.error_rate.is_some_and(|r| !(0.0..=1.0).contains(&r)) => {
                 Err("error_rate: must be between 0 and 1".into())
@@ -160,20 +167,65 @@ pub struct RequestFaults {
     pub raw: Option<(String, String)>,
 }
 
-/// A server's active faults with their remaining counts.
+/// A server's active faults with their remaining counts (and, for a timed `loading`, when
+/// it ends).
 #[derive(Debug, Default)]
 pub struct FaultSet {
     active: Vec<(FaultSpec, Option<u64>)>,
+    /// Index-aligned with `active`: when a timed fault expires.
+    until: Vec<Option<std::time::Instant>>,
 }
 
 impl FaultSet {
     pub fn add(&mut self, f: FaultSpec) {
         let remaining = f.count;
+        let until = match f.kind {
+            FaultKind::Loading => {
+                f.ms.map(|ms| std::time::Instant::now() + std::time::Duration::from_millis(ms))
+            }
+            _ => None,
+        };
         self.active.push((f, remaining));
+        self.until.push(until);
+    }
+
+    /// Drops the faults whose count or time is used up.
+    fn expire(&mut self) {
+        let now = std::time::Instant::now();
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].1 == Some(0) || self.until[i].is_some_and(|t| now >= t) {
+                self.active.remove(i);
+                self.until.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Whether `GET /health` answers that the model is still loading: a `loading` fault is
+    /// active (a counted one counts this request too, as the server would be asked again).
+    pub fn health_loading(&mut self) -> bool {
+        self.expire();
+        let hit = self
+            .active
+            .iter_mut()
+            .find(|(f, _)| f.kind == FaultKind::Loading);
+        match hit {
+            Some((_, remaining)) => {
+                if let Some(r) = remaining {
+                    *r -= 1;
+                }
+                self.expire();
+                true
+            }
+            None => false,
+        }
     }
 
     pub fn clear(&mut self) {
         self.active.clear();
+        self.until.clear();
     }
 
     pub fn list(&self) -> Vec<FaultSpec> {
@@ -187,6 +239,7 @@ impl FaultSet {
             ttft_factor: 1.0,
             ..Default::default()
         };
+        self.expire();
         for (f, remaining) in &mut self.active {
             if *remaining == Some(0) {
                 continue;
@@ -215,6 +268,8 @@ impl FaultSet {
                 FaultKind::Delay => out.extra_ttft_ms += f.ms.unwrap_or(0),
                 FaultKind::IgnoreStream => out.ignore_stream = true,
                 FaultKind::Loading => out.loading = true,
+                // Acted out by the listener (see `server`), never by a request.
+                FaultKind::Refuse => {}
                 FaultKind::Raw => {
                     let ct = f.content_type.clone();
                     out.raw = Some((
@@ -235,7 +290,7 @@ impl FaultSet {
                 }
             }
         }
-        self.active.retain(|(_, r)| *r != Some(0));
+        self.expire();
         out
     }
 }
@@ -267,6 +322,30 @@ mod tests {
         let mut rng = Rng::new(9);
         let hits = (0..4000).filter(|_| set.resolve(&mut rng).reset).count();
         assert!((800..1200).contains(&hits), "{hits}");
+    }
+
+    #[test]
+    fn timed_loading_expires_and_health_sees_it() {
+        let mut set = FaultSet::default();
+        let mut f = FaultSpec::new(FaultKind::Loading);
+        f.ms = Some(30);
+        set.add(f);
+        let mut rng = Rng::new(1);
+        assert!(set.health_loading());
+        assert!(set.resolve(&mut rng).loading);
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        assert!(!set.health_loading());
+        assert!(!set.resolve(&mut rng).loading);
+        assert!(set.list().is_empty());
+        // A counted one: health checks count too.
+        let mut f = FaultSpec::new(FaultKind::Loading);
+        f.count = Some(2);
+        set.add(f);
+        assert!(set.health_loading());
+        assert!(set.resolve(&mut rng).loading);
+        assert!(!set.health_loading());
+        let refuse = FaultSpec::new(FaultKind::Refuse);
+        assert!(refuse.validate().unwrap_err().starts_with("ms:"));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use keel_core::protocol::{error_body, Endpoint, ErrorKind, Protocol};
 use keel_core::rng::Rng;
 
 use crate::config::{GenerationConfig, ServerConfig};
-use crate::faults::{FaultSet, FaultSpec, RequestFaults};
+use crate::faults::{FaultKind, FaultSet, FaultSpec, RequestFaults};
 use crate::latency::{draw_gap_ms, draw_ttft_ms, KvCache};
 use crate::text::{normalize, Generator};
 use crate::wire::{count_tokens_body, parse_request, Reply};
@@ -84,15 +84,31 @@ pub struct SimServer {
     last_headers: Mutex<Vec<(String, String)>>,
     last_body: Mutex<Value>,
     id_counter: AtomicU64,
+    /// A `refuse` fault: connections are refused until then (see [`start`]).
+    refuse_until: Mutex<Option<Instant>>,
+    /// Wakes the listener when a refusal starts or is cleared.
+    refuse_changed: tokio::sync::Notify,
 }
 
 impl SimServer {
     pub fn new(cfg: ServerConfig, generation: GenerationConfig) -> Arc<Self> {
         let mut faults = FaultSet::default();
+        let mut refuse_until = None;
         for f in &cfg.faults {
-            faults.add(f.clone());
+            match f.kind {
+                FaultKind::Refuse => {
+                    refuse_until = Some(Instant::now() + Duration::from_millis(f.ms.unwrap_or(0)))
+                }
+                _ => faults.add(f.clone()),
+            }
+        }
+        let refuse_changed = tokio::sync::Notify::new();
+        if refuse_until.is_some() {
+            refuse_changed.notify_one();
         }
         Arc::new(SimServer {
+            refuse_until: Mutex::new(refuse_until),
+            refuse_changed,
             gen: Generator::new(&cfg.family, generation),
             faults: Mutex::new(faults),
             rng: Mutex::new(Rng::new(cfg.seed.unwrap_or(1))),
@@ -123,12 +139,28 @@ impl SimServer {
     }
 
     pub fn add_fault(&self, f: FaultSpec) {
+        if f.kind == FaultKind::Refuse {
+            let until = Instant::now() + Duration::from_millis(f.ms.unwrap_or(0));
+            let mut r = lock(&self.refuse_until);
+            *r = Some(r.map_or(until, |t| t.max(until)));
+            self.refuse_changed.notify_one();
+            return;
+        }
         lock(&self.faults).add(f);
     }
 
-    /// Clears every fault; a configured cold start re-arms, as after a restart.
+    /// Until when connections are refused (a `refuse` fault), if they are now.
+    fn refusing(&self) -> Option<Instant> {
+        lock(&self.refuse_until).filter(|t| *t > Instant::now())
+    }
+
+    /// Clears every fault (a refusal ends at once); a configured cold start re-arms, as after
+    /// a restart.
     pub fn clear_faults(&self) {
         lock(&self.faults).clear();
+        if lock(&self.refuse_until).take().is_some() {
+            self.refuse_changed.notify_one();
+        }
         self.cold_remaining
             .store(self.cfg.cold_start_requests, Ordering::Relaxed);
     }
@@ -155,7 +187,13 @@ impl SimServer {
             (&Method::GET, _, "/v1/models") => Ok(json_response(StatusCode::OK, &self.models())),
             (&Method::GET, _, "/metrics") => Ok(text_response(self.metrics())),
             (&Method::GET, _, "/health") => {
-                Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
+                // As llama.cpp: 503 while the model loads, 200 once ready.
+                if lock(&self.faults).health_loading() {
+                    let body = json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}});
+                    Ok(json_response(StatusCode::SERVICE_UNAVAILABLE, &body))
+                } else {
+                    Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
+                }
             }
             (&Method::GET, _, "/sim/stats") => {
                 Ok(json_response(StatusCode::OK, &self.stats_json()))
@@ -164,7 +202,7 @@ impl SimServer {
                 let list = lock(&self.faults).list();
                 Ok(json_response(StatusCode::OK, &json!(list)))
             }
-            (&Method::POST, _, "/sim/faults") => Ok(self.post_faults(req).await),
+            (&Method::POST, _, "/sim/faults") => Ok(self.clone().post_faults(req).await),
             (&Method::DELETE, _, "/sim/faults") => {
                 self.clear_faults();
                 Ok(json_response(StatusCode::OK, &json!({"cleared": true})))
@@ -180,7 +218,7 @@ impl SimServer {
         }
     }
 
-    async fn post_faults(&self, req: Request<Incoming>) -> Response<Body> {
+    async fn post_faults(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let bad = |m: String| json_response(StatusCode::BAD_REQUEST, &json!({"error": m}));
         let bytes = match Limited::new(req.into_body(), 1 << 20).collect().await {
             Ok(b) => b.to_bytes(),
@@ -204,7 +242,16 @@ impl SimServer {
         }
         let n = specs.len();
         for s in specs {
-            self.add_fault(s);
+            if s.kind == FaultKind::Refuse {
+                // After this answer has left: a refusal drops every open connection.
+                let server = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    server.add_fault(s);
+                });
+            } else {
+                self.add_fault(s);
+            }
         }
         json_response(
             StatusCode::OK,
@@ -758,23 +805,55 @@ impl Drop for ServerHandle {
 }
 
 /// Starts one server on 127.0.0.1 (`cfg.port`, 0 for any free port).
+///
+/// A `refuse` fault acts out a process restart: the listener closes and every open connection
+/// is dropped (so connecting gets ECONNREFUSED), and when it ends the server listens again on
+/// the same address.
 pub async fn start(cfg: ServerConfig, generation: GenerationConfig) -> io::Result<ServerHandle> {
     let listener = TcpListener::bind(("127.0.0.1", cfg.port)).await?;
     let addr = listener.local_addr()?;
     let name = cfg.name.clone();
     let state = SimServer::new(cfg, generation);
     let (shutdown, mut stop) = watch::channel(false);
+    // Bumped to drop every open connection (a restart).
+    let (restarts, _) = watch::channel(0u64);
     let served = state.clone();
     tokio::spawn(async move {
+        let mut listener = Some(listener);
         loop {
+            let Some(l) = listener.as_ref() else {
+                // Refusing: wait until the refusal ends (or is extended or cleared).
+                match served.refusing() {
+                    Some(until) => {
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(until.into()) => {}
+                            _ = served.refuse_changed.notified() => {}
+                            _ = stop.changed() => return,
+                        }
+                    }
+                    None => match TcpListener::bind(addr).await {
+                        Ok(l) => listener = Some(l),
+                        Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                    },
+                }
+                continue;
+            };
             let accepted = tokio::select! {
-                a = listener.accept() => a,
+                a = l.accept() => a,
+                _ = served.refuse_changed.notified() => {
+                    if served.refusing().is_some() {
+                        listener = None;
+                        restarts.send_modify(|n| *n += 1);
+                    }
+                    continue;
+                }
                 _ = stop.changed() => return,
             };
             let Ok((tcp, _)) = accepted else { continue };
             let _ = tcp.set_nodelay(true);
             let server = served.clone();
             let mut stop_conn = stop.clone();
+            let mut restart_conn = restarts.subscribe();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req| server.clone().handle(req));
                 let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -782,6 +861,7 @@ pub async fn start(cfg: ServerConfig, generation: GenerationConfig) -> io::Resul
                 tokio::select! {
                     _ = conn => {}
                     _ = stop_conn.changed() => {}
+                    _ = restart_conn.changed() => {}
                 }
             });
         }

@@ -674,3 +674,47 @@ async fn load_generator_reports_open_loop_figures() {
     assert!(report.ttft.p50_ms > 0.0 && report.gap.count > 0);
     assert!(report.table().contains("ttft"));
 }
+
+#[tokio::test]
+async fn a_restart_refuses_connections_then_loads_then_serves_on_the_same_port() {
+    let fleet = Fleet::start_n(1, ServerConfig::fast("a")).await.unwrap();
+    let s = fleet.get(0);
+    let url = format!("{}/chat/completions", s.openai_base());
+    let health = format!("http://{}/health", s.addr);
+    assert_eq!(post(&url, &chat("x")).await.status(), 200);
+    // Set over HTTP: the answer arrives before the listener closes.
+    add_fault(
+        s,
+        json!([{"kind": "refuse", "ms": 400}, {"kind": "loading", "ms": 1500}]),
+    )
+    .await;
+    let refused = Instant::now() + Duration::from_secs(5);
+    loop {
+        match tokio::net::TcpStream::connect(s.addr).await {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+            _ => assert!(Instant::now() < refused, "connections were never refused"),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Back on the same port, loading: /health and generation answer 503.
+    let client = keel_sim::http_client();
+    let back = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Ok(r) = client.get(&health).send().await {
+            break r.status();
+        }
+        assert!(Instant::now() < back, "the server did not listen again");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(status, 503);
+    let r = post(&url, &chat("x")).await;
+    assert_eq!(r.status(), 503);
+    assert!(r.text().await.unwrap().contains("Loading model"));
+    // Then ready.
+    let ready = Instant::now() + Duration::from_secs(5);
+    while client.get(&health).send().await.unwrap().status() != 200 {
+        assert!(Instant::now() < ready, "the server never became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(post(&url, &chat("x")).await.status(), 200);
+}

@@ -54,6 +54,9 @@ pub struct Scenario {
     /// Lines added to keel's pool table.
     #[serde(default)]
     pub keel_pool: String,
+    /// Lines added to each of keel's variant tables (e.g. `health_path = "/health"`).
+    #[serde(default)]
+    pub keel_variant: String,
     pub fleet: FleetConfig,
     #[serde(default)]
     pub events: Vec<Event>,
@@ -377,6 +380,17 @@ pub fn pool_toml_of(
     name: &str,
     extra: &str,
 ) -> String {
+    pool_toml_with(servers, protocol, name, extra, "")
+}
+
+/// [`pool_toml_of`] with `variant_extra` lines in every variant table.
+pub fn pool_toml_with(
+    servers: &[ServerHandle],
+    protocol: Protocol,
+    name: &str,
+    extra: &str,
+    variant_extra: &str,
+) -> String {
     let mut toml = format!("[[pools]]\nname = \"{name}\"\n{extra}\n");
     for srv in servers {
         let url = match protocol {
@@ -384,7 +398,7 @@ pub fn pool_toml_of(
             Protocol::Anthropic => srv.anthropic_base(),
         };
         toml.push_str(&format!(
-            "[[pools.variants]]\nname = \"{}\"\nurl = \"{url}\"\nprotocol = \"{}\"\nupstream_model = \"sim\"\n",
+            "[[pools.variants]]\nname = \"{}\"\nurl = \"{url}\"\nprotocol = \"{}\"\nupstream_model = \"sim\"\n{variant_extra}\n",
             srv.name,
             protocol.as_str()
         ));
@@ -433,7 +447,13 @@ pub async fn start_gateway(
 /// `keel:LINES` runs keel with LINES, `;`-separated, e.g. `keel:max_hedges = 1`).
 async fn start_keel(s: &Scenario, fleet: &Fleet, extra: &str) -> Result<Running, String> {
     let lines = format!("{}\n{}", s.keel_pool, extra.replace(';', "\n"));
-    let toml = pool_toml(fleet, "bench", &lines);
+    let toml = pool_toml_with(
+        &fleet.servers,
+        Protocol::OpenAi,
+        "bench",
+        &lines,
+        &s.keel_variant,
+    );
     let (addr, tx) = start_gateway(&toml, &format!("<scenario {}>", s.name)).await?;
     Ok(Running {
         url: format!("http://{addr}/v1/chat/completions"),

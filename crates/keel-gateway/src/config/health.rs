@@ -1,15 +1,20 @@
 //! `[pools.health]`: live health settings of one pool. Every key is optional; the defaults are
-//! [`HealthConfig::default`]'s, and the scrape interval's is 1000 ms.
+//! [`HealthConfig::default`]'s, the scrape interval's is 1000 ms and the restart grace's
+//! [`DEFAULT_RESTART_GRACE_MS`].
 
 use keel_core::health::{Band, HealthConfig};
 
 use super::read::{Issues, Table, Val};
 
-/// The health settings and the scrape interval (ms).
-pub(super) fn read(t: Option<Table>, issues: &mut Issues) -> (HealthConfig, u64) {
+/// How long a variant that refuses connections counts as restarting (warming: requests wait
+/// for it while nothing else is ready) before it counts as dead (ejected, probed).
+pub const DEFAULT_RESTART_GRACE_MS: u64 = 60_000;
+
+/// The health settings, the scrape interval (ms) and the restart grace (ms).
+pub(super) fn read(t: Option<Table>, issues: &mut Issues) -> (HealthConfig, u64, u64) {
     let d = HealthConfig::default();
     let Some(mut t) = t else {
-        return (d, 1000);
+        return (d, 1000, DEFAULT_RESTART_GRACE_MS);
     };
     let cfg = HealthConfig {
         decay_ms: t
@@ -72,8 +77,11 @@ pub(super) fn read(t: Option<Table>, issues: &mut Issues) -> (HealthConfig, u64)
         .value::<u64>("scrape_interval_ms", issues)
         .unwrap_or(1000)
         .max(100);
+    let restart_grace_ms = t
+        .value::<u64>("restart_grace_ms", issues)
+        .unwrap_or(DEFAULT_RESTART_GRACE_MS);
     t.finish(issues);
-    (cfg, scrape_interval_ms)
+    (cfg, scrape_interval_ms, restart_grace_ms)
 }
 
 /// A `…_warn` / `…_severe` pair: 0 ≤ warn < severe, both finite. A bad pair is reported at

@@ -58,6 +58,8 @@ pub struct PoolConfig {
     pub assemble_non_streaming: bool,
     pub health: HealthConfig,
     pub scrape_interval_ms: u64,
+    /// How long refused connections count as a restart before the variant counts as dead.
+    pub restart_grace_ms: u64,
     pub variants: Vec<VariantConfig>,
 }
 
@@ -136,6 +138,7 @@ pub(super) fn read(
             .unwrap_or(true),
         health: health.0,
         scrape_interval_ms: health.1,
+        restart_grace_ms: health.2,
         variants,
     };
     t.finish(issues);

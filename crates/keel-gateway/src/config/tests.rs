@@ -389,7 +389,7 @@ zzz = 1
         known.contains(&"weight") && known.contains(&"upstream_model"),
         "{known:?}"
     );
-    assert_eq!(known.len(), 14, "{known:?}");
+    assert_eq!(known.len(), 16, "{known:?}");
 }
 
 #[test]
@@ -503,4 +503,38 @@ fn anthropic_v1_urls_are_trimmed_with_a_warning() {
         c.warnings,
         ["pools[0].variants[0].url: Anthropic base URLs do not end in /v1; using http://127.0.0.1:8000"]
     );
+}
+
+#[test]
+fn health_path_is_joined_to_the_origin_and_health_url_taken_whole() {
+    let c = Config::parse(&format!("{GOOD}health_path = \"/health\"\n"), "k", &env()).unwrap();
+    assert_eq!(
+        c.pools[0].variants[0].health_url.as_deref(),
+        Some("http://127.0.0.1:8000/health")
+    );
+    let text = format!("{GOOD}health_url = \"http://127.0.0.1:8001/ready\"\n");
+    let c = Config::parse(&text, "k", &env()).unwrap();
+    assert_eq!(
+        c.pools[0].variants[0].health_url.as_deref(),
+        Some("http://127.0.0.1:8001/ready")
+    );
+    assert!(
+        Config::parse(GOOD, "k", &env()).unwrap().pools[0].variants[0]
+            .health_url
+            .is_none()
+    );
+}
+
+#[test]
+fn health_endpoint_mistakes_are_named() {
+    let (_, _, field, message) = one_issue(&format!("{GOOD}health_path = \"health\"\n"));
+    assert_eq!(field, "pools[0].variants[0].health_path");
+    assert!(message.contains("starting with `/`"), "{message}");
+    let text = format!("{GOOD}health_path = \"/health\"\nhealth_url = \"http://x/health\"\n");
+    let (_, _, field, message) = one_issue(&text);
+    assert_eq!(field, "pools[0].variants[0].health_url");
+    assert!(message.contains("not both"), "{message}");
+    let (_, _, field, message) = one_issue(&format!("{GOOD}health_pth = \"/health\"\n"));
+    assert_eq!(field, "pools[0].variants[0].health_pth");
+    assert!(message.contains("did you mean `health_path`"), "{message}");
 }

@@ -1,6 +1,7 @@
 //! `[[pools.variants]]`: one concrete way to serve a pool's model.
 //!
-//! Strings in `url`, `api_key`, `upstream_model` and `metrics_url` may use `${ENV_VAR}`; a
+//! Strings in `url`, `api_key`, `upstream_model`, `metrics_url` and `health_url` may use
+//! `${ENV_VAR}`; a
 //! missing variable is an error (a key silently becoming empty would only show up as 401s in
 //! production).
 
@@ -31,6 +32,10 @@ pub struct VariantConfig {
     pub resume: ResumeMode,
     pub price: f64,
     pub metrics_url: Option<String>,
+    /// The server's readiness endpoint (`health_path` on the base URL's origin, or
+    /// `health_url`): while the variant is loading, restarting or ejected, the monitor asks it
+    /// (a GET; 200 = ready) before sending any generation request.
+    pub health_url: Option<String>,
     pub continuation_fields: Map<String, Value>,
 }
 
@@ -123,12 +128,15 @@ pub(super) fn read(
     let metrics_url = t
         .get::<String>("metrics_url", issues)
         .and_then(|u| metrics_url(u, env, issues));
+    let health_path = t.get::<String>("health_path", issues);
+    let health_url = t.get::<String>("health_url", issues);
     let continuation_fields = t
         .json_table("continuation_fields", issues)
         .unwrap_or_else(keel_core::continuation::default_prefill_fields);
     let resume_path = t.field_path("resume");
     t.finish(issues);
 
+    let health_url = health_endpoint(health_path, health_url, url.as_deref(), env, issues);
     let (name, url, protocol, upstream_model) = (name?, url?, protocol?, upstream_model?);
     let cfg = VariantConfig {
         name: name.value,
@@ -144,6 +152,7 @@ pub(super) fn read(
         resume,
         price,
         metrics_url,
+        health_url,
         continuation_fields,
     };
     if let Some(why) = resume_misfit(&cfg) {
@@ -206,6 +215,46 @@ fn metrics_url(
         return None;
     }
     Some(url)
+}
+
+/// The readiness endpoint: `health_path` (an absolute path, joined to the origin of the base
+/// URL: llama.cpp's and vLLM's `/health` sit beside `/v1`, not under it) or `health_url`
+/// (a whole URL); not both.
+fn health_endpoint(
+    path: Option<Val<String>>,
+    url: Option<Val<String>>,
+    base: Option<&str>,
+    env: &HashMap<String, String>,
+    issues: &mut Issues,
+) -> Option<String> {
+    match (path, url) {
+        (Some(_), Some(u)) => {
+            issues.report(
+                u.at,
+                &u.path,
+                "set either health_path or health_url, not both",
+            );
+            None
+        }
+        (Some(p), None) => {
+            if !p.value.starts_with('/') {
+                issues.report(
+                    p.at,
+                    &p.path,
+                    format!(
+                        "expected a path starting with `/` (e.g. \"/health\"), got {:?}",
+                        p.value
+                    ),
+                );
+                return None;
+            }
+            let uri = base?.parse::<http::Uri>().ok()?;
+            let (scheme, authority) = (uri.scheme_str()?, uri.authority()?);
+            Some(format!("{scheme}://{authority}{}", p.value))
+        }
+        (None, Some(u)) => metrics_url(u, env, issues),
+        (None, None) => None,
+    }
 }
 
 /// Why a variant's resume mode cannot work for it, if it cannot.

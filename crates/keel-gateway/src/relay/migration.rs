@@ -4,7 +4,11 @@
 //! variant (available, a free slot, the retry budget), and its outcome is settled the same way,
 //! so a 401 marks the credential, a 429 lowers the learned limit or cools the variant down, and
 //! a spent retry budget stops migrations as it stops fallbacks. A continuation the variant
-//! rejects (a 400 for a prefill, say) falls through to the next variant.
+//! rejects (a 400 for a prefill, say) falls through to the next variant. When the whole fleet
+//! is loading or restarting, a failed stream waits for the first ready variant (within its
+//! deadline) instead of ending in an error.
+
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -16,6 +20,11 @@ use super::{Relay, Segment};
 use crate::attempt::{attempt, AttemptResult, Served};
 use crate::context::RequestCtx;
 use crate::settlement::{AttemptKind, Entered, Refused, Settled, StreamEnd};
+
+/// How often a stream waiting for a restarting fleet looks again.
+const FLEET_POLL: Duration = Duration::from_millis(50);
+/// Passes over a restarting fleet in which a connection may break without ending the wait.
+const TRANSPORT_ROUNDS: u32 = 2;
 
 /// A continuation request that has entered its variant, ready to send.
 pub(super) struct Continuation {
@@ -99,12 +108,95 @@ impl Relay {
     }
 
     /// The next segment and its variant's resume mode, or why nothing can continue.
+    ///
+    /// With `wait_for_fleet` (a stream that failed, not one that is merely slow): when nothing
+    /// could continue because every variant is loading or restarting (the whole fleet
+    /// restarts), the stream waits for the first ready variant, as a new request would in
+    /// selection, within its deadline, and tries again, every variant included (its own may be
+    /// back first). A connection that broke on the way (a restart drops open connections, and
+    /// a pooled one may meet that first) is tolerated in at most [`TRANSPORT_ROUNDS`] passes.
     pub(super) async fn migrate(
         &mut self,
         stitcher: &Stitcher,
         tried: &mut Vec<usize>,
+        wait_for_fleet: bool,
     ) -> Result<(Segment, ResumeMode), String> {
+        let mut transport_rounds = 0;
+        loop {
+            let before = self.attempts.failure_marks();
+            let (why, stopped) = match self.migrate_once(stitcher, tried).await {
+                Ok(next) => return Ok(next),
+                Err(e) => e,
+            };
+            let after = self.attempts.failure_marks();
+            // Every failure of this pass left its variant warming (none failed otherwise), or
+            // failed at the connection, as in a restart.
+            let warming = after.1 - before.1;
+            let transport = self
+                .attempts
+                .failures_since(before.0)
+                .filter(|f| {
+                    matches!(
+                        f,
+                        AttemptFailure::Io(_)
+                            | AttemptFailure::Connect(_)
+                            | AttemptFailure::Refused(_)
+                    ) && !f.is_loading()
+                })
+                .count();
+            let total = after.0 - before.0;
+            let tolerable = if warming == total {
+                true
+            } else if transport >= total - warming && transport_rounds < TRANSPORT_ROUNDS {
+                transport_rounds += 1;
+                true
+            } else {
+                false
+            };
+            // Only while some variant is loading or restarting: otherwise nothing is coming.
+            let warming_fleet = (0..self.pool.variants.len()).any(|i| self.pool.loading(i));
+            if !wait_for_fleet
+                || stopped
+                || !tolerable
+                || !warming_fleet
+                || !self.wait_for_ready().await
+            {
+                return Err(why);
+            }
+            tried.clear();
+        }
+    }
+
+    /// Waits while no variant is ready and some is loading or restarting, until one is ready:
+    /// true then; false when nothing is warming (waiting would not help) or at the deadline.
+    async fn wait_for_ready(&self) -> bool {
+        let pool = &self.pool;
+        loop {
+            let wake = Instant::now() + FLEET_POLL;
+            if wake >= self.ctx.deadline {
+                return false;
+            }
+            tokio::time::sleep_until(wake).await;
+            let now = pool.now_ms();
+            let n = pool.variants.len();
+            if (0..n).any(|i| !pool.loading(i) && pool.can_take(i, now)) {
+                return true;
+            }
+            if !(0..n).any(|i| pool.loading(i)) {
+                return false;
+            }
+        }
+    }
+
+    /// One pass over the variants that may continue: the next segment, or why none could
+    /// (and whether the retry budget stopped the search).
+    async fn migrate_once(
+        &mut self,
+        stitcher: &Stitcher,
+        tried: &mut Vec<usize>,
+    ) -> Result<(Segment, ResumeMode), (String, bool)> {
         let mut reasons = Vec::new();
+        let mut stopped = false;
         // The plan first; then the pool's other variants, which may have recovered since the
         // plan was made (entering re-checks each).
         let others = (0..self.pool.variants.len()).filter(|i| !self.order.contains(i));
@@ -118,6 +210,7 @@ impl Relay {
         for vi in candidates {
             if Instant::now() >= self.ctx.deadline {
                 reasons.push("deadline reached".to_owned());
+                stopped = true;
                 break;
             }
             let c = match self.prepare(stitcher, vi).await {
@@ -125,6 +218,7 @@ impl Relay {
                 Err(s) => {
                     reasons.push(s.reason);
                     if s.stop {
+                        stopped = true;
                         break;
                     }
                     continue;
@@ -140,6 +234,6 @@ impl Relay {
         if reasons.is_empty() {
             reasons.push("no other variant in the plan".into());
         }
-        Err(reasons.join("; "))
+        Err((reasons.join("; "), stopped))
     }
 }

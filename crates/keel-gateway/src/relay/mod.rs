@@ -252,7 +252,7 @@ impl Relay {
             if slow {
                 // A slow stream is still a stream: it is retired only once a continuation
                 // has its first token; if none can be had, it goes on where it is.
-                match self.migrate(&stitcher, &mut tried).await {
+                match self.migrate(&stitcher, &mut tried, false).await {
                     Ok((next, mode)) => {
                         slow_migrations += 1;
                         let spliced = self
@@ -292,7 +292,7 @@ impl Relay {
                     seam.detail
                 ));
             }
-            match self.migrate(&stitcher, &mut tried).await {
+            match self.migrate(&stitcher, &mut tried, true).await {
                 Ok((next, mode)) => {
                     migrations += 1;
                     seg = next;

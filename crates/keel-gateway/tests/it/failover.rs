@@ -80,13 +80,18 @@ async fn connect_errors_fail_over_and_cool_down() {
     assert_eq!(status, 200);
     assert_eq!(header(&headers, "x-keel-variant"), "live");
     assert_eq!(header(&headers, "x-keel-attempts"), "2");
-    // The dead variant is cooling down: the next request goes straight to the live one.
+    // The dead variant refused the connection: it is restarting (warming, checked by the
+    // monitor's warm-ups), so the next request goes straight to the live one.
     let (_, headers, _) = h.chat(&chat_body("x")).await;
     assert_eq!(header(&headers, "x-keel-attempts"), "1");
     let failed = h
         .metric(
             "keel_attempts_total",
-            &[("variant", "dead"), ("outcome", "connect_error")],
+            &[
+                ("variant", "dead"),
+                ("kind", "first"),
+                ("outcome", "connect_error"),
+            ],
         )
         .await;
     assert_eq!(failed, 1.0);
