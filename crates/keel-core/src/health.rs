@@ -401,7 +401,17 @@ impl VariantHealth {
 
     /// A refresh probe's result: its answer time as a TTFT sample, or a failure as an error
     /// outcome; either way it is fresh evidence.
+    ///
+    /// A probe that answers in at most 1 / [`PEAK_JUMP`] of the estimate replaces it, the
+    /// mirror of the jump: the estimate was one outlier (a heavy-tail first token), and the
+    /// probe was sent because that outlier keeps clients away; blended at the EWMA's pace it
+    /// would keep them away for several `decay_ms`, re-measured every second for nothing.
     pub fn refresh_result(&mut self, now_ms: u64, ttft_ms: Option<f64>, cfg: &HealthConfig) {
+        if let (Some(t), Some(v)) = (ttft_ms, self.ttft_ms.get()) {
+            if t * PEAK_JUMP <= v {
+                self.ttft_ms.reset();
+            }
+        }
         match ttft_ms {
             Some(t) => self.record_ttft(now_ms, t, cfg),
             None => self.last_sample_ms = Some(now_ms),
@@ -884,11 +894,14 @@ mod tests {
         let grace = STALE_GRACE * c.refresh_after_ms;
         assert_eq!(h.predicted_ttft_ms(grace, &c), 360.0);
         assert!(h.predicted_ttft_ms(grace + c.decay_ms as u64, &c) < 360.0);
-        // A refresh probe's answer is fresh evidence.
-        h.refresh_result(2_000, Some(60.0), &c);
+        // A refresh probe's answer is fresh evidence: blended in when it confirms the estimate
+        // roughly, replacing it when the estimate was an outlier (twice the probe or more).
+        h.refresh_result(2_000, Some(200.0), &c);
         assert!(!h.needs_refresh(2_500, &c));
         let p = h.predicted_ttft_ms(2_000, &c);
-        assert!(p < 360.0 && p > 60.0, "{p}");
+        assert!(p < 360.0 && p > 200.0, "{p}");
+        h.refresh_result(2_100, Some(60.0), &c);
+        assert_eq!(h.predicted_ttft_ms(2_100, &c), 60.0);
         // A failed probe is an error outcome, and evidence too.
         h.refresh_result(3_000, None, &c);
         assert_eq!(h.last_sample_ms, Some(3_000));
