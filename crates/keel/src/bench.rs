@@ -209,7 +209,8 @@ struct ScenarioArgs {
     /// Output directory (Markdown, JSON, SVG).
     #[arg(long, default_value = "bench/out")]
     out: PathBuf,
-    /// Comma-separated: keel, nginx, litellm, portkey.
+    /// Comma-separated: keel, keel-rr (keel with round robin, no affinity), nginx, litellm,
+    /// portkey.
     #[arg(long, value_delimiter = ',', default_value = "keel,nginx")]
     contenders: Vec<String>,
 }
