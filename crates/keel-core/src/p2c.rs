@@ -25,9 +25,16 @@
 //! **Affinity.** With a key (a session, or a prompt-prefix hash), candidates are ranked by
 //! weighted rendezvous hashing (highest `−w / ln(u)`, `u` from the key and the variant's name
 //! hash): the same key keeps the same variant while it stays eligible, and removing a variant
-//! moves only its own keys. Bounded load (Mirrokni et al., 2018): a variant is skipped while its
-//! in-flight count would exceed 1.25 × the mean of the eligible variants (rounded up), so one hot
-//! key cannot overload its variant.
+//! moves only its own keys. Bounded load (Mirrokni et al., 2018), on two time scales: a variant
+//! is skipped while its *average* in-flight count exceeds 1.25 × the mean of the eligible
+//! variants' averages, or while its *current* count would exceed 1.25 × the current mean (rounded
+//! up) by more than [`LOAD_SLACK`]. The averages are taken at each decision, that is at request
+//! arrivals, which see time averages (PASTA), and smoothed by [`LOAD_SMOOTHING`]. The average
+//! keeps the load balanced over time; the current count keeps one hot key from overloading its
+//! variant in a burst. The current count alone would not do: a few requests in flight per
+//! variant is mostly arrival noise (at a mean of 1.75, a variant holds 3 or more a quarter of
+//! the time), so a bound on it alone sends a quarter of the requests away from their warm cache
+//! though no variant is hot.
 //!
 //! The fallbacks are every other eligible candidate by ascending cost.
 
@@ -51,15 +58,55 @@ pub const COMPETITIVE: f64 = 3.0;
 /// Bounded-load factor for affinity.
 pub const LOAD_BOUND: f64 = 1.25;
 
+/// Requests a variant may hold in a burst above [`LOAD_BOUND`] × the current mean.
+pub const LOAD_SLACK: u32 = 1;
+
+/// Weight of the newest sample in each variant's smoothed in-flight count (about the last 256
+/// decisions).
+pub const LOAD_SMOOTHING: f64 = 1.0 / 256.0;
+
+/// The most requests in flight a variant may hold after taking one more, when `total` are in
+/// flight over `n` eligible variants: [`LOAD_BOUND`] × the mean (rounded up) plus
+/// [`LOAD_SLACK`].
+pub fn load_bound(total: u32, n: usize) -> u32 {
+    ((LOAD_BOUND * (total as f64 + 1.0) / n.max(1) as f64).ceil() as u32).max(1) + LOAD_SLACK
+}
+
+/// Whether a variant keeps a key at a smoothed in-flight count `average` when the smoothed
+/// mean is `mean`. Each (key, variant) pair has its own threshold between the mean and
+/// [`LOAD_BOUND`] × the mean, by `order` in [0, 1): a variant above the mean gives up the keys
+/// of lowest order first, the same keys every time, so each of those moves whole to its next
+/// variant (whose cache then holds it) instead of every key spilling a share of its requests.
+/// Below one request in flight on average a variant is idle, never over the bound.
+pub fn keeps_key(average: f64, mean: f64, order: f64) -> bool {
+    average < 1.0 || average <= mean * (1.0 + (LOAD_BOUND - 1.0) * order)
+}
+
 /// The power-of-two-choices policy.
 #[derive(Debug, Clone)]
 pub struct PowerOfTwo {
     rng: Rng,
+    /// Smoothed in-flight count per pool index.
+    load: Vec<f64>,
 }
 
 impl PowerOfTwo {
     pub fn new(rng: Rng) -> Self {
-        PowerOfTwo { rng }
+        PowerOfTwo {
+            rng,
+            load: Vec::new(),
+        }
+    }
+
+    /// Folds the current in-flight counts into the smoothed ones.
+    fn observe(&mut self, eligible: &[&Candidate]) {
+        for c in eligible {
+            if self.load.len() <= c.index {
+                self.load.resize(c.index + 1, 0.0);
+            }
+            let l = &mut self.load[c.index];
+            *l += LOAD_SMOOTHING * (c.in_flight as f64 - *l);
+        }
     }
 }
 
@@ -79,11 +126,15 @@ fn by_cost(a: &(usize, f64), b: &(usize, f64)) -> std::cmp::Ordering {
     a.1.total_cmp(&b.1).then(a.0.cmp(&b.0))
 }
 
-/// Rendezvous score of a candidate for a key (weighted: higher weight, higher scores).
-fn rendezvous(key: u64, c: &Candidate) -> f64 {
+fn unit(h: u64) -> f64 {
+    ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64 // in (0, 1)
+}
+
+/// Rendezvous score of a candidate for a key (weighted: higher weight, higher scores), and the
+/// key's shedding order on it for [`keeps_key`] (independent of the score).
+fn rendezvous(key: u64, c: &Candidate) -> (f64, f64) {
     let h = mix(key ^ c.name_hash);
-    let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64; // in (0, 1)
-    -(c.weight.max(1) as f64) / u.ln()
+    (-(c.weight.max(1) as f64) / unit(h).ln(), unit(mix(h)))
 }
 
 impl Selector for PowerOfTwo {
@@ -99,6 +150,7 @@ impl Selector for PowerOfTwo {
         if eligible.is_empty() {
             return Plan::default();
         }
+        self.observe(&eligible);
         let within_slo = |c: &&Candidate| match (signals.slo_ttft_p95_ms, c.p95_ttft_ms) {
             (Some(slo), Some(p95)) => p95 <= slo,
             _ => true,
@@ -124,12 +176,17 @@ impl Selector for PowerOfTwo {
 
         let (primary, reason) = if let Some(key) = signals.affinity_key {
             let total: u32 = pick_from.iter().map(|c| c.in_flight).sum();
-            let bound =
-                ((LOAD_BOUND * (total as f64 + 1.0) / pick_from.len() as f64).ceil() as u32).max(1);
-            let mut ranked: Vec<(f64, &Candidate)> =
+            let bound = load_bound(total, pick_from.len());
+            let load = |c: &Candidate| self.load.get(c.index).copied().unwrap_or(0.0);
+            let mean = pick_from.iter().map(|c| load(c)).sum::<f64>() / pick_from.len() as f64;
+            let mut ranked: Vec<((f64, f64), &Candidate)> =
                 pick_from.iter().map(|c| (rendezvous(key, c), *c)).collect();
-            ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.index.cmp(&b.1.index)));
-            match ranked.iter().position(|(_, c)| c.in_flight < bound) {
+            ranked.sort_by(|a, b| b.0 .0.total_cmp(&a.0 .0).then(a.1.index.cmp(&b.1.index)));
+            let within = ranked
+                .iter()
+                .position(|((_, order), c)| c.in_flight < bound && keeps_key(load(c), mean, *order))
+                .or_else(|| ranked.iter().position(|(_, c)| c.in_flight < bound));
+            match within {
                 Some(0) => (ranked[0].1.index, Reason::Affinity),
                 Some(p) => (ranked[p].1.index, Reason::AffinityOverflow),
                 None => (ranked[0].1.index, Reason::AffinityOverflow),
@@ -327,12 +384,12 @@ mod tests {
     #[test]
     fn sticky_while_healthy_moves_only_when_it_must() {
         let c = cands(4);
-        let mut p = PowerOfTwo::new(Rng::new(1));
         let key = |k: u64| RequestSignals {
             affinity_key: Some(mix(k)),
             ..Default::default()
         };
         for k in 0..200 {
+            let mut p = PowerOfTwo::new(Rng::new(1));
             let first = p.plan(&c, &key(k)).order[0];
             assert_eq!(
                 p.plan(&c, &key(k)).order[0],
@@ -357,6 +414,98 @@ mod tests {
         }
     }
 
+    #[test]
+    fn keys_keep_their_variant_between_the_mean_and_the_bound() {
+        // Idle variants keep every key.
+        assert!(keeps_key(0.9, 0.1, 0.0));
+        // At the mean every key stays; above the bound none does; between, by order.
+        assert!(keeps_key(2.0, 2.0, 0.0));
+        assert!(!keeps_key(2.6, 2.0, 0.999));
+        assert!(keeps_key(2.25, 2.0, 0.6) && !keeps_key(2.25, 2.0, 0.4));
+    }
+
+    /// Plans with every candidate at the given in-flight counts until the averages settle.
+    fn settled(loads: &[u32]) -> (PowerOfTwo, Vec<Candidate>) {
+        let mut c = cands(loads.len());
+        for (x, l) in c.iter_mut().zip(loads) {
+            x.in_flight = *l;
+        }
+        let mut p = PowerOfTwo::new(Rng::new(1));
+        for _ in 0..4000 {
+            p.plan(&c, &RequestSignals::default());
+        }
+        (p, c)
+    }
+
+    fn primary(c: &[Candidate], k: u64) -> usize {
+        let idle = cands(c.len());
+        let s = RequestSignals {
+            affinity_key: Some(mix(k)),
+            ..Default::default()
+        };
+        PowerOfTwo::new(Rng::new(1)).plan(&idle, &s).order[0]
+    }
+
+    #[test]
+    fn a_moment_over_the_mean_keeps_affinity_an_average_over_the_bound_does_not() {
+        let key = |k: u64| RequestSignals {
+            affinity_key: Some(mix(k)),
+            ..Default::default()
+        };
+        // Every variant averages 2 in flight; variant 0 holds 3 right now (arrival noise).
+        let (p, mut c) = settled(&[2; 8]);
+        c[0].in_flight = 3;
+        let mut kept = 0;
+        for k in 0..400 {
+            if primary(&c, k) == 0 {
+                // One decision at this moment (a clone, so the moment does not last).
+                let plan = p.clone().plan(&c, &key(k));
+                assert_eq!(plan.order[0], 0);
+                assert_eq!(plan.reason, Reason::Affinity);
+                kept += 1;
+            }
+        }
+        assert!(kept > 20, "{kept}");
+        // Variant 0 averages 3 against a mean of 2.1: over 1.25 × the mean, though 3 is within
+        // the current bound; it keeps no key.
+        let (mut p, c) = settled(&[3, 2, 2, 2, 2, 2, 2, 2]);
+        for k in 0..400 {
+            let plan = p.plan(&c, &key(k));
+            assert_ne!(plan.order[0], 0);
+        }
+    }
+
+    #[test]
+    fn a_busy_variant_sheds_whole_keys_the_same_ones_every_time() {
+        let key = |k: u64| RequestSignals {
+            affinity_key: Some(mix(k)),
+            ..Default::default()
+        };
+        // Seven variants average 2 in flight, one averages 1: the mean is 1.875, so the seven
+        // are between the mean and the bound and shed the keys of lowest order (about 27% of
+        // theirs); variant 4 keeps all of its own.
+        let (mut p, c) = settled(&[2, 2, 2, 2, 1, 2, 2, 2]);
+        let mut moved = 0;
+        let n = 1000;
+        for k in 0..n {
+            let first = p.plan(&c, &key(k)).order[0];
+            for _ in 0..5 {
+                assert_eq!(
+                    p.plan(&c, &key(k)).order[0],
+                    first,
+                    "key {k} moved between plans"
+                );
+            }
+            let own = primary(&c, k);
+            if own == 4 {
+                assert_eq!(first, 4);
+            }
+            moved += usize::from(first != own);
+        }
+        let share = moved as f64 / n as f64;
+        assert!((0.15..0.35).contains(&share), "{share}");
+    }
+
     proptest! {
         #[test]
         fn bounded_load_holds_over_random_keys(seed in 0u64..1000, n in 2usize..9, requests in 10usize..200) {
@@ -366,7 +515,7 @@ mod tests {
             // Requests arrive and stay in flight; no variant may exceed the bound.
             for _ in 0..requests {
                 let total: u32 = c.iter().map(|x| x.in_flight).sum();
-                let bound = ((LOAD_BOUND * (total as f64 + 1.0) / n as f64).ceil() as u32).max(1);
+                let bound = load_bound(total, n);
                 let s = RequestSignals { affinity_key: Some(keys.next_u64() % 7), ..Default::default() };
                 let i = p.plan(&c, &s).order[0];
                 prop_assert!(c[i].in_flight < bound, "variant {} at {} over bound {}", i, c[i].in_flight + 1, bound);

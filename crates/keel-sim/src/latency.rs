@@ -104,6 +104,25 @@ mod tests {
     }
 
     #[test]
+    fn bounded_cache_evicts_least_recently_used_prefixes() {
+        // Room for two prompts of two blocks each.
+        let mut kv = KvCache::new(4, 4);
+        let p = |i: u32| format!("prompt {i} a b c d e f");
+        assert_eq!(kv.admit(&p(0)), (0, 8));
+        assert_eq!(kv.admit(&p(1)), (0, 8));
+        assert_eq!(kv.admit(&p(0)).0, 8, "both fit");
+        assert!((kv.usage() - 1.0).abs() < 1e-9);
+        // A third prompt evicts the least recently used one (1), not the one just used (0).
+        assert_eq!(kv.admit(&p(2)), (0, 8));
+        assert_eq!(kv.admit(&p(0)).0, 8);
+        assert_eq!(kv.admit(&p(1)).0, 0, "evicted");
+        // Cycling through more prompts than fit never hits.
+        let mut kv = KvCache::new(4, 4);
+        let hits: usize = (0..30).map(|i| kv.admit(&p(i % 3)).0).sum();
+        assert_eq!(hits, 0);
+    }
+
+    #[test]
     fn ttft_grows_with_uncached_prompt() {
         let cfg = ServerConfig {
             ttft_sigma: 0.0,

@@ -52,6 +52,7 @@ struct Counters {
     waiting: AtomicI64,
     cold_served: AtomicU64,
     tokens_sent: AtomicU64,
+    prefill_tokens: AtomicU64,
 }
 
 /// A snapshot of a server's counters.
@@ -68,6 +69,8 @@ pub struct Stats {
     pub cold_served: u64,
     /// Generated tokens written to clients (streams and whole bodies).
     pub tokens_sent: u64,
+    /// Prompt tokens computed because the KV cache did not hold them (prefill work).
+    pub prefill_tokens: u64,
 }
 
 /// Shared state of one server.
@@ -135,6 +138,7 @@ impl SimServer {
             waiting: c.waiting.load(Ordering::Relaxed),
             cold_served: c.cold_served.load(Ordering::Relaxed),
             tokens_sent: c.tokens_sent.load(Ordering::Relaxed),
+            prefill_tokens: c.prefill_tokens.load(Ordering::Relaxed),
         }
     }
 
@@ -497,6 +501,9 @@ impl SimServer {
             lock(&self.kv).admit(&format!("{}{}", normalize(&sreq.context), sreq.prefill));
         reply.cached_tokens = cached as u64;
         let uncached = (sreq.prompt_tokens as usize).saturating_sub(cached);
+        self.counters
+            .prefill_tokens
+            .fetch_add(uncached as u64, Ordering::Relaxed);
 
         let run = Generation {
             server: self.clone(),

@@ -533,6 +533,12 @@ async fn prefix_cache_lowers_ttft_and_is_reported() {
         cached >= prompt_tokens - 20,
         "shared prefix is cached: {cached} of {prompt_tokens}"
     );
+    // The server counts the prompt tokens it computed: all of the cold one, the rest of the warm.
+    let warm_tokens = warm["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(
+        fleet.get(0).state.stats().prefill_tokens,
+        prompt_tokens + warm_tokens - cached
+    );
     eprintln!("prefix cache: cold TTFT {cold_ms} ms, warm {warm_ms} ms");
 }
 

@@ -222,8 +222,9 @@ struct ScenarioArgs {
     /// Output directory (Markdown, JSON, SVG).
     #[arg(long, default_value = "bench/out")]
     out: PathBuf,
-    /// Comma-separated: keel, nginx, litellm, portkey; `keel:LINES` is keel with extra pool
-    /// lines (`;`-separated), e.g. `keel:max_hedges = 1` or `keel:hedge = "off"`.
+    /// Comma-separated: keel, keel-rr (keel with round robin, no affinity), nginx, litellm,
+    /// portkey; `keel:LINES` is keel with extra pool lines (`;`-separated), e.g.
+    /// `keel:max_hedges = 1` or `keel:hedge = "off"`.
     #[arg(long, value_delimiter = ',', default_value = "keel,nginx")]
     contenders: Vec<String>,
 }

@@ -13,6 +13,9 @@
 //! changed, e.g. heavy-tail's twin has no tail). The report divides each contender's P99 and
 //! P99.9 under fault by its own fault-free figures: 1.0× is a layer that hides the fault
 //! completely.
+//!
+//! Contender `keel-rr` is keel with `policy = "round_robin"` and no affinity: keel's own
+//! baseline, so a comparison needs no peer gateway installed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -176,8 +179,9 @@ fn plan(s: &Scenario, duration: f64, seed: u64) -> Vec<Planned> {
     let mut rng = Rng::new(seed);
     let prefixes: Vec<String> = (0..s.shared_prefixes)
         .map(|i| {
+            // About 600 tokens: the house name, then 66 sentences of 9 tokens.
             format!("House style guide {i}. ")
-                + &"Always answer precisely and cite the routing policy. ".repeat(60)
+                + &"Always answer precisely and cite the routing policy. ".repeat(66)
         })
         .collect();
     let generator = Generator::new("default", s.fleet.generation);
@@ -443,15 +447,28 @@ pub async fn start_gateway(
     Ok((addr, tx))
 }
 
-/// keel over the fleet, with the scenario's pool lines and then `extra` ones (a contender
-/// `keel:LINES` runs keel with LINES, `;`-separated, e.g. `keel:max_hedges = 1`).
-async fn start_keel(s: &Scenario, fleet: &Fleet, extra: &str) -> Result<Running, String> {
-    let lines = format!("{}\n{}", s.keel_pool, extra.replace(';', "\n"));
+/// keel's pool lines for `keel-rr`: the scenario's, with round robin instead of the policy and
+/// without affinity.
+fn round_robin_pool(extra: &str) -> String {
+    let mut lines: Vec<&str> = extra
+        .lines()
+        .filter(|l| {
+            let key = l.split('=').next().unwrap_or("").trim();
+            key != "policy" && key != "affinity"
+        })
+        .collect();
+    lines.push("policy = \"round_robin\"");
+    lines.join("\n")
+}
+
+/// keel over the fleet with `pool` lines in its pool table (a contender `keel:LINES` adds
+/// LINES, `;`-separated, to the scenario's, e.g. `keel:max_hedges = 1`).
+async fn start_keel(s: &Scenario, fleet: &Fleet, pool: &str) -> Result<Running, String> {
     let toml = pool_toml_with(
         &fleet.servers,
         Protocol::OpenAi,
         "bench",
-        &lines,
+        pool,
         &s.keel_variant,
     );
     let (addr, tx) = start_gateway(&toml, &format!("<scenario {}>", s.name)).await?;
@@ -546,6 +563,12 @@ pub struct Figures {
     pub extra_tokens: f64,
     pub admitted_rps: f64,
     pub kv_hit_rate: f64,
+    /// Prompt tokens the fleet computed (not found in its KV caches) per request.
+    pub prefill_tokens: f64,
+    /// The busiest variant's upstream requests ÷ the mean over variants.
+    pub request_balance: f64,
+    /// The highest time-averaged in-flight count (running + waiting) of a variant ÷ the mean.
+    pub inflight_balance: f64,
     /// Share of retries made after waiting an advertised retry-after that succeeded.
     pub retry_after_success: Option<f64>,
     /// Runs the figures are medians of.
@@ -589,12 +612,47 @@ fn median_figures(mut runs: Vec<Figures>) -> Figures {
         extra_tokens: m(&|x| x.extra_tokens),
         admitted_rps: m(&|x| x.admitted_rps),
         kv_hit_rate: m(&|x| x.kv_hit_rate),
+        prefill_tokens: m(&|x| x.prefill_tokens),
+        request_balance: m(&|x| x.request_balance),
+        inflight_balance: m(&|x| x.inflight_balance),
         retry_after_success: (!retry.is_empty()).then(|| med(retry)),
         runs: runs.len(),
         ttft_p99_range: range(&|x| x.ttft_ms[2]),
         total_p99_range: range(&|x| x.total_ms[2]),
         ttft_cdf: runs[runs.len() / 2].ttft_cdf.clone(),
     }
+}
+
+/// The largest value ÷ the mean (1 = perfectly even; 1 when there is nothing to spread).
+fn max_over_mean(xs: &[f64]) -> f64 {
+    let mean = xs.iter().sum::<f64>() / xs.len().max(1) as f64;
+    if mean <= 0.0 {
+        return 1.0;
+    }
+    xs.iter().copied().fold(0.0, f64::max) / mean
+}
+
+/// Samples every server's in-flight count (running + waiting) every 10 ms until `stop` is
+/// set; returns the time-averaged count per server.
+fn sample_in_flight(
+    servers: Vec<Arc<keel_sim::server::SimServer>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<f64>> {
+    tokio::spawn(async move {
+        let mut sums = vec![0i64; servers.len()];
+        let mut n = 0u64;
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            tick.tick().await;
+            for (sum, srv) in sums.iter_mut().zip(&servers) {
+                let st = srv.stats();
+                *sum += (st.running + st.waiting).max(0);
+            }
+            n += 1;
+        }
+        sums.iter().map(|s| *s as f64 / n.max(1) as f64).collect()
+    })
 }
 
 fn quantiles(h: &Histogram<u64>) -> [f64; 4] {
@@ -613,8 +671,12 @@ async fn run_contender(
 ) -> Result<Figures, String> {
     let fleet = Fleet::start(&s.fleet).await.map_err(|e| e.to_string())?;
     let running = match name {
-        "keel" => start_keel(s, &fleet, "").await?,
-        keel if keel.starts_with("keel:") => start_keel(s, &fleet, &keel["keel:".len()..]).await?,
+        "keel" => start_keel(s, &fleet, &s.keel_pool).await?,
+        "keel-rr" => start_keel(s, &fleet, &round_robin_pool(&s.keel_pool)).await?,
+        keel if keel.starts_with("keel:") => {
+            let extra = keel["keel:".len()..].replace(';', "\n");
+            start_keel(s, &fleet, &format!("{}\n{extra}", s.keel_pool)).await?
+        }
         peer => start_peer(peer, &fleet, out).await?,
     };
     let planned = plan(s, duration, seed);
@@ -622,6 +684,14 @@ async fn run_contender(
         .pool_max_idle_per_host(1024)
         .build()
         .map_err(|e| e.to_string())?;
+    // Upstream requests and prefill work count from here (after the contender's warm-up).
+    let before: Vec<keel_sim::server::Stats> =
+        fleet.servers.iter().map(|s| s.state.stats()).collect();
+    let stop_sampling = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = sample_in_flight(
+        fleet.servers.iter().map(|s| s.state.clone()).collect(),
+        stop_sampling.clone(),
+    );
     let start = tokio::time::Instant::now();
     for ev in s.events.clone() {
         let srv = fleet
@@ -686,6 +756,20 @@ async fn run_contender(
     }
     bar.finish();
     let elapsed = start.elapsed().as_secs_f64();
+    stop_sampling.store(true, std::sync::atomic::Ordering::Relaxed);
+    let in_flight = sampler.await.map_err(|e| e.to_string())?;
+    let after: Vec<keel_sim::server::Stats> =
+        fleet.servers.iter().map(|s| s.state.stats()).collect();
+    let per_server_requests: Vec<f64> = after
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a.requests.saturating_sub(b.requests) as f64)
+        .collect();
+    let prefill_tokens: u64 = after
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a.prefill_tokens.saturating_sub(b.prefill_tokens))
+        .sum();
     if name.starts_with("keel") {
         // keel's last decision records (candidates, costs, attempts), to see why.
         let decisions = running
@@ -767,6 +851,9 @@ async fn run_contender(
         } else {
             0.0
         },
+        prefill_tokens: prefill_tokens as f64 / n as f64,
+        request_balance: max_over_mean(&per_server_requests),
+        inflight_balance: max_over_mean(&in_flight),
         retry_after_success: (r429 > 0).then(|| r429_ok as f64 / r429 as f64),
         runs: 1,
         ttft_p99_range: [ttft_ms[2]; 2],
@@ -849,6 +936,23 @@ fn markdown(s: &Scenario, figures: &[Figures]) -> String {
             with_spread(f.total_ms[2], f.total_p99_range, f.runs),
             f.error_rate * 100.0, f.intact * 100.0, f.tgsv_ms, f.extra_requests * 100.0, f.extra_tokens * 100.0, f.admitted_rps, f.kv_hit_rate * 100.0
         ));
+    }
+    if s.shared_prefixes > 0 {
+        t.push_str("\nPrefix cache and balance: prefill = prompt tokens the fleet computed (not in its KV caches) per request; balance = the busiest variant ÷ the mean, by upstream requests and by time-averaged in-flight requests.\n\n");
+        t.push_str("| contender | KV hits | prefill tokens/req | TTFT p50 | p99 | requests max/mean | in-flight max/mean |\n");
+        t.push_str("|---|---|---|---|---|---|---|\n");
+        for f in figures {
+            t.push_str(&format!(
+                "| {} | {:.0}% | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |\n",
+                f.contender,
+                f.kv_hit_rate * 100.0,
+                f.prefill_tokens,
+                f.ttft_ms[0],
+                f.ttft_ms[2],
+                f.request_balance,
+                f.inflight_balance
+            ));
+        }
     }
     for f in figures {
         if let Some(p) = f.retry_after_success {
@@ -1080,6 +1184,9 @@ mod tests {
             admitted_rps: 40.0,
             kv_hit_rate: 0.0,
             retry_after_success: None,
+            prefill_tokens: 0.0,
+            request_balance: 1.0,
+            inflight_balance: 1.0,
             runs: 1,
             ttft_p99_range: [p99; 2],
             total_p99_range: [p99 * 5.0; 2],
@@ -1089,5 +1196,88 @@ mod tests {
         assert!((x.ttft_p99 - 1.25).abs() < 1e-9);
         assert!((x.total_p999 - 1.25).abs() < 1e-9);
         assert!((x.extra_requests - 0.1).abs() < 1e-9);
+    }
+
+    #[test]
+    fn max_over_mean_measures_the_busiest_share() {
+        assert_eq!(max_over_mean(&[2.0, 2.0, 2.0, 2.0]), 1.0);
+        assert_eq!(max_over_mean(&[1.0, 1.0, 1.0, 5.0]), 2.5);
+        assert_eq!(max_over_mean(&[0.0, 0.0]), 1.0);
+        assert_eq!(max_over_mean(&[]), 1.0);
+    }
+
+    #[test]
+    fn round_robin_pool_drops_policy_and_affinity_only() {
+        assert_eq!(
+            round_robin_pool("affinity = \"prefix\"\nstall_ms = 2000\npolicy = \"p2c\""),
+            "stall_ms = 2000\npolicy = \"round_robin\""
+        );
+        assert_eq!(round_robin_pool(""), "policy = \"round_robin\"");
+    }
+
+    #[test]
+    fn prefix_reuse_caches_are_bounded_below_the_shared_prompts() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/scenarios/prefix-reuse.toml");
+        let s = Scenario::load(&path).unwrap();
+        let plan = plan(&s, 1.0, 1);
+        let prompt_tokens = plan
+            .iter()
+            .map(|p| {
+                keel_core::tokens::count(p.body["messages"][0]["content"].as_str().unwrap_or(""))
+            })
+            .max()
+            .unwrap();
+        assert!((550..=650).contains(&prompt_tokens), "{prompt_tokens}");
+        let servers = s.fleet.expanded();
+        let prefixes = s.shared_prefixes as usize;
+        for srv in &servers {
+            let holds = (srv.kv_cache_blocks * srv.block_tokens) as usize / prompt_tokens;
+            // One server holds a fraction of the prefixes; the fleet together holds them all.
+            assert!(
+                holds * 4 <= prefixes,
+                "{} holds {holds} of {prefixes}",
+                srv.name
+            );
+            assert!(holds * servers.len() >= prefixes);
+        }
+    }
+
+    fn figures(name: &str, hit: f64, balance: f64) -> Figures {
+        Figures {
+            contender: name.into(),
+            requests: 10,
+            ttft_ms: [hit; 4],
+            total_ms: [0.0; 4],
+            error_rate: 0.0,
+            intact: 1.0,
+            tgsv_ms: 0.0,
+            extra_requests: 0.0,
+            extra_tokens: 0.0,
+            admitted_rps: 1.0,
+            kv_hit_rate: hit,
+            prefill_tokens: 100.0 * hit,
+            request_balance: balance,
+            inflight_balance: balance,
+            retry_after_success: None,
+            runs: 1,
+            ttft_p99_range: [hit; 2],
+            total_p99_range: [0.0; 2],
+            ttft_cdf: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn medians_cover_the_cache_and_balance_figures() {
+        let m = median_figures(vec![
+            figures("keel", 0.9, 1.1),
+            figures("keel", 0.5, 1.3),
+            figures("keel", 0.7, 1.2),
+        ]);
+        assert_eq!(m.kv_hit_rate, 0.7);
+        assert_eq!(m.prefill_tokens, 70.0);
+        assert_eq!(m.request_balance, 1.2);
+        assert_eq!(m.inflight_balance, 1.2);
+        assert_eq!(m.runs, 3);
     }
 }
