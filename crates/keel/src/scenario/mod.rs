@@ -20,18 +20,24 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures_util::StreamExt;
 use hdrhistogram::Histogram;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use keel_core::protocol::{Endpoint, Protocol};
+use keel_core::protocol::Endpoint;
 use keel_core::rng::Rng;
-use keel_sim::config::PrefillConvention;
 use keel_sim::text::Generator;
-use keel_sim::{FaultSpec, Fleet, FleetConfig, ServerHandle};
+use keel_sim::{FaultSpec, Fleet, FleetConfig};
+
+mod client;
+mod contenders;
+mod report;
+
+use client::*;
+pub use contenders::*;
+use report::*;
 
 /// A scenario file.
 #[derive(Debug, Clone, Deserialize)]
@@ -198,440 +204,6 @@ fn plan(s: &Scenario, duration: f64, seed: u64) -> Vec<Planned> {
         .collect()
 }
 
-/// What one request ended as, seen by the client.
-#[derive(Default)]
-struct Seen {
-    ttft_us: Option<u64>,
-    total_us: u64,
-    ok: bool,
-    intact: bool,
-    tgsv_ms: Option<f64>,
-    /// Retries made after waiting an advertised retry-after, and how many of them succeeded.
-    advised_retries: u32,
-    advised_ok: u32,
-    cached: u64,
-    prompt: u64,
-}
-
-/// The OpenAI SDK's default retry policy around one request.
-async fn sdk_request(
-    client: &reqwest::Client,
-    url: &str,
-    headers: &[(String, String)],
-    body: &Value,
-    reference: &str,
-    rng_seed: u64,
-) -> Seen {
-    let started = Instant::now();
-    let mut rng = Rng::new(rng_seed);
-    let mut seen = Seen::default();
-    let mut advised = false;
-    for attempt in 0..=2u32 {
-        let mut req = client.post(url).json(body).timeout(Duration::from_secs(60));
-        for (k, v) in headers {
-            req = req.header(k, v);
-        }
-        let resp = req.send().await;
-        if std::mem::take(&mut advised) {
-            seen.advised_retries += 1;
-            seen.advised_ok += u32::from(resp.as_ref().is_ok_and(|r| r.status().is_success()));
-        }
-        let retry_wait = match resp {
-            Ok(r) if r.status().is_success() => {
-                read_answer(
-                    r,
-                    body["stream"].as_bool().unwrap_or(false),
-                    started,
-                    reference,
-                    &mut seen,
-                )
-                .await;
-                seen.total_us = started.elapsed().as_micros() as u64;
-                return seen;
-            }
-            Ok(r) => {
-                let status = r.status().as_u16();
-                if !matches!(status, 408 | 409 | 429 | 500..=599) {
-                    break;
-                }
-                let h = |n: &str| {
-                    r.headers()
-                        .get(n)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.parse::<f64>().ok())
-                };
-                h("retry-after-ms")
-                    .map(|ms| ms / 1000.0)
-                    .or(h("retry-after"))
-                    .filter(|s| *s >= 0.0 && *s <= 60.0)
-            }
-            Err(_) => None,
-        };
-        if attempt == 2 {
-            break;
-        }
-        advised = retry_wait.is_some();
-        let backoff = retry_wait.unwrap_or_else(|| {
-            (0.5 * 2f64.powi(attempt as i32)).min(8.0) * (1.0 - 0.25 * rng.next_f64())
-        });
-        tokio::time::sleep(Duration::from_secs_f64(backoff)).await;
-    }
-    seen.total_us = started.elapsed().as_micros() as u64;
-    seen
-}
-
-async fn read_answer(
-    resp: reqwest::Response,
-    stream: bool,
-    started: Instant,
-    reference: &str,
-    seen: &mut Seen,
-) {
-    if !stream {
-        if let Ok(v) = resp.json::<Value>().await {
-            seen.ttft_us = Some(started.elapsed().as_micros() as u64);
-            seen.ok = v["choices"][0]["message"]["content"].is_string();
-            seen.intact = v["choices"][0]["message"]["content"].as_str() == Some(reference);
-            seen.cached = v
-                .pointer("/usage/prompt_tokens_details/cached_tokens")
-                .and_then(Value::as_u64)
-                .unwrap_or(0);
-            seen.prompt = v
-                .pointer("/usage/prompt_tokens")
-                .and_then(Value::as_u64)
-                .unwrap_or(0);
-        }
-        return;
-    }
-    let mut dec = keel_core::sse::SseDecoder::new();
-    let mut events = Vec::new();
-    let mut text = String::new();
-    let mut gaps = Vec::new();
-    let mut last: Option<Instant> = None;
-    let mut done = false;
-    let mut body = resp.bytes_stream();
-    while let Some(chunk) = body.next().await {
-        let Ok(chunk) = chunk else { return };
-        if dec.feed(&chunk, &mut events).is_err() {
-            return;
-        }
-        for ev in events.drain(..) {
-            if ev.comment_only {
-                continue;
-            }
-            if ev.data == "[DONE]" {
-                done = true;
-                continue;
-            }
-            let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
-                return;
-            };
-            if v.get("error").is_some() {
-                return;
-            }
-            if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                seen.cached = u
-                    .pointer("/prompt_tokens_details/cached_tokens")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(0);
-                seen.prompt = u["prompt_tokens"].as_u64().unwrap_or(0);
-            }
-            if let Some(t) = v
-                .pointer("/choices/0/delta/content")
-                .and_then(Value::as_str)
-                .filter(|t| !t.is_empty())
-            {
-                let now = Instant::now();
-                match last {
-                    None => seen.ttft_us = Some(started.elapsed().as_micros() as u64),
-                    Some(l) => gaps.push(now.duration_since(l).as_secs_f64() * 1000.0),
-                }
-                last = Some(now);
-                text.push_str(t);
-            }
-        }
-    }
-    seen.ok = done;
-    seen.intact = done && text == reference;
-    if gaps.len() >= 2 {
-        let m = gaps.iter().sum::<f64>() / gaps.len() as f64;
-        seen.tgsv_ms = Some(
-            (gaps.iter().map(|g| (g - m) * (g - m)).sum::<f64>() / (gaps.len() - 1) as f64).sqrt(),
-        );
-    }
-}
-
-/// A contender: something that serves `model` "bench" at `url` over the fleet.
-pub struct Running {
-    pub url: String,
-    /// Headers sent with every request (a peer's per-request routing config).
-    pub headers: Vec<(String, String)>,
-    /// The peer's main process (for memory and CPU pinning); `None` in-process.
-    pub pid: Option<u32>,
-    pub stop: Box<dyn FnOnce() + Send>,
-}
-
-/// A pool table named `name` (`extra` lines in it) with one OpenAI variant per simulated server.
-pub fn pool_toml(fleet: &Fleet, name: &str, extra: &str) -> String {
-    pool_toml_of(&fleet.servers, Protocol::OpenAi, name, extra)
-}
-
-/// A pool table named `name` (`extra` lines in it) with one variant speaking `protocol` per
-/// simulated server.
-pub fn pool_toml_of(
-    servers: &[ServerHandle],
-    protocol: Protocol,
-    name: &str,
-    extra: &str,
-) -> String {
-    pool_toml_with(servers, protocol, name, extra, "")
-}
-
-/// [`pool_toml_of`] with `variant_extra` lines in every variant table.
-pub fn pool_toml_with(
-    servers: &[ServerHandle],
-    protocol: Protocol,
-    name: &str,
-    extra: &str,
-    variant_extra: &str,
-) -> String {
-    let mut toml = format!("[[pools]]\nname = \"{name}\"\n{extra}\n");
-    for srv in servers {
-        let url = match protocol {
-            Protocol::OpenAi => srv.openai_base(),
-            Protocol::Anthropic => srv.anthropic_base(),
-        };
-        toml.push_str(&format!(
-            "[[pools.variants]]\nname = \"{}\"\nurl = \"{url}\"\nprotocol = \"{}\"\nupstream_model = \"sim\"\n{variant_extra}\n",
-            srv.name,
-            protocol.as_str()
-        ));
-    }
-    toml
-}
-
-/// The text a simulated server of `generator`'s family answers to `body` on `endpoint` when
-/// nothing goes wrong: what every answer through a gateway must equal byte for byte.
-pub fn reference_text(generator: &Generator, endpoint: Endpoint, body: &Value) -> String {
-    let sreq = keel_sim::wire::parse_request(endpoint, body, PrefillConvention::Explicit)
-        .expect("bench requests are valid");
-    generator
-        .generate(
-            sreq.mode,
-            &sreq.context,
-            &sreq.prefill,
-            sreq.max_tokens,
-            &sreq.stop,
-        )
-        .text()
-}
-
-/// An in-process gateway serving `toml` on a free loopback port, after its warm-up requests;
-/// sending on the returned sender stops it.
-pub async fn start_gateway(
-    toml: &str,
-    origin: &str,
-) -> Result<(std::net::SocketAddr, tokio::sync::oneshot::Sender<()>), String> {
-    let cfg = keel_gateway::Config::parse(toml, origin, &Default::default())
-        .map_err(|e| e.to_string())?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let gw = keel_gateway::Gateway::new(cfg);
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(keel_gateway::server::serve(gw, listener, async move {
-        let _ = rx.await;
-    }));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    Ok((addr, tx))
-}
-
-/// keel's pool lines for `keel-rr`: the scenario's, with round robin instead of the policy and
-/// without affinity.
-fn round_robin_pool(extra: &str) -> String {
-    let mut lines: Vec<&str> = extra
-        .lines()
-        .filter(|l| {
-            let key = l.split('=').next().unwrap_or("").trim();
-            key != "policy" && key != "affinity"
-        })
-        .collect();
-    lines.push("policy = \"round_robin\"");
-    lines.join("\n")
-}
-
-/// keel over the fleet with `pool` lines in its pool table (a contender `keel:LINES` adds
-/// LINES, `;`-separated, to the scenario's, e.g. `keel:max_hedges = 1`).
-async fn start_keel(s: &Scenario, fleet: &Fleet, pool: &str) -> Result<Running, String> {
-    let toml = pool_toml_with(
-        &fleet.servers,
-        Protocol::OpenAi,
-        "bench",
-        pool,
-        &s.keel_variant,
-    );
-    let (addr, tx) = start_gateway(&toml, &format!("<scenario {}>", s.name)).await?;
-    Ok(Running {
-        url: format!("http://{addr}/v1/chat/completions"),
-        headers: Vec::new(),
-        pid: None,
-        stop: Box::new(move || {
-            let _ = tx.send(());
-        }),
-    })
-}
-
-/// A peer gateway started by its script in `bench/peers/<name>.sh DIR PORT BASE_URL...`, which
-/// writes `DIR/<name>.pid`; it serves the fleet as model `bench` on `PORT`.
-pub async fn start_peer(name: &str, fleet: &Fleet, out: &Path) -> Result<Running, String> {
-    let script = PathBuf::from(format!("bench/peers/{name}.sh"));
-    if !script.exists() {
-        return Err(format!("no peer script {}", script.display()));
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .port();
-    let dir = out.join(name);
-    let status = std::process::Command::new("bash")
-        .arg(&script)
-        .arg(&dir)
-        .arg(port.to_string())
-        .args(fleet.servers.iter().map(|s| s.openai_base()))
-        .status()
-        .map_err(|e| format!("{name}: {e}"))?;
-    if !status.success() {
-        return Err(format!("{} exited with {status}", script.display()));
-    }
-    let pid_file = dir.join(format!("{name}.pid"));
-    let stop = move || {
-        if let Ok(pid) = std::fs::read_to_string(&pid_file) {
-            let _ = std::process::Command::new("kill").arg(pid.trim()).status();
-        }
-    };
-    let headers: Vec<(String, String)> = std::fs::read_to_string(dir.join("headers.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<BTreeMap<String, String>>(&t).ok())
-        .map(|m| m.into_iter().collect())
-        .unwrap_or_default();
-    // Ready when it answers a request (LiteLLM takes seconds to start).
-    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
-    let client = reqwest::Client::new();
-    let probe = json!({"model": "bench", "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
-    for _ in 0..600 {
-        let mut req = client.post(&url).json(&probe);
-        for (k, v) in &headers {
-            req = req.header(k, v);
-        }
-        if req
-            .send()
-            .await
-            .map(|r| r.status().is_success())
-            .unwrap_or(false)
-        {
-            let pid = std::fs::read_to_string(dir.join(format!("{name}.pid")))
-                .ok()
-                .and_then(|p| p.trim().parse().ok());
-            return Ok(Running {
-                url,
-                headers,
-                pid,
-                stop: Box::new(stop),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    stop();
-    Err(format!(
-        "{name} did not answer within 120 s (see {}/)",
-        dir.display()
-    ))
-}
-
-/// Figures of one contender on one scenario.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Figures {
-    pub contender: String,
-    pub requests: usize,
-    pub ttft_ms: [f64; 4],
-    pub total_ms: [f64; 4],
-    pub error_rate: f64,
-    pub intact: f64,
-    pub tgsv_ms: f64,
-    pub extra_requests: f64,
-    pub extra_tokens: f64,
-    pub admitted_rps: f64,
-    pub kv_hit_rate: f64,
-    /// Prompt tokens the fleet computed (not found in its KV caches) per request.
-    pub prefill_tokens: f64,
-    /// The busiest variant's upstream requests ÷ the mean over variants.
-    pub request_balance: f64,
-    /// The highest time-averaged in-flight count (running + waiting) of a variant ÷ the mean.
-    pub inflight_balance: f64,
-    /// Share of retries made after waiting an advertised retry-after that succeeded.
-    pub retry_after_success: Option<f64>,
-    /// Runs the figures are medians of.
-    pub runs: usize,
-    /// Lowest and highest P99 TTFT and P99 total time (ms) across those runs.
-    pub ttft_p99_range: [f64; 2],
-    pub total_p99_range: [f64; 2],
-    #[serde(skip)]
-    pub ttft_cdf: Vec<(f64, f64)>,
-}
-
-/// The median of each figure across runs (the CDF of the run with the median P99 TTFT).
-fn median_figures(mut runs: Vec<Figures>) -> Figures {
-    fn med(mut v: Vec<f64>) -> f64 {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    }
-    if runs.len() == 1 {
-        return runs.remove(0);
-    }
-    runs.sort_by(|a, b| a.ttft_ms[2].total_cmp(&b.ttft_ms[2]));
-    let m = |f: &dyn Fn(&Figures) -> f64| med(runs.iter().map(f).collect());
-    let q = |f: &dyn Fn(&Figures) -> [f64; 4]| [0, 1, 2, 3].map(|i| m(&|x| f(x)[i]));
-    let retry: Vec<f64> = runs.iter().filter_map(|x| x.retry_after_success).collect();
-    let range = |f: &dyn Fn(&Figures) -> f64| {
-        runs.iter()
-            .map(f)
-            .fold([f64::INFINITY, f64::NEG_INFINITY], |[lo, hi], v| {
-                [lo.min(v), hi.max(v)]
-            })
-    };
-    Figures {
-        contender: runs[0].contender.clone(),
-        requests: runs.iter().map(|x| x.requests).sum(),
-        ttft_ms: q(&|x| x.ttft_ms),
-        total_ms: q(&|x| x.total_ms),
-        error_rate: m(&|x| x.error_rate),
-        intact: m(&|x| x.intact),
-        tgsv_ms: m(&|x| x.tgsv_ms),
-        extra_requests: m(&|x| x.extra_requests),
-        extra_tokens: m(&|x| x.extra_tokens),
-        admitted_rps: m(&|x| x.admitted_rps),
-        kv_hit_rate: m(&|x| x.kv_hit_rate),
-        prefill_tokens: m(&|x| x.prefill_tokens),
-        request_balance: m(&|x| x.request_balance),
-        inflight_balance: m(&|x| x.inflight_balance),
-        retry_after_success: (!retry.is_empty()).then(|| med(retry)),
-        runs: runs.len(),
-        ttft_p99_range: range(&|x| x.ttft_ms[2]),
-        total_p99_range: range(&|x| x.total_ms[2]),
-        ttft_cdf: runs[runs.len() / 2].ttft_cdf.clone(),
-    }
-}
-
-/// The largest value ÷ the mean (1 = perfectly even; 1 when there is nothing to spread).
-fn max_over_mean(xs: &[f64]) -> f64 {
-    let mean = xs.iter().sum::<f64>() / xs.len().max(1) as f64;
-    if mean <= 0.0 {
-        return 1.0;
-    }
-    xs.iter().copied().fold(0.0, f64::max) / mean
-}
-
 /// Samples every server's in-flight count (running + waiting) every 10 ms until `stop` is
 /// set; returns the time-averaged count per server.
 fn sample_in_flight(
@@ -653,13 +225,6 @@ fn sample_in_flight(
         }
         sums.iter().map(|s| *s as f64 / n.max(1) as f64).collect()
     })
-}
-
-fn quantiles(h: &Histogram<u64>) -> [f64; 4] {
-    if h.is_empty() {
-        return [0.0; 4];
-    }
-    [0.5, 0.9, 0.99, 0.999].map(|q| h.value_at_quantile(q) as f64 / 1000.0)
 }
 
 async fn run_contender(
@@ -771,17 +336,21 @@ async fn run_contender(
         .map(|(a, b)| a.prefill_tokens.saturating_sub(b.prefill_tokens))
         .sum();
     if name.starts_with("keel") {
-        // keel's last decision records (candidates, costs, attempts), to see why.
-        let decisions = running
-            .url
-            .replace("/v1/chat/completions", "/keel/decisions");
-        if let Ok(r) = client.get(&decisions).send().await {
-            if let Ok(text) = r.text().await {
-                let file = format!("{}-{name}-seed{seed}-decisions.json", s.name).replace(
-                    |c: char| !c.is_ascii_alphanumeric() && c != '-' && c != '.',
-                    "_",
-                );
-                let _ = std::fs::write(out.join(file), text);
+        // keel's last decision records (candidates, costs, attempts) and its metrics (attempts
+        // by kind, probes, hedges), to see why.
+        for (path, what) in [
+            ("/keel/decisions", "decisions.json"),
+            ("/metrics", "metrics.txt"),
+        ] {
+            let url = running.url.replace("/v1/chat/completions", path);
+            if let Ok(r) = client.get(&url).send().await {
+                if let Ok(text) = r.text().await {
+                    let file = format!("{}-{name}-seed{seed}-{what}", s.name).replace(
+                        |c: char| !c.is_ascii_alphanumeric() && c != '-' && c != '.',
+                        "_",
+                    );
+                    let _ = std::fs::write(out.join(file), text);
+                }
             }
         }
     }
@@ -860,158 +429,6 @@ async fn run_contender(
         total_p99_range: [total_ms[2]; 2],
         ttft_cdf: cdf,
     })
-}
-
-/// A latency CDF as a small standalone SVG (one polyline per contender).
-fn svg_cdf(title: &str, figures: &[Figures]) -> String {
-    let (w, h, pad) = (640.0, 400.0, 50.0);
-    let max = figures
-        .iter()
-        .flat_map(|f| f.ttft_cdf.iter().map(|p| p.1))
-        .fold(1.0f64, f64::max);
-    let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
-    let mut out = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{pad}\" y=\"20\">{title}: TTFT CDF (ms, log scale)</text>\n");
-    let x = |ms: f64| pad + (w - 2.0 * pad) * (ms.max(1.0).ln() / max.max(2.0).ln());
-    let y = |q: f64| h - pad - (h - 2.0 * pad) * q;
-    out.push_str(&format!("<line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n<line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{}\" stroke=\"black\"/>\n", h - pad, w - pad, h - pad, h - pad));
-    for tick in [1.0, 10.0, 100.0, 1000.0, 10000.0]
-        .into_iter()
-        .filter(|t| *t <= max * 1.01)
-    {
-        out.push_str(&format!(
-            "<text x=\"{:.1}\" y=\"{}\">{tick}</text>\n",
-            x(tick),
-            h - pad + 15.0
-        ));
-    }
-    for (i, f) in figures.iter().enumerate() {
-        let pts: Vec<String> = f
-            .ttft_cdf
-            .iter()
-            .map(|(q, ms)| format!("{:.1},{:.1}", x(*ms), y(*q)))
-            .collect();
-        let c = colours[i % colours.len()];
-        out.push_str(&format!(
-            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>\n",
-            pts.join(" ")
-        ));
-        out.push_str(&format!(
-            "<text x=\"{}\" y=\"{}\" fill=\"{c}\">{}</text>\n",
-            w - pad - 120.0,
-            pad + 15.0 * i as f64,
-            f.contender
-        ));
-    }
-    out.push_str("</svg>\n");
-    out
-}
-
-/// "145" for one run, "145 (139–152)" with the spread of several.
-fn with_spread(v: f64, range: [f64; 2], runs: usize) -> String {
-    if runs > 1 {
-        format!("{v:.0} ({:.0}–{:.0})", range[0], range[1])
-    } else {
-        format!("{v:.0}")
-    }
-}
-
-fn markdown(s: &Scenario, figures: &[Figures]) -> String {
-    let mut t = format!("### {}\n\n{}", s.name, s.description);
-    let runs = figures.iter().map(|f| f.runs).max().unwrap_or(1);
-    if runs > 1 {
-        t.push_str(&format!(
-            " Medians of {runs} runs (seeds in a row; the lowest–highest P99 in brackets), {} req/s.",
-            s.rps
-        ));
-    } else {
-        t.push_str(&format!(" One run, {} req/s.", s.rps));
-    }
-    t.push_str("\n\n");
-    t.push_str("| contender | TTFT p50 (ms) | p90 (ms) | p99 (ms) | p99.9 (ms) | total p50 (ms) | total p99 (ms) | errors (%) | intact (%) | TGSV (ms) | extra upstream requests (%) | extra tokens (%) | admitted (req/s) | KV hits (%) |\n");
-    t.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for f in figures {
-        t.push_str(&format!(
-            "| {} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {} | {:.2} | {:.1} | {:.1} | {:+.1} | {:+.1} | {:.1} | {:.0} |\n",
-            f.contender, f.ttft_ms[0], f.ttft_ms[1], with_spread(f.ttft_ms[2], f.ttft_p99_range, f.runs), f.ttft_ms[3], f.total_ms[0],
-            with_spread(f.total_ms[2], f.total_p99_range, f.runs),
-            f.error_rate * 100.0, f.intact * 100.0, f.tgsv_ms, f.extra_requests * 100.0, f.extra_tokens * 100.0, f.admitted_rps, f.kv_hit_rate * 100.0
-        ));
-    }
-    if s.shared_prefixes > 0 {
-        t.push_str("\nPrefix cache and balance: prefill = prompt tokens the fleet computed (not in its KV caches) per request; balance = the busiest variant ÷ the mean, by upstream requests and by time-averaged in-flight requests.\n\n");
-        t.push_str("| contender | KV hits | prefill tokens/req | TTFT p50 | p99 | requests max/mean | in-flight max/mean |\n");
-        t.push_str("|---|---|---|---|---|---|---|\n");
-        for f in figures {
-            t.push_str(&format!(
-                "| {} | {:.0}% | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |\n",
-                f.contender,
-                f.kv_hit_rate * 100.0,
-                f.prefill_tokens,
-                f.ttft_ms[0],
-                f.ttft_ms[2],
-                f.request_balance,
-                f.inflight_balance
-            ));
-        }
-    }
-    for f in figures {
-        if let Some(p) = f.retry_after_success {
-            t.push_str(&format!("\nretry-after precision ({}): {:.0}% of retries made after waiting the advertised retry-after succeeded\n", f.contender, p * 100.0));
-        }
-    }
-    t
-}
-
-/// One contender's figures under fault divided by its own fault-free figures.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Flatness {
-    pub contender: String,
-    /// P99 and P99.9 TTFT, fault ÷ fault-free.
-    pub ttft_p99: f64,
-    pub ttft_p999: f64,
-    /// P99 and P99.9 total time, fault ÷ fault-free.
-    pub total_p99: f64,
-    pub total_p999: f64,
-    /// Client-visible errors under fault (share of requests).
-    pub error_rate: f64,
-    /// Upstream requests and generated tokens beyond the fault-free run's, as a share of it.
-    pub extra_requests: f64,
-    pub extra_tokens: f64,
-}
-
-/// The goal: within this factor of the fault-free P99.
-pub const FLATNESS_GOAL: f64 = 1.25;
-
-pub fn flatness(fault: &Figures, free: &Figures) -> Flatness {
-    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
-    Flatness {
-        contender: fault.contender.clone(),
-        ttft_p99: ratio(fault.ttft_ms[2], free.ttft_ms[2]),
-        ttft_p999: ratio(fault.ttft_ms[3], free.ttft_ms[3]),
-        total_p99: ratio(fault.total_ms[2], free.total_ms[2]),
-        total_p999: ratio(fault.total_ms[3], free.total_ms[3]),
-        error_rate: fault.error_rate,
-        extra_requests: ratio(1.0 + fault.extra_requests, 1.0 + free.extra_requests) - 1.0,
-        extra_tokens: ratio(1.0 + fault.extra_tokens, 1.0 + free.extra_tokens) - 1.0,
-    }
-}
-
-fn flatness_markdown(s: &Scenario, fault: &[Figures], free: &[Figures]) -> String {
-    let mut t = format!(
-        "\nFlatness of {} (fault ÷ fault-free twin; goal ≤ {FLATNESS_GOAL}×):\n\n",
-        s.name
-    );
-    t.push_str("| contender | TTFT p99 fault / free (ms) | ×  | TTFT p99.9 × | total p99 fault / free (ms) | × | total p99.9 × | errors (%) | extra upstream requests vs twin (%) | extra tokens vs twin (%) |\n");
-    t.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
-    for (f, g) in fault.iter().zip(free) {
-        let x = flatness(f, g);
-        t.push_str(&format!(
-            "| {} | {:.0} / {:.0} | {:.2}× | {:.2}× | {:.0} / {:.0} | {:.2}× | {:.2}× | {:.2} | {:+.1} | {:+.1} |\n",
-            f.contender, f.ttft_ms[2], g.ttft_ms[2], x.ttft_p99, x.ttft_p999, f.total_ms[2], g.total_ms[2],
-            x.total_p99, x.total_p999, x.error_rate * 100.0, x.extra_requests * 100.0, x.extra_tokens * 100.0
-        ));
-    }
-    t
 }
 
 /// How `keel bench <scenario>` runs.
