@@ -4,7 +4,8 @@
 //!
 //! Modules follow the request's path: [`request`] (admission: parse, validate, canonical form),
 //! [`selection`] (an ordered plan of variants), [`outcome`] and [`budget`] (execution's
-//! decisions after each attempt), [`protocol`] and [`sse`] (delivery: wire shapes and streams).
+//! decisions after each attempt), [`protocol`] and [`sse`] (delivery: wire shapes and streams),
+//! [`translate`] (between the OpenAI and Anthropic protocols, requests and answers).
 #![forbid(unsafe_code)]
 
 pub mod assemble;
@@ -23,3 +24,4 @@ pub mod sse;
 pub mod stream_watch;
 pub mod synthesize;
 pub mod tokens;
+pub mod translate;

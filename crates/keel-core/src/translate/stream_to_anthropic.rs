@@ -1,0 +1,269 @@
+//! An OpenAI `chat.completion.chunk` stream, chunk by chunk, as an Anthropic Messages stream.
+//!
+//! Anthropic content blocks do not interleave: each starts, takes its deltas and stops before
+//! the next starts. Text, reasoning and each tool call become one block in the order they
+//! appear. Two things wait: a tool call's block starts once its name is known (its id and
+//! name normally come together in its first chunk; argument fragments that arrive before the
+//! name are held until it does), and the `message_delta` that carries the stop reason and usage
+//! goes out at `[DONE]`, because OpenAI sends the usage chunk after the finish reason.
+
+use serde_json::{json, Value};
+
+use super::{stop_reason_of, usage_to_anthropic};
+use crate::assemble::MAX_TOOL_CALLS;
+use crate::protocol::{error_message, stream_error_event, Protocol};
+use crate::sse::SseEvent;
+use crate::translate::error_kind_of;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Text,
+    Thinking,
+    /// The tool call with this OpenAI index.
+    Tool(usize),
+}
+
+#[derive(Debug, Clone, Default)]
+struct ToolCall {
+    id: Option<String>,
+    name: String,
+    /// Arguments received before the block could start.
+    pending: String,
+    started: bool,
+}
+
+/// Translates one OpenAI chat stream for a Messages client.
+#[derive(Debug, Clone)]
+pub struct ChatToAnthropicStream {
+    model: String,
+    id: Value,
+    started: bool,
+    /// The open block: what it holds and its Anthropic index.
+    open: Option<(Open, usize)>,
+    next_block: usize,
+    tools: Vec<ToolCall>,
+    stop_reason: Option<&'static str>,
+    refused: bool,
+    usage: Option<Value>,
+    done: bool,
+}
+
+impl ChatToAnthropicStream {
+    /// `public_model` names the model in `message_start`.
+    pub fn new(public_model: &str) -> Self {
+        ChatToAnthropicStream {
+            model: public_model.to_owned(),
+            id: Value::Null,
+            started: false,
+            open: None,
+            next_block: 0,
+            tools: Vec::new(),
+            stop_reason: None,
+            refused: false,
+            usage: None,
+            done: false,
+        }
+    }
+
+    /// Whether the stream has ended (`message_stop` or an error event was written).
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Translates one upstream event, appending the client's events to `out`. `Err` is a
+    /// malformed upstream event (bad JSON, an out-of-range or resumed tool call).
+    pub fn push(&mut self, ev: &SseEvent, out: &mut Vec<SseEvent>) -> Result<(), String> {
+        if self.done {
+            return Ok(());
+        }
+        if ev.comment_only {
+            out.push(ev.clone());
+            return Ok(());
+        }
+        if ev.data == "[DONE]" {
+            self.finish(out);
+            return Ok(());
+        }
+        let v: Value = serde_json::from_str(&ev.data)
+            .map_err(|e| format!("invalid JSON in an OpenAI stream chunk: {e}"))?;
+        if v.get("error").is_some_and(|e| !e.is_null()) {
+            let kind = error_kind_of(&v, None);
+            out.push(stream_error_event(
+                Protocol::Anthropic,
+                kind,
+                &error_message(&v),
+            ));
+            self.done = true;
+            return Ok(());
+        }
+        if self.id.is_null() {
+            self.id = v.get("id").cloned().unwrap_or(Value::Null);
+        }
+        self.start(out);
+        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(usage_to_anthropic(u));
+        }
+        let Some(choice) = v.get("choices").and_then(|c| c.get(0)) else {
+            return Ok(());
+        };
+        let delta = choice.get("delta").unwrap_or(&Value::Null);
+        let text = |k: &str| {
+            delta
+                .get(k)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        };
+        if let Some(r) = text("reasoning_content").or_else(|| text("reasoning")) {
+            let block = json!({"type": "thinking", "thinking": "", "signature": ""});
+            self.open_block(Open::Thinking, block, out);
+            self.block_delta(json!({"type": "thinking_delta", "thinking": r}), out);
+        }
+        for (k, refusal) in [("content", false), ("refusal", true)] {
+            if let Some(t) = text(k) {
+                self.refused |= refusal;
+                self.open_block(Open::Text, json!({"type": "text", "text": ""}), out);
+                self.block_delta(json!({"type": "text_delta", "text": t}), out);
+            }
+        }
+        if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+            for call in calls {
+                self.tool_call(call, out)?;
+            }
+        }
+        if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.close_block(out);
+            self.stop_reason = Some(if self.refused {
+                "refusal"
+            } else {
+                stop_reason_of(f)
+            });
+        }
+        Ok(())
+    }
+
+    fn tool_call(&mut self, call: &Value, out: &mut Vec<SseEvent>) -> Result<(), String> {
+        let i = call
+            .get("index")
+            .and_then(Value::as_u64)
+            .and_then(|i| usize::try_from(i).ok())
+            .filter(|&i| i < MAX_TOOL_CALLS)
+            .ok_or_else(|| {
+                format!("a tool call index that is missing or not below {MAX_TOOL_CALLS}")
+            })?;
+        if self.tools.len() <= i {
+            self.tools.resize(i + 1, ToolCall::default());
+        }
+        let args = call
+            .pointer("/function/arguments")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if self.tools[i].started {
+            if !matches!(self.open, Some((Open::Tool(j), _)) if j == i) {
+                return Err(format!("tool call {i} resumed after another block began"));
+            }
+            if !args.is_empty() {
+                self.block_delta(
+                    json!({"type": "input_json_delta", "partial_json": args}),
+                    out,
+                );
+            }
+            return Ok(());
+        }
+        let slot = &mut self.tools[i];
+        if let Some(id) = call.get("id").and_then(Value::as_str) {
+            slot.id = Some(id.to_owned());
+        }
+        if let Some(n) = call.pointer("/function/name").and_then(Value::as_str) {
+            slot.name.push_str(n);
+        }
+        slot.pending.push_str(args);
+        if slot.name.is_empty() || (slot.id.is_none() && slot.pending.is_empty()) {
+            // Wait for the id (it usually comes with the name) or the first argument.
+            return Ok(());
+        }
+        let id = match &slot.id {
+            Some(id) => id.clone(),
+            None => format!("toolu_{}_{i}", self.id.as_str().unwrap_or("keel")),
+        };
+        let name = slot.name.clone();
+        let pending = std::mem::take(&mut slot.pending);
+        slot.started = true;
+        let block = json!({"type": "tool_use", "id": id, "name": name, "input": {}});
+        self.open_block(Open::Tool(i), block, out);
+        if !pending.is_empty() {
+            self.block_delta(
+                json!({"type": "input_json_delta", "partial_json": pending}),
+                out,
+            );
+        }
+        Ok(())
+    }
+
+    fn start(&mut self, out: &mut Vec<SseEvent>) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        out.push(named(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": self.id, "type": "message",
+                "role": "assistant", "model": self.model, "content": [], "stop_reason": null,
+                "stop_sequence": null, "usage": {"input_tokens": 0, "output_tokens": 0}}}),
+        ));
+    }
+
+    /// Makes `kind` the open block, closing the previous one if it is another; `block` is the
+    /// new block's start shape.
+    fn open_block(&mut self, kind: Open, block: Value, out: &mut Vec<SseEvent>) {
+        if matches!(self.open, Some((k, _)) if k == kind) {
+            return;
+        }
+        self.close_block(out);
+        let index = self.next_block;
+        self.next_block += 1;
+        self.open = Some((kind, index));
+        out.push(named(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index, "content_block": block}),
+        ));
+    }
+
+    fn block_delta(&self, delta: Value, out: &mut Vec<SseEvent>) {
+        if let Some((_, index)) = self.open {
+            out.push(named(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index, "delta": delta}),
+            ));
+        }
+    }
+
+    fn close_block(&mut self, out: &mut Vec<SseEvent>) {
+        if let Some((_, index)) = self.open.take() {
+            out.push(named(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": index}),
+            ));
+        }
+    }
+
+    fn finish(&mut self, out: &mut Vec<SseEvent>) {
+        self.start(out);
+        self.close_block(out);
+        let usage = self
+            .usage
+            .take()
+            .unwrap_or_else(|| json!({"output_tokens": 0}));
+        out.push(named(
+            "message_delta",
+            json!({"type": "message_delta",
+                "delta": {"stop_reason": self.stop_reason.unwrap_or("end_turn"), "stop_sequence": null},
+                "usage": usage}),
+        ));
+        out.push(named("message_stop", json!({"type": "message_stop"})));
+        self.done = true;
+    }
+}
+
+fn named(name: &str, v: Value) -> SseEvent {
+    SseEvent::new(Some(name), &v.to_string())
+}

@@ -1,0 +1,262 @@
+//! An Anthropic Messages stream, event by event, as an OpenAI `chat.completion.chunk` stream.
+//!
+//! Every Anthropic event becomes at most one chunk at once: nothing is held back (a tool call's
+//! id and name arrive whole in its `content_block_start`, so its first chunk can go at once,
+//! and argument fragments follow as they come).
+
+use serde_json::{json, Map, Value};
+
+use super::{finish_reason_of, usage_to_openai, ResponseContext};
+use crate::assemble::MAX_CONTENT_BLOCKS;
+use crate::protocol::{error_message, stream_error_event, Protocol};
+use crate::sse::SseEvent;
+use crate::translate::error_kind_of;
+
+/// What an Anthropic content block becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Text,
+    /// A tool call, with its OpenAI `tool_calls` index.
+    Tool(usize),
+    /// The forced tool standing for `response_format`: its input is the answer text.
+    JsonAnswer,
+    Thinking,
+    /// Redacted thinking, server tools: nothing for a Chat client.
+    Ignored,
+}
+
+/// Translates one Anthropic stream for a Chat Completions client.
+#[derive(Debug, Clone)]
+pub struct AnthropicToChatStream {
+    ctx: ResponseContext,
+    model: String,
+    created_s: u64,
+    id: Value,
+    started: bool,
+    blocks: Vec<Option<Block>>,
+    tool_calls: usize,
+    answered_by_json_tool: bool,
+    usage: Map<String, Value>,
+    done: bool,
+}
+
+impl AnthropicToChatStream {
+    /// `public_model` names the model in every chunk; `created_s` is the chunks' `created`.
+    pub fn new(ctx: ResponseContext, public_model: &str, created_s: u64) -> Self {
+        AnthropicToChatStream {
+            ctx,
+            model: public_model.to_owned(),
+            created_s,
+            id: Value::Null,
+            started: false,
+            blocks: Vec::new(),
+            tool_calls: 0,
+            answered_by_json_tool: false,
+            usage: Map::new(),
+            done: false,
+        }
+    }
+
+    /// Whether the stream has ended (`[DONE]` or an error event was written).
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Translates one upstream event, appending the client's events to `out`. `Err` is a
+    /// malformed upstream event (bad JSON, an out-of-range block index).
+    pub fn push(&mut self, ev: &SseEvent, out: &mut Vec<SseEvent>) -> Result<(), String> {
+        if self.done {
+            return Ok(());
+        }
+        if ev.comment_only {
+            out.push(ev.clone());
+            return Ok(());
+        }
+        let v: Value = serde_json::from_str(&ev.data)
+            .map_err(|e| format!("invalid JSON in an Anthropic stream event: {e}"))?;
+        let name = ev
+            .event
+            .as_deref()
+            .or_else(|| v.get("type").and_then(Value::as_str))
+            .unwrap_or("");
+        match name {
+            "ping" => out.push(comment("ping")),
+            "message_start" => {
+                let msg = v.get("message").unwrap_or(&Value::Null);
+                self.id = msg.get("id").cloned().unwrap_or(Value::Null);
+                self.merge_usage(msg.get("usage"));
+                self.start(out);
+            }
+            "content_block_start" => {
+                self.start(out);
+                let i = block_index(&v)?;
+                let block = v.get("content_block").unwrap_or(&Value::Null);
+                let kind = match block.get("type").and_then(Value::as_str).unwrap_or("") {
+                    "text" => {
+                        let t = block.get("text").and_then(Value::as_str).unwrap_or("");
+                        self.emit_delta(json!({"content": t}), t, out);
+                        Block::Text
+                    }
+                    "thinking" => Block::Thinking,
+                    "tool_use" => {
+                        let name = block.get("name").and_then(Value::as_str).unwrap_or("");
+                        if self.ctx.json_tool.as_deref() == Some(name) {
+                            self.answered_by_json_tool = true;
+                            Block::JsonAnswer
+                        } else {
+                            let k = self.tool_calls;
+                            self.tool_calls += 1;
+                            let call = json!({"index": k, "id": block.get("id").cloned().unwrap_or(Value::Null),
+                                "type": "function", "function": {"name": name, "arguments": ""}});
+                            out.push(self.chunk(json!({"tool_calls": [call]}), Value::Null));
+                            Block::Tool(k)
+                        }
+                    }
+                    _ => Block::Ignored,
+                };
+                if self.blocks.len() <= i {
+                    self.blocks.resize(i + 1, None);
+                }
+                self.blocks[i] = Some(kind);
+            }
+            "content_block_delta" => {
+                let i = block_index(&v)?;
+                let Some(kind) = self.blocks.get(i).copied().flatten() else {
+                    return Err(format!(
+                        "a delta for content block {i}, which never started"
+                    ));
+                };
+                let delta = v.get("delta").unwrap_or(&Value::Null);
+                let text = |k: &str| delta.get(k).and_then(Value::as_str).unwrap_or("");
+                match (
+                    kind,
+                    delta.get("type").and_then(Value::as_str).unwrap_or(""),
+                ) {
+                    (Block::Text, "text_delta") => {
+                        self.emit_delta(json!({"content": text("text")}), text("text"), out)
+                    }
+                    (Block::Thinking, "thinking_delta") => self.emit_delta(
+                        json!({"reasoning_content": text("thinking")}),
+                        text("thinking"),
+                        out,
+                    ),
+                    (Block::JsonAnswer, "input_json_delta") => self.emit_delta(
+                        json!({"content": text("partial_json")}),
+                        text("partial_json"),
+                        out,
+                    ),
+                    (Block::Tool(k), "input_json_delta") => {
+                        let part = text("partial_json");
+                        let call = json!({"index": k, "function": {"arguments": part}});
+                        self.emit_delta(json!({"tool_calls": [call]}), part, out);
+                    }
+                    // Signatures, citations and whatever comes next: no Chat form.
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                self.start(out);
+                self.merge_usage(v.get("usage"));
+                if let Some(stop) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    let finish = if self.answered_by_json_tool && stop == "tool_use" {
+                        "stop"
+                    } else {
+                        finish_reason_of(stop)
+                    };
+                    out.push(self.chunk(json!({}), json!(finish)));
+                }
+            }
+            "message_stop" => {
+                self.start(out);
+                if self.ctx.include_usage {
+                    let mut chunk = self.base();
+                    chunk.insert("choices".into(), json!([]));
+                    chunk.insert(
+                        "usage".into(),
+                        usage_to_openai(&Value::Object(self.usage.clone())),
+                    );
+                    out.push(SseEvent::new(None, &Value::Object(chunk).to_string()));
+                }
+                out.push(SseEvent::new(None, "[DONE]"));
+                self.done = true;
+            }
+            "error" => {
+                let kind = error_kind_of(&v, None);
+                out.push(stream_error_event(
+                    Protocol::OpenAi,
+                    kind,
+                    &error_message(&v),
+                ));
+                self.done = true;
+            }
+            // content_block_stop, and event types newer than this code.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The role chunk, once, before anything else.
+    fn start(&mut self, out: &mut Vec<SseEvent>) {
+        if !self.started {
+            self.started = true;
+            out.push(self.chunk(json!({"role": "assistant", "content": ""}), Value::Null));
+        }
+    }
+
+    fn emit_delta(&self, delta: Value, payload: &str, out: &mut Vec<SseEvent>) {
+        if !payload.is_empty() {
+            out.push(self.chunk(delta, Value::Null));
+        }
+    }
+
+    fn merge_usage(&mut self, usage: Option<&Value>) {
+        if let Some(Value::Object(u)) = usage {
+            for (k, v) in u {
+                if v.is_u64() {
+                    self.usage.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+
+    fn base(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("id".into(), self.id.clone());
+        m.insert("object".into(), "chat.completion.chunk".into());
+        m.insert("created".into(), self.created_s.into());
+        m.insert("model".into(), self.model.as_str().into());
+        m
+    }
+
+    fn chunk(&self, delta: Value, finish: Value) -> SseEvent {
+        let mut m = self.base();
+        m.insert(
+            "choices".into(),
+            json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]),
+        );
+        if self.ctx.include_usage {
+            m.insert("usage".into(), Value::Null);
+        }
+        SseEvent::new(None, &Value::Object(m).to_string())
+    }
+}
+
+fn block_index(v: &Value) -> Result<usize, String> {
+    let i = v
+        .get("index")
+        .and_then(Value::as_u64)
+        .ok_or("a content block event without an index")?;
+    usize::try_from(i)
+        .ok()
+        .filter(|&i| i < MAX_CONTENT_BLOCKS)
+        .ok_or_else(|| format!("content block index {i} exceeds the limit of {MAX_CONTENT_BLOCKS}"))
+}
+
+fn comment(text: &str) -> SseEvent {
+    SseEvent {
+        event: None,
+        data: String::new(),
+        comment_only: true,
+        raw: SseEvent::comment(text),
+    }
+}
