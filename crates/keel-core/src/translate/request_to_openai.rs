@@ -190,7 +190,19 @@ fn convert_message(
     out: &mut Vec<Value>,
     fixes: &mut Fixes,
 ) -> Result<(), RequestError> {
-    let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+    let role = match m.get("role").and_then(Value::as_str) {
+        Some(r @ ("user" | "assistant")) => r,
+        Some(other) => {
+            return Err(RequestError::invalid(format!(
+                "`{path}.role`: unknown role `{other}`"
+            )))
+        }
+        None => {
+            return Err(RequestError::invalid(format!(
+                "missing required field `{path}.role`"
+            )))
+        }
+    };
     let content = m.get("content").unwrap_or(&Value::Null);
     let blocks = match content {
         Value::String(s) => {
@@ -229,7 +241,8 @@ fn convert_message(
                 out.push(json!({"role": "user", "content": parts}));
             }
         }
-        "assistant" => {
+        // "assistant", checked above.
+        _ => {
             let mut texts = Vec::new();
             let mut calls = Vec::new();
             for (j, b) in blocks.iter().enumerate() {
@@ -275,11 +288,6 @@ fn convert_message(
                 msg.insert("tool_calls".into(), Value::Array(calls));
             }
             out.push(Value::Object(msg));
-        }
-        other => {
-            return Err(RequestError::invalid(format!(
-                "`{path}.role`: unknown role `{other}`"
-            )))
         }
     }
     Ok(())

@@ -10,7 +10,7 @@
 use serde_json::{json, Value};
 
 use super::{stop_reason_of, usage_to_anthropic};
-use crate::assemble::MAX_TOOL_CALLS;
+use crate::assemble::{MAX_ASSEMBLED_BYTES, MAX_TOOL_CALLS};
 use crate::protocol::{error_message, stream_error_event, Protocol};
 use crate::sse::SseEvent;
 use crate::translate::error_kind_of;
@@ -177,6 +177,11 @@ impl ChatToAnthropicStream {
             slot.name.push_str(n);
         }
         slot.pending.push_str(args);
+        if slot.pending.len() + slot.name.len() > MAX_ASSEMBLED_BYTES {
+            return Err(format!(
+                "tool call {i} sent more than {MAX_ASSEMBLED_BYTES} bytes before its name"
+            ));
+        }
         if slot.name.is_empty() || (slot.id.is_none() && slot.pending.is_empty()) {
             // Wait for the id (it usually comes with the name) or the first argument.
             return Ok(());

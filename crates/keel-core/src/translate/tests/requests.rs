@@ -1,5 +1,6 @@
 //! Requests: round trips, refusals and fix codes.
 
+use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use super::*;
@@ -296,4 +297,65 @@ fn json_schema_response_format_is_a_forced_tool_and_maps_back_to_text() {
     with_tools["tools"] = json!([{"type": "function", "function": {"name": "f"}}]);
     let e = chat_to_messages(&obj(with_tools), 100).unwrap_err();
     assert!(e.message.starts_with("response_format: "), "{}", e.message);
+}
+
+#[test]
+fn roles_outside_each_protocol_are_refused() {
+    let msgs =
+        json!({"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]});
+    let e = messages_to_chat(&obj(msgs)).unwrap_err();
+    assert_eq!(e.message, "`messages[0].role`: unknown role `system`");
+    let chat =
+        json!({"model": "m", "messages": [{"role": "function", "name": "f", "content": "x"}]});
+    let e = chat_to_messages(&obj(chat), 5).unwrap_err();
+    assert!(e.message.starts_with("messages[0].role: "), "{}", e.message);
+}
+
+/// One Chat message of a generated conversation.
+fn chat_message() -> impl Strategy<Value = Value> {
+    let text = "\\PC{0,12}";
+    let call = (
+        "[a-z]{1,6}",
+        "[a-z_]{1,8}",
+        proptest::collection::btree_map("[a-z]{1,4}", 0u32..100, 0..3),
+    )
+        .prop_map(|(id, name, args)| {
+            json!({"id": format!("toolu_{id}"), "type": "function",
+                "function": {"name": name, "arguments": json!(args).to_string()}})
+        });
+    prop_oneof![
+        text.prop_map(|t| json!({"role": "user", "content": t})),
+        ("\\PC{1,12}", proptest::collection::vec(call.clone(), 0..3)).prop_map(|(t, calls)| {
+            let mut m = json!({"role": "assistant", "content": t});
+            if !calls.is_empty() {
+                m["tool_calls"] = json!(calls);
+            }
+            m
+        }),
+        proptest::collection::vec(call, 1..3)
+            .prop_map(|calls| json!({"role": "assistant", "content": null, "tool_calls": calls})),
+        ("[a-z]{1,6}", text).prop_map(|(id, t)| {
+            json!({"role": "tool", "tool_call_id": format!("toolu_{id}"), "content": t})
+        }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn any_conversation_survives_chat_to_messages_to_chat(
+        system in proptest::option::of("\\PC{1,12}"),
+        turns in proptest::collection::vec(chat_message(), 1..8),
+    ) {
+        let mut messages = Vec::new();
+        if let Some(s) = system {
+            messages.push(json!({"role": "system", "content": s}));
+        }
+        messages.extend(turns);
+        let chat = json!({"model": "m", "max_tokens": 64, "messages": messages});
+        let there = chat_to_messages(&obj(chat.clone()), 1).unwrap();
+        prop_assert!(there.fixes.is_empty(), "{:?}", there.fixes);
+        let back = messages_to_chat(&there.body).unwrap();
+        prop_assert!(back.fixes.is_empty(), "{:?}", back.fixes);
+        prop_assert_eq!(Value::Object(back.body), chat);
+    }
 }

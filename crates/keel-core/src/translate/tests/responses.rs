@@ -74,3 +74,28 @@ fn error_bodies_change_shape_and_keep_kind_and_message() {
     );
     assert_eq!(error_kind_of(&anthropic, None), ErrorKind::Overloaded);
 }
+
+#[test]
+fn a_chat_completion_survives_the_round_trip_through_a_message() {
+    let completion = json!({"id": "chatcmpl-7", "object": "chat.completion", "created": 42, "model": "pub",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Two calls.", "refusal": null,
+            "tool_calls": [
+                {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{\"x\":1}"}},
+                {"id": "toolu_b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+            "logprobs": null, "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150,
+            "prompt_tokens_details": {"cached_tokens": 100}}});
+    let message = chat_completion_to_message(&completion, "pub").unwrap();
+    assert_eq!(message["usage"]["input_tokens"], 20);
+    let back =
+        message_to_chat_completion(&message, &ResponseContext::default(), "pub", 42).unwrap();
+    assert_eq!(back, completion);
+
+    let refused = json!({"id": "c", "choices": [{"index": 0, "message": {"role": "assistant",
+        "content": null, "refusal": "I can't help with that."}, "finish_reason": "stop"}]});
+    let m = chat_completion_to_message(&refused, "pub").unwrap();
+    assert_eq!(m["stop_reason"], "refusal");
+    assert_eq!(m["content"][0]["text"], "I can't help with that.");
+    let c = message_to_chat_completion(&m, &ResponseContext::default(), "pub", 1).unwrap();
+    assert_eq!(c["choices"][0]["finish_reason"], "content_filter");
+}
