@@ -36,6 +36,8 @@ pub struct AnthropicToChatStream {
     blocks: Vec<Option<Block>>,
     tool_calls: usize,
     answered_by_json_tool: bool,
+    /// A chunk with a finish reason went out.
+    finished: bool,
     usage: Map<String, Value>,
     done: bool,
 }
@@ -52,6 +54,7 @@ impl AnthropicToChatStream {
             blocks: Vec::new(),
             tool_calls: 0,
             answered_by_json_tool: false,
+            finished: false,
             usage: Map::new(),
             done: false,
         }
@@ -164,10 +167,16 @@ impl AnthropicToChatStream {
                         finish_reason_of(stop)
                     };
                     out.push(self.chunk(json!({}), json!(finish)));
+                    self.finished = true;
                 }
             }
             "message_stop" => {
                 self.start(out);
+                if !self.finished {
+                    // Chat clients expect a finish reason; the upstream gave none.
+                    out.push(self.chunk(json!({}), json!("stop")));
+                    self.finished = true;
+                }
                 if self.ctx.include_usage {
                     let mut chunk = self.base();
                     chunk.insert("choices".into(), json!([]));

@@ -479,3 +479,25 @@ proptest! {
         prop_assert_eq!(&body["content"][0]["id"], "call_1");
     }
 }
+
+#[test]
+fn a_stream_without_a_stop_reason_still_finishes() {
+    let events = [
+        ev(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "m"}}),
+        ),
+        ev("message_stop", json!({"type": "message_stop"})),
+    ];
+    let mut s = AnthropicToChatStream::new(ResponseContext::default(), "pub", 1);
+    let body = assemble_openai(&mut s, &events);
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert_eq!(body["choices"][0]["message"]["content"], "");
+
+    let out = translate_to_anthropic(
+        &mut ChatToAnthropicStream::new("pub"),
+        &[SseEvent::new(None, "[DONE]")],
+    );
+    let names: Vec<&str> = out.iter().map(|e| e.event.as_deref().unwrap()).collect();
+    assert_eq!(names, ["message_start", "message_delta", "message_stop"]);
+}
