@@ -380,11 +380,17 @@ async fn run_contender(
         r429 += x.advised_retries as usize;
         r429_ok += x.advised_ok as usize;
     }
-    let upstream_requests: u64 = fleet.servers.iter().map(|s| s.state.stats().requests).sum();
-    let tokens_sent: u64 = fleet
-        .servers
+    // Counted from when the contender was ready: keel's start-up warm-ups and a peer's readiness
+    // check are a one-time cost, not a cost per request under load.
+    let upstream_requests: u64 = after
         .iter()
-        .map(|s| s.state.stats().tokens_sent)
+        .zip(&before)
+        .map(|(a, b)| a.requests.saturating_sub(b.requests))
+        .sum();
+    let tokens_sent: u64 = after
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a.tokens_sent.saturating_sub(b.tokens_sent))
         .sum();
     let reference_tokens: u64 = plan(s, duration, seed)
         .iter()
