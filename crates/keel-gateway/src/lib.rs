@@ -35,6 +35,7 @@ pub mod relay;
 pub mod selection;
 pub mod server;
 pub mod settlement;
+pub mod translation;
 pub mod upstream;
 
 use std::collections::{HashMap, VecDeque};
