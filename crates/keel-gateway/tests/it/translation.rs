@@ -335,3 +335,58 @@ default_max_tokens = 2048
         .to_string();
     assert!(e.contains("default_max_tokens"), "{e}");
 }
+
+#[tokio::test]
+async fn streams_migrate_across_protocols_by_prefill() {
+    for (client, protocols) in [
+        ("/v1/messages", ["anthropic", "openai"]),
+        ("/v1/chat/completions", ["openai", "anthropic"]),
+    ] {
+        for n in [1u64, 7] {
+            let h = start(&protocols, 1000, "hedge = \"off\"").await;
+            add_fault(h.server(0), json!({"kind": "close", "after_tokens": n})).await;
+            let body = if client == "/v1/messages" {
+                messages("write a long story", true)
+            } else {
+                chat("write a long story", true)
+            };
+            // The whole answer as the continuing server would give it.
+            let want = reference(&h, 1, client, &body).await;
+            let r = h
+                .post_with(client, &[("x-keel-force-variant", "sim-0")], &body)
+                .await;
+            assert_eq!(r.status(), 200);
+            let events = read_stream(r).await;
+            let data: Vec<&SseEvent> = events.iter().filter(|e| !e.comment_only).collect();
+            if client == "/v1/messages" {
+                let names: Vec<&str> = data.iter().filter_map(|e| e.event.as_deref()).collect();
+                assert_eq!(
+                    names.iter().filter(|n| **n == "message_start").count(),
+                    1,
+                    "{names:?}"
+                );
+                assert_eq!(names.last(), Some(&"message_stop"), "{names:?}");
+                assert_eq!(
+                    anthropic_text(&events),
+                    want["content"][0]["text"].as_str().unwrap(),
+                    "{client} after {n}"
+                );
+            } else {
+                assert_eq!(data.last().unwrap().data, "[DONE]");
+                assert_eq!(
+                    openai_stream_text(&events),
+                    want["choices"][0]["message"]["content"].as_str().unwrap(),
+                    "{client} after {n}"
+                );
+            }
+            // The continuation reached the other protocol's server.
+            assert!(h.server(1).state.stats().requests >= 1);
+            assert!(
+                events.iter().any(|e| e.comment_only
+                    && String::from_utf8_lossy(&e.raw)
+                        .contains("keel migrated from=sim-0 to=sim-1")),
+                "{client} after {n}: no migration note"
+            );
+        }
+    }
+}
