@@ -325,17 +325,27 @@ impl CanonicalRequest {
         params: &Map<String, Value>,
     ) -> Map<String, Value> {
         let mut body = self.body.clone();
-        body.insert("model".into(), Value::String(upstream_model.to_owned()));
-        for (k, v) in params {
-            if CAPPED_PARAMS.contains(&k.as_str()) {
-                if let (Some(cap), Some(cur)) = (v.as_u64(), body.get(k).and_then(Value::as_u64)) {
-                    body.insert(k.clone(), Value::from(cur.min(cap)));
-                    continue;
-                }
-            }
-            body.insert(k.clone(), v.clone());
-        }
+        apply_variant(&mut body, upstream_model, params);
         body
+    }
+}
+
+/// Sets the upstream model name and applies a variant's parameter overrides to a body already
+/// in the variant's protocol (see [`CAPPED_PARAMS`]).
+pub fn apply_variant(
+    body: &mut Map<String, Value>,
+    upstream_model: &str,
+    params: &Map<String, Value>,
+) {
+    body.insert("model".into(), Value::String(upstream_model.to_owned()));
+    for (k, v) in params {
+        if CAPPED_PARAMS.contains(&k.as_str()) {
+            if let (Some(cap), Some(cur)) = (v.as_u64(), body.get(k).and_then(Value::as_u64)) {
+                body.insert(k.clone(), Value::from(cur.min(cap)));
+                continue;
+            }
+        }
+        body.insert(k.clone(), v.clone());
     }
 }
 

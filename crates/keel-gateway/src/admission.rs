@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use keel_core::protocol::{Endpoint, ErrorKind};
+use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 use keel_core::request::{self, CanonicalRequest};
 use keel_core::selection::Preference;
 
@@ -119,15 +119,15 @@ pub async fn admit(
             ),
         )
     })?;
-    // count_tokens on an OpenAI pool is answered locally (see server), so it is allowed here.
-    if pool.protocol != endpoint.protocol() && endpoint != Endpoint::CountTokens {
+    // Chat Completions and Messages reach a variant of either protocol (translated at the
+    // attempt); /v1/completions only an OpenAI-protocol one. count_tokens is answered locally
+    // when no variant speaks Anthropic (see server).
+    if endpoint == Endpoint::Completions && !pool.speaks(Protocol::OpenAi) {
         return Err(GatewayError::new(
             ErrorKind::InvalidRequest,
             format!(
-                "model `{}` is served over the {} protocol; call it through its {} endpoint (cross-protocol translation is not enabled)",
-                req.model,
-                pool.protocol.as_str(),
-                pool.protocol.as_str()
+                "model `{}` is served over the anthropic protocol, which has no /v1/completions; call it through /v1/messages or /v1/chat/completions",
+                req.model
             ),
         ));
     }

@@ -30,6 +30,7 @@ use keel_core::synthesize::stream_from_whole;
 use crate::context::RequestCtx;
 use crate::pools::Pool;
 use crate::settlement::MAX_COOLDOWN_MS;
+use crate::translation::{self, StreamTranslator, PROMPT_FIX_HEADER};
 use crate::upstream;
 
 /// Largest error body read from an upstream (only its message is used).
@@ -45,8 +46,8 @@ pub struct StreamStart {
     pub head: Vec<SseEvent>,
     /// Events received in the same read as the first output, not yet processed.
     pub pending: Vec<SseEvent>,
-    pub decoder: SseDecoder,
-    pub upstream: UpstreamBytes,
+    /// The rest of the stream, in the client's protocol.
+    pub source: Source,
     pub headers: HeaderMap,
     /// When the first output arrived.
     pub first_token_at: Instant,
@@ -78,6 +79,8 @@ pub enum ReadEnd {
     Closed,
     Transport(reqwest::Error),
     Framing(SseError),
+    /// A cross-protocol stream's event could not be translated (or broke a bound).
+    Translation(String),
 }
 
 impl ReadEnd {
@@ -89,6 +92,9 @@ impl ReadEnd {
             ReadEnd::Closed => AttemptFailure::Io(format!("the upstream closed the stream {what}")),
             ReadEnd::Transport(e) => transport_error(e),
             ReadEnd::Framing(e) => AttemptFailure::Malformed(format!("stream framing: {e}")),
+            ReadEnd::Translation(m) => {
+                AttemptFailure::Malformed(format!("translating the stream: {m}"))
+            }
         }
     }
 }
@@ -119,6 +125,68 @@ pub async fn next_events(
         Ok(Some(Ok(c))) => c,
     };
     decoder.feed(&chunk, out).map_err(ReadEnd::Framing)
+}
+
+/// An upstream stream as events in the client's protocol: decoded, and translated when the
+/// variant speaks the other protocol.
+pub struct Source {
+    upstream: UpstreamBytes,
+    decoder: SseDecoder,
+    translator: Option<StreamTranslator>,
+    raw: Vec<SseEvent>,
+}
+
+impl Source {
+    pub fn new(
+        upstream: UpstreamBytes,
+        decoder: SseDecoder,
+        translator: Option<StreamTranslator>,
+    ) -> Source {
+        Source {
+            upstream,
+            decoder,
+            translator,
+            raw: Vec::new(),
+        }
+    }
+
+    /// A source with nothing more to read.
+    pub fn empty() -> Source {
+        Source::new(
+            Box::pin(futures_util::stream::empty()),
+            SseDecoder::new(),
+            None,
+        )
+    }
+
+    /// [`next_events`], in the client's protocol.
+    pub async fn next(
+        &mut self,
+        deadline: Instant,
+        out: &mut Vec<SseEvent>,
+    ) -> Result<(), ReadEnd> {
+        let Some(t) = &mut self.translator else {
+            return next_events(&mut self.upstream, &mut self.decoder, deadline, out).await;
+        };
+        self.raw.clear();
+        next_events(
+            &mut self.upstream,
+            &mut self.decoder,
+            deadline,
+            &mut self.raw,
+        )
+        .await?;
+        let from = t.upstream_protocol();
+        for ev in &self.raw {
+            if let Some(i) = oversized_index(from, ev) {
+                return Err(ReadEnd::Translation(format!(
+                    "an index of {i} (more than {MAX_OUTPUT_INDEX})"
+                )));
+            }
+            t.push(ev, out).map_err(ReadEnd::Translation)?;
+        }
+        Ok(())
+    }
 }
 
 /// Reads a whole body of at most `limit` bytes before `deadline`.
@@ -233,8 +301,29 @@ async fn run(
     ctx: &RequestCtx,
 ) -> Result<AttemptResult, AttemptFailure> {
     let variant = &pool.variants[vi].cfg;
-    let body = serde_json::to_vec(&req.upstream_view(&variant.upstream_model, &variant.params))
-        .map_err(|e| AttemptFailure::Malformed(format!("cannot encode request: {e}")))?;
+    // A variant of the other protocol: the request translated for it (execution and the relay
+    // check beforehand that it can be), the answer translated back below.
+    let translated = translation::translate_request(variant, req).map_err(|e| {
+        AttemptFailure::Malformed(format!("cannot translate the request: {}", e.message))
+    })?;
+    let (endpoint, body, back, fixes) = match translated {
+        None => (
+            ctx.endpoint,
+            serde_json::to_vec(&req.upstream_view(&variant.upstream_model, &variant.params)),
+            None,
+            Vec::new(),
+        ),
+        Some(t) => (
+            t.endpoint,
+            serde_json::to_vec(&t.body),
+            Some(t.response),
+            t.fixes,
+        ),
+    };
+    let body =
+        body.map_err(|e| AttemptFailure::Malformed(format!("cannot encode request: {e}")))?;
+    // What the client is answered in.
+    let protocol = ctx.endpoint.protocol();
     let started = Instant::now();
     let streaming = req.stream && ctx.endpoint != Endpoint::CountTokens;
     let first_token_deadline = started + Duration::from_millis(pool.cfg.timeouts.first_token_ms);
@@ -245,14 +334,17 @@ async fn run(
     };
     let hit_total = |d: Instant| d >= ctx.deadline;
 
-    let send = upstream::request(&pool.client, variant, ctx.endpoint, &ctx.forwarded, body).send();
+    let send = upstream::request(&pool.client, variant, endpoint, &ctx.forwarded, body).send();
     let resp = match timeout_at(head_deadline, send).await {
         Err(_) => return Err(timeout_failure(hit_total(head_deadline), started)),
         Ok(Err(e)) => return Err(transport_error(e)),
         Ok(Ok(r)) => r,
     };
     let status = resp.status();
-    let headers = kept_headers(resp.headers());
+    let mut headers = kept_headers(resp.headers());
+    if let Some(v) = translation::fix_header(&fixes) {
+        headers.insert(PROMPT_FIX_HEADER, v);
+    }
 
     if !status.is_success() {
         let h = resp.headers();
@@ -278,8 +370,11 @@ async fn run(
         return Ok(match failure.verdict() {
             Verdict::ReturnToClient => AttemptResult::ClientError(Served::Whole {
                 status,
+                body: match &back {
+                    Some(b) => b.error(&body, status.as_u16()),
+                    None => body,
+                },
                 headers,
-                body,
             }),
             _ => AttemptResult::Failed(failure),
         });
@@ -299,13 +394,20 @@ async fn run(
             )));
         }
         let body = read_body(resp, pool.limits.max_body_bytes, ctx.deadline, started).await?;
-        let value: serde_json::Value = serde_json::from_slice(&body)
+        let mut value: serde_json::Value = serde_json::from_slice(&body)
             .map_err(|e| AttemptFailure::Malformed(format!("response body is not JSON: {e}")))?;
+        let mut body = body;
+        if let Some(b) = &back {
+            value = b.whole(&value).map_err(|e| {
+                AttemptFailure::Malformed(format!("cannot translate the response: {e}"))
+            })?;
+            body = Bytes::from(value.to_string());
+        }
         if !streaming || !ctx.client_stream {
             if streaming {
                 // Streamed upstream for assembly, answered whole: the answer itself, unless it
                 // is an error dressed as a success.
-                stream_from_whole(variant.protocol, ctx.endpoint, &value)
+                stream_from_whole(protocol, ctx.endpoint, &value)
                     .map_err(AttemptFailure::Malformed)?;
             }
             return Ok(AttemptResult::Served(Served::Whole {
@@ -314,27 +416,27 @@ async fn run(
                 body,
             }));
         }
-        let head = stream_from_whole(variant.protocol, ctx.endpoint, &value)
-            .map_err(AttemptFailure::Malformed)?;
+        let head =
+            stream_from_whole(protocol, ctx.endpoint, &value).map_err(AttemptFailure::Malformed)?;
         return Ok(AttemptResult::Served(Served::Stream(StreamStart {
             head,
             pending: Vec::new(),
-            decoder: SseDecoder::new(),
-            upstream: Box::pin(futures_util::stream::empty()),
+            source: Source::empty(),
             headers,
             first_token_at: Instant::now(),
         })));
     }
 
-    let protocol = variant.protocol;
     // Fused: the relay may ask again after the end (see `next_events`).
-    let mut upstream: UpstreamBytes = Box::pin(resp.bytes_stream().fuse());
-    let mut decoder = SseDecoder::with_max_event_bytes(pool.limits.max_event_bytes);
+    let mut source = Source::new(
+        Box::pin(resp.bytes_stream().fuse()),
+        SseDecoder::with_max_event_bytes(pool.limits.max_event_bytes),
+        back.as_ref().map(|b| b.stream()),
+    );
     let mut head = Vec::new();
     let mut events = Vec::new();
     loop {
-        if let Err(end) = next_events(&mut upstream, &mut decoder, head_deadline, &mut events).await
-        {
+        if let Err(end) = source.next(head_deadline, &mut events).await {
             return Err(match end {
                 ReadEnd::Timeout => timeout_failure(hit_total(head_deadline), started),
                 other => other.failure("before the first token"),
@@ -364,8 +466,7 @@ async fn run(
                     return Ok(AttemptResult::Served(Served::Stream(StreamStart {
                         head,
                         pending,
-                        decoder,
-                        upstream,
+                        source,
                         headers,
                         first_token_at: Instant::now(),
                     })));

@@ -19,6 +19,7 @@ use crate::errors::GatewayError;
 use crate::execution::{Executed, Outcome};
 use crate::pools::Pool;
 use crate::relay::{Assembled, Relay, Sink, Summary};
+use crate::translation::PROMPT_FIX_HEADER;
 use crate::Gateway;
 
 /// Sets the `x-keel-*` headers.
@@ -139,6 +140,7 @@ pub async fn deliver(
     log.ttft = Some(start.first_token_at.duration_since(log.started));
     let relay = |sink| Relay::new(gw, sink, protocol, pool, req, ctx, order, attempts);
     if !ctx.client_stream {
+        let fixes = start.headers.get(PROMPT_FIX_HEADER).cloned();
         let assembled = Arc::new(Mutex::new(Assembled::default()));
         let relay = relay(Sink::Assemble(assembled.clone()));
         let summary: Summary = relay.run(committed, start, log).await;
@@ -154,6 +156,9 @@ pub async fn deliver(
                 bytes::Bytes::from(assembler.finish(ctx.endpoint).to_string()),
             ),
         };
+        if let Some(v) = fixes {
+            resp.headers_mut().insert(PROMPT_FIX_HEADER, v);
+        }
         keel_headers(
             resp.headers_mut(),
             &ctx.id,

@@ -31,6 +31,7 @@ use crate::context::RequestCtx;
 use crate::errors::GatewayError;
 use crate::pools::Pool;
 use crate::settlement::{AttemptKind, Attempts, Committed, Entered, Refused, Settled};
+use crate::translation;
 
 /// How stage 2 ended.
 pub enum Outcome {
@@ -62,6 +63,31 @@ pub async fn execute(
     let max_attempts = pool.cfg.max_attempts as usize;
     let mut hedged = false;
     pool.count_request();
+
+    // A variant of the other protocol that cannot be given this request (a field its protocol
+    // cannot express) is left out of the plan; when that leaves nothing, the client hears why.
+    let mut untranslatable = None;
+    let order: Vec<usize> = order
+        .iter()
+        .copied()
+        .filter(
+            |&vi| match translation::check(&pool.variants[vi].cfg, req) {
+                Ok(()) => true,
+                Err(e) => {
+                    untranslatable.get_or_insert(e);
+                    false
+                }
+            },
+        )
+        .collect();
+    if let (true, Some(e)) = (order.is_empty(), untranslatable) {
+        return Executed {
+            outcome: Outcome::Failed(GatewayError::from(e)),
+            attempts,
+            route: None,
+        };
+    }
+    let order = &order[..];
 
     // Walk the plan; when it is exhausted with attempts left, come back to variants that are
     // still available (a one-variant pool can retry a transient 503), after a short backoff.

@@ -10,7 +10,8 @@
 //!
 //! [`server`] accepts connections and routes each request to [`server::handle_generation`],
 //! which calls the stages in that order. Every upstream attempt, whichever stage starts it,
-//! enters its variant and is settled through [`settlement`]. State that outlives a request:
+//! enters its variant and is settled through [`settlement`]; one on a variant of the other
+//! protocol than the client's is translated at the attempt's boundary ([`translation`]). State that outlives a request:
 //! [`pools`] (live variant state), [`capacity`] (learned limits, the wait line), [`monitor`]
 //! (probes, warm-ups, scrapes), [`metrics`] (this gateway's registry).
 #![forbid(unsafe_code)]
@@ -35,6 +36,7 @@ pub mod relay;
 pub mod selection;
 pub mod server;
 pub mod settlement;
+pub mod translation;
 pub mod upstream;
 
 use std::collections::{HashMap, VecDeque};

@@ -56,6 +56,7 @@ const POOL_TTFT_SAMPLES: usize = 512;
 /// One pool at run time.
 pub struct Pool {
     pub cfg: PoolConfig,
+    /// The first variant's protocol (a pool may mix protocols: see [`Pool::speaks`]).
     pub protocol: Protocol,
     pub variants: Vec<Variant>,
     /// Upstream HTTP client (connection pool) with this pool's connect timeout.
@@ -159,6 +160,11 @@ impl Variant {
 }
 
 impl Pool {
+    /// Whether some variant of the pool speaks `protocol`.
+    pub fn speaks(&self, protocol: Protocol) -> bool {
+        self.variants.iter().any(|v| v.cfg.protocol == protocol)
+    }
+
     pub fn new(
         cfg: PoolConfig,
         client: reqwest::Client,

@@ -187,7 +187,7 @@ pub async fn handle_generation(
     };
     let admission::Admitted { req, pool, ctx } = admitted;
     let mut log = RequestLog::new(&gw.metrics, &id, started, endpoint, &pool.cfg.name);
-    if endpoint == Endpoint::CountTokens && pool.protocol == Protocol::OpenAi {
+    if endpoint == Endpoint::CountTokens && !pool.speaks(Protocol::Anthropic) {
         // OpenAI-protocol servers have no count_tokens endpoint: answer with keel's estimate.
         let body = json!({"input_tokens": req.estimated_input_tokens}).to_string();
         log.status = 200;
@@ -221,7 +221,7 @@ pub async fn handle_generation(
         r.stream = true;
         r.body
             .insert("stream".into(), serde_json::Value::Bool(true));
-        if pool.protocol == Protocol::OpenAi {
+        if endpoint.protocol() == Protocol::OpenAi {
             r.body
                 .insert("stream_options".into(), json!({"include_usage": true}));
         }

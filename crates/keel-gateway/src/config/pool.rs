@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use toml::de::DeValue;
 
 use keel_core::health::HealthConfig;
-use keel_core::protocol::Protocol;
 use keel_core::selection::PolicyKind;
 
 use super::read::{did_you_mean, Issues, Kind, Table};
@@ -223,7 +222,8 @@ fn read_hedge(t: &mut Table, issues: &mut Issues) -> Hedge {
     Hedge::Auto
 }
 
-/// The pool's variants: at least one, unique names, one protocol, not all of weight 0.
+/// The pool's variants: at least one, unique names, not all of weight 0. Protocols may mix:
+/// a variant that speaks the other protocol than the client is reached through translation.
 fn read_variants(
     t: &mut Table,
     up: &Inherited,
@@ -248,20 +248,6 @@ fn read_variants(
     for vt in tables {
         if let Some(v) = variant::read(vt, &mut taken, up.env, warnings, issues) {
             parsed.push(v);
-        }
-    }
-    if let Some(first) = parsed.first() {
-        let protocol: Protocol = first.protocol.value;
-        for other in parsed.iter().filter(|v| v.protocol.value != protocol) {
-            issues.report(
-                other.protocol.at,
-                &other.protocol.path,
-                format!(
-                    "`{}` differs from the pool's first variant (`{}`); a pool's variants share one protocol until cross-protocol translation lands",
-                    other.protocol.value.as_str(),
-                    protocol.as_str()
-                ),
-            );
         }
     }
     // Only when every variant was read: a broken one might have had a weight.

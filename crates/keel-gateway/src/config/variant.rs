@@ -37,6 +37,9 @@ pub struct VariantConfig {
     /// (a GET; 200 = ready) before sending any generation request.
     pub health_url: Option<String>,
     pub continuation_fields: Map<String, Value>,
+    /// `max_tokens` for a Chat Completions request without one translated for this
+    /// Anthropic-protocol variant (Anthropic requires it).
+    pub default_max_tokens: u32,
 }
 
 impl fmt::Debug for VariantConfig {
@@ -65,10 +68,12 @@ const RESUME_MODES: [(&str, ResumeMode); 4] = [
     ("none", ResumeMode::None),
 ];
 
-/// A variant and where its protocol is written (the pool checks that its variants agree).
+/// The `default_max_tokens` when a variant sets none.
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+
+/// A variant as read.
 pub(super) struct ParsedVariant {
     pub(super) cfg: VariantConfig,
-    pub(super) protocol: Val<Protocol>,
 }
 
 /// Reads one variant; `taken` holds the names of the pool's earlier variants (this one's is
@@ -133,6 +138,14 @@ pub(super) fn read(
     let continuation_fields = t
         .json_table("continuation_fields", issues)
         .unwrap_or_else(keel_core::continuation::default_prefill_fields);
+    let default_max_tokens = match t.get::<u32>("default_max_tokens", issues) {
+        Some(v) if v.value == 0 => {
+            issues.report(v.at, &v.path, "expected a positive number of tokens, got 0");
+            DEFAULT_MAX_TOKENS
+        }
+        Some(v) => v.value,
+        None => DEFAULT_MAX_TOKENS,
+    };
     let resume_path = t.field_path("resume");
     t.finish(issues);
 
@@ -154,6 +167,7 @@ pub(super) fn read(
         metrics_url,
         health_url,
         continuation_fields,
+        default_max_tokens,
     };
     if let Some(why) = resume_misfit(&cfg) {
         warnings.push(format!(
@@ -162,7 +176,7 @@ pub(super) fn read(
             resume_name(cfg.resume)
         ));
     }
-    Some(ParsedVariant { cfg, protocol })
+    Some(ParsedVariant { cfg })
 }
 
 /// The base URL without a trailing slash; an Anthropic base URL loses a `/v1` (with a warning).

@@ -20,6 +20,7 @@ use super::{Relay, Segment};
 use crate::attempt::{attempt, AttemptResult, Served};
 use crate::context::RequestCtx;
 use crate::settlement::{AttemptKind, Entered, Refused, Settled, StreamEnd};
+use crate::translation;
 
 /// How often a stream waiting for a restarting fleet looks again.
 const FLEET_POLL: Duration = Duration::from_millis(50);
@@ -52,22 +53,32 @@ impl Relay {
         let v = &self.pool.variants[vi].cfg;
         let (name, resume) = (v.name.clone(), v.resume);
         let skipped = |reason: String, stop| Skipped { reason, stop };
+        // Built in the client's protocol; a variant of the other protocol gets it translated
+        // (its prefill fields are added after translation, see `translation`).
+        let same = translation::same_protocol(v, self.req.endpoint);
+        let no_fields = serde_json::Map::new();
         let (endpoint, body) = continuation(
             &self.req,
             resume,
-            &v.continuation_fields,
+            if same {
+                &v.continuation_fields
+            } else {
+                &no_fields
+            },
             &stitcher.delivered,
             stitcher.delivered_tokens(),
         )
         .map_err(|e| skipped(format!("{name}: {e:?}"), false))?;
+        let mut req = self.req.clone();
+        req.endpoint = endpoint;
+        req.body = body;
+        translation::check(v, &req)
+            .map_err(|e| skipped(format!("{name}: {}", e.message), false))?;
         let entered = self
             .attempts
             .enter(vi, AttemptKind::Continuation, self.ctx.deadline)
             .await
             .map_err(|r| skipped(format!("{name}: {}", r.describe()), r == Refused::Budget))?;
-        let mut req = self.req.clone();
-        req.endpoint = endpoint;
-        req.body = body;
         let mut ctx = self.ctx.clone();
         ctx.endpoint = endpoint;
         // The relay needs a stream, whatever the client asked for.

@@ -15,7 +15,7 @@ use keel_core::stream_watch::{
 };
 
 use super::{Relay, Segment, SegmentEnd, Sent};
-use crate::attempt::{next_events, ReadEnd, StreamStart};
+use crate::attempt::{ReadEnd, StreamStart};
 use crate::settlement::Committed;
 
 /// Per-segment watch state; it lives as long as the segment, across pump calls.
@@ -98,7 +98,7 @@ impl Relay {
                 .filter(|at| *at < stall_at);
             let read_until = quiet_at.unwrap_or(stall_at);
             let read = tokio::select! {
-                r = next_events(&mut start.upstream, &mut start.decoder, read_until, &mut events) => r,
+                r = start.source.next(read_until, &mut events) => r,
                 _ = self.sink.closed() => return SegmentEnd::ClientGone,
             };
             match read {
@@ -153,7 +153,7 @@ impl Relay {
         loop {
             let stall_at = (seg.watch.last_output + stall).min(self.ctx.deadline);
             let read = tokio::select! {
-                r = next_events(&mut seg.start.upstream, &mut seg.start.decoder, stall_at, &mut events) => r,
+                r = seg.start.source.next(stall_at, &mut events) => r,
                 _ = self.sink.closed() => return SegmentEnd::ClientGone,
             };
             match read {

@@ -15,3 +15,4 @@ mod routing;
 mod safeguards;
 mod speculation;
 mod streams;
+mod translation;

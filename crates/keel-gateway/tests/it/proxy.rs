@@ -91,11 +91,19 @@ async fn anthropic_whole_and_streamed() {
             .unwrap()
             > 0
     );
-    // An OpenAI-protocol model on the Anthropic endpoint gets a clear error.
+    // The OpenAI endpoint reaches an Anthropic pool through translation (see `translation`);
+    // /v1/completions, which has no Messages form, gets a clear error.
     let r = h
         .post(
             "/v1/chat/completions",
             &json!({"model": "claude", "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let r = h
+        .post(
+            "/v1/completions",
+            &json!({"model": "claude", "prompt": "x"}),
         )
         .await;
     assert_eq!(r.status(), 400);

@@ -1,0 +1,203 @@
+//! Cross-protocol attempts: a variant that speaks the other protocol than the client is reached
+//! through `keel_core::translate`, at the attempt boundary. The request (the client's body, or a
+//! continuation built from it in the client's protocol) is translated for the variant, the
+//! variant's `upstream_model` and `params` are applied to the translated body, and the answer
+//! is translated back (whole bodies, error bodies, streams event by event), so that everything
+//! after the attempt (settlement, the relay, the Stitcher, delivery) sees only the client's
+//! protocol.
+//!
+//! Chat Completions ⇄ Messages translate; `/v1/completions` and `count_tokens` do not (a variant
+//! of the other protocol cannot serve them). A request that cannot be translated for a variant
+//! is that variant being unable to serve it: execution moves on, and answers the client's 400
+//! (naming the field) only when no variant of the plan could.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use keel_core::protocol::{Endpoint, Protocol};
+use keel_core::request::{apply_variant, CanonicalRequest, RequestError};
+use keel_core::sse::SseEvent;
+use keel_core::translate::{
+    chat_completion_to_message, chat_to_messages, error_body_to_protocol,
+    message_to_chat_completion, messages_to_chat, AnthropicToChatStream, ChatToAnthropicStream,
+    ResponseContext,
+};
+
+use crate::config::VariantConfig;
+use keel_core::continuation::ResumeMode;
+
+/// The response header that lists the translation's fix codes.
+pub const PROMPT_FIX_HEADER: &str = "x-keel-prompt-fix";
+
+/// A request translated for one variant of the other protocol.
+pub struct Translated {
+    /// The variant's endpoint.
+    pub endpoint: Endpoint,
+    /// The body in the variant's protocol, with its `upstream_model` and `params` applied.
+    pub body: Map<String, Value>,
+    /// What was dropped or changed (`x-keel-prompt-fix`).
+    pub fixes: Vec<String>,
+    pub response: ResponseTranslator,
+}
+
+/// Whether `variant` speaks the protocol of `endpoint` (no translation needed).
+pub fn same_protocol(variant: &VariantConfig, endpoint: Endpoint) -> bool {
+    variant.protocol == endpoint.protocol()
+}
+
+/// The request translated for `variant`, or `None` when the variant speaks the client's
+/// protocol. `Err`: the variant cannot serve it (the client's error, naming the field).
+pub fn translate_request(
+    variant: &VariantConfig,
+    req: &CanonicalRequest,
+) -> Result<Option<Translated>, RequestError> {
+    if same_protocol(variant, req.endpoint) {
+        return Ok(None);
+    }
+    let client = req.endpoint.protocol();
+    let (endpoint, mut t) = match req.endpoint {
+        Endpoint::ChatCompletions => (
+            Endpoint::Messages,
+            chat_to_messages(&req.body, variant.default_max_tokens)?,
+        ),
+        Endpoint::Messages => {
+            let mut t = messages_to_chat(&req.body)?;
+            // A final assistant message is an Anthropic prefill (the client's own, or a
+            // migration's continuation): an OpenAI-compatible server continues it only with
+            // the variant's prefill fields.
+            let assistant_final = t
+                .body
+                .get("messages")
+                .and_then(Value::as_array)
+                .and_then(|m| m.last())
+                .and_then(|m| m.get("role"))
+                .and_then(Value::as_str)
+                == Some("assistant");
+            if assistant_final && variant.resume == ResumeMode::Prefill {
+                for (k, v) in &variant.continuation_fields {
+                    t.body.insert(k.clone(), v.clone());
+                }
+            }
+            (Endpoint::ChatCompletions, t)
+        }
+        Endpoint::Completions => {
+            return Err(RequestError::invalid(
+                "/v1/completions is not supported by Anthropic-protocol variants",
+            ))
+        }
+        Endpoint::CountTokens => {
+            return Err(RequestError::invalid(
+                "count_tokens is not supported by OpenAI-protocol variants",
+            ))
+        }
+    };
+    apply_variant(&mut t.body, &variant.upstream_model, &variant.params);
+    Ok(Some(Translated {
+        endpoint,
+        body: t.body,
+        fixes: t.fixes,
+        response: ResponseTranslator {
+            client,
+            ctx: t.context,
+            public_model: req.model.clone(),
+            created_s: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        },
+    }))
+}
+
+/// Whether `variant` can serve `req` (always, when it speaks the client's protocol).
+pub fn check(variant: &VariantConfig, req: &CanonicalRequest) -> Result<(), RequestError> {
+    if same_protocol(variant, req.endpoint) {
+        return Ok(());
+    }
+    translate_request(variant, req).map(|_| ())
+}
+
+/// Translates a variant's answers back into the client's protocol.
+pub struct ResponseTranslator {
+    /// The client's protocol.
+    pub client: Protocol,
+    ctx: ResponseContext,
+    public_model: String,
+    created_s: u64,
+}
+
+impl ResponseTranslator {
+    /// A whole success body.
+    pub fn whole(&self, v: &Value) -> Result<Value, String> {
+        match self.client {
+            Protocol::OpenAi => {
+                message_to_chat_completion(v, &self.ctx, &self.public_model, self.created_s)
+            }
+            Protocol::Anthropic => chat_completion_to_message(v, &self.public_model),
+        }
+    }
+
+    /// An error body (any shape, possibly not JSON) in the client's shape.
+    pub fn error(&self, body: &[u8], status: u16) -> Bytes {
+        let v: Value = serde_json::from_slice(body).unwrap_or_else(|_| {
+            let text = String::from_utf8_lossy(body);
+            let text = text.trim();
+            let message = if text.is_empty() {
+                format!("the upstream answered HTTP {status}")
+            } else {
+                text.chars().take(300).collect()
+            };
+            serde_json::json!({"error": {"message": message}})
+        });
+        Bytes::from(error_body_to_protocol(&v, Some(status), self.client).to_string())
+    }
+
+    /// The stream translator for one attempt.
+    pub fn stream(&self) -> StreamTranslator {
+        match self.client {
+            Protocol::OpenAi => StreamTranslator::ToChat(Box::new(AnthropicToChatStream::new(
+                self.ctx.clone(),
+                &self.public_model,
+                self.created_s,
+            ))),
+            Protocol::Anthropic => StreamTranslator::ToMessages(Box::new(
+                ChatToAnthropicStream::new(&self.public_model),
+            )),
+        }
+    }
+}
+
+/// A variant's stream, translated event by event into the client's protocol.
+pub enum StreamTranslator {
+    /// Messages events → Chat Completions chunks.
+    ToChat(Box<AnthropicToChatStream>),
+    /// Chat Completions chunks → Messages events.
+    ToMessages(Box<ChatToAnthropicStream>),
+}
+
+impl StreamTranslator {
+    /// The protocol of the events it reads.
+    pub fn upstream_protocol(&self) -> Protocol {
+        match self {
+            StreamTranslator::ToChat(_) => Protocol::Anthropic,
+            StreamTranslator::ToMessages(_) => Protocol::OpenAi,
+        }
+    }
+
+    /// Translates one upstream event into `out` (`Err`: a malformed upstream event).
+    pub fn push(&mut self, ev: &SseEvent, out: &mut Vec<SseEvent>) -> Result<(), String> {
+        match self {
+            StreamTranslator::ToChat(t) => t.push(ev, out),
+            StreamTranslator::ToMessages(t) => t.push(ev, out),
+        }
+    }
+}
+
+/// The `x-keel-prompt-fix` value for fix codes (`None` when there are none).
+pub fn fix_header(fixes: &[String]) -> Option<http::HeaderValue> {
+    if fixes.is_empty() {
+        return None;
+    }
+    http::HeaderValue::from_str(&fixes.join(",")).ok()
+}
