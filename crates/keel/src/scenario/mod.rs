@@ -325,16 +325,20 @@ async fn run_contender(
     let in_flight = sampler.await.map_err(|e| e.to_string())?;
     let after: Vec<keel_sim::server::Stats> =
         fleet.servers.iter().map(|s| s.state.stats()).collect();
-    let per_server_requests: Vec<f64> = after
-        .iter()
-        .zip(&before)
-        .map(|(a, b)| a.requests.saturating_sub(b.requests) as f64)
-        .collect();
-    let prefill_tokens: u64 = after
-        .iter()
-        .zip(&before)
-        .map(|(a, b)| a.prefill_tokens.saturating_sub(b.prefill_tokens))
-        .sum();
+    // What each server did while the load ran (from when the contender was ready: keel's
+    // start-up warm-ups and a peer's readiness check are a one-time cost, not a cost per
+    // request under load).
+    let during = |f: fn(&keel_sim::server::Stats) -> u64| -> Vec<u64> {
+        after
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| f(a).saturating_sub(f(b)))
+            .collect()
+    };
+    let per_server_requests: Vec<f64> = during(|s| s.requests).iter().map(|&r| r as f64).collect();
+    let prefill_tokens: u64 = during(|s| s.prefill_tokens).iter().sum();
+    let upstream_requests: u64 = during(|s| s.requests).iter().sum();
+    let tokens_sent: u64 = during(|s| s.tokens_sent).iter().sum();
     if name.starts_with("keel") {
         // keel's last decision records (candidates, costs, attempts) and its metrics (attempts
         // by kind, probes, hedges), to see why.
@@ -380,18 +384,6 @@ async fn run_contender(
         r429 += x.advised_retries as usize;
         r429_ok += x.advised_ok as usize;
     }
-    // Counted from when the contender was ready: keel's start-up warm-ups and a peer's readiness
-    // check are a one-time cost, not a cost per request under load.
-    let upstream_requests: u64 = after
-        .iter()
-        .zip(&before)
-        .map(|(a, b)| a.requests.saturating_sub(b.requests))
-        .sum();
-    let tokens_sent: u64 = after
-        .iter()
-        .zip(&before)
-        .map(|(a, b)| a.tokens_sent.saturating_sub(b.tokens_sent))
-        .sum();
     let reference_tokens: u64 = plan(s, duration, seed)
         .iter()
         .map(|p| keel_core::tokens::count(&p.reference) as u64)
