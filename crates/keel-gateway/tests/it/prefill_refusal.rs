@@ -246,3 +246,96 @@ async fn another_400_is_not_taken_for_a_prefill_refusal() {
     assert_eq!(sim1["resume_learned"], false);
     assert_eq!(h.server(1).state.stats().requests, 1);
 }
+
+/// Words of `got` missing from `want` and words of `got` that `want` does not have (a word
+/// repeated at the seam, or two glued into one), by their longest common subsequence.
+fn word_diff(want: &str, got: &str) -> (usize, usize) {
+    let (w, g): (Vec<&str>, Vec<&str>) = (
+        want.split_whitespace().collect(),
+        got.split_whitespace().collect(),
+    );
+    let mut dp = vec![vec![0usize; g.len() + 1]; w.len() + 1];
+    for i in 1..=w.len() {
+        for j in 1..=g.len() {
+            dp[i][j] = if w[i - 1] == g[j - 1] {
+                dp[i - 1][j - 1] + 1
+            } else {
+                dp[i - 1][j].max(dp[i][j - 1])
+            };
+        }
+    }
+    let common = dp[w.len()][g.len()];
+    (w.len() - common, g.len() - common)
+}
+
+/// The seam of `instruction` resume vs `prefill` on the simulator: 100 migrations each (a
+/// stall after N tokens on one variant, the continuation on another), words lost and words
+/// extra (duplicated or glued) at the seam vs the uninterrupted text. Prints the figures:
+/// `cargo nextest run -p keel-gateway --run-ignored only --no-capture seam_figures`.
+#[tokio::test]
+#[ignore = "a measurement: prints figures"]
+async fn seam_figures() {
+    for (mode, echo) in [("prefill", 2), ("instruction", 0), ("instruction", 2)] {
+        let fleet = keel_sim::Fleet::start(&FleetConfig {
+            generation: Default::default(),
+            servers: vec![
+                ServerConfig::fast("a"),
+                ServerConfig {
+                    instruction_echo_tokens: echo,
+                    ..ServerConfig::fast("b")
+                },
+            ],
+        })
+        .await
+        .unwrap();
+        let cfg = format!(
+            "allow_force_variant = true\n{}resume = \"{mode}\"\n",
+            pool_over(&fleet, "p", "anthropic", 1, "stall_ms = 300")
+        );
+        let h = std::sync::Arc::new(Harness::start(fleet, &cfg).await);
+        let (mut lost, mut extra, mut intact, mut seams, mut errors) = (0, 0, 0, 0, 0);
+        for batch in 0..10u64 {
+            let _ = keel_sim::http_client()
+                .delete(format!("http://{}/sim/faults", h.server(0).addr))
+                .send()
+                .await;
+            add_fault(
+                h.server(0),
+                json!({"kind": "stall", "after_tokens": 1 + 3 * batch}),
+            )
+            .await;
+            let mut tasks = Vec::new();
+            for i in 0..10u64 {
+                let h = h.clone();
+                tasks.push(tokio::spawn(async move {
+                    let body = json!({"model": "p", "max_tokens": 120, "stream": true,
+                        "messages": [{"role": "user", "content": format!("seam {batch} {i}")}]});
+                    let want =
+                        whole_text("anthropic", &reference(&h, 1, "/v1/messages", &body).await);
+                    let events = read_stream(
+                        h.post_with("/v1/messages", &[("x-keel-force-variant", "a")], &body)
+                            .await,
+                    )
+                    .await;
+                    let ok = events
+                        .iter()
+                        .any(|e| e.event.as_deref() == Some("message_stop"));
+                    let (before, after, notes) = split_at_seam("anthropic", &events);
+                    (want, format!("{before}{after}"), notes.len(), ok)
+                }));
+            }
+            for t in tasks {
+                let (want, got, notes, ok) = t.await.unwrap();
+                let (l, e) = word_diff(&want, &got);
+                lost += l;
+                extra += e;
+                intact += usize::from(want == got);
+                seams += notes;
+                errors += usize::from(!ok);
+            }
+        }
+        println!(
+            "seam {mode:<11} (sim echo ≤ {echo} tokens): 100 streams, {seams} migrations, {errors} errors; byte-identical {intact}/100; words lost {lost}, words extra {extra}"
+        );
+    }
+}
