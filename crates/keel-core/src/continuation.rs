@@ -30,7 +30,7 @@ use crate::sse::SseEvent;
 use crate::tokens;
 
 /// How a variant continues a generation started elsewhere.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ResumeMode {
     Prefill,
@@ -42,6 +42,22 @@ pub enum ResumeMode {
 /// The instruction used by `instruction` mode.
 pub const CONTINUE_INSTRUCTION: &str =
     "Your previous answer was cut off. Continue it exactly where it stopped, without repeating any of it and without any preamble.";
+
+/// The message Anthropic's newer models (Claude Sonnet 4.6, Opus 4.6 and later) answer a
+/// prefill with, in a 400 `invalid_request_error`.
+pub const PREFILL_REFUSAL: &str = "This model does not support assistant message prefill. The conversation must end with a user message.";
+
+/// Whether an upstream's error message says that the model refuses assistant prefill (a
+/// conversation ending in an assistant message): such a variant can still continue a
+/// generation in `instruction` mode. Recognised loosely (case, wording around it), by either
+/// half of Anthropic's message.
+pub fn is_prefill_refusal(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    let m = m.split_whitespace().collect::<Vec<_>>().join(" ");
+    (m.contains("not support") && m.contains("prefill"))
+        || m.contains("does not support assistant message prefill")
+        || m.contains("must end with a user message")
+}
 
 /// Why a continuation cannot be built for a variant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -501,6 +517,30 @@ mod tests {
         );
         let (_, b) = continuation(&r, ResumeMode::Instruction, &Map::new(), "partial", 1).unwrap();
         assert_eq!(b["messages"][2]["content"], CONTINUE_INSTRUCTION);
+    }
+
+    #[test]
+    fn a_prefill_refusal_is_recognised_by_its_message() {
+        assert!(is_prefill_refusal(PREFILL_REFUSAL));
+        assert!(is_prefill_refusal(
+            "this model DOES NOT SUPPORT assistant message prefill."
+        ));
+        assert!(is_prefill_refusal(
+            "Bad request: the conversation must end with a User message"
+        ));
+        assert!(is_prefill_refusal(
+            "The conversation  must\nend with a user message."
+        ));
+        assert!(is_prefill_refusal("This model does not support prefill"));
+        for other in [
+            "",
+            "max_tokens: must be at most 8192",
+            "messages: roles must alternate between user and assistant",
+            "prefill too long",
+            "The model `x` does not exist.",
+        ] {
+            assert!(!is_prefill_refusal(other), "{other}");
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! lifecycle the monitor advances (probes, warm-ups). Selection reads it (`selection`);
 //! settlement writes it (`settlement`).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::capacity::{Limit, WaitLine};
 use keel_core::budget::{RetryBudget, RetryBudgetConfig};
+use keel_core::continuation::ResumeMode;
 use keel_core::health::{State, TtftWindow, VariantHealth};
 use keel_core::protocol::Protocol;
 use keel_core::request::CanonicalRequest;
@@ -27,6 +28,9 @@ pub struct Variant {
     pub in_flight: AtomicU32,
     /// Concurrency limit learned from the variant's 429s.
     pub limit: Limit,
+    /// The variant refused a `prefill` continuation ("does not support assistant message
+    /// prefill"): it continues in `instruction` mode for the rest of its life.
+    prefill_refused: AtomicBool,
     pub(crate) name_hash: u64,
 }
 
@@ -147,6 +151,11 @@ pub struct VariantSnapshot {
     pub in_flight: u32,
     /// The concurrency limit in force (configured or learned from 429s); `None`: unlimited.
     pub concurrency_limit: Option<u32>,
+    /// How it continues a generation started elsewhere: its configured `resume`, or
+    /// `instruction` once it refused a prefill.
+    pub resume: ResumeMode,
+    /// `resume` was learned (the variant refused a prefill), not configured.
+    pub resume_learned: bool,
 }
 
 impl Variant {
@@ -156,6 +165,27 @@ impl Variant {
             .max_concurrency
             .unwrap_or(u32::MAX)
             .min(self.limit.get())
+    }
+
+    /// How the variant continues a generation now: its configured `resume`, or `instruction`
+    /// once it has refused a prefill ([`Variant::learn_instruction`]).
+    pub fn resume(&self) -> ResumeMode {
+        if self.resume_learned() {
+            ResumeMode::Instruction
+        } else {
+            self.cfg.resume
+        }
+    }
+
+    /// Whether the variant's resume mode was learned from a prefill refusal.
+    pub fn resume_learned(&self) -> bool {
+        self.prefill_refused.load(Ordering::Relaxed)
+    }
+
+    /// The variant refused a prefill: it continues in `instruction` mode from now on. True the
+    /// first time (the caller logs it once).
+    pub fn learn_instruction(&self) -> bool {
+        !self.prefill_refused.swap(true, Ordering::Relaxed)
     }
 }
 
@@ -179,6 +209,7 @@ impl Pool {
                 cfg: v.clone(),
                 in_flight: AtomicU32::new(0),
                 limit: Limit::default(),
+                prefill_refused: AtomicBool::new(false),
                 name_hash: hash_bytes(0x6e61_6d65, v.name.as_bytes()),
             })
             .collect();
@@ -528,6 +559,8 @@ impl Pool {
                     waiting: h.waiting,
                     in_flight: v.in_flight.load(Ordering::Relaxed),
                     concurrency_limit: Some(v.concurrency_limit()).filter(|l| *l != u32::MAX),
+                    resume: v.resume(),
+                    resume_learned: v.resume_learned(),
                 }
             })
             .collect()

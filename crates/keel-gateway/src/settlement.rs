@@ -267,6 +267,28 @@ impl Attempts {
         kind: AttemptKind,
         deadline: Instant,
     ) -> Result<Entered, Refused> {
+        self.enter_inner(vi, kind, deadline, true).await
+    }
+
+    /// Enters variant `vi` again for an attempt that replaces one it refused without failing
+    /// (a continuation retried in `instruction` mode after its prefill was refused): as
+    /// [`Attempts::enter`], but the retry budget was already spent by the attempt it replaces.
+    pub async fn reenter(
+        &mut self,
+        vi: usize,
+        kind: AttemptKind,
+        deadline: Instant,
+    ) -> Result<Entered, Refused> {
+        self.enter_inner(vi, kind, deadline, false).await
+    }
+
+    async fn enter_inner(
+        &mut self,
+        vi: usize,
+        kind: AttemptKind,
+        deadline: Instant,
+        budgeted: bool,
+    ) -> Result<Entered, Refused> {
         let pool = &self.pool;
         let synthetic = matches!(kind, AttemptKind::Probe | AttemptKind::WarmUp);
         // Probing an ejected variant is the point of a probe; finding out whether a loading
@@ -286,7 +308,7 @@ impl Attempts {
         if !slot {
             return Err(Refused::Full);
         }
-        if kind.is_retry() && !self.gw.try_retry() {
+        if budgeted && kind.is_retry() && !self.gw.try_retry() {
             self.budget_refused = true;
             self.pool
                 .metrics
@@ -386,6 +408,18 @@ impl Attempts {
                 Settled::Failed
             }
         }
+    }
+
+    /// Settles a continuation whose variant refused its prefill ("does not support assistant
+    /// message prefill"): recorded as `prefill_refused`, and nothing else: the variant is not
+    /// failing (no error sample, no cooldown), it only needs `instruction` mode.
+    pub fn settle_prefill_refused(&mut self, entered: Entered) {
+        let Entered {
+            vi, kind, guard, ..
+        } = entered;
+        self.count(vi, kind, "prefill_refused");
+        self.push_record(vi, kind, "prefill_refused".into());
+        drop(guard);
     }
 
     /// Settles a committed stream when it ends.

@@ -62,6 +62,17 @@ pub struct ServerConfig {
     /// When set, requests must carry it (`Authorization: Bearer` or `x-api-key`), else 401.
     pub api_key: Option<String>,
     pub assistant_prefill: PrefillConvention,
+    /// Refuse assistant prefill as Anthropic's newer models do (Claude Sonnet 4.6, Opus 4.6
+    /// and later): a conversation ending in an assistant message gets a 400
+    /// `invalid_request_error`, "This model does not support assistant message prefill. The
+    /// conversation must end with a user message." (in the endpoint's protocol's error shape).
+    pub refuse_prefill: bool,
+    /// Asked to continue a cut-off answer (keel's `instruction` resume: the answer as an
+    /// assistant message, then a user message asking to continue it), the simulated model
+    /// continues it as a real one tends to: in a new message (its first word without the
+    /// leading space), repeating between 0 and this many of the answer's last tokens (how many
+    /// is drawn per request from its text).
+    pub instruction_echo_tokens: u32,
     /// Median base time to first token.
     pub ttft_ms: f64,
     /// Lognormal shape of TTFT jitter (0 = none).
@@ -105,6 +116,8 @@ impl Default for ServerConfig {
             models: Vec::new(),
             api_key: None,
             assistant_prefill: PrefillConvention::Explicit,
+            refuse_prefill: false,
+            instruction_echo_tokens: 2,
             ttft_ms: 40.0,
             ttft_sigma: 0.25,
             prefill_us_per_token: 200.0,

@@ -417,6 +417,14 @@ impl SimServer {
                 &format!("The model `{}` does not exist.", sreq.model),
             ));
         }
+        if self.cfg.refuse_prefill && sreq.ends_with_assistant {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            return Ok(self.protocol_error(
+                protocol,
+                400,
+                keel_core::continuation::PREFILL_REFUSAL,
+            ));
+        }
         if endpoint == Endpoint::CountTokens {
             self.counters.completed.fetch_add(1, Ordering::Relaxed);
             return Ok(json_response(StatusCode::OK, &count_tokens_body(&sreq)));
@@ -480,13 +488,16 @@ impl SimServer {
             ));
         }
 
-        let out = self.gen.generate(
+        let mut out = self.gen.generate(
             sreq.mode,
             &sreq.context,
             &sreq.prefill,
             sreq.max_tokens,
             &sreq.stop,
         );
+        if sreq.instruction {
+            instruction_reply(&mut out, &sreq.prefill, self.cfg.instruction_echo_tokens);
+        }
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -879,4 +890,24 @@ pub async fn start(cfg: ServerConfig, generation: GenerationConfig) -> io::Resul
         state,
         shutdown,
     })
+}
+
+/// Shapes the continuation of a cut-off answer (`prefill`) that a request in keel's
+/// `instruction` mode asked for, as a real model tends to write it: a new message, so its first
+/// word has no leading space, and it repeats the answer's last few tokens (0 to `max_echo`,
+/// drawn from the answer's text) before going on.
+pub fn instruction_reply(out: &mut crate::text::Output, prefill: &str, max_echo: u32) {
+    let toks = keel_core::tokens::split(prefill);
+    let k = (keel_core::rng::hash_bytes(0x6563_686f, prefill.as_bytes()) % (max_echo as u64 + 1))
+        as usize;
+    let k = k.min(toks.len());
+    let mut pieces: Vec<String> = toks[toks.len() - k..]
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    pieces.append(&mut out.pieces);
+    if let Some(first) = pieces.first_mut() {
+        *first = first.trim_start().to_owned();
+    }
+    out.pieces = pieces;
 }

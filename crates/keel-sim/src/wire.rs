@@ -23,8 +23,16 @@ pub struct SimRequest {
     pub mode: Mode,
     /// The rendered conversation (chat) or the prompt (completions).
     pub context: String,
-    /// Reply text already present: a final assistant message being continued.
+    /// Reply text already present: a final assistant message being continued (or, for an
+    /// `instruction` request, the cut-off answer the model is asked to continue).
     pub prefill: String,
+    /// The conversation ends with an assistant message (what a server that refuses prefill
+    /// rejects).
+    pub ends_with_assistant: bool,
+    /// A request to continue a cut-off answer: an assistant message followed by a final user
+    /// message asking to continue it (keel's `instruction` resume mode). The simulated model
+    /// follows it: it continues the answer, but in a new message (see `Server::generate`).
+    pub instruction: bool,
     pub max_tokens: Option<u64>,
     pub stop: Vec<String>,
     /// Set when the request asks for a tool call.
@@ -85,6 +93,8 @@ pub fn parse_request(
         Some(_) => return Err("`stop` must be a string or an array of strings".into()),
     };
 
+    let mut ends_with_assistant = false;
+    let mut instruction = false;
     let (mode, context, prefill) = match endpoint {
         Endpoint::Completions => {
             let prompt = match obj.get("prompt") {
@@ -123,6 +133,19 @@ pub fn parse_request(
                 .and_then(|m| m.get("role"))
                 .and_then(Value::as_str)
                 == Some("assistant");
+            ends_with_assistant = last_is_assistant;
+            let role_at = |i: usize| {
+                msgs.get(i)
+                    .and_then(|m| m.get("role"))
+                    .and_then(Value::as_str)
+            };
+            // [… assistant: partial answer, user: "… continue …"]: keel's instruction mode.
+            instruction = msgs.len() >= 2
+                && role_at(msgs.len() - 1) == Some("user")
+                && role_at(msgs.len() - 2) == Some("assistant")
+                && content_text(msgs[msgs.len() - 1].get("content").unwrap_or(&Value::Null))
+                    .to_ascii_lowercase()
+                    .contains("continue");
             let prefill_final = last_is_assistant
                 && match endpoint {
                     Endpoint::Messages => true,
@@ -134,7 +157,9 @@ pub fn parse_request(
                 context.push_str(&content_text(system));
                 context.push('\n');
             }
-            let upto = if prefill_final {
+            let upto = if instruction {
+                msgs.len() - 2
+            } else if prefill_final {
                 msgs.len() - 1
             } else {
                 msgs.len()
@@ -149,7 +174,7 @@ pub fn parse_request(
                 context.push_str(&content_text(m.get("content").unwrap_or(&Value::Null)));
                 context.push('\n');
             }
-            let prefill = if prefill_final {
+            let prefill = if prefill_final || instruction {
                 content_text(msgs[upto].get("content").unwrap_or(&Value::Null))
             } else {
                 String::new()
@@ -171,6 +196,8 @@ pub fn parse_request(
         mode,
         context,
         prefill,
+        ends_with_assistant,
+        instruction,
         max_tokens,
         stop,
         tool_call,

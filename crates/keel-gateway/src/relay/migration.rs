@@ -4,7 +4,9 @@
 //! variant (available, a free slot, the retry budget), and its outcome is settled the same way,
 //! so a 401 marks the credential, a 429 lowers the learned limit or cools the variant down, and
 //! a spent retry budget stops migrations as it stops fallbacks. A continuation the variant
-//! rejects (a 400 for a prefill, say) falls through to the next variant. When the whole fleet
+//! rejects (a 400, say) falls through to the next variant, except a prefill the variant
+//! refuses as such ("does not support assistant message prefill"): the variant learns
+//! `instruction` mode and the continuation is retried in it at once ([`Relay::finish`]). When the whole fleet
 //! is loading or restarting, a failed stream waits for the first ready variant (within its
 //! deadline) instead of ending in an error.
 
@@ -21,6 +23,8 @@ use crate::attempt::{attempt, AttemptResult, Served};
 use crate::context::RequestCtx;
 use crate::settlement::{AttemptKind, Entered, Refused, Settled, StreamEnd};
 use crate::translation;
+use keel_core::continuation::is_prefill_refusal;
+use keel_core::protocol::error_message;
 
 /// How often a stream waiting for a restarting fleet looks again.
 const FLEET_POLL: Duration = Duration::from_millis(50);
@@ -50,8 +54,21 @@ impl Relay {
         stitcher: &Stitcher,
         vi: usize,
     ) -> Result<Continuation, Skipped> {
+        self.prepare_inner(stitcher, vi, true).await
+    }
+
+    /// [`Relay::prepare`]; `budgeted` is false for a continuation that replaces one its
+    /// variant refused without failing (it spent the retry budget already).
+    async fn prepare_inner(
+        &mut self,
+        stitcher: &Stitcher,
+        vi: usize,
+        budgeted: bool,
+    ) -> Result<Continuation, Skipped> {
+        // The variant's resume mode now: configured, or learned from a refused prefill.
+        let resume = self.pool.variants[vi].resume();
         let v = &self.pool.variants[vi].cfg;
-        let (name, resume) = (v.name.clone(), v.resume);
+        let name = v.name.clone();
         let skipped = |reason: String, stop| Skipped { reason, stop };
         // Built in the client's protocol; a variant of the other protocol gets it translated
         // (its prefill fields are added after translation, see `translation`).
@@ -74,10 +91,17 @@ impl Relay {
         req.body = body;
         translation::check(v, &req)
             .map_err(|e| skipped(format!("{name}: {}", e.message), false))?;
-        let entered = self
-            .attempts
-            .enter(vi, AttemptKind::Continuation, self.ctx.deadline)
-            .await
+        let deadline = self.ctx.deadline;
+        let entered = if budgeted {
+            self.attempts
+                .enter(vi, AttemptKind::Continuation, deadline)
+                .await
+        } else {
+            self.attempts
+                .reenter(vi, AttemptKind::Continuation, deadline)
+                .await
+        };
+        let entered = entered
             .map_err(|r| skipped(format!("{name}: {}", r.describe()), r == Refused::Budget))?;
         let mut ctx = self.ctx.clone();
         ctx.endpoint = endpoint;
@@ -89,6 +113,54 @@ impl Relay {
             ctx,
             resume,
         })
+    }
+
+    /// Sends continuation `c` and settles it ([`Relay::finish`]).
+    pub(super) async fn send_continuation(
+        &mut self,
+        stitcher: &Stitcher,
+        c: Continuation,
+    ) -> (Result<Segment, String>, ResumeMode) {
+        let result = attempt(&self.pool, c.entered.vi, &c.req, &c.ctx).await;
+        self.finish(stitcher, c, result).await
+    }
+
+    /// Settles continuation `c` with its `result`: the next segment (and the resume mode it
+    /// continues in), or why it cannot be one. A `prefill` continuation its variant refuses
+    /// ("does not support assistant message prefill", as Anthropic's newer models answer) is
+    /// no failure of the variant: it is settled as `prefill_refused`, the variant continues in
+    /// `instruction` mode from now on (logged once), and the continuation is retried at once
+    /// in that mode on the same variant, without spending the retry budget again or a
+    /// migration.
+    pub(super) async fn finish(
+        &mut self,
+        stitcher: &Stitcher,
+        c: Continuation,
+        result: AttemptResult,
+    ) -> (Result<Segment, String>, ResumeMode) {
+        if !(c.resume == ResumeMode::Prefill && refuses_prefill(&result)) {
+            return (self.conclude(c.entered, result), c.resume);
+        }
+        let vi = c.entered.vi;
+        self.attempts.settle_prefill_refused(c.entered);
+        let v = &self.pool.variants[vi];
+        if v.learn_instruction() {
+            tracing::warn!(pool = %self.pool.cfg.name, variant = %v.cfg.name, "the variant refuses assistant prefill; it continues generations in `instruction` mode from now on");
+            self.pool
+                .metrics
+                .counter(
+                    "keel_resume_learned_total",
+                    &[("pool", &self.pool.cfg.name), ("variant", &v.cfg.name)],
+                )
+                .increment(1);
+        }
+        match self.prepare_inner(stitcher, vi, false).await {
+            Ok(c) => {
+                let result = attempt(&self.pool, vi, &c.req, &c.ctx).await;
+                (self.conclude(c.entered, result), c.resume)
+            }
+            Err(s) => (Err(s.reason), ResumeMode::Instruction),
+        }
     }
 
     /// Settles a continuation's attempt: the next segment, or why it cannot be one.
@@ -236,15 +308,29 @@ impl Relay {
                 }
             };
             tried.push(vi);
-            let result = attempt(&self.pool, vi, &c.req, &c.ctx).await;
-            match self.conclude(c.entered, result) {
-                Ok(next) => return Ok((next, c.resume)),
-                Err(reason) => reasons.push(reason),
+            match self.send_continuation(stitcher, c).await {
+                (Ok(next), resume) => return Ok((next, resume)),
+                (Err(reason), _) => reasons.push(reason),
             }
         }
         if reasons.is_empty() {
             reasons.push("no other variant in the plan".into());
         }
         Err((reasons.join("; "), stopped))
+    }
+}
+
+/// Whether an attempt's result is its variant refusing assistant prefill: a 400 whose message
+/// says so ([`is_prefill_refusal`]). Any other 400 is not.
+fn refuses_prefill(result: &AttemptResult) -> bool {
+    match result {
+        AttemptResult::ClientError(Served::Whole { status, body, .. })
+            if status.as_u16() == 400 =>
+        {
+            serde_json::from_slice::<serde_json::Value>(body)
+                .map(|v| is_prefill_refusal(&error_message(&v)))
+                .unwrap_or(false)
+        }
+        _ => false,
     }
 }

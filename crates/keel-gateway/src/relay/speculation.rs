@@ -59,7 +59,9 @@ impl Relay {
             return Speculated::NotRaced;
         };
         let pool = self.pool.clone();
-        let cont = attempt(&pool, vi, &c.req, &c.ctx);
+        // Its own copy: `c` goes on to be settled (and, refused, rebuilt) while this runs.
+        let (req, ctx) = (c.req.clone(), c.ctx.clone());
+        let cont = attempt(&pool, vi, &req, &ctx);
         tokio::pin!(cont);
         let first = {
             let original = self.wait_for_more(seg);
@@ -73,23 +75,22 @@ impl Relay {
             }
         };
         match first {
-            First::Continuation(result) => match self.conclude(c.entered, *result) {
-                Ok(next) => {
-                    tried.push(vi);
-                    Speculated::Won(next, c.resume)
+            // A refused prefill is retried in `instruction` mode at once (`finish`), the
+            // original waiting meanwhile (it is not read; nothing of it is lost).
+            First::Continuation(result) => {
+                tried.push(vi);
+                match self.finish(stitcher, c, *result).await {
+                    (Ok(next), resume) => Speculated::Won(next, resume),
+                    (Err(_), _) => Speculated::NotRaced,
                 }
-                Err(_) => {
-                    tried.push(vi);
-                    Speculated::NotRaced
-                }
-            },
+            }
             First::Original(SegmentEnd::Failed(f)) => {
                 // The original is gone: the continuation already under way is its migration.
                 tried.push(vi);
                 let result = cont.await;
-                match self.conclude(c.entered, result) {
-                    Ok(next) => Speculated::Rescued(f, next, c.resume),
-                    Err(_) => Speculated::Ended(SegmentEnd::Failed(f)),
+                match self.finish(stitcher, c, result).await {
+                    (Ok(next), resume) => Speculated::Rescued(f, next, resume),
+                    (Err(_), _) => Speculated::Ended(SegmentEnd::Failed(f)),
                 }
             }
             First::Original(end) => {

@@ -10,6 +10,7 @@ mod hedging;
 mod hostile;
 mod lifecycle;
 mod migration;
+mod prefill_refusal;
 mod proxy;
 mod routing;
 mod safeguards;
