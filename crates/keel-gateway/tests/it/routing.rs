@@ -29,8 +29,10 @@ async fn health(h: &Harness) -> Value {
 
 #[tokio::test]
 async fn a_degraded_variant_stops_getting_traffic_and_returns_after_the_fault_clears() {
+    // Refresh probes on (the default): once the degraded variant gets no client traffic, they
+    // keep its evidence fresh, so its error window stays severe until it is ejected.
     let extra =
-        "[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\nslow_start_ms = 300\nprobe_interval_ms = 200";
+        "[pools.health]\nprewarm_requests = 0\nslow_start_ms = 300\nprobe_interval_ms = 200";
     let h = Harness::openai(3, 1, "", extra).await;
     // Mostly failing (a GPU out of memory): two good probes in a row, which would bring it back
     // for a while by design, are then rare enough not to blur what this test looks at.
