@@ -566,37 +566,42 @@ impl Pool {
             .collect()
     }
 
-    /// The stall threshold for a stream on this variant: adaptive, max(4 × its P99-ish gap
-    /// (mean + 3 standard deviations), 500 ms), capped by the pool's `stall_ms`; or `stall_ms`.
+    /// A P99-ish inter-token gap for streams on this variant (mean + 3 standard deviations): its
+    /// own; before it has any (early in a variant's life), the slowest of its siblings', so
+    /// that a stall there is still cut over after a few gaps rather than at `stall_ms`.
+    fn p99ish_gap_ms(st: &PoolState, index: usize) -> Option<f64> {
+        let of = |h: &VariantHealth| {
+            h.gap_ms
+                .get()
+                .map(|gap| gap + 3.0 * h.tgsv_ms.get().unwrap_or(gap))
+        };
+        of(&st.health[index]).or_else(|| st.health.iter().filter_map(of).max_by(f64::total_cmp))
+    }
+
+    /// The stall threshold for a stream on this variant: adaptive, max(4 × its P99-ish gap,
+    /// 500 ms), capped by the pool's `stall_ms`; or `stall_ms` (adaptive off, or no gap
+    /// statistics anywhere in the pool yet).
     pub fn stall_threshold_ms(&self, index: usize) -> u64 {
         let cap = self.cfg.timeouts.stall_ms;
         if !self.cfg.adaptive_stall {
             return cap;
         }
-        let st = self.state();
-        let h = &st.health[index];
-        match h.gap_ms.get() {
-            Some(gap) => {
-                let p99ish = gap + 3.0 * h.tgsv_ms.get().unwrap_or(gap);
-                ((4.0 * p99ish).max(500.0) as u64).min(cap)
-            }
+        match Self::p99ish_gap_ms(&self.state(), index) {
+            Some(p99ish) => ((4.0 * p99ish).max(500.0) as u64).min(cap),
             None => cap,
         }
     }
 
     /// How long a stream on this variant may be silent before a continuation is raced against
-    /// it (see `relay::speculation`): 4 × its P99-ish gap (mean + 3 standard deviations), at
-    /// least [`QUIET_FLOOR_MS`]; `None` without gap statistics, with `adaptive_stall` off, or
-    /// when that is not below the stall threshold (the stall then decides alone).
+    /// it (see `relay::speculation`): 4 × its P99-ish gap, at least [`QUIET_FLOOR_MS`]; `None`
+    /// without gap statistics in the pool, with `adaptive_stall` off, or when that is not below
+    /// the stall threshold (the stall then decides alone).
     pub fn quiet_threshold_ms(&self, index: usize) -> Option<u64> {
         if !self.cfg.adaptive_stall {
             return None;
         }
         let stall = self.stall_threshold_ms(index);
-        let st = self.state();
-        let h = &st.health[index];
-        let gap = h.gap_ms.get()?;
-        let p99ish = gap + 3.0 * h.tgsv_ms.get().unwrap_or(gap);
+        let p99ish = Self::p99ish_gap_ms(&self.state(), index)?;
         let quiet = (4.0 * p99ish).max(QUIET_FLOOR_MS as f64) as u64;
         (quiet < stall).then_some(quiet)
     }

@@ -69,6 +69,36 @@ fn want_text(reference: &Value) -> String {
 }
 
 #[tokio::test]
+async fn a_stall_on_a_variant_without_gap_statistics_is_raced_on_its_siblings_figures() {
+    // Only sim-0 has served streams; sim-1 has no gap statistics of its own yet. A stall on
+    // sim-1 is still raced after a few gaps (sim-0's figures), not after the hard threshold.
+    let h = fleet_with_known_gaps().await;
+    add_fault(h.server(1), json!({"kind": "stall", "after_tokens": 6})).await;
+    let body = stream_body("a story told by a variant keel has not measured");
+    let want = want_text(&reference(&h, 0, "/v1/chat/completions", &body).await);
+    let resp = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("x-keel-force-variant", "sim-1")],
+            &body,
+        )
+        .await;
+    let events = read_stream(resp).await;
+    assert_eq!(openai_stream_text(&events), want, "byte for byte");
+    let note = migration_note(&events).expect("a migration");
+    assert!(note.contains("from=sim-1 to=sim-0 reason=stall"), "{note}");
+    let silent: u64 = note
+        .rsplit("silent_ms=")
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{note}"));
+    assert!(
+        silent < 250,
+        "continued after {silent} ms of silence: {note}"
+    );
+}
+
+#[tokio::test]
 async fn a_stalled_stream_is_continued_after_a_few_gaps_not_the_stall_threshold() {
     let h = fleet_with_known_gaps().await;
     add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 6})).await;
