@@ -27,10 +27,11 @@ use keel_core::sse::{SseDecoder, SseError, SseEvent};
 use keel_core::stream_watch::{oversized_index, MAX_OUTPUT_INDEX};
 use keel_core::synthesize::stream_from_whole;
 
+use crate::config::ResponseModel;
 use crate::context::RequestCtx;
 use crate::pools::Pool;
 use crate::settlement::MAX_COOLDOWN_MS;
-use crate::translation::{self, StreamTranslator, PROMPT_FIX_HEADER};
+use crate::translation::{self, ModelRename, StreamTranslator, PROMPT_FIX_HEADER};
 use crate::upstream;
 
 /// Largest error body read from an upstream (only its message is used).
@@ -133,6 +134,8 @@ pub struct Source {
     upstream: UpstreamBytes,
     decoder: SseDecoder,
     translator: Option<StreamTranslator>,
+    /// For a same-protocol stream: the `model` its events are given.
+    rename: Option<Box<ModelRename>>,
     raw: Vec<SseEvent>,
 }
 
@@ -146,8 +149,15 @@ impl Source {
             upstream,
             decoder,
             translator,
+            rename: None,
             raw: Vec::new(),
         }
+    }
+
+    /// Gives the stream's events the `model` of `rename`.
+    pub fn renaming(mut self, rename: Option<ModelRename>) -> Source {
+        self.rename = rename.map(Box::new);
+        self
     }
 
     /// A source with nothing more to read.
@@ -166,7 +176,12 @@ impl Source {
         out: &mut Vec<SseEvent>,
     ) -> Result<(), ReadEnd> {
         let Some(t) = &mut self.translator else {
-            return next_events(&mut self.upstream, &mut self.decoder, deadline, out).await;
+            let before = out.len();
+            next_events(&mut self.upstream, &mut self.decoder, deadline, out).await?;
+            if let Some(r) = &self.rename {
+                out[before..].iter_mut().for_each(|ev| r.event(ev));
+            }
+            return Ok(());
         };
         self.raw.clear();
         next_events(
@@ -306,7 +321,8 @@ async fn run(
     let translated = translation::translate_request(variant, req).map_err(|e| {
         AttemptFailure::Malformed(format!("cannot translate the request: {}", e.message))
     })?;
-    let (endpoint, body, back, fixes) = match translated {
+    let public = pool.cfg.response_model == ResponseModel::Public;
+    let (endpoint, body, mut back, fixes) = match translated {
         None => (
             ctx.endpoint,
             serde_json::to_vec(&req.upstream_view(&variant.upstream_model, &variant.params)),
@@ -324,6 +340,12 @@ async fn run(
         body.map_err(|e| AttemptFailure::Malformed(format!("cannot encode request: {e}")))?;
     // What the client is answered in.
     let protocol = ctx.endpoint.protocol();
+    // The answer's `model`: the name the client asked for (translation already answers with
+    // it), unless the pool keeps the upstream's.
+    let rename = (public && back.is_none()).then(|| ModelRename::new(protocol, &req.model));
+    if let (false, Some(b)) = (public, &mut back) {
+        b.answer_as(&variant.upstream_model);
+    }
     let started = Instant::now();
     let streaming = req.stream && ctx.endpoint != Endpoint::CountTokens;
     let first_token_deadline = started + Duration::from_millis(pool.cfg.timeouts.first_token_ms);
@@ -402,6 +424,13 @@ async fn run(
                 AttemptFailure::Malformed(format!("cannot translate the response: {e}"))
             })?;
             body = Bytes::from(value.to_string());
+        } else if let Some(r) = rename
+            .as_ref()
+            .filter(|_| ctx.endpoint != Endpoint::CountTokens)
+        {
+            if r.whole(&mut value) {
+                body = Bytes::from(value.to_string());
+            }
         }
         if !streaming || !ctx.client_stream {
             if streaming {
@@ -432,7 +461,8 @@ async fn run(
         Box::pin(resp.bytes_stream().fuse()),
         SseDecoder::with_max_event_bytes(pool.limits.max_event_bytes),
         back.as_ref().map(|b| b.stream()),
-    );
+    )
+    .renaming(rename);
     let mut head = Vec::new();
     let mut events = Vec::new();
     loop {

@@ -130,6 +130,9 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     match (req.method(), endpoint, path.as_str()) {
         (&Method::POST, Some(ep), _) => handle_generation(&gw, ep, req, started).await,
         (&Method::GET, _, "/v1/models") => models(&gw, anthropic_client),
+        (&Method::GET, _, p) if p.starts_with("/v1/models/") => {
+            model(&gw, anthropic_client, &p["/v1/models/".len()..], protocol)
+        }
         (&Method::GET, _, "/keel/health") => health(&gw),
         (&Method::GET, _, "/keel/decisions") => {
             let body = serde_json::to_string(&gw.decisions()).unwrap_or_else(|_| "[]".into());
@@ -327,16 +330,33 @@ fn plan_or_error(pool: &Pool, selection: Selection) -> Result<Vec<usize>, Gatewa
     }
 }
 
+/// Every name a client may ask for: each pool's public name and its aliases, in config order.
+/// Every pool serves both protocols (a variant of the other protocol through translation), so
+/// both lists hold them all.
+fn listed_models(gw: &Gateway) -> Vec<&str> {
+    gw.pools()
+        .iter()
+        .flat_map(|p| std::iter::once(&p.cfg.name).chain(&p.cfg.aliases))
+        .map(String::as_str)
+        .collect()
+}
+
+/// One model in the client's list shape.
+fn model_entry(name: &str, anthropic: bool) -> serde_json::Value {
+    if anthropic {
+        json!({"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"})
+    } else {
+        json!({"id": name, "object": "model", "created": 0, "owned_by": "keel"})
+    }
+}
+
+/// `GET /v1/models`: OpenAI's list shape, or Anthropic's for an Anthropic client.
 fn models(gw: &Gateway, anthropic: bool) -> Response<Body> {
-    let names = gw.model_names();
+    let names = listed_models(gw);
+    let data: Vec<_> = names.iter().map(|n| model_entry(n, anthropic)).collect();
     let body = if anthropic {
-        let data: Vec<_> = names.iter().map(|n| json!({"type": "model", "id": n, "display_name": n, "created_at": "1970-01-01T00:00:00Z"})).collect();
         json!({"data": data, "has_more": false, "first_id": names.first(), "last_id": names.last()})
     } else {
-        let data: Vec<_> = names
-            .iter()
-            .map(|n| json!({"id": n, "object": "model", "created": 0, "owned_by": "keel"}))
-            .collect();
         json!({"object": "list", "data": data})
     };
     full_body(
@@ -344,6 +364,43 @@ fn models(gw: &Gateway, anthropic: bool) -> Response<Body> {
         "application/json",
         Bytes::from(body.to_string()),
     )
+}
+
+/// `GET /v1/models/{id}`: one model, or 404 in the client's error shape.
+fn model(gw: &Gateway, anthropic: bool, id: &str, protocol: Protocol) -> Response<Body> {
+    let id = percent_decode(id);
+    match listed_models(gw).into_iter().find(|n| *n == id) {
+        Some(n) => full_body(
+            StatusCode::OK,
+            "application/json",
+            Bytes::from(model_entry(n, anthropic).to_string()),
+        ),
+        None => GatewayError::new(
+            ErrorKind::NotFound,
+            format!("model `{id}` is not served here"),
+        )
+        .to_response(protocol),
+    }
+}
+
+/// `%XX` escapes decoded (a model id may hold `/` or `:`); invalid ones are kept as they are.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn health(gw: &Gateway) -> Response<Body> {

@@ -128,6 +128,11 @@ pub struct ResponseTranslator {
 }
 
 impl ResponseTranslator {
+    /// Answers with `model` instead of the name the client asked for.
+    pub fn answer_as(&mut self, model: &str) {
+        self.public_model = model.to_owned();
+    }
+
     /// A whole success body.
     pub fn whole(&self, v: &Value) -> Result<Value, String> {
         match self.client {
@@ -200,4 +205,150 @@ pub fn fix_header(fixes: &[String]) -> Option<http::HeaderValue> {
         return None;
     }
     http::HeaderValue::from_str(&fixes.join(",")).ok()
+}
+
+/// Renames the `model` of a same-protocol answer to the name the client asked for
+/// (`response_model = "public"`). Whole bodies are re-encoded only when the name differs;
+/// stream events are rewritten in place at the byte level (see [`rename_model_member`]), so a
+/// stream stays byte-exact apart from the name.
+#[derive(Debug, Clone)]
+pub struct ModelRename {
+    protocol: Protocol,
+    name: String,
+    /// `name` JSON-encoded, quotes included.
+    encoded: String,
+}
+
+impl ModelRename {
+    pub fn new(protocol: Protocol, name: &str) -> ModelRename {
+        ModelRename {
+            protocol,
+            name: name.to_owned(),
+            encoded: Value::String(name.to_owned()).to_string(),
+        }
+    }
+
+    /// A whole body: its top-level `model` set to the name (`true` when it changed).
+    pub fn whole(&self, v: &mut Value) -> bool {
+        match v.get_mut("model") {
+            Some(m) if m.as_str() != Some(self.name.as_str()) => {
+                *m = Value::String(self.name.clone());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// One stream event: every OpenAI chunk carries `model`; Anthropic only `message_start`
+    /// (in `message.model`, before the empty `content`).
+    pub fn event(&self, ev: &mut SseEvent) {
+        let carries = match self.protocol {
+            Protocol::OpenAi => ev.data != "[DONE]",
+            Protocol::Anthropic => {
+                ev.event.as_deref() == Some("message_start")
+                    || (ev.event.is_none() && ev.data.contains("\"message_start\""))
+            }
+        };
+        if !carries || ev.comment_only {
+            return;
+        }
+        if let Some(data) = rename_model_member(ev.data.as_bytes(), &self.encoded) {
+            if let (Ok(data), Some(raw)) = (
+                String::from_utf8(data),
+                rename_model_member(&ev.raw, &self.encoded),
+            ) {
+                ev.data = data;
+                ev.raw = raw;
+            }
+        }
+    }
+}
+
+/// The first `"model": "<string>"` member of a JSON text with its string replaced by
+/// `encoded` (a JSON string, quotes included); `None` when there is none or it already holds
+/// that string. A literal `"` inside a JSON string is always escaped, so the bytes `"model"`
+/// followed by `:` can only be an object key.
+pub fn rename_model_member(json: &[u8], encoded: &str) -> Option<Vec<u8>> {
+    const KEY: &[u8] = b"\"model\"";
+    let is_ws = |b: u8| b == b' ' || b == b'\t';
+    let mut from = 0;
+    while let Some(at) = json[from..].windows(KEY.len()).position(|w| w == KEY) {
+        let key_end = from + at + KEY.len();
+        from = key_end;
+        let mut i = key_end;
+        while i < json.len() && is_ws(json[i]) {
+            i += 1;
+        }
+        if json.get(i) != Some(&b':') {
+            continue;
+        }
+        i += 1;
+        while i < json.len() && is_ws(json[i]) {
+            i += 1;
+        }
+        if json.get(i) != Some(&b'"') {
+            return None;
+        }
+        // The string's end: the next quote not escaped.
+        let start = i;
+        let mut j = i + 1;
+        loop {
+            match json.get(j)? {
+                b'\\' => j += 2,
+                b'"' => break,
+                _ => j += 1,
+            }
+        }
+        let end = j + 1;
+        if &json[start..end] == encoded.as_bytes() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(json.len() + encoded.len());
+        out.extend_from_slice(&json[..start]);
+        out.extend_from_slice(encoded.as_bytes());
+        out.extend_from_slice(&json[end..]);
+        return Some(out);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renames_the_model_member_only() {
+        let enc = Value::String("pub\"lic".into()).to_string();
+        let got = rename_model_member(
+            br#"{"id":"x","content":"say \"model\": \"no\"","model" : "si\"m","n":1}"#,
+            &enc,
+        )
+        .unwrap();
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            r#"{"id":"x","content":"say \"model\": \"no\"","model" : "pub\"lic","n":1}"#
+        );
+        assert!(rename_model_member(br#"{"model":"pub\"lic"}"#, &enc).is_none());
+        assert!(rename_model_member(br#"{"model":null}"#, &enc).is_none());
+        assert!(rename_model_member(br#"{"model":"unterminated"#, &enc).is_none());
+    }
+
+    #[test]
+    fn renames_events_keeping_their_framing() {
+        let r = ModelRename::new(Protocol::OpenAi, "gpt");
+        let mut ev = keel_core::sse::decode_all(b"data: {\"model\":\"sim\",\"x\":1}\r\n\r\n")
+            .unwrap()
+            .remove(0);
+        r.event(&mut ev);
+        assert_eq!(ev.data, r#"{"model":"gpt","x":1}"#);
+        assert_eq!(ev.raw, b"data: {\"model\":\"gpt\",\"x\":1}\r\n\r\n");
+        let r = ModelRename::new(Protocol::Anthropic, "claude");
+        let mut ev = SseEvent::new(
+            Some("message_start"),
+            r#"{"type":"message_start","message":{"id":"m","model":"sim","content":[]}}"#,
+        );
+        r.event(&mut ev);
+        assert!(ev.data.contains(r#""model":"claude""#));
+        assert_eq!(keel_core::sse::decode_all(&ev.raw).unwrap()[0], ev);
+    }
 }

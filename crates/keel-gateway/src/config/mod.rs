@@ -37,7 +37,7 @@ use keel_core::budget::RetryBudgetConfig;
 
 pub use keel_core::continuation::ResumeMode;
 pub use keel_core::selection::PolicyKind;
-pub use pool::{Affinity, Hedge, PoolConfig};
+pub use pool::{Affinity, Hedge, PoolConfig, ResponseModel};
 pub use timeouts::Timeouts;
 pub use variant::VariantConfig;
 

@@ -23,6 +23,22 @@ pub enum Hedge {
     AfterMs(u64),
 }
 
+/// The `model` a response carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResponseModel {
+    /// The name the client asked for (the pool's public name, or the alias it used).
+    #[default]
+    Public,
+    /// Whatever the upstream answered (for a translated answer: the variant's
+    /// `upstream_model`).
+    Upstream,
+}
+
+const RESPONSE_MODELS: [(&str, ResponseModel); 2] = [
+    ("public", ResponseModel::Public),
+    ("upstream", ResponseModel::Upstream),
+];
+
 /// How requests stick to variants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Affinity {
@@ -37,6 +53,8 @@ pub enum Affinity {
 pub struct PoolConfig {
     pub name: String,
     pub aliases: Vec<String>,
+    /// The `model` of the pool's responses (`response_model`).
+    pub response_model: ResponseModel,
     pub max_attempts: u32,
     pub timeouts: Timeouts,
     /// Selection policy (`p2c` or `round_robin`; serializes as that name).
@@ -108,6 +126,10 @@ pub(super) fn read(
         .choice("affinity", &AFFINITIES, issues)
         .map(|a| a.value)
         .unwrap_or(Affinity::None);
+    let response_model = t
+        .choice("response_model", &RESPONSE_MODELS, issues)
+        .map(|r| r.value)
+        .unwrap_or_default();
     let hedge = read_hedge(&mut t, issues);
     let hedge_budget = share(&mut t, "hedge_budget", 0.1, issues);
     let probe_budget = share(&mut t, "probe_budget", 0.05, issues);
@@ -119,6 +141,7 @@ pub(super) fn read(
     let pool = PoolConfig {
         name,
         aliases,
+        response_model,
         max_attempts,
         timeouts,
         policy,

@@ -10,6 +10,7 @@ mod hedging;
 mod hostile;
 mod lifecycle;
 mod migration;
+mod models;
 mod prefill_refusal;
 mod proxy;
 mod routing;

@@ -25,8 +25,8 @@ async fn openai_whole_and_streamed_match_the_upstream() {
     assert_eq!(status, 200);
     assert_eq!(body["choices"][0]["message"]["content"], want.as_str());
     assert_eq!(
-        body["model"], "sim",
-        "the upstream's answer is passed through"
+        body["model"], "p",
+        "the upstream's answer, with the name the client asked for"
     );
     assert_eq!(header(&headers, "x-keel-route"), "direct");
     assert_eq!(header(&headers, "x-keel-attempts"), "1");
