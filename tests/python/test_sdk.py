@@ -66,3 +66,53 @@ def test_anthropic_stream_and_message(keel_demo):
         raise AssertionError("expected BadRequestError")
     except anthropic.BadRequestError as e:
         assert "max_tokens" in str(e)
+
+
+def test_openai_sdk_on_an_anthropic_protocol_pool(keel_demo):
+    """Cross-protocol: the OpenAI SDK asks for the demo's Anthropic pool; keel translates."""
+    client = openai.OpenAI(base_url=keel_demo + "/v1", api_key="not-needed", max_retries=0)
+    whole = client.chat.completions.create(
+        model="demo-claude", max_tokens=64, messages=[{"role": "user", "content": "translate me"}]
+    )
+    expected = whole.choices[0].message.content
+    assert expected
+    assert whole.model == "demo-claude"
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage.completion_tokens > 0
+    stream = client.chat.completions.create(
+        model="demo-claude",
+        max_tokens=64,
+        messages=[{"role": "user", "content": "translate me"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text, finish, usage = "", None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    assert text == expected
+    assert finish in ("stop", "length")
+    assert usage is not None and usage.completion_tokens > 0
+
+
+def test_anthropic_sdk_on_an_openai_protocol_pool(keel_demo):
+    """Cross-protocol: the Anthropic SDK asks for the demo's OpenAI pool; keel translates."""
+    client = anthropic.Anthropic(base_url=keel_demo, api_key="not-needed", max_retries=0)
+    msg = client.messages.create(
+        model="demo-gpt", max_tokens=64, messages=[{"role": "user", "content": "translate me"}]
+    )
+    assert msg.model == "demo-gpt"
+    assert msg.stop_reason in ("end_turn", "max_tokens")
+    expected = "".join(b.text for b in msg.content if b.type == "text")
+    assert expected
+    with client.messages.stream(
+        model="demo-gpt", max_tokens=64, messages=[{"role": "user", "content": "translate me"}]
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == expected
+    assert final.stop_reason in ("end_turn", "max_tokens")
+    assert final.usage.output_tokens > 0
