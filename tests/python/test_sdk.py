@@ -116,3 +116,78 @@ def test_anthropic_sdk_on_an_openai_protocol_pool(keel_demo):
     assert text == expected
     assert final.stop_reason in ("end_turn", "max_tokens")
     assert final.usage.output_tokens > 0
+
+
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+        "required": ["city"],
+    },
+}
+
+
+def test_openai_sdk_streamed_tool_call_across_protocols(keel_demo):
+    """A streamed tool call from an Anthropic-protocol pool arrives as OpenAI tool-call deltas."""
+    import json
+
+    client = openai.OpenAI(base_url=keel_demo + "/v1", api_key="not-needed", max_retries=0)
+    args = dict(
+        model="demo-claude",
+        max_tokens=64,
+        tools=[{"type": "function", "function": WEATHER_TOOL}],
+        tool_choice="required",
+        messages=[{"role": "user", "content": "what is the weather in Paris"}],
+    )
+    whole = client.chat.completions.create(**args)
+    call = whole.choices[0].message.tool_calls[0]
+    assert whole.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "get_weather"
+    name, arguments, ids, finish = "", "", set(), None
+    for chunk in client.chat.completions.create(stream=True, **args):
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+            for tc in choice.delta.tool_calls or []:
+                assert tc.index == 0
+                if tc.id:
+                    ids.add(tc.id)
+                if tc.function and tc.function.name:
+                    name += tc.function.name
+                if tc.function and tc.function.arguments:
+                    arguments += tc.function.arguments
+    assert finish == "tool_calls"
+    assert name == "get_weather"
+    assert len(ids) == 1
+    assert json.loads(arguments) == json.loads(call.function.arguments)
+    assert "city" in json.loads(arguments)
+
+
+def test_anthropic_sdk_streamed_tool_use_across_protocols(keel_demo):
+    """A streamed tool call from an OpenAI-protocol pool arrives as Anthropic tool_use events."""
+    client = anthropic.Anthropic(base_url=keel_demo, api_key="not-needed", max_retries=0)
+    args = dict(
+        model="demo-gpt",
+        max_tokens=64,
+        tools=[
+            {
+                "name": WEATHER_TOOL["name"],
+                "description": WEATHER_TOOL["description"],
+                "input_schema": WEATHER_TOOL["parameters"],
+            }
+        ],
+        tool_choice={"type": "any"},
+        messages=[{"role": "user", "content": "what is the weather in Paris"}],
+    )
+    whole = client.messages.create(**args)
+    assert whole.stop_reason == "tool_use"
+    used = [b for b in whole.content if b.type == "tool_use"]
+    assert used and used[0].name == "get_weather"
+    with client.messages.stream(**args) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    streamed = [b for b in final.content if b.type == "tool_use"]
+    assert streamed and streamed[0].name == "get_weather"
+    assert streamed[0].input == used[0].input
+    assert "city" in streamed[0].input
