@@ -83,7 +83,7 @@ async function openaiStreamText(client, model) {
   return { text, finish, usage };
 }
 
-for (const model of ["demo-gpt", "demo-claude"]) {
+for (const model of ["demo-gpt", "demo-claude", "demo-mixed"]) {
   test(`openai SDK: whole and streamed answers agree on ${model}`, async () => {
     const client = openai();
     const whole = await client.chat.completions.create({
@@ -165,7 +165,7 @@ test("openai SDK: models.list and errors", async () => {
   const client = openai();
   const models = [];
   for await (const m of client.models.list()) models.push(m.id);
-  assert.deepEqual(models, ["demo-gpt", "gpt-4o-mini", "demo-claude"]);
+  assert.deepEqual(models, ["demo-gpt", "gpt-4o-mini", "demo-claude", "demo-mixed"]);
   await assert.rejects(
     client.chat.completions.create({ model: "no-such-model", messages: [{ role: "user", content: "hi" }] }),
     (e) => e instanceof OpenAI.NotFoundError && /known models/.test(e.message),

@@ -45,7 +45,7 @@ def test_openai_headers_and_errors(keel_demo):
     except openai.NotFoundError as e:
         assert "known models" in str(e)
     models = [m.id for m in client.models.list()]
-    assert models == ["demo-gpt", "gpt-4o-mini", "demo-claude"]
+    assert models == ["demo-gpt", "gpt-4o-mini", "demo-claude", "demo-mixed"]
 
 
 def test_anthropic_stream_and_message(keel_demo):
@@ -191,3 +191,18 @@ def test_anthropic_sdk_streamed_tool_use_across_protocols(keel_demo):
     assert streamed and streamed[0].name == "get_weather"
     assert streamed[0].input == used[0].input
     assert "city" in streamed[0].input
+
+
+def test_both_sdks_on_the_mixed_pool(keel_demo):
+    """demo-mixed holds an OpenAI- and an Anthropic-protocol variant; either client is served."""
+    oa = openai.OpenAI(base_url=keel_demo + "/v1", api_key="not-needed", max_retries=0)
+    an = anthropic.Anthropic(base_url=keel_demo, api_key="not-needed", max_retries=0)
+    for _ in range(6):
+        c = oa.chat.completions.create(
+            model="demo-mixed", max_tokens=32, messages=[{"role": "user", "content": "mixed"}]
+        )
+        assert c.model == "demo-mixed" and c.choices[0].message.content
+        m = an.messages.create(
+            model="demo-mixed", max_tokens=32, messages=[{"role": "user", "content": "mixed"}]
+        )
+        assert m.model == "demo-mixed" and m.content[0].text

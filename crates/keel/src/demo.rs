@@ -1,7 +1,8 @@
 //! `keel demo`: a simulated fleet and the gateway in front of it, on one machine, no API key.
 //!
 //! Pools: `demo-gpt` (four OpenAI-protocol variants; `gpt-flaky` fails a third of its requests
-//! with 503 and resets a few connections) and `demo-claude` (two Anthropic-protocol variants).
+//! with 503 and resets a few connections), `demo-claude` (two Anthropic-protocol variants) and
+//! `demo-mixed` (one variant of each protocol: keel translates for either client).
 //! The config is embedded; `--print-config` prints it as a starting point for a real keel.toml.
 
 use std::time::{Duration, Instant};
@@ -177,6 +178,23 @@ name = "claude-b"
 url = "http://127.0.0.1:{P5}"
 protocol = "anthropic"
 upstream_model = "sim"
+
+# Both protocols in one pool: keel translates for whichever variant it picks, so a client of
+# either protocol gets one answer in its own shape (failover and migration cross over too).
+[[pools]]
+name = "demo-mixed"
+
+[[pools.variants]]
+name = "mixed-openai"
+url = "http://127.0.0.1:{P1}/v1"
+protocol = "openai"
+upstream_model = "sim"
+
+[[pools.variants]]
+name = "mixed-anthropic"
+url = "http://127.0.0.1:{P5}"
+protocol = "anthropic"
+upstream_model = "sim"
 "#;
 
 fn config_text(args: &DemoArgs) -> String {
@@ -282,6 +300,11 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         "  try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\"
     );
     println!("         -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'", models[0]);
+    if !args.real {
+        println!(
+            "  mixed pool: model demo-mixed (an OpenAI and an Anthropic variant), either base URL"
+        );
+    }
     println!("  metrics: http://{addr}/metrics   health: http://{addr}/keel/health\n");
     println!("sample requests:");
     println!(
