@@ -61,6 +61,18 @@ fn migration_note(events: &[SseEvent]) -> Option<String> {
         .find(|c| c.contains("keel migrated"))
 }
 
+/// The silence (ms) before a stall's continuation took over, from the seam note; printed, so
+/// `--no-capture` shows the figure.
+fn silent_ms(note: &str) -> u64 {
+    let ms = note
+        .rsplit("silent_ms=")
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no silent_ms in {note}"));
+    eprintln!("continued after {ms} ms of silence ({note})");
+    ms
+}
+
 fn want_text(reference: &Value) -> String {
     reference["choices"][0]["message"]["content"]
         .as_str()
@@ -87,11 +99,7 @@ async fn a_stall_on_a_variant_without_gap_statistics_is_raced_on_its_siblings_fi
     assert_eq!(openai_stream_text(&events), want, "byte for byte");
     let note = migration_note(&events).expect("a migration");
     assert!(note.contains("from=sim-1 to=sim-0 reason=stall"), "{note}");
-    let silent: u64 = note
-        .rsplit("silent_ms=")
-        .next()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{note}"));
+    let silent = silent_ms(&note);
     assert!(
         silent < 250,
         "continued after {silent} ms of silence: {note}"
@@ -109,11 +117,7 @@ async fn a_stalled_stream_is_continued_after_a_few_gaps_not_the_stall_threshold(
     assert_eq!(events.iter().filter(|e| e.data == "[DONE]").count(), 1);
     let note = migration_note(&events).expect("a migration");
     assert!(note.contains("from=sim-0 to=sim-1 reason=stall"), "{note}");
-    let silent: u64 = note
-        .rsplit("silent_ms=")
-        .next()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{note}"));
+    let silent = silent_ms(&note);
     // The hard stall threshold is at least 500 ms; the race starts after 4 × the gaps' P99
     // (at least 40 ms). Half the hard threshold leaves room for a loaded machine.
     assert!(
