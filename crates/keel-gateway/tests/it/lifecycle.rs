@@ -258,10 +258,9 @@ async fn a_restarting_fleet_makes_requests_wait_then_succeed() {
     );
 }
 
-#[tokio::test]
-async fn a_fleet_that_refuses_past_the_deadline_gets_a_clear_503() {
-    // Nothing listens on this port: the variant is restarting (within its grace) for as long
-    // as the request may wait.
+/// A pool of one variant on a port nothing listens on (connections refused), with `health`
+/// lines in its `[pools.health]` table.
+async fn one_dead_variant(health: &str) -> Harness {
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -270,10 +269,17 @@ async fn a_fleet_that_refuses_past_the_deadline_gets_a_clear_503() {
         .await
         .unwrap();
     let cfg = format!(
-        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\n{}",
+        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\n{health}{}",
         variant("dead", &format!("http://{dead}/v1"), "openai", 1)
     );
-    let h = Harness::start(fleet, &cfg).await;
+    Harness::start(fleet, &cfg).await
+}
+
+#[tokio::test]
+async fn a_fleet_that_refuses_past_the_deadline_gets_a_clear_503() {
+    // Nothing listens on this port: the variant is restarting (within its grace) for as long
+    // as the request may wait.
+    let h = one_dead_variant("").await;
     let r = h
         .post_with(
             "/v1/chat/completions",
@@ -290,18 +296,7 @@ async fn a_fleet_that_refuses_past_the_deadline_gets_a_clear_503() {
 
 #[tokio::test]
 async fn a_dead_variant_is_ejected_after_its_restart_grace_and_stops_making_requests_wait() {
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let fleet = keel_sim::Fleet::start_n(0, keel_sim::ServerConfig::fast("s"))
-        .await
-        .unwrap();
-    let cfg = format!(
-        "[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\nrestart_grace_ms = 300\n{}",
-        variant("dead", &format!("http://{dead}/v1"), "openai", 1)
-    );
-    let h = Harness::start(fleet, &cfg).await;
+    let h = one_dead_variant("restart_grace_ms = 300\n").await;
     // It waits for the restart grace at most, not for its 20 s deadline, then gets a precise
     // error naming what was tried.
     let started = Instant::now();
