@@ -3,6 +3,18 @@ import anthropic
 import openai
 
 
+def read_openai_stream(stream):
+    """The text, finish reason and usage of a streamed chat completion."""
+    text, finish, usage = "", None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    return text, finish, usage
+
+
 def test_openai_streamed_chat_arrives_intact(keel_demo):
     client = openai.OpenAI(base_url=keel_demo + "/v1", api_key="not-needed", max_retries=0)
     whole = client.chat.completions.create(
@@ -18,13 +30,7 @@ def test_openai_streamed_chat_arrives_intact(keel_demo):
             stream=True,
             stream_options={"include_usage": True},
         )
-        text, finish, usage = "", None, None
-        for chunk in stream:
-            if chunk.usage:
-                usage = chunk.usage
-            for choice in chunk.choices:
-                text += choice.delta.content or ""
-                finish = choice.finish_reason or finish
+        text, finish, usage = read_openai_stream(stream)
         assert text == expected
         assert finish == "stop"
         assert usage is not None and usage.completion_tokens > 0
@@ -86,13 +92,7 @@ def test_openai_sdk_on_an_anthropic_protocol_pool(keel_demo):
         stream=True,
         stream_options={"include_usage": True},
     )
-    text, finish, usage = "", None, None
-    for chunk in stream:
-        if chunk.usage:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            text += choice.delta.content or ""
-            finish = choice.finish_reason or finish
+    text, finish, usage = read_openai_stream(stream)
     assert text == expected
     assert finish in ("stop", "length")
     assert usage is not None and usage.completion_tokens > 0
