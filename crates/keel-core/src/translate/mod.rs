@@ -62,6 +62,7 @@
 mod request_to_anthropic;
 mod request_to_openai;
 mod response;
+pub mod responses;
 mod stream_to_anthropic;
 mod stream_to_openai;
 #[cfg(test)]
