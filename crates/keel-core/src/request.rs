@@ -47,6 +47,11 @@ pub struct CanonicalRequest {
 
 /// Parses and validates a request body for `endpoint`.
 pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<CanonicalRequest, RequestError> {
+    from_object(endpoint, parse_object(bytes)?)
+}
+
+/// Reads a request body as a JSON object (precise errors for every other kind of body).
+pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, RequestError> {
     let text = std::str::from_utf8(bytes).map_err(|e| {
         RequestError::invalid(format!(
             "request body is not valid UTF-8 (invalid byte at offset {})",
@@ -66,10 +71,17 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<CanonicalRequest, Reque
             e.column()
         ))
     })?;
-    let Value::Object(body) = value else {
-        return Err(RequestError::invalid("request body must be a JSON object"));
-    };
+    match value {
+        Value::Object(body) => Ok(body),
+        _ => Err(RequestError::invalid("request body must be a JSON object")),
+    }
+}
 
+/// Validates a request body (already a JSON object) for `endpoint`.
+pub fn from_object(
+    endpoint: Endpoint,
+    body: Map<String, Value>,
+) -> Result<CanonicalRequest, RequestError> {
     let model = match body.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
         Some(Value::String(_)) => return Err(RequestError::invalid("`model` must not be empty")),

@@ -8,8 +8,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use keel_core::protocol::Endpoint;
-
 use crate::metrics::Metrics;
 
 /// What one request leaves in metrics and the log, recorded once by [`RequestLog::finish`].
@@ -17,7 +15,8 @@ pub struct RequestLog {
     metrics: Arc<Metrics>,
     pub id: String,
     pub pool: String,
-    pub endpoint: Endpoint,
+    /// The API the client called (`chat_completions`, `messages`, `responses`, …).
+    pub endpoint: &'static str,
     pub route: &'static str,
     pub variant: String,
     pub attempts: usize,
@@ -32,7 +31,7 @@ impl RequestLog {
         metrics: &Arc<Metrics>,
         id: &str,
         started: Instant,
-        endpoint: Endpoint,
+        endpoint: &'static str,
         pool: &str,
     ) -> Self {
         metrics.gauge("keel_requests_in_flight", &[]).increment(1.0);
@@ -61,7 +60,7 @@ impl RequestLog {
         let m = &self.metrics;
         m.gauge("keel_requests_in_flight", &[]).decrement(1.0);
         let elapsed = self.started.elapsed();
-        let (pool, endpoint) = (self.pool.as_str(), self.endpoint.as_str());
+        let (pool, endpoint) = (self.pool.as_str(), self.endpoint);
         m.counter(
             "keel_requests_total",
             &[

@@ -14,7 +14,7 @@ use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 use keel_core::request::{self, CanonicalRequest};
 use keel_core::selection::Preference;
 
-use crate::context::RequestCtx;
+use crate::context::{ClientApi, RequestCtx};
 use crate::errors::GatewayError;
 use crate::pools::Pool;
 use crate::{upstream, Gateway};
@@ -92,7 +92,7 @@ fn too_large(limit: usize) -> GatewayError {
 /// Stage 0 for a generation endpoint.
 pub async fn admit(
     gw: &Gateway,
-    endpoint: Endpoint,
+    api: ClientApi,
     parts: &Parts,
     body: Incoming,
     id: &str,
@@ -105,7 +105,14 @@ pub async fn admit(
         Duration::from_millis(gw.cfg.body_read_timeout_ms),
     )
     .await?;
-    let mut req = request::parse(endpoint, &bytes)?;
+    let endpoint = api.endpoint();
+    let (mut req, responses) = match api {
+        ClientApi::Responses => {
+            let (req, front) = crate::responses::admit(&bytes)?;
+            (req, Some(front))
+        }
+        ClientApi::Endpoint(e) => (request::parse(e, &bytes)?, None),
+    };
     if let Some(s) = header(parts, "x-keel-session") {
         req.session = Some(s.to_owned());
     }
@@ -189,6 +196,7 @@ pub async fn admit(
         deadline: started + total,
         client_stream: req.stream,
         force_variant,
+        responses,
     };
     Ok(Admitted {
         req,

@@ -7,6 +7,33 @@ use tokio::time::Instant;
 use keel_core::protocol::Endpoint;
 use keel_core::selection::Preference;
 
+/// The API a generation request arrived on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientApi {
+    /// One of the endpoints keel also calls upstream.
+    Endpoint(Endpoint),
+    /// OpenAI's Responses API, which runs as Chat Completions (see `responses`).
+    Responses,
+}
+
+impl ClientApi {
+    /// The endpoint the request runs as.
+    pub fn endpoint(self) -> Endpoint {
+        match self {
+            ClientApi::Endpoint(e) => e,
+            ClientApi::Responses => Endpoint::ChatCompletions,
+        }
+    }
+
+    /// The label in metrics and logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            ClientApi::Endpoint(e) => e.as_str(),
+            ClientApi::Responses => crate::responses::LABEL,
+        }
+    }
+}
+
 /// Per-request context shared by the stages.
 #[derive(Debug, Clone)]
 pub struct RequestCtx {
@@ -22,4 +49,7 @@ pub struct RequestCtx {
     pub force_variant: Option<String>,
     pub preference: Preference,
     pub min_tier: Option<u8>,
+    /// Set when the client called the Responses API: the request runs as Chat Completions
+    /// and delivery answers in Responses form.
+    pub responses: Option<std::sync::Arc<crate::responses::Front>>,
 }

@@ -39,6 +39,29 @@ fn log_headers(h: &mut HeaderMap, log: &RequestLog) {
     keel_headers(h, &log.id, log.route, &log.variant, log.attempts);
 }
 
+/// Adds what the Responses front changed to `x-keel-prompt-fix` (before the attempt's fixes).
+fn front_fixes(h: &mut HeaderMap, ctx: &RequestCtx) {
+    let Some(front) = ctx.responses.as_ref().filter(|f| !f.fixes.is_empty()) else {
+        return;
+    };
+    let mut all = front.fixes.join(",");
+    if let Some(attempt) = h.get(PROMPT_FIX_HEADER).and_then(|v| v.to_str().ok()) {
+        all = format!("{all},{attempt}");
+    }
+    if let Ok(v) = HeaderValue::from_str(&all) {
+        h.insert(PROMPT_FIX_HEADER, v);
+    }
+}
+
+/// A successful whole answer in the client's API: a Chat completion becomes a Response object
+/// for a Responses client. Errors have the same shape in both.
+fn answer_body(ctx: &RequestCtx, status: StatusCode, body: bytes::Bytes) -> bytes::Bytes {
+    match &ctx.responses {
+        Some(front) if status.is_success() => front.whole(&ctx.id, &body),
+        _ => body,
+    }
+}
+
 /// An error keel answers itself (admission, selection or execution).
 pub fn error_response(
     mut log: RequestLog,
@@ -60,17 +83,19 @@ pub fn error_response(
 /// A whole response from an upstream (a success, or the client's own error).
 fn whole(
     mut log: RequestLog,
+    ctx: &RequestCtx,
     status: StatusCode,
     headers: HeaderMap,
     body: bytes::Bytes,
 ) -> Response<Body> {
     log.status = status.as_u16();
     log.ttft = Some(log.started.elapsed());
-    let mut resp = full_body(status, "application/json", body);
+    let mut resp = full_body(status, "application/json", answer_body(ctx, status, body));
     for (k, v) in &headers {
         resp.headers_mut().insert(k.clone(), v.clone());
     }
     log_headers(resp.headers_mut(), &log);
+    front_fixes(resp.headers_mut(), ctx);
     let outcome = if status.is_success() {
         "ok"
     } else {
@@ -116,7 +141,7 @@ pub async fn deliver(
                 .records()
                 .last()
                 .map_or("none".into(), |r| r.variant.clone());
-            return whole(log, status, headers, body);
+            return whole(log, ctx, status, headers, body);
         }
         Outcome::ClientError(Served::Stream(_)) => {
             let e = GatewayError::new(ErrorKind::BadGateway, "upstream rejected the request");
@@ -132,7 +157,7 @@ pub async fn deliver(
             body,
         } => {
             drop(committed);
-            return whole(log, status, headers, body);
+            return whole(log, ctx, status, headers, body);
         }
         Served::Stream(start) => start,
     };
@@ -150,15 +175,19 @@ pub async fn deliver(
         };
         let mut resp = match failure {
             Some(m) => GatewayError::new(ErrorKind::BadGateway, m).to_response(protocol),
-            None => full_body(
-                StatusCode::OK,
-                "application/json",
-                bytes::Bytes::from(assembler.finish(ctx.endpoint).to_string()),
-            ),
+            None => {
+                let body = bytes::Bytes::from(assembler.finish(ctx.endpoint).to_string());
+                full_body(
+                    StatusCode::OK,
+                    "application/json",
+                    answer_body(ctx, StatusCode::OK, body),
+                )
+            }
         };
         if let Some(v) = fixes {
             resp.headers_mut().insert(PROMPT_FIX_HEADER, v);
         }
+        front_fixes(resp.headers_mut(), ctx);
         keel_headers(
             resp.headers_mut(),
             &ctx.id,
@@ -180,7 +209,11 @@ pub async fn deliver(
         }
     }
     log_headers(&mut headers, &log);
-    let (tx, body) = stream_body(protocol);
+    front_fixes(&mut headers, ctx);
+    let (tx, mut body) = stream_body(protocol);
+    if let Some(front) = &ctx.responses {
+        body = front.stream(&ctx.id, body);
+    }
     tokio::spawn(relay(Sink::Client(tx)).run(committed, start, log));
     let mut resp = Response::new(body);
     *resp.status_mut() = StatusCode::OK;

@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod pools;
 pub mod relay;
+pub mod responses;
 pub mod selection;
 pub mod server;
 pub mod settlement;

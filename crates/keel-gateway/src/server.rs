@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 
 use crate::access_log::RequestLog;
+use crate::context::ClientApi;
 use crate::delivery;
 use crate::errors::GatewayError;
 use crate::execution::Outcome;
@@ -128,7 +129,12 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     let anthropic_client = req.headers().contains_key("anthropic-version");
     let protocol = client_protocol(&req);
     match (req.method(), endpoint, path.as_str()) {
-        (&Method::POST, Some(ep), _) => handle_generation(&gw, ep, req, started).await,
+        (&Method::POST, Some(ep), _) => {
+            handle_generation(&gw, ClientApi::Endpoint(ep), req, started).await
+        }
+        (&Method::POST, _, "/v1/responses") => {
+            handle_generation(&gw, ClientApi::Responses, req, started).await
+        }
         (&Method::GET, _, "/v1/models") => models(&gw, anthropic_client),
         (&Method::GET, _, p) if p.starts_with("/v1/models/") => {
             model(&gw, anthropic_client, &p["/v1/models/".len()..], protocol)
@@ -147,7 +153,8 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         | (
             _,
             _,
-            "/v1/models" | "/keel/health" | "/keel/decisions" | "/metrics" | "/keel/metrics",
+            "/v1/models" | "/v1/responses" | "/keel/health" | "/keel/decisions" | "/metrics"
+            | "/keel/metrics",
         ) => {
             let mut r = GatewayError::new(
                 ErrorKind::InvalidRequest,
@@ -168,28 +175,29 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
 /// The four stages, in order, for one generation request.
 pub async fn handle_generation(
     gw: &Arc<Gateway>,
-    endpoint: Endpoint,
+    api: ClientApi,
     req: Request<Incoming>,
     started: Instant,
 ) -> Response<Body> {
+    let endpoint = api.endpoint();
     let protocol = endpoint.protocol();
     let id = new_request_id();
     let (parts, body) = req.into_parts();
     gw.record_request();
 
     // Stage 0: admission.
-    let admitted = match admission::admit(gw, endpoint, &parts, body, &id, started).await {
+    let admitted = match admission::admit(gw, api, &parts, body, &id, started).await {
         Ok(a) => a,
         Err(e) => {
             return delivery::error_response(
-                RequestLog::new(&gw.metrics, &id, started, endpoint, "none"),
+                RequestLog::new(&gw.metrics, &id, started, api.label(), "none"),
                 protocol,
                 &e,
             )
         }
     };
     let admission::Admitted { req, pool, ctx } = admitted;
-    let mut log = RequestLog::new(&gw.metrics, &id, started, endpoint, &pool.cfg.name);
+    let mut log = RequestLog::new(&gw.metrics, &id, started, api.label(), &pool.cfg.name);
     if endpoint == Endpoint::CountTokens && !pool.speaks(Protocol::Anthropic) {
         // OpenAI-protocol servers have no count_tokens endpoint: answer with keel's estimate.
         let body = json!({"input_tokens": req.estimated_input_tokens}).to_string();

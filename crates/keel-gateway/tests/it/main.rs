@@ -13,6 +13,7 @@ mod migration;
 mod models;
 mod prefill_refusal;
 mod proxy;
+mod responses;
 mod routing;
 mod safeguards;
 mod speculation;

@@ -103,7 +103,8 @@ impl ResponsesContext {
 pub struct ResponseIds {
     /// `resp_…`.
     pub id: String,
-    /// The model name the client sees.
+    /// The model name the client sees; empty: the name the Chat answer gives (which keel has
+    /// already set to the pool's public name or the upstream's, as the pool says).
     pub model: String,
     /// Unix seconds.
     pub created_at: u64,

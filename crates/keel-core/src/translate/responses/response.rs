@@ -13,6 +13,16 @@ pub fn chat_completion_to_response(
     ctx: &ResponsesContext,
     ids: &ResponseIds,
 ) -> Value {
+    let named;
+    let ids = if ids.model.is_empty() {
+        named = ResponseIds {
+            model: chat["model"].as_str().unwrap_or_default().to_owned(),
+            ..ids.clone()
+        };
+        &named
+    } else {
+        ids
+    };
     let choice = chat.pointer("/choices/0");
     let message = choice.and_then(|c| c.get("message"));
     let str_at = |k: &str| message.and_then(|m| m.get(k)).and_then(Value::as_str);

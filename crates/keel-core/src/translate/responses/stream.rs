@@ -110,6 +110,11 @@ impl ChatToResponsesStream {
             self.fail(error, out);
             return Ok(());
         }
+        if self.ids.model.is_empty() {
+            if let Some(m) = chunk.get("model").and_then(Value::as_str) {
+                self.ids.model = m.to_owned();
+            }
+        }
         self.start(out);
         if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
             self.usage = Some(u.clone());
