@@ -17,6 +17,7 @@ pub mod health;
 pub mod outcome;
 pub mod p2c;
 pub mod protocol;
+pub mod quota;
 pub mod request;
 pub mod rng;
 pub mod selection;
