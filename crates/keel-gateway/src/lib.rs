@@ -32,6 +32,7 @@ pub mod hooks;
 pub mod metrics;
 pub mod monitor;
 pub mod pools;
+pub mod quota;
 pub mod relay;
 pub mod responses;
 pub mod selection;

@@ -6,7 +6,7 @@
 //! (`now_unix` seconds) is passed in.
 
 /// Which calendar window a budget covers (UTC).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Window {
     Day,
     Month,
