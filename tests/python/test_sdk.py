@@ -51,7 +51,7 @@ def test_openai_headers_and_errors(keel_demo):
     except openai.NotFoundError as e:
         assert "known models" in str(e)
     models = [m.id for m in client.models.list()]
-    assert models == ["demo-gpt", "gpt-4o-mini", "demo-claude", "demo-mixed"]
+    assert models == ["demo-gpt", "gpt-4o-mini", "demo-claude", "demo-mixed", "demo-embed"]
 
 
 def test_anthropic_stream_and_message(keel_demo):

@@ -104,6 +104,9 @@ pub fn continuation(
         (_, Endpoint::CountTokens) => {
             Err(NotPossible::ModeMismatch("count_tokens has no generation"))
         }
+        (_, Endpoint::Embeddings) => {
+            Err(NotPossible::ModeMismatch("embeddings have no generation"))
+        }
         (ResumeMode::Completion, Endpoint::Completions)
         | (ResumeMode::Prefill, Endpoint::Completions)
         | (ResumeMode::Instruction, Endpoint::Completions) => {

@@ -24,11 +24,12 @@ use crate::sse::{decode_all, SseDecoder, SseEvent, DEFAULT_MAX_EVENT_BYTES};
 use crate::tokens;
 
 const PROTOCOLS: [Protocol; 2] = [Protocol::OpenAi, Protocol::Anthropic];
-const ENDPOINTS: [Endpoint; 4] = [
+const ENDPOINTS: [Endpoint; 5] = [
     Endpoint::ChatCompletions,
     Endpoint::Completions,
     Endpoint::Messages,
     Endpoint::CountTokens,
+    Endpoint::Embeddings,
 ];
 const MODES: [ResumeMode; 4] = [
     ResumeMode::Prefill,

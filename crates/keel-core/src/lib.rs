@@ -11,6 +11,7 @@
 pub mod assemble;
 pub mod budget;
 pub mod continuation;
+pub mod embeddings;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod health;

@@ -37,12 +37,16 @@ pub enum Endpoint {
     Messages,
     /// Anthropic `POST /v1/messages/count_tokens`.
     CountTokens,
+    /// OpenAI `POST /v1/embeddings`.
+    Embeddings,
 }
 
 impl Endpoint {
     pub fn protocol(self) -> Protocol {
         match self {
-            Endpoint::ChatCompletions | Endpoint::Completions => Protocol::OpenAi,
+            Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::Embeddings => {
+                Protocol::OpenAi
+            }
             Endpoint::Messages | Endpoint::CountTokens => Protocol::Anthropic,
         }
     }
@@ -55,6 +59,7 @@ impl Endpoint {
             Endpoint::Completions => "/completions",
             Endpoint::Messages => "/v1/messages",
             Endpoint::CountTokens => "/v1/messages/count_tokens",
+            Endpoint::Embeddings => "/embeddings",
         }
     }
 
@@ -65,6 +70,7 @@ impl Endpoint {
             "/v1/completions" => Some(Endpoint::Completions),
             "/v1/messages" => Some(Endpoint::Messages),
             "/v1/messages/count_tokens" => Some(Endpoint::CountTokens),
+            "/v1/embeddings" => Some(Endpoint::Embeddings),
             _ => None,
         }
     }
@@ -76,7 +82,15 @@ impl Endpoint {
             Endpoint::Completions => "completions",
             Endpoint::Messages => "messages",
             Endpoint::CountTokens => "count_tokens",
+            Endpoint::Embeddings => "embeddings",
         }
+    }
+
+    /// Whether the endpoint generates output that can be streamed (and so streamed upstream,
+    /// hedged on its first token and migrated mid-stream). `count_tokens` and embeddings answer
+    /// with one whole body: they are only ever failed over before the response.
+    pub fn generates(self) -> bool {
+        !matches!(self, Endpoint::CountTokens | Endpoint::Embeddings)
     }
 }
 

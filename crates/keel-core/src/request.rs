@@ -95,7 +95,10 @@ pub fn from_object(
     };
 
     let mut input_text = String::new();
+    // Embeddings input is counted per item (token-id arrays have no text).
+    let mut counted_tokens = 0;
     match endpoint {
+        Endpoint::Embeddings => counted_tokens = crate::embeddings::parse(&body)?.tokens(),
         Endpoint::ChatCompletions | Endpoint::Messages | Endpoint::CountTokens => {
             match body.get("messages") {
                 Some(Value::Array(msgs)) if !msgs.is_empty() => {
@@ -177,7 +180,7 @@ pub fn from_object(
         stream,
         session,
         max_tokens,
-        estimated_input_tokens: tokens::count(&input_text) as u64,
+        estimated_input_tokens: tokens::count(&input_text) as u64 + counted_tokens,
         body,
     })
 }
@@ -394,6 +397,8 @@ mod tests {
         assert_eq!(e.message, "missing required field `messages`");
         let e = parse(Endpoint::Completions, br#"{"model":"m"}"#).unwrap_err();
         assert_eq!(e.message, "missing required field `prompt`");
+        let e = parse(Endpoint::Embeddings, br#"{"model":"m"}"#).unwrap_err();
+        assert_eq!(e.message, "missing required field `input`");
     }
 
     #[test]
@@ -411,6 +416,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(short.prefix_key(), None);
+    }
+
+    #[test]
+    fn estimates_embeddings_input() {
+        let r = parse(
+            Endpoint::Embeddings,
+            br#"{"model":"m","input":["Hello, world.","more"],"user":"u"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.estimated_input_tokens, 5);
+        assert!(!r.stream);
+        assert_eq!(r.session.as_deref(), Some("u"));
+        let r = parse(
+            Endpoint::Embeddings,
+            br#"{"model":"m","input":[[1,2],[3]]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.estimated_input_tokens, 3);
     }
 
     #[test]

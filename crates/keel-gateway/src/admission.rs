@@ -127,8 +127,17 @@ pub async fn admit(
         )
     })?;
     // Chat Completions and Messages reach a variant of either protocol (translated at the
-    // attempt); /v1/completions only an OpenAI-protocol one. count_tokens is answered locally
-    // when no variant speaks Anthropic (see server).
+    // attempt); /v1/completions and /v1/embeddings only an OpenAI-protocol one. count_tokens is
+    // answered locally when no variant speaks Anthropic (see server).
+    if endpoint == Endpoint::Embeddings && !pool.speaks(Protocol::OpenAi) {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "model `{}` (pool `{}`) has no OpenAI-protocol variant, and only those serve /v1/embeddings (the Anthropic API has no embeddings)",
+                req.model, pool.cfg.name
+            ),
+        ));
+    }
     if endpoint == Endpoint::Completions && !pool.speaks(Protocol::OpenAi) {
         return Err(GatewayError::new(
             ErrorKind::InvalidRequest,

@@ -347,7 +347,7 @@ async fn run(
         b.answer_as(&variant.upstream_model);
     }
     let started = Instant::now();
-    let streaming = req.stream && ctx.endpoint != Endpoint::CountTokens;
+    let streaming = req.stream && ctx.endpoint.generates();
     let first_token_deadline = started + Duration::from_millis(pool.cfg.timeouts.first_token_ms);
     let head_deadline = if streaming {
         first_token_deadline.min(ctx.deadline)

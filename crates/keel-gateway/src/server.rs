@@ -221,10 +221,11 @@ pub async fn handle_generation(
         Err(e) => return delivery::error_response(log, protocol, &e),
     };
 
-    // Stage 2: execution; stage 3: delivery. A non-streaming request is streamed upstream (and
-    // assembled in delivery) so that it is protected by migration too.
+    // Stage 2: execution; stage 3: delivery. A non-streaming generation is streamed upstream
+    // (and assembled in delivery) so that it is protected by migration too; count_tokens and
+    // embeddings are whole answers, only ever failed over before the response.
     let upstream_req = if !req.stream
-        && endpoint != Endpoint::CountTokens
+        && endpoint.generates()
         && pool.cfg.assemble_non_streaming
         && pool.cfg.max_migrations > 0
     {

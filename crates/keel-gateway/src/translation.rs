@@ -6,8 +6,8 @@
 //! after the attempt (settlement, the relay, the Stitcher, delivery) sees only the client's
 //! protocol.
 //!
-//! Chat Completions ⇄ Messages translate; `/v1/completions` and `count_tokens` do not (a variant
-//! of the other protocol cannot serve them). A request that cannot be translated for a variant
+//! Chat Completions ⇄ Messages translate; `/v1/completions`, `/v1/embeddings` and
+//! `count_tokens` do not (a variant of the other protocol cannot serve them). A request that cannot be translated for a variant
 //! is that variant being unable to serve it: execution moves on, and answers the client's 400
 //! (naming the field) only when no variant of the plan could.
 
@@ -90,6 +90,11 @@ pub fn translate_request(
         Endpoint::CountTokens => {
             return Err(RequestError::invalid(
                 "count_tokens is not supported by OpenAI-protocol variants",
+            ))
+        }
+        Endpoint::Embeddings => {
+            return Err(RequestError::invalid(
+                "/v1/embeddings is not supported by Anthropic-protocol variants",
             ))
         }
     };

@@ -100,6 +100,9 @@ pub struct ServerConfig {
     /// Cold start: the first N requests after start (or after faults are cleared) pay extra TTFT.
     pub cold_start_requests: u32,
     pub cold_start_extra_ms: u64,
+    /// Length of the vectors `POST /v1/embeddings` returns when the request gives no
+    /// `dimensions`.
+    pub embedding_dimensions: u32,
     /// Seed for this server's latency draws (defaults to its position in the fleet).
     pub seed: Option<u64>,
     /// Faults active from start.
@@ -133,6 +136,7 @@ impl Default for ServerConfig {
             block_tokens: 16,
             cold_start_requests: 0,
             cold_start_extra_ms: 0,
+            embedding_dimensions: 256,
             seed: None,
             faults: Vec::new(),
         }
@@ -221,6 +225,9 @@ impl FleetConfig {
             }
             if s.block_tokens == 0 {
                 return field("block_tokens", "must be at least 1");
+            }
+            if s.embedding_dimensions == 0 {
+                return field("embedding_dimensions", "must be at least 1");
             }
             for (name, v) in [
                 ("ttft_ms", s.ttft_ms),

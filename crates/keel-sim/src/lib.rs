@@ -7,9 +7,11 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod embeddings;
 pub mod faults;
 pub mod latency;
 pub mod load;
+pub mod schema;
 pub mod server;
 pub mod text;
 pub mod wire;

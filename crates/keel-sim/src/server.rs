@@ -1,7 +1,7 @@
 //! One simulated model server: a real HTTP/1.1 + HTTP/2 server on loopback.
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/messages`,
-//! `POST /v1/messages/count_tokens`, `GET /v1/models`, `GET /metrics` (vLLM metric names),
+//! `POST /v1/messages/count_tokens`, `POST /v1/embeddings` (see [`crate::embeddings`]), `GET /v1/models`, `GET /metrics` (vLLM metric names),
 //! `GET|POST|DELETE /sim/faults`, `GET /sim/stats`, `GET /health`.
 //!
 //! A generation request walks: auth → parse → faults resolved → queue for a slot → prefill
@@ -29,6 +29,7 @@ use keel_core::protocol::{error_body, Endpoint, ErrorKind, Protocol};
 use keel_core::rng::Rng;
 
 use crate::config::{GenerationConfig, ServerConfig};
+use crate::embeddings;
 use crate::faults::{FaultKind, FaultSet, FaultSpec, RequestFaults};
 use crate::latency::{draw_gap_ms, draw_ttft_ms, KvCache};
 use crate::text::{normalize, Generator};
@@ -360,6 +361,167 @@ impl SimServer {
         json_response(code, &error_body(protocol, kind, message))
     }
 
+    /// Waits for a capacity slot (counted as waiting meanwhile, then running while held).
+    async fn acquire(&self) -> Option<Slot<'_>> {
+        self.counters.waiting.fetch_add(1, Ordering::Relaxed);
+        let permit = self.slots.acquire().await.ok();
+        self.counters.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.counters.running.fetch_add(1, Ordering::Relaxed);
+        permit.map(|p| Slot {
+            _permit: p,
+            server: self,
+        })
+    }
+
+    /// A time to first token (or, for embeddings, to the answer) in ms, for a request with
+    /// `uncached` prompt tokens to compute.
+    fn draw_ttft_ms(&self, uncached: usize, faults: &RequestFaults) -> f64 {
+        let mut rng = lock(&self.rng);
+        draw_ttft_ms(&self.cfg, &mut rng, uncached, faults.ttft_factor)
+            + faults.extra_ttft_ms as f64
+    }
+
+    /// A 404 when the server is configured with model names and `model` is not one of them.
+    fn unknown_model(&self, protocol: Protocol, model: &str) -> Option<Response<Body>> {
+        if self.cfg.models.is_empty() || self.cfg.models.iter().any(|m| m == model) {
+            return None;
+        }
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        Some(self.protocol_error(
+            protocol,
+            404,
+            &format!("The model `{model}` does not exist."),
+        ))
+    }
+
+    /// `POST /v1/embeddings`: validated as OpenAI does, subject to the same faults, capacity and
+    /// latency as a generation (the whole answer arrives after one time to first token).
+    async fn embed(&self, body: &Value, arrived: Instant) -> Result<Response<Body>, io::Error> {
+        let protocol = Protocol::OpenAi;
+        let bad = |m: &str| {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            Ok(self.protocol_error(protocol, 400, m))
+        };
+        let Some(obj) = body.as_object() else {
+            return bad("request body must be a JSON object");
+        };
+        let Some(model) = obj.get("model").and_then(Value::as_str) else {
+            return bad("missing required field `model`");
+        };
+        let req = match keel_core::embeddings::parse(obj) {
+            Ok(r) => r,
+            Err(e) => return bad(&e.message),
+        };
+        if let Some(resp) = self.unknown_model(protocol, model) {
+            return Ok(resp);
+        }
+        let mut faults = self.resolve_faults();
+        if let Some(answer) = self.fault_answer(protocol, &mut faults).await {
+            return answer;
+        }
+        let slot = self.acquire().await;
+        let ms = self.draw_ttft_ms(req.tokens() as usize, &faults);
+        sleep_unless_zero(Duration::from_secs_f64(ms / 1000.0)).await;
+        self.record_ttft(arrived.elapsed().as_secs_f64());
+        drop(slot);
+        let body =
+            embeddings::response_body(&req, model, self.cfg.embedding_dimensions).to_string();
+        if faults.close_after.is_some() {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "sim fault: close",
+            ));
+        }
+        if faults.malformed_after.is_some() {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            let cut = body.len() / 2;
+            return Ok(bytes_response(
+                StatusCode::OK,
+                "application/json",
+                Bytes::from(body[..cut].to_owned()),
+            ));
+        }
+        self.counters.completed.fetch_add(1, Ordering::Relaxed);
+        Ok(bytes_response(
+            StatusCode::OK,
+            "application/json",
+            Bytes::from(body),
+        ))
+    }
+
+    /// This request's faults, resolved under one short lock each (nothing awaits while
+    /// locked), with a pending cold start and a full wait line applied.
+    fn resolve_faults(&self) -> RequestFaults {
+        let mut faults = {
+            let mut rng = lock(&self.rng);
+            lock(&self.faults).resolve(&mut rng)
+        };
+        let cold = self
+            .cold_remaining
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        if cold {
+            faults.extra_ttft_ms += self.cfg.cold_start_extra_ms;
+            self.counters.cold_served.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(max) = self.cfg.max_waiting {
+            let busy = self.counters.running.load(Ordering::Relaxed) >= self.cfg.capacity as i64;
+            if busy && self.counters.waiting.load(Ordering::Relaxed) >= max as i64 {
+                faults.error = Some((429, Some(self.cfg.retry_after_s)));
+            }
+        }
+        faults
+    }
+
+    /// Acts out the faults that answer a request instead of the model (loading, a reset, a
+    /// hang, an error status, a raw body); `None` when the request is to be served.
+    async fn fault_answer(
+        &self,
+        protocol: Protocol,
+        faults: &mut RequestFaults,
+    ) -> Option<Result<Response<Body>, io::Error>> {
+        if faults.loading {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            return Some(Ok(self.protocol_error(protocol, 503, "Loading model")));
+        }
+        if faults.reset {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            return Some(Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "sim fault: reset",
+            )));
+        }
+        if let Some(hang) = faults.hang_ms {
+            tokio::time::sleep(Duration::from_millis(hang.unwrap_or(24 * 3600 * 1000))).await;
+        }
+        if let Some((status, retry_after)) = faults.error {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            let mut resp =
+                self.protocol_error(protocol, status, &format!("sim fault: HTTP {status}"));
+            if let Some(s) = retry_after {
+                let h = resp.headers_mut();
+                h.insert(
+                    header::RETRY_AFTER,
+                    header_value(&format!("{}", s.ceil() as u64)),
+                );
+                h.insert(
+                    "retry-after-ms",
+                    header_value(&format!("{}", (s * 1000.0).round() as u64)),
+                );
+            }
+            return Some(Ok(resp));
+        }
+        if let Some((content_type, body)) = faults.raw.take() {
+            return Some(Ok(bytes_response(
+                StatusCode::OK,
+                &content_type,
+                Bytes::from(body),
+            )));
+        }
+        None
+    }
+
     async fn generate(
         self: Arc<Self>,
         endpoint: Endpoint,
@@ -368,6 +530,15 @@ impl SimServer {
         let arrived = Instant::now();
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         let protocol = endpoint.protocol();
+        if endpoint == Endpoint::Embeddings && req.headers().contains_key("anthropic-version") {
+            // Addressed to Anthropic's API (as its SDKs do), which has no embeddings.
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            return Ok(self.protocol_error(
+                Protocol::Anthropic,
+                404,
+                "Not found: the Anthropic API has no /v1/embeddings endpoint",
+            ));
+        }
         *lock(&self.last_headers) = req
             .headers()
             .iter()
@@ -402,6 +573,9 @@ impl SimServer {
             Err(e) => return Ok(self.protocol_error(protocol, 400, &format!("invalid JSON: {e}"))),
         };
         *lock(&self.last_body) = body.clone();
+        if endpoint == Endpoint::Embeddings {
+            return self.embed(&body, arrived).await;
+        }
         let sreq = match parse_request(endpoint, &body, self.cfg.assistant_prefill) {
             Ok(r) => r,
             Err(m) => {
@@ -409,13 +583,8 @@ impl SimServer {
                 return Ok(self.protocol_error(protocol, 400, &m));
             }
         };
-        if !self.cfg.models.is_empty() && !self.cfg.models.contains(&sreq.model) {
-            self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            return Ok(self.protocol_error(
-                protocol,
-                404,
-                &format!("The model `{}` does not exist.", sreq.model),
-            ));
+        if let Some(resp) = self.unknown_model(protocol, &sreq.model) {
+            return Ok(resp);
         }
         if self.cfg.refuse_prefill && sreq.ends_with_assistant {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -430,62 +599,9 @@ impl SimServer {
             return Ok(json_response(StatusCode::OK, &count_tokens_body(&sreq)));
         }
 
-        // Resolve faults and draws under one short lock each; nothing awaits while locked.
-        let mut faults = {
-            let mut rng = lock(&self.rng);
-            lock(&self.faults).resolve(&mut rng)
-        };
-        let cold = self
-            .cold_remaining
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok();
-        if cold {
-            faults.extra_ttft_ms += self.cfg.cold_start_extra_ms;
-            self.counters.cold_served.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Some(max) = self.cfg.max_waiting {
-            let busy = self.counters.running.load(Ordering::Relaxed) >= self.cfg.capacity as i64;
-            if busy && self.counters.waiting.load(Ordering::Relaxed) >= max as i64 {
-                faults.error = Some((429, Some(self.cfg.retry_after_s)));
-            }
-        }
-        if faults.loading {
-            self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            return Ok(self.protocol_error(protocol, 503, "Loading model"));
-        }
-        if faults.reset {
-            self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionReset,
-                "sim fault: reset",
-            ));
-        }
-        if let Some(hang) = faults.hang_ms {
-            tokio::time::sleep(Duration::from_millis(hang.unwrap_or(24 * 3600 * 1000))).await;
-        }
-        if let Some((status, retry_after)) = faults.error {
-            self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            let mut resp =
-                self.protocol_error(protocol, status, &format!("sim fault: HTTP {status}"));
-            if let Some(s) = retry_after {
-                let h = resp.headers_mut();
-                h.insert(
-                    header::RETRY_AFTER,
-                    header_value(&format!("{}", s.ceil() as u64)),
-                );
-                h.insert(
-                    "retry-after-ms",
-                    header_value(&format!("{}", (s * 1000.0).round() as u64)),
-                );
-            }
-            return Ok(resp);
-        }
-        if let Some((content_type, body)) = faults.raw.take() {
-            return Ok(bytes_response(
-                StatusCode::OK,
-                &content_type,
-                Bytes::from(body),
-            ));
+        let mut faults = self.resolve_faults();
+        if let Some(answer) = self.fault_answer(protocol, &mut faults).await {
+            return answer;
         }
 
         let mut out = self.gen.generate(
@@ -554,26 +670,12 @@ impl Drop for Slot<'_> {
 
 impl Generation {
     async fn acquire(&self) -> Option<Slot<'_>> {
-        let s = &self.server;
-        s.counters.waiting.fetch_add(1, Ordering::Relaxed);
-        let permit = s.slots.acquire().await.ok();
-        s.counters.waiting.fetch_sub(1, Ordering::Relaxed);
-        s.counters.running.fetch_add(1, Ordering::Relaxed);
-        permit.map(|p| Slot {
-            _permit: p,
-            server: s,
-        })
+        self.server.acquire().await
     }
 
     /// Time to first token from now (the slot is held), in ms.
     fn ttft_ms(&self) -> f64 {
-        let mut rng = lock(&self.server.rng);
-        draw_ttft_ms(
-            &self.server.cfg,
-            &mut rng,
-            self.uncached,
-            self.faults.ttft_factor,
-        ) + self.faults.extra_ttft_ms as f64
+        self.server.draw_ttft_ms(self.uncached, &self.faults)
     }
 
     fn gap(&self) -> Duration {

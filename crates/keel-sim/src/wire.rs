@@ -11,7 +11,8 @@ use keel_core::sse::SseEvent;
 use keel_core::tokens;
 
 use crate::config::PrefillConvention;
-use crate::text::{normalize, word_for, Finish, Mode, Output};
+use crate::schema;
+use crate::text::{normalize, Finish, Mode, Output};
 
 /// A request as the simulator needs it.
 #[derive(Debug, Clone)]
@@ -37,6 +38,8 @@ pub struct SimRequest {
     pub stop: Vec<String>,
     /// Set when the request asks for a tool call.
     pub tool_call: Option<ToolCall>,
+    /// The whole JSON text a `response_format` asks for (see [`structured_reply`]).
+    pub structured: Option<String>,
     pub prompt_tokens: u64,
 }
 
@@ -187,6 +190,10 @@ pub fn parse_request(
     } else {
         pick_tool(obj, endpoint, &context)?
     };
+    let structured = match (endpoint, &tool_call) {
+        (Endpoint::ChatCompletions, None) => structured_reply(obj, &context)?,
+        _ => None,
+    };
     let prompt_tokens = tokens::count(&normalize(&context)) as u64 + tokens::count(&prefill) as u64;
     Ok(SimRequest {
         endpoint,
@@ -201,6 +208,7 @@ pub fn parse_request(
         max_tokens,
         stop,
         tool_call,
+        structured,
         prompt_tokens,
     })
 }
@@ -283,31 +291,11 @@ fn pick_tool(
     };
     Ok(chosen.map(|(name, schema)| {
         let key = hash_bytes(7, format!("{context}\u{0}{name}").as_bytes());
-        let mut args = Map::new();
-        if let Some(props) = schema
-            .and_then(|s| s.get("properties"))
-            .and_then(Value::as_object)
-        {
-            for (i, (prop, spec)) in props.iter().enumerate() {
-                let k = key.wrapping_add(i as u64 * 0x9E37);
-                let v = if let Some(choices) = spec
-                    .get("enum")
-                    .and_then(Value::as_array)
-                    .filter(|a| !a.is_empty())
-                {
-                    choices[(k % choices.len() as u64) as usize].clone()
-                } else {
-                    match spec.get("type").and_then(Value::as_str) {
-                        Some("integer") | Some("number") => json!(k % 100),
-                        Some("boolean") => json!(k.is_multiple_of(2)),
-                        Some("array") => json!([word_for(k)]),
-                        Some("object") => json!({}),
-                        _ => json!(word_for(k)),
-                    }
-                };
-                args.insert(prop.clone(), v);
-            }
-        }
+        // Arguments are always an object, whatever the schema says at its top.
+        let arguments = schema
+            .map(|s| schema::value_for(s, key))
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}));
         let prefix = if endpoint == Endpoint::Messages {
             "toolu_"
         } else {
@@ -316,9 +304,35 @@ fn pick_tool(
         ToolCall {
             id: format!("{prefix}{:016x}", key),
             name: name.to_string(),
-            arguments: Value::Object(args).to_string(),
+            arguments: arguments.to_string(),
         }
     }))
+}
+
+/// The reply text a chat `response_format` asks for: `json_object`, a JSON object; `json_schema`,
+/// JSON valid against the schema; both derived from the conversation, deterministically (so
+/// another server continues it exactly). `None` for plain text.
+fn structured_reply(obj: &Map<String, Value>, context: &str) -> Result<Option<String>, String> {
+    let Some(format) = obj.get("response_format").filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    let key = hash_bytes(11, context.as_bytes());
+    let schema = match format.get("type").and_then(Value::as_str) {
+        Some("text") => return Ok(None),
+        Some("json_object") => json!({"type": "object", "properties": {
+            "answer": {"type": "string", "minLength": 24}, "confidence": {"type": "number", "minimum": 0, "maximum": 1}}}),
+        Some("json_schema") => format
+            .pointer("/json_schema/schema")
+            .cloned()
+            .ok_or("`response_format.json_schema.schema` is required")?,
+        _ => {
+            return Err(
+                "`response_format.type` must be \"text\", \"json_object\" or \"json_schema\""
+                    .into(),
+            )
+        }
+    };
+    Ok(Some(schema::value_for(&schema, key).to_string()))
 }
 
 /// One streamed unit after the head.
@@ -361,6 +375,17 @@ impl Reply {
                     tokens::count(&tc.arguments) as u64 + 1,
                     Finish::Natural,
                 )
+            }
+            None if req.structured.is_some() => {
+                // The JSON text, after what a continued request already holds of it.
+                let text = req.structured.as_deref().unwrap_or_default();
+                let rest = text.strip_prefix(req.prefill.as_str()).unwrap_or(text);
+                let pieces: Vec<Piece> = tokens::split(rest)
+                    .into_iter()
+                    .map(|t| Piece::Text(t.to_owned()))
+                    .collect();
+                let n = pieces.len() as u64;
+                (pieces, n, Finish::Natural)
             }
             None => {
                 let n = out.pieces.len() as u64;

@@ -2,7 +2,8 @@
 //!
 //! Pools: `demo-gpt` (four OpenAI-protocol variants; `gpt-flaky` fails a third of its requests
 //! with 503 and resets a few connections), `demo-claude` (two Anthropic-protocol variants) and
-//! `demo-mixed` (one variant of each protocol: keel translates for either client).
+//! `demo-mixed` (one variant of each protocol: keel translates for either client) and
+//! `demo-embed` (embeddings from two OpenAI-protocol variants, one of them flaky).
 //! The config is embedded; `--print-config` prints it as a starting point for a real keel.toml.
 
 use std::time::{Duration, Instant};
@@ -195,6 +196,23 @@ name = "mixed-anthropic"
 url = "http://127.0.0.1:{P5}"
 protocol = "anthropic"
 upstream_model = "sim"
+
+# Embeddings (POST /v1/embeddings) are served by OpenAI-protocol variants only; a failed
+# request fails over before the answer (gpt-flaky fails a third of its requests).
+[[pools]]
+name = "demo-embed"
+
+[[pools.variants]]
+name = "embed-a"
+url = "http://127.0.0.1:{P0}/v1"
+protocol = "openai"
+upstream_model = "sim"
+
+[[pools.variants]]
+name = "embed-flaky"
+url = "http://127.0.0.1:{P3}/v1"
+protocol = "openai"
+upstream_model = "sim"
 "#;
 
 fn config_text(args: &DemoArgs) -> String {
@@ -304,6 +322,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         println!(
             "  mixed pool: model demo-mixed (an OpenAI and an Anthropic variant), either base URL"
         );
+        println!("  embeddings: model demo-embed on POST /v1/embeddings (OpenAI base URL)");
     }
     println!("  metrics: http://{addr}/metrics   health: http://{addr}/keel/health\n");
     println!("sample requests:");

@@ -3,6 +3,8 @@
 
 mod bad_input;
 mod capacity;
+mod count_tokens;
+mod embeddings;
 mod failover;
 mod fuzz_corpus;
 mod harness;
