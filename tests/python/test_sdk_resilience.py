@@ -275,3 +275,146 @@ def test_async_streams_survive_a_migration(faults, pool, variant):
     assert chat_text == expected and message_text == expected
     assert_migrated(faults, chat_id, variant)
     assert_migrated(faults, message_id, variant)
+
+
+# 4. keel's 503 with retry-after: each SDK waits exactly what keel told it.
+
+# What the pool's two servers ask for (keel passes the variants' own wait on to the client).
+UPSTREAM_WAIT_S = {"claude-a": 0.45, "claude-b": 0.65}
+
+
+def refuse_every_variant(demo, status):
+    for variant, wait in UPSTREAM_WAIT_S.items():
+        demo.add_fault(variant, kind="error", status=status, retry_after_s=wait)
+
+
+class Timeline:
+    """httpx event hooks that note when each request leaves and each response head arrives."""
+
+    def __init__(self):
+        self.events = []
+
+    def request(self, request):
+        self.events.append(("request", time.perf_counter(), None))
+
+    def response(self, response):
+        self.events.append(("response", time.perf_counter(), response.headers))
+
+    async def arequest(self, request):
+        self.request(request)
+
+    async def aresponse(self, response):
+        self.response(response)
+
+    def hooks(self, asynchronous=False):
+        if asynchronous:
+            return {"request": [self.arequest], "response": [self.aresponse]}
+        return {"request": [self.request], "response": [self.response]}
+
+    def waited_and_told(self):
+        """The SDK's wait between its first response and its retry, and the wait keel asked
+        for in that response (both in seconds)."""
+        kinds = [e[0] for e in self.events]
+        assert kinds == ["request", "response", "request", "response"], kinds
+        headers = self.events[1][2]
+        return self.events[2][1] - self.events[1][1], int(headers["retry-after-ms"]) / 1000
+
+
+def test_keel_answers_503_with_both_retry_after_headers(faults):
+    import httpx
+
+    refuse_every_variant(faults, 429)
+    r = httpx.post(
+        faults.url + "/v1/messages",
+        json={"model": "demo-claude", "max_tokens": 16, "messages": PROMPT},
+        headers={"anthropic-version": "2023-06-01"},
+    )
+    assert r.status_code == 503
+    ms = int(r.headers["retry-after-ms"])
+    assert ms in [round(s * 1000) for s in UPSTREAM_WAIT_S.values()]
+    assert int(r.headers["retry-after"]) == -(-ms // 1000)
+    assert r.json()["type"] == "error" and r.json()["error"]["type"] == "overloaded_error"
+
+
+def make_retrying_client(sdk, demo, timeline, asynchronous):
+    if sdk == "openai":
+        http = (openai.DefaultAsyncHttpxClient if asynchronous else openai.DefaultHttpxClient)(
+            event_hooks=timeline.hooks(asynchronous)
+        )
+        cls = openai.AsyncOpenAI if asynchronous else openai.OpenAI
+        return cls(base_url=demo.url + "/v1", api_key="not-needed", max_retries=1, http_client=http)
+    http = (anthropic.DefaultAsyncHttpxClient if asynchronous else anthropic.DefaultHttpxClient)(
+        event_hooks=timeline.hooks(asynchronous)
+    )
+    cls = anthropic.AsyncAnthropic if asynchronous else anthropic.Anthropic
+    return cls(base_url=demo.url, api_key="not-needed", max_retries=1, http_client=http)
+
+
+def ask(sdk, client):
+    """One request in the client's own API (a coroutine for an async client)."""
+    if sdk == "openai":
+        return client.chat.completions.create(model="demo-claude", max_tokens=16, messages=PROMPT)
+    return client.messages.create(model="demo-claude", max_tokens=16, messages=PROMPT)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("sdk,upstream_status", [("openai", 429), ("anthropic", 503)])
+def test_sdk_waits_what_keel_says(faults, sdk, upstream_status, asynchronous):
+    """The one timing check issue 13 asks for: the SDK's pause before its retry is keel's
+    retry-after-ms, within 50 ms (both SDKs honour `retry-after-ms` exactly, without jitter,
+    for any value up to a minute)."""
+    refuse_every_variant(faults, upstream_status)
+    timeline = Timeline()
+    client = make_retrying_client(sdk, faults, timeline, asynchronous)
+    errors = openai if sdk == "openai" else anthropic
+    with pytest.raises(errors.InternalServerError) as err:
+        if asynchronous:
+            asyncio.run(ask(sdk, client))
+        else:
+            ask(sdk, client)
+    assert err.value.status_code == 503
+    assert "no variant of `demo-claude` could serve the request" in str(err.value)
+    waited, told = timeline.waited_and_told()
+    print(f"{sdk} ({'async' if asynchronous else 'sync'}): keel said {told * 1000:.0f} ms, the SDK waited {waited * 1000:.1f} ms")
+    assert 0.3 <= told <= 0.8
+    assert abs(waited - told) <= 0.05
+
+
+# 5. keel's own 4xx arrive as each SDK's own exception types, with keel's message.
+
+
+def test_openai_sdk_error_types(faults):
+    client = openai_client(faults)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="no-such-model", messages=PROMPT)
+    assert "no-such-model" in e.value.message and "known models" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="demo-gpt", messages="not a list")
+    assert e.value.status_code == 400 and "messages" in e.value.message
+    with pytest.raises(openai.APIStatusError) as e:
+        client.get("/chat/completions", cast_to=object)
+    assert e.value.status_code == 405 and "method GET is not allowed" in e.value.message
+    # The demo keeps the default max_body_bytes (10 MiB).
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(
+            model="demo-gpt", messages=[{"role": "user", "content": "x" * (10 * 1024 * 1024 + 1)}]
+        )
+    assert e.value.status_code == 413
+
+
+def test_anthropic_sdk_error_types(faults):
+    client = anthropic_client(faults)
+    with pytest.raises(anthropic.NotFoundError) as e:
+        client.messages.create(model="no-such-model", max_tokens=16, messages=PROMPT)
+    assert "no-such-model" in e.value.message and "known models" in e.value.message
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="demo-claude", max_tokens=-1, messages=PROMPT)
+    assert "max_tokens" in e.value.message
+    with pytest.raises(anthropic.APIStatusError) as e:
+        client.get("/v1/messages", cast_to=object)
+    assert e.value.status_code == 405 and "method GET is not allowed" in e.value.message
+    with pytest.raises(anthropic.ContentTooLargeError) as e:
+        client.messages.create(
+            model="demo-claude", max_tokens=16, messages=[{"role": "user", "content": "x" * (10 * 1024 * 1024 + 1)}]
+        )
+    assert e.value.status_code == 413
