@@ -3,60 +3,22 @@
 // simulated fleet and the gateway) once for the file.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { createServer } from "node:net";
-import path from "node:path";
-import { fileURLToPath } from "node:url";
-
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 
-const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..");
-const KEEL = process.env.KEEL_BIN ?? path.join(ROOT, "target", "debug", "keel");
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
+import { startDemo } from "./keel_demo.mjs";
 
 let demo;
 let url;
 
 before(async () => {
-  const port = await freePort();
-  // Six consecutive free ports for the simulated fleet (a block away from the Python tests').
-  const simBase = 30000 + (process.pid % 2000) * 6;
-  demo = spawn(KEEL, ["demo", "--listen", `127.0.0.1:${port}`, "--sim-base-port", String(simBase)], {
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  let output = "";
-  demo.stdout.on("data", (d) => (output += d));
-  demo.stderr.on("data", (d) => (output += d));
-  url = `http://127.0.0.1:${port}`;
-  const deadline = Date.now() + 30_000;
-  for (;;) {
-    try {
-      const r = await fetch(`${url}/keel/health`);
-      if (r.ok) break;
-    } catch {
-      // not listening yet
-    }
-    if (demo.exitCode !== null || Date.now() > deadline) {
-      demo.kill();
-      throw new Error(`keel demo did not start:\n${output}`);
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
+  // Fleet ports a block away from the Python tests'.
+  demo = await startDemo({ simRange: [32000, 40000] });
+  url = demo.url;
 });
 
 after(() => {
-  demo?.kill();
+  demo?.stop();
 });
 
 const openai = () => new OpenAI({ baseURL: `${url}/v1`, apiKey: "not-needed", maxRetries: 0 });
