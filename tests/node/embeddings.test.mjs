@@ -6,12 +6,13 @@ import assert from "node:assert/strict";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 
-import { startDemo } from "./demo.mjs";
+import { startDemo } from "./keel_demo.mjs";
 
 let demo;
 
 before(async () => {
-  demo = await startDemo(1);
+  // Fleet ports a block away from the other files'.
+  demo = await startDemo({ simRange: [22000, 30000] });
 });
 
 after(() => {

@@ -6,13 +6,14 @@ import assert from "node:assert/strict";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 
-import { startDemo } from "./demo.mjs";
+import { startDemo } from "./keel_demo.mjs";
 
 let demo;
 let url;
 
 before(async () => {
-  demo = await startDemo(0);
+  // Fleet ports a block away from the Python tests'.
+  demo = await startDemo({ simRange: [32000, 40000] });
   url = demo.url;
 });
 

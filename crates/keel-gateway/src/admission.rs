@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
@@ -52,34 +52,63 @@ pub async fn read_body(
             ));
         }
     }
-    if let Some(len) = header(parts, "content-length").and_then(|v| v.parse::<u64>().ok()) {
-        if len > limit as u64 {
-            return Err(too_large(limit));
-        }
+    let declared = header(parts, "content-length").and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64 + DRAIN_MAX_BYTES) {
+        // Far too large to be worth reading: refuse at once (the connection closes).
+        return Err(too_large(limit));
     }
-    let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await;
-    let Ok(read) = read else {
-        return Err(GatewayError::new(
+    let mut seen = 0u64;
+    let mut kept = bytes::BytesMut::new();
+    let read = tokio::time::timeout(timeout, read_within(body, limit, &mut seen, &mut kept)).await;
+    if seen > limit as u64 || declared.is_some_and(|len| len > limit as u64) {
+        return Err(too_large(limit));
+    }
+    match read {
+        Ok(Ok(())) => Ok(kept.freeze()),
+        Ok(Err(e)) => Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!("could not read the request body: {e}"),
+        )),
+        Err(_) => Err(GatewayError::new(
             ErrorKind::RequestTimeout,
             format!(
                 "the request body did not arrive within {} ms (body_read_timeout_ms)",
                 timeout.as_millis()
             ),
-        ));
-    };
-    match read {
-        Ok(b) => Ok(b.to_bytes()),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            Err(too_large(limit))
-        }
-        Err(e) => Err(GatewayError::new(
-            ErrorKind::InvalidRequest,
-            format!("could not read the request body: {e}"),
         )),
     }
+}
+
+/// How much more than the limit keel still reads, and discards, before answering 413. A client
+/// still uploading when the connection closes under it gets a broken pipe instead of the 413
+/// (Node's fetch, and with it both JavaScript SDKs, does), so a moderately oversized body is
+/// read to its end first; a larger one is refused at once.
+pub const DRAIN_MAX_BYTES: u64 = 64 << 20;
+
+/// Reads the body to its end, keeping it in `kept` while it fits in `limit`; `seen` counts
+/// every byte, so the caller knows, even after a timeout, whether the body was too large.
+/// Past `limit + DRAIN_MAX_BYTES` it stops reading.
+async fn read_within(
+    mut body: Incoming,
+    limit: usize,
+    seen: &mut u64,
+    kept: &mut bytes::BytesMut,
+) -> Result<(), hyper::Error> {
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        *seen += data.len() as u64;
+        if *seen <= limit as u64 {
+            kept.extend_from_slice(&data);
+        } else {
+            kept.clear();
+            if *seen > limit as u64 + DRAIN_MAX_BYTES {
+                break;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn too_large(limit: usize) -> GatewayError {

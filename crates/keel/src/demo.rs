@@ -4,6 +4,8 @@
 //! with 503 and resets a few connections), `demo-claude` (two Anthropic-protocol variants) and
 //! `demo-mixed` (one variant of each protocol: keel translates for either client) and
 //! `demo-embed` (embeddings from two OpenAI-protocol variants, one of them flaky).
+//! Clients may pin a request's first attempt to a variant (`x-keel-force-variant`), so faults
+//! injected into one simulated server can be aimed at a request (the resilience SDK tests).
 //! The config is embedded; `--print-config` prints it as a starting point for a real keel.toml.
 
 use std::time::{Duration, Instant};
@@ -121,6 +123,10 @@ const DEMO_CONFIG: &str = r#"# keel demo configuration: two pools over a simulat
 # set `api_key = "${OPENAI_API_KEY}"` (environment interpolation), and tune the timeouts.
 listen = "{LISTEN}"
 max_attempts = 3
+# The demo lets a client pin the first attempt to one variant (`x-keel-force-variant: gpt-b`),
+# so you can inject a fault into that variant's server (`POST /sim/faults`) and watch keel fail
+# over or migrate. Leave it off in production.
+allow_force_variant = true
 
 [timeouts]
 connect_ms = 1000

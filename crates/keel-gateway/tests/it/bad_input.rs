@@ -180,3 +180,56 @@ async fn slow_clients_cannot_hold_a_connection() {
         "the gateway closed the connection of a client that never finished its headers"
     );
 }
+
+/// A client that declares a body over `max_body_bytes` and goes on uploading it gets the 413,
+/// not a connection closed under its upload (a broken pipe: what Node's fetch, and so both
+/// JavaScript SDKs, reported instead of the 413). Chunked bodies (no declared length) too.
+#[tokio::test]
+async fn an_oversized_upload_is_read_to_its_end_and_answered_413() {
+    let h = Harness::openai(1, 1, "max_body_bytes = 1000", "").await;
+    let body = vec![b'x'; 8 << 20];
+    for chunked in [false, true] {
+        let mut s = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+        let framing = if chunked {
+            "transfer-encoding: chunked".to_owned()
+        } else {
+            format!("content-length: {}", body.len())
+        };
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: keel\r\ncontent-type: application/json\r\n{framing}\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        for part in body.chunks(64 << 10) {
+            if chunked {
+                s.write_all(format!("{:x}\r\n", part.len()).as_bytes())
+                    .await
+                    .unwrap();
+            }
+            // A broken pipe or a reset here is the bug.
+            s.write_all(part).await.expect("keel cut the upload off");
+            if chunked {
+                s.write_all(b"\r\n").await.unwrap();
+            }
+        }
+        if chunked {
+            s.write_all(b"0\r\n\r\n").await.unwrap();
+        }
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&answer).contains("bytes\"") {
+            let n = s.read(&mut buf).await.expect("read the answer");
+            assert!(
+                n > 0,
+                "closed before the answer: {}",
+                String::from_utf8_lossy(&answer)
+            );
+            answer.extend_from_slice(&buf[..n]);
+        }
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            text.starts_with("HTTP/1.1 413"),
+            "chunked={chunked}: {text}"
+        );
+        assert!(text.contains("exceeds the limit of 1000 bytes"), "{text}");
+    }
+}
