@@ -216,24 +216,32 @@ for (const [name, status, makeClient, ask] of [
     // The one timing check issue 13 asks for. Both SDKs honour `retry-after-ms` exactly,
     // without jitter, below a minute.
     await refuseEveryVariant(status);
-    const events = [];
     const Sdk = name === "openai" ? OpenAI : Anthropic;
-    await assert.rejects(ask(makeClient(timedFetch(events))), (e) => {
-      assert.ok(e instanceof Sdk.InternalServerError, String(e));
-      assert.equal(e.status, 503);
-      assert.match(e.message, /no variant of `demo-claude` could serve the request/);
-      return true;
-    });
-    assert.deepEqual(
-      events.map((e) => e.kind),
-      ["request", "response", "request", "response"],
-    );
-    const told = Number(events[1].headers.get("retry-after-ms"));
-    const waited = events[2].at - events[1].at;
-    console.log(`${name}: keel said ${told} ms, the SDK waited ${waited.toFixed(1)} ms`);
-    assert.equal(Number(events[1].headers.get("retry-after")), Math.ceil(told / 1000));
-    assert.ok(told >= 300 && told <= 800, `retry-after-ms ${told}`);
-    assert.ok(Math.abs(waited - told) <= 50, `waited ${waited} ms, told ${told} ms`);
+    // Never earlier than told; at most 50 ms later. A loaded machine can only delay a timer, so
+    // the overshoot is judged on the best of three tries (each is printed).
+    const overshoots = [];
+    for (let i = 0; i < 3; i++) {
+      const events = [];
+      await assert.rejects(ask(makeClient(timedFetch(events))), (e) => {
+        assert.ok(e instanceof Sdk.InternalServerError, String(e));
+        assert.equal(e.status, 503);
+        assert.match(e.message, /no variant of `demo-claude` could serve the request/);
+        return true;
+      });
+      assert.deepEqual(
+        events.map((e) => e.kind),
+        ["request", "response", "request", "response"],
+      );
+      const told = Number(events[1].headers.get("retry-after-ms"));
+      const waited = events[2].at - events[1].at;
+      console.log(`${name}: keel said ${told} ms, the SDK waited ${waited.toFixed(1)} ms`);
+      assert.equal(Number(events[1].headers.get("retry-after")), Math.ceil(told / 1000));
+      assert.ok(told >= 300 && told <= 800, `retry-after-ms ${told}`);
+      assert.ok(waited >= told - 5, `the SDK retried after ${waited} ms, before keel's ${told} ms`);
+      overshoots.push(waited - told);
+      if (waited - told <= 50) break;
+    }
+    assert.ok(Math.min(...overshoots) <= 50, `overshoots ${overshoots} ms`);
   });
 }
 

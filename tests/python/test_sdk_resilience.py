@@ -364,20 +364,28 @@ def test_sdk_waits_what_keel_says(faults, sdk, upstream_status, asynchronous):
     retry-after-ms, within 50 ms (both SDKs honour `retry-after-ms` exactly, without jitter,
     for any value up to a minute)."""
     refuse_every_variant(faults, upstream_status)
-    timeline = Timeline()
-    client = make_retrying_client(sdk, faults, timeline, asynchronous)
     errors = openai if sdk == "openai" else anthropic
-    with pytest.raises(errors.InternalServerError) as err:
-        if asynchronous:
-            asyncio.run(ask(sdk, client))
-        else:
-            ask(sdk, client)
-    assert err.value.status_code == 503
-    assert "no variant of `demo-claude` could serve the request" in str(err.value)
-    waited, told = timeline.waited_and_told()
-    print(f"{sdk} ({'async' if asynchronous else 'sync'}): keel said {told * 1000:.0f} ms, the SDK waited {waited * 1000:.1f} ms")
-    assert 0.3 <= told <= 0.8
-    assert abs(waited - told) <= 0.05
+    # Never earlier than told; at most 50 ms later. A loaded machine can only delay a timer, so
+    # the overshoot is judged on the best of three tries (each is printed).
+    overshoots = []
+    for _ in range(3):
+        timeline = Timeline()
+        client = make_retrying_client(sdk, faults, timeline, asynchronous)
+        with pytest.raises(errors.InternalServerError) as err:
+            if asynchronous:
+                asyncio.run(ask(sdk, client))
+            else:
+                ask(sdk, client)
+        assert err.value.status_code == 503
+        assert "no variant of `demo-claude` could serve the request" in str(err.value)
+        waited, told = timeline.waited_and_told()
+        print(f"{sdk} ({'async' if asynchronous else 'sync'}): keel said {told * 1000:.0f} ms, the SDK waited {waited * 1000:.1f} ms")
+        assert 0.3 <= told <= 0.8
+        assert waited >= told - 0.005, "the SDK retried before keel's retry-after-ms"
+        overshoots.append(waited - told)
+        if overshoots[-1] <= 0.05:
+            break
+    assert min(overshoots) <= 0.05, overshoots
 
 
 # 5. keel's own 4xx arrive as each SDK's own exception types, with keel's message.
