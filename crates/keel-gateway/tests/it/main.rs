@@ -11,6 +11,7 @@ mod hostile;
 mod lifecycle;
 mod migration;
 mod models;
+mod openapi;
 mod prefill_refusal;
 mod proxy;
 mod routing;
