@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Contract test: keel in front of a fault-free keel-sim fleet, fuzzed by schemathesis against the
+# OpenAPI document keel serves (/keel/openapi.json). Fails on any 5xx, and on any response whose
+# status, content type, headers or body the document does not declare.
+#
+# Usage: tests/contract/run.sh KEEL_BINARY [SCHEMATHESIS]   (ports: CONTRACT_BASE_PORT, default 18401)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+keel="$1"
+schemathesis="${2:-schemathesis}"
+base="${CONTRACT_BASE_PORT:-18401}"
+sim0=$base
+sim1=$((base + 1))
+gateway="127.0.0.1:$((base + 10))"
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Three pools: OpenAI-protocol variants, Anthropic-protocol variants, and one of each (keel
+# translates for whichever it picks). Every sim server speaks both protocols.
+variant() { # name url protocol
+  printf '[[pools.variants]]\nname = "%s"\nurl = "%s"\nprotocol = "%s"\nupstream_model = "sim"\n\n' "$1" "$2" "$3"
+}
+{
+  printf 'listen = "%s"\n\n' "$gateway"
+  printf '[[pools]]\nname = "contract-gpt"\naliases = ["gpt-4o-mini"]\n\n'
+  variant gpt-0 "http://127.0.0.1:$sim0/v1" openai
+  variant gpt-1 "http://127.0.0.1:$sim1/v1" openai
+  printf '[[pools]]\nname = "contract-claude"\n\n'
+  variant claude-0 "http://127.0.0.1:$sim0" anthropic
+  variant claude-1 "http://127.0.0.1:$sim1" anthropic
+  printf '[[pools]]\nname = "contract-mixed"\n\n'
+  variant mixed-openai "http://127.0.0.1:$sim0/v1" openai
+  variant mixed-anthropic "http://127.0.0.1:$sim1" anthropic
+} > "$work/keel.toml"
+
+KEEL_LOG=warn "$keel" sim --config "$here/sim.toml" --base-port "$sim0" > "$work/sim.log" 2>&1 &
+pids+=($!)
+KEEL_LOG=warn "$keel" serve --config "$work/keel.toml" > "$work/keel.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+  if curl -sf "http://$gateway/keel/health" > /dev/null; then break; fi
+  sleep 0.1
+done
+
+started=$(date +%s)
+status=0
+# A fixed seed and a bounded number of examples per operation keep the run reproducible and
+# short. The checks: no 5xx, and status codes, content types, headers and bodies as declared.
+# --exclude-path-regex: until /v1/responses and /v1/embeddings are served (their branches are merged),
+# they are documented but answer 404; remove this line after the merge.
+(cd "$work" && "$schemathesis" --config-file "$here/schemathesis.toml" --no-color \
+  run "http://$gateway/keel/openapi.json" \
+  --exclude-path-regex '^/v1/(responses|embeddings)$' \
+  --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance \
+  --phases examples,coverage,fuzzing \
+  --max-examples "${CONTRACT_MAX_EXAMPLES:-40}" \
+  --seed 13 \
+  --workers 2 \
+  --request-timeout 30 \
+  --generation-database none) || status=$?
+echo "contract: schemathesis took $(( $(date +%s) - started )) s"
+if [ "$status" -ne 0 ]; then
+  echo "--- keel log (tail)"; tail -n 40 "$work/keel.log"
+fi
+exit "$status"
