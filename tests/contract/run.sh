@@ -58,7 +58,7 @@ status=0
   run "http://$gateway/keel/openapi.json" \
   --exclude-path-regex '^/v1/(responses|embeddings)$' \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance \
-  --phases examples,coverage,fuzzing \
+  --phases "${CONTRACT_PHASES:-examples,coverage,fuzzing}" ${CONTRACT_EXTRA:-} \
   --max-examples "${CONTRACT_MAX_EXAMPLES:-40}" \
   --seed 13 \
   --workers 2 \

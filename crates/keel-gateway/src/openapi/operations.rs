@@ -72,9 +72,20 @@ fn error_response(description: &str, protocol: Option<Protocol>, headers: Value)
 fn ok_response(description: &str, schema: Value, stream: Option<&str>, headers: Value) -> Value {
     let mut content = json!({"application/json": {"schema": schema}});
     if let Some(events) = stream {
+        // Before OpenAPI 3.2 (`itemSchema`), an event stream's `schema` describes each event:
+        // its `event` name, `data` and `id`, as 3.2 spells them.
         content["text/event-stream"] = json!({
-            "description": events,
-            "schema": {"type": "string", "description": events}
+            "schema": {
+                "type": "object",
+                "description": events,
+                "required": ["data"],
+                "properties": {
+                    "event": {"type": "string"},
+                    "data": {"type": "string"},
+                    "id": {"type": "string"},
+                    "retry": {"type": "integer", "minimum": 0}
+                }
+            }
         });
     }
     json!({"description": description, "headers": headers, "content": content})

@@ -30,15 +30,25 @@ fn token_limit(description: &str) -> Value {
     json!({"type": ["integer", "null"], "minimum": 0, "description": description})
 }
 
-/// `messages`, as keel reads it: a non-empty array of objects that each have a string `role`.
-fn messages_field(roles: &str) -> Value {
+/// `messages`, as keel reads it: a non-empty array of objects that each have a string `role`
+/// (the roles the protocol defines) and a `content` of text or typed parts.
+fn messages_field(roles: &[&str]) -> Value {
     json!({
         "type": "array",
         "minItems": 1,
-        "description": roles,
         "items": object(&["role"], json!({
-            "role": {"type": "string"},
-            "content": {"description": "A string, or an array of content parts (`{\"type\": \"text\", \"text\": …}` and others)."}
+            "role": {"enum": roles},
+            "content": {
+                "description": "A string, or an array of content parts (`{\"type\": \"text\", \"text\": …}` and others).",
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "null"},
+                    {"type": "array", "items": object(&["type"], json!({
+                        "type": {"type": "string"},
+                        "text": {"type": "string"}
+                    }))}
+                ]
+            }
         }))
     })
 }
@@ -48,7 +58,7 @@ fn openai_requests() -> [(&'static str, Value); 4] {
     [
         ("ChatCompletionRequest", object(&["model", "messages"], json!({
             "model": model_field(),
-            "messages": messages_field("The conversation (`system`, `developer`, `user`, `assistant`, `tool` roles)."),
+            "messages": messages_field(&["system", "developer", "user", "assistant", "tool"]),
             "stream": stream_field(),
             "max_completion_tokens": token_limit("Output limit (preferred over `max_tokens`)."),
             "max_tokens": token_limit("Output limit."),
@@ -169,7 +179,7 @@ fn anthropic_schemas() -> [(&'static str, Value); 6] {
         {"type": "string"},
         {"type": "array", "items": {"type": "object"}}
     ]});
-    let messages = messages_field("The conversation (`user` and `assistant` roles).");
+    let messages = messages_field(&["user", "assistant"]);
     [
         ("MessagesRequest", object(&["model", "messages", "max_tokens"], json!({
             "model": model_field(),
