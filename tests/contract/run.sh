@@ -28,10 +28,10 @@ variant() { # name url protocol
 }
 {
   printf 'listen = "%s"\n\n' "$gateway"
-  printf '[[pools]]\nname = "contract-gpt"\naliases = ["gpt-4o-mini"]\n\n'
+  printf '[[pools]]\nname = "contract-gpt"\naliases = ["gpt-4o-mini", "text-embedding-3-small"]\n\n'
   variant gpt-0 "http://127.0.0.1:$sim0/v1" openai
   variant gpt-1 "http://127.0.0.1:$sim1/v1" openai
-  printf '[[pools]]\nname = "contract-claude"\n\n'
+  printf '[[pools]]\nname = "contract-claude"\naliases = ["claude-sonnet-4-5"]\n\n'
   variant claude-0 "http://127.0.0.1:$sim0" anthropic
   variant claude-1 "http://127.0.0.1:$sim1" anthropic
   printf '[[pools]]\nname = "contract-mixed"\n\n'
@@ -52,6 +52,8 @@ started=$(date +%s)
 status=0
 # A fixed seed and a bounded number of examples per operation keep the run reproducible and
 # short. The checks: no 5xx, and status codes, content types, headers and bodies as declared.
+# One worker: requests in a reproducible order (and two workers trip a CPython 3.11 bug in
+# Hypothesis's strategy descriptions, "AST constructor recursion depth mismatch").
 # --exclude-path-regex: until /v1/responses and /v1/embeddings are served (their branches are merged),
 # they are documented but answer 404; remove this line after the merge.
 (cd "$work" && "$schemathesis" --config-file "$here/schemathesis.toml" --no-color \
@@ -61,7 +63,7 @@ status=0
   --phases "${CONTRACT_PHASES:-examples,coverage,fuzzing}" ${CONTRACT_EXTRA:-} \
   --max-examples "${CONTRACT_MAX_EXAMPLES:-40}" \
   --seed 13 \
-  --workers 2 \
+  --workers 1 \
   --request-timeout 30 \
   --generation-database none) || status=$?
 echo "contract: schemathesis took $(( $(date +%s) - started )) s"

@@ -101,6 +101,8 @@ struct Generation {
     response: &'static str,
     /// The events of the stream answered when the body has `"stream": true`.
     stream: Option<&'static str>,
+    /// A typical request body.
+    example: Value,
 }
 
 /// A generation (or token count) operation.
@@ -149,7 +151,7 @@ fn generation(g: Generation) -> Value {
         ],
         "requestBody": {
             "required": true,
-            "content": {"application/json": {"schema": schema_ref(g.request)}}
+            "content": {"application/json": {"schema": schema_ref(g.request), "example": g.example}}
         },
         "responses": responses,
     })
@@ -168,6 +170,7 @@ fn generation_endpoint(ep: Endpoint) -> Value {
             request: "ChatCompletionRequest",
             response: "ChatCompletion",
             stream: Some(OPENAI_STREAM),
+            example: json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}),
         },
         Endpoint::Completions => Generation {
             id: "createCompletion",
@@ -177,6 +180,7 @@ fn generation_endpoint(ep: Endpoint) -> Value {
             request: "CompletionRequest",
             response: "Completion",
             stream: Some(OPENAI_STREAM),
+            example: json!({"model": "gpt-4o-mini", "prompt": "Once upon a time", "max_tokens": 16}),
         },
         Endpoint::Messages => Generation {
             id: "createMessage",
@@ -186,6 +190,7 @@ fn generation_endpoint(ep: Endpoint) -> Value {
             request: "MessagesRequest",
             response: "Message",
             stream: Some(ANTHROPIC_STREAM),
+            example: json!({"model": "claude-sonnet-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "Hello"}]}),
         },
         Endpoint::CountTokens => Generation {
             id: "countMessageTokens",
@@ -195,6 +200,7 @@ fn generation_endpoint(ep: Endpoint) -> Value {
             request: "CountTokensRequest",
             response: "TokenCount",
             stream: None,
+            example: json!({"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "Hello"}]}),
         },
     };
     generation(g)
@@ -210,6 +216,7 @@ pub fn responses() -> Value {
         request: "ResponsesRequest",
         response: "Response",
         stream: Some("With `\"stream\": true`: server-sent events named by their `type` (`response.created`, `response.output_text.delta`, …, `response.completed`), each `data:` a JSON object with that `type`."),
+            example: json!({"model": "gpt-4o-mini", "input": "Hello", "max_output_tokens": 16}),
     })
 }
 
@@ -223,6 +230,7 @@ pub fn embeddings() -> Value {
         request: "EmbeddingsRequest",
         response: "EmbeddingList",
         stream: None,
+            example: json!({"model": "text-embedding-3-small", "input": "Hello"}),
     })
 }
 

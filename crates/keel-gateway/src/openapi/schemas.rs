@@ -32,7 +32,15 @@ fn token_limit(description: &str) -> Value {
 
 /// `messages`, as keel reads it: a non-empty array of objects that each have a string `role`
 /// (the roles the protocol defines) and a `content` of text or typed parts.
-fn messages_field(roles: &[&str]) -> Value {
+fn messages_field(roles: &[&str], content_nullable: bool) -> Value {
+    let mut content = vec![json!({"type": "string"})];
+    if content_nullable {
+        content.push(json!({"type": "null"}));
+    }
+    content.push(json!({"type": "array", "items": object(&["type"], json!({
+        "type": {"type": "string"},
+        "text": {"type": "string"}
+    }))}));
     json!({
         "type": "array",
         "minItems": 1,
@@ -40,14 +48,7 @@ fn messages_field(roles: &[&str]) -> Value {
             "role": {"enum": roles},
             "content": {
                 "description": "A string, or an array of content parts (`{\"type\": \"text\", \"text\": …}` and others).",
-                "anyOf": [
-                    {"type": "string"},
-                    {"type": "null"},
-                    {"type": "array", "items": object(&["type"], json!({
-                        "type": {"type": "string"},
-                        "text": {"type": "string"}
-                    }))}
-                ]
+                "anyOf": content
             }
         }))
     })
@@ -58,7 +59,7 @@ fn openai_requests() -> [(&'static str, Value); 4] {
     [
         ("ChatCompletionRequest", object(&["model", "messages"], json!({
             "model": model_field(),
-            "messages": messages_field(&["system", "developer", "user", "assistant", "tool"]),
+            "messages": messages_field(&["system", "developer", "user", "assistant", "tool"], true),
             "stream": stream_field(),
             "max_completion_tokens": token_limit("Output limit (preferred over `max_tokens`)."),
             "max_tokens": token_limit("Output limit."),
@@ -179,7 +180,7 @@ fn anthropic_schemas() -> [(&'static str, Value); 6] {
         {"type": "string"},
         {"type": "array", "items": {"type": "object"}}
     ]});
-    let messages = messages_field(&["user", "assistant"]);
+    let messages = messages_field(&["user", "assistant"], false);
     [
         ("MessagesRequest", object(&["model", "messages", "max_tokens"], json!({
             "model": model_field(),
