@@ -61,12 +61,16 @@ status=0
   --exclude-path-regex '^/v1/(responses|embeddings)$' \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance \
   --phases "${CONTRACT_PHASES:-examples,coverage,fuzzing}" ${CONTRACT_EXTRA:-} \
-  --max-examples "${CONTRACT_MAX_EXAMPLES:-40}" \
+  --max-examples "${CONTRACT_MAX_EXAMPLES:-100}" \
   --seed 13 \
   --workers 1 \
   --request-timeout 30 \
   --generation-database none) || status=$?
 echo "contract: schemathesis took $(( $(date +%s) - started )) s"
+# What the generated requests came to, by keel's own count (how many reached a model server).
+curl -sf "http://$gateway/metrics" | awk '/^keel_requests_total/ {
+    match($0, /outcome="[a-z_]+"/); o = substr($0, RSTART + 9, RLENGTH - 10); n[o] += $NF }
+  END { printf "contract: generation requests by outcome:"; for (o in n) printf " %s=%d", o, n[o]; print "" }' || true
 if [ "$status" -ne 0 ]; then
   echo "--- keel log (tail)"; tail -n 40 "$work/keel.log"
 fi

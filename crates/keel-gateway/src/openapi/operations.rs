@@ -59,6 +59,40 @@ const ERROR_STATUSES: &[(&str, &str)] = &[
     ("504", "The request's deadline (the pool's `total_ms`, or `x-keel-timeout-ms`) passed before an answer."),
 ];
 
+/// Every error status of a generation request, with why keel answers it: keel's own, then a
+/// model server's client errors passed through (`4XX`).
+fn error_statuses() -> impl Iterator<Item = (&'static str, &'static str)> {
+    ERROR_STATUSES.iter().copied().chain(std::iter::once((
+        "4XX",
+        "A client error from the model server (for example 401, 403, 422 or 429), passed through in the client's protocol.",
+    )))
+}
+
+/// The name of the shared response component for one protocol's error status.
+fn error_component(protocol: Protocol, status: &str) -> String {
+    let prefix = match protocol {
+        Protocol::OpenAi => "OpenAIError",
+        Protocol::Anthropic => "AnthropicError",
+    };
+    format!("{prefix}{status}")
+}
+
+/// `components.responses`: each protocol's error responses, shared by its generation endpoints.
+pub fn response_components() -> Value {
+    let mut out = Map::new();
+    for protocol in [Protocol::OpenAi, Protocol::Anthropic] {
+        for (status, why) in error_statuses() {
+            // Waiting helps when keel is saturated (503) and may when a model server refused (4XX).
+            let retry = matches!(status, "503" | "4XX");
+            out.insert(
+                error_component(protocol, status),
+                error_response(why, Some(protocol), keel_headers(retry)),
+            );
+        }
+    }
+    Value::Object(out)
+}
+
 /// A JSON error response.
 fn error_response(description: &str, protocol: Option<Protocol>, headers: Value) -> Value {
     json!({
@@ -122,21 +156,12 @@ fn generation(g: Generation) -> Value {
             },
         ),
     );
-    for (status, why) in ERROR_STATUSES {
-        let retry = *status == "503";
+    for (status, _) in error_statuses() {
         responses.insert(
-            (*status).into(),
-            error_response(why, Some(g.protocol), keel_headers(retry)),
+            status.into(),
+            json!({"$ref": format!("#/components/responses/{}", error_component(g.protocol, status))}),
         );
     }
-    responses.insert(
-        "4XX".into(),
-        error_response(
-            "A client error from the model server (for example 401, 403, 422 or 429), passed through in the client's protocol.",
-            Some(g.protocol),
-            keel_headers(true),
-        ),
-    );
     json!({
         "operationId": g.id,
         "summary": g.summary,
@@ -230,7 +255,7 @@ pub fn embeddings() -> Value {
         request: "EmbeddingsRequest",
         response: "EmbeddingList",
         stream: None,
-            example: json!({"model": "text-embedding-3-small", "input": "Hello"}),
+        example: json!({"model": "text-embedding-3-small", "input": "Hello"}),
     })
 }
 
@@ -307,7 +332,12 @@ pub fn for_route(r: &Route) -> Value {
             "health",
             "Each pool's variants: state, statistics, limits",
             "keel",
-            ok_response("Health of every pool.", schema_ref("Health"), None, json!({})),
+            ok_response(
+                "Health of every pool.",
+                schema_ref("Health"),
+                None,
+                json!({}),
+            ),
         ),
         Target::Decisions => keel_get(
             "decisions",

@@ -47,5 +47,8 @@ async fn openapi_document_is_get_only() {
         .unwrap();
     assert_eq!(r.status(), 405);
     let v: serde_json::Value = r.json().await.unwrap();
-    assert!(v["error"]["message"].as_str().unwrap().contains("not allowed"));
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("not allowed"));
 }
