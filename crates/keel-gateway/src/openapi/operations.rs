@@ -1,0 +1,383 @@
+//! One OpenAPI operation per route: parameters, request body, and every response keel can give
+//! (its own errors, and a model server's client errors passed through), with their headers.
+
+use keel_core::protocol::{Endpoint, Protocol};
+use serde_json::{json, Map, Value};
+
+use crate::context::ClientApi;
+use crate::routes::{Route, Target};
+
+fn schema_ref(name: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{name}")})
+}
+
+fn param_ref(name: &str) -> Value {
+    json!({"$ref": format!("#/components/parameters/{name}")})
+}
+
+fn header_ref(name: &str) -> Value {
+    json!({"$ref": format!("#/components/headers/{name}")})
+}
+
+/// The `x-keel-*` headers on every answer to a generation request.
+fn keel_headers(retry: bool) -> Value {
+    let mut h = Map::new();
+    for (name, component) in [
+        ("x-keel-request-id", "RequestId"),
+        ("x-keel-route", "Route"),
+        ("x-keel-variant", "Variant"),
+        ("x-keel-attempts", "Attempts"),
+    ] {
+        h.insert(name.into(), header_ref(component));
+    }
+    if retry {
+        h.insert("retry-after".into(), header_ref("RetryAfter"));
+        h.insert("retry-after-ms".into(), header_ref("RetryAfterMs"));
+    }
+    Value::Object(h)
+}
+
+/// The error schema for a protocol; `None` for paths shared by both protocols, where the
+/// `anthropic-version` request header picks the shape.
+fn error_schema(protocol: Option<Protocol>) -> Value {
+    match protocol {
+        Some(Protocol::OpenAi) => schema_ref("OpenAIError"),
+        Some(Protocol::Anthropic) => schema_ref("AnthropicError"),
+        None => json!({"anyOf": [schema_ref("OpenAIError"), schema_ref("AnthropicError")]}),
+    }
+}
+
+/// Why keel answers each error status it answers itself.
+const ERROR_STATUSES: &[(&str, &str)] = &[
+    ("400", "Invalid request: malformed JSON, a missing or mistyped field keel reads, an invalid `x-keel-*` header, or a prompt longer than every variant's context window."),
+    ("404", "No such model (pool), or no such route."),
+    ("408", "The request body did not arrive within `body_read_timeout_ms`."),
+    ("413", "The request body is larger than `max_body_bytes`."),
+    ("415", "The request's `content-type` is not JSON."),
+    ("500", "keel failed while handling the request (a bug; reported in keel's log)."),
+    ("502", "Every attempt failed: the model servers answered with errors, broke the connection or sent invalid responses."),
+    ("503", "Every variant of the pool is cooling down, loading its model, or at its concurrency limit with a full wait line; `retry-after` says when to try again."),
+    ("504", "The request's deadline (the pool's `total_ms`, or `x-keel-timeout-ms`) passed before an answer."),
+];
+
+/// Every error status of a generation request, with why keel answers it: keel's own, then a
+/// model server's client errors passed through (`4XX`).
+fn error_statuses() -> impl Iterator<Item = (&'static str, &'static str)> {
+    ERROR_STATUSES.iter().copied().chain(std::iter::once((
+        "4XX",
+        "A client error from the model server (for example 401, 403, 422 or 429), passed through in the client's protocol.",
+    )))
+}
+
+/// The name of the shared response component for one protocol's error status.
+fn error_component(protocol: Protocol, status: &str) -> String {
+    let prefix = match protocol {
+        Protocol::OpenAi => "OpenAIError",
+        Protocol::Anthropic => "AnthropicError",
+    };
+    format!("{prefix}{status}")
+}
+
+/// `components.responses`: each protocol's error responses, shared by its generation endpoints.
+pub fn response_components() -> Value {
+    let mut out = Map::new();
+    for protocol in [Protocol::OpenAi, Protocol::Anthropic] {
+        for (status, why) in error_statuses() {
+            // Waiting helps when keel is saturated (503) and may when a model server refused (4XX).
+            let retry = matches!(status, "503" | "4XX");
+            out.insert(
+                error_component(protocol, status),
+                error_response(why, Some(protocol), keel_headers(retry)),
+            );
+        }
+    }
+    Value::Object(out)
+}
+
+/// A JSON error response.
+fn error_response(description: &str, protocol: Option<Protocol>, headers: Value) -> Value {
+    json!({
+        "description": description,
+        "headers": headers,
+        "content": {"application/json": {"schema": error_schema(protocol)}}
+    })
+}
+
+/// A JSON 200 response (and, where the request may ask for one, its event stream).
+fn ok_response(description: &str, schema: Value, stream: Option<&str>, headers: Value) -> Value {
+    let mut content = json!({"application/json": {"schema": schema}});
+    if let Some(events) = stream {
+        // Before OpenAPI 3.2 (`itemSchema`), an event stream's `schema` describes each event:
+        // its `event` name, `data` and `id`, as 3.2 spells them.
+        content["text/event-stream"] = json!({
+            "schema": {
+                "type": "object",
+                "description": events,
+                "required": ["data"],
+                "properties": {
+                    "event": {"type": "string"},
+                    "data": {"type": "string"},
+                    "id": {"type": "string"},
+                    "retry": {"type": "integer", "minimum": 0}
+                }
+            }
+        });
+    }
+    json!({"description": description, "headers": headers, "content": content})
+}
+
+/// What is special about one generation endpoint.
+struct Generation {
+    id: &'static str,
+    summary: &'static str,
+    description: &'static str,
+    protocol: Protocol,
+    request: &'static str,
+    response: &'static str,
+    /// The events of the stream answered when the body has `"stream": true`.
+    stream: Option<&'static str>,
+    /// A typical request body.
+    example: Value,
+}
+
+/// A generation (or token count) operation.
+fn generation(g: Generation) -> Value {
+    let tag = g.protocol.as_str();
+    let mut responses = Map::new();
+    responses.insert(
+        "200".into(),
+        ok_response(
+            "The model server's answer, in the client's protocol (translated when the variant speaks the other one).",
+            schema_ref(g.response),
+            g.stream,
+            {
+                let mut h = keel_headers(false);
+                h["x-keel-prompt-fix"] = header_ref("PromptFix");
+                h
+            },
+        ),
+    );
+    for (status, _) in error_statuses() {
+        responses.insert(
+            status.into(),
+            json!({"$ref": format!("#/components/responses/{}", error_component(g.protocol, status))}),
+        );
+    }
+    json!({
+        "operationId": g.id,
+        "summary": g.summary,
+        "description": g.description,
+        "tags": [tag],
+        "parameters": [
+            param_ref("Session"),
+            param_ref("TimeoutMs"),
+            param_ref("ForceVariant"),
+            param_ref("Preference"),
+            param_ref("MinTier"),
+        ],
+        "requestBody": {
+            "required": true,
+            "content": {"application/json": {"schema": schema_ref(g.request), "example": g.example}}
+        },
+        "responses": responses,
+    })
+}
+
+const OPENAI_STREAM: &str = "With `\"stream\": true`: server-sent events, each `data:` a JSON chunk, ending with `data: [DONE]`. A stream keel cannot complete ends with a `data:` object carrying `error` (OpenAI's error shape) and no `[DONE]`.";
+const ANTHROPIC_STREAM: &str = "With `\"stream\": true`: server-sent events `message_start`, `content_block_start`, `content_block_delta`, `content_block_stop`, `message_delta`, `message_stop` (and `ping`). A stream keel cannot complete ends with `event: error` (Anthropic's error shape).";
+
+fn generation_endpoint(ep: Endpoint) -> Value {
+    let g = match ep {
+        Endpoint::ChatCompletions => Generation {
+            id: "createChatCompletion",
+            summary: "OpenAI Chat Completions",
+            description: "Relays a chat completion to a variant of the pool named by `model`.",
+            protocol: Protocol::OpenAi,
+            request: "ChatCompletionRequest",
+            response: "ChatCompletion",
+            stream: Some(OPENAI_STREAM),
+            example: json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}),
+        },
+        Endpoint::Completions => Generation {
+            id: "createCompletion",
+            summary: "OpenAI (legacy) Completions",
+            description: "Relays a text completion to an OpenAI-protocol variant of the pool named by `model` (a pool with none answers 400).",
+            protocol: Protocol::OpenAi,
+            request: "CompletionRequest",
+            response: "Completion",
+            stream: Some(OPENAI_STREAM),
+            example: json!({"model": "gpt-4o-mini", "prompt": "Once upon a time", "max_tokens": 16}),
+        },
+        Endpoint::Messages => Generation {
+            id: "createMessage",
+            summary: "Anthropic Messages",
+            description: "Relays a message to a variant of the pool named by `model`.",
+            protocol: Protocol::Anthropic,
+            request: "MessagesRequest",
+            response: "Message",
+            stream: Some(ANTHROPIC_STREAM),
+            example: json!({"model": "claude-sonnet-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "Hello"}]}),
+        },
+        Endpoint::CountTokens => Generation {
+            id: "countMessageTokens",
+            summary: "Anthropic token count",
+            description: "Counts a message's input tokens on an Anthropic-protocol variant, or answers keel's own estimate when the pool has none.",
+            protocol: Protocol::Anthropic,
+            request: "CountTokensRequest",
+            response: "TokenCount",
+            stream: None,
+            example: json!({"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "Hello"}]}),
+        },
+        Endpoint::Embeddings => return embeddings(),
+    };
+    generation(g)
+}
+
+/// OpenAI `POST /v1/responses` (served in front of the Chat Completions path).
+fn responses() -> Value {
+    generation(Generation {
+        id: "createResponse",
+        summary: "OpenAI Responses",
+        description: "Runs a Responses API request as a chat completion on a variant of the pool named by `model` (either protocol) and answers as a Response object or Responses events. Fields that need stored responses (`previous_response_id`, `conversation`, `background`, `prompt`) and hosted tools are refused with 400.",
+        protocol: Protocol::OpenAi,
+        request: "ResponsesRequest",
+        response: "Response",
+        stream: Some("With `\"stream\": true`: server-sent events named by their `type` (`response.created`, `response.output_text.delta`, …, `response.completed`), each `data:` a JSON object with that `type`."),
+            example: json!({"model": "gpt-4o-mini", "input": "Hello", "max_output_tokens": 16}),
+    })
+}
+
+/// OpenAI `POST /v1/embeddings`.
+fn embeddings() -> Value {
+    generation(Generation {
+        id: "createEmbedding",
+        summary: "OpenAI Embeddings",
+        description: "Relays an embeddings request to a variant of the pool named by `model`.",
+        protocol: Protocol::OpenAi,
+        request: "EmbeddingsRequest",
+        response: "EmbeddingList",
+        stream: None,
+        example: json!({"model": "text-embedding-3-small", "input": "Hello"}),
+    })
+}
+
+/// A GET operation answered by keel itself.
+fn keel_get(id: &str, summary: &str, tag: &str, ok: Value) -> Value {
+    json!({
+        "operationId": id,
+        "summary": summary,
+        "tags": [tag],
+        "responses": {"200": ok}
+    })
+}
+
+fn models_list() -> Value {
+    let mut op = keel_get(
+        "listModels",
+        "The models served: every pool's name and aliases",
+        "models",
+        ok_response(
+            "OpenAI's list shape, or Anthropic's when the request has `anthropic-version`.",
+            json!({"anyOf": [schema_ref("OpenAIModelList"), schema_ref("AnthropicModelList")]}),
+            None,
+            json!({}),
+        ),
+    );
+    op["parameters"] = json!([param_ref("AnthropicVersion")]);
+    op
+}
+
+fn model_get() -> Value {
+    let mut op = keel_get(
+        "retrieveModel",
+        "One model served",
+        "models",
+        ok_response(
+            "OpenAI's model shape, or Anthropic's when the request has `anthropic-version`.",
+            json!({"anyOf": [schema_ref("OpenAIModel"), schema_ref("AnthropicModel")]}),
+            None,
+            json!({}),
+        ),
+    );
+    op["parameters"] = json!([
+        {
+            "name": "model_id",
+            "in": "path",
+            "required": true,
+            "description": "A pool name or alias (percent-encoded; it may hold `/`).",
+            "schema": {"type": "string", "minLength": 1}
+        },
+        param_ref("AnthropicVersion")
+    ]);
+    op["responses"]["404"] = error_response(
+        "The model is not served here (in the protocol picked by `anthropic-version`).",
+        None,
+        json!({}),
+    );
+    op
+}
+
+fn text_ok(description: &str, content_type: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {content_type: {"schema": {"type": "string"}}}
+    })
+}
+
+/// The operation documenting one served route.
+pub fn for_route(r: &Route) -> Value {
+    match r.target {
+        Target::Generation(ClientApi::Endpoint(Endpoint::Embeddings)) => embeddings(),
+        Target::Generation(ClientApi::Endpoint(ep)) => generation_endpoint(ep),
+        Target::Generation(ClientApi::Responses) => responses(),
+        Target::Models => models_list(),
+        Target::Model => model_get(),
+        Target::Health => keel_get(
+            "health",
+            "Each pool's variants: state, statistics, limits",
+            "keel",
+            ok_response(
+                "Health of every pool.",
+                schema_ref("Health"),
+                None,
+                json!({}),
+            ),
+        ),
+        Target::Decisions => keel_get(
+            "decisions",
+            "The most recent routing decisions (up to 256), oldest first",
+            "keel",
+            ok_response(
+                "Decision records.",
+                json!({"type": "array", "items": schema_ref("DecisionRecord")}),
+                None,
+                json!({}),
+            ),
+        ),
+        Target::Metrics => {
+            // Served at two paths; operation ids must be unique.
+            let id = if r.path == "/metrics" {
+                "metrics"
+            } else {
+                "keelMetrics"
+            };
+            keel_get(
+                id,
+                "Prometheus metrics (text exposition format 0.0.4)",
+                "keel",
+                text_ok("Metrics.", "text/plain"),
+            )
+        }
+        Target::OpenApi => keel_get(
+            "openapi",
+            "This document (also committed as docs/openapi.json)",
+            "keel",
+            ok_response(
+                "The OpenAPI 3.1 document.",
+                json!({"type": "object"}),
+                None,
+                json!({}),
+            ),
+        ),
+    }
+}

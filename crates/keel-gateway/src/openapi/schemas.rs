@@ -1,0 +1,460 @@
+//! `components` but the shared error responses: request and response schemas of both protocols
+//! (the fields keel reads, and the shapes it answers), keel's own bodies, and the request and
+//! response headers.
+//!
+//! Request objects allow unknown fields (keel passes them through to the model server), so
+//! only what keel itself validates is constrained here.
+
+use serde_json::{json, Value};
+
+/// A nullable schema of `type`.
+fn nullable(ty: &str) -> Value {
+    json!({"type": [ty, "null"]})
+}
+
+/// An object schema with `required` fields and `properties`; unknown fields allowed.
+fn object(required: &[&str], properties: Value) -> Value {
+    json!({"type": "object", "required": required, "properties": properties})
+}
+
+/// `model`, as keel reads it: a non-empty pool name or alias.
+fn model_field() -> Value {
+    json!({"type": "string", "minLength": 1, "description": "A pool name or alias (see `GET /v1/models`)."})
+}
+
+fn stream_field() -> Value {
+    json!({"type": ["boolean", "null"], "description": "Answer with server-sent events."})
+}
+
+/// A non-negative output limit.
+fn token_limit(description: &str) -> Value {
+    json!({"type": ["integer", "null"], "minimum": 0, "description": description})
+}
+
+/// `messages`, as keel reads it: a non-empty array of objects that each have a string `role`
+/// (the roles the protocol defines) and a `content` of text or typed parts.
+fn messages_field(roles: &[&str], content_nullable: bool) -> Value {
+    let mut content = vec![json!({"type": "string"})];
+    if content_nullable {
+        content.push(json!({"type": "null"}));
+    }
+    content.push(json!({"type": "array", "items": object(&["type"], json!({
+        "type": {"type": "string"},
+        "text": {"type": "string"}
+    }))}));
+    json!({
+        "type": "array",
+        "minItems": 1,
+        "items": object(&["role"], json!({
+            "role": {"enum": roles},
+            "content": {
+                "description": "A string, or an array of content parts (`{\"type\": \"text\", \"text\": …}` and others).",
+                "anyOf": content
+            }
+        }))
+    })
+}
+
+fn openai_requests() -> [(&'static str, Value); 4] {
+    let user =
+        json!({"type": "string", "description": "Stickiness key when `x-keel-session` is absent."});
+    [
+        (
+            "ChatCompletionRequest",
+            object(
+                &["model", "messages"],
+                json!({
+                    "model": model_field(),
+                    "messages": messages_field(&["system", "developer", "user", "assistant", "tool"], true),
+                    "stream": stream_field(),
+                    "max_completion_tokens": token_limit("Output limit (preferred over `max_tokens`)."),
+                    "max_tokens": token_limit("Output limit."),
+                    "user": user.clone(),
+                }),
+            ),
+        ),
+        (
+            "CompletionRequest",
+            object(
+                &["model", "prompt"],
+                json!({
+                    "model": model_field(),
+                    "prompt": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+                    "stream": stream_field(),
+                    "max_tokens": token_limit("Output limit."),
+                    "user": user.clone(),
+                }),
+            ),
+        ),
+        (
+            "ResponsesRequest",
+            object(
+                &["model", "input"],
+                json!({
+                    "model": model_field(),
+                    "input": {"description": "Text, or an array of input items (messages with `role` and `content`, function call outputs, …).", "anyOf": [
+                        {"type": "string"},
+                        {"type": "array", "items": {"type": "object"}}
+                    ]},
+                    "instructions": nullable("string"),
+                    "stream": stream_field(),
+                    "max_output_tokens": token_limit("Output limit, reasoning tokens included."),
+                    "previous_response_id": nullable("string"),
+                    "user": user,
+                }),
+            ),
+        ),
+        (
+            "EmbeddingsRequest",
+            object(
+                &["model", "input"],
+                json!({
+                    "model": model_field(),
+                    "input": {"description": "Text, an array of texts, or token ids.", "anyOf": [
+                        {"type": "string"},
+                        {"type": "array", "items": {"type": "string"}},
+                        {"type": "array", "items": {"type": "integer"}},
+                        {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}
+                    ]},
+                    "encoding_format": {"enum": ["float", "base64"]},
+                    "dimensions": {"type": "integer", "minimum": 1},
+                    "user": {"type": "string"},
+                }),
+            ),
+        ),
+    ]
+}
+
+fn openai_responses() -> [(&'static str, Value); 6] {
+    let usage = json!({"type": ["object", "null"], "properties": {
+        "prompt_tokens": {"type": "integer"},
+        "completion_tokens": {"type": "integer"},
+        "total_tokens": {"type": "integer"}
+    }});
+    let finish_reason = nullable("string");
+    [
+        (
+            "ChatCompletion",
+            object(
+                &["id", "object", "choices"],
+                json!({
+                    "id": {"type": "string"},
+                    "object": {"const": "chat.completion"},
+                    "created": {"type": "integer"},
+                    "model": {"type": "string"},
+                    "choices": {"type": "array", "items": object(&["index", "message", "finish_reason"], json!({
+                        "index": {"type": "integer"},
+                        "message": object(&["role"], json!({
+                            "role": {"const": "assistant"},
+                            "content": nullable("string"),
+                            "tool_calls": {"type": "array", "items": {"type": "object"}}
+                        })),
+                        "finish_reason": finish_reason.clone()
+                    }))},
+                    "usage": usage.clone(),
+                }),
+            ),
+        ),
+        (
+            "Completion",
+            object(
+                &["id", "object", "choices"],
+                json!({
+                    "id": {"type": "string"},
+                    "object": {"const": "text_completion"},
+                    "created": {"type": "integer"},
+                    "model": {"type": "string"},
+                    "choices": {"type": "array", "items": object(&["index", "text", "finish_reason"], json!({
+                        "index": {"type": "integer"},
+                        "text": {"type": "string"},
+                        "finish_reason": finish_reason
+                    }))},
+                    "usage": usage,
+                }),
+            ),
+        ),
+        (
+            "Response",
+            object(
+                &["id", "object", "status", "output"],
+                json!({
+                    "id": {"type": "string"},
+                    "object": {"const": "response"},
+                    "created_at": {"type": "number"},
+                    "status": {"type": "string", "description": "`completed`, `incomplete`, `failed`, `in_progress`, …"},
+                    "model": {"type": "string"},
+                    "output": {"type": "array", "items": object(&["type"], json!({"type": {"type": "string"}}))},
+                    "usage": {"type": ["object", "null"], "properties": {
+                        "input_tokens": {"type": "integer"},
+                        "output_tokens": {"type": "integer"},
+                        "total_tokens": {"type": "integer"}
+                    }},
+                }),
+            ),
+        ),
+        (
+            "EmbeddingList",
+            object(
+                &["object", "data"],
+                json!({
+                    "object": {"const": "list"},
+                    "data": {"type": "array", "items": object(&["object", "index", "embedding"], json!({
+                        "object": {"const": "embedding"},
+                        "index": {"type": "integer"},
+                        "embedding": {"description": "Numbers, or base64 of little-endian float32s with `encoding_format: base64`.",
+                            "anyOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}
+                    }))},
+                    "model": {"type": "string"},
+                    "usage": {"type": "object", "properties": {
+                        "prompt_tokens": {"type": "integer"},
+                        "total_tokens": {"type": "integer"}
+                    }},
+                }),
+            ),
+        ),
+        (
+            "OpenAIModel",
+            object(
+                &["id", "object"],
+                json!({
+                    "id": {"type": "string"},
+                    "object": {"const": "model"},
+                    "created": {"type": "integer"},
+                    "owned_by": {"type": "string"},
+                }),
+            ),
+        ),
+        (
+            "OpenAIModelList",
+            object(
+                &["object", "data"],
+                json!({
+                    "object": {"const": "list"},
+                    "data": {"type": "array", "items": {"$ref": "#/components/schemas/OpenAIModel"}},
+                }),
+            ),
+        ),
+    ]
+}
+
+fn anthropic_schemas() -> [(&'static str, Value); 6] {
+    let system = json!({"description": "A string, or an array of text blocks.", "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "object"}}
+    ]});
+    let messages = messages_field(&["user", "assistant"], false);
+    [
+        (
+            "MessagesRequest",
+            object(
+                &["model", "messages", "max_tokens"],
+                json!({
+                    "model": model_field(),
+                    "messages": messages.clone(),
+                    "max_tokens": {"type": "integer", "minimum": 0, "description": "Output limit."},
+                    "system": system.clone(),
+                    "stream": stream_field(),
+                    "metadata": {"type": "object", "properties": {
+                        "user_id": {"type": "string", "description": "Stickiness key when `x-keel-session` is absent."}
+                    }},
+                }),
+            ),
+        ),
+        (
+            "CountTokensRequest",
+            object(
+                &["model", "messages"],
+                json!({
+                    "model": model_field(),
+                    "messages": messages,
+                    "system": system,
+                }),
+            ),
+        ),
+        (
+            "Message",
+            object(
+                &["id", "type", "role", "content"],
+                json!({
+                    "id": {"type": "string"},
+                    "type": {"const": "message"},
+                    "role": {"const": "assistant"},
+                    "model": {"type": "string"},
+                    "content": {"type": "array", "items": object(&["type"], json!({"type": {"type": "string"}}))},
+                    "stop_reason": nullable("string"),
+                    "stop_sequence": nullable("string"),
+                    "usage": {"type": ["object", "null"], "properties": {
+                        "input_tokens": {"type": "integer"},
+                        "output_tokens": {"type": "integer"}
+                    }},
+                }),
+            ),
+        ),
+        (
+            "TokenCount",
+            object(
+                &["input_tokens"],
+                json!({
+                    "input_tokens": {"type": "integer", "minimum": 0}
+                }),
+            ),
+        ),
+        (
+            "AnthropicModel",
+            object(
+                &["type", "id"],
+                json!({
+                    "type": {"const": "model"},
+                    "id": {"type": "string"},
+                    "display_name": {"type": "string"},
+                    "created_at": {"type": "string"},
+                }),
+            ),
+        ),
+        (
+            "AnthropicModelList",
+            object(
+                &["data", "has_more"],
+                json!({
+                    "data": {"type": "array", "items": {"$ref": "#/components/schemas/AnthropicModel"}},
+                    "has_more": {"type": "boolean"},
+                    "first_id": nullable("string"),
+                    "last_id": nullable("string"),
+                }),
+            ),
+        ),
+    ]
+}
+
+/// Error bodies: the shapes `keel_core::protocol::error_body` writes.
+fn errors() -> [(&'static str, Value); 2] {
+    [
+        (
+            "OpenAIError",
+            object(
+                &["error"],
+                json!({
+                    "error": object(&["message", "type"], json!({
+                        "message": {"type": "string"},
+                        "type": {"type": "string"},
+                        "param": nullable("string"),
+                        "code": {"type": ["string", "integer", "null"]}
+                    }))
+                }),
+            ),
+        ),
+        (
+            "AnthropicError",
+            object(
+                &["type", "error"],
+                json!({
+                    "type": {"const": "error"},
+                    "error": object(&["type", "message"], json!({
+                        "type": {"type": "string"},
+                        "message": {"type": "string"}
+                    }))
+                }),
+            ),
+        ),
+    ]
+}
+
+/// keel's own bodies (`/keel/health`, `/keel/decisions`).
+fn keel_schemas() -> [(&'static str, Value); 2] {
+    [
+        (
+            "Health",
+            object(
+                &["status", "pools"],
+                json!({
+                    "status": {"const": "ok"},
+                    "pools": {"type": "array", "items": object(&["name", "protocol", "variants"], json!({
+                        "name": {"type": "string"},
+                        "protocol": {"enum": ["openai", "anthropic"]},
+                        "policy": {"type": "string"},
+                        "variants": {"type": "array", "items": object(&["name", "state", "available"], json!({
+                            "name": {"type": "string"},
+                            "state": {"type": "string"},
+                            "available": {"type": "boolean"},
+                            "in_flight": {"type": "integer"},
+                            "concurrency_limit": nullable("integer")
+                        }))}
+                    }))}
+                }),
+            ),
+        ),
+        (
+            "DecisionRecord",
+            object(
+                &["request_id", "pool", "policy", "reason", "plan"],
+                json!({
+                    "request_id": {"type": "string"},
+                    "pool": {"type": "string"},
+                    "policy": {"type": "string"},
+                    "reason": {"type": "string"},
+                    "plan": {"type": "array", "items": {"type": "string"}},
+                    "candidates": {"type": "array", "items": {"type": "object"}},
+                    "duration_us": {"type": "number"},
+                    "attempts": {"type": "array", "items": {"type": "object"}}
+                }),
+            ),
+        ),
+    ]
+}
+
+/// A request header parameter.
+fn header_param(name: &str, description: &str, schema: Value) -> Value {
+    json!({"name": name, "in": "header", "required": false, "description": description, "schema": schema})
+}
+
+/// `components.parameters`: the request headers.
+pub fn parameters() -> Value {
+    json!({
+        "Session": header_param("x-keel-session",
+            "Stickiness key: requests with one key prefer one variant (overrides `user` / `metadata.user_id`).",
+            json!({"type": "string"})),
+        "TimeoutMs": header_param("x-keel-timeout-ms",
+            "Deadline for all attempts together, in milliseconds (capped by the pool's `total_ms`); past it keel answers 504.",
+            json!({"type": "integer", "minimum": 1})),
+        "ForceVariant": header_param("x-keel-force-variant",
+            "Send the request to this variant first (only with `allow_force_variant = true`; 400 otherwise).",
+            json!({"type": "string"})),
+        "Preference": header_param("x-keel-preference",
+            "What selection favours.",
+            json!({"enum": ["low-latency", "high-fidelity", "low-cost"]})),
+        "MinTier": header_param("x-keel-min-tier",
+            "Only variants of this fidelity tier or better (1 = best).",
+            json!({"type": "integer", "minimum": 1, "maximum": 255})),
+        "AnthropicVersion": header_param("anthropic-version",
+            "Present: answer in Anthropic's shape (lists, models, errors).",
+            json!({"type": "string"})),
+    })
+}
+
+/// `components.headers`: the response headers.
+pub fn headers() -> Value {
+    let header =
+        |description: &str, schema: Value| json!({"description": description, "schema": schema});
+    json!({
+        "RequestId": header("keel's id for the request (a UUIDv7), as in its logs and decision records.", json!({"type": "string"})),
+        "Route": header("How the answer was reached: `direct`, `fallback`, `hedge`, `speculation`, `migrated`, ….", json!({"type": "string"})),
+        "Variant": header("The variant that answered (`none` when no variant was tried, `keel-estimate` for keel's own token count).", json!({"type": "string"})),
+        "Attempts": header("Upstream attempts made.", json!({"type": "integer", "minimum": 0})),
+        "PromptFix": header("Fix codes of a cross-protocol translation: what was dropped or changed.", json!({"type": "string"})),
+        "RetryAfter": header("Seconds to wait before retrying.", json!({"type": "integer", "minimum": 0})),
+        "RetryAfterMs": header("Milliseconds to wait before retrying.", json!({"type": "integer", "minimum": 0})),
+    })
+}
+
+/// `components.schemas`.
+pub fn schemas() -> Value {
+    let schemas: serde_json::Map<String, Value> = openai_requests()
+        .into_iter()
+        .chain(openai_responses())
+        .chain(anthropic_schemas())
+        .chain(errors())
+        .chain(keel_schemas())
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    Value::Object(schemas)
+}

@@ -1,0 +1,183 @@
+//! The route table: every method and path keel serves, in one list that both the router
+//! (`server::route`) and the OpenAPI document (`openapi`) read, so that a route cannot be served
+//! without being documented, nor documented without being served.
+
+use keel_core::protocol::Endpoint;
+
+use crate::context::ClientApi;
+
+/// The HTTP methods keel serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    Post,
+}
+
+impl Verb {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Get => "GET",
+            Verb::Post => "POST",
+        }
+    }
+
+    fn of(method: &http::Method) -> Option<Verb> {
+        match *method {
+            http::Method::GET => Some(Verb::Get),
+            http::Method::POST => Some(Verb::Post),
+            _ => None,
+        }
+    }
+}
+
+/// What keel does for a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A generation (or token-count, or embeddings) request, relayed to a pool.
+    Generation(ClientApi),
+    /// `GET /v1/models`.
+    Models,
+    /// `GET /v1/models/{model_id}`.
+    Model,
+    Health,
+    Decisions,
+    /// Prometheus metrics (served at two paths).
+    Metrics,
+    OpenApi,
+}
+
+/// One served route. A path ending in `{model_id}` matches any non-empty remainder (a model id
+/// may hold `/`).
+#[derive(Debug, Clone, Copy)]
+pub struct Route {
+    pub verb: Verb,
+    pub path: &'static str,
+    pub target: Target,
+}
+
+const fn route(verb: Verb, path: &'static str, target: Target) -> Route {
+    Route { verb, path, target }
+}
+
+/// Every route keel serves, in the order the OpenAPI document lists them.
+pub const ROUTES: &[Route] = &[
+    route(
+        Verb::Post,
+        "/v1/chat/completions",
+        Target::Generation(ClientApi::Endpoint(Endpoint::ChatCompletions)),
+    ),
+    route(
+        Verb::Post,
+        "/v1/completions",
+        Target::Generation(ClientApi::Endpoint(Endpoint::Completions)),
+    ),
+    route(
+        Verb::Post,
+        "/v1/messages",
+        Target::Generation(ClientApi::Endpoint(Endpoint::Messages)),
+    ),
+    route(
+        Verb::Post,
+        "/v1/messages/count_tokens",
+        Target::Generation(ClientApi::Endpoint(Endpoint::CountTokens)),
+    ),
+    route(
+        Verb::Post,
+        "/v1/responses",
+        Target::Generation(ClientApi::Responses),
+    ),
+    route(
+        Verb::Post,
+        "/v1/embeddings",
+        Target::Generation(ClientApi::Endpoint(Endpoint::Embeddings)),
+    ),
+    route(Verb::Get, "/v1/models", Target::Models),
+    route(Verb::Get, "/v1/models/{model_id}", Target::Model),
+    route(Verb::Get, "/keel/health", Target::Health),
+    route(Verb::Get, "/keel/decisions", Target::Decisions),
+    route(Verb::Get, "/metrics", Target::Metrics),
+    route(Verb::Get, "/keel/metrics", Target::Metrics),
+    route(Verb::Get, "/keel/openapi.json", Target::OpenApi),
+];
+
+/// Where a request goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolved<'a> {
+    /// A served route; `param` is the `{model_id}` part of the path, if the route has one.
+    Route(Target, Option<&'a str>),
+    /// The path is served, but not with this method (405).
+    MethodNotAllowed,
+    NotFound,
+}
+
+/// The route for a request's method and path.
+pub fn resolve<'a>(method: &http::Method, path: &'a str) -> Resolved<'a> {
+    let verb = Verb::of(method);
+    let mut path_known = false;
+    for r in ROUTES {
+        let Some(param) = matches(r.path, path) else {
+            continue;
+        };
+        if Some(r.verb) == verb {
+            return Resolved::Route(r.target, param);
+        }
+        path_known = true;
+    }
+    if path_known {
+        Resolved::MethodNotAllowed
+    } else {
+        Resolved::NotFound
+    }
+}
+
+/// Whether `path` matches the route `template`: `Some(param)` if so (`None` inside for a
+/// template without one).
+fn matches<'a>(template: &str, path: &'a str) -> Option<Option<&'a str>> {
+    match template.strip_suffix("{model_id}") {
+        Some(prefix) => path
+            .strip_prefix(prefix)
+            .filter(|rest| !rest.is_empty())
+            .map(Some),
+        None => (template == path).then_some(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Method;
+
+    #[test]
+    fn every_route_resolves_to_itself() {
+        for r in ROUTES {
+            let path = r.path.replace("{model_id}", "some/model");
+            let method = Method::from_bytes(r.verb.as_str().as_bytes()).unwrap();
+            match resolve(&method, &path) {
+                Resolved::Route(t, _) => assert_eq!(t, r.target, "{path}"),
+                other => panic!("{} {path} resolved to {other:?}", r.verb.as_str()),
+            }
+        }
+    }
+
+    #[test]
+    fn model_ids_keep_their_slashes_and_wrong_methods_are_405() {
+        assert_eq!(
+            resolve(&Method::GET, "/v1/models/org/m:1"),
+            Resolved::Route(Target::Model, Some("org/m:1"))
+        );
+        assert_eq!(
+            resolve(&Method::DELETE, "/v1/models/x"),
+            Resolved::MethodNotAllowed
+        );
+        assert_eq!(
+            resolve(&Method::GET, "/v1/chat/completions"),
+            Resolved::MethodNotAllowed
+        );
+        assert_eq!(
+            resolve(&Method::POST, "/keel/openapi.json"),
+            Resolved::MethodNotAllowed
+        );
+        assert_eq!(resolve(&Method::GET, "/v1/nope"), Resolved::NotFound);
+        assert_eq!(resolve(&Method::GET, "/v1/models/"), Resolved::NotFound);
+    }
+}
