@@ -111,9 +111,12 @@ class City(pydantic.BaseModel):
     coastal: bool
 
 
-def test_responses_parse_returns_a_validated_object_from_an_anthropic_pool(keel_demo):
+@pytest.mark.parametrize("model", ["demo-gpt", "demo-claude"])
+def test_responses_parse_returns_a_validated_object(keel_demo, model):
+    """Same protocol (the schema reaches the server as `response_format`) and across (keel's
+    forced-tool pattern for Anthropic variants)."""
     c = client(keel_demo)
-    r = c.responses.parse(model="demo-claude", input="Describe Oslo.", text_format=City)
+    r = c.responses.parse(model=model, input="Describe Oslo.", text_format=City)
     assert isinstance(r.output_parsed, City)
     assert City.model_validate_json(r.output_text) == r.output_parsed
 
