@@ -42,15 +42,17 @@ fn other(p: Protocol) -> Protocol {
 fn cpu_ticks(pid: u32) -> Option<u64> {
     std::iter::once(pid)
         .chain(descendants(pid))
-        .map(|p| {
-            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
-            // Fields after the command name (which may hold spaces, inside parentheses):
-            // state is field 3, utime 14, stime 15.
-            let rest = &stat[stat.rfind(')')? + 1..];
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-        })
+        .map(|p| stat_cpu_ticks(&std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?))
         .sum()
+}
+
+/// utime + stime of one `/proc/<pid>/stat` line. The fields are counted after the command
+/// name, which is in parentheses and may hold spaces and parentheses itself: state is field 3,
+/// utime 14, stime 15.
+fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
 /// Clock ticks per second of `/proc`'s times (`getconf CLK_TCK`; 100 on Linux where unknown).
@@ -261,4 +263,20 @@ pub async fn run(o: Options) -> Result<(), String> {
         println!("written {} and translated.txt", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_is_read_after_the_command_name() {
+        let stat = "4242 (keel (serve) x) S 1 4242 4242 0 -1 4194560 900 0 0 0 1234 56 0 0 20 0 9 0 100 0 0";
+        assert_eq!(stat_cpu_ticks(stat), Some(1234 + 56));
+        assert_eq!(stat_cpu_ticks("4242 (keel) S 1"), None);
+        assert_eq!(stat_cpu_ticks("garbage"), None);
+        // This process has used some CPU by now, and the count never goes back.
+        let a = cpu_ticks(std::process::id()).expect("readable /proc");
+        assert!(cpu_ticks(std::process::id()).expect("readable /proc") >= a);
+    }
 }
