@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 
 use keel_core::protocol::{event_role, Endpoint, EventRole};
 use keel_core::sse::SseDecoder;
+use keel_core::stream_watch::carries_tokens;
 
 /// What to send.
 #[derive(Debug, Clone)]
@@ -117,6 +118,9 @@ pub struct LoadReport {
     pub ttft: Summary,
     pub total: Summary,
     pub gap: Summary,
+    /// Events carrying generated tokens (text, tool-call arguments) received on streams: about
+    /// one per token.
+    pub tokens: u64,
     /// How late requests were dispatched relative to their schedule.
     pub dispatch_lag: Summary,
     pub achieved_rps: f64,
@@ -158,6 +162,7 @@ struct Recorder {
     ttft: Histogram<u64>,
     total: Histogram<u64>,
     gap: Histogram<u64>,
+    tokens: u64,
     ok: u64,
     errors: BTreeMap<String, u64>,
 }
@@ -183,6 +188,7 @@ pub async fn run_with_client(cfg: LoadConfig, client: reqwest::Client) -> LoadRe
         ttft: hist(),
         total: hist(),
         gap: hist(),
+        tokens: 0,
         ok: 0,
         errors: BTreeMap::new(),
     }));
@@ -215,6 +221,7 @@ pub async fn run_with_client(cfg: LoadConfig, client: reqwest::Client) -> LoadRe
             match result {
                 Ok(m) => {
                     r.ok += 1;
+                    r.tokens += m.tokens;
                     let _ = r.ttft.record(m.ttft_us.max(1));
                     let _ = r.total.record(m.total_us.max(1));
                     for g in m.gaps_us {
@@ -240,6 +247,7 @@ pub async fn run_with_client(cfg: LoadConfig, client: reqwest::Client) -> LoadRe
         ttft: Summary::of(&r.ttft),
         total: Summary::of(&r.total),
         gap: Summary::of(&r.gap),
+        tokens: r.tokens,
         dispatch_lag: Summary::of(&lag),
         achieved_rps: (total - shed) as f64 / elapsed.max(1e-9),
     }
@@ -249,6 +257,7 @@ struct Measured {
     ttft_us: u64,
     total_us: u64,
     gaps_us: Vec<u64>,
+    tokens: u64,
 }
 
 async fn one(
@@ -287,6 +296,7 @@ async fn one(
             ttft_us: now,
             total_us: now,
             gaps_us: Vec::new(),
+            tokens: 0,
         });
     }
     let protocol = cfg.endpoint.protocol();
@@ -297,6 +307,7 @@ async fn one(
     let mut last = Instant::now();
     let mut gaps = Vec::new();
     let mut terminal = false;
+    let mut tokens = 0;
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|_| "stream_broken".to_owned())?;
         dec.feed(&chunk, &mut events)
@@ -304,6 +315,7 @@ async fn one(
         for ev in events.drain(..) {
             match event_role(protocol, &ev) {
                 EventRole::Output => {
+                    tokens += u64::from(carries_tokens(protocol, &ev));
                     let now = Instant::now();
                     match first {
                         None => first = Some(us(now)),
@@ -325,5 +337,6 @@ async fn one(
         ttft_us: first.unwrap_or_else(|| us(Instant::now())),
         total_us: us(Instant::now()),
         gaps_us: gaps,
+        tokens,
     })
 }

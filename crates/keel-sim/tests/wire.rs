@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use keel_core::protocol::Endpoint;
 use keel_core::sse::{decode_all, SseEvent};
 use keel_sim::{Fleet, ServerConfig};
 use serde_json::{json, Value};
@@ -679,6 +680,34 @@ async fn load_generator_reports_open_loop_figures() {
     assert_eq!(report.ok, 20, "{}", report.table());
     assert!(report.ttft.p50_ms > 0.0 && report.gap.count > 0);
     assert!(report.table().contains("ttft"));
+}
+
+#[tokio::test]
+async fn load_generator_counts_the_same_tokens_in_either_protocol() {
+    let fleet = Fleet::start_n(1, ServerConfig::fast("a")).await.unwrap();
+    let mut tokens = Vec::new();
+    for (base, endpoint) in [
+        (fleet.get(0).openai_base(), Endpoint::ChatCompletions),
+        (fleet.get(0).anthropic_base(), Endpoint::Messages),
+    ] {
+        let mut cfg = keel_sim::load::LoadConfig::new(&base, "sim");
+        cfg.endpoint = endpoint;
+        cfg.rps = 50.0;
+        cfg.duration = Duration::from_millis(200);
+        cfg.stream = true;
+        cfg.max_tokens = 8;
+        let report = keel_sim::load::run(cfg).await;
+        assert_eq!(report.ok, 10, "{}", report.table());
+        // One token event per generated token, at most max_tokens a request; finish and usage
+        // events are not tokens.
+        assert!(
+            report.tokens >= report.ok && report.tokens <= 80,
+            "{}",
+            report.tokens
+        );
+        tokens.push(report.tokens);
+    }
+    assert_eq!(tokens[0], tokens[1], "the same answers, counted alike");
 }
 
 #[tokio::test]

@@ -43,6 +43,11 @@ pub enum BenchCommand {
         /// Do not pin the gateway and the load generator to separate cores.
         #[arg(long)]
         no_pin: bool,
+        /// Cross-protocol streams against same-protocol ones, keel only: an OpenAI client served
+        /// by an Anthropic-protocol upstream and the reverse, beside the same-protocol runs, in
+        /// alternating rounds: added latency and keel's CPU per streamed token. No ramp.
+        #[arg(long)]
+        translated: bool,
     },
     /// Duration of one routing decision (stage 1) over an N-variant pool: P50/P99/P99.9.
     Decision {
@@ -108,6 +113,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             keel_pool,
             no_max_rate,
             no_pin,
+            translated,
         } => {
             crate::overhead::run(crate::overhead::Options {
                 rates,
@@ -119,6 +125,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
                 max_rate: !no_max_rate,
                 pin: !no_pin,
                 out,
+                translated,
             })
             .await
         }

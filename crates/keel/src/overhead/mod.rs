@@ -12,6 +12,10 @@
 //! gateway (so both see the same machine state); figures are medians across rounds of each
 //! round's percentiles, and "added" is gateway − direct. Peak memory is the high-water resident
 //! set of the gateway's processes over the fixed-rate runs (a fresh process after the ramp).
+//!
+//! `--translated` measures instead what cross-protocol translation adds: see [`translated`].
+
+mod translated;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -36,6 +40,8 @@ pub struct Options {
     pub max_rate: bool,
     pub pin: bool,
     pub out: Option<PathBuf>,
+    /// Measure cross-protocol streams against same-protocol ones (keel only).
+    pub translated: bool,
 }
 
 /// Rates tried, in order, for the highest sustainable one.
@@ -100,6 +106,8 @@ struct Target {
     name: String,
     base: String,
     model: String,
+    /// What the client calls (and so which protocol it speaks).
+    endpoint: Endpoint,
     headers: Vec<(String, String)>,
     pid: Option<u32>,
     stop: Option<Box<dyn FnOnce() + Send>>,
@@ -117,6 +125,7 @@ async fn start_keel(fleet: &Fleet, o: &Options) -> Result<Target, String> {
         name: "keel".into(),
         base: format!("http://127.0.0.1:{}/v1", process.port),
         model: "bench".into(),
+        endpoint: Endpoint::ChatCompletions,
         headers: Vec::new(),
         pid: Some(process.pid()),
         stop: Some(Box::new(move || drop(process))),
@@ -165,6 +174,7 @@ fn peer_target(name: &str, r: Running) -> Target {
         name: name.into(),
         base: r.url.trim_end_matches("/chat/completions").to_owned(),
         model: "bench".into(),
+        endpoint: Endpoint::ChatCompletions,
         headers: r.headers,
         pid: r.pid,
         stop: Some(r.stop),
@@ -179,7 +189,7 @@ async fn load(
     stream: bool,
 ) -> LoadReport {
     let mut c = LoadConfig::new(&t.base, &t.model);
-    c.endpoint = Endpoint::ChatCompletions;
+    c.endpoint = t.endpoint;
     c.rps = rps;
     c.duration = Duration::from_secs_f64(secs);
     c.stream = stream;
@@ -231,7 +241,8 @@ fn row(reps: &[LoadReport]) -> Value {
     })
 }
 
-pub async fn run(o: Options) -> Result<(), String> {
+/// One simulated upstream that answers at once: all the latency measured is the gateway's.
+async fn zero_latency_upstream() -> Result<Fleet, String> {
     let upstream = ServerConfig {
         ttft_ms: 0.0,
         ttft_sigma: 0.0,
@@ -241,30 +252,45 @@ pub async fn run(o: Options) -> Result<(), String> {
         capacity: 100_000,
         ..ServerConfig::fast("fast")
     };
-    let fleet = Fleet::start_n(1, upstream)
-        .await
-        .map_err(|e| e.to_string())?;
+    Fleet::start_n(1, upstream).await.map_err(|e| e.to_string())
+}
+
+/// Which cores the gateway and the bench process get: `(pinned, gateway's, bench's)`.
+fn cpu_plan(pin: bool) -> (bool, String, String) {
+    (
+        pin && cores() >= 2,
+        format!("{}", cores() - 1),
+        format!("0-{}", cores().saturating_sub(2)),
+    )
+}
+
+fn http_client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(4096)
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+pub async fn run(o: Options) -> Result<(), String> {
+    if o.translated {
+        return translated::run(o).await;
+    }
+    let fleet = zero_latency_upstream().await?;
     let peers_dir = o
         .out
         .clone()
         .unwrap_or_else(|| std::env::temp_dir().join("keel-bench-overhead"));
-    let pinned = o.pin && cores() >= 2;
-    let (gw_cpu, bench_cpus) = (
-        format!("{}", cores() - 1),
-        format!("0-{}", cores().saturating_sub(2)),
-    );
+    let (pinned, gw_cpu, bench_cpus) = cpu_plan(o.pin);
     if pinned {
         pin(std::process::id(), &bench_cpus);
     }
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(4096)
-        .tcp_nodelay(true)
-        .build()
-        .map_err(|e| e.to_string())?;
+    let client = http_client()?;
     let direct = Target {
         name: "direct".into(),
         base: fleet.get(0).openai_base(),
         model: "sim".into(),
+        endpoint: Endpoint::ChatCompletions,
         headers: Vec::new(),
         pid: None,
         stop: None,

@@ -1,0 +1,282 @@
+//! `keel bench overhead --translated`: what cross-protocol translation adds to a stream.
+//!
+//! One `keel serve` process holds two pools over the same zero-latency simulated server: one
+//! reaches it as an OpenAI-protocol variant, the other as an Anthropic-protocol variant. Each
+//! client protocol is measured three ways in every round: straight to the upstream (`direct`),
+//! through keel to a variant of its own protocol (`same`), and through keel to a variant of the
+//! other protocol (`translated`: an OpenAI client served by Anthropic Messages, an Anthropic
+//! client served by Chat Completions). All six runs of a round go one after the other at the same
+//! rate against the same process, and keel's two paths swap order every round, so both see the
+//! same load and machine state. Figures are medians across rounds of each round's percentiles;
+//! "+" is path − direct, and the `translated − same` row is what translation adds.
+//!
+//! CPU per streamed token: keel's process CPU time (user + system, all threads, from
+//! `/proc/<pid>/stat`) over one run ÷ the token events its client received in that run.
+
+use keel_core::protocol::Protocol;
+use keel_sim::load::LoadReport;
+use serde_json::{json, Value};
+
+use super::{
+    cpu_plan, descendants, http_client, load, median, pin, row, zero_latency_upstream, Options,
+    Target,
+};
+use crate::keel_process::KeelProcess;
+use crate::scenario::pool_toml_of;
+
+/// keel's two paths for a client, after `direct`.
+const PATHS: [&str; 3] = ["direct", "same", "translated"];
+
+fn pool_name(p: Protocol) -> String {
+    format!("bench-{}", p.as_str())
+}
+
+fn other(p: Protocol) -> Protocol {
+    match p {
+        Protocol::OpenAi => Protocol::Anthropic,
+        Protocol::Anthropic => Protocol::OpenAi,
+    }
+}
+
+/// CPU time (clock ticks, user + system) of `pid` and its descendants so far.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    std::iter::once(pid)
+        .chain(descendants(pid))
+        .map(|p| stat_cpu_ticks(&std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?))
+        .sum()
+}
+
+/// utime + stime of one `/proc/<pid>/stat` line. The fields are counted after the command
+/// name, which is in parentheses and may hold spaces and parentheses itself: state is field 3,
+/// utime 14, stime 15.
+fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Clock ticks per second of `/proc`'s times (`getconf CLK_TCK`; 100 on Linux where unknown).
+fn ticks_per_s() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse::<f64>().ok())
+        .unwrap_or(100.0)
+}
+
+/// The three targets for a client speaking `client`'s protocol.
+fn targets(client: Protocol, sim: &keel_sim::ServerHandle, keel: &KeelProcess) -> [Target; 3] {
+    let endpoint = match client {
+        Protocol::OpenAi => keel_core::protocol::Endpoint::ChatCompletions,
+        Protocol::Anthropic => keel_core::protocol::Endpoint::Messages,
+    };
+    let (direct_base, keel_base) = match client {
+        Protocol::OpenAi => (
+            sim.openai_base(),
+            format!("http://127.0.0.1:{}/v1", keel.port),
+        ),
+        Protocol::Anthropic => (
+            sim.anthropic_base(),
+            format!("http://127.0.0.1:{}", keel.port),
+        ),
+    };
+    let target = |name: &str, base: &str, model: String, pid: Option<u32>| Target {
+        name: name.into(),
+        base: base.to_owned(),
+        model,
+        endpoint,
+        headers: Vec::new(),
+        pid,
+        stop: None,
+    };
+    let pid = Some(keel.pid());
+    [
+        target("direct", &direct_base, "sim".into(), None),
+        target("same", &keel_base, pool_name(client), pid),
+        target("translated", &keel_base, pool_name(other(client)), pid),
+    ]
+}
+
+/// One run's report and keel's CPU per token in it (none for `direct`).
+struct Run {
+    report: LoadReport,
+    cpu_us_per_token: Option<f64>,
+}
+
+async fn measure(client: &reqwest::Client, t: &Target, rps: f64, secs: f64, tck: f64) -> Run {
+    let before = t.pid.and_then(cpu_ticks);
+    let report = load(client, t, rps, secs, true).await;
+    let after = t.pid.and_then(cpu_ticks);
+    let cpu_us_per_token = match (before, after) {
+        (Some(b), Some(a)) if report.tokens > 0 => {
+            Some(a.saturating_sub(b) as f64 / tck * 1e6 / report.tokens as f64)
+        }
+        _ => None,
+    };
+    Run {
+        report,
+        cpu_us_per_token,
+    }
+}
+
+/// [`row`] of the runs, with CPU per token and tokens per request.
+fn summarize(runs: &[Run]) -> Value {
+    let reports: Vec<LoadReport> = runs.iter().map(|r| r.report.clone()).collect();
+    let mut v = row(&reports);
+    let cpu: Vec<f64> = runs.iter().filter_map(|r| r.cpu_us_per_token).collect();
+    v["cpu_us_per_token"] = if cpu.is_empty() {
+        Value::Null
+    } else {
+        json!(median(cpu))
+    };
+    v["tokens"] = json!(reports.iter().map(|r| r.tokens).sum::<u64>());
+    v
+}
+
+fn ms(v: &Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or(0.0)
+}
+
+/// One table line: `a − b` in µs for the latency columns, and `cpu` as given.
+fn line(client: &str, rps: f64, label: &str, a: &Value, b: &Value, cpu: Option<f64>) -> String {
+    let d = |k: &str| (ms(a, k) - ms(b, k)) * 1000.0;
+    format!(
+        "{client:<9} {rps:>6} {label:<18} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>11} {:>7} {:>8}\n",
+        d("ttfb_p50_ms"),
+        d("ttfb_p99_ms"),
+        d("total_p50_ms"),
+        d("total_p99_ms"),
+        cpu.map_or("—".into(), |c| format!("{c:.2}")),
+        a["errors"],
+        a["requests"],
+    )
+}
+
+/// Column heads: latency added in µs (medians of rounds), keel's CPU µs per streamed token.
+const HEADER: &str = "client     req/s path               +ttfb p50 +ttfb p99 +total p50 +total p99 cpu µs/tok  errors requests\n";
+
+pub async fn run(o: Options) -> Result<(), String> {
+    if o.contenders.iter().any(|c| c != "keel") {
+        return Err(
+            "--translated measures keel alone (no peer translates between protocols): drop --contenders"
+                .into(),
+        );
+    }
+    let fleet = zero_latency_upstream().await?;
+    let (pinned, gw_cpu, bench_cpus) = cpu_plan(o.pin);
+    if pinned {
+        pin(std::process::id(), &bench_cpus);
+    }
+    let client = http_client()?;
+    let threads = o
+        .keel_threads
+        .map(|n| format!("worker_threads = {n}\n"))
+        .unwrap_or_default();
+    let pools: String = [Protocol::OpenAi, Protocol::Anthropic]
+        .map(|p| pool_toml_of(&fleet.servers, p, &pool_name(p), &o.keel_pool))
+        .concat();
+    let keel = KeelProcess::spawn(&format!("{threads}{pools}"), None).await?;
+    if pinned {
+        pin(keel.pid(), &gw_cpu);
+    }
+    let clients =
+        [Protocol::OpenAi, Protocol::Anthropic].map(|p| (p, targets(p, fleet.get(0), &keel)));
+    for (_, ts) in &clients {
+        for t in ts {
+            load(&client, t, 50.0, 1.0, true).await;
+        }
+    }
+    let tck = ticks_per_s();
+    let intro = format!(
+        "keel bench overhead --translated: one zero-latency simulated upstream behind an OpenAI- and an Anthropic-protocol pool; {}; streams of 16 tokens; rates {:?} req/s, {} s × {} rounds; keel worker threads: {}\n",
+        if pinned {
+            format!("gateway pinned to CPU {gw_cpu}, load generator and upstream to CPU {bench_cpus}")
+        } else {
+            "no CPU pinning (one core, or --no-pin)".into()
+        },
+        o.rates,
+        o.duration,
+        o.rounds,
+        o.keel_threads.map_or_else(|| "one per core".into(), |n| n.to_string())
+    );
+    print!("{intro}{HEADER}");
+    let mut lines = String::new();
+    let mut report = Vec::new();
+    for &rps in &o.rates {
+        // runs[client][path]
+        let mut runs: Vec<[Vec<Run>; 3]> = clients.iter().map(|_| Default::default()).collect();
+        for round in 0..o.rounds {
+            for (ci, (_, ts)) in clients.iter().enumerate() {
+                let order = if round % 2 == 0 { [0, 1, 2] } else { [0, 2, 1] };
+                for pi in order {
+                    runs[ci][pi].push(measure(&client, &ts[pi], rps, o.duration, tck).await);
+                }
+            }
+        }
+        for ((protocol, _), by_path) in clients.iter().zip(&runs) {
+            let [direct, same, translated] = by_path.each_ref().map(|r| summarize(r));
+            let cpu = |v: &Value| v["cpu_us_per_token"].as_f64();
+            let name = protocol.as_str();
+            let mut text = line(name, rps, "same", &same, &direct, cpu(&same));
+            text += &line(
+                name,
+                rps,
+                "translated",
+                &translated,
+                &direct,
+                cpu(&translated),
+            );
+            let cpu_added = cpu(&translated).zip(cpu(&same)).map(|(t, s)| t - s);
+            text += &line(
+                name,
+                rps,
+                "translated − same",
+                &translated,
+                &same,
+                cpu_added,
+            );
+            print!("{text}");
+            lines.push_str(&text);
+            report.push(json!({"client": name, "rps": rps,
+                "paths": PATHS.iter().zip([direct, same, translated]).map(|(p, v)| json!({"path": p, "figures": v})).collect::<Vec<_>>(),
+                "translated_minus_same_cpu_us_per_token": cpu_added}));
+        }
+    }
+    drop(keel);
+    if let Some(dir) = &o.out {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let doc = json!({"rates": o.rates, "duration_s": o.duration, "rounds": o.rounds,
+            "keel_worker_threads": o.keel_threads, "pinned": pinned, "rows": report});
+        let path = dir.join("translated.json");
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&doc).unwrap_or_default(),
+        )
+        .and_then(|_| {
+            std::fs::write(
+                dir.join("translated.txt"),
+                format!("{intro}{HEADER}{lines}"),
+            )
+        })
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("written {} and translated.txt", path.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_is_read_after_the_command_name() {
+        let stat = "4242 (keel (serve) x) S 1 4242 4242 0 -1 4194560 900 0 0 0 1234 56 0 0 20 0 9 0 100 0 0";
+        assert_eq!(stat_cpu_ticks(stat), Some(1234 + 56));
+        assert_eq!(stat_cpu_ticks("4242 (keel) S 1"), None);
+        assert_eq!(stat_cpu_ticks("garbage"), None);
+        // This process has used some CPU by now, and the count never goes back.
+        let a = cpu_ticks(std::process::id()).expect("readable /proc");
+        assert!(cpu_ticks(std::process::id()).expect("readable /proc") >= a);
+    }
+}
