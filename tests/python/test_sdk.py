@@ -2,17 +2,7 @@
 import anthropic
 import openai
 
-
-def read_openai_stream(stream):
-    """The text, finish reason and usage of a streamed chat completion."""
-    text, finish, usage = "", None, None
-    for chunk in stream:
-        if chunk.usage:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            text += choice.delta.content or ""
-            finish = choice.finish_reason or finish
-    return text, finish, usage
+from sdk_streams import read_openai_stream
 
 
 def test_openai_streamed_chat_arrives_intact(keel_demo):

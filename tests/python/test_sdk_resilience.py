@@ -14,6 +14,8 @@ import anthropic
 import openai
 import pytest
 
+from sdk_streams import read_openai_stream
+
 PROMPT = [{"role": "user", "content": "tell me how a gateway survives a broken stream"}]
 MAX_TOKENS = 48
 
@@ -67,18 +69,6 @@ def assert_migrated(demo, request_id, variant):
     assert last["variant"] != variant, attempts
 
 
-def read_chat_stream(stream):
-    """The text, finish reason and usage chunk of a streamed chat completion."""
-    text, finish, usage = "", None, None
-    for chunk in stream:
-        if chunk.usage:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            text += choice.delta.content or ""
-            finish = choice.finish_reason or finish
-    return text, finish, usage
-
-
 def assert_schema_valid(args):
     """The tool's arguments fit WEATHER's schema."""
     props = WEATHER["schema"]["properties"]
@@ -104,7 +94,7 @@ def test_openai_stream_survives_a_migration(faults, pool, variant):
         stream_options={"include_usage": True},
         extra_headers=pinned(variant),
     )
-    text, finish, usage = read_chat_stream(raw.parse())
+    text, finish, usage = read_openai_stream(raw.parse())
     assert text == expected.choices[0].message.content
     assert finish == expected.choices[0].finish_reason
     assert usage is not None and usage.completion_tokens == expected.usage.completion_tokens

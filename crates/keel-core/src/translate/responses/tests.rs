@@ -8,6 +8,7 @@ use super::*;
 use crate::assemble::Assembler;
 use crate::protocol::{Endpoint, Protocol};
 use crate::sse::SseEvent;
+use crate::translate::tests::split_at;
 use crate::translate::{chat_to_messages, messages_to_chat};
 
 fn obj(v: Value) -> Map<String, Value> {
@@ -435,18 +436,6 @@ fn hostile_tool_indexes_and_bad_json_are_errors_not_panics() {
     );
     assert!(s.push(&huge, &mut out).is_err());
     assert!(s.push(&SseEvent::new(None, "{not json"), &mut out).is_err());
-}
-
-fn split_at(text: &str, cuts: &[usize]) -> Vec<String> {
-    let chars: Vec<char> = text.chars().collect();
-    let mut points: Vec<usize> = cuts.iter().map(|c| c % (chars.len() + 1)).collect();
-    points.extend([0, chars.len()]);
-    points.sort_unstable();
-    points.dedup();
-    points
-        .windows(2)
-        .map(|w| chars[w[0]..w[1]].iter().collect())
-        .collect()
 }
 
 proptest! {

@@ -69,3 +69,17 @@ fn assemble_openai(s: &mut AnthropicToChatStream, events: &[SseEvent]) -> Value 
     assert!(s.is_done());
     assemble(Protocol::OpenAi, Endpoint::ChatCompletions, &out)
 }
+
+/// `text` cut at the character positions `cuts` (taken modulo its length), in order.
+pub(crate) fn split_at(text: &str, cuts: &[usize]) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut points: Vec<usize> = cuts.iter().map(|c| c % (chars.len() + 1)).collect();
+    points.push(0);
+    points.push(chars.len());
+    points.sort_unstable();
+    points.dedup();
+    points
+        .windows(2)
+        .map(|w| chars[w[0]..w[1]].iter().collect())
+        .collect()
+}

@@ -396,18 +396,6 @@ fn hostile_indexes_and_bad_json_are_errors_not_panics() {
 }
 
 /// Cuts `text` into pieces at the given char positions.
-fn split_at(text: &str, cuts: &[usize]) -> Vec<String> {
-    let chars: Vec<char> = text.chars().collect();
-    let mut points: Vec<usize> = cuts.iter().map(|c| c % (chars.len() + 1)).collect();
-    points.push(0);
-    points.push(chars.len());
-    points.sort_unstable();
-    points.dedup();
-    points
-        .windows(2)
-        .map(|w| chars[w[0]..w[1]].iter().collect())
-        .collect()
-}
 
 proptest! {
     #[test]
