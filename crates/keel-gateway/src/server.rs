@@ -203,6 +203,9 @@ pub async fn handle_generation(
                 log.key = key.id.clone();
                 log.tenant = key.tenant.clone();
             }
+            if e.kind == ErrorKind::RateLimited {
+                log.route = "throttled";
+            }
             return delivery::error_response(log, protocol, &e);
         }
     };
