@@ -17,7 +17,8 @@ pub struct GatewayError {
     pub message: String,
     pub retry_after_ms: Option<u64>,
     /// Extra headers for the response (a keyed request's rate-limit headers).
-    pub headers: http::HeaderMap,
+    /// Boxed: most errors have none, and the error travels in every `Result`.
+    pub headers: Option<Box<http::HeaderMap>>,
 }
 
 impl GatewayError {
@@ -26,7 +27,7 @@ impl GatewayError {
             kind,
             message: message.into(),
             retry_after_ms: None,
-            headers: http::HeaderMap::new(),
+            headers: None,
         }
     }
 
@@ -43,7 +44,7 @@ impl GatewayError {
     pub fn to_response(&self, protocol: Protocol) -> Response<Body> {
         let body = error_body(protocol, self.kind, &self.message).to_string();
         let mut resp = crate::full_body(self.status(), "application/json", Bytes::from(body));
-        for (k, v) in &self.headers {
+        for (k, v) in self.headers.iter().flat_map(|h| h.iter()) {
             resp.headers_mut().insert(k.clone(), v.clone());
         }
         if let Some(ms) = self.retry_after_ms {

@@ -354,7 +354,7 @@ pub async fn admit(
             Ok(grant)
         }
         Err(mut e) => {
-            e.headers = headers;
+            e.headers = Some(Box::new(headers));
             Err(e)
         }
     }
