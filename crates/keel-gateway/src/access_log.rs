@@ -23,6 +23,10 @@ pub struct RequestLog {
     pub started: Instant,
     pub status: u16,
     pub ttft: Option<Duration>,
+    /// The client's virtual key id and tenant (`-` when keel runs open or before the key is
+    /// known).
+    pub key: String,
+    pub tenant: String,
     done: bool,
 }
 
@@ -46,6 +50,8 @@ impl RequestLog {
             started,
             status: 0,
             ttft: None,
+            key: "-".into(),
+            tenant: "-".into(),
             done: false,
         }
     }
@@ -88,7 +94,7 @@ impl RequestLog {
         macro_rules! log {
             ($lvl:ident) => {
                 tracing::$lvl!(
-                    request_id = %self.id, pool = %self.pool, endpoint, route = self.route, variant = %self.variant,
+                    request_id = %self.id, tenant = %self.tenant, key = %self.key, pool = %self.pool, endpoint, route = self.route, variant = %self.variant,
                     attempts = self.attempts, status = self.status, outcome, duration_ms = elapsed.as_secs_f64() * 1000.0,
                     ttft_ms, detail = detail.unwrap_or(""), "request"
                 )

@@ -127,6 +127,8 @@ pub async fn admit(
     id: &str,
     started: Instant,
 ) -> Result<Admitted, GatewayError> {
+    // The key first: a client without one is refused before its body is read.
+    let key = gw.keys.authenticate(&parts.headers)?;
     let bytes = read_body(
         parts,
         body,
@@ -155,6 +157,9 @@ pub async fn admit(
             ),
         )
     })?;
+    if let Some(key) = &key {
+        crate::keys::check_pool(key, &pool.cfg.name)?;
+    }
     // Chat Completions and Messages reach a variant of either protocol (translated at the
     // attempt); /v1/completions and /v1/embeddings only an OpenAI-protocol one. count_tokens is
     // answered locally when no variant speaks Anthropic (see server).
@@ -224,7 +229,21 @@ pub async fn admit(
                 })?,
         ),
     };
+    // A key's tier floor narrows the client's (1 is the best tier).
+    let min_tier = match (min_tier, key.as_ref().and_then(|k| k.min_tier)) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    // Limits last, once the request is known valid: a bad request costs the key nothing.
+    let grant = match &key {
+        Some(key) => Some(Arc::new(
+            crate::keys::limits::admit(gw, key, pool, &req, endpoint.protocol()).await?,
+        )),
+        None => None,
+    };
     let ctx = RequestCtx {
+        priority: key.as_ref().map(|k| k.priority).unwrap_or_default(),
+        grant,
         preference,
         min_tier,
         id: id.to_owned(),

@@ -34,6 +34,26 @@ impl ClientApi {
     }
 }
 
+/// A key's priority in the wait line (`[[keys]] priority`); requests without a key are
+/// `Normal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Priority {
+    High,
+    #[default]
+    Normal,
+    Low,
+}
+
+impl Priority {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+}
+
 /// Per-request context shared by the stages.
 #[derive(Debug, Clone)]
 pub struct RequestCtx {
@@ -52,4 +72,10 @@ pub struct RequestCtx {
     /// Set when the client called the Responses API: the request runs as Chat Completions
     /// and delivery answers in Responses form.
     pub responses: Option<std::sync::Arc<crate::responses::Front>>,
+    /// The key's priority (`Normal` without keys).
+    pub priority: Priority,
+    /// The client's virtual key and what admission reserved for it; `None` when keel runs
+    /// open. Shared by every clone of the context, so it settles when the last one (the
+    /// relay's, for a stream) is dropped: see `keys::Grant`.
+    pub grant: Option<std::sync::Arc<crate::keys::Grant>>,
 }

@@ -156,6 +156,9 @@ pub async fn deliver(
             headers,
             body,
         } => {
+            if let Some(grant) = &ctx.grant {
+                grant.meter.whole(&pool.variants[committed.vi].cfg, &body);
+            }
             drop(committed);
             return whole(log, ctx, status, headers, body);
         }

@@ -16,6 +16,9 @@ pub struct GatewayError {
     pub kind: ErrorKind,
     pub message: String,
     pub retry_after_ms: Option<u64>,
+    /// Extra headers for the response (a keyed request's rate-limit headers).
+    /// Boxed: most errors have none, and the error travels in every `Result`.
+    pub headers: Option<Box<http::HeaderMap>>,
 }
 
 impl GatewayError {
@@ -24,6 +27,7 @@ impl GatewayError {
             kind,
             message: message.into(),
             retry_after_ms: None,
+            headers: None,
         }
     }
 
@@ -40,6 +44,9 @@ impl GatewayError {
     pub fn to_response(&self, protocol: Protocol) -> Response<Body> {
         let body = error_body(protocol, self.kind, &self.message).to_string();
         let mut resp = crate::full_body(self.status(), "application/json", Bytes::from(body));
+        for (k, v) in self.headers.iter().flat_map(|h| h.iter()) {
+            resp.headers_mut().insert(k.clone(), v.clone());
+        }
         if let Some(ms) = self.retry_after_ms {
             let h = resp.headers_mut();
             let secs = ms.div_ceil(1000).max(1);

@@ -29,6 +29,7 @@ pub mod execution;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod hooks;
+pub mod keys;
 pub mod metrics;
 pub mod monitor;
 pub mod openapi;
@@ -68,6 +69,10 @@ pub struct Gateway {
     pub metrics: Arc<metrics::Metrics>,
     /// Faults injected inside keel (tests only; see `hooks`).
     pub hooks: hooks::TestHooks,
+    /// Virtual keys (`[[keys]]`).
+    pub keys: keys::Keys,
+    /// Where the keys' limits and budgets are kept.
+    pub quota: Arc<quota::Store>,
 }
 
 /// Decision records kept for `/keel/decisions`.
@@ -96,7 +101,19 @@ impl Gateway {
                 limits,
             )));
         }
+        if cfg.keys.is_empty() {
+            tracing::info!(
+                "no [[keys]] configured: keel runs open (any client, no per-key limits)"
+            );
+        } else {
+            tracing::info!(
+                keys = cfg.keys.len(),
+                "virtual keys configured: requests need a key"
+            );
+        }
         Arc::new(Gateway {
+            keys: keys::Keys::new(&cfg),
+            quota: Arc::new(quota::Store::Local(quota::local::Local::default())),
             budget: Mutex::new(RetryBudget::new(cfg.retry_budget)),
             cfg,
             pools,

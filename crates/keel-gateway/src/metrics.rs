@@ -15,6 +15,10 @@
 //! | `keel_queue_wait_seconds`, `keel_queue_refused_total` | pool | the wait line of a full pool |
 //! | `keel_decision_duration_seconds` | pool | one selection |
 //! | `keel_requests_in_flight` | | requests being served now |
+//! | `keel_ratelimited_total` | key, kind | keyed requests refused by a limit (`requests`, `tokens`, `concurrency`, `budget`) |
+//! | `keel_tokens_total` | key, direction | tokens a key's requests used (`input`, `output`), at reconciliation |
+//! | `keel_spend_total` | key | USD a key's requests cost (a gauge that only grows: Prometheus counters are integers here) |
+//! | `keel_quota_store_errors_total` | | quota store operations that failed or timed out (see `[quota] fail_mode`) |
 //! | `keel_variant_*` | pool, variant | live health gauges (weight, ttft, tgsv, inflight, state) |
 //!
 //! `outcome` of a request is one of `ok`, `client_error` (4xx), `error` (keel could not serve:

@@ -44,10 +44,12 @@ pub enum Target {
     /// Prometheus metrics (served at two paths).
     Metrics,
     OpenApi,
+    /// `GET /keel/keys/{key_id}/usage` (admin key required).
+    KeyUsage,
 }
 
 /// One served route. A path ending in `{model_id}` matches any non-empty remainder (a model id
-/// may hold `/`).
+/// may hold `/`); a parameter inside a path (`{key_id}`) matches one non-empty segment.
 #[derive(Debug, Clone, Copy)]
 pub struct Route {
     pub verb: Verb,
@@ -98,12 +100,13 @@ pub const ROUTES: &[Route] = &[
     route(Verb::Get, "/metrics", Target::Metrics),
     route(Verb::Get, "/keel/metrics", Target::Metrics),
     route(Verb::Get, "/keel/openapi.json", Target::OpenApi),
+    route(Verb::Get, "/keel/keys/{key_id}/usage", Target::KeyUsage),
 ];
 
 /// Where a request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resolved<'a> {
-    /// A served route; `param` is the `{model_id}` part of the path, if the route has one.
+    /// A served route; `param` is the `{…}` part of the path, if the route has one.
     Route(Target, Option<&'a str>),
     /// The path is served, but not with this method (405).
     MethodNotAllowed,
@@ -133,13 +136,14 @@ pub fn resolve<'a>(method: &http::Method, path: &'a str) -> Resolved<'a> {
 /// Whether `path` matches the route `template`: `Some(param)` if so (`None` inside for a
 /// template without one).
 fn matches<'a>(template: &str, path: &'a str) -> Option<Option<&'a str>> {
-    match template.strip_suffix("{model_id}") {
-        Some(prefix) => path
-            .strip_prefix(prefix)
-            .filter(|rest| !rest.is_empty())
-            .map(Some),
-        None => (template == path).then_some(None),
-    }
+    let Some((prefix, rest)) = template.split_once('{') else {
+        return (template == path).then_some(None);
+    };
+    let suffix = rest.split_once('}').map_or("", |(_, s)| s);
+    let param = path.strip_prefix(prefix)?.strip_suffix(suffix)?;
+    // Only a parameter that ends the path may hold `/`.
+    let fits = !param.is_empty() && (suffix.is_empty() || !param.contains('/'));
+    fits.then_some(Some(param))
 }
 
 #[cfg(test)]
@@ -150,7 +154,10 @@ mod tests {
     #[test]
     fn every_route_resolves_to_itself() {
         for r in ROUTES {
-            let path = r.path.replace("{model_id}", "some/model");
+            let path = r
+                .path
+                .replace("{model_id}", "some/model")
+                .replace("{key_id}", "some-key");
             let method = Method::from_bytes(r.verb.as_str().as_bytes()).unwrap();
             match resolve(&method, &path) {
                 Resolved::Route(t, _) => assert_eq!(t, r.target, "{path}"),
@@ -178,6 +185,18 @@ mod tests {
             Resolved::MethodNotAllowed
         );
         assert_eq!(resolve(&Method::GET, "/v1/nope"), Resolved::NotFound);
+        assert_eq!(
+            resolve(&Method::GET, "/keel/keys/app-1/usage"),
+            Resolved::Route(Target::KeyUsage, Some("app-1"))
+        );
+        assert_eq!(
+            resolve(&Method::GET, "/keel/keys/a/b/usage"),
+            Resolved::NotFound
+        );
+        assert_eq!(
+            resolve(&Method::GET, "/keel/keys//usage"),
+            Resolved::NotFound
+        );
         assert_eq!(resolve(&Method::GET, "/v1/models/"), Resolved::NotFound);
     }
 }

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 
 use crate::access_log::RequestLog;
+use crate::config::KeyConfig;
 use crate::context::ClientApi;
 use crate::delivery;
 use crate::errors::GatewayError;
@@ -133,9 +134,25 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         Resolved::Route(Target::Generation(api), _) => {
             handle_generation(&gw, api, req, started).await
         }
-        Resolved::Route(Target::Models, _) => models(&gw, anthropic_client),
-        Resolved::Route(Target::Model, id) => {
-            model(&gw, anthropic_client, id.unwrap_or_default(), protocol)
+        Resolved::Route(Target::Models, _) => match gw.keys.authenticate(req.headers()) {
+            Ok(key) => models(&gw, key.as_deref(), anthropic_client),
+            Err(e) => e.to_response(protocol),
+        },
+        Resolved::Route(Target::Model, id) => match gw.keys.authenticate(req.headers()) {
+            Ok(key) => model(
+                &gw,
+                key.as_deref(),
+                anthropic_client,
+                id.unwrap_or_default(),
+                protocol,
+            ),
+            Err(e) => e.to_response(protocol),
+        },
+        Resolved::Route(Target::KeyUsage, id) => {
+            match crate::keys::admin::usage(&gw, req.headers(), id.unwrap_or_default()).await {
+                Ok(doc) => json(doc.to_string()),
+                Err(e) => e.to_response(protocol),
+            }
         }
         Resolved::Route(Target::Health, _) => health(&gw),
         Resolved::Route(Target::Decisions, _) => {
@@ -181,15 +198,42 @@ pub async fn handle_generation(
     let admitted = match admission::admit(gw, api, &parts, body, &id, started).await {
         Ok(a) => a,
         Err(e) => {
-            return delivery::error_response(
-                RequestLog::new(&gw.metrics, &id, started, api.label(), "none"),
-                protocol,
-                &e,
-            )
+            let mut log = RequestLog::new(&gw.metrics, &id, started, api.label(), "none");
+            if let Ok(Some(key)) = gw.keys.authenticate(&parts.headers) {
+                log.key = key.id.clone();
+                log.tenant = key.tenant.clone();
+            }
+            if e.kind == ErrorKind::RateLimited {
+                log.route = "throttled";
+            }
+            return delivery::error_response(log, protocol, &e);
         }
     };
+    let views = admitted.ctx.grant.as_ref().map(|g| g.views.clone());
+    let mut resp = stages(gw, api, admitted, &id, started).await;
+    if let Some(views) = views {
+        let now = crate::keys::limits::unix_now_ms();
+        crate::keys::headers::apply(resp.headers_mut(), protocol, &views, now);
+    }
+    resp
+}
+
+/// Stages 1 to 3 for an admitted request.
+async fn stages(
+    gw: &Arc<Gateway>,
+    api: ClientApi,
+    admitted: admission::Admitted,
+    id: &str,
+    started: Instant,
+) -> Response<Body> {
+    let endpoint = api.endpoint();
+    let protocol = endpoint.protocol();
     let admission::Admitted { req, pool, ctx } = admitted;
-    let mut log = RequestLog::new(&gw.metrics, &id, started, api.label(), &pool.cfg.name);
+    let mut log = RequestLog::new(&gw.metrics, id, started, api.label(), &pool.cfg.name);
+    if let Some(grant) = &ctx.grant {
+        log.key = grant.key.id.clone();
+        log.tenant = grant.key.tenant.clone();
+    }
     if endpoint == Endpoint::CountTokens && !pool.speaks(Protocol::Anthropic) {
         // OpenAI-protocol servers have no count_tokens endpoint: answer with keel's estimate.
         let body = json!({"input_tokens": req.estimated_input_tokens}).to_string();
@@ -205,7 +249,7 @@ pub async fn handle_generation(
         preference: ctx.preference,
         min_tier: ctx.min_tier,
     };
-    let (selection, record) = select_or_wait(&pool, &req, controls, &id, ctx.deadline).await;
+    let (selection, record) = select_or_wait(&pool, &req, controls, id, ctx.deadline).await;
     // The record is kept when the request's attempts are settled (see `settlement`).
     let mut attempts = Attempts::new(gw, &pool, record);
     let mut order = match plan_or_error(&pool, selection) {
@@ -247,8 +291,7 @@ pub async fn handle_generation(
         // that is ready (selection waits while the monitor finds out), within the deadline.
         // Bounded: attempts on variants that fail otherwise count against `max_attempts`.
         attempts = executed.attempts;
-        let (selection, _) =
-            select_or_wait(&pool, &upstream_req, controls, &id, ctx.deadline).await;
+        let (selection, _) = select_or_wait(&pool, &upstream_req, controls, id, ctx.deadline).await;
         order = match plan_or_error(&pool, selection) {
             Ok(order) => order,
             Err(e) => return delivery::error_response(log, protocol, &e),
@@ -331,12 +374,14 @@ fn plan_or_error(pool: &Pool, selection: Selection) -> Result<Vec<usize>, Gatewa
     }
 }
 
-/// Every name a client may ask for: each pool's public name and its aliases, in config order.
-/// Every pool serves both protocols (a variant of the other protocol through translation), so
-/// both lists hold them all.
-fn listed_models(gw: &Gateway) -> Vec<&str> {
+/// Every name a client may ask for: each pool's public name and its aliases, in config order
+/// (only the pools its key may use, when keys are configured). Every pool serves both
+/// protocols (a variant of the other protocol through translation), so both lists hold them
+/// all.
+fn listed_models<'g>(gw: &'g Gateway, key: Option<&KeyConfig>) -> Vec<&'g str> {
     gw.pools()
         .iter()
+        .filter(|p| key.is_none_or(|k| k.allows(&p.cfg.name)))
         .flat_map(|p| std::iter::once(&p.cfg.name).chain(&p.cfg.aliases))
         .map(String::as_str)
         .collect()
@@ -352,8 +397,8 @@ fn model_entry(name: &str, anthropic: bool) -> serde_json::Value {
 }
 
 /// `GET /v1/models`: OpenAI's list shape, or Anthropic's for an Anthropic client.
-fn models(gw: &Gateway, anthropic: bool) -> Response<Body> {
-    let names = listed_models(gw);
+fn models(gw: &Gateway, key: Option<&KeyConfig>, anthropic: bool) -> Response<Body> {
+    let names = listed_models(gw, key);
     let data: Vec<_> = names.iter().map(|n| model_entry(n, anthropic)).collect();
     let body = if anthropic {
         json!({"data": data, "has_more": false, "first_id": names.first(), "last_id": names.last()})
@@ -368,9 +413,15 @@ fn models(gw: &Gateway, anthropic: bool) -> Response<Body> {
 }
 
 /// `GET /v1/models/{id}`: one model, or 404 in the client's error shape.
-fn model(gw: &Gateway, anthropic: bool, id: &str, protocol: Protocol) -> Response<Body> {
+fn model(
+    gw: &Gateway,
+    key: Option<&KeyConfig>,
+    anthropic: bool,
+    id: &str,
+    protocol: Protocol,
+) -> Response<Body> {
     let id = percent_decode(id);
-    match listed_models(gw).into_iter().find(|n| *n == id) {
+    match listed_models(gw, key).into_iter().find(|n| *n == id) {
         Some(n) => full_body(
             StatusCode::OK,
             "application/json",

@@ -46,10 +46,25 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Start simulated model servers (or, with `load`, drive load at one).
     Sim(SimArgs),
+    /// Virtual keys: `keel keys new` prints a fresh key and its `[[keys]]` entry.
+    Keys {
+        #[command(subcommand)]
+        which: KeysCommand,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
         which: bench::BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Print a fresh high-entropy key and a `[[keys]]` snippet holding only its SHA-256 hash.
+    New {
+        /// The key's id (a name for metrics, logs and the admin endpoint).
+        #[arg(long, default_value = "my-app")]
+        id: String,
     },
 }
 
@@ -147,6 +162,9 @@ fn main() -> ExitCode {
             },
             Command::Check { config } => check(&config),
             Command::Demo(args) => demo::run(args).await,
+            Command::Keys {
+                which: KeysCommand::New { id },
+            } => new_key(&id),
             Command::Sim(args) => sim(args).await,
             Command::Bench { which } => {
                 // The in-process gateways log (access lines included) only when asked to.
@@ -164,6 +182,26 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `keel keys new`: the secret once (keel keeps only its hash) and the config entry.
+fn new_key(id: &str) -> Result<(), String> {
+    let secret = keel_gateway::keys::new_secret()?;
+    let hash = keel_gateway::keys::hash_text(&keel_gateway::keys::hash_secret(&secret));
+    println!("# The key (give it to the client; keel stores only its hash, so keep it now):");
+    println!("# {secret}");
+    println!();
+    println!("[[keys]]");
+    println!("id = {id:?}");
+    println!("hash = \"{hash}\"");
+    println!("tenant = {id:?}");
+    println!("# pools = [\"...\"]   # default: every pool");
+    println!("# rpm = 600");
+    println!("# tpm = 200000");
+    println!("# max_concurrency = 16");
+    println!("# daily_spend_usd = 10.0");
+    println!("# priority = \"normal\"   # high | normal | low");
+    Ok(())
 }
 
 /// Prints every problem in the file (one per line, `file:line:column: field: what`), or a summary.

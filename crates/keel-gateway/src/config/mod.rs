@@ -19,6 +19,7 @@
 
 mod budget;
 mod health;
+mod keys;
 mod pool;
 mod read;
 mod timeouts;
@@ -37,6 +38,7 @@ use keel_core::budget::RetryBudgetConfig;
 
 pub use keel_core::continuation::ResumeMode;
 pub use keel_core::selection::PolicyKind;
+pub use keys::{parse_hash, FailMode, KeyConfig};
 pub use pool::{Affinity, Hedge, PoolConfig, ResponseModel};
 pub use timeouts::Timeouts;
 pub use variant::VariantConfig;
@@ -62,6 +64,12 @@ pub struct Config {
     pub worker_threads: Option<usize>,
     pub retry_budget: RetryBudgetConfig,
     pub pools: Vec<PoolConfig>,
+    /// Virtual keys (`[[keys]]`); none = keel runs open.
+    pub keys: Vec<KeyConfig>,
+    /// SHA-256 of the admin key (`[admin] key_hash`), for `/keel/keys/{id}/usage`.
+    pub admin_key_hash: Option<[u8; 32]>,
+    /// `[quota] fail_mode`.
+    pub quota_fail_mode: FailMode,
     /// Warnings that do not stop the gateway (printed by `keel check` and at start).
     pub warnings: Vec<String>,
 }
@@ -196,6 +204,18 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
     };
     let mut warnings = Vec::new();
     let pools = read_pools(&mut t, max_attempts, timeouts, env, &mut warnings, issues);
+    let keys = {
+        let tables = t.tables("keys", issues);
+        keys::read_keys(tables, &pools, issues)
+    };
+    let admin_key_hash = {
+        let section = t.table("admin", issues);
+        keys::read_admin(section, issues)
+    };
+    let quota_fail_mode = {
+        let section = t.table("quota", issues);
+        keys::read_quota(section, issues)
+    };
     let config = Config {
         listen,
         max_body_bytes: t
@@ -214,6 +234,9 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         worker_threads,
         retry_budget,
         pools,
+        keys,
+        admin_key_hash,
+        quota_fail_mode,
         warnings,
     };
     t.finish(issues);

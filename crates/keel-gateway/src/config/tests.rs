@@ -389,7 +389,7 @@ zzz = 1
         known.contains(&"weight") && known.contains(&"upstream_model"),
         "{known:?}"
     );
-    assert_eq!(known.len(), 17, "{known:?}");
+    assert_eq!(known.len(), 19, "{known:?}");
 }
 
 #[test]
@@ -537,4 +537,36 @@ fn health_endpoint_mistakes_are_named() {
     let (_, _, field, message) = one_issue(&format!("{GOOD}health_pth = \"/health\"\n"));
     assert_eq!(field, "pools[0].variants[0].health_pth");
     assert!(message.contains("did you mean `health_path`"), "{message}");
+}
+
+#[test]
+fn keys_are_validated_precisely() {
+    let pool = "[[pools]]\nname = \"p\"\naliases = [\"pa\"]\n[[pools.variants]]\nname = \"v\"\nurl = \"http://x\"\nprotocol = \"openai\"\nupstream_model = \"u\"\n";
+    let h = format!("sha256:{}", "ab".repeat(32));
+    let ok = format!("[[keys]]\nid = \"k\"\nhash = \"{h}\"\npools = [\"pa\"]\nrpm = 5\ndaily_spend_usd = 1.5\npriority = \"high\"\nmin_tier = 2\n{pool}");
+    let cfg = Config::parse(&ok, "k.toml", &Default::default()).unwrap();
+    let k = &cfg.keys[0];
+    assert_eq!(
+        (k.pools.as_slice(), k.rpm, k.daily_spend_micros),
+        (&["p".to_owned()][..], Some(5), Some(1_500_000))
+    );
+    assert_eq!(k.priority, crate::context::Priority::High);
+    assert_eq!(k.tenant, "k");
+    let bad = format!(
+        "[[keys]]\nid = \"k\"\nhash = \"md5:12\"\n[[keys]]\nid = \"k2\"\nhash = \"{h}\"\npools = [\"nope\"]\nrpm = 0\n[[keys]]\nid = \"k2\"\nhash = \"sha256:{}\"\n[[keys]]\nid = \"k3\"\nhash = \"{h}\"\n[quota]\nfail_mode = \"ajar\"\n{pool}",
+        "cd".repeat(32)
+    );
+    let e = Config::parse(&bad, "k.toml", &Default::default())
+        .unwrap_err()
+        .to_string();
+    for expected in [
+        "keys[0].hash: expected \"sha256:<64 hex digits>\"",
+        "keys[1].pools[0]: unknown pool `nope`",
+        "keys[1].rpm: expected a positive number, got 0",
+        "keys[2].id: duplicate key id `k2`",
+        "keys[3].hash: the same hash as keys[1]",
+        "quota.fail_mode: expected",
+    ] {
+        assert!(e.contains(expected), "missing `{expected}` in:\n{e}");
+    }
 }

@@ -31,6 +31,10 @@ pub struct VariantConfig {
     pub params: Map<String, Value>,
     pub resume: ResumeMode,
     pub price: f64,
+    /// USD per million input tokens, for spend budgets (default 0).
+    pub price_input_per_mtok: f64,
+    /// USD per million output tokens, for spend budgets (default 0).
+    pub price_output_per_mtok: f64,
     pub metrics_url: Option<String>,
     /// The server's readiness endpoint (`health_path` on the base URL's origin, or
     /// `health_url`): while the variant is loading, restarting or ejected, the monitor asks it
@@ -130,6 +134,8 @@ pub(super) fn read(
         .map(|r| r.value)
         .unwrap_or(ResumeMode::Prefill);
     let price = t.value::<f64>("price", issues).unwrap_or(1.0);
+    let price_input_per_mtok = token_price(&mut t, "price_input_per_mtok", issues);
+    let price_output_per_mtok = token_price(&mut t, "price_output_per_mtok", issues);
     let metrics_url = t
         .get::<String>("metrics_url", issues)
         .and_then(|u| metrics_url(u, env, issues));
@@ -164,6 +170,8 @@ pub(super) fn read(
         params,
         resume,
         price,
+        price_input_per_mtok,
+        price_output_per_mtok,
         metrics_url,
         health_url,
         continuation_fields,
@@ -328,4 +336,23 @@ fn substitute(s: &str, env: &HashMap<String, String>) -> Result<String, String> 
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// A price in USD per million tokens: finite and not negative (0 when absent).
+fn token_price(t: &mut Table, key: &'static str, issues: &mut Issues) -> f64 {
+    match t.get::<f64>(key, issues) {
+        Some(v) if !(v.value.is_finite() && v.value >= 0.0) => {
+            issues.report(
+                v.at,
+                &v.path,
+                format!(
+                    "expected a price of 0 or more USD per million tokens, got {}",
+                    v.value
+                ),
+            );
+            0.0
+        }
+        Some(v) => v.value,
+        None => 0.0,
+    }
 }

@@ -47,6 +47,9 @@ pub fn document() -> Value {
             "responses": operations::response_components(),
             "parameters": schemas::parameters(),
             "headers": schemas::headers(),
+            "securitySchemes": {
+                "adminKey": {"type": "http", "scheme": "bearer", "description": "The admin key whose SHA-256 is `[admin] key_hash`."}
+            },
         },
     })
 }

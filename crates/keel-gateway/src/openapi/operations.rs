@@ -324,6 +324,49 @@ fn text_ok(description: &str, content_type: &str) -> Value {
     })
 }
 
+fn key_usage() -> Value {
+    let mut op = keel_get(
+        "keyUsage",
+        "A virtual key's limits, budgets and in-flight count (admin key required)",
+        "keel",
+        ok_response(
+            "The key's usage now.",
+            json!({
+                "type": "object",
+                "required": ["id", "tenant", "limits", "budgets", "in_flight"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "tenant": {"type": "string"},
+                    "limits": {"type": "object"},
+                    "budgets": {"type": "array", "items": {"type": "object"}},
+                    "in_flight": {"type": "integer"}
+                }
+            }),
+            None,
+            json!({}),
+        ),
+    );
+    op["parameters"] = json!([{
+        "name": "key_id",
+        "in": "path",
+        "required": true,
+        "description": "The key's `id` in `[[keys]]`.",
+        "schema": {"type": "string", "minLength": 1, "pattern": "^[^/]+$"}
+    }]);
+    op["security"] = json!([{"adminKey": []}]);
+    for (status, why) in [
+        ("401", "No admin key was sent."),
+        (
+            "403",
+            "The key sent is not the admin key (or none is configured).",
+        ),
+        ("404", "No key has this id."),
+    ] {
+        op["responses"][status] = error_response(why, Some(Protocol::OpenAi), json!({}));
+    }
+    op
+}
+
 /// The operation documenting one served route.
 pub fn for_route(r: &Route) -> Value {
     match r.target {
@@ -368,6 +411,7 @@ pub fn for_route(r: &Route) -> Value {
                 text_ok("Metrics.", "text/plain"),
             )
         }
+        Target::KeyUsage => key_usage(),
         Target::OpenApi => keel_get(
             "openapi",
             "This document (also committed as docs/openapi.json)",

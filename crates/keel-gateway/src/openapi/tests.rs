@@ -9,6 +9,7 @@ use crate::routes::{resolve, Resolved};
 /// The path a client would send for a documented path template.
 fn concrete(path: &str) -> String {
     path.replace("{model_id}", "some-model")
+        .replace("{key_id}", "some-key")
 }
 
 #[test]

@@ -85,7 +85,7 @@ impl Relay {
         let Segment { start, watch, .. } = seg;
         let mut kept = std::mem::take(&mut start.head);
         kept.append(&mut start.pending);
-        if let Some(end) = self.handle_all(kept, st, trim, watch, start).await {
+        if let Some(end) = self.handle_all(kept, st, trim, watch, start, vi).await {
             return end;
         }
         let mut events = Vec::new();
@@ -117,7 +117,7 @@ impl Relay {
                 }
             }
             let batch = std::mem::take(&mut events);
-            if let Some(end) = self.handle_all(batch, st, trim, watch, start).await {
+            if let Some(end) = self.handle_all(batch, st, trim, watch, start, vi).await {
                 return end;
             }
         }
@@ -132,9 +132,16 @@ impl Relay {
         trim: &mut bool,
         watch: &mut Watch,
         start: &mut StreamStart,
+        vi: usize,
     ) -> Option<SegmentEnd> {
         let mut events = events.into_iter();
         while let Some(ev) = events.next() {
+            // A keyed request's usage, per attempt, for its reconciliation (see `keys`).
+            if let Some(grant) = &self.ctx.grant {
+                grant
+                    .meter
+                    .event(&self.pool.variants[vi].cfg, self.protocol, &ev);
+            }
             if let Some(end) = self.handle(ev, st, trim, watch).await {
                 start.pending.extend(events);
                 return Some(end);

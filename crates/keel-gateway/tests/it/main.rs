@@ -10,6 +10,7 @@ mod fuzz_corpus;
 mod harness;
 mod hedging;
 mod hostile;
+mod keys;
 mod lifecycle;
 mod migration;
 mod models;

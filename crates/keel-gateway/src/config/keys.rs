@@ -1,0 +1,237 @@
+//! `[[keys]]` (virtual keys: a hashed secret, a tenant, the pools it may use, its limits and
+//! budgets, a tier floor and a priority), `[admin]` (the admin key's hash) and `[quota]` (what
+//! admission does when the quota store cannot answer).
+//!
+//! Only SHA-256 hashes of the secrets are ever written in the config (`keel keys new` prints
+//! one); the plain key is never stored, logged or shown in metrics.
+
+use std::collections::HashMap;
+
+use crate::context::Priority;
+
+use super::read::{Issues, Table, Val};
+use super::PoolConfig;
+
+/// One virtual key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyConfig {
+    /// A name for metrics, logs and the admin endpoint (never the secret).
+    pub id: String,
+    /// SHA-256 of the secret.
+    pub hash: [u8; 32],
+    pub tenant: String,
+    /// The canonical names of the pools the key may use; empty = all.
+    pub pools: Vec<String>,
+    pub rpm: Option<u64>,
+    pub tpm: Option<u64>,
+    pub max_concurrency: Option<u64>,
+    pub daily_tokens: Option<u64>,
+    pub monthly_tokens: Option<u64>,
+    /// Spend budgets in micro-dollars (the config writes USD).
+    pub daily_spend_micros: Option<u64>,
+    pub monthly_spend_micros: Option<u64>,
+    /// The key's requests only go to variants of this tier or better.
+    pub min_tier: Option<u8>,
+    pub priority: Priority,
+}
+
+impl KeyConfig {
+    /// Whether the key may use the pool named `pool` (a canonical pool name).
+    pub fn allows(&self, pool: &str) -> bool {
+        self.pools.is_empty() || self.pools.iter().any(|p| p == pool)
+    }
+}
+
+/// What admission does when the quota store cannot answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailMode {
+    /// Admit the request (counted in `keel_quota_store_errors_total`, logged once a minute).
+    #[default]
+    Open,
+    /// Refuse it with 503 and `retry-after` of one second.
+    Closed,
+}
+
+const FAIL_MODES: [(&str, FailMode); 2] = [("open", FailMode::Open), ("closed", FailMode::Closed)];
+
+const PRIORITIES: [(&str, Priority); 3] = [
+    ("high", Priority::High),
+    ("normal", Priority::Normal),
+    ("low", Priority::Low),
+];
+
+/// Parses `sha256:<64 hex digits>`.
+pub fn parse_hash(s: &str) -> Result<[u8; 32], String> {
+    let hex = s.strip_prefix("sha256:").ok_or_else(|| {
+        format!("expected \"sha256:<64 hex digits>\" (see `keel keys new`), got {s:?}")
+    })?;
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "expected 64 hex digits after \"sha256:\", got {} characters{}",
+            hex.len(),
+            if hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                ""
+            } else {
+                " (not all hex digits)"
+            }
+        ));
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+    }
+    Ok(out)
+}
+
+/// A hash field: `key = "sha256:…"`, reported where it is written when malformed.
+fn hash_field(v: Option<Val<String>>, issues: &mut Issues) -> Option<[u8; 32]> {
+    let v = v?;
+    match parse_hash(&v.value) {
+        Ok(h) => Some(h),
+        Err(m) => {
+            issues.report(v.at, &v.path, m);
+            None
+        }
+    }
+}
+
+/// A positive limit (0 would refuse everything: a mistake, reported).
+fn positive(t: &mut Table, key: &'static str, issues: &mut Issues) -> Option<u64> {
+    let v = t.get::<u64>(key, issues)?;
+    if v.value == 0 {
+        issues.report(v.at, &v.path, "expected a positive number, got 0");
+        return None;
+    }
+    Some(v.value)
+}
+
+/// A USD amount as micro-dollars.
+fn usd(t: &mut Table, key: &'static str, issues: &mut Issues) -> Option<u64> {
+    let v = t.get::<f64>(key, issues)?;
+    if !(v.value.is_finite() && v.value > 0.0) {
+        issues.report(
+            v.at,
+            &v.path,
+            format!("expected a positive amount of USD, got {}", v.value),
+        );
+        return None;
+    }
+    Some((v.value * 1e6).round() as u64)
+}
+
+/// `[[keys]]`: ids and hashes unique, pools known (by name or alias).
+pub(super) fn read_keys(
+    tables: Vec<Table>,
+    pools: &[PoolConfig],
+    issues: &mut Issues,
+) -> Vec<KeyConfig> {
+    let mut ids: HashMap<String, String> = HashMap::new();
+    let mut hashes: HashMap<[u8; 32], String> = HashMap::new();
+    let mut keys = Vec::new();
+    for mut t in tables {
+        let here = t.path().to_owned();
+        let id = t.required::<String>("id", "a name for the key", issues);
+        let hash = t.required::<String>("hash", "\"sha256:<64 hex digits>\"", issues);
+        let hash_at = hash.as_ref().map(|h| (h.at, h.path.clone()));
+        let hash = hash_field(hash, issues);
+        let tenant = t.get::<String>("tenant", issues).map(|v| v.value);
+        let pool_names = t.strings("pools", issues);
+        let mut allowed = Vec::new();
+        for p in pool_names {
+            let found = pools
+                .iter()
+                .find(|c| c.name == p.value || c.aliases.contains(&p.value));
+            match found {
+                Some(c) => allowed.push(c.name.clone()),
+                None => {
+                    let known: Vec<&str> = pools.iter().map(|c| c.name.as_str()).collect();
+                    issues.report(
+                        p.at,
+                        &p.path,
+                        format!(
+                            "unknown pool `{}`; known pools: {}",
+                            p.value,
+                            known.join(", ")
+                        ),
+                    );
+                }
+            }
+        }
+        let min_tier = match t.get::<u8>("min_tier", issues) {
+            Some(v) if v.value == 0 => {
+                issues.report(v.at, &v.path, "expected a tier number (1 = best), got 0");
+                None
+            }
+            v => v.map(|v| v.value),
+        };
+        let priority = t
+            .choice("priority", &PRIORITIES, issues)
+            .map(|v| v.value)
+            .unwrap_or_default();
+        let key = KeyConfig {
+            id: String::new(),
+            hash: [0; 32],
+            tenant: String::new(),
+            pools: allowed,
+            rpm: positive(&mut t, "rpm", issues),
+            tpm: positive(&mut t, "tpm", issues),
+            max_concurrency: positive(&mut t, "max_concurrency", issues),
+            daily_tokens: positive(&mut t, "daily_tokens", issues),
+            monthly_tokens: positive(&mut t, "monthly_tokens", issues),
+            daily_spend_micros: usd(&mut t, "daily_spend_usd", issues),
+            monthly_spend_micros: usd(&mut t, "monthly_spend_usd", issues),
+            min_tier,
+            priority,
+        };
+        t.finish(issues);
+        let (Some(id), Some(hash)) = (id, hash) else {
+            continue;
+        };
+        if let Some(first) = ids.insert(id.value.clone(), here.clone()) {
+            issues.report(
+                id.at,
+                &id.path,
+                format!("duplicate key id `{}` (also {first})", id.value),
+            );
+            continue;
+        }
+        if let Some(first) = hashes.insert(hash, here.clone()) {
+            if let Some((at, path)) = hash_at {
+                issues.report(
+                    at,
+                    &path,
+                    format!("the same hash as {first}: two keys cannot share a secret"),
+                );
+            }
+            continue;
+        }
+        keys.push(KeyConfig {
+            tenant: tenant.unwrap_or_else(|| id.value.clone()),
+            id: id.value,
+            hash,
+            ..key
+        });
+    }
+    keys
+}
+
+/// `[admin]`: `key_hash`.
+pub(super) fn read_admin(t: Option<Table>, issues: &mut Issues) -> Option<[u8; 32]> {
+    let mut t = t?;
+    let hash = hash_field(t.get::<String>("key_hash", issues), issues);
+    t.finish(issues);
+    hash
+}
+
+/// `[quota]`: `fail_mode`.
+pub(super) fn read_quota(t: Option<Table>, issues: &mut Issues) -> FailMode {
+    let Some(mut t) = t else {
+        return FailMode::default();
+    };
+    let mode = t
+        .choice("fail_mode", &FAIL_MODES, issues)
+        .map(|v| v.value)
+        .unwrap_or_default();
+    t.finish(issues);
+    mode
+}

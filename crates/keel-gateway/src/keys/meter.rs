@@ -1,0 +1,203 @@
+//! The tokens a keyed request really used, per serving attempt, for reconciliation: the
+//! upstream's own `usage` when it reports one (OpenAI `usage.prompt_tokens` /
+//! `completion_tokens`, Anthropic `usage.input_tokens` (+ cache reads and writes) /
+//! `output_tokens`), otherwise keel's count of the token-carrying events it relayed and its
+//! estimate of the prompt. Each attempt is priced at its own variant's prices, so a migrated
+//! stream pays each segment where it ran.
+
+use std::sync::Mutex;
+
+use serde_json::Value;
+
+use keel_core::protocol::Protocol;
+use keel_core::sse::SseEvent;
+use keel_core::stream_watch::carries_tokens;
+
+use crate::config::VariantConfig;
+
+/// One attempt's use.
+#[derive(Debug, Clone, Default)]
+struct Use {
+    variant: String,
+    price_in: f64,
+    price_out: f64,
+    input: Option<u64>,
+    output: Option<u64>,
+    /// Token-carrying events relayed (the fallback for `output`).
+    counted: u64,
+}
+
+/// What a request used, all attempts together.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Totals {
+    pub input: u64,
+    pub output: u64,
+    /// Micro-dollars.
+    pub spend_micros: u64,
+}
+
+/// The per-attempt record of a request's usage.
+#[derive(Debug, Default)]
+pub struct Meter {
+    uses: Mutex<Vec<Use>>,
+}
+
+fn u64_at(v: &Value, key: &str) -> Option<u64> {
+    v.get(key).and_then(Value::as_u64)
+}
+
+/// (input, output) from a `usage` object of either protocol.
+fn read_usage(usage: &Value) -> (Option<u64>, Option<u64>) {
+    if let Some(prompt) = u64_at(usage, "prompt_tokens") {
+        return (Some(prompt), u64_at(usage, "completion_tokens"));
+    }
+    let input = u64_at(usage, "input_tokens").map(|i| {
+        i + u64_at(usage, "cache_read_input_tokens").unwrap_or(0)
+            + u64_at(usage, "cache_creation_input_tokens").unwrap_or(0)
+    });
+    (input, u64_at(usage, "output_tokens"))
+}
+
+/// The `usage` in a JSON object: at the top (OpenAI chunks and bodies, Anthropic bodies and
+/// `message_delta`) or in `message` (Anthropic `message_start`).
+fn usage_in(v: &Value) -> Option<&Value> {
+    v.get("usage")
+        .filter(|u| u.is_object())
+        .or_else(|| v.get("message").and_then(|m| m.get("usage")))
+        .filter(|u| u.is_object())
+}
+
+impl Meter {
+    fn with_use(&self, variant: &VariantConfig, f: impl FnOnce(&mut Use)) {
+        let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
+        let i = match uses.iter().position(|u| u.variant == variant.name) {
+            Some(i) => i,
+            None => {
+                uses.push(Use {
+                    variant: variant.name.clone(),
+                    price_in: variant.price_input_per_mtok,
+                    price_out: variant.price_output_per_mtok,
+                    ..Use::default()
+                });
+                uses.len() - 1
+            }
+        };
+        f(&mut uses[i]);
+    }
+
+    /// A relayed stream event (in the client's protocol) from an attempt on `variant`.
+    pub fn event(&self, variant: &VariantConfig, protocol: Protocol, ev: &SseEvent) {
+        let tokens = carries_tokens(protocol, ev);
+        let usage = ev
+            .data
+            .contains("\"usage\"")
+            .then(|| serde_json::from_str::<Value>(&ev.data).ok())
+            .flatten();
+        let usage = usage.as_ref().and_then(usage_in).map(read_usage);
+        if !tokens && usage.is_none() {
+            return;
+        }
+        self.with_use(variant, |u| {
+            u.counted += tokens as u64;
+            if let Some((input, output)) = usage {
+                // Anthropic reports input in `message_start` and the running output total in
+                // `message_delta`: keep the latest of each.
+                u.input = input.or(u.input);
+                u.output = output.or(u.output);
+            }
+        });
+    }
+
+    /// A whole answer's body from an attempt on `variant`.
+    pub fn whole(&self, variant: &VariantConfig, body: &[u8]) {
+        let Ok(v) = serde_json::from_slice::<Value>(body) else {
+            return;
+        };
+        let (input, output) = usage_in(&v).map(read_usage).unwrap_or_default();
+        self.with_use(variant, |u| {
+            u.input = input;
+            u.output = output.or(Some(0));
+        });
+    }
+
+    /// The totals; an attempt without a reported input is charged `estimated_input`.
+    pub fn totals(&self, estimated_input: u64) -> Totals {
+        let uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
+        uses.iter().fold(Totals::default(), |t, u| {
+            let input = u.input.unwrap_or(estimated_input);
+            let output = u.output.unwrap_or(u.counted);
+            // USD per million tokens = micro-dollars per token.
+            let spend = input as f64 * u.price_in + output as f64 * u.price_out;
+            Totals {
+                input: t.input + input,
+                output: t.output + output,
+                spend_micros: t.spend_micros + spend.ceil() as u64,
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn variant(name: &str, pin: f64, pout: f64) -> VariantConfig {
+        let toml = format!(
+            "[[pools]]\nname = \"m\"\n[[pools.variants]]\nname = \"{name}\"\nurl = \"http://x\"\nprotocol = \"openai\"\nupstream_model = \"u\"\nprice_input_per_mtok = {pin}\nprice_output_per_mtok = {pout}\n"
+        );
+        let cfg = crate::config::Config::parse(&toml, "t.toml", &Default::default()).unwrap();
+        cfg.pools[0].variants[0].clone()
+    }
+
+    #[test]
+    fn reported_usage_wins_and_counts_fill_in() {
+        let a = variant("a", 2.0, 10.0);
+        let b = variant("b", 1.0, 1.0);
+        let m = Meter::default();
+        let chunk = |d: &str| SseEvent::new(None, d);
+        m.event(
+            &a,
+            Protocol::OpenAi,
+            &chunk(r#"{"choices":[{"delta":{"content":"hi"}}]}"#),
+        );
+        m.event(
+            &a,
+            Protocol::OpenAi,
+            &chunk(r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3}}"#),
+        );
+        // Migrated to b, which never reported usage: two tokens counted, the prompt estimated.
+        m.event(
+            &b,
+            Protocol::OpenAi,
+            &chunk(r#"{"choices":[{"delta":{"content":"x"}}]}"#),
+        );
+        m.event(
+            &b,
+            Protocol::OpenAi,
+            &chunk(r#"{"choices":[{"delta":{"content":"y"}}]}"#),
+        );
+        let t = m.totals(5);
+        assert_eq!((t.input, t.output), (12, 5));
+        assert_eq!(t.spend_micros, 7 * 2 + 3 * 10 + 5 + 2);
+    }
+
+    #[test]
+    fn anthropic_usage_from_start_and_delta() {
+        let a = variant("a", 0.0, 0.0);
+        let m = Meter::default();
+        m.event(&a, Protocol::Anthropic, &SseEvent::new(Some("message_start"), r#"{"type":"message_start","message":{"usage":{"input_tokens":4,"cache_read_input_tokens":2,"output_tokens":1}}}"#));
+        m.event(
+            &a,
+            Protocol::Anthropic,
+            &SseEvent::new(
+                Some("message_delta"),
+                r#"{"type":"message_delta","usage":{"output_tokens":9}}"#,
+            ),
+        );
+        assert_eq!(m.totals(100).input, 6);
+        assert_eq!(m.totals(100).output, 9);
+        let w = Meter::default();
+        w.whole(&a, br#"{"usage":{"input_tokens":3,"output_tokens":2}}"#);
+        assert_eq!((w.totals(0).input, w.totals(0).output), (3, 2));
+    }
+}

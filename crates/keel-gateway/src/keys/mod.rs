@@ -1,0 +1,222 @@
+//! Virtual keys: who may call keel, on which pools, within which limits.
+//!
+//! * this module: the key registry and authentication. A client presents its key as
+//!   `Authorization: Bearer …` or `x-api-key`; keel hashes it (SHA-256) and compares the hash
+//!   with every configured one in constant time, so neither the comparison nor the config holds
+//!   or leaks the secret.
+//! * [`limits`]: what admission takes for a keyed request (rpm, tpm, budgets, a concurrency
+//!   slot), held in a [`Grant`] that reconciles with the real usage when the request ends.
+//! * [`meter`]: the tokens each attempt used, from the upstream's `usage` or keel's own count.
+//! * [`headers`]: the rate-limit headers in the client's protocol.
+//! * [`admin`]: `GET /keel/keys/{id}/usage`.
+
+pub mod admin;
+pub mod headers;
+pub mod limits;
+pub mod meter;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+
+use keel_core::protocol::ErrorKind;
+
+use crate::config::{Config, KeyConfig};
+use crate::errors::GatewayError;
+
+pub use limits::Grant;
+
+/// SHA-256 of a secret.
+pub fn hash_secret(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// `sha256:<hex>`, as the config writes a hash.
+pub fn hash_text(hash: &[u8; 32]) -> String {
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// Equal without an early exit: the time taken does not say how much of a hash matched.
+fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The key a client presented: `Authorization: Bearer …` or `x-api-key`.
+pub fn presented(headers: &HeaderMap) -> Option<&str> {
+    let bearer = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, rest) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+        });
+    bearer
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+}
+
+/// A fresh key: `sk-keel-` and 43 URL-safe base64 characters of 32 random bytes.
+pub fn new_secret() -> Result<String, String> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| format!("no randomness available: {e}"))?;
+    Ok(format!("sk-keel-{}", base64url(&bytes)))
+}
+
+/// Unpadded URL-safe base64.
+fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | (*b as u32) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// The configured keys, and the admin key's hash.
+pub struct Keys {
+    keys: Vec<Arc<KeyConfig>>,
+    admin: Option<[u8; 32]>,
+    /// When the last "quota store unavailable" line was logged (Unix seconds), so that an
+    /// outage logs once a minute rather than once a request.
+    last_store_log: AtomicU64,
+}
+
+impl Keys {
+    pub fn new(cfg: &Config) -> Keys {
+        Keys {
+            keys: cfg.keys.iter().cloned().map(Arc::new).collect(),
+            admin: cfg.admin_key_hash,
+            last_store_log: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether keys are configured (otherwise keel runs open).
+    pub fn enabled(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    pub fn by_id(&self, id: &str) -> Option<&Arc<KeyConfig>> {
+        self.keys.iter().find(|k| k.id == id)
+    }
+
+    /// The key whose hash matches `secret`'s; every key is compared, whatever matches.
+    fn find(&self, secret: &str) -> Option<&Arc<KeyConfig>> {
+        let h = hash_secret(secret);
+        self.keys.iter().fold(
+            None,
+            |found, k| if ct_eq(&k.hash, &h) { Some(k) } else { found },
+        )
+    }
+
+    /// The client's key: `Ok(None)` when keel runs open, 401 when missing or unknown.
+    pub fn authenticate(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<Option<Arc<KeyConfig>>, GatewayError> {
+        if !self.enabled() {
+            return Ok(None);
+        }
+        let secret = presented(headers).ok_or_else(|| {
+            GatewayError::new(
+                ErrorKind::Authentication,
+                "missing API key: send it as `Authorization: Bearer <key>` or `x-api-key: <key>`",
+            )
+        })?;
+        self.find(secret)
+            .cloned()
+            .map(Some)
+            .ok_or_else(|| GatewayError::new(ErrorKind::Authentication, "invalid API key"))
+    }
+
+    /// Checks the admin key: 401 when missing, 403 when not the admin's (or none is set).
+    pub fn authenticate_admin(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
+        let secret = presented(headers).ok_or_else(|| {
+            GatewayError::new(
+                ErrorKind::Authentication,
+                "missing admin key: send it as `Authorization: Bearer <admin key>`",
+            )
+        })?;
+        match &self.admin {
+            Some(admin) if ct_eq(admin, &hash_secret(secret)) => Ok(()),
+            Some(_) => Err(GatewayError::new(
+                ErrorKind::Permission,
+                "this key is not the admin key",
+            )),
+            None => Err(GatewayError::new(
+                ErrorKind::Permission,
+                "no admin key is configured ([admin] key_hash)",
+            )),
+        }
+    }
+
+    /// Whether a store error should be logged now (at most once a minute).
+    pub(crate) fn should_log_store_error(&self) -> bool {
+        let now = limits::unix_now();
+        let last = self.last_store_log.load(Ordering::Relaxed);
+        now >= last + 60
+            && self
+                .last_store_log
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+/// 403 for a pool the key may not use.
+pub fn check_pool(key: &KeyConfig, pool: &str) -> Result<(), GatewayError> {
+    if key.allows(pool) {
+        return Ok(());
+    }
+    Err(GatewayError::new(
+        ErrorKind::Permission,
+        format!(
+            "key `{}` may not use model `{pool}`; it may use: {}",
+            key.id,
+            key.pools.join(", ")
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_fresh_url_safe_and_hash_as_sha256() {
+        let a = new_secret().unwrap();
+        let b = new_secret().unwrap();
+        assert_ne!(a, b);
+        let tail = a.strip_prefix("sk-keel-").unwrap();
+        assert_eq!(tail.len(), 43);
+        assert!(tail
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_'));
+        // The SHA-256 of "abc", a published test vector.
+        assert_eq!(
+            hash_text(&hash_secret("abc")),
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(base64url(&[0xfb, 0xff]), "-_8");
+    }
+
+    #[test]
+    fn keys_come_as_bearer_or_x_api_key() {
+        let mut h = HeaderMap::new();
+        assert_eq!(presented(&h), None);
+        h.insert("x-api-key", "k1".parse().unwrap());
+        assert_eq!(presented(&h), Some("k1"));
+        h.insert("authorization", "Bearer k2".parse().unwrap());
+        assert_eq!(presented(&h), Some("k2"));
+        assert!(ct_eq(&hash_secret("x"), &hash_secret("x")));
+        assert!(!ct_eq(&hash_secret("x"), &hash_secret("y")));
+    }
+}
