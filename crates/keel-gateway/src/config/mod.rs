@@ -21,6 +21,7 @@ mod budget;
 mod health;
 mod pool;
 mod read;
+mod redis;
 mod timeouts;
 mod variant;
 
@@ -38,6 +39,7 @@ use keel_core::budget::RetryBudgetConfig;
 pub use keel_core::continuation::ResumeMode;
 pub use keel_core::selection::PolicyKind;
 pub use pool::{Affinity, Hedge, PoolConfig, ResponseModel};
+pub use self::redis::{redact as redact_url, RedisConfig};
 pub use timeouts::Timeouts;
 pub use variant::VariantConfig;
 
@@ -62,6 +64,8 @@ pub struct Config {
     pub worker_threads: Option<usize>,
     pub retry_budget: RetryBudgetConfig,
     pub pools: Vec<PoolConfig>,
+    /// `[redis]`: quota state shared by replicas; `None` keeps it in this process.
+    pub redis: Option<RedisConfig>,
     /// Warnings that do not stop the gateway (printed by `keel check` and at start).
     pub warnings: Vec<String>,
 }
@@ -194,6 +198,10 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         let section = t.table("retry_budget", issues);
         budget::read(section, issues)
     };
+    let redis = {
+        let section = t.table("redis", issues);
+        self::redis::read(section, env, issues)
+    };
     let mut warnings = Vec::new();
     let pools = read_pools(&mut t, max_attempts, timeouts, env, &mut warnings, issues);
     let config = Config {
@@ -214,6 +222,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         worker_threads,
         retry_budget,
         pools,
+        redis,
         warnings,
     };
     t.finish(issues);
