@@ -36,10 +36,10 @@ use toml::de::DeTable;
 
 use keel_core::budget::RetryBudgetConfig;
 
+pub use self::redis::{redact as redact_url, RedisConfig};
 pub use keel_core::continuation::ResumeMode;
 pub use keel_core::selection::PolicyKind;
 pub use pool::{Affinity, Hedge, PoolConfig, ResponseModel};
-pub use self::redis::{redact as redact_url, RedisConfig};
 pub use timeouts::Timeouts;
 pub use variant::VariantConfig;
 

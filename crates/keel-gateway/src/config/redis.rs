@@ -67,7 +67,9 @@ pub(super) fn read(
             }
             Some(url)
         });
-    let key_prefix = t.value::<String>("key_prefix", issues).unwrap_or_else(|| "keel:".to_owned());
+    let key_prefix = t
+        .value::<String>("key_prefix", issues)
+        .unwrap_or_else(|| "keel:".to_owned());
     t.finish(issues);
     Some(RedisConfig {
         url: url?,

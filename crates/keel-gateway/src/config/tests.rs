@@ -551,7 +551,10 @@ fn redis_table_is_optional_and_keeps_its_password_out_of_debug_output() {
     assert!(shown.contains("redis://***@10.0.0.5:6380/2"), "{shown}");
     let text = format!("{GOOD}[redis]\nurl = \"redis://127.0.0.1\"\nkey_prefix = \"t1:\"\n");
     let r = Config::parse(&text, "k", &env()).unwrap().redis.unwrap();
-    assert_eq!((r.url.as_str(), r.key_prefix.as_str()), ("redis://127.0.0.1", "t1:"));
+    assert_eq!(
+        (r.url.as_str(), r.key_prefix.as_str()),
+        ("redis://127.0.0.1", "t1:")
+    );
 }
 
 #[test]

@@ -11,6 +11,7 @@
 //! fail mode (open: admit and count it; closed: refuse with 503), so no request hangs on it.
 
 pub mod local;
+pub mod redis;
 
 use std::time::Duration;
 
@@ -69,6 +70,8 @@ pub const STORE_TIMEOUT: Duration = Duration::from_millis(50);
 /// Quota state, in memory or shared.
 pub enum Store {
     Local(local::Local),
+    /// Shared by replicas (`[redis]`).
+    Redis(redis::Redis),
 }
 
 impl Store {
@@ -83,6 +86,7 @@ impl Store {
     ) -> Result<Decision, StoreError> {
         match self {
             Store::Local(s) => Ok(s.take(key, limit, rate, cost)),
+            Store::Redis(s) => s.take(key, limit, rate, cost).await,
         }
     }
 
@@ -100,6 +104,7 @@ impl Store {
                 s.adjust(key, limit, rate, delta);
                 Ok(())
             }
+            Store::Redis(s) => s.adjust(key, limit, rate, delta).await,
         }
     }
 
@@ -113,6 +118,7 @@ impl Store {
     ) -> Result<Result<(), Exhausted>, StoreError> {
         match self {
             Store::Local(s) => Ok(s.reserve(key, budget, now_unix, amount)),
+            Store::Redis(s) => s.reserve(key, budget, now_unix, amount).await,
         }
     }
 
@@ -130,6 +136,7 @@ impl Store {
                 s.settle(key, budget, now_unix, reserved, actual);
                 Ok(())
             }
+            Store::Redis(s) => s.settle(key, budget, now_unix, reserved, actual).await,
         }
     }
 
@@ -143,6 +150,7 @@ impl Store {
     ) -> Result<Option<Held>, StoreError> {
         match self {
             Store::Local(s) => Ok(s.acquire(key, max, ttl)),
+            Store::Redis(s) => s.acquire(key, max, ttl).await,
         }
     }
 
@@ -152,6 +160,7 @@ impl Store {
                 s.release(held);
                 Ok(())
             }
+            Store::Redis(s) => s.release(held).await,
         }
     }
 
@@ -165,6 +174,7 @@ impl Store {
     ) -> Result<Usage, StoreError> {
         match self {
             Store::Local(s) => Ok(s.usage(key, rates, budgets, now_unix)),
+            Store::Redis(s) => s.usage(key, rates, budgets, now_unix).await,
         }
     }
 }
