@@ -16,6 +16,7 @@
 //! | `keel_decision_duration_seconds` | pool | one selection |
 //! | `keel_requests_in_flight` | | requests being served now |
 //! | `keel_variant_*` | pool, variant | live health gauges (weight, ttft, tgsv, inflight, state) |
+//! | `keel_quota_store_errors_total` | op | shared quota store (Redis) calls that failed or timed out (`take`, `adjust`, `reserve`, `settle`, `acquire`, `release`, `renew`, `usage`) |
 //!
 //! `outcome` of a request is one of `ok`, `client_error` (4xx), `error` (keel could not serve:
 //! 5xx), `incomplete` (a stream that failed after its first byte), `cancelled` (client went away).
