@@ -75,6 +75,18 @@ pub enum Store {
 }
 
 impl Store {
+    /// The store the config asks for: shared through Redis with `[redis]`, else in memory.
+    /// Must be called inside a tokio runtime (the Redis store renews its slots from a task).
+    pub fn from_config(
+        redis: Option<&crate::config::RedisConfig>,
+        metrics: std::sync::Arc<crate::metrics::Metrics>,
+    ) -> Result<Store, StoreError> {
+        match redis {
+            Some(config) => Ok(Store::Redis(redis::Redis::connect(config, metrics)?)),
+            None => Ok(Store::Local(local::Local::default())),
+        }
+    }
+
     /// Takes `cost` units of `limit` from `key` at the store's `now` (admits, or says how long
     /// to wait).
     pub async fn take(

@@ -419,7 +419,7 @@ impl Inner {
         StoreError(format!("redis {op}: {why}"))
     }
 
-    /// Renews every slot this replica holds; the period until the next renewal.
+    /// Renews every slot this replica holds, one script per key.
     async fn renew_all(&self) {
         let held: Vec<(String, Vec<(String, u64)>)> = self
             .held()
@@ -456,12 +456,17 @@ impl Inner {
 
 /// Keeps this replica's slots alive until released (aborted when the store is dropped).
 async fn renew_slots(inner: Arc<Inner>, wake: Arc<Notify>) {
+    use tokio::time::{sleep_until, Instant};
+    let mut next = Instant::now() + inner.renewal_period();
     loop {
-        let period = inner.renewal_period();
         tokio::select! {
-            _ = tokio::time::sleep(period) => inner.renew_all().await,
-            // A new slot, perhaps with a shorter TTL: work the period out again.
-            _ = wake.notified() => {}
+            _ = sleep_until(next) => {
+                inner.renew_all().await;
+                next = Instant::now() + inner.renewal_period();
+            }
+            // A new slot, perhaps with a shorter TTL: renew sooner if it needs it (never later,
+            // or a steady stream of new slots would postpone renewal forever).
+            _ = wake.notified() => next = next.min(Instant::now() + inner.renewal_period()),
         }
     }
 }
