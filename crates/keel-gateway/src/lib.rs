@@ -111,9 +111,19 @@ impl Gateway {
                 "virtual keys configured: requests need a key"
             );
         }
+        // The connection is made lazily: a Redis that is down at startup is the fail mode's
+        // business per request, not a reason to refuse to start. Only a URL the client library
+        // rejects (config validation accepts only `redis://`) ends here.
+        let quota = quota::Store::from_config(cfg.redis.as_ref(), metrics.clone()).unwrap_or_else(|e| {
+            tracing::error!(error = %e.0, "[redis] unusable: quota state stays in this process (limits are per replica)");
+            quota::Store::Local(quota::local::Local::default())
+        });
+        if cfg.redis.is_some() && matches!(quota, quota::Store::Redis(_)) {
+            tracing::info!("quota state (limits, budgets, in-flight slots) shared through Redis");
+        }
         Arc::new(Gateway {
             keys: keys::Keys::new(&cfg),
-            quota: Arc::new(quota::Store::Local(quota::local::Local::default())),
+            quota: Arc::new(quota),
             budget: Mutex::new(RetryBudget::new(cfg.retry_budget)),
             cfg,
             pools,

@@ -20,6 +20,7 @@
 //! | `keel_spend_total` | key | USD a key's requests cost (a gauge that only grows: Prometheus counters are integers here) |
 //! | `keel_quota_store_errors_total` | | quota store operations that failed or timed out (see `[quota] fail_mode`) |
 //! | `keel_variant_*` | pool, variant | live health gauges (weight, ttft, tgsv, inflight, state) |
+//! | `keel_quota_store_errors_total` | op | shared quota store (Redis) calls that failed or timed out (`take`, `adjust`, `reserve`, `settle`, `acquire`, `release`, `renew`, `usage`) |
 //!
 //! `outcome` of a request is one of `ok`, `client_error` (4xx), `error` (keel could not serve:
 //! 5xx), `incomplete` (a stream that failed after its first byte), `cancelled` (client went away).

@@ -22,6 +22,7 @@ mod health;
 mod keys;
 mod pool;
 mod read;
+mod redis;
 mod timeouts;
 mod variant;
 
@@ -36,6 +37,7 @@ use toml::de::DeTable;
 
 use keel_core::budget::RetryBudgetConfig;
 
+pub use self::redis::{redact as redact_url, RedisConfig};
 pub use keel_core::continuation::ResumeMode;
 pub use keel_core::selection::PolicyKind;
 pub use keys::{parse_hash, FailMode, KeyConfig};
@@ -70,6 +72,8 @@ pub struct Config {
     pub admin_key_hash: Option<[u8; 32]>,
     /// `[quota] fail_mode`.
     pub quota_fail_mode: FailMode,
+    /// `[redis]`: quota state shared by replicas; `None` keeps it in this process.
+    pub redis: Option<RedisConfig>,
     /// Warnings that do not stop the gateway (printed by `keel check` and at start).
     pub warnings: Vec<String>,
 }
@@ -202,6 +206,10 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         let section = t.table("retry_budget", issues);
         budget::read(section, issues)
     };
+    let redis = {
+        let section = t.table("redis", issues);
+        self::redis::read(section, env, issues)
+    };
     let mut warnings = Vec::new();
     let pools = read_pools(&mut t, max_attempts, timeouts, env, &mut warnings, issues);
     let keys = {
@@ -237,6 +245,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         keys,
         admin_key_hash,
         quota_fail_mode,
+        redis,
         warnings,
     };
     t.finish(issues);

@@ -570,3 +570,46 @@ fn keys_are_validated_precisely() {
         assert!(e.contains(expected), "missing `{expected}` in:\n{e}");
     }
 }
+
+#[test]
+fn redis_table_is_optional_and_keeps_its_password_out_of_debug_output() {
+    assert!(Config::parse(GOOD, "k", &env()).unwrap().redis.is_none());
+    let text = format!("{GOOD}[redis]\nurl = \"redis://:${{KEY}}@10.0.0.5:6380/2\"\n");
+    let r = Config::parse(&text, "k", &env()).unwrap().redis.unwrap();
+    assert_eq!(r.url, "redis://:sk-secret@10.0.0.5:6380/2");
+    assert_eq!(r.key_prefix, "keel:");
+    let shown = format!("{r:?}");
+    assert!(!shown.contains("sk-secret"), "{shown}");
+    assert!(shown.contains("redis://***@10.0.0.5:6380/2"), "{shown}");
+    let text = format!("{GOOD}[redis]\nurl = \"redis://127.0.0.1\"\nkey_prefix = \"t1:\"\n");
+    let r = Config::parse(&text, "k", &env()).unwrap().redis.unwrap();
+    assert_eq!(
+        (r.url.as_str(), r.key_prefix.as_str()),
+        ("redis://127.0.0.1", "t1:")
+    );
+}
+
+#[test]
+fn redis_mistakes_are_named() {
+    let line = GOOD.lines().count() + 2;
+    assert_eq!(
+        one_issue(&format!("{GOOD}[redis]\nurl = \"http://127.0.0.1:6379\"\n")),
+        issue(
+            line,
+            7,
+            "redis.url",
+            "expected a URL such as \"redis://127.0.0.1:6379\", got \"http://127.0.0.1:6379\""
+        )
+    );
+    let (l, _, field, message) = one_issue(&format!("{GOOD}[redis]\nkey_prefix = \"k:\"\n"));
+    assert_eq!((l, field.as_str()), (line - 1, "redis.url"));
+    assert!(message.starts_with("missing; expected a URL"), "{message}");
+    let text = format!("{GOOD}[redis]\nurl = \"redis://h\"\nkey_prefx = \"k:\"\n");
+    let (_, _, field, message) = one_issue(&text);
+    assert_eq!(field, "redis.key_prefx");
+    assert!(message.contains("did you mean `key_prefix`"), "{message}");
+    let text = format!("{GOOD}[redis]\nurl = \"redis://${{NOPE}}@h\"\n");
+    let (_, _, field, message) = one_issue(&text);
+    assert_eq!(field, "redis.url");
+    assert!(message.contains("`NOPE` is not set"), "{message}");
+}

@@ -301,7 +301,7 @@ fn resume_name(mode: ResumeMode) -> &'static str {
 }
 
 /// `${VAR}` replaced by the variable's value; a missing variable is reported.
-fn interpolate(
+pub(super) fn interpolate(
     s: &Val<String>,
     env: &HashMap<String, String>,
     issues: &mut Issues,

@@ -11,6 +11,7 @@
 //! fail mode (open: admit and count it; closed: refuse with 503), so no request hangs on it.
 
 pub mod local;
+pub mod redis;
 
 use std::time::Duration;
 
@@ -69,9 +70,23 @@ pub const STORE_TIMEOUT: Duration = Duration::from_millis(50);
 /// Quota state, in memory or shared.
 pub enum Store {
     Local(local::Local),
+    /// Shared by replicas (`[redis]`).
+    Redis(redis::Redis),
 }
 
 impl Store {
+    /// The store the config asks for: shared through Redis with `[redis]`, else in memory.
+    /// Must be called inside a tokio runtime (the Redis store renews its slots from a task).
+    pub fn from_config(
+        redis: Option<&crate::config::RedisConfig>,
+        metrics: std::sync::Arc<crate::metrics::Metrics>,
+    ) -> Result<Store, StoreError> {
+        match redis {
+            Some(config) => Ok(Store::Redis(redis::Redis::connect(config, metrics)?)),
+            None => Ok(Store::Local(local::Local::default())),
+        }
+    }
+
     /// Takes `cost` units of `limit` from `key` at the store's `now` (admits, or says how long
     /// to wait).
     pub async fn take(
@@ -83,6 +98,7 @@ impl Store {
     ) -> Result<Decision, StoreError> {
         match self {
             Store::Local(s) => Ok(s.take(key, limit, rate, cost)),
+            Store::Redis(s) => s.take(key, limit, rate, cost).await,
         }
     }
 
@@ -100,6 +116,7 @@ impl Store {
                 s.adjust(key, limit, rate, delta);
                 Ok(())
             }
+            Store::Redis(s) => s.adjust(key, limit, rate, delta).await,
         }
     }
 
@@ -113,6 +130,7 @@ impl Store {
     ) -> Result<Result<(), Exhausted>, StoreError> {
         match self {
             Store::Local(s) => Ok(s.reserve(key, budget, now_unix, amount)),
+            Store::Redis(s) => s.reserve(key, budget, now_unix, amount).await,
         }
     }
 
@@ -130,6 +148,7 @@ impl Store {
                 s.settle(key, budget, now_unix, reserved, actual);
                 Ok(())
             }
+            Store::Redis(s) => s.settle(key, budget, now_unix, reserved, actual).await,
         }
     }
 
@@ -143,6 +162,7 @@ impl Store {
     ) -> Result<Option<Held>, StoreError> {
         match self {
             Store::Local(s) => Ok(s.acquire(key, max, ttl)),
+            Store::Redis(s) => s.acquire(key, max, ttl).await,
         }
     }
 
@@ -152,6 +172,7 @@ impl Store {
                 s.release(held);
                 Ok(())
             }
+            Store::Redis(s) => s.release(held).await,
         }
     }
 
@@ -165,6 +186,7 @@ impl Store {
     ) -> Result<Usage, StoreError> {
         match self {
             Store::Local(s) => Ok(s.usage(key, rates, budgets, now_unix)),
+            Store::Redis(s) => s.usage(key, rates, budgets, now_unix).await,
         }
     }
 }
