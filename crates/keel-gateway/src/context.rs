@@ -52,4 +52,9 @@ pub struct RequestCtx {
     /// Set when the client called the Responses API: the request runs as Chat Completions
     /// and delivery answers in Responses form.
     pub responses: Option<std::sync::Arc<crate::responses::Front>>,
+    /// What admission changed in the prompt (`x-keel-prompt-fix` codes, e.g. a middle-out
+    /// trim; see `context_fit`).
+    pub prompt_fixes: Vec<String>,
+    /// Messages middle-out dropped (`x-keel-trimmed-messages`; 0: none).
+    pub trimmed_messages: usize,
 }

@@ -16,6 +16,9 @@ pub struct GatewayError {
     pub kind: ErrorKind,
     pub message: String,
     pub retry_after_ms: Option<u64>,
+    /// OpenAI's machine-readable `error.code` (e.g. `context_length_exceeded`); Anthropic's
+    /// shape has none.
+    pub code: Option<&'static str>,
 }
 
 impl GatewayError {
@@ -24,7 +27,13 @@ impl GatewayError {
             kind,
             message: message.into(),
             retry_after_ms: None,
+            code: None,
         }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
     }
 
     pub fn with_retry_after(mut self, ms: u64) -> Self {
@@ -38,7 +47,11 @@ impl GatewayError {
 
     /// The response in the client's protocol.
     pub fn to_response(&self, protocol: Protocol) -> Response<Body> {
-        let body = error_body(protocol, self.kind, &self.message).to_string();
+        let mut body = error_body(protocol, self.kind, &self.message);
+        if let (Some(code), Protocol::OpenAi) = (self.code, protocol) {
+            body["error"]["code"] = code.into();
+        }
+        let body = body.to_string();
         let mut resp = crate::full_body(self.status(), "application/json", Bytes::from(body));
         if let Some(ms) = self.retry_after_ms {
             let h = resp.headers_mut();
