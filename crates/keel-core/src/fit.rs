@@ -73,15 +73,27 @@ pub fn message_tokens(msg: &Value, tokenizer: Tokenizer, cap: u64) -> u64 {
 
 /// The prompt of a request body (chat `messages` and `system`, or a completion `prompt`) by
 /// `tokenizer`, counting stopped past `cap`.
-pub fn prompt_tokens(body: &serde_json::Map<String, Value>, tokenizer: Tokenizer, cap: u64) -> Estimate {
+pub fn prompt_tokens(
+    body: &serde_json::Map<String, Value>,
+    tokenizer: Tokenizer,
+    cap: u64,
+) -> Estimate {
     let mut t = Tally::new(tokenizer, cap);
     add_system(body, &mut t);
-    for m in body.get("messages").and_then(Value::as_array).into_iter().flatten() {
+    for m in body
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         add_message(m, &mut t);
     }
     match body.get("prompt") {
         Some(Value::String(p)) => t.add(p),
-        Some(Value::Array(parts)) => parts.iter().filter_map(Value::as_str).for_each(|p| t.add(p)),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(Value::as_str)
+            .for_each(|p| t.add(p)),
         _ => {}
     }
     t.estimate()
@@ -109,13 +121,20 @@ fn role(m: &Value) -> &str {
 fn has_block(m: &Value, kind: &str) -> bool {
     m.get("content")
         .and_then(Value::as_array)
-        .is_some_and(|parts| parts.iter().any(|p| p.get("type").and_then(Value::as_str) == Some(kind)))
+        .is_some_and(|parts| {
+            parts
+                .iter()
+                .any(|p| p.get("type").and_then(Value::as_str) == Some(kind))
+        })
 }
 
 /// Whether an assistant message calls tools (OpenAI `tool_calls`, Anthropic `tool_use`).
 fn calls_tools(m: &Value) -> bool {
     role(m) == "assistant"
-        && (m.get("tool_calls").and_then(Value::as_array).is_some_and(|c| !c.is_empty())
+        && (m
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .is_some_and(|c| !c.is_empty())
             || has_block(m, "tool_use"))
 }
 
@@ -151,7 +170,8 @@ pub fn middle_out(messages: &[Value], costs: &[u64], budget: u64) -> Option<Vec<
         return Some(Vec::new());
     }
     let units = units(messages);
-    let holds = |u: &(usize, usize), pred: &dyn Fn(&Value) -> bool| messages[u.0..u.1].iter().any(pred);
+    let holds =
+        |u: &(usize, usize), pred: &dyn Fn(&Value) -> bool| messages[u.0..u.1].iter().any(pred);
     let first_user = units.iter().position(|u| holds(u, &|m| role(m) == "user"));
     let last_user = units.iter().rposition(|u| holds(u, &|m| role(m) == "user"));
     let droppable: Vec<usize> = (0..units.len())

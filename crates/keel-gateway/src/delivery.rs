@@ -43,7 +43,12 @@ fn log_headers(h: &mut HeaderMap, log: &RequestLog) {
 /// attempt's fixes), and how many messages middle-out dropped.
 fn front_fixes(h: &mut HeaderMap, ctx: &RequestCtx) {
     let front = ctx.responses.iter().flat_map(|f| f.fixes.iter());
-    let mut all: Vec<&str> = ctx.prompt_fixes.iter().chain(front).map(String::as_str).collect();
+    let mut all: Vec<&str> = ctx
+        .prompt_fixes
+        .iter()
+        .chain(front)
+        .map(String::as_str)
+        .collect();
     if all.is_empty() {
         return;
     }

@@ -35,7 +35,14 @@ fn roles(ms: &[Value]) -> Vec<&str> {
 #[test]
 fn drops_from_the_middle_and_keeps_the_ends() {
     let ms: Vec<Value> = [
-        "system", "user", "assistant", "user", "assistant", "user", "assistant", "user",
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
     ]
     .iter()
     .enumerate()
@@ -57,18 +64,33 @@ fn a_tool_call_goes_with_its_results() {
     assert_eq!(roles(&ms)[2..5], ["assistant", "tool", "tool"]);
     let costs = vec![5; ms.len()];
     let dropped = middle_out(&ms, &costs, 30).unwrap();
-    assert!(dropped.contains(&2) == dropped.contains(&3) && dropped.contains(&3) == dropped.contains(&4));
+    assert!(
+        dropped.contains(&2) == dropped.contains(&3)
+            && dropped.contains(&3) == dropped.contains(&4)
+    );
 }
 
 #[test]
 fn counts_every_text_and_the_framing() {
     let m = json!({"role": "user", "content": [{"type": "text", "text": "Hello, world!"}, {"type": "image_url"}]});
-    assert_eq!(message_tokens(&m, Tokenizer::O200k, u64::MAX), 4 + MESSAGE_OVERHEAD_TOKENS);
+    assert_eq!(
+        message_tokens(&m, Tokenizer::O200k, u64::MAX),
+        4 + MESSAGE_OVERHEAD_TOKENS
+    );
     let call = json!({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "Hello, world!"}}]});
-    assert_eq!(message_tokens(&call, Tokenizer::O200k, u64::MAX), 4 + MESSAGE_OVERHEAD_TOKENS);
+    assert_eq!(
+        message_tokens(&call, Tokenizer::O200k, u64::MAX),
+        4 + MESSAGE_OVERHEAD_TOKENS
+    );
     let body = json!({"system": "Hello, world!", "messages": [m]});
     let e = prompt_tokens(body.as_object().unwrap(), Tokenizer::O200k, u64::MAX);
-    assert_eq!(e, Estimate { tokens: 8 + MESSAGE_OVERHEAD_TOKENS, lower_bound: false });
+    assert_eq!(
+        e,
+        Estimate {
+            tokens: 8 + MESSAGE_OVERHEAD_TOKENS,
+            lower_bound: false
+        }
+    );
 }
 
 proptest! {

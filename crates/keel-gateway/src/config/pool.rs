@@ -216,7 +216,10 @@ fn read_transforms(t: &mut Table, issues: &mut Issues) -> bool {
             issues.report(
                 v.at,
                 &v.path,
-                format!("unknown transform `{}`; known: \"middle-out\"{hint}", v.value),
+                format!(
+                    "unknown transform `{}`; known: \"middle-out\"{hint}",
+                    v.value
+                ),
             );
         }
     }

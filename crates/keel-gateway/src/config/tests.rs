@@ -389,7 +389,7 @@ zzz = 1
         known.contains(&"weight") && known.contains(&"upstream_model"),
         "{known:?}"
     );
-    assert_eq!(known.len(), 17, "{known:?}");
+    assert_eq!(known.len(), 18, "{known:?}");
 }
 
 #[test]
@@ -537,4 +537,37 @@ fn health_endpoint_mistakes_are_named() {
     let (_, _, field, message) = one_issue(&format!("{GOOD}health_pth = \"/health\"\n"));
     assert_eq!(field, "pools[0].variants[0].health_pth");
     assert!(message.contains("did you mean `health_path`"), "{message}");
+}
+
+#[test]
+fn tokenizer_defaults_by_model_and_transforms_are_checked() {
+    use keel_core::tokens::Tokenizer;
+    let c = Config::parse(GOOD, "k.toml", &env()).unwrap();
+    assert_eq!(c.pools[0].variants[0].tokenizer, Tokenizer::Approx);
+    assert!(!c.pools[0].middle_out);
+    let text = GOOD
+        .replace("upstream_model = \"m\"", "upstream_model = \"gpt-4o-mini\"")
+        .replace("first_token_ms = 2000", "transforms = [\"middle-out\"]");
+    let c = Config::parse(&text, "k.toml", &env()).unwrap();
+    assert_eq!(c.pools[0].variants[0].tokenizer, Tokenizer::O200k);
+    assert!(c.pools[0].middle_out);
+    let text = GOOD.replace("api_key", "tokenizer = \"cl100k\"\napi_key");
+    let c = Config::parse(&text, "k.toml", &env()).unwrap();
+    assert_eq!(c.pools[0].variants[0].tokenizer, Tokenizer::Cl100k);
+
+    let text = GOOD.replace("api_key", "tokenizer = \"gpt2\"\napi_key");
+    assert_eq!(
+        one_issue(&text).3,
+        "expected `o200k`, `cl100k` or `approx`, got `gpt2`"
+    );
+    let text = GOOD.replace("first_token_ms = 2000", "transforms = [\"middle_out\"]");
+    assert_eq!(
+        one_issue(&text),
+        issue(
+            5,
+            15,
+            "pools[0].transforms[0]",
+            "unknown transform `middle_out`; known: \"middle-out\"; did you mean `middle-out`?"
+        )
+    );
 }

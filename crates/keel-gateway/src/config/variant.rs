@@ -129,7 +129,11 @@ pub(super) fn read(
     };
     let context_window = t.value::<u64>("context_window", issues);
     let tokenizer = t
-        .choice("tokenizer", &Tokenizer::ALL.map(|k| (k.as_str(), k)), issues)
+        .choice(
+            "tokenizer",
+            &Tokenizer::ALL.map(|k| (k.as_str(), k)),
+            issues,
+        )
         .map(|k| k.value);
     let max_concurrency = t.value::<u32>("max_concurrency", issues);
     let weight = t.value::<u32>("weight", issues).unwrap_or(1);

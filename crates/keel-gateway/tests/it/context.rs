@@ -77,7 +77,10 @@ async fn a_prompt_no_window_holds_gets_an_immediate_400_naming_the_sizes_in_both
     let (status, _, v) = post(&h, "/v1/chat/completions", &json!({"model": "p", "messages": [{"role": "user", "content": prompt}], "max_tokens": 100})).await;
     assert_eq!(status, 400, "{v}");
     let msg = v["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("context length exceeded") && msg.contains("2000 tokens"), "{msg}");
+    assert!(
+        msg.contains("context length exceeded") && msg.contains("2000 tokens"),
+        "{msg}"
+    );
     assert_eq!(v["error"]["code"], "context_length_exceeded");
     assert_eq!(v["error"]["type"], "invalid_request_error");
 
@@ -91,7 +94,12 @@ async fn a_prompt_no_window_holds_gets_an_immediate_400_naming_the_sizes_in_both
     assert_eq!(upstream_requests(&h), 0);
 
     // max_tokens counts too: a short prompt asking for more output than any window holds.
-    let (status, _, v) = post(&h, "/v1/chat/completions", &json!({"model": "p", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000})).await;
+    let (status, _, v) = post(
+        &h,
+        "/v1/chat/completions",
+        &json!({"model": "p", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}),
+    )
+    .await;
     assert_eq!(status, 400, "{v}");
 }
 
@@ -129,9 +137,19 @@ fn long_conversation() -> Vec<Value> {
 
 #[tokio::test]
 async fn middle_out_trims_a_long_conversation_to_fit_and_says_so() {
-    let h = start([None, None], [Some(400), Some(400)], "transforms = [\"middle-out\"]").await;
+    let h = start(
+        [None, None],
+        [Some(400), Some(400)],
+        "transforms = [\"middle-out\"]",
+    )
+    .await;
     let messages = long_conversation();
-    let (status, headers, v) = post(&h, "/v1/chat/completions", &json!({"model": "p", "messages": messages, "max_tokens": 20})).await;
+    let (status, headers, v) = post(
+        &h,
+        "/v1/chat/completions",
+        &json!({"model": "p", "messages": messages, "max_tokens": 20}),
+    )
+    .await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(header(&headers, "x-keel-prompt-fix"), "middle_out_trimmed");
     let trimmed: usize = header(&headers, "x-keel-trimmed-messages").parse().unwrap();
@@ -148,7 +166,10 @@ async fn middle_out_trims_a_long_conversation_to_fit_and_says_so() {
     let kept_middle: Vec<&Value> = sent[2..sent.len() - 1].iter().collect();
     for m in &kept_middle {
         let pos = messages.iter().position(|x| x == *m).unwrap();
-        assert!(!(8..14).contains(&pos), "the middle turn {pos} was kept: {kept_middle:?}");
+        assert!(
+            !(8..14).contains(&pos),
+            "the middle turn {pos} was kept: {kept_middle:?}"
+        );
     }
 
     // A conversation that fits is left alone.
@@ -160,7 +181,13 @@ async fn middle_out_trims_a_long_conversation_to_fit_and_says_so() {
     let body = json!({"model": "p", "max_tokens": 20, "messages": [{"role": "user", "content": words(1000)}]});
     let (status, _, v) = post(&h, "/v1/chat/completions", &body).await;
     assert_eq!(status, 400, "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains("middle-out"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("middle-out"),
+        "{v}"
+    );
 }
 
 /// A 9 MB prompt (the report: 45 s and a 504 from the demo before).
@@ -175,7 +202,10 @@ async fn a_huge_prompt_is_refused_at_admission_when_windows_are_known() {
     let (status, headers, v) = post(&h, "/v1/chat/completions", &body).await;
     assert_eq!(status, 400, "{v}");
     let msg = v["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("needs more than") && msg.contains("128000 tokens"), "{msg}");
+    assert!(
+        msg.contains("needs more than") && msg.contains("128000 tokens"),
+        "{msg}"
+    );
     assert_eq!(header(&headers, "x-keel-attempts"), "0");
     assert_eq!(upstream_requests(&h), 0);
 }
@@ -192,7 +222,11 @@ async fn an_upstream_context_length_error_reaches_the_client_at_once_in_both_pro
             let (status, headers, v) = post(&h, path, &body).await;
             assert_eq!(status, 400, "{protocol} {path}: {v}");
             // Not retried on the other variant: the client's error, returned as it came.
-            assert_eq!(header(&headers, "x-keel-attempts"), "1", "{protocol} {path}");
+            assert_eq!(
+                header(&headers, "x-keel-attempts"),
+                "1",
+                "{protocol} {path}"
+            );
             let text = v.to_string();
             assert!(
                 text.contains("maximum context length") || text.contains("prompt is too long"),
