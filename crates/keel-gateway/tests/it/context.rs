@@ -113,12 +113,6 @@ async fn a_long_prompt_goes_to_the_variant_whose_window_holds_it() {
         assert_eq!(header(&headers, "x-keel-variant"), "sim-1");
     }
     assert_eq!(h.server(0).state.stats().requests, 0);
-    // Short prompts still use both.
-    for _ in 0..16 {
-        let (status, _, _) = post(&h, "/v1/chat/completions", &chat_body("hi")).await;
-        assert_eq!(status, 200);
-    }
-    assert!(h.server(0).state.stats().requests > 0);
 }
 
 /// system, first user, 20 middle turns of about 60 tokens each, last user.
@@ -218,7 +212,9 @@ async fn an_upstream_context_length_error_reaches_the_client_at_once_in_both_pro
         let cfg = config(&f, protocol, [None, None], "");
         let h = Harness::start(f, &cfg).await;
         for path in ["/v1/chat/completions", "/v1/messages"] {
-            let body = json!({"model": "p", "max_tokens": 16, "messages": [{"role": "user", "content": huge()}]});
+            // 1 MB (about 200k tokens): past the window, and lighter on the test machine.
+            let text = "All work and no play makes keel a dull gateway. ".repeat(1_000_000 / 48);
+            let body = json!({"model": "p", "max_tokens": 16, "messages": [{"role": "user", "content": text}]});
             let (status, headers, v) = post(&h, path, &body).await;
             assert_eq!(status, 400, "{protocol} {path}: {v}");
             // Not retried on the other variant: the client's error, returned as it came.
