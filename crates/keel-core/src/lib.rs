@@ -12,6 +12,7 @@ pub mod assemble;
 pub mod budget;
 pub mod continuation;
 pub mod embeddings;
+pub mod fit;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod health;

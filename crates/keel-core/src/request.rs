@@ -39,8 +39,12 @@ pub struct CanonicalRequest {
     pub session: Option<String>,
     /// The client's output limit, if it gave one.
     pub max_tokens: Option<u64>,
-    /// Input tokens by keel's tokenizer rule (see [`crate::tokens`]).
+    /// Input tokens by keel's tokenizer rule (see [`crate::tokens`]); the gateway replaces it
+    /// with the estimate by its pool's tokenizers (see [`crate::fit`]).
     pub estimated_input_tokens: u64,
+    /// True when counting stopped at a cap: the prompt has at least that many tokens (enough
+    /// to know that it fits no context window).
+    pub estimate_is_lower_bound: bool,
     /// The client's body, untouched.
     pub body: Map<String, Value>,
 }
@@ -181,6 +185,7 @@ pub fn from_object(
         session,
         max_tokens,
         estimated_input_tokens: tokens::count(&input_text) as u64 + counted_tokens,
+        estimate_is_lower_bound: false,
         body,
     })
 }

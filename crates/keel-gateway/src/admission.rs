@@ -181,6 +181,13 @@ pub async fn admit(
             ),
         ));
     }
+    // Context fit: the estimate by the pool's tokenizers, and middle-out where configured.
+    let (req, trimmed) = crate::context_fit::apply_async(pool, req, bytes.len()).await?;
+    let prompt_fixes = if trimmed > 0 {
+        vec![crate::context_fit::MIDDLE_OUT_FIX.to_owned()]
+    } else {
+        Vec::new()
+    };
     let mut total = Duration::from_millis(pool.cfg.timeouts.total_ms);
     if let Some(v) = header(parts, "x-keel-timeout-ms") {
         let ms: u64 = v.trim().parse().ok().filter(|ms| *ms > 0).ok_or_else(|| {
@@ -254,6 +261,8 @@ pub async fn admit(
         client_stream: req.stream,
         force_variant,
         responses,
+        prompt_fixes,
+        trimmed_messages: trimmed,
     };
     Ok(Admitted {
         req,

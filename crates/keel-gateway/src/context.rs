@@ -78,4 +78,9 @@ pub struct RequestCtx {
     /// open. Shared by every clone of the context, so it settles when the last one (the
     /// relay's, for a stream) is dropped: see `keys::Grant`.
     pub grant: Option<std::sync::Arc<crate::keys::Grant>>,
+    /// What admission changed in the prompt (`x-keel-prompt-fix` codes, e.g. a middle-out
+    /// trim; see `context_fit`).
+    pub prompt_fixes: Vec<String>,
+    /// Messages middle-out dropped (`x-keel-trimmed-messages`; 0: none).
+    pub trimmed_messages: usize,
 }

@@ -39,17 +39,30 @@ fn log_headers(h: &mut HeaderMap, log: &RequestLog) {
     keel_headers(h, &log.id, log.route, &log.variant, log.attempts);
 }
 
-/// Adds what the Responses front changed to `x-keel-prompt-fix` (before the attempt's fixes).
+/// Adds what admission and the Responses front changed to `x-keel-prompt-fix` (before the
+/// attempt's fixes), and how many messages middle-out dropped.
 fn front_fixes(h: &mut HeaderMap, ctx: &RequestCtx) {
-    let Some(front) = ctx.responses.as_ref().filter(|f| !f.fixes.is_empty()) else {
+    let front = ctx.responses.iter().flat_map(|f| f.fixes.iter());
+    let mut all: Vec<&str> = ctx
+        .prompt_fixes
+        .iter()
+        .chain(front)
+        .map(String::as_str)
+        .collect();
+    if all.is_empty() {
         return;
-    };
-    let mut all = front.fixes.join(",");
-    if let Some(attempt) = h.get(PROMPT_FIX_HEADER).and_then(|v| v.to_str().ok()) {
-        all = format!("{all},{attempt}");
     }
-    if let Ok(v) = HeaderValue::from_str(&all) {
+    if let Some(attempt) = h.get(PROMPT_FIX_HEADER).and_then(|v| v.to_str().ok()) {
+        all.push(attempt);
+    }
+    if let Ok(v) = HeaderValue::from_str(&all.join(",")) {
         h.insert(PROMPT_FIX_HEADER, v);
+    }
+    if ctx.trimmed_messages > 0 {
+        h.insert(
+            crate::context_fit::TRIMMED_HEADER,
+            HeaderValue::from(ctx.trimmed_messages),
+        );
     }
 }
 

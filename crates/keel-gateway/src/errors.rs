@@ -19,6 +19,9 @@ pub struct GatewayError {
     /// Extra headers for the response (a keyed request's rate-limit headers).
     /// Boxed: most errors have none, and the error travels in every `Result`.
     pub headers: Option<Box<http::HeaderMap>>,
+    /// OpenAI's machine-readable `error.code` (e.g. `context_length_exceeded`); Anthropic's
+    /// shape has none.
+    pub code: Option<&'static str>,
 }
 
 impl GatewayError {
@@ -28,7 +31,13 @@ impl GatewayError {
             message: message.into(),
             retry_after_ms: None,
             headers: None,
+            code: None,
         }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
     }
 
     pub fn with_retry_after(mut self, ms: u64) -> Self {
@@ -42,7 +51,11 @@ impl GatewayError {
 
     /// The response in the client's protocol.
     pub fn to_response(&self, protocol: Protocol) -> Response<Body> {
-        let body = error_body(protocol, self.kind, &self.message).to_string();
+        let mut body = error_body(protocol, self.kind, &self.message);
+        if let (Some(code), Protocol::OpenAi) = (self.code, protocol) {
+            body["error"]["code"] = code.into();
+        }
+        let body = body.to_string();
         let mut resp = crate::full_body(self.status(), "application/json", Bytes::from(body));
         for (k, v) in self.headers.iter().flat_map(|h| h.iter()) {
             resp.headers_mut().insert(k.clone(), v.clone());

@@ -23,6 +23,7 @@ pub mod body;
 pub mod capacity;
 pub mod config;
 pub mod context;
+pub mod context_fit;
 pub mod delivery;
 pub mod errors;
 pub mod execution;

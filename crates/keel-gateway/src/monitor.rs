@@ -119,6 +119,8 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         responses: None,
         priority: Default::default(),
         grant: None,
+        prompt_fixes: Vec::new(),
+        trimmed_messages: 0,
     };
     let mut attempts = Attempts::new(&gw, &pool, None);
     let Ok(entered) = attempts.enter(vi, kind, ctx.deadline).await else {

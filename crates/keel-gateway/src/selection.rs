@@ -30,7 +30,12 @@ pub enum Selection {
     /// wait in line for a slot.
     Full,
     /// The request does not fit any variant's context window.
-    TooLong { needed: u64, largest: u64 },
+    /// `lower_bound`: the prompt was counted only until it could fit nothing.
+    TooLong {
+        needed: u64,
+        largest: u64,
+        lower_bound: bool,
+    },
     /// No variant is at or above the requested fidelity (`x-keel-min-tier`).
     NoTier { min_tier: u8 },
     /// `x-keel-force-variant` named no variant of this pool.
@@ -91,7 +96,9 @@ impl Pool {
             },
             None => None,
         };
-        let needed = req.estimated_input_tokens + req.max_tokens.unwrap_or(0);
+        let needed = req
+            .estimated_input_tokens
+            .saturating_add(req.max_tokens.unwrap_or(0));
         let fits = |v: &Variant| v.cfg.context_window.is_none_or(|w| needed <= w);
         if !self.variants.iter().any(fits) {
             let largest = self
@@ -100,7 +107,15 @@ impl Pool {
                 .filter_map(|v| v.cfg.context_window)
                 .max()
                 .unwrap_or(0);
-            return (Selection::TooLong { needed, largest }, None);
+            let lower_bound = req.estimate_is_lower_bound;
+            return (
+                Selection::TooLong {
+                    needed,
+                    largest,
+                    lower_bound,
+                },
+                None,
+            );
         }
         let at_tier = |v: &Variant| controls.min_tier.is_none_or(|t| v.cfg.tier <= t);
         if let Some(t) = controls.min_tier {

@@ -50,6 +50,10 @@ pub async fn serve(
         .keep_alive_interval(Some(Duration::from_secs(30)));
     tokio::pin!(shutdown);
     let monitor = tokio::spawn(crate::monitor::run(gw.clone()));
+    // Parse the BPE tables the pools count with now, off the request path (see `context_fit`).
+    let mut tokenizers: Vec<_> = gw.pools().iter().flat_map(|p| p.tokenizers()).collect();
+    tokenizers.dedup();
+    tokio::task::spawn_blocking(move || tokenizers.into_iter().for_each(|t| t.preload()));
     loop {
         let (tcp, _) = tokio::select! {
             a = listener.accept() => match a {
@@ -339,13 +343,11 @@ fn plan_or_error(pool: &Pool, selection: Selection) -> Result<Vec<usize>, Gatewa
             .with_retry_after(wait.max(1));
             Err(e)
         }
-        Selection::TooLong { needed, largest } => {
-            let e = GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!("the request needs about {needed} tokens (prompt + max_tokens) but the largest context window in `{}` is {largest}", pool.cfg.name),
-            );
-            Err(e)
-        }
+        Selection::TooLong {
+            needed,
+            largest,
+            lower_bound,
+        } => Err(too_long(pool, needed, largest, lower_bound)),
         Selection::NoTier { min_tier } => {
             let e = GatewayError::new(
                 ErrorKind::InvalidRequest,
@@ -372,6 +374,24 @@ fn plan_or_error(pool: &Pool, selection: Selection) -> Result<Vec<usize>, Gatewa
         )
         .with_retry_after(crate::settlement::LOADING_RETRY_AFTER_MS)),
     }
+}
+
+/// The 400 for a prompt that fits no variant's context window, naming the sizes.
+fn too_long(pool: &Pool, needed: u64, largest: u64, lower_bound: bool) -> GatewayError {
+    let about = if lower_bound { "more than" } else { "about" };
+    let trimmed = if pool.cfg.middle_out {
+        " even after middle-out trimming (the system prompt, the first user message and the last turn are always kept)"
+    } else {
+        ""
+    };
+    GatewayError::new(
+        ErrorKind::InvalidRequest,
+        format!(
+            "context length exceeded: the request needs {about} {needed} tokens (prompt + max_tokens){trimmed}, but the largest context window in `{}` is {largest} tokens",
+            pool.cfg.name
+        ),
+    )
+    .with_code("context_length_exceeded")
 }
 
 /// Every name a client may ask for: each pool's public name and its aliases, in config order

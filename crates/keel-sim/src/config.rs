@@ -73,6 +73,10 @@ pub struct ServerConfig {
     /// leading space), repeating between 0 and this many of the answer's last tokens (how many
     /// is drawn per request from its text).
     pub instruction_echo_tokens: u32,
+    /// When set, a prompt (by keel's tokenizer rule) plus `max_tokens` larger than this is
+    /// refused with 400 as real servers do: OpenAI's `context_length_exceeded` ("This model's
+    /// maximum context length is …"), Anthropic's "prompt is too long: N tokens > M maximum".
+    pub context_window: Option<u64>,
     /// Median base time to first token.
     pub ttft_ms: f64,
     /// Lognormal shape of TTFT jitter (0 = none).
@@ -121,6 +125,7 @@ impl Default for ServerConfig {
             assistant_prefill: PrefillConvention::Explicit,
             refuse_prefill: false,
             instruction_echo_tokens: 2,
+            context_window: None,
             ttft_ms: 40.0,
             ttft_sigma: 0.25,
             prefill_us_per_token: 200.0,

@@ -33,7 +33,7 @@ use crate::embeddings;
 use crate::faults::{FaultKind, FaultSet, FaultSpec, RequestFaults};
 use crate::latency::{draw_gap_ms, draw_ttft_ms, KvCache};
 use crate::text::{normalize, Generator};
-use crate::wire::{count_tokens_body, parse_request, Reply};
+use crate::wire::{count_tokens_body, parse_request, Reply, SimRequest};
 
 type Body = BoxBody<Bytes, io::Error>;
 
@@ -361,6 +361,37 @@ impl SimServer {
         json_response(code, &error_body(protocol, kind, message))
     }
 
+    /// The 400 a real server gives a prompt longer than its context window, in its protocol's
+    /// words (see `ServerConfig::context_window`).
+    fn context_exceeded(
+        &self,
+        protocol: Protocol,
+        endpoint: Endpoint,
+        sreq: &SimRequest,
+    ) -> Option<Response<Body>> {
+        let window = self.cfg.context_window?;
+        let output = if endpoint == Endpoint::CountTokens {
+            0
+        } else {
+            sreq.max_tokens.unwrap_or(0)
+        };
+        let needed = sreq.prompt_tokens + output;
+        if needed <= window {
+            return None;
+        }
+        let body = match protocol {
+            Protocol::OpenAi => json!({"error": {
+                "message": format!("This model's maximum context length is {window} tokens. However, you requested {needed} tokens ({} in the messages, {output} in the completion). Please reduce the length of the messages or completion.", sreq.prompt_tokens),
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded"}}),
+            Protocol::Anthropic => json!({"type": "error", "error": {
+                "type": "invalid_request_error",
+                "message": format!("prompt is too long: {} tokens > {window} maximum", sreq.prompt_tokens)}}),
+        };
+        Some(json_response(StatusCode::BAD_REQUEST, &body))
+    }
+
     /// Waits for a capacity slot (counted as waiting meanwhile, then running while held).
     async fn acquire(&self) -> Option<Slot<'_>> {
         self.counters.waiting.fetch_add(1, Ordering::Relaxed);
@@ -593,6 +624,10 @@ impl SimServer {
                 400,
                 keel_core::continuation::PREFILL_REFUSAL,
             ));
+        }
+        if let Some(resp) = self.context_exceeded(protocol, endpoint, &sreq) {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            return Ok(resp);
         }
         if endpoint == Endpoint::CountTokens {
             self.counters.completed.fetch_add(1, Ordering::Relaxed);

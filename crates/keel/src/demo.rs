@@ -117,6 +117,10 @@ async fn start_real(args: &DemoArgs) -> Result<(RealFleet, String), String> {
     Ok((fleet, cfg))
 }
 
+/// The simulated models' context window (tokens), also each demo variant's `context_window`:
+/// keel refuses a longer prompt at admission with a 400 naming the sizes.
+const DEMO_CONTEXT_WINDOW: u64 = 128_000;
+
 /// The embedded config; `{P0}`…`{P5}` are the simulated servers' ports.
 const DEMO_CONFIG: &str = r#"# keel demo configuration: two pools over a simulated fleet (keel sim).
 # Copy it as a starting point for your own keel.toml: point `url` at real servers,
@@ -127,6 +131,9 @@ max_attempts = 3
 # so you can inject a fault into that variant's server (`POST /sim/faults`) and watch keel fail
 # over or migrate. Leave it off in production.
 allow_force_variant = true
+# Variants declare `context_window` (tokens): a prompt plus max_tokens that no variant can hold
+# is refused at once with a 400 naming the sizes (add `transforms = ["middle-out"]` to a pool to
+# trim long conversations instead).
 
 [timeouts]
 connect_ms = 1000
@@ -148,6 +155,7 @@ name = "gpt-a"
 url = "http://127.0.0.1:{P0}/v1"
 protocol = "openai"
 upstream_model = "sim"
+context_window = 128000
 weight = 1
 
 [[pools.variants]]
@@ -155,6 +163,7 @@ name = "gpt-b"
 url = "http://127.0.0.1:{P1}/v1"
 protocol = "openai"
 upstream_model = "sim"
+context_window = 128000
 weight = 1
 
 [[pools.variants]]
@@ -162,6 +171,7 @@ name = "gpt-c"
 url = "http://127.0.0.1:{P2}/v1"
 protocol = "openai"
 upstream_model = "sim"
+context_window = 128000
 weight = 1
 
 [[pools.variants]]
@@ -169,6 +179,7 @@ name = "gpt-flaky"
 url = "http://127.0.0.1:{P3}/v1"
 protocol = "openai"
 upstream_model = "sim"
+context_window = 128000
 weight = 1
 
 [[pools]]
@@ -179,12 +190,14 @@ name = "claude-a"
 url = "http://127.0.0.1:{P4}"
 protocol = "anthropic"
 upstream_model = "sim"
+context_window = 128000
 
 [[pools.variants]]
 name = "claude-b"
 url = "http://127.0.0.1:{P5}"
 protocol = "anthropic"
 upstream_model = "sim"
+context_window = 128000
 
 # Both protocols in one pool: keel translates for whichever variant it picks, so a client of
 # either protocol gets one answer in its own shape (failover and migration cross over too).
@@ -196,12 +209,14 @@ name = "mixed-openai"
 url = "http://127.0.0.1:{P1}/v1"
 protocol = "openai"
 upstream_model = "sim"
+context_window = 128000
 
 [[pools.variants]]
 name = "mixed-anthropic"
 url = "http://127.0.0.1:{P5}"
 protocol = "anthropic"
 upstream_model = "sim"
+context_window = 128000
 
 # Embeddings (POST /v1/embeddings) are served by OpenAI-protocol variants only; a failed
 # request fails over before the answer (gpt-flaky fails a third of its requests).
@@ -247,6 +262,9 @@ fn fleet_config(base_port: u16) -> FleetConfig {
                 port: base_port + i as u16,
                 ttft_ms: 60.0 + 15.0 * i as f64,
                 gap_ms: 15.0,
+                // Like a hosted model: a prompt past the window is a 400 at once, not minutes
+                // of simulated prefill.
+                context_window: Some(DEMO_CONTEXT_WINDOW),
                 ..Default::default()
             };
             if *name == "gpt-flaky" {

@@ -78,6 +78,9 @@ pub struct PoolConfig {
     /// How long refused connections count as a restart before the variant counts as dead.
     pub restart_grace_ms: u64,
     pub variants: Vec<VariantConfig>,
+    /// `transforms = ["middle-out"]`: a prompt too long for every variant's context window
+    /// loses whole messages from the middle of the conversation until it fits.
+    pub middle_out: bool,
 }
 
 const AFFINITIES: [(&str, Affinity); 3] = [
@@ -138,6 +141,7 @@ pub(super) fn read(
         super::health::read(h, issues)
     };
     let variants = read_variants(&mut t, up, warnings, issues);
+    let middle_out = read_transforms(&mut t, issues);
     let pool = PoolConfig {
         name,
         aliases,
@@ -162,6 +166,7 @@ pub(super) fn read(
         scrape_interval_ms: health.1,
         restart_grace_ms: health.2,
         variants,
+        middle_out,
     };
     t.finish(issues);
     pool
@@ -193,6 +198,32 @@ fn read_names(
         name.map(|n| n.value).unwrap_or_default(),
         aliases.into_iter().map(|a| a.value).collect(),
     )
+}
+
+/// The prompt transforms a pool may apply.
+const TRANSFORMS: [&str; 1] = ["middle-out"];
+
+/// `transforms`: a list of [`TRANSFORMS`]; returns whether `middle-out` is on.
+fn read_transforms(t: &mut Table, issues: &mut Issues) -> bool {
+    let mut middle_out = false;
+    for v in t.strings("transforms", issues) {
+        if v.value == "middle-out" {
+            middle_out = true;
+        } else {
+            let hint = did_you_mean(&v.value, TRANSFORMS)
+                .map(|m| format!("; did you mean `{m}`?"))
+                .unwrap_or_default();
+            issues.report(
+                v.at,
+                &v.path,
+                format!(
+                    "unknown transform `{}`; known: \"middle-out\"{hint}",
+                    v.value
+                ),
+            );
+        }
+    }
+    middle_out
 }
 
 fn policies() -> [(&'static str, PolicyKind); 2] {

@@ -389,7 +389,7 @@ zzz = 1
         known.contains(&"weight") && known.contains(&"upstream_model"),
         "{known:?}"
     );
-    assert_eq!(known.len(), 19, "{known:?}");
+    assert_eq!(known.len(), 20, "{known:?}");
 }
 
 #[test]

@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 
 use keel_core::continuation::ResumeMode;
 use keel_core::protocol::Protocol;
+use keel_core::tokens::Tokenizer;
 
 use super::read::{Issues, Table, Val};
 
@@ -26,6 +27,9 @@ pub struct VariantConfig {
     pub api_key: Option<String>,
     pub tier: u8,
     pub context_window: Option<u64>,
+    /// How this variant's prompts are counted (`tokenizer`; default inferred from
+    /// `upstream_model`, see `keel_core::tokens::Tokenizer::for_model`).
+    pub tokenizer: Tokenizer,
     pub max_concurrency: Option<u32>,
     pub weight: u32,
     pub params: Map<String, Value>,
@@ -55,6 +59,8 @@ impl fmt::Debug for VariantConfig {
             .field("upstream_model", &self.upstream_model)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("tier", &self.tier)
+            .field("context_window", &self.context_window)
+            .field("tokenizer", &self.tokenizer)
             .field("weight", &self.weight)
             .finish_non_exhaustive()
     }
@@ -126,6 +132,13 @@ pub(super) fn read(
         None => 1,
     };
     let context_window = t.value::<u64>("context_window", issues);
+    let tokenizer = t
+        .choice(
+            "tokenizer",
+            &Tokenizer::ALL.map(|k| (k.as_str(), k)),
+            issues,
+        )
+        .map(|k| k.value);
     let max_concurrency = t.value::<u32>("max_concurrency", issues);
     let weight = t.value::<u32>("weight", issues).unwrap_or(1);
     let params = t.json_table("params", issues).unwrap_or_default();
@@ -161,6 +174,7 @@ pub(super) fn read(
         name: name.value,
         url,
         protocol: protocol.value,
+        tokenizer: tokenizer.unwrap_or_else(|| Tokenizer::for_model(&upstream_model)),
         upstream_model,
         api_key,
         tier,

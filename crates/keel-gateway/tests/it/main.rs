@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod capacity;
+mod context;
 mod count_tokens;
 mod embeddings;
 mod failover;

@@ -246,6 +246,11 @@ async fn count_tokens_on_an_openai_pool_is_estimated_locally() {
         )
         .await;
     assert_eq!(r.status(), 200);
-    assert_eq!(r.json::<Value>().await.unwrap()["input_tokens"], 4);
+    // The text's 4 tokens (keel's rule for a model it has no tokenizer for) plus the framing
+    // every message costs (`keel_core::fit::MESSAGE_OVERHEAD_TOKENS`).
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["input_tokens"],
+        4 + keel_core::fit::MESSAGE_OVERHEAD_TOKENS
+    );
     assert_eq!(h.server(0).state.stats().requests, 0);
 }

@@ -395,8 +395,6 @@ fn hostile_indexes_and_bad_json_are_errors_not_panics() {
     assert!(s.push(&c(0, "}"), &mut out).is_err());
 }
 
-/// Cuts `text` into pieces at the given char positions.
-
 proptest! {
     #[test]
     fn text_split_anyhow_concatenates_to_the_same_text_both_ways(

@@ -8,6 +8,11 @@
 //! This is close to what a word-piece tokenizer does on English prose, costs one pass, and
 //! round-trips: concatenating the pieces gives the text back, and splitting a concatenation of
 //! generated pieces gives the same pieces (the simulator relies on this for exact continuation).
+//!
+//! Estimates by a model family's real tokenizer (OpenAI's BPE tables) live in [`bpe`].
+
+mod bpe;
+pub use bpe::{chunks, Estimate, Tally, Tokenizer, APPROX_FACTOR, MAX_TOKEN_BYTES};
 
 /// Splits `text` into tokens by the rule above. Pieces borrow from `text`.
 pub fn split(text: &str) -> Vec<&str> {

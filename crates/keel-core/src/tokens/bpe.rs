@@ -1,0 +1,313 @@
+//! Token estimates by the model family's own tokenizer: OpenAI's byte-pair encodings `o200k_base`
+//! and `cl100k_base` (tables embedded in the `tiktoken-rs` crate: nothing is downloaded), and
+//! keel's rule (see [`super`]) with a measured correction for every other model.
+//!
+//! **Which tokenizer.** A variant names one (`tokenizer = "o200k" | "cl100k" | "approx"`) or
+//! it is inferred from its `upstream_model` by prefix ([`Tokenizer::for_model`]):
+//! `gpt-4o`, `chatgpt-4o`, `gpt-4.1`, `gpt-4.5`, `gpt-5`, `gpt-oss`, `o1`, `o3`, `o4` → o200k;
+//! `gpt-4`, `gpt-3.5`, `text-embedding-3`, `text-embedding-ada` → cl100k; anything else →
+//! approx. A provider prefix such as `openai/` is ignored.
+//!
+//! **Approx.** Measured against o200k on keel's own README (48 KB of English prose with
+//! tables) and on 66 KB of its Rust source (`cargo bench -p keel-core --bench tokens` prints
+//! the ratios), o200k counts 0.973× the rule on the prose and 0.907× on the code: the rule
+//! keeps words whole (as BPE does for common English words) and counts every punctuation
+//! character (where BPE merges runs such as `::` or `);`). cl100k gave 0.971× and 0.906×. So
+//! the rule already errs on the high side for OpenAI's tokenizers on English and code, and
+//! [`APPROX_FACTOR`] is 1.0; it is kept as a named constant so that a family measured to count
+//! more (smaller vocabularies, other languages) can be accounted for in one place. Counting too
+//! few is the costly mistake here: estimates refuse what cannot fit and reserve quota.
+//!
+//! **Bounded work.** Estimates happen at admission for prompts of any size (a client may send
+//! megabytes), so counting stops once the total passes a cap (the largest context window that
+//! could hold the prompt): [`Tally`] counts in chunks and, before tokenizing, refuses by a lower
+//! bound from the byte length alone (no BPE token is longer than [`MAX_TOKEN_BYTES`] bytes).
+//! A capped estimate is a lower bound, which is all that is needed to refuse.
+//!
+//! The tables are parsed once, on first use ([`OnceLock`]), so a gateway that never meets an
+//! OpenAI model never pays for them (o200k has 200k entries to decode and hash).
+
+use std::sync::OnceLock;
+
+use tiktoken_rs::CoreBPE;
+
+/// How a variant's prompts are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tokenizer {
+    /// OpenAI `o200k_base` (gpt-4o, gpt-4.1, o-series, gpt-5).
+    O200k,
+    /// OpenAI `cl100k_base` (gpt-4, gpt-3.5, text-embedding-3).
+    Cl100k,
+    /// keel's rule × [`APPROX_FACTOR`] (every other model).
+    Approx,
+}
+
+/// The rule's count is multiplied by this for [`Tokenizer::Approx`]: the larger of o200k ÷ rule
+/// on prose and on code, rounded up to 1.0 (see the module docs for the measurement).
+pub const APPROX_FACTOR: f64 = 1.0;
+
+/// The longest token of o200k and cl100k, in bytes (128 in both tables): a text of `n` bytes
+/// has at least `n / 128` tokens.
+pub const MAX_TOKEN_BYTES: usize = 128;
+
+/// Tokenizers count in chunks of about this many bytes (cut at whitespace), so that a capped
+/// count stops soon after the cap.
+const CHUNK_BYTES: usize = 64 * 1024;
+
+/// Model-name prefixes and their tokenizer; the first match wins (so `gpt-4o` is o200k, while
+/// `gpt-4` alone is cl100k).
+const PREFIXES: &[(&str, Tokenizer)] = &[
+    ("gpt-4o", Tokenizer::O200k),
+    ("chatgpt-4o", Tokenizer::O200k),
+    ("gpt-4.1", Tokenizer::O200k),
+    ("gpt-4.5", Tokenizer::O200k),
+    ("gpt-5", Tokenizer::O200k),
+    ("gpt-oss", Tokenizer::O200k),
+    ("o1", Tokenizer::O200k),
+    ("o3", Tokenizer::O200k),
+    ("o4", Tokenizer::O200k),
+    ("gpt-4", Tokenizer::Cl100k),
+    ("gpt-3.5", Tokenizer::Cl100k),
+    ("text-embedding-3", Tokenizer::Cl100k),
+    ("text-embedding-ada", Tokenizer::Cl100k),
+];
+
+impl Tokenizer {
+    /// Every tokenizer, in the order the config's error messages list them.
+    pub const ALL: [Tokenizer; 3] = [Tokenizer::O200k, Tokenizer::Cl100k, Tokenizer::Approx];
+
+    /// The name written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tokenizer::O200k => "o200k",
+            Tokenizer::Cl100k => "cl100k",
+            Tokenizer::Approx => "approx",
+        }
+    }
+
+    /// The tokenizer of an upstream model name, by prefix (see the module docs).
+    pub fn for_model(upstream_model: &str) -> Tokenizer {
+        let name = upstream_model.to_ascii_lowercase();
+        // `openai/gpt-4o` (routers, LiteLLM-style names) is still gpt-4o.
+        let name = name.rsplit('/').next().unwrap_or(&name);
+        PREFIXES
+            .iter()
+            .find(|(p, _)| name.starts_with(p))
+            .map(|(_, t)| *t)
+            .unwrap_or(Tokenizer::Approx)
+    }
+
+    /// The tokens of `text`, counted whole (no cap).
+    pub fn count(self, text: &str) -> u64 {
+        match self.bpe() {
+            Some(bpe) => bpe.encode_ordinary(text).len() as u64,
+            None => approx(text),
+        }
+    }
+
+    /// The parsed table, on first use; `None` for the rule (and, should the embedded table ever
+    /// fail to parse, for a BPE one: the rule stands in rather than failing requests).
+    fn bpe(self) -> Option<&'static CoreBPE> {
+        static O200K: OnceLock<Option<CoreBPE>> = OnceLock::new();
+        static CL100K: OnceLock<Option<CoreBPE>> = OnceLock::new();
+        match self {
+            Tokenizer::O200k => O200K.get_or_init(|| tiktoken_rs::o200k_base().ok()),
+            Tokenizer::Cl100k => CL100K.get_or_init(|| tiktoken_rs::cl100k_base().ok()),
+            Tokenizer::Approx => return None,
+        }
+        .as_ref()
+    }
+
+    /// Parses the table now (a gateway calls this in the background at startup for the
+    /// tokenizers its pools use, so the first request does not wait for it).
+    pub fn preload(self) {
+        let _ = self.bpe();
+    }
+
+    /// The least number of tokens a text of `bytes` bytes can have (0 for the rule, which has
+    /// no longest token).
+    fn floor_from_bytes(self, bytes: usize) -> u64 {
+        match self {
+            Tokenizer::Approx => 0,
+            _ => (bytes / MAX_TOKEN_BYTES) as u64,
+        }
+    }
+}
+
+/// keel's rule scaled by [`APPROX_FACTOR`], rounded up.
+fn approx(text: &str) -> u64 {
+    (super::count(text) as f64 * APPROX_FACTOR).ceil() as u64
+}
+
+/// An estimate of a prompt's tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Estimate {
+    pub tokens: u64,
+    /// True when counting stopped at the cap: the prompt has at least `tokens` tokens.
+    pub lower_bound: bool,
+}
+
+/// Counts the pieces of a prompt (message texts) one after another, stopping once the total
+/// passes `cap`.
+#[derive(Debug, Clone)]
+pub struct Tally {
+    tokenizer: Tokenizer,
+    cap: u64,
+    est: Estimate,
+}
+
+impl Tally {
+    pub fn new(tokenizer: Tokenizer, cap: u64) -> Self {
+        Tally {
+            tokenizer,
+            cap,
+            est: Estimate::default(),
+        }
+    }
+
+    /// Adds one piece of the prompt.
+    pub fn add(&mut self, text: &str) {
+        if self.est.lower_bound {
+            return;
+        }
+        let floor = self.tokenizer.floor_from_bytes(text.len());
+        if self.est.tokens.saturating_add(floor) > self.cap {
+            // Too large to fit whatever its content: no need to tokenize it.
+            self.est.tokens = self.est.tokens.saturating_add(floor);
+            self.est.lower_bound = true;
+            return;
+        }
+        for chunk in chunks(text, CHUNK_BYTES) {
+            self.est.tokens += self.tokenizer.count(chunk);
+            if self.est.tokens > self.cap {
+                self.est.lower_bound = true;
+                return;
+            }
+        }
+    }
+
+    /// Adds a fixed number of tokens (message framing, token-id inputs).
+    pub fn add_tokens(&mut self, n: u64) {
+        self.est.tokens = self.est.tokens.saturating_add(n);
+        if self.est.tokens > self.cap {
+            self.est.lower_bound = true;
+        }
+    }
+
+    pub fn estimate(&self) -> Estimate {
+        self.est
+    }
+}
+
+/// Splits `text` into pieces of about `size` bytes, each cut just before a whitespace
+/// character where there is one in the second half of the piece (so a cut rarely splits what
+/// a tokenizer would keep together), else at a character boundary.
+pub fn chunks(text: &str, size: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        if rest.len() <= size {
+            return Some(std::mem::take(&mut rest));
+        }
+        let mut end = size;
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        let mut half = size / 2;
+        while !rest.is_char_boundary(half) {
+            half -= 1;
+        }
+        let cut = rest[half..end]
+            .rfind(char::is_whitespace)
+            .map(|i| half + i)
+            .filter(|&i| i > 0)
+            .unwrap_or(end);
+        let (head, tail) = rest.split_at(cut.max(1));
+        rest = tail;
+        Some(head)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn infers_the_tokenizer_from_the_model_name() {
+        for (m, t) in [
+            ("gpt-4o-mini", Tokenizer::O200k),
+            ("GPT-4.1", Tokenizer::O200k),
+            ("openai/gpt-5-nano", Tokenizer::O200k),
+            ("o3-mini", Tokenizer::O200k),
+            ("gpt-4-turbo", Tokenizer::Cl100k),
+            ("gpt-3.5-turbo", Tokenizer::Cl100k),
+            ("text-embedding-3-small", Tokenizer::Cl100k),
+            ("claude-sonnet-4-5", Tokenizer::Approx),
+            ("llama-3.1-8b", Tokenizer::Approx),
+            ("ollama/qwen3", Tokenizer::Approx),
+        ] {
+            assert_eq!(Tokenizer::for_model(m), t, "{m}");
+        }
+    }
+
+    #[test]
+    fn counts_like_the_reference_tokenizers() {
+        // Reference counts from OpenAI's tiktoken for these exact strings.
+        assert_eq!(Tokenizer::O200k.count("Hello, world!"), 4);
+        assert_eq!(Tokenizer::Cl100k.count("Hello, world!"), 4);
+        assert_eq!(Tokenizer::O200k.count(""), 0);
+        // The rule counts 4 (`Hello`, `,`, ` world`, `!`).
+        assert_eq!(Tokenizer::Approx.count("Hello, world!"), 4);
+    }
+
+    #[test]
+    fn approx_stays_above_o200k_on_prose_and_code() {
+        for text in [
+            include_str!("../../../../README.md"),
+            include_str!("../request.rs"),
+        ] {
+            let (a, o) = (Tokenizer::Approx.count(text), Tokenizer::O200k.count(text));
+            assert!(a >= o, "approx {a} < o200k {o}");
+        }
+    }
+
+    #[test]
+    fn tally_is_exact_under_the_cap_and_a_lower_bound_over_it() {
+        let text = include_str!("../../../../README.md");
+        let exact = Tokenizer::O200k.count(text);
+        let mut t = Tally::new(Tokenizer::O200k, u64::MAX);
+        t.add(text);
+        // Chunk cuts fall before whitespace, where o200k's pieces start anyway.
+        let diff = t.estimate().tokens.abs_diff(exact);
+        assert!(diff <= text.len() as u64 / CHUNK_BYTES as u64 + 1, "{diff}");
+        assert!(!t.estimate().lower_bound);
+
+        let mut t = Tally::new(Tokenizer::O200k, 100);
+        t.add(text);
+        let e = t.estimate();
+        assert!(e.lower_bound && e.tokens > 100 && e.tokens <= exact);
+    }
+
+    #[test]
+    fn a_huge_text_is_refused_from_its_length_alone() {
+        // 9 MB: far more than 8k tokens must be in it, whatever it says.
+        let huge = "x".repeat(9 << 20);
+        let mut t = Tally::new(Tokenizer::O200k, 8_000);
+        t.add(&huge);
+        let e = t.estimate();
+        assert!(e.lower_bound);
+        assert_eq!(e.tokens, (9 << 20) / MAX_TOKEN_BYTES as u64);
+    }
+
+    proptest! {
+        #[test]
+        fn chunks_cover_the_text_in_order(s in "[a-zé \n]{0,300}", size in 4usize..40) {
+            let pieces: Vec<&str> = chunks(&s, size).collect();
+            prop_assert_eq!(pieces.concat(), s.clone());
+            prop_assert!(pieces.iter().all(|p| !p.is_empty() && p.len() <= size.max(4)));
+        }
+    }
+}
