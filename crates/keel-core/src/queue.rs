@@ -116,7 +116,11 @@ impl<T> Line<T> {
 
     /// Whether `place` could join now (there is room, or someone after it to displace).
     pub fn has_room_for(&self, place: &Place) -> bool {
-        self.entries.len() < self.capacity || self.entries.last_key_value().is_some_and(|(l, _)| l > place)
+        self.entries.len() < self.capacity
+            || self
+                .entries
+                .last_key_value()
+                .is_some_and(|(l, _)| l > place)
     }
 
     /// How many requests in line rank before `place`.
@@ -132,6 +136,10 @@ impl<T> Line<T> {
     /// `place` leaves the line (served, refused or gone); its item if it was there.
     pub fn remove(&mut self, place: &Place) -> Option<T> {
         self.entries.remove(place)
+    }
+
+    pub fn contains(&self, place: &Place) -> bool {
+        self.entries.contains_key(place)
     }
 
     pub fn len(&self) -> usize {
@@ -220,7 +228,10 @@ mod tests {
         assert_eq!(Priority::parse("urgent"), None);
         assert_eq!(Priority::default(), Normal);
         assert!(High < Normal && Normal < Low);
-        assert_eq!(Priority::ALL.map(Priority::as_str), ["high", "normal", "low"]);
+        assert_eq!(
+            Priority::ALL.map(Priority::as_str),
+            ["high", "normal", "low"]
+        );
     }
 
     #[test]
@@ -276,7 +287,10 @@ mod tests {
         );
         let high = line.place(High, u64::MAX);
         assert!(line.has_room_for(&high));
-        assert_eq!(line.join(high, "high"), Joined::Displaced(low_urgent, "low-urgent"));
+        assert_eq!(
+            line.join(high, "high"),
+            Joined::Displaced(low_urgent, "low-urgent")
+        );
         assert_eq!(line.len(), 2);
         assert_eq!(line.pop().map(|x| x.1), Some("high"));
         assert_eq!(line.pop().map(|x| x.1), Some("low-old"));

@@ -14,7 +14,7 @@ use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 use keel_core::request::{self, CanonicalRequest};
 use keel_core::selection::Preference;
 
-use crate::context::{ClientApi, RequestCtx};
+use crate::context::{ClientApi, Priority, RequestCtx};
 use crate::errors::GatewayError;
 use crate::pools::Pool;
 use crate::{upstream, Gateway};
@@ -224,8 +224,19 @@ pub async fn admit(
                 })?,
         ),
     };
+    // With virtual keys, a key's priority will cap this (a client may only lower its own).
+    let priority = match header(parts, "x-keel-priority") {
+        None => Priority::default(),
+        Some(v) => Priority::parse(v).ok_or_else(|| {
+            GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!("x-keel-priority must be high, normal or low, got `{v}`"),
+            )
+        })?,
+    };
     let ctx = RequestCtx {
         preference,
+        priority,
         min_tier,
         id: id.to_owned(),
         started,

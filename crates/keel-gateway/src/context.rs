@@ -5,6 +5,8 @@ use http::HeaderMap;
 use tokio::time::Instant;
 
 use keel_core::protocol::Endpoint;
+/// A request's rank in the pool's wait line (`High`, `Normal`, `Low`; see `capacity`).
+pub use keel_core::queue::Priority;
 use keel_core::selection::Preference;
 
 /// The API a generation request arrived on.
@@ -49,6 +51,9 @@ pub struct RequestCtx {
     pub force_variant: Option<String>,
     pub preference: Preference,
     pub min_tier: Option<u8>,
+    /// Its rank in the wait line of a full pool: `x-keel-priority` (a client may ask for any
+    /// priority while no keys are configured; a key's priority caps it).
+    pub priority: Priority,
     /// Set when the client called the Responses API: the request runs as Chat Completions
     /// and delivery answers in Responses form.
     pub responses: Option<std::sync::Arc<crate::responses::Front>>,

@@ -116,6 +116,7 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         force_variant: None,
         preference: Default::default(),
         min_tier: None,
+        priority: Default::default(),
         responses: None,
     };
     let mut attempts = Attempts::new(&gw, &pool, None);
