@@ -19,6 +19,7 @@ pub mod health;
 pub mod outcome;
 pub mod p2c;
 pub mod protocol;
+pub mod queue;
 pub mod quota;
 pub mod request;
 pub mod rng;

@@ -14,7 +14,7 @@ use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 use keel_core::request::{self, CanonicalRequest};
 use keel_core::selection::Preference;
 
-use crate::context::{ClientApi, RequestCtx};
+use crate::context::{ClientApi, Priority, RequestCtx};
 use crate::errors::GatewayError;
 use crate::pools::Pool;
 use crate::{upstream, Gateway};
@@ -241,6 +241,22 @@ pub async fn admit(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
+    // `x-keel-priority` may lower a request's rank, never raise it above its key's (without
+    // keys it is taken as sent).
+    let asked = match header(parts, "x-keel-priority") {
+        None => None,
+        Some(v) => Some(Priority::parse(v).ok_or_else(|| {
+            GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!("x-keel-priority must be high, normal or low, got `{v}`"),
+            )
+        })?),
+    };
+    let priority = match (asked, key.as_ref().map(|k| k.priority)) {
+        // `Ord` ranks High first: the larger is the lower priority.
+        (Some(a), Some(k)) => a.max(k),
+        (a, k) => a.or(k).unwrap_or_default(),
+    };
     // Limits last, once the request is known valid: a bad request costs the key nothing.
     let grant = match &key {
         Some(key) => Some(Arc::new(
@@ -249,9 +265,9 @@ pub async fn admit(
         None => None,
     };
     let ctx = RequestCtx {
-        priority: key.as_ref().map(|k| k.priority).unwrap_or_default(),
         grant,
         preference,
+        priority,
         min_tier,
         id: id.to_owned(),
         started,

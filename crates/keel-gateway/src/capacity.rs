@@ -11,15 +11,23 @@
 //! quota, not a capacity, and is honoured as a cooldown (see `execution`). After `limit` successes in a row the limit grows by one
 //! (additive increase), so a transient never caps a variant for good.
 //!
-//! **The wait line.** When every variant is at its limit, a request waits, first come first
-//! served, for a slot to be freed, up to the pool's `queue_ms` (and its own deadline). If the
-//! line is already longer than that can drain, it is refused at once with a Retry-After equal
-//! to the expected wait for its place: the line drains at (requests running) / (mean time a
-//! request holds its slot), both measured.
+//! **The wait line.** When every variant is at its limit, a request waits for a slot to be
+//! freed, up to the pool's `queue_ms` and its own deadline, in the order of
+//! `keel_core::queue`: priority (`x-keel-priority`), then deadline, then arrival. Each freed
+//! slot goes to the first in line. A request is refused at once, never after a useless wait,
+//! with `retry-after` from the measured drain rate (how fast slots free up): with 429 when the
+//! line (`queue_max`) is full of requests that rank before it, with 503 when its expected wait
+//! is longer than it may wait. A request waiting at the back is displaced by a higher-ranked
+//! newcomer when the line is full, and refused with 429 and retry-after.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use keel_core::queue::{DrainRate, Joined, Line, Place, Priority};
 
 /// A variant's learned concurrency limit (`u32::MAX`: none learned yet).
 #[derive(Debug)]
@@ -65,26 +73,139 @@ impl Limit {
     }
 }
 
-/// The pool's line of requests waiting for a slot.
+/// Why the wait line refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThrottleReason {
+    /// The line is full of requests that rank before it (429).
+    Full,
+    /// A higher-ranked request took its place in a full line (429).
+    Displaced,
+    /// Its expected wait is longer than it may wait (503).
+    Deadline,
+    /// It waited as long as it may without getting a slot (503).
+    Timeout,
+}
+
+impl ThrottleReason {
+    /// The `reason` label of `keel_queue_refused_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ThrottleReason::Full => "full",
+            ThrottleReason::Displaced => "displaced",
+            ThrottleReason::Deadline => "deadline",
+            ThrottleReason::Timeout => "timeout",
+        }
+    }
+
+    /// A full line is the client's share being used up (429, like a rate limit); a fleet that
+    /// cannot serve in time is saturated (503).
+    pub fn line_full(self) -> bool {
+        matches!(self, ThrottleReason::Full | ThrottleReason::Displaced)
+    }
+}
+
+/// A refusal by the wait line, with the client's retry-after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Throttle {
+    pub reason: ThrottleReason,
+    pub priority: Priority,
+    pub retry_after_ms: u64,
+    /// Requests waiting that rank before it.
+    pub ahead: usize,
+}
+
+/// One waiting request's signals.
 #[derive(Debug, Default)]
+struct Waiter {
+    wake: Notify,
+    /// A freed slot was handed to it and it has not looked yet.
+    woken: AtomicBool,
+    /// A higher-ranked request took its place.
+    displaced: AtomicBool,
+}
+
+#[derive(Debug)]
+struct Inner {
+    line: Line<Arc<Waiter>>,
+    drain: DrainRate,
+}
+
+/// The pool's line of requests waiting for a slot.
+#[derive(Debug)]
 pub struct WaitLine {
-    /// Signalled once per freed slot; waiters are woken in the order they started waiting.
-    freed: Notify,
-    waiting: AtomicU32,
-    /// EWMA of how long a request holds its slot, in µs (f64 bits; 0 before any).
+    inner: Mutex<Inner>,
+    epoch: Instant,
+    /// EWMA of how long a request holds its slot, in µs (f64 bits; 0 before any): the wait
+    /// estimate before the drain rate is measured.
     hold_us: AtomicU64,
+    /// `keel_queue_depth{pool,priority}`, highest priority first.
+    depth: Option<[metrics::Gauge; 3]>,
+    waiting: AtomicU32,
 }
 
 /// Weight of the newest sample in the slot-holding time average.
 const HOLD_ALPHA: f64 = 0.05;
 
+/// The drain rate counts the slots freed in this window.
+const DRAIN_WINDOW_MS: u64 = 3_000;
+
+/// A waiter looks again this often even without a freed slot: capacity also comes back without
+/// one (a learned limit grows, a cooldown ends).
+const RECHECK: Duration = Duration::from_millis(200);
+
 impl WaitLine {
-    /// A slot was freed, after serving a request for `held_us` (`None`: it served none).
+    /// A line of at most `capacity` requests; `depth` are its gauges by priority.
+    pub fn new(capacity: usize, depth: Option<[metrics::Gauge; 3]>) -> Self {
+        WaitLine {
+            inner: Mutex::new(Inner {
+                line: Line::new(capacity),
+                drain: DrainRate::new(DRAIN_WINDOW_MS),
+            }),
+            epoch: Instant::now(),
+            hold_us: AtomicU64::new(0),
+            depth,
+            waiting: AtomicU32::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ms(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_millis() as u64
+    }
+
+    /// Updates the depth gauges and the waiting count (with the lock held).
+    fn changed(&self, inner: &Inner) {
+        let d = inner.line.depths();
+        self.waiting
+            .store(inner.line.len() as u32, Ordering::Relaxed);
+        if let Some(g) = &self.depth {
+            for (g, n) in g.iter().zip(d) {
+                g.set(n as f64);
+            }
+        }
+    }
+
+    /// A slot was freed, after serving a request for `held_us` (`None`: it served none). The
+    /// first in line gets it.
     pub fn freed(&self, held_us: Option<f64>) {
+        let now = self.ms(Instant::now());
+        let mut inner = self.lock();
         if let Some(held_us) = held_us {
             self.hold(held_us);
+            inner.drain.record(now);
         }
-        self.freed.notify_one();
+        Self::wake_first(&mut inner);
+        self.changed(&inner);
+    }
+
+    fn wake_first(inner: &mut Inner) {
+        if let Some((_, w)) = inner.line.pop() {
+            w.woken.store(true, Ordering::Relaxed);
+            w.wake.notify_one();
+        }
     }
 
     fn hold(&self, held_us: f64) {
@@ -101,36 +222,161 @@ impl WaitLine {
         self.waiting.load(Ordering::Relaxed)
     }
 
-    /// Expected wait (ms) for a request joining the line behind `ahead` others, when
-    /// `running` requests hold the pool's slots. `None` before any slot was ever freed.
-    pub fn expected_wait_ms(&self, ahead: u32, running: u32) -> Option<u64> {
-        let hold_ms = f64::from_bits(self.hold_us.load(Ordering::Relaxed)) / 1000.0;
-        (hold_ms > 0.0)
-            .then(|| ((ahead as f64 + 1.0) * hold_ms / running.max(1) as f64).ceil() as u64)
+    /// Expected wait (ms) for a request with `ahead` others before it, when `running` requests
+    /// hold the pool's slots: from the measured drain rate, or before there is one from
+    /// Little's law (running ÷ mean holding time). `None` before any slot was freed.
+    pub fn expected_wait_ms(&self, ahead: usize, running: u32) -> Option<u64> {
+        let now = self.ms(Instant::now());
+        self.expected(&mut self.lock(), ahead, running, now)
     }
 
-    /// Joins the line; the ticket leaves it when dropped.
-    pub fn join(&self) -> Ticket<'_> {
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        Ticket { line: self }
+    fn expected(&self, inner: &mut Inner, ahead: usize, running: u32, now: u64) -> Option<u64> {
+        inner.drain.expected_wait_ms(ahead, now).or_else(|| {
+            let hold_ms = f64::from_bits(self.hold_us.load(Ordering::Relaxed)) / 1000.0;
+            (hold_ms > 0.0)
+                .then(|| ((ahead as f64 + 1.0) * hold_ms / running.max(1) as f64).ceil() as u64)
+        })
+    }
+
+    /// Slots freed per second, as measured now.
+    pub fn drain_per_sec(&self) -> Option<f64> {
+        let now = self.ms(Instant::now());
+        self.lock().drain.per_sec(now)
+    }
+
+    /// Whether a request of `priority` due at `deadline` arriving now would find others
+    /// waiting before it.
+    pub fn any_before(&self, priority: Priority, deadline: Instant) -> bool {
+        if self.waiting() == 0 {
+            return false;
+        }
+        let mut inner = self.lock();
+        let place = inner.line.place(priority, self.ms(deadline));
+        inner.line.ahead(&place) > 0
+    }
+
+    /// Joins the line at the place of a request of `priority` due at `deadline`, which may wait
+    /// until `wait_until`; `running`: requests holding the pool's slots. Refused at once when
+    /// the line is full for its priority or its expected wait ends after `wait_until`.
+    pub fn join(
+        &self,
+        priority: Priority,
+        deadline: Instant,
+        wait_until: Instant,
+        running: u32,
+    ) -> Result<Ticket<'_>, Throttle> {
+        let now = Instant::now();
+        let now_ms = self.ms(now);
+        let mut inner = self.lock();
+        let place = inner.line.place(priority, self.ms(deadline));
+        let ahead = inner.line.ahead(&place);
+        let expected = self.expected(&mut inner, ahead, running, now_ms);
+        let refuse = |reason, ahead| Throttle {
+            reason,
+            priority,
+            retry_after_ms: expected.unwrap_or(1000).max(1),
+            ahead,
+        };
+        if !inner.line.has_room_for(&place) {
+            return Err(refuse(ThrottleReason::Full, ahead));
+        }
+        // Unknown rate (nothing served yet): wait and see rather than refuse blind.
+        if expected.is_some_and(|ms| now + Duration::from_millis(ms) > wait_until) {
+            return Err(refuse(ThrottleReason::Deadline, ahead));
+        }
+        let ticket = Ticket {
+            line: self,
+            place,
+            waiter: Arc::new(Waiter::default()),
+        };
+        self.enter(&mut inner, &ticket);
+        Ok(ticket)
+    }
+
+    /// Puts the ticket's place in line, displacing the last one if the line is full.
+    fn enter(&self, inner: &mut Inner, t: &Ticket<'_>) -> bool {
+        let joined = match inner.line.join(t.place, t.waiter.clone()) {
+            Joined::Queued => true,
+            Joined::Displaced(_, victim) => {
+                victim.displaced.store(true, Ordering::Relaxed);
+                victim.wake.notify_one();
+                true
+            }
+            Joined::Full => false,
+        };
+        self.changed(inner);
+        joined
     }
 }
 
-/// A place in the wait line.
+/// A place in the wait line; it leaves the line when dropped.
 pub struct Ticket<'a> {
     line: &'a WaitLine,
+    place: Place,
+    waiter: Arc<Waiter>,
+}
+
+/// What ended a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// A slot may be free: look again.
+    LookAgain,
+    /// A higher-ranked request took this place.
+    Displaced,
+    /// The wait allowed is over.
+    TimedOut,
 }
 
 impl Ticket<'_> {
-    /// Waits for the next freed slot.
-    pub async fn slot_freed(&self) {
-        self.line.freed.notified().await;
+    /// Requests in line that rank before this one.
+    pub fn ahead(&self) -> usize {
+        self.line.lock().line.ahead(&self.place)
+    }
+
+    /// The expected wait for this place now.
+    pub fn expected_wait_ms(&self, running: u32) -> u64 {
+        let ahead = self.ahead();
+        self.line.expected_wait_ms(ahead, running).unwrap_or(1000)
+    }
+
+    /// Waits for a freed slot (or a periodic look), until `until`. A place that was handed a
+    /// slot but found none free goes back in line first, at its old rank.
+    pub async fn wait(&self, until: Instant) -> Wake {
+        if self.waiter.displaced.load(Ordering::Relaxed) {
+            return Wake::Displaced;
+        }
+        {
+            let mut inner = self.line.lock();
+            if !inner.line.contains(&self.place) && !self.line.enter(&mut inner, self) {
+                return Wake::Displaced;
+            }
+        }
+        let now = Instant::now();
+        if now >= until {
+            return Wake::TimedOut;
+        }
+        let _ =
+            tokio::time::timeout_at((now + RECHECK).min(until), self.waiter.wake.notified()).await;
+        // It looks now: a slot handed to it is its own to take (or to give back by rejoining).
+        self.waiter.woken.store(false, Ordering::Relaxed);
+        if self.waiter.displaced.load(Ordering::Relaxed) {
+            Wake::Displaced
+        } else {
+            Wake::LookAgain
+        }
     }
 }
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        self.line.waiting.fetch_sub(1, Ordering::Relaxed);
+        let mut inner = self.line.lock();
+        let was_in_line = inner.line.remove(&self.place).is_some();
+        // Handed a slot it will not use (it left, e.g. its client went away): the next one
+        // gets it.
+        if !was_in_line && self.waiter.woken.load(Ordering::Relaxed) {
+            WaitLine::wake_first(&mut inner);
+        }
+        self.line.changed(&inner);
     }
 }
 
@@ -159,20 +405,74 @@ mod tests {
         assert_eq!(l.get(), 1);
     }
 
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+
     #[test]
-    fn expected_wait_follows_littles_law() {
-        let line = WaitLine::default();
+    fn before_a_drain_rate_the_wait_follows_littles_law() {
+        let line = WaitLine::new(8, None);
         assert_eq!(line.expected_wait_ms(0, 4), None);
         line.freed(None);
         assert_eq!(line.expected_wait_ms(0, 4), None);
         line.freed(Some(800_000.0));
         // 8 slots held 800 ms each free one every 100 ms: the 3rd in line waits 300 ms.
         assert_eq!(line.expected_wait_ms(2, 8), Some(300));
-        let t = line.join();
-        let u = line.join();
+    }
+
+    #[tokio::test]
+    async fn a_freed_slot_goes_to_the_highest_priority_and_tickets_leave_when_dropped() {
+        let line = WaitLine::new(8, None);
+        let low = line.join(Priority::Low, far(), far(), 1).unwrap();
+        let normal = line.join(Priority::Normal, far(), far(), 1).unwrap();
+        let high = line.join(Priority::High, far(), far(), 1).unwrap();
+        assert_eq!(line.waiting(), 3);
+        assert_eq!((high.ahead(), normal.ahead(), low.ahead()), (0, 1, 2));
+        line.freed(None);
+        assert!(high.waiter.woken.load(Ordering::Relaxed));
+        assert!(!low.waiter.woken.load(Ordering::Relaxed));
         assert_eq!(line.waiting(), 2);
-        drop(t);
-        drop(u);
+        // The slot was handed to `high`, which goes away without using it: the next gets it.
+        drop(high);
+        assert!(normal.waiter.woken.load(Ordering::Relaxed));
+        assert_eq!(line.waiting(), 1);
+        // `normal` looks, finds no slot free and goes back in line at its rank.
+        assert_eq!(normal.wait(Instant::now()).await, Wake::TimedOut);
+        assert_eq!(line.waiting(), 2);
+        assert_eq!(low.ahead(), 1);
+        drop(normal);
+        drop(low);
+        assert_eq!(line.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_full_line_refuses_or_displaces_with_retry_after() {
+        let line = WaitLine::new(1, None);
+        line.freed(Some(500_000.0));
+        let low = line.join(Priority::Low, far(), far(), 5).unwrap();
+        let refused = line.join(Priority::Low, far(), far(), 5).err().unwrap();
+        assert_eq!(refused.reason, ThrottleReason::Full);
+        assert!(refused.reason.line_full());
+        // One ahead, 5 slots held 500 ms each: two frees at one per 100 ms.
+        assert_eq!((refused.ahead, refused.retry_after_ms), (1, 200));
+        let high = line.join(Priority::High, far(), far(), 5).unwrap();
+        assert_eq!(low.wait(far()).await, Wake::Displaced);
+        assert_eq!(line.waiting(), 1);
+        drop(low);
+        drop(high);
+        assert_eq!(line.waiting(), 0);
+    }
+
+    #[test]
+    fn a_wait_longer_than_allowed_is_refused_at_once() {
+        let line = WaitLine::new(8, None);
+        line.freed(Some(1_000_000.0));
+        // One slot, held 1 s: the first in line waits 1 s, more than the 100 ms allowed.
+        let soon = Instant::now() + Duration::from_millis(100);
+        let t = line.join(Priority::High, soon, soon, 1).err().unwrap();
+        assert_eq!(t.reason, ThrottleReason::Deadline);
+        assert!(!t.reason.line_full());
+        assert_eq!(t.retry_after_ms, 1000);
         assert_eq!(line.waiting(), 0);
     }
 }

@@ -5,6 +5,8 @@ use http::HeaderMap;
 use tokio::time::Instant;
 
 use keel_core::protocol::Endpoint;
+/// A request's rank in the pool's wait line (`High`, `Normal`, `Low`; see `capacity`).
+pub use keel_core::queue::Priority;
 use keel_core::selection::Preference;
 
 /// The API a generation request arrived on.
@@ -34,26 +36,6 @@ impl ClientApi {
     }
 }
 
-/// A key's priority in the wait line (`[[keys]] priority`); requests without a key are
-/// `Normal`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub enum Priority {
-    High,
-    #[default]
-    Normal,
-    Low,
-}
-
-impl Priority {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::High => "high",
-            Priority::Normal => "normal",
-            Priority::Low => "low",
-        }
-    }
-}
-
 /// Per-request context shared by the stages.
 #[derive(Debug, Clone)]
 pub struct RequestCtx {
@@ -69,11 +51,12 @@ pub struct RequestCtx {
     pub force_variant: Option<String>,
     pub preference: Preference,
     pub min_tier: Option<u8>,
+    /// Its rank in the wait line of a full pool: `x-keel-priority` (a client may ask for any
+    /// priority while no keys are configured; a key's priority caps it).
+    pub priority: Priority,
     /// Set when the client called the Responses API: the request runs as Chat Completions
     /// and delivery answers in Responses form.
     pub responses: Option<std::sync::Arc<crate::responses::Front>>,
-    /// The key's priority (`Normal` without keys).
-    pub priority: Priority,
     /// The client's virtual key and what admission reserved for it; `None` when keel runs
     /// open. Shared by every clone of the context, so it settles when the last one (the
     /// relay's, for a stream) is dropped: see `keys::Grant`.

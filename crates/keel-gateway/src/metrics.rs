@@ -12,7 +12,9 @@
 //! | `keel_variant_credential_broken_total` | pool, variant | upstream 401/403 answers |
 //! | `keel_migrations_total` | pool, reason, outcome | continuations after the first byte |
 //! | `keel_hedges_total` | pool, outcome | hedges started (`won`, `lost`, `failed`) |
-//! | `keel_queue_wait_seconds`, `keel_queue_refused_total` | pool | the wait line of a full pool |
+//! | `keel_queue_wait_seconds` | pool | time a served request waited in the line of a full pool |
+//! | `keel_queue_refused_total` | pool, reason | requests the line refused: `full`, `displaced` (429), `deadline`, `timeout` (503) |
+//! | `keel_queue_depth` | pool, priority | requests waiting in the line now, by `x-keel-priority` |
 //! | `keel_decision_duration_seconds` | pool | one selection |
 //! | `keel_requests_in_flight` | | requests being served now |
 //! | `keel_ratelimited_total` | key, kind | keyed requests refused by a limit (`requests`, `tokens`, `concurrency`, `budget`) |

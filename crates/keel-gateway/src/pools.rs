@@ -9,11 +9,12 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::capacity::{Limit, WaitLine};
+use crate::capacity::{Limit, WaitLine, Wake};
 use keel_core::budget::{RetryBudget, RetryBudgetConfig};
 use keel_core::continuation::ResumeMode;
 use keel_core::health::{State, TtftWindow, VariantHealth};
 use keel_core::protocol::Protocol;
+use keel_core::queue::Priority;
 use keel_core::request::CanonicalRequest;
 use keel_core::rng::hash_bytes;
 use keel_core::selection::{self, Availability, Selector};
@@ -229,6 +230,15 @@ impl Pool {
                 h
             })
             .collect();
+        let line = WaitLine::new(
+            cfg.queue_max,
+            Some(Priority::ALL.map(|p| {
+                metrics.gauge(
+                    "keel_queue_depth",
+                    &[("pool", &cfg.name), ("priority", p.as_str())],
+                )
+            })),
+        );
         Pool {
             protocol,
             variants,
@@ -254,7 +264,7 @@ impl Pool {
             }),
             epoch,
             cfg,
-            line: WaitLine::default(),
+            line,
             metrics,
             limits,
         }
@@ -297,15 +307,19 @@ impl Pool {
         self.below_limit(index) && self.available(index, now_ms)
     }
 
-    /// Expected wait (ms) for a request joining the back of the wait line now, from the
-    /// requests running on every variant (see `capacity`); `None` before any was measured.
-    pub fn expected_wait_ms(&self) -> Option<u64> {
-        let running = self
-            .variants
+    /// Requests holding the pool's slots now.
+    pub fn running(&self) -> u32 {
+        self.variants
             .iter()
             .map(|v| v.in_flight.load(Ordering::Relaxed))
-            .sum();
-        self.line.expected_wait_ms(self.line.waiting(), running)
+            .sum()
+    }
+
+    /// Expected wait (ms) for a request joining the back of the wait line now, from the
+    /// measured drain rate (see `capacity`); `None` before any was measured.
+    pub fn expected_wait_ms(&self) -> Option<u64> {
+        self.line
+            .expected_wait_ms(self.line.waiting() as usize, self.running())
     }
 
     /// Whether hedging is on for this pool.
@@ -316,7 +330,12 @@ impl Pool {
     /// Waits in the pool's line until the variant is below its concurrency limit: false when
     /// that takes longer than `queue_ms` or the deadline allows. A retry after a "full" 429
     /// goes through here, so it waits for a slot instead of being refused again at once.
-    pub async fn wait_for_slot(&self, index: usize, deadline: tokio::time::Instant) -> bool {
+    pub async fn wait_for_slot(
+        &self,
+        index: usize,
+        priority: Priority,
+        deadline: tokio::time::Instant,
+    ) -> bool {
         let v = &self.variants[index];
         let below = || v.in_flight.load(Ordering::Relaxed) < v.concurrency_limit();
         if below() {
@@ -325,12 +344,11 @@ impl Pool {
         let until = (tokio::time::Instant::now()
             + std::time::Duration::from_millis(self.cfg.queue_ms))
         .min(deadline);
-        let ticket = self.line.join();
+        let Ok(ticket) = self.line.join(priority, deadline, until, self.running()) else {
+            return false;
+        };
         while !below() {
-            if tokio::time::timeout_at(until, ticket.slot_freed())
-                .await
-                .is_err()
-            {
+            if ticket.wait(until).await != Wake::LookAgain {
                 return false;
             }
         }

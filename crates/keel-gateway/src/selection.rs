@@ -14,6 +14,8 @@ use keel_core::health::State;
 use keel_core::request::CanonicalRequest;
 use keel_core::selection::{Candidate, Preference, RequestSignals};
 
+use crate::capacity::{Throttle, ThrottleReason, Wake};
+use crate::context::Priority;
 use crate::pools::{Pool, PoolState, Variant};
 use crate::settlement::AttemptRecord;
 
@@ -29,6 +31,8 @@ pub enum Selection {
     /// Every variant that could serve is at its concurrency limit (configured or learned):
     /// wait in line for a slot.
     Full,
+    /// Refused by the wait line of a full pool (see `capacity`).
+    Throttled(Throttle),
     /// The request does not fit any variant's context window.
     /// `lower_bound`: the prompt was counted only until it could fit nothing.
     TooLong {
@@ -49,6 +53,8 @@ pub struct Controls<'a> {
     pub preference: Preference,
     /// Only variants with `tier <= min_tier` (1 = best fidelity).
     pub min_tier: Option<u8>,
+    /// The request's rank in the wait line.
+    pub priority: Priority,
 }
 
 /// One candidate in a decision record.
@@ -261,7 +267,8 @@ const COOLDOWN_WAIT_MAX_MS: u64 = 2_000;
 
 /// Selects, waiting when that helps: for the first variant back from a short cooldown (the
 /// client would have to wait that long anyway), or in the pool's line while every variant is
-/// full (see `capacity`). Returns `Unavailable` or `Full` when waiting would not help in time.
+/// full (see `capacity`). Returns `Unavailable` when waiting would not help in time, and
+/// `Throttled` when the line refuses the request (at once, or after waiting all it may).
 pub async fn select_or_wait(
     pool: &Arc<Pool>,
     req: &keel_core::request::CanonicalRequest,
@@ -271,10 +278,10 @@ pub async fn select_or_wait(
 ) -> (Selection, Option<DecisionRecord>) {
     let started = tokio::time::Instant::now();
     let line_deadline = (started + Duration::from_millis(pool.cfg.queue_ms)).min(deadline);
-    let mut ticket = None;
+    let mut ticket: Option<crate::capacity::Ticket<'_>> = None;
     loop {
         let (selection, record) = pool.select(req, controls, id);
-        match selection {
+        let full = match selection {
             Selection::Unavailable { retry_after_ms } => {
                 let wake =
                     tokio::time::Instant::now() + Duration::from_millis(retry_after_ms.max(10));
@@ -282,6 +289,7 @@ pub async fn select_or_wait(
                     return (selection, record);
                 }
                 tokio::time::sleep_until(wake).await;
+                continue;
             }
             Selection::Loading => {
                 // The monitor's warm-ups find out when a loading variant is ready; look again
@@ -291,32 +299,50 @@ pub async fn select_or_wait(
                     return (selection, record);
                 }
                 tokio::time::sleep_until(wake).await;
+                continue;
             }
-            Selection::Full => {
-                if ticket.is_none() {
-                    // Join only if the line can drain within the wait allowed.
-                    let expected = pool.expected_wait_ms().unwrap_or(0);
-                    if started + Duration::from_millis(expected) > line_deadline {
-                        return (selection, record);
-                    }
-                    ticket = Some(pool.line.join());
-                }
-                let t = ticket.as_ref().expect("joined");
-                if tokio::time::timeout_at(line_deadline, t.slot_freed())
-                    .await
-                    .is_err()
-                {
-                    return (selection, record);
-                }
+            Selection::Full => true,
+            // A free slot, but requests that rank before this one are waiting for it: this one
+            // goes in line behind them (a slot is theirs first).
+            Selection::Plan(_) => match &ticket {
+                None => pool.line.any_before(controls.priority, deadline),
+                Some(t) => t.ahead() > 0,
+            },
+            _ => false,
+        };
+        if !full {
+            if ticket.is_some() {
+                pool.metrics
+                    .histogram("keel_queue_wait_seconds", &[("pool", &pool.cfg.name)])
+                    .record(started.elapsed().as_secs_f64());
             }
-            _ => {
-                if ticket.is_some() {
-                    pool.metrics
-                        .histogram("keel_queue_wait_seconds", &[("pool", &pool.cfg.name)])
-                        .record(started.elapsed().as_secs_f64());
-                }
-                return (selection, record);
-            }
+            return (selection, record);
         }
+        let t = match &ticket {
+            Some(t) => t,
+            None => match pool
+                .line
+                .join(controls.priority, deadline, line_deadline, pool.running())
+            {
+                Ok(t) => {
+                    // Look again at once: a slot may have freed before it joined.
+                    ticket = Some(t);
+                    continue;
+                }
+                Err(refused) => return (Selection::Throttled(refused), record),
+            },
+        };
+        let reason = match t.wait(line_deadline).await {
+            Wake::LookAgain => continue,
+            Wake::Displaced => ThrottleReason::Displaced,
+            Wake::TimedOut => ThrottleReason::Timeout,
+        };
+        let throttle = Throttle {
+            reason,
+            priority: controls.priority,
+            retry_after_ms: t.expected_wait_ms(pool.running()).max(1),
+            ahead: t.ahead(),
+        };
+        return (Selection::Throttled(throttle), record);
     }
 }

@@ -19,8 +19,9 @@ use tokio::time::Instant;
 use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 
 use crate::access_log::RequestLog;
+use crate::capacity::{Throttle, ThrottleReason};
 use crate::config::KeyConfig;
-use crate::context::ClientApi;
+use crate::context::{ClientApi, Priority};
 use crate::delivery;
 use crate::errors::GatewayError;
 use crate::execution::Outcome;
@@ -252,10 +253,15 @@ async fn stages(
         force_variant: ctx.force_variant.as_deref(),
         preference: ctx.preference,
         min_tier: ctx.min_tier,
+        priority: ctx.priority,
     };
     let (selection, record) = select_or_wait(&pool, &req, controls, id, ctx.deadline).await;
     // The record is kept when the request's attempts are settled (see `settlement`).
     let mut attempts = Attempts::new(gw, &pool, record);
+    attempts.priority = ctx.priority;
+    if matches!(selection, Selection::Throttled(_) | Selection::Full) {
+        log.route = "throttled";
+    }
     let mut order = match plan_or_error(&pool, selection) {
         Ok(order) => order,
         Err(e) => return delivery::error_response(log, protocol, &e),
@@ -296,6 +302,9 @@ async fn stages(
         // Bounded: attempts on variants that fail otherwise count against `max_attempts`.
         attempts = executed.attempts;
         let (selection, _) = select_or_wait(&pool, &upstream_req, controls, id, ctx.deadline).await;
+        if matches!(selection, Selection::Throttled(_) | Selection::Full) {
+            log.route = "throttled";
+        }
         order = match plan_or_error(&pool, selection) {
             Ok(order) => order,
             Err(e) => return delivery::error_response(log, protocol, &e),
@@ -326,23 +335,16 @@ fn plan_or_error(pool: &Pool, selection: Selection) -> Result<Vec<usize>, Gatewa
             .with_retry_after(retry_after_ms);
             Err(e)
         }
-        Selection::Full => {
-            // Refused by the wait line: the expected wait for a place at the back of it.
-            let ahead = pool.line.waiting();
-            let wait = pool.expected_wait_ms().unwrap_or(1000);
-            pool.metrics
-                .counter("keel_queue_refused_total", &[("pool", &pool.cfg.name)])
-                .increment(1);
-            let e = GatewayError::new(
-                ErrorKind::Overloaded,
-                format!(
-                    "every variant of `{}` is at its concurrency limit and {ahead} requests are waiting",
-                    pool.cfg.name
-                ),
-            )
-            .with_retry_after(wait.max(1));
-            Err(e)
-        }
+        Selection::Full => Err(throttled(
+            pool,
+            Throttle {
+                reason: ThrottleReason::Timeout,
+                priority: Priority::default(),
+                retry_after_ms: pool.expected_wait_ms().unwrap_or(1000).max(1),
+                ahead: pool.line.waiting() as usize,
+            },
+        )),
+        Selection::Throttled(t) => Err(throttled(pool, t)),
         Selection::TooLong {
             needed,
             largest,
@@ -374,6 +376,37 @@ fn plan_or_error(pool: &Pool, selection: Selection) -> Result<Vec<usize>, Gatewa
         )
         .with_retry_after(crate::settlement::LOADING_RETRY_AFTER_MS)),
     }
+}
+
+/// The wait line's refusal: 429 when the line is full for the request's priority, 503 when the
+/// fleet cannot serve it in time; counted by reason.
+fn throttled(pool: &Pool, t: Throttle) -> GatewayError {
+    pool.metrics
+        .counter(
+            "keel_queue_refused_total",
+            &[("pool", &pool.cfg.name), ("reason", t.reason.as_str())],
+        )
+        .increment(1);
+    let name = &pool.cfg.name;
+    let (kind, message) = match t.reason {
+        ThrottleReason::Full => (
+            ErrorKind::RateLimited,
+            format!("the wait line of `{name}` is full for {} priority: {} requests that rank before this one are waiting", t.priority.as_str(), t.ahead),
+        ),
+        ThrottleReason::Displaced => (
+            ErrorKind::RateLimited,
+            format!("a request of higher rank took this one's place in the full wait line of `{name}`"),
+        ),
+        ThrottleReason::Deadline => (
+            ErrorKind::Overloaded,
+            format!("every variant of `{name}` is at its concurrency limit and the expected wait ({} ms, {} requests ahead) is longer than this request may wait", t.retry_after_ms, t.ahead),
+        ),
+        ThrottleReason::Timeout => (
+            ErrorKind::Overloaded,
+            format!("every variant of `{name}` stayed at its concurrency limit for as long as this request may wait"),
+        ),
+    };
+    GatewayError::new(kind, message).with_retry_after(t.retry_after_ms)
 }
 
 /// The 400 for a prompt that fits no variant's context window, naming the sizes.

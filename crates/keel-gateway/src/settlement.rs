@@ -173,6 +173,8 @@ pub struct Attempts {
     decision: Option<DecisionRecord>,
     /// Committed streams not yet settled at their end: (record, variant, kind).
     open: Vec<(usize, usize, AttemptKind)>,
+    /// The request's rank when an attempt waits in the pool's line for its variant.
+    pub priority: keel_core::queue::Priority,
 }
 
 impl Attempts {
@@ -187,6 +189,7 @@ impl Attempts {
             budget_refused: false,
             decision,
             open: Vec::new(),
+            priority: Default::default(),
         }
     }
 
@@ -303,7 +306,7 @@ impl Attempts {
         // of clients.
         let slot = match kind {
             AttemptKind::Hedge | AttemptKind::Probe | AttemptKind::WarmUp => pool.below_limit(vi),
-            _ => pool.wait_for_slot(vi, deadline).await,
+            _ => pool.wait_for_slot(vi, self.priority, deadline).await,
         };
         if !slot {
             return Err(Refused::Full);

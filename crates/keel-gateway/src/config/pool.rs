@@ -63,6 +63,8 @@ pub struct PoolConfig {
     pub slo_ttft_p95_ms: Option<f64>,
     pub max_migrations: u32,
     pub queue_ms: u64,
+    /// Requests that may wait in the pool's line at once (see `capacity`).
+    pub queue_max: usize,
     pub adaptive_stall: bool,
     pub hedge: Hedge,
     pub hedge_budget: f64,
@@ -153,6 +155,7 @@ pub(super) fn read(
         slo_ttft_p95_ms: t.value::<f64>("slo_ttft_p95_ms", issues),
         max_migrations: t.value::<u32>("max_migrations", issues).unwrap_or(2),
         queue_ms: t.value::<u64>("queue_ms", issues).unwrap_or(2000),
+        queue_max: t.value::<usize>("queue_max", issues).unwrap_or(256),
         adaptive_stall: t.value::<bool>("adaptive_stall", issues).unwrap_or(true),
         hedge,
         hedge_budget,

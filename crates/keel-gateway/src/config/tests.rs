@@ -106,6 +106,7 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(p.hedge_budget, 0.1);
     assert_eq!(p.max_migrations, 2);
     assert_eq!(p.queue_ms, 2000);
+    assert_eq!(p.queue_max, 256);
     assert!(p.adaptive_stall && p.hold_tool_calls && p.assemble_non_streaming);
     assert_eq!(
         format!("{:?}", p.health),

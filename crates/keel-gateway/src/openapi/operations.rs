@@ -54,9 +54,10 @@ const ERROR_STATUSES: &[(&str, &str)] = &[
     ("408", "The request body did not arrive within `body_read_timeout_ms`."),
     ("413", "The request body is larger than `max_body_bytes`."),
     ("415", "The request's `content-type` is not JSON."),
+    ("429", "The pool's wait line is full of requests of the same or higher priority (`x-keel-priority`), or one of higher priority took this one's place; `retry-after` says when to try again, from the measured drain rate."),
     ("500", "keel failed while handling the request (a bug; reported in keel's log)."),
     ("502", "Every attempt failed: the model servers answered with errors, broke the connection or sent invalid responses."),
-    ("503", "Every variant of the pool is cooling down, loading its model, or at its concurrency limit with a full wait line; `retry-after` says when to try again."),
+    ("503", "Every variant of the pool is cooling down, loading its model, or at its concurrency limit and the request's expected wait in line is longer than it may wait (`queue_ms`, its deadline); `retry-after` says when to try again."),
     ("504", "The request's deadline (the pool's `total_ms`, or `x-keel-timeout-ms`) passed before an answer."),
 ];
 
@@ -83,8 +84,9 @@ pub fn response_components() -> Value {
     let mut out = Map::new();
     for protocol in [Protocol::OpenAi, Protocol::Anthropic] {
         for (status, why) in error_statuses() {
-            // Waiting helps when keel is saturated (503) and may when a model server refused (4XX).
-            let retry = matches!(status, "503" | "4XX");
+            // Waiting helps when keel is saturated (429, 503) and may when a model server
+            // refused (4XX).
+            let retry = matches!(status, "429" | "503" | "4XX");
             out.insert(
                 error_component(protocol, status),
                 error_response(why, Some(protocol), keel_headers(retry)),
@@ -174,6 +176,7 @@ fn generation(g: Generation) -> Value {
             param_ref("ForceVariant"),
             param_ref("Preference"),
             param_ref("MinTier"),
+            param_ref("Priority"),
         ],
         "requestBody": {
             "required": true,

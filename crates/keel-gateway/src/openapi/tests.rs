@@ -86,7 +86,7 @@ fn error_statuses_match_what_keel_answers() {
     let doc = document();
     let chat = &doc["paths"]["/v1/chat/completions"]["post"]["responses"];
     let messages = &doc["paths"]["/v1/messages"]["post"]["responses"];
-    // Every kind keel answers (other than the 401/403/429 a model server may send, which fall
+    // Every kind keel answers (other than the 401/403 a model server may send, which fall
     // under 4XX) has its own documented status with the protocol's error shape.
     for kind in [
         ErrorKind::InvalidRequest,
@@ -96,6 +96,7 @@ fn error_statuses_match_what_keel_answers() {
         ErrorKind::RequestTimeout,
         ErrorKind::Timeout,
         ErrorKind::Overloaded,
+        ErrorKind::RateLimited,
         ErrorKind::BadGateway,
         ErrorKind::Internal,
     ] {

@@ -18,6 +18,7 @@ mod models;
 mod openapi;
 mod prefill_refusal;
 mod proxy;
+mod queue;
 mod responses;
 mod routing;
 mod safeguards;

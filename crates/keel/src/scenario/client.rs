@@ -1,5 +1,6 @@
-//! The load generator's client: one request with the OpenAI SDK's default retry policy, its
-//! answer read and compared with the reference text.
+//! The load generator's client: one request with the OpenAI SDK's default retry policy (or,
+//! with `honour_retry_after`, a client that keeps coming back when told to), its answer read
+//! and compared with the reference text.
 
 use std::time::{Duration, Instant};
 
@@ -21,9 +22,28 @@ pub(crate) struct Seen {
     pub(crate) advised_ok: u32,
     pub(crate) cached: u64,
     pub(crate) prompt: u64,
+    /// The request's priority (`x-keel-priority`), when the scenario sets one.
+    pub(crate) priority: Option<keel_core::queue::Priority>,
+    /// 429 and 503 answers it got (each followed by a retry, or the end).
+    pub(crate) refusals: u32,
+    /// Answers (of any status) whose headers came after the request's deadline.
+    pub(crate) late: u32,
 }
 
-/// The OpenAI SDK's default retry policy around one request.
+/// How the client retries.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Policy {
+    /// Retry 429/503 answers that carry a retry-after as often as it takes (within
+    /// [`WORK_LIMIT`]), waiting what they advise; otherwise the SDK's two retries.
+    pub(crate) honour_retry_after: bool,
+    /// Sent as `x-keel-timeout-ms`; answers later than this count as late.
+    pub(crate) deadline_ms: Option<u64>,
+}
+
+/// A client that honours retry-after gives up on a piece of work after this long.
+const WORK_LIMIT: Duration = Duration::from_secs(120);
+
+/// One piece of work: the request with its retries (see [`Policy`]).
 pub(crate) async fn sdk_request(
     client: &reqwest::Client,
     url: &str,
@@ -31,17 +51,26 @@ pub(crate) async fn sdk_request(
     body: &Value,
     reference: &str,
     rng_seed: u64,
+    policy: Policy,
 ) -> Seen {
     let started = Instant::now();
     let mut rng = Rng::new(rng_seed);
     let mut seen = Seen::default();
     let mut advised = false;
-    for attempt in 0..=2u32 {
+    let mut attempt = 0u32;
+    loop {
         let mut req = client.post(url).json(body).timeout(Duration::from_secs(60));
         for (k, v) in headers {
             req = req.header(k, v);
         }
+        let sent = Instant::now();
         let resp = req.send().await;
+        if policy
+            .deadline_ms
+            .is_some_and(|ms| sent.elapsed() > Duration::from_millis(ms))
+        {
+            seen.late += 1;
+        }
         if std::mem::take(&mut advised) {
             seen.advised_retries += 1;
             seen.advised_ok += u32::from(resp.as_ref().is_ok_and(|r| r.status().is_success()));
@@ -61,6 +90,7 @@ pub(crate) async fn sdk_request(
             }
             Ok(r) => {
                 let status = r.status().as_u16();
+                seen.refusals += u32::from(matches!(status, 429 | 503));
                 if !matches!(status, 408 | 409 | 429 | 500..=599) {
                     break;
                 }
@@ -77,12 +107,17 @@ pub(crate) async fn sdk_request(
             }
             Err(_) => None,
         };
-        if attempt == 2 {
+        // Told when to come back: such a client comes back then, for as long as the work may
+        // take; any other failure gets the SDK's two retries.
+        let told = policy.honour_retry_after && retry_wait.is_some();
+        if (told && started.elapsed() >= WORK_LIMIT) || (!told && attempt >= 2) {
             break;
         }
+        attempt += u32::from(!told);
         advised = retry_wait.is_some();
         let backoff = retry_wait.unwrap_or_else(|| {
-            (0.5 * 2f64.powi(attempt as i32)).min(8.0) * (1.0 - 0.25 * rng.next_f64())
+            (0.5 * 2f64.powi(attempt.saturating_sub(1) as i32)).min(8.0)
+                * (1.0 - 0.25 * rng.next_f64())
         });
         tokio::time::sleep(Duration::from_secs_f64(backoff)).await;
     }

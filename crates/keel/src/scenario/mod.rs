@@ -27,6 +27,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use keel_core::protocol::Endpoint;
+use keel_core::queue::Priority;
 use keel_core::rng::Rng;
 use keel_sim::text::Generator;
 use keel_sim::{FaultSpec, Fleet, FleetConfig};
@@ -66,6 +67,17 @@ pub struct Scenario {
     /// Lines added to each of keel's variant tables (e.g. `health_path = "/health"`).
     #[serde(default)]
     pub keel_variant: String,
+    /// Share of requests sent with `x-keel-priority: high`; the rest are sent as `low`.
+    /// Absent: no priority header (the report then has no per-priority table).
+    #[serde(default)]
+    pub priority_mix: Option<f64>,
+    /// Clients retry a 429/503 that carries a retry-after as often as it takes, waiting what it
+    /// advises (otherwise: the OpenAI SDK's two retries).
+    #[serde(default)]
+    pub honour_retry_after: bool,
+    /// Each request's deadline, sent as `x-keel-timeout-ms`.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
     pub fleet: FleetConfig,
     #[serde(default)]
     pub events: Vec<Event>,
@@ -153,6 +165,7 @@ struct Planned {
     at: Duration,
     body: Value,
     reference: String,
+    priority: Option<Priority>,
 }
 
 fn prompt(rng: &mut Rng, mix: [f64; 3], i: usize, prefixes: &[String]) -> Value {
@@ -191,6 +204,8 @@ fn plan(s: &Scenario, duration: f64, seed: u64) -> Vec<Planned> {
         })
         .collect();
     let generator = Generator::new("default", s.fleet.generation);
+    // A separate sequence, so that a priority mix leaves the prompts as they were.
+    let mut ranks = Rng::new(seed ^ 0x7072_696f);
     let n = (duration * s.rps).round() as usize;
     (0..n)
         .map(|i| {
@@ -199,18 +214,20 @@ fn plan(s: &Scenario, duration: f64, seed: u64) -> Vec<Planned> {
                 body["stream_options"] = json!({"include_usage": true});
             }
             let reference = reference_text(&generator, Endpoint::ChatCompletions, &body);
-            Planned { at: Duration::from_secs_f64(i as f64 / s.rps), body, reference }
+            let priority = s.priority_mix.map(|high| if ranks.next_f64() < high { Priority::High } else { Priority::Low });
+            Planned { at: Duration::from_secs_f64(i as f64 / s.rps), body, reference, priority }
         })
         .collect()
 }
 
 /// Samples every server's in-flight count (running + waiting) every 10 ms until `stop` is
-/// set; returns the time-averaged count per server.
+/// set; returns the time-averaged count per server and the highest running count seen on any.
 fn sample_in_flight(
     servers: Vec<Arc<keel_sim::server::SimServer>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
-) -> tokio::task::JoinHandle<Vec<f64>> {
+) -> tokio::task::JoinHandle<(Vec<f64>, i64)> {
     tokio::spawn(async move {
+        let mut peak = 0i64;
         let mut sums = vec![0i64; servers.len()];
         let mut n = 0u64;
         let mut tick = tokio::time::interval(Duration::from_millis(10));
@@ -220,10 +237,14 @@ fn sample_in_flight(
             for (sum, srv) in sums.iter_mut().zip(&servers) {
                 let st = srv.stats();
                 *sum += (st.running + st.waiting).max(0);
+                peak = peak.max(st.running + st.waiting);
             }
             n += 1;
         }
-        sums.iter().map(|s| *s as f64 / n.max(1) as f64).collect()
+        (
+            sums.iter().map(|s| *s as f64 / n.max(1) as f64).collect(),
+            peak,
+        )
     })
 }
 
@@ -300,18 +321,31 @@ async fn run_contender(
             running.headers.clone(),
             results.clone(),
         );
+        let mut headers = headers;
+        if let Some(pr) = p.priority {
+            headers.push(("x-keel-priority".into(), pr.as_str().into()));
+        }
+        if let Some(ms) = s.deadline_ms {
+            headers.push(("x-keel-timeout-ms".into(), ms.to_string()));
+        }
+        let policy = Policy {
+            honour_retry_after: s.honour_retry_after,
+            deadline_ms: s.deadline_ms,
+        };
         tasks.push(tokio::spawn(async move {
             let mut body = p.body;
             body["model"] = json!("bench");
-            let seen = sdk_request(
+            let mut seen = sdk_request(
                 &client,
                 &url,
                 &headers,
                 &body,
                 &p.reference,
                 seed ^ i as u64,
+                policy,
             )
             .await;
+            seen.priority = p.priority;
             results.lock().unwrap_or_else(|e| e.into_inner()).push(seen);
             bar.inc(1);
         }));
@@ -322,7 +356,7 @@ async fn run_contender(
     bar.finish();
     let elapsed = start.elapsed().as_secs_f64();
     stop_sampling.store(true, std::sync::atomic::Ordering::Relaxed);
-    let in_flight = sampler.await.map_err(|e| e.to_string())?;
+    let (in_flight, upstream_peak) = sampler.await.map_err(|e| e.to_string())?;
     let after: Vec<keel_sim::server::Stats> =
         fleet.servers.iter().map(|s| s.state.stats()).collect();
     // What each server did while the load ran (from when the contender was ready: keel's
@@ -339,6 +373,8 @@ async fn run_contender(
     let prefill_tokens: u64 = during(|s| s.prefill_tokens).iter().sum();
     let upstream_requests: u64 = during(|s| s.requests).iter().sum();
     let tokens_sent: u64 = during(|s| s.tokens_sent).iter().sum();
+    // The simulator's refusals (429 when full): a layer that respects capacity causes none.
+    let upstream_refused: u64 = during(|s| s.errors).iter().sum();
     if name.starts_with("keel") {
         // keel's last decision records (candidates, costs, attempts) and its metrics (attempts
         // by kind, probes, hedges), to see why.
@@ -422,6 +458,10 @@ async fn run_contender(
         request_balance: max_over_mean(&per_server_requests),
         inflight_balance: max_over_mean(&in_flight),
         retry_after_success: (r429 > 0).then(|| r429_ok as f64 / r429 as f64),
+        by_priority: by_priority(&seen)?,
+        upstream_peak: upstream_peak as f64,
+        upstream_refused: upstream_refused as f64,
+        late: seen.iter().map(|x| x.late as f64).sum(),
         runs: 1,
         ttft_p99_range: [ttft_ms[2]; 2],
         total_p99_range: [total_ms[2]; 2],
@@ -599,6 +639,10 @@ mod tests {
             admitted_rps: 40.0,
             kv_hit_rate: 0.0,
             retry_after_success: None,
+            by_priority: Vec::new(),
+            upstream_peak: 0.0,
+            upstream_refused: 0.0,
+            late: 0.0,
             prefill_tokens: 0.0,
             request_balance: 1.0,
             inflight_balance: 1.0,
@@ -675,6 +719,10 @@ mod tests {
             request_balance: balance,
             inflight_balance: balance,
             retry_after_success: None,
+            by_priority: Vec::new(),
+            upstream_peak: 0.0,
+            upstream_refused: 0.0,
+            late: 0.0,
             runs: 1,
             ttft_p99_range: [hit; 2],
             total_p99_range: [0.0; 2],

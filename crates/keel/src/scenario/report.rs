@@ -27,6 +27,14 @@ pub struct Figures {
     pub inflight_balance: f64,
     /// Share of retries made after waiting an advertised retry-after that succeeded.
     pub retry_after_success: Option<f64>,
+    /// Figures by `x-keel-priority` (empty when the scenario sends none).
+    pub by_priority: Vec<PriorityFigures>,
+    /// The most requests (running + waiting) any one server held at once.
+    pub upstream_peak: f64,
+    /// Requests the servers refused (429 when full, and other errors they answered).
+    pub upstream_refused: f64,
+    /// Answers that came after the request's deadline (`deadline_ms`).
+    pub late: f64,
     /// Runs the figures are medians of.
     pub runs: usize,
     /// Lowest and highest P99 TTFT and P99 total time (ms) across those runs.
@@ -34,6 +42,49 @@ pub struct Figures {
     pub total_p99_range: [f64; 2],
     #[serde(skip)]
     pub ttft_cdf: Vec<(f64, f64)>,
+}
+
+/// The figures of one priority's requests.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PriorityFigures {
+    pub priority: &'static str,
+    pub requests: usize,
+    /// TTFT from the first send of the work (retry waits included), successful work only.
+    pub ttft_ms: [f64; 4],
+    /// Share of the work that ended without an answer.
+    pub error_rate: f64,
+    /// 429/503 answers per piece of work.
+    pub refusals_per_request: f64,
+    /// Share of the work that was refused at least once.
+    pub refused_share: f64,
+}
+
+/// Figures by priority, highest first; empty when no request had one.
+pub(crate) fn by_priority(seen: &[Seen]) -> Result<Vec<PriorityFigures>, String> {
+    let mut out = Vec::new();
+    for p in keel_core::queue::Priority::ALL {
+        let mine: Vec<&Seen> = seen.iter().filter(|x| x.priority == Some(p)).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let mut ttft =
+            Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).map_err(|e| e.to_string())?;
+        for x in mine.iter().filter(|x| x.ok) {
+            if let Some(t) = x.ttft_us {
+                let _ = ttft.record(t.max(1));
+            }
+        }
+        let n = mine.len() as f64;
+        out.push(PriorityFigures {
+            priority: p.as_str(),
+            requests: mine.len(),
+            ttft_ms: quantiles(&ttft),
+            error_rate: mine.iter().filter(|x| !x.ok).count() as f64 / n,
+            refusals_per_request: mine.iter().map(|x| x.refusals as f64).sum::<f64>() / n,
+            refused_share: mine.iter().filter(|x| x.refusals > 0).count() as f64 / n,
+        });
+    }
+    Ok(out)
 }
 
 /// The median of each figure across runs (the CDF of the run with the median P99 TTFT).
@@ -72,6 +123,10 @@ pub(crate) fn median_figures(mut runs: Vec<Figures>) -> Figures {
         request_balance: m(&|x| x.request_balance),
         inflight_balance: m(&|x| x.inflight_balance),
         retry_after_success: (!retry.is_empty()).then(|| med(retry)),
+        by_priority: runs[runs.len() / 2].by_priority.clone(),
+        upstream_peak: m(&|x| x.upstream_peak),
+        upstream_refused: m(&|x| x.upstream_refused),
+        late: m(&|x| x.late),
         runs: runs.len(),
         ttft_p99_range: range(&|x| x.ttft_ms[2]),
         total_p99_range: range(&|x| x.total_ms[2]),
@@ -187,10 +242,57 @@ pub(crate) fn markdown(s: &Scenario, figures: &[Figures]) -> String {
             ));
         }
     }
+    if figures.iter().any(|f| !f.by_priority.is_empty()) {
+        t.push_str(&priority_markdown(s, figures));
+    }
     for f in figures {
         if let Some(p) = f.retry_after_success {
             t.push_str(&format!("\nretry-after precision ({}): {:.0}% of retries made after waiting the advertised retry-after succeeded\n", f.contender, p * 100.0));
         }
+    }
+    t
+}
+
+/// The per-priority table, and what the servers saw.
+fn priority_markdown(s: &Scenario, figures: &[Figures]) -> String {
+    let mut t = String::from("\nBy priority (`x-keel-priority`; TTFT from the first send, retry waits included; refused = got at least one 429/503):\n\n");
+    t.push_str("| contender | priority | requests | TTFT p50 (ms) | p99 (ms) | errors (%) | refused (%) | refusals per request |\n");
+    t.push_str("|---|---|---|---|---|---|---|---|\n");
+    for f in figures {
+        for p in &f.by_priority {
+            t.push_str(&format!(
+                "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.1} | {:.2} |\n",
+                f.contender,
+                p.priority,
+                p.requests,
+                p.ttft_ms[0],
+                p.ttft_ms[2],
+                p.error_rate * 100.0,
+                p.refused_share * 100.0,
+                p.refusals_per_request
+            ));
+        }
+    }
+    let capacity = s
+        .fleet
+        .servers
+        .iter()
+        .map(|srv| {
+            format!(
+                "{} running + {} waiting",
+                srv.capacity,
+                srv.max_waiting.map_or("any".into(), |w| w.to_string())
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    t.push_str(&format!("\nServers (capacity {capacity}): the most one held at once, the requests they refused, and answers later than the deadline ({} ms):\n\n", s.deadline_ms.map_or("none".into(), |d| d.to_string())));
+    t.push_str("| contender | peak running + waiting | refused upstream | late answers |\n|---|---|---|---|\n");
+    for f in figures {
+        t.push_str(&format!(
+            "| {} | {:.0} | {:.0} | {:.0} |\n",
+            f.contender, f.upstream_peak, f.upstream_refused, f.late
+        ));
     }
     t
 }
