@@ -223,15 +223,23 @@ pub(super) fn read_admin(t: Option<Table>, issues: &mut Issues) -> Option<[u8; 3
     hash
 }
 
-/// `[quota]`: `fail_mode`.
-pub(super) fn read_quota(t: Option<Table>, issues: &mut Issues) -> FailMode {
+/// How long a concurrency slot outlives a replica that stopped renewing it (crashed), unless
+/// `[quota] slot_ttl_ms` says otherwise.
+pub const DEFAULT_SLOT_TTL_MS: u64 = 30_000;
+
+/// `[quota]`: `fail_mode`, `slot_ttl_ms`.
+pub(super) fn read_quota(t: Option<Table>, issues: &mut Issues) -> (FailMode, u64) {
     let Some(mut t) = t else {
-        return FailMode::default();
+        return (FailMode::default(), DEFAULT_SLOT_TTL_MS);
     };
     let mode = t
         .choice("fail_mode", &FAIL_MODES, issues)
         .map(|v| v.value)
         .unwrap_or_default();
+    let ttl = t
+        .value::<u64>("slot_ttl_ms", issues)
+        .unwrap_or(DEFAULT_SLOT_TTL_MS)
+        .max(100);
     t.finish(issues);
-    mode
+    (mode, ttl)
 }

@@ -72,6 +72,8 @@ pub struct Config {
     pub admin_key_hash: Option<[u8; 32]>,
     /// `[quota] fail_mode`.
     pub quota_fail_mode: FailMode,
+    /// `[quota] slot_ttl_ms`: a crashed replica's concurrency slots come back after this.
+    pub quota_slot_ttl_ms: u64,
     /// `[redis]`: quota state shared by replicas; `None` keeps it in this process.
     pub redis: Option<RedisConfig>,
     /// Warnings that do not stop the gateway (printed by `keel check` and at start).
@@ -220,7 +222,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         let section = t.table("admin", issues);
         keys::read_admin(section, issues)
     };
-    let quota_fail_mode = {
+    let (quota_fail_mode, quota_slot_ttl_ms) = {
         let section = t.table("quota", issues);
         keys::read_quota(section, issues)
     };
@@ -245,6 +247,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         keys,
         admin_key_hash,
         quota_fail_mode,
+        quota_slot_ttl_ms,
         redis,
         warnings,
     };

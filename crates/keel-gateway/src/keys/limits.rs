@@ -367,7 +367,10 @@ async fn take(gw: &Gateway, grant: &mut Grant, cost: &Cost) -> Result<(), Gatewa
     let store = gw.quota.clone();
     if let Some(max) = key.max_concurrency {
         // A shared store expires a slot a crashed replica never released.
-        match bounded(store.acquire(id, max, Duration::from_secs(600))).await {
+        // A shared store renews held slots well within the TTL; a crashed replica's come back
+        // after it (`[quota] slot_ttl_ms`).
+        let ttl = Duration::from_millis(gw.cfg.quota_slot_ttl_ms);
+        match bounded(store.acquire(id, max, ttl)).await {
             Ok(Some(h)) => grant.held = Some(h),
             Ok(None) => {
                 return Err(refuse(
