@@ -2,7 +2,7 @@
 import anthropic
 import openai
 
-from sdk_streams import read_openai_stream
+from sdk_helpers import read_openai_stream
 
 
 def test_openai_streamed_chat_arrives_intact(keel_demo):

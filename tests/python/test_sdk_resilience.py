@@ -14,7 +14,7 @@ import anthropic
 import openai
 import pytest
 
-from sdk_streams import read_openai_stream
+from sdk_helpers import Timeline, read_openai_stream
 
 PROMPT = [{"role": "user", "content": "tell me how a gateway survives a broken stream"}]
 MAX_TOKENS = 48
@@ -276,38 +276,6 @@ UPSTREAM_WAIT_S = {"claude-a": 0.45, "claude-b": 0.65}
 def refuse_every_variant(demo, status):
     for variant, wait in UPSTREAM_WAIT_S.items():
         demo.add_fault(variant, kind="error", status=status, retry_after_s=wait)
-
-
-class Timeline:
-    """httpx event hooks that note when each request leaves and each response head arrives."""
-
-    def __init__(self):
-        self.events = []
-
-    def request(self, request):
-        self.events.append(("request", time.perf_counter(), None))
-
-    def response(self, response):
-        self.events.append(("response", time.perf_counter(), response.headers))
-
-    async def arequest(self, request):
-        self.request(request)
-
-    async def aresponse(self, response):
-        self.response(response)
-
-    def hooks(self, asynchronous=False):
-        if asynchronous:
-            return {"request": [self.arequest], "response": [self.aresponse]}
-        return {"request": [self.request], "response": [self.response]}
-
-    def waited_and_told(self):
-        """The SDK's wait between its first response and its retry, and the wait keel asked
-        for in that response (both in seconds)."""
-        kinds = [e[0] for e in self.events]
-        assert kinds == ["request", "response", "request", "response"], kinds
-        headers = self.events[1][2]
-        return self.events[2][1] - self.events[1][1], int(headers["retry-after-ms"]) / 1000
 
 
 def test_keel_answers_503_with_both_retry_after_headers(faults):
