@@ -11,6 +11,9 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 keel="$1"
 schemathesis="${2:-schemathesis}"
+# The run happens in a scratch directory: make paths given relative to here absolute.
+case "$keel" in /*) ;; */*) keel="$PWD/$keel" ;; esac
+case "$schemathesis" in /*) ;; */*) schemathesis="$PWD/$schemathesis" ;; esac
 base="${CONTRACT_BASE_PORT:-18401}"
 sim0=$base
 sim1=$((base + 1))
