@@ -64,9 +64,11 @@ def assert_migrated(demo, request_id, variant):
     attempts = demo.decision(request_id)["attempts"]
     first = [a for a in attempts if a["kind"] == "first"]
     assert first[0]["variant"] == variant and first[0]["outcome"] != "ok", attempts
-    last = attempts[-1]
-    assert last["kind"] == "continuation" and last["outcome"] == "ok", attempts
-    assert last["variant"] != variant, attempts
+    # The record lists attempts as they settle: a hedge that lost its race may end after the
+    # continuation that finished the answer.
+    finished = [a for a in attempts if a["kind"] == "continuation" and a["outcome"] == "ok"]
+    assert len(finished) == 1, attempts
+    assert finished[0]["variant"] != variant, attempts
 
 
 def assert_schema_valid(args):
