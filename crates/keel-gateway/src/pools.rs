@@ -3,7 +3,7 @@
 //! lifecycle the monitor advances (probes, warm-ups). Selection reads it (`selection`);
 //! settlement writes it (`settlement`).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -75,7 +75,12 @@ pub struct Pool {
     pub metrics: Arc<Metrics>,
     /// Bounds on what is read from upstreams.
     pub limits: UpstreamLimits,
+    /// When (`now_ms` + 1) the pool last admitted a high-priority request; 0: never.
+    high_seen: AtomicU64,
 }
+
+/// How long after the last high-priority request its share of capacity stays reserved.
+const HIGH_RESERVE_FOR_MS: u64 = 10_000;
 
 /// The shortest silence that starts a speculative continuation: below it, scheduling noise on
 /// a loaded machine alone would start races.
@@ -267,6 +272,7 @@ impl Pool {
             line,
             metrics,
             limits,
+            high_seen: AtomicU64::new(0),
         }
     }
 
@@ -296,15 +302,37 @@ impl Pool {
         self.state().availability[index].available(now_ms)
     }
 
-    /// Whether a variant has a free slot under its concurrency limit (configured or learned).
-    pub fn below_limit(&self, index: usize) -> bool {
+    /// Notes a request's priority: high-priority traffic reserves its share of capacity.
+    pub fn note_priority(&self, priority: Priority, now_ms: u64) {
+        if priority == Priority::High {
+            self.high_seen.store(now_ms + 1, Ordering::Relaxed);
+        }
+    }
+
+    /// The concurrency a request of `priority` may use on a variant: its whole limit for high
+    /// priority; otherwise the limit less `priority_reserve` of it (at least one slot left)
+    /// while high-priority requests have been seen lately, so that they find a free slot
+    /// instead of waiting behind the bulk. Unlimited variants reserve nothing.
+    pub fn limit_for(&self, index: usize, priority: Priority, now_ms: u64) -> u32 {
+        let limit = self.variants[index].concurrency_limit();
+        let seen = self.high_seen.load(Ordering::Relaxed);
+        let high_lately = seen != 0 && now_ms + 1 < seen + HIGH_RESERVE_FOR_MS;
+        if priority == Priority::High || limit == u32::MAX || !high_lately {
+            return limit;
+        }
+        let reserve = (f64::from(limit) * self.cfg.priority_reserve).ceil() as u32;
+        limit.saturating_sub(reserve).max(1)
+    }
+
+    /// Whether a variant has a free slot for a request of `priority` (see [`Pool::limit_for`]).
+    pub fn below_limit(&self, index: usize, priority: Priority) -> bool {
         let v = &self.variants[index];
-        v.in_flight.load(Ordering::Relaxed) < v.concurrency_limit()
+        v.in_flight.load(Ordering::Relaxed) < self.limit_for(index, priority, self.now_ms())
     }
 
     /// Whether an attempt could start on a variant right now, without waiting.
     pub fn can_take(&self, index: usize, now_ms: u64) -> bool {
-        self.below_limit(index) && self.available(index, now_ms)
+        self.below_limit(index, Priority::Normal) && self.available(index, now_ms)
     }
 
     /// Requests holding the pool's slots now.
@@ -336,8 +364,7 @@ impl Pool {
         priority: Priority,
         deadline: tokio::time::Instant,
     ) -> bool {
-        let v = &self.variants[index];
-        let below = || v.in_flight.load(Ordering::Relaxed) < v.concurrency_limit();
+        let below = || self.below_limit(index, priority);
         if below() {
             return true;
         }

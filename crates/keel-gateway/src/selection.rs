@@ -159,7 +159,7 @@ impl Pool {
                             && fits(v)
                             && at_tier(v)
                             && st.availability[i].available(now_ms)
-                            && in_flight < v.concurrency_limit(),
+                            && in_flight < self.limit_for(i, controls.priority, now_ms),
                         health: if warming {
                             keel_core::health::FLOOR
                         } else {
@@ -189,7 +189,8 @@ impl Pool {
             fits(v)
                 && at_tier(v)
                 && st.availability[i].available(now_ms)
-                && v.in_flight.load(Ordering::Relaxed) >= v.concurrency_limit()
+                && v.in_flight.load(Ordering::Relaxed)
+                    >= self.limit_for(i, controls.priority, now_ms)
         };
         let selection = if plan.order.is_empty() && self.variants.iter().enumerate().any(full) {
             Selection::Full

@@ -249,6 +249,7 @@ async fn stages(
     }
 
     // Stage 1: selection.
+    pool.note_priority(ctx.priority, pool.now_ms());
     let controls = Controls {
         force_variant: ctx.force_variant.as_deref(),
         preference: ctx.preference,

@@ -34,7 +34,7 @@ use keel_core::outcome::{AttemptFailure, Verdict};
 use keel_core::protocol::ErrorKind;
 
 use crate::attempt::{AttemptResult, Served};
-use crate::context::RequestCtx;
+use crate::context::{Priority, RequestCtx};
 use crate::errors::GatewayError;
 use crate::pools::{InFlight, Pool};
 use crate::selection::DecisionRecord;
@@ -305,7 +305,9 @@ impl Attempts {
         // A hedge that must queue is no longer a race; synthetic requests never queue ahead
         // of clients.
         let slot = match kind {
-            AttemptKind::Hedge | AttemptKind::Probe | AttemptKind::WarmUp => pool.below_limit(vi),
+            AttemptKind::Hedge => pool.below_limit(vi, self.priority),
+            // Keel's own traffic never takes a slot kept for high-priority requests.
+            AttemptKind::Probe | AttemptKind::WarmUp => pool.below_limit(vi, Priority::Low),
             _ => pool.wait_for_slot(vi, self.priority, deadline).await,
         };
         if !slot {

@@ -73,6 +73,9 @@ pub struct PoolConfig {
     /// Refresh probes of serving variants without recent evidence may add at most this share
     /// of the pool's requests (10 s window).
     pub probe_budget: f64,
+    /// The share of each variant's concurrency limit kept for high-priority requests while
+    /// any have been seen in the last 10 s (`priority_reserve`, default 0.25).
+    pub priority_reserve: f64,
     pub hold_tool_calls: bool,
     pub assemble_non_streaming: bool,
     pub health: HealthConfig,
@@ -138,6 +141,7 @@ pub(super) fn read(
     let hedge = read_hedge(&mut t, issues);
     let hedge_budget = share(&mut t, "hedge_budget", 0.1, issues);
     let probe_budget = share(&mut t, "probe_budget", 0.05, issues);
+    let priority_reserve = share(&mut t, "priority_reserve", 0.25, issues);
     let health = {
         let h = t.table("health", issues);
         super::health::read(h, issues)
@@ -161,6 +165,7 @@ pub(super) fn read(
         hedge_budget,
         max_hedges: t.value::<u32>("max_hedges", issues).unwrap_or(2),
         probe_budget,
+        priority_reserve,
         hold_tool_calls: t.value::<bool>("hold_tool_calls", issues).unwrap_or(true),
         assemble_non_streaming: t
             .value::<bool>("assemble_non_streaming", issues)

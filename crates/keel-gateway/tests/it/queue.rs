@@ -131,6 +131,55 @@ async fn high_priority_requests_are_served_before_low_ones_that_queued_earlier()
 }
 
 #[tokio::test]
+async fn while_high_priority_traffic_is_seen_a_share_of_capacity_stays_free_for_it() {
+    // Four slots; `priority_reserve = 0.25` keeps one for high priority once any was seen.
+    let cfg = ServerConfig {
+        ttft_ms: 400.0,
+        ..ServerConfig::fast("s")
+    };
+    let fleet = Fleet::start_n(1, cfg).await.unwrap();
+    let mut config = pool_over(
+        &fleet,
+        "p",
+        "openai",
+        1,
+        "hedge = \"off\"\nqueue_ms = 60000\n",
+    );
+    config.push_str("max_concurrency = 4\n");
+    let h = Harness::start(fleet, &config).await;
+    let done = Arc::new(AtomicUsize::new(0));
+    assert_eq!(
+        send(&h, &[("x-keel-priority", "high")], &done)
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    // Four low ones: three run, the fourth waits although a slot is free.
+    let low: Vec<_> = (0..4)
+        .map(|_| send(&h, &[("x-keel-priority", "low")], &done))
+        .collect();
+    until_waiting(&h, "low", 1.0).await;
+    assert_eq!(h.server(0).state.stats().running, 3);
+    // A high one arriving now takes the kept slot at once, ahead of the waiting low one.
+    let high = send(&h, &[("x-keel-priority", "high")], &done)
+        .await
+        .unwrap();
+    assert_eq!((high.status, high.route.as_str()), (200, "direct"));
+    let mut orders: Vec<usize> = Vec::new();
+    for t in low {
+        let a = t.await.unwrap();
+        assert_eq!(a.status, 200, "{a:?}");
+        orders.push(a.order);
+    }
+    assert!(
+        high.order < *orders.iter().max().unwrap(),
+        "the high request ({}) waited behind every low one ({orders:?})",
+        high.order
+    );
+}
+
+#[tokio::test]
 async fn a_short_deadline_behind_a_long_line_is_refused_at_once_with_retry_after() {
     let h = one_slot(150.0, "").await;
     let done = Arc::new(AtomicUsize::new(0));
