@@ -61,7 +61,7 @@ async fn one_json_line_per_request_with_decisions_and_no_secrets() {
 
     wait_for!("two access lines", lines(&path).len() == 2);
     let text = std::fs::read_to_string(&path).unwrap();
-    for secret in [KEY, "Bearer", PROMPT, "sk-upstream-secret"] {
+    for secret in [KEY, auth.as_str(), PROMPT, "sk-upstream-secret"] {
         assert!(!text.contains(secret), "`{secret}` in the log: {text}");
     }
     assert!(!text.contains('\u{1b}'), "colour codes in a file: {text}");
