@@ -43,9 +43,13 @@ impl AccessLog {
             AccessLogTarget::Stdout => Out::Stdout,
             AccessLogTarget::Stderr => Out::Stderr,
             AccessLogTarget::File(path) => {
-                let f = OpenOptions::new().create(true).append(true).open(path).map_err(|e| {
-                    std::io::Error::new(e.kind(), format!("access log {}: {e}", path.display()))
-                })?;
+                let f = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| {
+                        std::io::Error::new(e.kind(), format!("access log {}: {e}", path.display()))
+                    })?;
                 Out::File(Mutex::new(LineWriter::new(f)))
             }
         };
@@ -157,7 +161,9 @@ impl RequestLog {
         endpoint: &'static str,
         pool: &str,
     ) -> Self {
-        gw.metrics.gauge("keel_requests_in_flight", &[]).increment(1.0);
+        gw.metrics
+            .gauge("keel_requests_in_flight", &[])
+            .increment(1.0);
         RequestLog {
             gw: gw.clone(),
             id: id.to_owned(),

@@ -199,9 +199,9 @@ pub async fn handle_generation(
     let (parts, body) = req.into_parts();
     gw.record_request();
     // The request's span (only when tracing is configured), continuing the client's trace.
-    let trace = gw
-        .telemetry
-        .start_request(&parts.headers, parts.uri.path(), endpoint, started, &id);
+    let trace =
+        gw.telemetry
+            .start_request(&parts.headers, parts.uri.path(), endpoint, started, &id);
 
     // Stage 0: admission.
     let admitted = match admission::admit(gw, api, &parts, body, &id, started).await {

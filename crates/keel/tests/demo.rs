@@ -32,11 +32,20 @@ fn demo_prints_one_json_access_line_per_sample_request() {
         let id = l["request_id"].as_str().unwrap();
         // The sample table on stdout and the log agree on each request.
         assert!(stdout.contains(l["variant"].as_str().unwrap()), "{l}");
-        assert!(!id.is_empty() && l["status"] == 200 && l["outcome"] == "ok", "{l}");
-        assert!(["direct", "fallback", "hedged", "migrated"].contains(&l["route"].as_str().unwrap()), "{l}");
+        assert!(
+            !id.is_empty() && l["status"] == 200 && l["outcome"] == "ok",
+            "{l}"
+        );
+        assert!(
+            ["direct", "fallback", "hedged", "migrated"].contains(&l["route"].as_str().unwrap()),
+            "{l}"
+        );
         assert!(l["tokens_out"].as_u64().unwrap() > 0, "{l}");
     }
-    assert!(!stderr.contains('\u{1b}'), "colour codes in a pipe: {stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "colour codes in a pipe: {stderr}"
+    );
 }
 
 #[test]
@@ -44,5 +53,8 @@ fn demo_rejects_an_unknown_log_format() {
     let out = demo(&["--log-format", "xml"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("expected `json` or `text`, got `xml`"), "{stderr}");
+    assert!(
+        stderr.contains("expected `json` or `text`, got `xml`"),
+        "{stderr}"
+    );
 }

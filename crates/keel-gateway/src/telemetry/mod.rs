@@ -128,7 +128,8 @@ impl Telemetry {
         request_id: &str,
     ) -> Option<RequestSpan> {
         let (_, tracer) = self.inner.as_ref()?;
-        let parent = TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers));
+        let parent =
+            TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers));
         let span = tracer
             .span_builder(format!("POST {path}"))
             .with_kind(SpanKind::Server)
@@ -217,7 +218,9 @@ impl RequestSpan {
                 KeyValue::new("keel.attempt.kind", kind),
             ])
             .start_with_context(&self.tracer, &self.cx);
-        AttemptSpan { span }
+        AttemptSpan {
+            span: Box::new(span),
+        }
     }
 
     /// Records the request's outcome and ends the span.
@@ -263,7 +266,9 @@ fn ttft_attribute(t: Duration) -> KeyValue {
 
 /// One attempt's CLIENT span; ended with its outcome when settled (or when dropped).
 pub struct AttemptSpan {
-    span: Span,
+    /// Boxed: an SDK span is several hundred bytes, and attempts are moved around often
+    /// (`Option<AttemptSpan>` stays one pointer when tracing is off).
+    span: Box<Span>,
 }
 
 impl AttemptSpan {
@@ -287,10 +292,11 @@ impl AttemptSpan {
 
     /// Records the attempt's outcome (`ok`, a failure label, `hedge_cancelled`, …) and ends it.
     pub fn end(mut self, outcome: &str) {
-        self.span
-            .set_attribute(KeyValue::new("keel.attempt.outcome", Cow::Owned(outcome.to_owned())));
-        if outcome != "ok" && !outcome.ends_with("cancelled") && !outcome.starts_with("status_4")
-        {
+        self.span.set_attribute(KeyValue::new(
+            "keel.attempt.outcome",
+            Cow::Owned(outcome.to_owned()),
+        ));
+        if outcome != "ok" && !outcome.ends_with("cancelled") && !outcome.starts_with("status_4") {
             self.span.set_status(Status::error(outcome.to_owned()));
         }
         self.span.end();

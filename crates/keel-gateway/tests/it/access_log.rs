@@ -68,7 +68,10 @@ async fn one_json_line_per_request_with_decisions_and_no_secrets() {
 
     let served: Value = serde_json::from_str(&lines(&path)[0]).unwrap();
     let ts = served["ts"].as_str().unwrap();
-    assert!(ts.len() == 24 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T', "{ts}");
+    assert!(
+        ts.len() == 24 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T',
+        "{ts}"
+    );
     assert_eq!(served["request_id"], id.as_str());
     assert_eq!(served["tenant"], "team-a");
     assert_eq!(served["key_id"], "app");
@@ -130,7 +133,10 @@ async fn text_format_and_streams() {
         "status=200".into(),
         "outcome=ok".into(),
     ] {
-        assert!(line.contains(&format!(" {field} ")), "{field} missing: {line}");
+        assert!(
+            line.contains(&format!(" {field} ")),
+            "{field} missing: {line}"
+        );
     }
     assert!(!line.contains('\u{1b}'), "{line}");
     let _ = std::fs::remove_file(&path);
@@ -143,14 +149,19 @@ fn log_config_is_validated() {
         keel_gateway::Config::parse(&format!("{top}\n{pool}"), "t.toml", &Default::default())
     };
     let e = parse("[log]\nformat = \"jsn\"").unwrap_err().to_string();
-    assert!(e.contains("log.format") && e.contains("did you mean `json`"), "{e}");
+    assert!(
+        e.contains("log.format") && e.contains("did you mean `json`"),
+        "{e}"
+    );
     let e = parse("[log]\naccess = \"\"").unwrap_err().to_string();
     assert!(e.contains("log.access"), "{e}");
     let e = parse("[telemetry]\notlp_endpoint = \"127.0.0.1:4318\"")
         .unwrap_err()
         .to_string();
     assert!(e.contains("telemetry.otlp_endpoint"), "{e}");
-    let c = parse("[log]\naccess = \"off\"\n[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318/\"").unwrap();
+    let c =
+        parse("[log]\naccess = \"off\"\n[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318/\"")
+            .unwrap();
     assert_eq!(c.log.access, keel_gateway::config::AccessLogTarget::Off);
     assert_eq!(
         c.telemetry.otlp_endpoint.as_deref(),

@@ -70,8 +70,7 @@ async fn receiver() -> (SocketAddr, Received) {
                 }
             });
             tokio::spawn(
-                hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), svc),
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc),
             );
         }
     });
@@ -155,7 +154,10 @@ async fn request_and_attempt_spans_carry_genai_attributes_and_the_client_trace()
     assert_eq!(a["gen_ai.request.model"], "p");
     assert_eq!(a["gen_ai.response.model"], "sim");
     assert_eq!(a["gen_ai.provider.name"], "openai");
-    assert_eq!(a["gen_ai.usage.input_tokens"], answer["usage"]["prompt_tokens"]);
+    assert_eq!(
+        a["gen_ai.usage.input_tokens"],
+        answer["usage"]["prompt_tokens"]
+    );
     assert_eq!(
         a["gen_ai.usage.output_tokens"],
         answer["usage"]["completion_tokens"]
@@ -174,10 +176,16 @@ async fn request_and_attempt_spans_carry_genai_attributes_and_the_client_trace()
         .collect();
     attempts.sort_by_key(|s| s.start_time_unix_nano);
     assert_eq!(attempts.len(), 2, "{spans:#?}");
-    for (i, (variant, kind)) in [("sim-0", "first"), ("sim-1", "fallback")].iter().enumerate() {
+    for (i, (variant, kind)) in [("sim-0", "first"), ("sim-1", "fallback")]
+        .iter()
+        .enumerate()
+    {
         let s = attempts[i];
         assert_eq!(hex(&s.trace_id), TRACE_ID);
-        assert_eq!(s.parent_span_id, req.span_id, "attempts are the request's children");
+        assert_eq!(
+            s.parent_span_id, req.span_id,
+            "attempts are the request's children"
+        );
         let a = attrs(s);
         assert_eq!(a["keel.variant"], *variant);
         assert_eq!(a["keel.attempt.kind"], *kind);
@@ -194,7 +202,12 @@ async fn request_and_attempt_spans_carry_genai_attributes_and_the_client_trace()
     }
     assert_ne!(attrs(attempts[0])["keel.attempt.outcome"], "ok");
     assert_eq!(attrs(attempts[1])["keel.attempt.outcome"], "ok");
-    assert!(attrs(attempts[1])["gen_ai.server.time_to_first_token"].as_f64().unwrap() > 0.0);
+    assert!(
+        attrs(attempts[1])["gen_ai.server.time_to_first_token"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
 }
 
 #[tokio::test]
