@@ -168,3 +168,38 @@ fn log_config_is_validated() {
         Some("http://127.0.0.1:4318")
     );
 }
+
+#[tokio::test]
+async fn a_migrated_stream_logs_its_move_and_the_usage_of_both_segments() {
+    let path = log_path("access-migrated");
+    let top = format!(
+        "allow_force_variant = true\n[log]\naccess = {:?}\n",
+        path.display().to_string()
+    );
+    let fleet = Fleet::start_n(2, ServerConfig::fast("s")).await.unwrap();
+    let cfg = format!("{top}\n{}", pool_over(&fleet, "p", "openai", 1, ""));
+    let h = Harness::start(fleet, &cfg).await;
+    // sim-0 serves the first tokens, then its connection dies: the stream moves to sim-1.
+    add_fault(h.server(0), json!({"kind": "close", "after_tokens": 4})).await;
+    let body = json!({"model": "p", "stream": true, "stream_options": {"include_usage": true},
+        "messages": [{"role": "user", "content": "move me"}]});
+    let r = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("x-keel-force-variant", "sim-0")],
+            &body,
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    read_stream(r).await;
+    wait_for!("one access line", lines(&path).len() == 1);
+    let l: Value = serde_json::from_str(&lines(&path)[0]).unwrap();
+    assert_eq!(l["route"], "migrated", "{l}");
+    assert_eq!(l["migrations"], 1, "{l}");
+    assert_eq!(l["variants_tried"], json!(["sim-0", "sim-1"]), "{l}");
+    assert_eq!(l["variant"], "sim-1", "{l}");
+    assert_eq!(l["outcome"], "ok", "{l}");
+    // Four tokens relayed from sim-0 (no usage: it died) plus sim-1's reported output.
+    assert!(l["tokens_out"].as_u64().unwrap() > 4, "{l}");
+    let _ = std::fs::remove_file(&path);
+}
