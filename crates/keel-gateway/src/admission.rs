@@ -264,7 +264,12 @@ pub async fn admit(
         )),
         None => None,
     };
+    let meter = grant
+        .as_ref()
+        .map_or_else(Default::default, |g| g.meter.clone());
     let ctx = RequestCtx {
+        meter,
+        trace: None,
         grant,
         preference,
         priority,

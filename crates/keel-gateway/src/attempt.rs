@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::time::{timeout_at, Instant};
 
 use keel_core::outcome::{parse_retry_after, AttemptFailure, Verdict};
@@ -297,13 +297,15 @@ pub fn transport_error(e: reqwest::Error) -> AttemptFailure {
 }
 
 /// Runs one attempt on variant `vi` until its first token, its whole body, or its failure.
+/// `traceparent` is the attempt span's, sent upstream in place of the client's (tracing on).
 pub async fn attempt(
     pool: &Pool,
     vi: usize,
     req: &CanonicalRequest,
     ctx: &RequestCtx,
+    traceparent: Option<HeaderValue>,
 ) -> AttemptResult {
-    match run(pool, vi, req, ctx).await {
+    match run(pool, vi, req, ctx, traceparent).await {
         Ok(r) => r,
         Err(f) => AttemptResult::Failed(f),
     }
@@ -314,6 +316,7 @@ async fn run(
     vi: usize,
     req: &CanonicalRequest,
     ctx: &RequestCtx,
+    traceparent: Option<HeaderValue>,
 ) -> Result<AttemptResult, AttemptFailure> {
     let variant = &pool.variants[vi].cfg;
     // A variant of the other protocol: the request translated for it (execution and the relay
@@ -356,7 +359,15 @@ async fn run(
     };
     let hit_total = |d: Instant| d >= ctx.deadline;
 
-    let send = upstream::request(&pool.client, variant, endpoint, &ctx.forwarded, body).send();
+    let send = upstream::request(
+        &pool.client,
+        variant,
+        endpoint,
+        &ctx.forwarded,
+        traceparent,
+        body,
+    )
+    .send();
     let resp = match timeout_at(head_deadline, send).await {
         Err(_) => return Err(timeout_failure(hit_total(head_deadline), started)),
         Ok(Err(e)) => return Err(transport_error(e)),

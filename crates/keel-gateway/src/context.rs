@@ -66,4 +66,9 @@ pub struct RequestCtx {
     pub prompt_fixes: Vec<String>,
     /// Messages middle-out dropped (`x-keel-trimmed-messages`; 0: none).
     pub trimmed_messages: usize,
+    /// The tokens the attempts used (the key's meter when there is one), for the access log,
+    /// the trace and the key's reconciliation.
+    pub meter: std::sync::Arc<crate::keys::meter::Meter>,
+    /// The request's trace span (tracing on only); attempts become its children.
+    pub trace: Option<crate::telemetry::RequestSpan>,
 }

@@ -66,6 +66,14 @@ fn front_fixes(h: &mut HeaderMap, ctx: &RequestCtx) {
     }
 }
 
+/// The `x-keel-prompt-fix` codes in `h`, for the access log.
+fn fix_codes(h: &HeaderMap) -> Vec<String> {
+    h.get(PROMPT_FIX_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(',').map(|c| c.trim().to_owned()).collect())
+        .unwrap_or_default()
+}
+
 /// A successful whole answer in the client's API: a Chat completion becomes a Response object
 /// for a Responses client. Errors have the same shape in both.
 fn answer_body(ctx: &RequestCtx, status: StatusCode, body: bytes::Bytes) -> bytes::Bytes {
@@ -109,6 +117,7 @@ fn whole(
     }
     log_headers(resp.headers_mut(), &log);
     front_fixes(resp.headers_mut(), ctx);
+    log.prompt_fixes = fix_codes(resp.headers());
     let outcome = if status.is_success() {
         "ok"
     } else {
@@ -137,7 +146,7 @@ pub async fn deliver(
         attempts,
         route,
     } = executed;
-    log.attempts = attempts.len();
+    log.note_attempts(&attempts);
     log.route = route.unwrap_or(if attempts.len() > 1 {
         "fallback"
     } else {
@@ -162,16 +171,14 @@ pub async fn deliver(
         }
         Outcome::Failed(e) => return error_response(log, protocol, &e),
     };
-    log.variant = pool.variants[committed.vi].cfg.name.clone();
+    log.serving(&pool.variants[committed.vi].cfg);
     let start = match served {
         Served::Whole {
             status,
             headers,
             body,
         } => {
-            if let Some(grant) = &ctx.grant {
-                grant.meter.whole(&pool.variants[committed.vi].cfg, &body);
-            }
+            ctx.meter.whole(&pool.variants[committed.vi].cfg, &body);
             drop(committed);
             return whole(log, ctx, status, headers, body);
         }
@@ -182,6 +189,12 @@ pub async fn deliver(
     let relay = |sink| Relay::new(gw, sink, protocol, pool, req, ctx, order, attempts);
     if !ctx.client_stream {
         let fixes = start.headers.get(PROMPT_FIX_HEADER).cloned();
+        let mut fixed = HeaderMap::new();
+        if let Some(v) = &fixes {
+            fixed.insert(PROMPT_FIX_HEADER, v.clone());
+        }
+        front_fixes(&mut fixed, ctx);
+        log.prompt_fixes = fix_codes(&fixed);
         let assembled = Arc::new(Mutex::new(Assembled::default()));
         let relay = relay(Sink::Assemble(assembled.clone()));
         let summary: Summary = relay.run(committed, start, log).await;
@@ -226,6 +239,7 @@ pub async fn deliver(
     }
     log_headers(&mut headers, &log);
     front_fixes(&mut headers, ctx);
+    log.prompt_fixes = fix_codes(&headers);
     let (tx, mut body) = stream_body(protocol);
     if let Some(front) = &ctx.responses {
         body = front.stream(&ctx.id, body);

@@ -148,7 +148,7 @@ pub async fn execute(
                     race.finished
                 }
                 None => {
-                    let r = attempt(pool, vi, req, ctx).await;
+                    let r = attempt(pool, vi, req, ctx, entered.traceparent()).await;
                     vec![(entered, r)]
                 }
             };
@@ -205,8 +205,9 @@ async fn race(
     ctx: &RequestCtx,
     delay: Duration,
 ) -> Race {
-    let racer = |slot: usize, vi: usize| -> Racer<'_> {
-        Box::pin(async move { (slot, attempt(pool, vi, req, ctx).await) })
+    let racer = |slot: usize, e: &Entered| -> Racer<'_> {
+        let (vi, tp) = (e.vi, e.traceparent());
+        Box::pin(async move { (slot, attempt(pool, vi, req, ctx, tp).await) })
     };
     let label = |outcome: &'static str| {
         pool.metrics
@@ -217,7 +218,7 @@ async fn race(
             .increment(1)
     };
     let mut running = FuturesUnordered::new();
-    running.push(racer(0, primary.vi));
+    running.push(racer(0, &primary));
     // Slot 0 is the primary, slots 1.. the hedges in the order they started.
     let mut entered: Vec<Option<Entered>> = vec![Some(primary)];
     let mut finished = Vec::new();
@@ -261,7 +262,7 @@ async fn race(
                 let Ok(hedge) = attempts.enter(h, AttemptKind::Hedge, ctx.deadline).await else {
                     continue;
                 };
-                running.push(racer(entered.len(), hedge.vi));
+                running.push(racer(entered.len(), &hedge));
                 entered.push(Some(hedge));
                 // If this hedge is late too by its own standard, another may follow.
                 if entered.len() - 1 < pool.cfg.max_hedges as usize {

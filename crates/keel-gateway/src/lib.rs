@@ -42,6 +42,7 @@ pub mod routes;
 pub mod selection;
 pub mod server;
 pub mod settlement;
+pub mod telemetry;
 pub mod translation;
 pub mod upstream;
 
@@ -74,6 +75,10 @@ pub struct Gateway {
     pub keys: keys::Keys,
     /// Where the keys' limits and budgets are kept.
     pub quota: Arc<quota::Store>,
+    /// `[log] access`: one line per request.
+    pub access_log: access_log::AccessLog,
+    /// `[telemetry]`: the OTLP trace exporter, when configured.
+    pub telemetry: telemetry::Telemetry,
 }
 
 /// Decision records kept for `/keel/decisions`.
@@ -122,7 +127,19 @@ impl Gateway {
         if cfg.redis.is_some() && matches!(quota, quota::Store::Redis(_)) {
             tracing::info!("quota state (limits, budgets, in-flight slots) shared through Redis");
         }
+        // A destination that cannot be opened is reported; `keel serve` checks it before
+        // starting (see `access_log::AccessLog::open`), so this only falls back in embedders.
+        let access_log = access_log::AccessLog::open(&cfg.log).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "access log unusable: writing it to stderr");
+            access_log::AccessLog::open(&config::LogConfig {
+                format: cfg.log.format,
+                access: config::AccessLogTarget::Stderr,
+            })
+            .unwrap_or_else(|_| access_log::AccessLog::off())
+        });
         Arc::new(Gateway {
+            access_log,
+            telemetry: telemetry::Telemetry::new(&cfg.telemetry),
             keys: keys::Keys::new(&cfg),
             quota: Arc::new(quota),
             budget: Mutex::new(RetryBudget::new(cfg.retry_budget)),

@@ -121,6 +121,8 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         grant: None,
         prompt_fixes: Vec::new(),
         trimmed_messages: 0,
+        meter: Default::default(),
+        trace: None,
     };
     let mut attempts = Attempts::new(&gw, &pool, None);
     let Ok(entered) = attempts.enter(vi, kind, ctx.deadline).await else {
@@ -128,7 +130,7 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         pool.maintenance_skipped(m);
         return;
     };
-    let result = attempt(&pool, vi, &req, &ctx).await;
+    let result = attempt(&pool, vi, &req, &ctx, None).await;
     let ttft_ms = attempts.settle_maintenance(entered, result);
     let ok = ttft_ms.is_some();
     pool.metrics

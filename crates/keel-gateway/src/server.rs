@@ -198,12 +198,17 @@ pub async fn handle_generation(
     let id = new_request_id();
     let (parts, body) = req.into_parts();
     gw.record_request();
+    // The request's span (only when tracing is configured), continuing the client's trace.
+    let trace =
+        gw.telemetry
+            .start_request(&parts.headers, parts.uri.path(), endpoint, started, &id);
 
     // Stage 0: admission.
     let admitted = match admission::admit(gw, api, &parts, body, &id, started).await {
         Ok(a) => a,
         Err(e) => {
-            let mut log = RequestLog::new(&gw.metrics, &id, started, api.label(), "none");
+            let mut log = RequestLog::new(gw, &id, started, api.label(), "none");
+            log.trace = trace;
             if let Ok(Some(key)) = gw.keys.authenticate(&parts.headers) {
                 log.key = key.id.clone();
                 log.tenant = key.tenant.clone();
@@ -215,7 +220,7 @@ pub async fn handle_generation(
         }
     };
     let views = admitted.ctx.grant.as_ref().map(|g| g.views.clone());
-    let mut resp = stages(gw, api, admitted, &id, started).await;
+    let mut resp = stages(gw, api, admitted, &id, started, trace).await;
     if let Some(views) = views {
         let now = crate::keys::limits::unix_now_ms();
         crate::keys::headers::apply(resp.headers_mut(), protocol, &views, now);
@@ -230,11 +235,15 @@ async fn stages(
     admitted: admission::Admitted,
     id: &str,
     started: Instant,
+    trace: Option<crate::telemetry::RequestSpan>,
 ) -> Response<Body> {
     let endpoint = api.endpoint();
     let protocol = endpoint.protocol();
-    let admission::Admitted { req, pool, ctx } = admitted;
-    let mut log = RequestLog::new(&gw.metrics, id, started, api.label(), &pool.cfg.name);
+    let admission::Admitted { req, pool, mut ctx } = admitted;
+    let mut log = RequestLog::new(gw, id, started, api.label(), &pool.cfg.name);
+    log.usage = Some((ctx.meter.clone(), req.estimated_input_tokens));
+    log.trace = trace.clone();
+    ctx.trace = trace;
     if let Some(grant) = &ctx.grant {
         log.key = grant.key.id.clone();
         log.tenant = grant.key.tenant.clone();
@@ -260,6 +269,7 @@ async fn stages(
     // The record is kept when the request's attempts are settled (see `settlement`).
     let mut attempts = Attempts::new(gw, &pool, record);
     attempts.priority = ctx.priority;
+    attempts.trace = ctx.trace.clone();
     if matches!(selection, Selection::Throttled(_) | Selection::Full) {
         log.route = "throttled";
     }

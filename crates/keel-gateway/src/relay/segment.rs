@@ -136,12 +136,11 @@ impl Relay {
     ) -> Option<SegmentEnd> {
         let mut events = events.into_iter();
         while let Some(ev) = events.next() {
-            // A keyed request's usage, per attempt, for its reconciliation (see `keys`).
-            if let Some(grant) = &self.ctx.grant {
-                grant
-                    .meter
-                    .event(&self.pool.variants[vi].cfg, self.protocol, &ev);
-            }
+            // The request's usage, per attempt: the access log's and the trace's tokens, and
+            // a keyed request's reconciliation (see `keys`).
+            self.ctx
+                .meter
+                .event(&self.pool.variants[vi].cfg, self.protocol, &ev);
             if let Some(end) = self.handle(ev, st, trim, watch).await {
                 start.pending.extend(events);
                 return Some(end);

@@ -61,7 +61,7 @@ impl Relay {
         let pool = self.pool.clone();
         // Its own copy: `c` goes on to be settled (and, refused, rebuilt) while this runs.
         let (req, ctx) = (c.req.clone(), c.ctx.clone());
-        let cont = attempt(&pool, vi, &req, &ctx);
+        let cont = attempt(&pool, vi, &req, &ctx, c.entered.traceparent());
         tokio::pin!(cont);
         let first = {
             let original = self.wait_for_more(seg);

@@ -60,8 +60,12 @@ impl Harness {
     pub async fn start(fleet: Fleet, config: &str) -> Harness {
         let env: HashMap<String, String> =
             HashMap::from([("UPSTREAM_KEY".into(), "sk-upstream-secret".into())]);
-        let cfg =
+        let mut cfg =
             Config::parse(config, "test.toml", &env).unwrap_or_else(|e| panic!("{e}\n{config}"));
+        // Access lines only where a test asks for them (`[log]`), not over the test output.
+        if !config.contains("[log]") {
+            cfg.log.access = keel_gateway::config::AccessLogTarget::Off;
+        }
         let gw = Gateway::new(cfg);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -1,6 +1,7 @@
 //! Gateway integration tests: keel on loopback in front of keel-sim servers.
 //! One test binary (faster to link); one module per concern.
 
+mod access_log;
 mod bad_input;
 mod capacity;
 mod context;
@@ -24,4 +25,5 @@ mod routing;
 mod safeguards;
 mod speculation;
 mod streams;
+mod tracing;
 mod translation;

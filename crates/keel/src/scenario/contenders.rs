@@ -85,8 +85,12 @@ pub async fn start_gateway(
     toml: &str,
     origin: &str,
 ) -> Result<(std::net::SocketAddr, tokio::sync::oneshot::Sender<()>), String> {
-    let cfg = keel_gateway::Config::parse(toml, origin, &Default::default())
+    let mut cfg = keel_gateway::Config::parse(toml, origin, &Default::default())
         .map_err(|e| e.to_string())?;
+    // Measured gateways write no access lines unless asked to (`KEEL_LOG`), as before.
+    if std::env::var_os("KEEL_LOG").is_none() {
+        cfg.log.access = keel_gateway::config::AccessLogTarget::Off;
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| e.to_string())?;

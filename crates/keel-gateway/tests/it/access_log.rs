@@ -1,0 +1,205 @@
+//! The access log: one line per request, written where `[log] access` says, with what keel
+//! decided and measured, and never a secret.
+
+use keel_gateway::keys::{hash_secret, hash_text};
+use keel_sim::{Fleet, ServerConfig};
+use serde_json::{json, Value};
+
+use crate::harness::*;
+
+const KEY: &str = "sk-keel-access-log-key";
+const PROMPT: &str = "a prompt that must never reach the log";
+
+/// A fresh path under the system temp dir for one test's log.
+fn log_path(name: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("keel-{name}-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+fn lines(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Two sims, the first failing every request with a 503 and weighted to be tried first.
+async fn failing_first(top: &str) -> Harness {
+    let fleet = Fleet::start_n(2, ServerConfig::fast("s")).await.unwrap();
+    let cfg = format!("{top}\n{}", pool_over(&fleet, "p", "openai", 1000, ""));
+    let h = Harness::start(fleet, &cfg).await;
+    add_fault(h.server(0), json!({"kind": "error", "status": 503})).await;
+    h
+}
+
+#[tokio::test]
+async fn one_json_line_per_request_with_decisions_and_no_secrets() {
+    let path = log_path("access-json");
+    let top = format!(
+        "[log]\nformat = \"json\"\naccess = {:?}\n\n[[keys]]\nid = \"app\"\nhash = \"{}\"\ntenant = \"team-a\"\n",
+        path.display().to_string(),
+        hash_text(&hash_secret(KEY))
+    );
+    let h = failing_first(&top).await;
+    let auth = format!("Bearer {KEY}");
+    let body = json!({"model": "p", "messages": [{"role": "user", "content": PROMPT}]});
+    let r = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("authorization", &auth), ("x-api-key", KEY)],
+            &body,
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let id = header(r.headers(), "x-keel-request-id").to_owned();
+    let answer: Value = r.json().await.unwrap();
+    // A refused request (no key) is logged too, as the client's error.
+    let refused = h.post("/v1/chat/completions", &body).await;
+    assert_eq!(refused.status(), 401);
+
+    wait_for!("two access lines", lines(&path).len() == 2);
+    let text = std::fs::read_to_string(&path).unwrap();
+    for secret in [KEY, auth.as_str(), PROMPT, "sk-upstream-secret"] {
+        assert!(!text.contains(secret), "`{secret}` in the log: {text}");
+    }
+    assert!(!text.contains('\u{1b}'), "colour codes in a file: {text}");
+
+    let served: Value = serde_json::from_str(&lines(&path)[0]).unwrap();
+    let ts = served["ts"].as_str().unwrap();
+    assert!(
+        ts.len() == 24 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T',
+        "{ts}"
+    );
+    assert_eq!(served["request_id"], id.as_str());
+    assert_eq!(served["tenant"], "team-a");
+    assert_eq!(served["key_id"], "app");
+    assert_eq!(served["api"], "chat_completions");
+    assert_eq!(served["pool"], "p");
+    assert_eq!(served["variant"], "sim-1");
+    assert_eq!(served["variants_tried"], json!(["sim-0", "sim-1"]));
+    assert_eq!(served["route"], "fallback");
+    assert_eq!(served["attempts"], 2);
+    assert_eq!(served["hedges"], 0);
+    assert_eq!(served["migrations"], 0);
+    assert_eq!(served["prompt_fixes"], json!([]));
+    assert_eq!(served["status"], 200);
+    assert_eq!(served["outcome"], "ok");
+    assert_eq!(served["detail"], Value::Null);
+    let (ttft, total) = (
+        served["ttft_ms"].as_f64().unwrap(),
+        served["total_ms"].as_f64().unwrap(),
+    );
+    assert!(ttft > 0.0 && ttft <= total, "ttft {ttft} total {total}");
+    // The upstream's own usage, as the client saw it.
+    assert_eq!(served["tokens_in"], answer["usage"]["prompt_tokens"]);
+    assert_eq!(served["tokens_out"], answer["usage"]["completion_tokens"]);
+    assert!(answer["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+    assert!(served.as_object().unwrap().contains_key("overhead_us"));
+    assert_eq!(served["trace_id"], Value::Null, "no tracing configured");
+
+    let refused: Value = serde_json::from_str(&lines(&path)[1]).unwrap();
+    assert_eq!(refused["status"], 401);
+    assert_eq!(refused["outcome"], "client_error");
+    assert_eq!(refused["key_id"], Value::Null);
+    assert_eq!(refused["attempts"], 0);
+    assert_eq!(refused["variants_tried"], json!([]));
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test]
+async fn text_format_and_streams() {
+    let path = log_path("access-text");
+    let top = format!(
+        "[log]\nformat = \"text\"\naccess = {:?}\n",
+        path.display().to_string()
+    );
+    let h = failing_first(&top).await;
+    let r = h.post("/v1/chat/completions", &stream_body("hi")).await;
+    assert_eq!(r.status(), 200);
+    let id = header(r.headers(), "x-keel-request-id").to_owned();
+    read_stream(r).await;
+    // A stream is logged when it ends, from the relay.
+    wait_for!("one access line", lines(&path).len() == 1);
+    let line = &lines(&path)[0];
+    assert!(line.starts_with("request ts="), "{line}");
+    for field in [
+        format!("request_id={id}"),
+        "api=chat_completions".into(),
+        "variants_tried=sim-0,sim-1".into(),
+        "route=fallback".into(),
+        "attempts=2".into(),
+        "status=200".into(),
+        "outcome=ok".into(),
+    ] {
+        assert!(
+            line.contains(&format!(" {field} ")),
+            "{field} missing: {line}"
+        );
+    }
+    assert!(!line.contains('\u{1b}'), "{line}");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn log_config_is_validated() {
+    let pool = "[[pools]]\nname = \"p\"\n[[pools.variants]]\nname = \"a\"\nurl = \"http://127.0.0.1:9/v1\"\nprotocol = \"openai\"\nupstream_model = \"m\"\n";
+    let parse = |top: &str| {
+        keel_gateway::Config::parse(&format!("{top}\n{pool}"), "t.toml", &Default::default())
+    };
+    let e = parse("[log]\nformat = \"jsn\"").unwrap_err().to_string();
+    assert!(
+        e.contains("log.format") && e.contains("did you mean `json`"),
+        "{e}"
+    );
+    let e = parse("[log]\naccess = \"\"").unwrap_err().to_string();
+    assert!(e.contains("log.access"), "{e}");
+    let e = parse("[telemetry]\notlp_endpoint = \"127.0.0.1:4318\"")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("telemetry.otlp_endpoint"), "{e}");
+    let c =
+        parse("[log]\naccess = \"off\"\n[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318/\"")
+            .unwrap();
+    assert_eq!(c.log.access, keel_gateway::config::AccessLogTarget::Off);
+    assert_eq!(
+        c.telemetry.otlp_endpoint.as_deref(),
+        Some("http://127.0.0.1:4318")
+    );
+}
+
+#[tokio::test]
+async fn a_migrated_stream_logs_its_move_and_the_usage_of_both_segments() {
+    let path = log_path("access-migrated");
+    let top = format!(
+        "allow_force_variant = true\n[log]\naccess = {:?}\n",
+        path.display().to_string()
+    );
+    let fleet = Fleet::start_n(2, ServerConfig::fast("s")).await.unwrap();
+    let cfg = format!("{top}\n{}", pool_over(&fleet, "p", "openai", 1, ""));
+    let h = Harness::start(fleet, &cfg).await;
+    // sim-0 serves the first tokens, then its connection dies: the stream moves to sim-1.
+    add_fault(h.server(0), json!({"kind": "close", "after_tokens": 4})).await;
+    let body = json!({"model": "p", "stream": true, "stream_options": {"include_usage": true},
+        "messages": [{"role": "user", "content": "move me"}]});
+    let r = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("x-keel-force-variant", "sim-0")],
+            &body,
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    read_stream(r).await;
+    wait_for!("one access line", lines(&path).len() == 1);
+    let l: Value = serde_json::from_str(&lines(&path)[0]).unwrap();
+    assert_eq!(l["route"], "migrated", "{l}");
+    assert_eq!(l["migrations"], 1, "{l}");
+    assert_eq!(l["variants_tried"], json!(["sim-0", "sim-1"]), "{l}");
+    assert_eq!(l["variant"], "sim-1", "{l}");
+    assert_eq!(l["outcome"], "ok", "{l}");
+    // Four tokens relayed from sim-0 (no usage: it died) plus sim-1's reported output.
+    assert!(l["tokens_out"].as_u64().unwrap() > 4, "{l}");
+    let _ = std::fs::remove_file(&path);
+}
