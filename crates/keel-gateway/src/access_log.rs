@@ -12,7 +12,7 @@ use crate::metrics::Metrics;
 
 /// What one request leaves in metrics and the log, recorded once by [`RequestLog::finish`].
 pub struct RequestLog {
-    metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     pub id: String,
     pub pool: String,
     /// The API the client called (`chat_completions`, `messages`, `responses`, …).
@@ -27,6 +27,8 @@ pub struct RequestLog {
     /// known).
     pub key: String,
     pub tenant: String,
+    /// The request's decision record, completed from this log when it finishes.
+    pub decision: Option<Arc<crate::decisions::Draft>>,
     done: bool,
 }
 
@@ -52,6 +54,7 @@ impl RequestLog {
             ttft: None,
             key: "-".into(),
             tenant: "-".into(),
+            decision: None,
             done: false,
         }
     }
@@ -88,6 +91,9 @@ impl RequestLog {
                 &[("pool", pool), ("endpoint", endpoint)],
             )
             .record(t.as_secs_f64());
+        }
+        if let Some(d) = self.decision.take() {
+            d.finish_request(self, outcome, elapsed);
         }
         let ttft_ms = self.ttft.map(|t| t.as_secs_f64() * 1000.0);
         let level_warn = matches!(outcome, "error" | "incomplete");
