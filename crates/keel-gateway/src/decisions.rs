@@ -146,15 +146,17 @@ impl Query {
                 "pool" => q.pool = Some(value),
                 "variant" => q.variant = Some(value),
                 "route" => q.route = Some(value),
-                "limit" => q.limit = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=QUERY_MAX).contains(n))
-                    .ok_or_else(|| {
-                        format!(
+                "limit" => {
+                    q.limit = value
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=QUERY_MAX).contains(n))
+                        .ok_or_else(|| {
+                            format!(
                             "limit: expected a whole number from 1 to {QUERY_MAX}, got `{value}`"
                         )
-                    })?,
+                        })?
+                }
                 other => {
                     return Err(format!(
                         "unknown query parameter `{other}`; known: pool, variant, route, limit"
