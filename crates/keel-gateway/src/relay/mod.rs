@@ -413,7 +413,7 @@ impl Relay {
         );
         tracing::info!(request_id = %self.ctx.id, pool = %self.pool.cfg.name, from = %from, to = %to, reason, detail, resume = ?mode, "migrated");
         if let Some(d) = self.attempts.decision() {
-            d.note_migration(from, &to, reason, stitcher.delivered_tokens() as u64);
+            d.note_migration(from, &to, reason, stitcher.delivered_tokens());
         }
         if !self.send(SseEvent::comment(&note)).await {
             return false;
