@@ -118,7 +118,7 @@ fn text_line(fields: &Map<String, Value>) -> String {
 /// What one request leaves in metrics, the log and its trace, recorded once by
 /// [`RequestLog::finish`].
 pub struct RequestLog {
-    gw: Arc<Gateway>,
+    pub(crate) gw: Arc<Gateway>,
     pub id: String,
     pub pool: String,
     /// The API the client called (`chat_completions`, `messages`, `responses`, …).
@@ -150,6 +150,8 @@ pub struct RequestLog {
     pub overhead_us: Option<u64>,
     /// The request's span, when tracing is on.
     pub trace: Option<RequestSpan>,
+    /// The request's decision record, completed from this log when it finishes.
+    pub decision: Option<Arc<crate::decisions::Draft>>,
     done: bool,
 }
 
@@ -186,6 +188,7 @@ impl RequestLog {
             usage: None,
             overhead_us: None,
             trace: None,
+            decision: None,
             done: false,
         }
     }
@@ -217,6 +220,12 @@ impl RequestLog {
         self.done = true;
         let elapsed = self.started.elapsed();
         self.count(outcome, elapsed);
+        if let Some(d) = self.decision.take() {
+            if self.overhead_us.is_none() {
+                self.overhead_us = d.overhead_us();
+            }
+            d.finish_request(self, outcome, elapsed);
+        }
         let tokens = self
             .usage
             .as_ref()

@@ -23,7 +23,13 @@ use crate::translation::PROMPT_FIX_HEADER;
 use crate::Gateway;
 
 /// Sets the `x-keel-*` headers.
-fn keel_headers(h: &mut HeaderMap, id: &str, route: &str, variant: &str, attempts: usize) {
+pub(crate) fn keel_headers(
+    h: &mut HeaderMap,
+    id: &str,
+    route: &str,
+    variant: &str,
+    attempts: usize,
+) {
     let put = |h: &mut HeaderMap, name: &'static str, v: &str| {
         if let Ok(v) = HeaderValue::from_str(v) {
             h.insert(name, v);
@@ -83,15 +89,33 @@ fn answer_body(ctx: &RequestCtx, status: StatusCode, body: bytes::Bytes) -> byte
     }
 }
 
-/// An error keel answers itself (admission, selection or execution).
+/// The route of an answer keel gives itself, by status: `local` (a success: models, health,
+/// decisions, metrics), `throttled` (429: a limit or the wait line), `rejected` (any other
+/// client error: bad input, authentication, not found), `unavailable` (no variant could serve).
+pub fn own_route(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        429 => "throttled",
+        s if s < 400 => "local",
+        s if s < 500 => "rejected",
+        _ => "unavailable",
+    }
+}
+
+/// An error keel answers itself (admission, selection or execution). A request the wait line
+/// refused keeps its `throttled` route whatever the status (503 when it could not wait long
+/// enough).
 pub fn error_response(
     mut log: RequestLog,
     protocol: Protocol,
     err: &GatewayError,
 ) -> Response<Body> {
     log.status = err.status().as_u16();
+    if log.route != "throttled" {
+        log.route = own_route(err.status());
+    }
     let mut resp = err.to_response(protocol);
     log_headers(resp.headers_mut(), &log);
+    log.stamp_overhead(resp.headers_mut());
     let outcome = if log.status < 500 {
         "client_error"
     } else {
@@ -118,6 +142,7 @@ fn whole(
     log_headers(resp.headers_mut(), &log);
     front_fixes(resp.headers_mut(), ctx);
     log.prompt_fixes = fix_codes(resp.headers());
+    log.stamp_overhead(resp.headers_mut());
     let outcome = if status.is_success() {
         "ok"
     } else {
@@ -195,6 +220,7 @@ pub async fn deliver(
         }
         front_fixes(&mut fixed, ctx);
         log.prompt_fixes = fix_codes(&fixed);
+        let stamp = log.overhead_stamp();
         let assembled = Arc::new(Mutex::new(Assembled::default()));
         let relay = relay(Sink::Assemble(assembled.clone()));
         let summary: Summary = relay.run(committed, start, log).await;
@@ -224,6 +250,7 @@ pub async fn deliver(
             &summary.variant,
             summary.attempts,
         );
+        stamp.apply(resp.headers_mut());
         return resp;
     }
     let mut headers = HeaderMap::new();
@@ -240,6 +267,7 @@ pub async fn deliver(
     log_headers(&mut headers, &log);
     front_fixes(&mut headers, ctx);
     log.prompt_fixes = fix_codes(&headers);
+    log.stamp_overhead(&mut headers);
     let (tx, mut body) = stream_body(protocol);
     if let Some(front) = &ctx.responses {
         body = front.stream(&ctx.id, body);

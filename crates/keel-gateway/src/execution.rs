@@ -219,6 +219,7 @@ async fn race(
     };
     let mut running = FuturesUnordered::new();
     running.push(racer(0, &primary));
+    let primary_vi = primary.vi;
     // Slot 0 is the primary, slots 1.. the hedges in the order they started.
     let mut entered: Vec<Option<Entered>> = vec![Some(primary)];
     let mut finished = Vec::new();
@@ -262,6 +263,10 @@ async fn race(
                 let Ok(hedge) = attempts.enter(h, AttemptKind::Hedge, ctx.deadline).await else {
                     continue;
                 };
+                if let Some(d) = attempts.decision() {
+                    let variant = |i: usize| pool.variants[i].cfg.name.as_str();
+                    d.note_hedge(variant(primary_vi), variant(h));
+                }
                 running.push(racer(entered.len(), &hedge));
                 entered.push(Some(hedge));
                 // If this hedge is late too by its own standard, another may follow.

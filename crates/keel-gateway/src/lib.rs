@@ -24,6 +24,7 @@ pub mod capacity;
 pub mod config;
 pub mod context;
 pub mod context_fit;
+pub mod decisions;
 pub mod delivery;
 pub mod errors;
 pub mod execution;
@@ -46,7 +47,7 @@ pub mod telemetry;
 pub mod translation;
 pub mod upstream;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -66,7 +67,7 @@ pub struct Gateway {
     /// Origin of `now_ms`: the core's clock is milliseconds since the gateway started.
     epoch: Instant,
     /// The most recent decision records (`GET /keel/decisions`).
-    decisions: Mutex<VecDeque<DecisionRecord>>,
+    decisions: Arc<decisions::DecisionLog>,
     /// This gateway's metrics registry.
     pub metrics: Arc<metrics::Metrics>,
     /// Faults injected inside keel (tests only; see `hooks`).
@@ -80,9 +81,6 @@ pub struct Gateway {
     /// `[telemetry]`: the OTLP trace exporter, when configured.
     pub telemetry: telemetry::Telemetry,
 }
-
-/// Decision records kept for `/keel/decisions`.
-const DECISIONS_KEPT: usize = 256;
 
 impl Gateway {
     pub fn new(cfg: Config) -> Arc<Gateway> {
@@ -141,13 +139,13 @@ impl Gateway {
             access_log,
             telemetry: telemetry::Telemetry::new(&cfg.telemetry),
             keys: keys::Keys::new(&cfg),
+            decisions: Arc::new(decisions::DecisionLog::new(cfg.decisions_kept)),
             quota: Arc::new(quota),
             budget: Mutex::new(RetryBudget::new(cfg.retry_budget)),
             cfg,
             pools,
             by_name,
             epoch,
-            decisions: Mutex::new(VecDeque::with_capacity(DECISIONS_KEPT)),
             metrics,
             hooks: hooks::TestHooks::default(),
         })
@@ -171,22 +169,21 @@ impl Gateway {
         self.pools.iter().map(|p| p.cfg.name.as_str()).collect()
     }
 
-    pub(crate) fn record_decision(&self, d: DecisionRecord) {
-        let mut q = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() == DECISIONS_KEPT {
-            q.pop_front();
-        }
-        q.push_back(d);
+    /// The ring of decision records (`/keel/decisions`).
+    pub fn decision_log(&self) -> &Arc<decisions::DecisionLog> {
+        &self.decisions
     }
 
-    /// The most recent decision records, oldest first.
+    /// The most recent decision records (up to 100), oldest first.
     pub fn decisions(&self) -> Vec<DecisionRecord> {
-        self.decisions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let mut latest: Vec<DecisionRecord> = self
+            .decisions
+            .query(&decisions::Query::default())
             .iter()
-            .cloned()
-            .collect()
+            .map(|r| DecisionRecord::clone(r))
+            .collect();
+        latest.reverse();
+        latest
     }
 
     fn budget(&self) -> std::sync::MutexGuard<'_, RetryBudget> {

@@ -40,7 +40,10 @@ pub enum Target {
     /// `GET /v1/models/{model_id}`.
     Model,
     Health,
+    /// `GET /keel/decisions` (filtered, newest first).
     Decisions,
+    /// `GET /keel/decisions/{request_id}`.
+    Decision,
     /// Prometheus metrics (served at two paths).
     Metrics,
     OpenApi,
@@ -97,6 +100,7 @@ pub const ROUTES: &[Route] = &[
     route(Verb::Get, "/v1/models/{model_id}", Target::Model),
     route(Verb::Get, "/keel/health", Target::Health),
     route(Verb::Get, "/keel/decisions", Target::Decisions),
+    route(Verb::Get, "/keel/decisions/{request_id}", Target::Decision),
     route(Verb::Get, "/metrics", Target::Metrics),
     route(Verb::Get, "/keel/metrics", Target::Metrics),
     route(Verb::Get, "/keel/openapi.json", Target::OpenApi),
@@ -157,7 +161,8 @@ mod tests {
             let path = r
                 .path
                 .replace("{model_id}", "some/model")
-                .replace("{key_id}", "some-key");
+                .replace("{key_id}", "some-key")
+                .replace("{request_id}", "some-id");
             let method = Method::from_bytes(r.verb.as_str().as_bytes()).unwrap();
             match resolve(&method, &path) {
                 Resolved::Route(t, _) => assert_eq!(t, r.target, "{path}"),

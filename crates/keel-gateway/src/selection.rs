@@ -57,30 +57,98 @@ pub struct Controls<'a> {
     pub priority: Priority,
 }
 
-/// One candidate in a decision record.
-#[derive(Debug, Clone, Serialize)]
+/// One candidate in a decision record: every input of its cost, as selection saw it.
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct CandidateRecord {
     pub variant: String,
     pub state: &'static str,
+    /// Whether it could take this request (not cooling down, ejected, warming, full, too
+    /// small for the prompt or below the tier floor).
     pub eligible: bool,
+    /// Effective weight: configured weight × health.
     pub weight: f64,
+    pub configured_weight: u32,
+    /// Health weight in 0..=1, the product of `factors`.
+    pub health: f64,
+    pub factors: HealthFactors,
+    /// Peak-EWMA time-to-first-token estimate, ms.
     pub predicted_ttft_ms: f64,
+    pub p95_ttft_ms: Option<f64>,
+    /// Time-between-tokens standard deviation (gap variance), ms.
+    pub tgsv_ms: Option<f64>,
+    pub error_rate: Option<f64>,
+    /// Scraped from the upstream's metrics: KV-cache usage (0..=1) and requests waiting.
+    pub kv_usage: Option<f64>,
+    pub queue_waiting: Option<f64>,
     pub in_flight: u32,
+    /// Configured or learned concurrency limit (`None`: unlimited).
+    pub concurrency_limit: Option<u32>,
+    pub tier: u8,
+    pub price: f64,
+    /// The policy's cost (lower wins); `None` when not eligible or for round robin.
     pub cost: Option<f64>,
 }
 
-/// Why a request went where it went.
-#[derive(Debug, Clone, Serialize)]
+/// The factors behind a health weight (`keel_core::health::Factors`), each in 0..=1.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct HealthFactors {
+    pub ttft: f64,
+    pub tgsv: f64,
+    pub errors: f64,
+    pub kv: f64,
+    pub waiting: f64,
+    pub ramp: f64,
+}
+
+/// Why a request went where it went (see `decisions`). Selection fills in the candidates and
+/// the plan; the attempts and the request's end complete it. No prompt or output is kept.
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct DecisionRecord {
     pub request_id: String,
+    /// Arrival, milliseconds since the Unix epoch.
+    pub time_unix_ms: u64,
     pub pool: String,
+    /// The client's API (`chat_completions`, `messages`, …).
+    pub endpoint: &'static str,
+    /// Virtual key id and tenant, when keys are configured.
+    pub key: Option<String>,
+    pub tenant: Option<String>,
     pub policy: &'static str,
     pub reason: &'static str,
+    /// The affinity key's hash (hex), when the pool uses affinity and the request has one.
+    pub affinity_key: Option<String>,
     pub plan: Vec<String>,
     pub candidates: Vec<CandidateRecord>,
+    /// Time selection took, µs.
     pub duration_us: f64,
     /// Every attempt the request made, in order (filled in when the request ends).
     pub attempts: Vec<AttemptRecord>,
+    pub hedges: Vec<crate::decisions::HedgeRecord>,
+    pub migrations: Vec<crate::decisions::MigrationRecord>,
+    /// `x-keel-prompt-fix` codes.
+    pub prompt_fixes: Vec<String>,
+    /// `x-keel-route` and `x-keel-variant` as answered.
+    pub route: &'static str,
+    pub variant: String,
+    pub status: u16,
+    pub outcome: &'static str,
+    pub ttft_ms: Option<f64>,
+    pub total_ms: f64,
+    /// Time with an upstream attempt outstanding, ms.
+    pub upstream_wait_ms: f64,
+    /// `x-keel-overhead-us`.
+    pub overhead_us: Option<u64>,
+}
+
+impl DecisionRecord {
+    /// A record with no selection (the request ended before one).
+    pub fn bare(request_id: &str, pool: &str) -> Self {
+        DecisionRecord {
+            request_id: request_id.to_owned(),
+            pool: pool.to_owned(),
+            ..Default::default()
+        }
+    }
 }
 
 impl Pool {
@@ -218,7 +286,29 @@ impl Pool {
             }
             None => selection,
         };
-        let states: Vec<&'static str> = st.health.iter().map(|h| h.state.name()).collect();
+        let inputs: Vec<_> = st
+            .health
+            .iter()
+            .map(|h| {
+                let f = h.factors(now_ms, &hc);
+                let factors = HealthFactors {
+                    ttft: f.ttft,
+                    tgsv: f.tgsv,
+                    errors: f.errors,
+                    kv: f.kv,
+                    waiting: f.waiting,
+                    ramp: f.ramp,
+                };
+                (
+                    h.state.name(),
+                    factors,
+                    h.tgsv_ms.get(),
+                    h.error_rate.get(),
+                    h.kv_usage,
+                    h.waiting,
+                )
+            })
+            .collect();
         drop(st);
         let duration = started.elapsed();
         self.metrics
@@ -229,8 +319,10 @@ impl Pool {
             .record(duration.as_secs_f64());
         let record = DecisionRecord {
             request_id: request_id.to_owned(),
+            time_unix_ms: crate::keys::limits::unix_now_ms(),
             pool: self.cfg.name.clone(),
             policy,
+            affinity_key: signals.affinity_key.map(|k| format!("{k:016x}")),
             reason: if plan.order.is_empty() {
                 "none_available"
             } else {
@@ -243,18 +335,34 @@ impl Pool {
                 .collect(),
             candidates: candidates
                 .iter()
-                .map(|c| CandidateRecord {
-                    variant: self.variants[c.index].cfg.name.clone(),
-                    state: states[c.index],
-                    eligible: c.available,
-                    weight: c.health * c.weight as f64,
-                    predicted_ttft_ms: c.predicted_ttft_ms,
-                    in_flight: c.in_flight,
-                    cost: plan.costs.iter().find(|(i, _)| *i == c.index).map(|x| x.1),
+                .map(|c| {
+                    let v = &self.variants[c.index];
+                    let (state, factors, tgsv_ms, error_rate, kv_usage, queue_waiting) =
+                        inputs[c.index];
+                    CandidateRecord {
+                        variant: v.cfg.name.clone(),
+                        state,
+                        eligible: c.available,
+                        weight: c.health * c.weight as f64,
+                        configured_weight: c.weight,
+                        health: c.health,
+                        factors,
+                        predicted_ttft_ms: c.predicted_ttft_ms,
+                        p95_ttft_ms: c.p95_ttft_ms,
+                        tgsv_ms,
+                        error_rate,
+                        kv_usage,
+                        queue_waiting,
+                        in_flight: c.in_flight,
+                        concurrency_limit: Some(v.concurrency_limit()).filter(|l| *l != u32::MAX),
+                        tier: c.tier,
+                        price: c.price,
+                        cost: plan.costs.iter().find(|(i, _)| *i == c.index).map(|x| x.1),
+                    }
                 })
                 .collect(),
             duration_us: duration.as_secs_f64() * 1e6,
-            attempts: Vec::new(),
+            ..Default::default()
         };
         (selection, Some(record))
     }

@@ -22,12 +22,13 @@ use crate::access_log::RequestLog;
 use crate::capacity::{Throttle, ThrottleReason};
 use crate::config::KeyConfig;
 use crate::context::{ClientApi, Priority};
+use crate::decisions::Draft;
 use crate::delivery;
 use crate::errors::GatewayError;
 use crate::execution::Outcome;
 use crate::pools::Pool;
 use crate::routes::{self, Resolved, Target};
-use crate::selection::{select_or_wait, Controls, Selection};
+use crate::selection::{select_or_wait, Controls, DecisionRecord, Selection};
 use crate::settlement::Attempts;
 use crate::{admission, execution, full_body, openapi, Body, Gateway};
 
@@ -135,10 +136,14 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     let anthropic_client = req.headers().contains_key("anthropic-version");
     let protocol = client_protocol(&req);
     let json = |body: String| full_body(StatusCode::OK, "application/json", Bytes::from(body));
-    match routes::resolve(req.method(), &path) {
-        Resolved::Route(Target::Generation(api), _) => {
-            handle_generation(&gw, api, req, started).await
-        }
+    let resolved = routes::resolve(req.method(), &path);
+    if let Resolved::Route(Target::Generation(api), _) = resolved {
+        return handle_generation(&gw, api, req, started).await;
+    }
+    // keel's own answers carry a request id and a route too.
+    let id = new_request_id();
+    let mut resp = match resolved {
+        Resolved::Route(Target::Generation(_), _) => unreachable!("handled above"),
         Resolved::Route(Target::Models, _) => match gw.keys.authenticate(req.headers()) {
             Ok(key) => models(&gw, key.as_deref(), anthropic_client),
             Err(e) => e.to_response(protocol),
@@ -161,7 +166,28 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         }
         Resolved::Route(Target::Health, _) => health(&gw),
         Resolved::Route(Target::Decisions, _) => {
-            json(serde_json::to_string(&gw.decisions()).unwrap_or_else(|_| "[]".into()))
+            match crate::decisions::Query::parse(req.uri().query()) {
+                Ok(q) => {
+                    let found = gw.decision_log().query(&q);
+                    let records: Vec<&DecisionRecord> = found.iter().map(|r| &**r).collect();
+                    json(serde_json::to_string(&records).unwrap_or_else(|_| "[]".into()))
+                }
+                Err(m) => {
+                    GatewayError::new(ErrorKind::InvalidRequest, format!("/keel/decisions: {m}"))
+                        .to_response(Protocol::OpenAi)
+                }
+            }
+        }
+        Resolved::Route(Target::Decision, request_id) => {
+            let request_id = percent_decode(request_id.unwrap_or_default());
+            match gw.decision_log().get(&request_id) {
+                Some(r) => json(serde_json::to_string(&*r).unwrap_or_else(|_| "{}".into())),
+                None => GatewayError::new(
+                    ErrorKind::NotFound,
+                    format!("no decision record for request `{request_id}`: unknown, or no longer kept (the latest {} are)", gw.cfg.decisions_kept),
+                )
+                .to_response(Protocol::OpenAi),
+            }
         }
         Resolved::Route(Target::Metrics, _) => full_body(
             StatusCode::OK,
@@ -183,7 +209,10 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
             format!("no route for {} {path}", req.method()),
         )
         .to_response(protocol),
-    }
+    };
+    let route = delivery::own_route(resp.status());
+    delivery::keel_headers(resp.headers_mut(), &id, route, "none", 0);
+    resp
 }
 
 /// The four stages, in order, for one generation request.
@@ -209,6 +238,8 @@ pub async fn handle_generation(
         Err(e) => {
             let mut log = RequestLog::new(gw, &id, started, api.label(), "none");
             log.trace = trace;
+            let record = DecisionRecord::bare(&id, "none");
+            log.decision = Some(Draft::new(gw.decision_log(), started, record));
             if let Ok(Some(key)) = gw.keys.authenticate(&parts.headers) {
                 log.key = key.id.clone();
                 log.tenant = key.tenant.clone();
@@ -253,8 +284,10 @@ async fn stages(
         let body = json!({"input_tokens": req.estimated_input_tokens}).to_string();
         log.status = 200;
         log.variant = "keel-estimate".into();
+        let mut resp = full_body(StatusCode::OK, "application/json", Bytes::from(body));
+        log.stamp_overhead(resp.headers_mut());
         log.finish("ok", None);
-        return full_body(StatusCode::OK, "application/json", Bytes::from(body));
+        return resp;
     }
 
     // Stage 1: selection.
@@ -266,8 +299,12 @@ async fn stages(
         priority: ctx.priority,
     };
     let (selection, record) = select_or_wait(&pool, &req, controls, id, ctx.deadline).await;
-    // The record is kept when the request's attempts are settled (see `settlement`).
-    let mut attempts = Attempts::new(gw, &pool, record);
+    // The record is completed by the attempts and the log, and kept when both are done (see
+    // `decisions`).
+    let record = record.unwrap_or_else(|| DecisionRecord::bare(id, &pool.cfg.name));
+    let draft = Draft::new(gw.decision_log(), started, record);
+    log.decision = Some(draft.clone());
+    let mut attempts = Attempts::new(gw, &pool, Some(draft));
     attempts.priority = ctx.priority;
     attempts.trace = ctx.trace.clone();
     if matches!(selection, Selection::Throttled(_) | Selection::Full) {
@@ -500,7 +537,7 @@ fn model(
 }
 
 /// `%XX` escapes decoded (a model id may hold `/` or `:`); invalid ones are kept as they are.
-fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

@@ -35,9 +35,9 @@ use keel_core::protocol::ErrorKind;
 
 use crate::attempt::{AttemptResult, Served};
 use crate::context::{Priority, RequestCtx};
+use crate::decisions::Draft;
 use crate::errors::GatewayError;
 use crate::pools::{InFlight, Pool};
-use crate::selection::DecisionRecord;
 use crate::telemetry::{AttemptSpan, RequestSpan};
 use crate::Gateway;
 
@@ -100,6 +100,11 @@ pub struct AttemptRecord {
     pub variant: String,
     pub kind: AttemptKind,
     pub outcome: String,
+    /// Since the request arrived: when the attempt started, its first token (or whole
+    /// answer) came, and it ended (ms; `None` while still running or when it never came).
+    pub start_ms: f64,
+    pub ttft_ms: Option<f64>,
+    pub end_ms: Option<f64>,
     /// It failed on a variant still loading or restarting: it does not count against
     /// `max_attempts` (the variant is tried again once ready).
     #[serde(skip)]
@@ -187,8 +192,10 @@ pub struct Attempts {
     warming_failures: usize,
     retry_after_ms: Option<u64>,
     budget_refused: bool,
-    /// Selection's record; completed with the attempts and kept when the request ends.
-    decision: Option<DecisionRecord>,
+    /// The request's decision record; completed with the attempts (see `decisions`).
+    decision: Option<Arc<Draft>>,
+    /// Origin of the attempts' timings when there is no record (probes, warm-ups).
+    created: Instant,
     /// Committed streams not yet settled at their end: (record, variant, kind).
     open: Vec<(usize, usize, AttemptKind)>,
     /// The request's rank when an attempt waits in the pool's line for its variant.
@@ -198,7 +205,7 @@ pub struct Attempts {
 }
 
 impl Attempts {
-    pub fn new(gw: &Arc<Gateway>, pool: &Arc<Pool>, decision: Option<DecisionRecord>) -> Self {
+    pub fn new(gw: &Arc<Gateway>, pool: &Arc<Pool>, decision: Option<Arc<Draft>>) -> Self {
         Attempts {
             gw: gw.clone(),
             pool: pool.clone(),
@@ -208,6 +215,7 @@ impl Attempts {
             retry_after_ms: None,
             budget_refused: false,
             decision,
+            created: Instant::now(),
             open: Vec::new(),
             priority: Default::default(),
             trace: None,
@@ -224,6 +232,26 @@ impl Attempts {
 
     pub fn records(&self) -> &[AttemptRecord] {
         &self.records
+    }
+
+    /// The request's decision record in the making.
+    pub fn decision(&self) -> Option<&Arc<Draft>> {
+        self.decision.as_ref()
+    }
+
+    /// Milliseconds from the request's arrival to `t`.
+    fn offset_ms(&self, t: Instant) -> f64 {
+        match &self.decision {
+            Some(d) => d.offset_ms(t),
+            None => t.saturating_duration_since(self.created).as_secs_f64() * 1000.0,
+        }
+    }
+
+    /// An attempt stopped waiting on its upstream (see `Draft::upstream_wait`).
+    fn upstream_done(&self) {
+        if let Some(d) = &self.decision {
+            d.upstream_end();
+        }
     }
 
     /// Attempts that count against `max_attempts`: all but those a loading or restarting
@@ -349,6 +377,9 @@ impl Attempts {
             .trace
             .as_ref()
             .map(|t| t.start_attempt(&pool.cfg.name, &pool.variants[vi].cfg, kind.as_str()));
+        if let Some(d) = &self.decision {
+            d.upstream_begin();
+        }
         Ok(Entered {
             vi,
             kind,
@@ -373,13 +404,27 @@ impl Attempts {
             .increment(1);
     }
 
-    fn push_record(&mut self, vi: usize, kind: AttemptKind, outcome: String) -> usize {
-        self.records.push(AttemptRecord {
+    /// Lists an attempt that started at `started`; `ttft` is its first token (or whole
+    /// answer) if it came, `ended` whether it is over.
+    fn push_record(
+        &mut self,
+        vi: usize,
+        kind: AttemptKind,
+        outcome: String,
+        started: Instant,
+        ttft: Option<Instant>,
+        ended: bool,
+    ) -> usize {
+        let record = AttemptRecord {
             variant: self.pool.variants[vi].cfg.name.clone(),
             kind,
             outcome,
+            start_ms: self.offset_ms(started),
+            ttft_ms: ttft.map(|t| self.offset_ms(t)),
+            end_ms: ended.then(|| self.offset_ms(Instant::now())),
             warming: false,
-        });
+        };
+        self.records.push(record);
         self.records.len() - 1
     }
 
@@ -395,10 +440,11 @@ impl Attempts {
         let pool = self.pool.clone();
         match result {
             AttemptResult::Served(s) => {
-                let (ttft, whole) = match &s {
-                    Served::Stream(st) => (st.first_token_at.duration_since(started), false),
-                    Served::Whole { .. } => (started.elapsed(), true),
+                let (first, whole) = match &s {
+                    Served::Stream(st) => (st.first_token_at, false),
+                    Served::Whole { .. } => (Instant::now(), true),
                 };
+                let ttft = first.saturating_duration_since(started);
                 if let Some(t) = &mut trace {
                     t.first_token(ttft);
                 }
@@ -408,8 +454,9 @@ impl Attempts {
                 pool.record_attempt(vi, true, Some(ttft.as_secs_f64() * 1000.0));
                 pool.record_success(vi);
                 pool.variants[vi].limit.success();
-                let record = self.push_record(vi, kind, "ok".into());
+                let record = self.push_record(vi, kind, "ok".into(), started, Some(first), whole);
                 if whole {
+                    self.upstream_done();
                     self.count(vi, kind, "ok");
                 } else {
                     self.open.push((record, vi, kind));
@@ -434,7 +481,8 @@ impl Attempts {
                 };
                 self.count(vi, kind, &label);
                 end_span(trace, &label);
-                self.push_record(vi, kind, label);
+                self.push_record(vi, kind, label, started, None, true);
+                self.upstream_done();
                 pool.record_attempt(vi, true, None);
                 Settled::ClientError(s)
             }
@@ -442,7 +490,8 @@ impl Attempts {
                 let label = f.label();
                 self.count(vi, kind, &label);
                 end_span(trace, &label);
-                let record = self.push_record(vi, kind, label);
+                let record = self.push_record(vi, kind, label, started, None, true);
+                self.upstream_done();
                 // The slot is still held: a 429 sees this attempt among those running.
                 self.fail(vi, f, record);
                 drop(guard);
@@ -459,12 +508,13 @@ impl Attempts {
             vi,
             kind,
             guard,
+            started,
             trace,
-            ..
         } = entered;
         end_span(trace, "prefill_refused");
         self.count(vi, kind, "prefill_refused");
-        self.push_record(vi, kind, "prefill_refused".into());
+        self.push_record(vi, kind, "prefill_refused".into(), started, None, true);
+        self.upstream_done();
         drop(guard);
     }
 
@@ -487,10 +537,13 @@ impl Attempts {
         if !counted {
             self.count(vi, kind, &label);
             self.open.retain(|(r, ..)| *r != record);
+            self.upstream_done();
         }
         end_span(trace, &label);
+        let end_ms = self.offset_ms(Instant::now());
         if let Some(r) = self.records.get_mut(record) {
             r.outcome = label;
+            r.end_ms = Some(end_ms);
         }
         match end {
             StreamEnd::Complete { gaps_ms } => self.pool.record_stream(vi, &gaps_ms),
@@ -524,7 +577,8 @@ impl Attempts {
             AttemptResult::Failed(f) => (f.label(), None),
         };
         self.count(vi, kind, &label);
-        self.push_record(vi, kind, label);
+        self.push_record(vi, kind, label, started, None, true);
+        self.upstream_done();
         match result {
             AttemptResult::Served(_) => self.pool.variants[vi].limit.success(),
             AttemptResult::Failed(f) => {
@@ -554,7 +608,8 @@ impl Attempts {
         };
         self.count(vi, kind, label);
         end_span(trace, label);
-        self.push_record(vi, kind, label.into());
+        self.push_record(vi, kind, label.into(), started, None, true);
+        self.upstream_done();
     }
 
     /// The bookkeeping of a failure, before or after the commit point.
@@ -701,15 +756,18 @@ impl Drop for Attempts {
         } else {
             "cancelled"
         };
+        let end_ms = self.offset_ms(Instant::now());
         for (record, vi, kind) in std::mem::take(&mut self.open) {
             self.count(vi, kind, label);
+            self.upstream_done();
             if let Some(r) = self.records.get_mut(record) {
                 r.outcome = label.to_owned();
+                r.end_ms = Some(end_ms);
             }
         }
-        if let Some(mut d) = self.decision.take() {
-            d.attempts = std::mem::take(&mut self.records);
-            self.gw.record_decision(d);
+        if let Some(d) = self.decision.take() {
+            let records = std::mem::take(&mut self.records);
+            d.update(|r| r.attempts = records);
         }
     }
 }

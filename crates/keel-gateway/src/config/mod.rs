@@ -63,6 +63,8 @@ pub struct Config {
     /// Largest single SSE event from an upstream; more is a `malformed` failure.
     pub max_sse_event_bytes: usize,
     pub drain_ms: u64,
+    /// Decision records kept for `/keel/decisions` (a ring: the oldest goes first).
+    pub decisions_kept: usize,
     pub allow_force_variant: bool,
     /// Runtime worker threads for `keel serve` (default: one per core).
     pub worker_threads: Option<usize>,
@@ -206,6 +208,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
     };
     let max_attempts = at_least_one(t.get::<u32>("max_attempts", issues), issues).unwrap_or(3);
     let worker_threads = at_least_one(t.get::<usize>("worker_threads", issues), issues);
+    let decisions_kept = at_least_one(t.get::<usize>("decisions_kept", issues), issues);
     let timeouts = {
         let section = t.table("timeouts", issues);
         TimeoutLayer::read_table(section, issues).over(Timeouts::default())
@@ -250,6 +253,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
             .value("max_sse_event_bytes", issues)
             .unwrap_or(4 * 1024 * 1024),
         drain_ms: t.value("drain_ms", issues).unwrap_or(30_000),
+        decisions_kept: decisions_kept.unwrap_or(10_000),
         allow_force_variant: t.value("allow_force_variant", issues).unwrap_or(false),
         worker_threads,
         retry_budget,

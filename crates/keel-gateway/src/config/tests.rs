@@ -75,6 +75,7 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(c.max_upstream_body_bytes, 64 * 1024 * 1024);
     assert_eq!(c.max_sse_event_bytes, 4 * 1024 * 1024);
     assert_eq!(c.drain_ms, 30_000);
+    assert_eq!(c.decisions_kept, 10_000);
     assert!(!c.allow_force_variant);
     assert_eq!(c.worker_threads, None);
     let b = RetryBudgetConfig::default();

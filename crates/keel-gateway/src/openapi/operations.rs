@@ -27,6 +27,7 @@ fn keel_headers(retry: bool) -> Value {
         ("x-keel-route", "Route"),
         ("x-keel-variant", "Variant"),
         ("x-keel-attempts", "Attempts"),
+        ("x-keel-overhead-us", "OverheadUs"),
     ] {
         h.insert(name.into(), header_ref(component));
     }
@@ -265,7 +266,23 @@ fn embeddings() -> Value {
 }
 
 /// A GET operation answered by keel itself.
-fn keel_get(id: &str, summary: &str, tag: &str, ok: Value) -> Value {
+/// The `x-keel-*` headers on keel's own answers (no upstream is involved).
+fn own_headers() -> Value {
+    let mut h = Map::new();
+    for (name, component) in [
+        ("x-keel-request-id", "RequestId"),
+        ("x-keel-route", "Route"),
+    ] {
+        h.insert(name.into(), header_ref(component));
+    }
+    Value::Object(h)
+}
+
+/// A GET answered by keel itself; its 200 carries keel's own headers.
+fn keel_get(id: &str, summary: &str, tag: &str, mut ok: Value) -> Value {
+    if ok["headers"].as_object().is_some_and(|h| h.is_empty()) {
+        ok["headers"] = own_headers();
+    }
     json!({
         "operationId": id,
         "summary": summary,
@@ -370,6 +387,66 @@ fn key_usage() -> Value {
     op
 }
 
+/// A 4xx keel answers itself on its own endpoints (OpenAI's error shape).
+fn own_error(op: &mut Value, status: &str, why: &str) {
+    op["responses"][status] = error_response(why, Some(Protocol::OpenAi), own_headers());
+}
+
+fn decisions_list() -> Value {
+    let mut op = keel_get(
+        "decisions",
+        "The latest decision records, newest first, filtered by pool, variant and route",
+        "keel",
+        ok_response(
+            "Decision records, newest first.",
+            json!({"type": "array", "items": schema_ref("DecisionRecord")}),
+            None,
+            json!({}),
+        ),
+    );
+    let text = |name: &str, description: &str| json!({"name": name, "in": "query", "required": false, "description": description, "schema": {"type": "string"}});
+    op["parameters"] = json!([
+        text("pool", "Only this pool's requests."),
+        text("variant", "Only requests that made an attempt on this variant, or were served by it."),
+        text("route", "Only requests answered with this `x-keel-route` (`direct`, `fallback`, `hedged`, `migrated`, `throttled`, `rejected`, `unavailable`, …)."),
+        {"name": "limit", "in": "query", "required": false, "description": "At most this many records (default 100).",
+         "schema": {"type": "integer", "minimum": 1, "maximum": crate::decisions::QUERY_MAX}}
+    ]);
+    own_error(
+        &mut op,
+        "400",
+        "An unknown query parameter, or a limit outside 1..=1000.",
+    );
+    op
+}
+
+fn decision_get() -> Value {
+    let mut op = keel_get(
+        "decision",
+        "One request's decision record, by its `x-keel-request-id`",
+        "keel",
+        ok_response(
+            "The decision record.",
+            schema_ref("DecisionRecord"),
+            None,
+            json!({}),
+        ),
+    );
+    op["parameters"] = json!([{
+        "name": "request_id",
+        "in": "path",
+        "required": true,
+        "description": "The request's `x-keel-request-id`.",
+        "schema": {"type": "string", "minLength": 1}
+    }]);
+    own_error(
+        &mut op,
+        "404",
+        "No record for this id: unknown, or evicted from the ring (`decisions_kept`).",
+    );
+    op
+}
+
 /// The operation documenting one served route.
 pub fn for_route(r: &Route) -> Value {
     match r.target {
@@ -389,17 +466,8 @@ pub fn for_route(r: &Route) -> Value {
                 json!({}),
             ),
         ),
-        Target::Decisions => keel_get(
-            "decisions",
-            "The most recent routing decisions (up to 256), oldest first",
-            "keel",
-            ok_response(
-                "Decision records.",
-                json!({"type": "array", "items": schema_ref("DecisionRecord")}),
-                None,
-                json!({}),
-            ),
-        ),
+        Target::Decisions => decisions_list(),
+        Target::Decision => decision_get(),
         Target::Metrics => {
             // Served at two paths; operation ids must be unique.
             let id = if r.path == "/metrics" {

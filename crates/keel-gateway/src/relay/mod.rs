@@ -413,6 +413,9 @@ impl Relay {
             stitcher.delivered_tokens()
         );
         tracing::info!(request_id = %self.ctx.id, pool = %self.pool.cfg.name, from = %from, to = %to, reason, detail, resume = ?mode, "migrated");
+        if let Some(d) = self.attempts.decision() {
+            d.note_migration(from, &to, reason, stitcher.delivered_tokens());
+        }
         if !self.send(SseEvent::comment(&note)).await {
             return false;
         }

@@ -6,6 +6,7 @@ mod bad_input;
 mod capacity;
 mod context;
 mod count_tokens;
+mod decisions;
 mod embeddings;
 mod failover;
 mod fuzz_corpus;
