@@ -27,6 +27,8 @@ pub struct RequestLog {
     /// known).
     pub key: String,
     pub tenant: String,
+    /// The pool whose health window counts this request (see `safe_mode`), once known.
+    pub health_of: Option<Arc<crate::pools::Pool>>,
     done: bool,
 }
 
@@ -52,6 +54,7 @@ impl RequestLog {
             ttft: None,
             key: "-".into(),
             tenant: "-".into(),
+            health_of: None,
             done: false,
         }
     }
@@ -88,6 +91,9 @@ impl RequestLog {
                 &[("pool", pool), ("endpoint", endpoint)],
             )
             .record(t.as_secs_f64());
+        }
+        if let Some(p) = &self.health_of {
+            p.safety.record_request(p.now_ms(), self.route, outcome);
         }
         let ttft_ms = self.ttft.map(|t| t.as_secs_f64() * 1000.0);
         let level_warn = matches!(outcome, "error" | "incomplete");

@@ -75,6 +75,8 @@ pub struct Pool {
     pub metrics: Arc<Metrics>,
     /// Bounds on what is read from upstreams.
     pub limits: UpstreamLimits,
+    /// The pool's health colour and safe mode (see `safe_mode`).
+    pub safety: crate::safe_mode::Safety,
 }
 
 /// The shortest silence that starts a speculative continuation: below it, scheduling noise on
@@ -240,6 +242,7 @@ impl Pool {
             })),
         );
         Pool {
+            safety: crate::safe_mode::Safety::new(&cfg.name, cfg.safe_mode, metrics.clone()),
             protocol,
             variants,
             client,
@@ -322,9 +325,20 @@ impl Pool {
             .expected_wait_ms(self.line.waiting() as usize, self.running())
     }
 
-    /// Whether hedging is on for this pool.
+    /// Whether hedging is on for this pool (never in safe mode).
     pub fn hedging(&self) -> bool {
-        !matches!(self.cfg.hedge, crate::config::Hedge::Off) && self.cfg.max_hedges > 0
+        !matches!(self.cfg.hedge, crate::config::Hedge::Off)
+            && self.cfg.max_hedges > 0
+            && !self.safety.active()
+    }
+
+    /// Migrations a stream may make after its first byte: `max_migrations`, none in safe mode.
+    pub fn max_migrations(&self) -> u32 {
+        if self.safety.active() {
+            0
+        } else {
+            self.cfg.max_migrations
+        }
     }
 
     /// Waits in the pool's line until the variant is below its concurrency limit: false when
@@ -493,7 +507,11 @@ impl Pool {
                 );
             }
         }
-        // Refresh probes, the longest without evidence first, while the budget lasts.
+        // Refresh probes, the longest without evidence first, while the budget lasts (none in
+        // safe mode: probes of ejected variants above stay, they are how a variant returns).
+        if self.safety.active() {
+            return out;
+        }
         let mut stale: Vec<(u64, usize)> = (0..self.variants.len())
             .filter(|&i| {
                 !st.maintenance_busy[i]

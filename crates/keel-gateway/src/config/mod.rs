@@ -23,6 +23,7 @@ mod keys;
 mod pool;
 mod read;
 mod redis;
+mod safe_mode;
 mod timeouts;
 mod variant;
 
