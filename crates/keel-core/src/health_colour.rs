@@ -129,9 +129,10 @@ impl Default for Thresholds {
                 yellow: 0.05,
                 red: 0.25,
             },
+            // A two-variant pool with one down is yellow; three with two down are red.
             eligible_capacity: Limits {
                 yellow: 0.75,
-                red: 0.50,
+                red: 0.35,
             },
             auto: true,
             exit_after_ms: 30_000,
@@ -469,15 +470,19 @@ mod tests {
             v.reasons,
             ["decision latency 12.5 >= red threshold 10 ms (mean selection time)"]
         );
-        let v = evaluate(&Counters::default(), 0.5, &t);
+        let v = evaluate(&Counters::default(), 1.0 / 3.0, &t);
         assert_eq!(v.colour, Colour::Red);
         assert_eq!(
             v.reasons,
-            ["eligible capacity 0.5 <= red threshold 0.5 (share of configured weight able to serve)"]
+            ["eligible capacity 0.333 <= red threshold 0.35 (share of configured weight able to serve)"]
         );
         assert_eq!(
-            evaluate(&Counters::default(), 0.7, &t).colour,
+            evaluate(&Counters::default(), 0.5, &t).colour,
             Colour::Yellow
+        );
+        assert_eq!(
+            evaluate(&Counters::default(), 0.76, &t).colour,
+            Colour::Green
         );
     }
 
