@@ -15,7 +15,8 @@
 //! | eligible capacity | configured weight of variants able to serve / all configured weight | lower |
 //!
 //! The ratios are judged only once the window holds `min_requests` requests (one failed request
-//! of two is no evidence about a pool); capacity is judged always. The colour is the worst of
+//! of two is no evidence about a pool), decision latency once it holds as many selections;
+//! capacity is judged always. The colour is the worst of
 //! the signals', and every signal at yellow or red gives one reason naming its value and the
 //! threshold it crossed.
 
@@ -244,7 +245,9 @@ pub fn evaluate(c: &Counters, capacity: f64, t: &Thresholds) -> Verdict {
         );
         judge("error rate", c.error_rate(), t.error_rate, true, &over);
     }
-    if c.decisions > 0 {
+    // Also judged over enough samples only: one selection preempted on a busy machine is not
+    // a slow selector.
+    if c.decisions >= t.min_requests && c.decisions > 0 {
         judge(
             "decision latency",
             c.decision_ms(),
@@ -261,7 +264,7 @@ pub fn evaluate(c: &Counters, capacity: f64, t: &Thresholds) -> Verdict {
         " (share of configured weight able to serve)",
     );
     // Worst first; the order of the signals above among equals.
-    judged.sort_by(|a, b| b.0.cmp(&a.0));
+    judged.sort_by_key(|j| std::cmp::Reverse(j.0));
     Verdict {
         colour: judged.first().map_or(Colour::Green, |(c, _)| *c),
         reasons: judged.into_iter().map(|(_, r)| r).collect(),
@@ -460,11 +463,18 @@ mod tests {
             ["error rate 0.075 >= yellow threshold 0.05 (over 40 requests)"]
         );
         let slow = Counters {
-            decisions: 4,
-            decision_us: 4 * 12_500,
+            decisions: 20,
+            decision_us: 20 * 12_500,
             ..Counters::default()
         };
         let v = evaluate(&slow, 1.0, &t);
+        assert_eq!(v.colour, Colour::Red);
+        // Too few selections to judge.
+        let few = Counters {
+            decisions: 19,
+            ..slow
+        };
+        assert_eq!(evaluate(&few, 1.0, &t).colour, Colour::Green);
         assert_eq!(v.colour, Colour::Red);
         assert_eq!(
             v.reasons,

@@ -11,9 +11,11 @@ use crate::harness::*;
 
 /// Small windows so that a test sees the colour move in a few seconds: a 1 s window, ratios
 /// judged from 4 requests, safe mode left after 3 s of green; every late first token may be
-/// hedged (the hedge budget would otherwise refuse the second hedge of a quiet test). Ejected variants are probed
+/// hedged (the hedge budget would otherwise refuse the second hedge of a quiet test); the
+/// decision-latency thresholds are far out of reach, so that a busy test machine cannot move
+/// the colour. Ejected variants are probed
 /// every 100 ms, so they come back soon after their faults clear.
-const SAFE: &str = "hedge = 50\nhedge_budget = 1.0\n[pools.safe_mode]\nwindow_ms = 1000\nmin_requests = 4\nexit_after_ms = 3000\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\nprobe_interval_ms = 100\neject_after_ms = 200\n";
+const SAFE: &str = "hedge = 50\nhedge_budget = 1.0\n[pools.safe_mode]\nwindow_ms = 1000\nmin_requests = 4\nexit_after_ms = 3000\ndecision_ms_yellow = 500\ndecision_ms_red = 1000\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\nprobe_interval_ms = 100\neject_after_ms = 200\n";
 
 async fn safe_harness() -> Harness {
     Harness::openai(3, 1, "allow_force_variant = true", SAFE).await
@@ -245,8 +247,8 @@ async fn forced_safe_mode_stops_migration_and_hedging_until_released() {
         v,
         json!({"pools": [{"name": "p", "safe_mode": true, "control": "on"}]})
     );
+    // On whatever the colour (here green or yellow: the cut variant may be cooling down).
     let p = pool_health(&h).await;
-    assert_eq!(p["colour"], "green");
     assert_eq!(p["safe_mode"]["active"], true, "{p}");
     assert_eq!(p["safe_mode"]["control"], "on");
     assert_eq!(
