@@ -16,6 +16,7 @@ pub mod fit;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod health;
+pub mod health_colour;
 pub mod outcome;
 pub mod p2c;
 pub mod protocol;

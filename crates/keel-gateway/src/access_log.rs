@@ -152,6 +152,8 @@ pub struct RequestLog {
     pub trace: Option<RequestSpan>,
     /// The request's decision record, completed from this log when it finishes.
     pub decision: Option<Arc<crate::decisions::Draft>>,
+    /// The pool whose health window counts this request (see `safe_mode`), once known.
+    pub health_of: Option<Arc<crate::pools::Pool>>,
     done: bool,
 }
 
@@ -189,6 +191,7 @@ impl RequestLog {
             overhead_us: None,
             trace: None,
             decision: None,
+            health_of: None,
             done: false,
         }
     }
@@ -220,6 +223,9 @@ impl RequestLog {
         self.done = true;
         let elapsed = self.started.elapsed();
         self.count(outcome, elapsed);
+        if let Some(p) = &self.health_of {
+            p.safety.record_request(p.now_ms(), self.route, outcome);
+        }
         if let Some(d) = self.decision.take() {
             if self.overhead_us.is_none() {
                 self.overhead_us = d.overhead_us();

@@ -40,6 +40,7 @@ pub mod quota;
 pub mod relay;
 pub mod responses;
 pub mod routes;
+pub mod safe_mode;
 pub mod selection;
 pub mod server;
 pub mod settlement;

@@ -16,6 +16,8 @@
 //! | `keel_queue_refused_total` | pool, reason | requests the line refused: `full`, `displaced` (429), `deadline`, `timeout` (503) |
 //! | `keel_queue_depth` | pool, priority | requests waiting in the line now, by `x-keel-priority` |
 //! | `keel_decision_duration_seconds` | pool | one selection |
+//! | `keel_health_state` | pool | the pool's health colour: 0 green, 1 yellow, 2 red (see `safe_mode`) |
+//! | `keel_safe_mode` | pool | 1 while the pool is in safe mode |
 //! | `keel_requests_in_flight` | | requests being served now |
 //! | `keel_ratelimited_total` | key, kind | keyed requests refused by a limit (`requests`, `tokens`, `concurrency`, `budget`) |
 //! | `keel_tokens_total` | key, direction | tokens a key's requests used (`input`, `output`), at reconciliation |

@@ -54,6 +54,7 @@ pub async fn run(gw: Arc<Gateway>) {
                 }
             }
             publish_gauges(pool);
+            pool.safety.update(pool);
         }
         ticks += 1;
         if ticks.is_multiple_of(UPKEEP_TICKS) {

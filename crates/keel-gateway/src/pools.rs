@@ -77,6 +77,8 @@ pub struct Pool {
     pub limits: UpstreamLimits,
     /// When (`now_ms` + 1) the pool last admitted a high-priority request; 0: never.
     high_seen: AtomicU64,
+    /// The pool's health colour and safe mode (see `safe_mode`).
+    pub safety: crate::safe_mode::Safety,
 }
 
 /// How long after the last high-priority request its share of capacity stays reserved.
@@ -245,6 +247,7 @@ impl Pool {
             })),
         );
         Pool {
+            safety: crate::safe_mode::Safety::new(&cfg.name, cfg.safe_mode, metrics.clone()),
             protocol,
             variants,
             client,
@@ -350,9 +353,20 @@ impl Pool {
             .expected_wait_ms(self.line.waiting() as usize, self.running())
     }
 
-    /// Whether hedging is on for this pool.
+    /// Whether hedging is on for this pool (never in safe mode).
     pub fn hedging(&self) -> bool {
-        !matches!(self.cfg.hedge, crate::config::Hedge::Off) && self.cfg.max_hedges > 0
+        !matches!(self.cfg.hedge, crate::config::Hedge::Off)
+            && self.cfg.max_hedges > 0
+            && !self.safety.active()
+    }
+
+    /// Migrations a stream may make after its first byte: `max_migrations`, none in safe mode.
+    pub fn max_migrations(&self) -> u32 {
+        if self.safety.active() {
+            0
+        } else {
+            self.cfg.max_migrations
+        }
     }
 
     /// Waits in the pool's line until the variant is below its concurrency limit: false when
@@ -520,7 +534,11 @@ impl Pool {
                 );
             }
         }
-        // Refresh probes, the longest without evidence first, while the budget lasts.
+        // Refresh probes, the longest without evidence first, while the budget lasts (none in
+        // safe mode: probes of ejected variants above stay, they are how a variant returns).
+        if self.safety.active() {
+            return out;
+        }
         let mut stale: Vec<(u64, usize)> = (0..self.variants.len())
             .filter(|&i| {
                 !st.maintenance_busy[i]

@@ -49,6 +49,8 @@ pub enum Target {
     OpenApi,
     /// `GET /keel/keys/{key_id}/usage` (admin key required).
     KeyUsage,
+    /// `POST /keel/admin/safe-mode` (admin key required when keys are configured).
+    SafeMode,
 }
 
 /// One served route. A path ending in `{model_id}` matches any non-empty remainder (a model id
@@ -105,6 +107,7 @@ pub const ROUTES: &[Route] = &[
     route(Verb::Get, "/keel/metrics", Target::Metrics),
     route(Verb::Get, "/keel/openapi.json", Target::OpenApi),
     route(Verb::Get, "/keel/keys/{key_id}/usage", Target::KeyUsage),
+    route(Verb::Post, "/keel/admin/safe-mode", Target::SafeMode),
 ];
 
 /// Where a request goes.

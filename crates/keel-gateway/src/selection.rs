@@ -317,6 +317,7 @@ impl Pool {
                 &[("pool", &self.cfg.name)],
             )
             .record(duration.as_secs_f64());
+        self.safety.record_decision(now_ms, duration);
         let record = DecisionRecord {
             request_id: request_id.to_owned(),
             time_unix_ms: crate::keys::limits::unix_now_ms(),

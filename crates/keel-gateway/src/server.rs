@@ -164,6 +164,13 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
                 Err(e) => e.to_response(protocol),
             }
         }
+        Resolved::Route(Target::SafeMode, _) => {
+            let (parts, body) = req.into_parts();
+            match crate::safe_mode::admin::safe_mode(&gw, &parts, body).await {
+                Ok(doc) => json(doc.to_string()),
+                Err(e) => e.to_response(protocol),
+            }
+        }
         Resolved::Route(Target::Health, _) => health(&gw),
         Resolved::Route(Target::Decisions, _) => {
             match crate::decisions::Query::parse(req.uri().query()) {
@@ -275,6 +282,7 @@ async fn stages(
     log.usage = Some((ctx.meter.clone(), req.estimated_input_tokens));
     log.trace = trace.clone();
     ctx.trace = trace;
+    log.health_of = Some(pool.clone());
     if let Some(grant) = &ctx.grant {
         log.key = grant.key.id.clone();
         log.tenant = grant.key.tenant.clone();
@@ -321,7 +329,7 @@ async fn stages(
     let upstream_req = if !req.stream
         && endpoint.generates()
         && pool.cfg.assemble_non_streaming
-        && pool.cfg.max_migrations > 0
+        && pool.max_migrations() > 0
     {
         let mut r = req;
         r.stream = true;
@@ -560,11 +568,19 @@ fn health(gw: &Gateway) -> Response<Body> {
     let pools: Vec<_> = gw
         .pools()
         .iter()
-        .map(|p| json!({"name": p.cfg.name, "protocol": p.protocol.as_str(), "policy": p.cfg.policy, "variants": p.snapshot()}))
+        .map(|p| {
+            let mut doc = json!({"name": p.cfg.name, "protocol": p.protocol.as_str(), "policy": p.cfg.policy, "variants": p.snapshot()});
+            crate::safe_mode::merge(&mut doc, p.safety.report(p));
+            doc
+        })
         .collect();
+    let (colour, reasons) = crate::safe_mode::overall(&pools);
     full_body(
         StatusCode::OK,
         "application/json",
-        Bytes::from(json!({"status": "ok", "pools": pools}).to_string()),
+        Bytes::from(
+            json!({"status": "ok", "colour": colour, "reasons": reasons, "pools": pools})
+                .to_string(),
+        ),
     )
 }

@@ -24,6 +24,7 @@ mod observability;
 mod pool;
 mod read;
 mod redis;
+mod safe_mode;
 mod timeouts;
 mod variant;
 

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use toml::de::DeValue;
 
 use keel_core::health::HealthConfig;
+use keel_core::health_colour::Thresholds;
 use keel_core::selection::PolicyKind;
 
 use super::read::{did_you_mean, Issues, Kind, Table};
@@ -79,6 +80,8 @@ pub struct PoolConfig {
     pub hold_tool_calls: bool,
     pub assemble_non_streaming: bool,
     pub health: HealthConfig,
+    /// `[pools.safe_mode]`: the health colour's thresholds and safe mode's hysteresis.
+    pub safe_mode: Thresholds,
     pub scrape_interval_ms: u64,
     /// How long refused connections count as a restart before the variant counts as dead.
     pub restart_grace_ms: u64,
@@ -146,6 +149,10 @@ pub(super) fn read(
         let h = t.table("health", issues);
         super::health::read(h, issues)
     };
+    let safe_mode = {
+        let s = t.table("safe_mode", issues);
+        super::safe_mode::read(s, issues)
+    };
     let variants = read_variants(&mut t, up, warnings, issues);
     let middle_out = read_transforms(&mut t, issues);
     let pool = PoolConfig {
@@ -171,6 +178,7 @@ pub(super) fn read(
             .value::<bool>("assemble_non_streaming", issues)
             .unwrap_or(true),
         health: health.0,
+        safe_mode,
         scrape_interval_ms: health.1,
         restart_grace_ms: health.2,
         variants,

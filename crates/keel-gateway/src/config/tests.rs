@@ -615,3 +615,33 @@ fn redis_mistakes_are_named() {
     assert_eq!(field, "redis.url");
     assert!(message.contains("`NOPE` is not set"), "{message}");
 }
+
+#[test]
+fn safe_mode_thresholds_read_with_defaults_and_bad_pairs_are_named() {
+    let c = Config::parse(GOOD, "keel.toml", &env()).unwrap();
+    assert_eq!(
+        c.pools[0].safe_mode,
+        keel_core::health_colour::Thresholds::default()
+    );
+    let text = GOOD.replace(
+        "[[pools.variants]]",
+        "[pools.safe_mode]\nwindow_ms = 2000\nerror_rate_red = 0.5\nexit_after_ms = 100\nauto = false\n[[pools.variants]]",
+    );
+    let t = Config::parse(&text, "keel.toml", &env()).unwrap().pools[0].safe_mode;
+    assert_eq!(
+        (t.window_ms, t.error_rate.red, t.exit_after_ms, t.auto),
+        (2000, 0.5, 100, false)
+    );
+    assert_eq!(t.error_rate.yellow, 0.05);
+    // Capacity is worse when lower: its red must be below its yellow.
+    let text = GOOD.replace(
+        "[[pools.variants]]",
+        "[pools.safe_mode]\neligible_capacity_red = 0.9\n[[pools.variants]]",
+    );
+    let (_, _, field, message) = one_issue(&text);
+    assert_eq!(field, "pools[0].safe_mode.eligible_capacity_red");
+    assert_eq!(
+        message,
+        "must be less than eligible_capacity_yellow, both at least 0 (got yellow 0.75, red 0.9)"
+    );
+}

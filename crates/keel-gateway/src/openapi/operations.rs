@@ -447,6 +447,67 @@ fn decision_get() -> Value {
     op
 }
 
+/// `POST /keel/admin/safe-mode`.
+fn safe_mode() -> Value {
+    let mut op = keel_get(
+        "setSafeMode",
+        "Force a pool's safe mode on or off, or hand it back to the health colour (admin key required when keys are configured)",
+        "keel",
+        ok_response(
+            "The pools the order applied to, with their safe mode now.",
+            json!({
+                "type": "object",
+                "required": ["pools"],
+                "properties": {"pools": {"type": "array", "items": {
+                    "type": "object",
+                    "required": ["name", "safe_mode", "control"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "safe_mode": {"type": "boolean"},
+                        "control": {"enum": ["auto", "on", "off"]}
+                    }
+                }}}
+            }),
+            None,
+            json!({}),
+        ),
+    );
+    op["requestBody"] = json!({
+        "required": true,
+        "content": {"application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["mode"],
+                "additionalProperties": false,
+                "properties": {
+                    "pool": {"type": ["string", "null"], "description": "A pool name; null or absent: every pool."},
+                    "mode": {"enum": ["on", "off", "auto"], "description": "`on`/`off` force safe mode; `auto` lets the pool's health colour decide again."}
+                }
+            },
+            "example": {"pool": null, "mode": "auto"}
+        }}
+    });
+    op["security"] = json!([{"adminKey": []}, {}]);
+    for (status, why) in [
+        ("400", "The body is not `{\"pool\": …, \"mode\": …}`."),
+        ("401", "Keys are configured and no admin key was sent."),
+        (
+            "403",
+            "The key sent is not the admin key (or none is configured).",
+        ),
+        ("404", "No pool has this name."),
+        (
+            "408",
+            "The request body did not arrive within `body_read_timeout_ms`.",
+        ),
+        ("413", "The request body is larger than 4 KiB."),
+        ("415", "The request's `content-type` is not JSON."),
+    ] {
+        op["responses"][status] = error_response(why, Some(Protocol::OpenAi), json!({}));
+    }
+    op
+}
+
 /// The operation documenting one served route.
 pub fn for_route(r: &Route) -> Value {
     match r.target {
@@ -457,7 +518,7 @@ pub fn for_route(r: &Route) -> Value {
         Target::Model => model_get(),
         Target::Health => keel_get(
             "health",
-            "Each pool's variants: state, statistics, limits",
+            "Health colours (overall and per pool, with reasons), safe mode, and each pool's variants: state, statistics, limits",
             "keel",
             ok_response(
                 "Health of every pool.",
@@ -483,6 +544,7 @@ pub fn for_route(r: &Route) -> Value {
             )
         }
         Target::KeyUsage => key_usage(),
+        Target::SafeMode => safe_mode(),
         Target::OpenApi => keel_get(
             "openapi",
             "This document (also committed as docs/openapi.json)",

@@ -17,6 +17,17 @@ fn object(required: &[&str], properties: Value) -> Value {
     json!({"type": "object", "required": required, "properties": properties})
 }
 
+/// A health colour.
+fn colour() -> Value {
+    json!({"enum": ["green", "yellow", "red"]})
+}
+
+/// Why a colour is not green: one line per signal at yellow or red, naming its value and
+/// threshold.
+fn reasons() -> Value {
+    json!({"type": "array", "items": {"type": "string"}})
+}
+
 /// `model`, as keel reads it: a non-empty pool name or alias.
 fn model_field() -> Value {
     json!({"type": "string", "minLength": 1, "description": "A pool name or alias (see `GET /v1/models`)."})
@@ -365,13 +376,43 @@ fn keel_schemas() -> [(&'static str, Value); 2] {
         (
             "Health",
             object(
-                &["status", "pools"],
+                &["status", "colour", "reasons", "pools"],
                 json!({
                     "status": {"const": "ok"},
-                    "pools": {"type": "array", "items": object(&["name", "protocol", "variants"], json!({
+                    "colour": colour(),
+                    "reasons": reasons(),
+                    "pools": {"type": "array", "items": object(&["name", "protocol", "variants", "colour", "reasons", "signals", "safe_mode"], json!({
                         "name": {"type": "string"},
                         "protocol": {"enum": ["openai", "anthropic"]},
                         "policy": {"type": "string"},
+                        "colour": colour(),
+                        "reasons": reasons(),
+                        "signals": object(
+                            &["window_ms", "requests", "fallback_ratio", "migration_ratio", "error_rate", "decision_ms", "eligible_capacity"],
+                            json!({
+                                "window_ms": {"type": "integer"},
+                                "requests": {"type": "integer"},
+                                "fallback_ratio": {"type": "number"},
+                                "migration_ratio": {"type": "number"},
+                                "error_rate": {"type": "number"},
+                                "decision_ms": {"type": "number", "description": "Mean selection time over the window."},
+                                "eligible_capacity": {"type": "number", "description": "Share of configured weight able to serve."}
+                            }),
+                        ),
+                        "safe_mode": object(
+                            &["active", "control", "green_for_ms", "exit_after_ms", "last_switch"],
+                            json!({
+                                "active": {"type": "boolean"},
+                                "control": {"enum": ["auto", "on", "off"]},
+                                "green_for_ms": {"type": "integer"},
+                                "exit_after_ms": {"type": "integer"},
+                                "last_switch": {"anyOf": [{"type": "null"}, object(&["active", "reason", "at_ms"], json!({
+                                    "active": {"type": "boolean"},
+                                    "reason": {"type": "string"},
+                                    "at_ms": {"type": "integer", "description": "Milliseconds since the gateway started."}
+                                }))]}
+                            }),
+                        ),
                         "variants": {"type": "array", "items": object(&["name", "state", "available"], json!({
                             "name": {"type": "string"},
                             "state": {"type": "string"},

@@ -169,8 +169,9 @@ impl Relay {
         // slowness never spends what a failure needs (see MAX_SLOW_MIGRATIONS).
         let (mut migrations, mut slow_migrations) = (0u32, 0u32);
         let mut trim = false;
-        let max_migrations = self.pool.cfg.max_migrations;
         let ending = loop {
+            // Read at each turn: a pool that enters safe mode mid-stream stops migrating.
+            let max_migrations = self.pool.max_migrations();
             // Slowness alone is only worth a migration when there is somewhere to go: a slow
             // stream beats an error. The same goes for racing a quiet stream.
             let now = self.pool.now_ms();
@@ -286,6 +287,12 @@ impl Relay {
             }
             self.attempts
                 .settle_end(seg.committed, StreamEnd::Failed(failure));
+            if self.pool.safety.active() {
+                break Ending::GiveUp(format!(
+                    "{}; pool `{}` is in safe mode (no migration)",
+                    seam.detail, self.pool.cfg.name
+                ));
+            }
             if migrations >= max_migrations {
                 break Ending::GiveUp(format!(
                     "{}; no migration left (max_migrations = {max_migrations})",

@@ -23,6 +23,7 @@ mod proxy;
 mod queue;
 mod responses;
 mod routing;
+mod safe_mode;
 mod safeguards;
 mod speculation;
 mod streams;
