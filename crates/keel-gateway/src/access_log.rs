@@ -89,6 +89,7 @@ impl RequestLog {
             )
             .record(t.as_secs_f64());
         }
+        m.recent.record(pool, self.route, self.ttft);
         let ttft_ms = self.ttft.map(|t| t.as_secs_f64() * 1000.0);
         let level_warn = matches!(outcome, "error" | "incomplete");
         macro_rules! log {

@@ -26,6 +26,7 @@ pub mod context;
 pub mod context_fit;
 pub mod delivery;
 pub mod errors;
+pub mod events;
 pub mod execution;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -74,6 +75,8 @@ pub struct Gateway {
     pub keys: keys::Keys,
     /// Where the keys' limits and budgets are kept.
     pub quota: Arc<quota::Store>,
+    /// The dashboard's snapshot stream (`/keel/events`).
+    pub events: events::Hub,
 }
 
 /// Decision records kept for `/keel/decisions`.
@@ -133,6 +136,7 @@ impl Gateway {
             decisions: Mutex::new(VecDeque::with_capacity(DECISIONS_KEPT)),
             metrics,
             hooks: hooks::TestHooks::default(),
+            events: events::Hub::default(),
         })
     }
 
@@ -170,6 +174,12 @@ impl Gateway {
             .iter()
             .cloned()
             .collect()
+    }
+
+    /// The `n` most recent decision records, newest first (without copying the rest).
+    pub fn latest_decisions(&self, n: usize) -> Vec<DecisionRecord> {
+        let q = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
+        q.iter().rev().take(n).cloned().collect()
     }
 
     fn budget(&self) -> std::sync::MutexGuard<'_, RetryBudget> {

@@ -45,6 +45,8 @@ static META: Metadata<'static> = Metadata::new("keel", Level::INFO, Some("keel_g
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
+    /// The last minutes of requests (route mix, TTFT percentiles) for the dashboard.
+    pub recent: crate::events::window::Recent,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -73,7 +75,11 @@ impl Metrics {
         };
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
-        Arc::new(Metrics { recorder, handle })
+        Arc::new(Metrics {
+            recorder,
+            handle,
+            recent: Default::default(),
+        })
     }
 
     pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Counter {

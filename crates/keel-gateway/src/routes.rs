@@ -46,6 +46,10 @@ pub enum Target {
     OpenApi,
     /// `GET /keel/keys/{key_id}/usage` (admin key required).
     KeyUsage,
+    /// The dashboard's snapshot stream (server-sent events).
+    Events,
+    /// The dashboard page.
+    Dashboard,
 }
 
 /// One served route. A path ending in `{model_id}` matches any non-empty remainder (a model id
@@ -101,6 +105,8 @@ pub const ROUTES: &[Route] = &[
     route(Verb::Get, "/keel/metrics", Target::Metrics),
     route(Verb::Get, "/keel/openapi.json", Target::OpenApi),
     route(Verb::Get, "/keel/keys/{key_id}/usage", Target::KeyUsage),
+    route(Verb::Get, "/keel/events", Target::Events),
+    route(Verb::Get, "/keel/dashboard", Target::Dashboard),
 ];
 
 /// Where a request goes.

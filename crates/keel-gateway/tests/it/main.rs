@@ -6,6 +6,7 @@ mod capacity;
 mod context;
 mod count_tokens;
 mod embeddings;
+mod events;
 mod failover;
 mod fuzz_corpus;
 mod harness;
