@@ -348,6 +348,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         );
         println!("  embeddings: model demo-embed on POST /v1/embeddings (OpenAI base URL)");
     }
+    println!("  dashboard: http://{addr}/keel/dashboard   (live heat map of every variant)");
     println!("  metrics: http://{addr}/metrics   health: http://{addr}/keel/health\n");
     println!("sample requests:");
     println!(

@@ -15,6 +15,7 @@
 //!
 //! `--translated` measures instead what cross-protocol translation adds: see [`translated`].
 
+mod subscribers;
 mod translated;
 
 use std::path::{Path, PathBuf};
@@ -42,6 +43,9 @@ pub struct Options {
     pub out: Option<PathBuf>,
     /// Measure cross-protocol streams against same-protocol ones (keel only).
     pub translated: bool,
+    /// `/keel/events` readers (simulated dashboards) kept open on keel during the fixed-rate
+    /// runs.
+    pub event_subscribers: usize,
 }
 
 /// Rates tried, in order, for the highest sustainable one.
@@ -334,6 +338,13 @@ pub async fn run(o: Options) -> Result<(), String> {
             continue;
         };
         prepare(&client, &direct, &target, pinned.then_some(gw_cpu.as_str())).await;
+        let pages = match name.as_str() {
+            "keel" if o.event_subscribers > 0 => {
+                let gateway = target.base.trim_end_matches("/v1");
+                Some(subscribers::Subscribers::open(&client, gateway, o.event_subscribers).await?)
+            }
+            _ => None,
+        };
         let mut by_rate = Vec::new();
         let mut sustainable = Vec::new();
         for (stream, max) in [false, true].into_iter().zip(maxes) {
@@ -373,6 +384,15 @@ pub async fn run(o: Options) -> Result<(), String> {
                                  "total_p50": added("total_p50_ms"), "total_p99": added("total_p99_ms")}}));
             }
         }
+        if let Some(pages) = pages {
+            let line = format!(
+                "{name:<8} with {} /keel/events subscribers open: {} snapshots received\n",
+                o.event_subscribers,
+                pages.events()
+            );
+            print!("{line}");
+            lines.push_str(&line);
+        }
         let peak = target.pid.and_then(peak_rss_mib);
         let max = |i: usize| {
             sustainable[i]["max_sustainable_rps"]
@@ -405,7 +425,7 @@ fn write_out(
 ) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join("overhead.json");
-    let doc = json!({"rates": o.rates, "duration_s": o.duration, "rounds": o.rounds,
+    let doc = json!({"rates": o.rates, "duration_s": o.duration, "rounds": o.rounds, "event_subscribers": o.event_subscribers,
         "keel_worker_threads": o.keel_threads, "pinned": pinned, "contenders": report});
     std::fs::write(
         &path,
