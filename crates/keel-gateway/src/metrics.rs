@@ -20,9 +20,14 @@
 //! | `keel_ratelimited_total` | key, kind | keyed requests refused by a limit (`requests`, `tokens`, `concurrency`, `budget`) |
 //! | `keel_tokens_total` | key, direction | tokens a key's requests used (`input`, `output`), at reconciliation |
 //! | `keel_spend_total` | key | USD a key's requests cost (a gauge that only grows: Prometheus counters are integers here) |
-//! | `keel_quota_store_errors_total` | | quota store operations that failed or timed out (see `[quota] fail_mode`) |
-//! | `keel_variant_*` | pool, variant | live health gauges (weight, ttft, tgsv, inflight, state) |
-//! | `keel_quota_store_errors_total` | op | shared quota store (Redis) calls that failed or timed out (`take`, `adjust`, `reserve`, `settle`, `acquire`, `release`, `renew`, `usage`) |
+//! | `keel_quota_store_errors_total` | op | shared quota store (Redis) calls that failed or timed out (`take`, `adjust`, `reserve`, `settle`, `acquire`, `release`, `renew`, `usage`; see `[quota] fail_mode`) |
+//! | `keel_maintenance_requests_total` | pool, variant, kind, outcome | keel's own requests to a variant: kind = `probe`, `warmup`, `refresh`, `health` |
+//! | `keel_resume_learned_total` | pool, variant | variants found to refuse assistant prefill (they continue in `instruction` mode from then on) |
+//! | `keel_variant_weight` | pool, variant | the variant's routing weight now (health × configured weight) |
+//! | `keel_variant_ttft_seconds` | pool, variant | its smoothed TTFT estimate |
+//! | `keel_variant_tgsv_seconds` | pool, variant | its inter-token gap spread (TGSV) |
+//! | `keel_variant_inflight` | pool, variant | its requests in flight |
+//! | `keel_variant_state` | pool, variant | 0 healthy, 1 slow start, 2 warming, 3 ejected |
 //!
 //! `outcome` of a request is one of `ok`, `client_error` (4xx), `error` (keel could not serve:
 //! 5xx), `incomplete` (a stream that failed after its first byte), `cancelled` (client went away).

@@ -48,8 +48,8 @@ pub enum BenchCommand {
         /// alternating rounds: added latency and keel's CPU per streamed token. No ramp.
         #[arg(long)]
         translated: bool,
-        /// Keep N readers of keel's `/keel/events` open during the fixed-rate runs (simulated
-        /// dashboards), to measure what an open dashboard costs.
+        /// keel with N readers of `/keel/events` open (simulated dashboards) against none, in
+        /// alternating rounds: what open dashboards cost. keel only; no ramp.
         #[arg(long, default_value_t = 0)]
         event_subscribers: usize,
     },

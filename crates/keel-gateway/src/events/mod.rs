@@ -83,6 +83,10 @@ pub async fn run(gw: Arc<Gateway>) {
         tick.tick().await;
         if gw.events.subscribers() > 0 {
             gw.events.latest.send_replace(sse_event(&snapshot(&gw)));
+        } else if !gw.events.latest.borrow().is_empty() {
+            // Nobody listens: drop the last snapshot, so that the next subscriber gets a fresh
+            // one rather than one from before a quiet spell.
+            gw.events.latest.send_replace(Bytes::new());
         }
     }
 }
@@ -169,16 +173,17 @@ pub fn subscribe(gw: &Gateway) -> Response<Body> {
         |(pending, mut rx, place)| async move {
             let bytes = match pending {
                 Some(b) => b,
-                None => {
-                    // Ends when the ticker is gone (the gateway is shutting down).
+                None => loop {
+                    // Ends when the ticker is gone (the gateway is shutting down). An empty
+                    // value is the ticker's "nothing published" (see `run`): not an event.
                     rx.changed().await.ok()?;
-                    rx.borrow_and_update().clone()
-                }
+                    let b = rx.borrow_and_update().clone();
+                    if !b.is_empty() {
+                        break b;
+                    }
+                },
             };
-            Some((
-                Ok::<_, Infallible>(Frame::data(bytes)),
-                (None, rx, place),
-            ))
+            Some((Ok::<_, Infallible>(Frame::data(bytes)), (None, rx, place)))
         },
     );
     let body = StreamBody::new(stream)

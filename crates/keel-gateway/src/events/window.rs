@@ -196,7 +196,10 @@ impl Recent {
             .into_iter()
             .map(|(pool, (total, series))| {
                 let whole = point(&total);
-                let series = series.into_iter().map(|h| point(h.unwrap_or(&empty))).collect();
+                let series = series
+                    .into_iter()
+                    .map(|h| point(h.unwrap_or(&empty)))
+                    .collect();
                 let t = PoolTtft {
                     p50_ms: whole.p50_ms,
                     p99_ms: whole.p99_ms,

@@ -40,7 +40,10 @@ async fn snapshots_show_variants_route_mix_ttft_and_decisions() {
     let h = Harness::openai(2, 1000, "", "").await;
     let mut events = subscribe(&h).await;
     assert_eq!(events.status(), 200);
-    assert_eq!(header(events.headers(), "content-type"), "text/event-stream");
+    assert_eq!(
+        header(events.headers(), "content-type"),
+        "text/event-stream"
+    );
     // The first snapshot comes at once, before any request.
     let first = event_where(&mut events, |_| true).await;
     let names: Vec<&str> = first["health"]["pools"][0]["variants"]

@@ -14,6 +14,7 @@ mod hedging;
 mod hostile;
 mod keys;
 mod lifecycle;
+mod metrics_docs;
 mod migration;
 mod models;
 mod openapi;

@@ -13,7 +13,8 @@
 //! round's percentiles, and "added" is gateway − direct. Peak memory is the high-water resident
 //! set of the gateway's processes over the fixed-rate runs (a fresh process after the ramp).
 //!
-//! `--translated` measures instead what cross-protocol translation adds: see [`translated`].
+//! `--translated` measures instead what cross-protocol translation adds: see [`translated`];
+//! `--event-subscribers N` what open dashboards cost: see [`subscribers`].
 
 mod subscribers;
 mod translated;
@@ -43,8 +44,7 @@ pub struct Options {
     pub out: Option<PathBuf>,
     /// Measure cross-protocol streams against same-protocol ones (keel only).
     pub translated: bool,
-    /// `/keel/events` readers (simulated dashboards) kept open on keel during the fixed-rate
-    /// runs.
+    /// Measure keel with N `/keel/events` readers (open dashboards) against none (keel only).
     pub event_subscribers: usize,
 }
 
@@ -280,6 +280,9 @@ pub async fn run(o: Options) -> Result<(), String> {
     if o.translated {
         return translated::run(o).await;
     }
+    if o.event_subscribers > 0 {
+        return subscribers::run(o).await;
+    }
     let fleet = zero_latency_upstream().await?;
     let peers_dir = o
         .out
@@ -338,13 +341,6 @@ pub async fn run(o: Options) -> Result<(), String> {
             continue;
         };
         prepare(&client, &direct, &target, pinned.then_some(gw_cpu.as_str())).await;
-        let pages = match name.as_str() {
-            "keel" if o.event_subscribers > 0 => {
-                let gateway = target.base.trim_end_matches("/v1");
-                Some(subscribers::Subscribers::open(&client, gateway, o.event_subscribers).await?)
-            }
-            _ => None,
-        };
         let mut by_rate = Vec::new();
         let mut sustainable = Vec::new();
         for (stream, max) in [false, true].into_iter().zip(maxes) {
@@ -384,15 +380,6 @@ pub async fn run(o: Options) -> Result<(), String> {
                                  "total_p50": added("total_p50_ms"), "total_p99": added("total_p99_ms")}}));
             }
         }
-        if let Some(pages) = pages {
-            let line = format!(
-                "{name:<8} with {} /keel/events subscribers open: {} snapshots received\n",
-                o.event_subscribers,
-                pages.events()
-            );
-            print!("{line}");
-            lines.push_str(&line);
-        }
         let peak = target.pid.and_then(peak_rss_mib);
         let max = |i: usize| {
             sustainable[i]["max_sustainable_rps"]
@@ -425,7 +412,7 @@ fn write_out(
 ) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join("overhead.json");
-    let doc = json!({"rates": o.rates, "duration_s": o.duration, "rounds": o.rounds, "event_subscribers": o.event_subscribers,
+    let doc = json!({"rates": o.rates, "duration_s": o.duration, "rounds": o.rounds,
         "keel_worker_threads": o.keel_threads, "pinned": pinned, "contenders": report});
     std::fs::write(
         &path,
