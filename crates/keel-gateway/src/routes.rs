@@ -51,6 +51,10 @@ pub enum Target {
     KeyUsage,
     /// `POST /keel/admin/safe-mode` (admin key required when keys are configured).
     SafeMode,
+    /// The dashboard's snapshot stream (server-sent events).
+    Events,
+    /// The dashboard page.
+    Dashboard,
 }
 
 /// One served route. A path ending in `{model_id}` matches any non-empty remainder (a model id
@@ -108,6 +112,8 @@ pub const ROUTES: &[Route] = &[
     route(Verb::Get, "/keel/openapi.json", Target::OpenApi),
     route(Verb::Get, "/keel/keys/{key_id}/usage", Target::KeyUsage),
     route(Verb::Post, "/keel/admin/safe-mode", Target::SafeMode),
+    route(Verb::Get, "/keel/events", Target::Events),
+    route(Verb::Get, "/keel/dashboard", Target::Dashboard),
 ];
 
 /// Where a request goes.

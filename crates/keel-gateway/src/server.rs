@@ -52,6 +52,7 @@ pub async fn serve(
         .keep_alive_interval(Some(Duration::from_secs(30)));
     tokio::pin!(shutdown);
     let monitor = tokio::spawn(crate::monitor::run(gw.clone()));
+    let events = tokio::spawn(crate::events::run(gw.clone()));
     // Parse the BPE tables the pools count with now, off the request path (see `context_fit`).
     let mut tokenizers: Vec<_> = gw.pools().iter().flat_map(|p| p.tokenizers()).collect();
     tokenizers.dedup();
@@ -82,6 +83,7 @@ pub async fn serve(
     }
     drop(listener);
     monitor.abort();
+    events.abort();
     tracing::info!(
         drain_ms = gw.cfg.drain_ms,
         "shutting down: draining in-flight requests"
@@ -202,6 +204,8 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
             Bytes::from(gw.metrics.render()),
         ),
         Resolved::Route(Target::OpenApi, _) => json(openapi::document_text()),
+        Resolved::Route(Target::Events, _) => crate::events::subscribe(&gw),
+        Resolved::Route(Target::Dashboard, _) => crate::events::dashboard(),
         Resolved::MethodNotAllowed => {
             let mut r = GatewayError::new(
                 ErrorKind::InvalidRequest,
@@ -565,6 +569,15 @@ pub(crate) fn percent_decode(s: &str) -> String {
 }
 
 fn health(gw: &Gateway) -> Response<Body> {
+    full_body(
+        StatusCode::OK,
+        "application/json",
+        Bytes::from(health_document(gw).to_string()),
+    )
+}
+
+/// The `GET /keel/health` document (also each `/keel/events` snapshot's `health`).
+pub fn health_document(gw: &Gateway) -> serde_json::Value {
     let pools: Vec<_> = gw
         .pools()
         .iter()
@@ -575,12 +588,5 @@ fn health(gw: &Gateway) -> Response<Body> {
         })
         .collect();
     let (colour, reasons) = crate::safe_mode::overall(&pools);
-    full_body(
-        StatusCode::OK,
-        "application/json",
-        Bytes::from(
-            json!({"status": "ok", "colour": colour, "reasons": reasons, "pools": pools})
-                .to_string(),
-        ),
-    )
+    json!({"status": "ok", "colour": colour, "reasons": reasons, "pools": pools})
 }

@@ -48,6 +48,10 @@ pub enum BenchCommand {
         /// alternating rounds: added latency and keel's CPU per streamed token. No ramp.
         #[arg(long)]
         translated: bool,
+        /// keel with N readers of `/keel/events` open (simulated dashboards) against none, in
+        /// alternating rounds: what open dashboards cost. keel only; no ramp.
+        #[arg(long, default_value_t = 0)]
+        event_subscribers: usize,
     },
     /// Duration of one routing decision (stage 1) over an N-variant pool: P50/P99/P99.9.
     Decision {
@@ -114,6 +118,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             no_max_rate,
             no_pin,
             translated,
+            event_subscribers,
         } => {
             crate::overhead::run(crate::overhead::Options {
                 rates,
@@ -126,6 +131,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
                 pin: !no_pin,
                 out,
                 translated,
+                event_subscribers,
             })
             .await
         }

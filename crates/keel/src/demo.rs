@@ -354,6 +354,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         );
         println!("  embeddings: model demo-embed on POST /v1/embeddings (OpenAI base URL)");
     }
+    println!("  dashboard: http://{addr}/keel/dashboard   (live heat map of every variant)");
     println!("  metrics: http://{addr}/metrics   health: http://{addr}/keel/health");
     println!("  access log: one line per request on stderr (--log-format json|text)\n");
     println!("sample requests:");

@@ -508,6 +508,24 @@ fn safe_mode() -> Value {
     op
 }
 
+fn events() -> Value {
+    let mut op = keel_get(
+        "events",
+        "The dashboard's live feed: one JSON snapshot per second as server-sent events",
+        "keel",
+        json!({
+            "description": "An endless event stream; each event's `data` is one snapshot: `health` (as `GET /keel/health`), `window` (route mix over the last minute, TTFT P50/P99 per pool over the last five minutes), `decisions` (the latest, newest first).",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}}
+        }),
+    );
+    op["responses"]["503"] = error_response(
+        "Too many subscribers already (16): close a dashboard and try again.",
+        Some(Protocol::OpenAi),
+        json!({"retry-after": header_ref("RetryAfter"), "retry-after-ms": header_ref("RetryAfterMs")}),
+    );
+    op
+}
+
 /// The operation documenting one served route.
 pub fn for_route(r: &Route) -> Value {
     match r.target {
@@ -545,6 +563,13 @@ pub fn for_route(r: &Route) -> Value {
         }
         Target::KeyUsage => key_usage(),
         Target::SafeMode => safe_mode(),
+        Target::Events => events(),
+        Target::Dashboard => keel_get(
+            "dashboard",
+            "The live dashboard: one self-contained HTML page fed by /keel/events",
+            "keel",
+            text_ok("The page.", "text/html"),
+        ),
         Target::OpenApi => keel_get(
             "openapi",
             "This document (also committed as docs/openapi.json)",

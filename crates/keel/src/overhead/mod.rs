@@ -13,8 +13,10 @@
 //! round's percentiles, and "added" is gateway − direct. Peak memory is the high-water resident
 //! set of the gateway's processes over the fixed-rate runs (a fresh process after the ramp).
 //!
-//! `--translated` measures instead what cross-protocol translation adds: see [`translated`].
+//! `--translated` measures instead what cross-protocol translation adds: see [`translated`];
+//! `--event-subscribers N` what open dashboards cost: see [`subscribers`].
 
+mod subscribers;
 mod translated;
 
 use std::path::{Path, PathBuf};
@@ -42,6 +44,8 @@ pub struct Options {
     pub out: Option<PathBuf>,
     /// Measure cross-protocol streams against same-protocol ones (keel only).
     pub translated: bool,
+    /// Measure keel with N `/keel/events` readers (open dashboards) against none (keel only).
+    pub event_subscribers: usize,
 }
 
 /// Rates tried, in order, for the highest sustainable one.
@@ -275,6 +279,9 @@ fn http_client() -> Result<reqwest::Client, String> {
 pub async fn run(o: Options) -> Result<(), String> {
     if o.translated {
         return translated::run(o).await;
+    }
+    if o.event_subscribers > 0 {
+        return subscribers::run(o).await;
     }
     let fleet = zero_latency_upstream().await?;
     let peers_dir = o

@@ -39,7 +39,7 @@ fn other(p: Protocol) -> Protocol {
 }
 
 /// CPU time (clock ticks, user + system) of `pid` and its descendants so far.
-fn cpu_ticks(pid: u32) -> Option<u64> {
+pub(super) fn cpu_ticks(pid: u32) -> Option<u64> {
     std::iter::once(pid)
         .chain(descendants(pid))
         .map(|p| stat_cpu_ticks(&std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?))
@@ -56,7 +56,7 @@ fn stat_cpu_ticks(stat: &str) -> Option<u64> {
 }
 
 /// Clock ticks per second of `/proc`'s times (`getconf CLK_TCK`; 100 on Linux where unknown).
-fn ticks_per_s() -> f64 {
+pub(super) fn ticks_per_s() -> f64 {
     std::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()

@@ -1,0 +1,183 @@
+"""The live dashboard (`/keel/dashboard`) in a real headless Chromium: Debian's `chromium`
+driven by Playwright for Python (never `playwright install`: browser downloads are not possible
+here, so the Debian binary is used through `executable_path`).
+
+`test_dashboard_follows_a_failing_variant` opens the page against `keel demo`, waits for live
+data, checks that the variants, the route mix and the health colour are shown, then fails one
+variant through keel-sim's fault API while sending traffic and waits for the page to show it.
+`test_fifty_variants_stay_readable` serves a generated 50-variant config and checks the heat
+map still fits the window. Screenshots go to bench/out/ (ignored; docs/dashboard.png is a copy).
+"""
+import json
+import os
+import subprocess
+import tempfile
+import urllib.request
+
+import httpx
+import pytest
+# scripts/test.sh installs it (pip install playwright); the browser is Debian's.
+from playwright import sync_api as playwright
+
+from keel_demo import KEEL, ROOT, free_port, start_demo, _wait_until_up
+
+CHROMIUM = "/usr/bin/chromium"
+OUT = os.path.join(ROOT, "bench", "out")
+# A page's wait for a change it should see within a few snapshots (one a second).
+WAIT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} missing: apt-get install -y chromium (scripts/test.sh does)")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"]
+        )
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def demo():
+    d = start_demo()
+    yield d
+    d.stop()
+
+
+def _get_json(url: str):
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.load(r)
+
+
+def _cell(page, variant: str, signal: str) -> str:
+    return page.inner_text(f'tr[data-variant="{variant}"] td[data-signal="{signal}"]')
+
+
+def _route_count(page, route: str) -> int:
+    return int(page.get_attribute(f'.route[data-route="{route}"] b', "data-count"))
+
+
+def _chat(client: httpx.Client, n: int, headers=None) -> None:
+    for i in range(n):
+        r = client.post(
+            "/v1/chat/completions",
+            headers=headers or {},
+            json={"model": "demo-gpt", "messages": [{"role": "user", "content": f"hi {i}"}]},
+        )
+        assert r.status_code == 200, r.text
+
+
+def test_dashboard_follows_a_failing_variant(browser, demo):
+    client = httpx.Client(base_url=demo.url, timeout=30)
+    _chat(client, 3)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(demo.url + "/keel/dashboard")
+    # Live data: a snapshot that counts the requests above has arrived and been drawn.
+    page.wait_for_function(
+        """() => ["direct", "fallback"].map(r => document.querySelector(`.route[data-route="${r}"] b`))
+                 .reduce((n, b) => n + (b ? Number(b.dataset.count) : 0), 0) >= 3""",
+        timeout=WAIT_MS,
+    )
+
+    # Every variant of the demo's pools has its row in the heat map.
+    shown = page.eval_on_selector_all("tr[data-variant]", "rows => rows.map(r => r.dataset.variant)")
+    assert sorted(shown) == sorted(demo.servers), shown
+    # The route mix lists every route.
+    routes = page.eval_on_selector_all(".route", "els => els.map(e => e.dataset.route)")
+    for r in ("direct", "fallback", "hedged", "migrated", "throttled", "cached", "rejected"):
+        assert r in routes, routes
+    # The health colour: the gateway's own (green/yellow/red) where /keel/health reports one.
+    health = _get_json(demo.url + "/keel/health")
+    badge = page.locator("#health")
+    assert badge.is_visible()
+    assert badge.get_attribute("data-colour") == health.get("colour", "unknown")
+    assert badge.inner_text().strip() != ""
+
+    before_state = _cell(page, "gpt-b", "state")
+    before_errors = _cell(page, "gpt-b", "errors")
+    before_fallbacks = _route_count(page, "fallback")
+
+    # gpt-b's server answers every request 503; requests pinned to it fall back elsewhere.
+    demo.add_fault("gpt-b", kind="error", status=503)
+    _chat(client, 8, headers={"x-keel-force-variant": "gpt-b"})
+    client.close()
+
+    page.wait_for_function(
+        """([state, errors, fallbacks]) => {
+            const cell = s => document.querySelector(`tr[data-variant="gpt-b"] td[data-signal="${s}"]`);
+            const count = document.querySelector('.route[data-route="fallback"] b');
+            const changed = cell("state").textContent !== state || cell("errors").textContent !== errors;
+            return changed && Number(count.dataset.count) > fallbacks;
+        }""",
+        arg=[before_state, before_errors, before_fallbacks],
+        timeout=WAIT_MS,
+    )
+    after_errors = _cell(page, "gpt-b", "errors")
+    assert after_errors.endswith("%") and float(after_errors[:-1]) > 0, after_errors
+    assert _route_count(page, "fallback") > before_fallbacks
+    # The latest decisions link to their records.
+    link = page.locator("#decisions a").first
+    assert link.get_attribute("href").startswith("/keel/decisions/")
+
+    os.makedirs(OUT, exist_ok=True)
+    page.screenshot(path=os.path.join(OUT, "dashboard.png"), full_page=True)
+    page.close()
+
+
+def _fifty_variant_config(port: int, sim_base: int, servers: int) -> str:
+    lines = [f'listen = "127.0.0.1:{port}"']
+    for p in range(3):
+        lines += ["", "[[pools]]", f'name = "pool-{p}"']
+        for v in range(17 if p < 2 else 16):
+            server = sim_base + (p * 17 + v) % servers
+            lines += [
+                "",
+                "[[pools.variants]]",
+                f'name = "pool{p}-variant-{v:02}"',
+                f'url = "http://127.0.0.1:{server}/v1"',
+                'protocol = "openai"',
+                'upstream_model = "sim"',
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def test_fifty_variants_stay_readable(browser, tmp_path):
+    servers = 5
+    sim_base = free_port()
+    # Five fast simulated servers behind fifty variants (ten each) in three pools.
+    (tmp_path / "sim.toml").write_text(
+        '[[servers]]\nname = "s"\nreplicas = %d\nttft_ms = 5\ngap_ms = 1\ncapacity = 64\n' % servers
+    )
+    port = free_port()
+    (tmp_path / "keel.toml").write_text(_fifty_variant_config(port, sim_base, servers))
+    env = dict(os.environ, KEEL_LOG="warn")
+    log = tempfile.TemporaryFile()
+    sim = subprocess.Popen([KEEL, "sim", "--config", str(tmp_path / "sim.toml"), "--base-port", str(sim_base)],
+                           stdout=log, stderr=subprocess.STDOUT, env=env)
+    keel = subprocess.Popen([KEEL, "serve", "--config", str(tmp_path / "keel.toml")],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert _wait_until_up(keel, url), "keel serve did not start"
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for i in range(30):
+                client.post("/v1/chat/completions",
+                            json={"model": f"pool-{i % 3}", "messages": [{"role": "user", "content": "x"}]})
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(url + "/keel/dashboard")
+        page.wait_for_function("document.querySelectorAll('tr[data-variant]').length === 50", timeout=WAIT_MS)
+        # Readable: no horizontal scrolling at 1400 px, one line per variant, names in full.
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        heights = page.eval_on_selector_all("tr[data-variant]", "rows => rows.map(r => r.getBoundingClientRect().height)")
+        assert max(heights) < 30, heights
+        names = page.eval_on_selector_all("tr[data-variant] td:first-child", "tds => tds.map(t => t.textContent)")
+        assert len(set(names)) == 50 and all(n.startswith("pool") for n in names)
+        os.makedirs(OUT, exist_ok=True)
+        page.screenshot(path=os.path.join(OUT, "dashboard-50.png"), full_page=True)
+        page.close()
+    finally:
+        for p in (keel, sim):
+            p.terminate()
+            p.wait(timeout=30)
