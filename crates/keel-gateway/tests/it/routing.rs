@@ -113,7 +113,9 @@ async fn a_cold_start_is_paid_by_warm_up_not_by_clients() {
         "p",
         "openai",
         1,
-        "[pools.health]\nprewarm_requests = 2\nslow_start_ms = 0",
+        // Exact upstream counts: no hedge on a first token made late by a loaded machine, no
+        // refresh probe.
+        "hedge = \"off\"\n[pools.health]\nprewarm_requests = 2\nslow_start_ms = 0\nrefresh_after_ms = 0",
     );
     let h = Harness::start(fleet, &cfg).await;
     // Until warm-up finishes, client traffic waits for nothing: but we let the monitor work first.

@@ -159,7 +159,10 @@ async fn a_pause_that_ends_first_keeps_the_stream_and_cancels_the_race() {
         ("kind", "continuation"),
         ("outcome", "race_cancelled"),
     ];
-    assert_eq!(h.metric("keel_attempts_total", &cancelled).await, 1.0);
+    // At least the race the pause started; a loaded machine's scheduling hiccup later in the
+    // stream may start (and lose) another one.
+    let races = h.metric("keel_attempts_total", &cancelled).await;
+    assert!(races >= 1.0, "the pause started no race ({races})");
     let ok = [("variant", "sim-0"), ("kind", "first"), ("outcome", "ok")];
     assert_eq!(h.metric("keel_attempts_total", &ok).await, 4.0);
 }
