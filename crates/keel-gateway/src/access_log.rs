@@ -228,7 +228,11 @@ impl RequestLog {
         }
         if let Some(d) = self.decision.take() {
             if self.overhead_us.is_none() {
-                self.overhead_us = d.overhead_us();
+                // Stamped on the response head already, or (a whole answer assembled from a
+                // stream, whose head is built after this) the same measure taken now.
+                self.overhead_us = d
+                    .overhead_us()
+                    .or_else(|| Some(elapsed.saturating_sub(d.upstream_wait()).as_micros() as u64));
             }
             d.finish_request(self, outcome, elapsed);
         }
