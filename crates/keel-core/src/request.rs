@@ -468,3 +468,65 @@ mod tests {
         assert_eq!(view, Value::Object(b));
     }
 }
+
+/// Serializes tool definitions and JSON schemas with sorted keys (`canonical_tools`): two
+/// clients that send the same tools in another key order then reach the upstream with the same
+/// bytes, so its prompt cache (which sees the tools first, as the chat template renders them)
+/// keeps hitting. Covers `tools` (either protocol) and `response_format`'s schema. Returns
+/// whether anything moved.
+pub fn canonicalize_tools(body: &mut Map<String, Value>) -> bool {
+    let mut changed = false;
+    for key in ["tools", "response_format"] {
+        if let Some(v) = body.get_mut(key) {
+            let sorted = sorted_keys(v);
+            if sorted.to_string() != v.to_string() {
+                *v = sorted;
+                changed = true;
+            }
+        }
+    }
+    changed
+}
+
+fn sorted_keys(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sorted_keys(&m[k])))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sorted_keys).collect()),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod canonical_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tools_in_any_key_order_serialize_to_the_same_bytes() {
+        let a = json!({"model": "m", "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "integer"}}}}}]});
+        let b = json!({"tools": [{"function": {"parameters": {"properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "type": "object"}, "name": "f"}, "type": "function"}], "model": "m"});
+        let (mut a, mut b) = (
+            a.as_object().unwrap().clone(),
+            b.as_object().unwrap().clone(),
+        );
+        assert_ne!(a["tools"].to_string(), b["tools"].to_string());
+        canonicalize_tools(&mut a);
+        canonicalize_tools(&mut b);
+        assert_eq!(a["tools"].to_string(), b["tools"].to_string());
+        // Array order is meaning (tool order, enum order): kept.
+        let mut c = json!({"tools": [{"name": "z"}, {"name": "a"}]})
+            .as_object()
+            .unwrap()
+            .clone();
+        assert!(!canonicalize_tools(&mut c));
+        assert_eq!(c["tools"][0]["name"], "z");
+    }
+}

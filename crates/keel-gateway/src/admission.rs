@@ -160,6 +160,9 @@ pub async fn admit(
     if let Some(key) = &key {
         crate::keys::check_pool(key, &pool.cfg.name)?;
     }
+    if pool.cfg.canonical_tools {
+        keel_core::request::canonicalize_tools(&mut req.body);
+    }
     // Chat Completions and Messages reach a variant of either protocol (translated at the
     // attempt); /v1/completions and /v1/embeddings only an OpenAI-protocol one. count_tokens is
     // answered locally when no variant speaks Anthropic (see server).

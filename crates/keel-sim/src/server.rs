@@ -659,8 +659,14 @@ impl SimServer {
             self.id_counter.fetch_add(1, Ordering::Relaxed),
             created,
         );
-        let (cached, _) =
-            lock(&self.kv).admit(&format!("{}{}", normalize(&sreq.context), sreq.prefill));
+        let (cached, _) = lock(&self.kv).admit(&format!(
+            "{}{}{}",
+            sreq.tools_text,
+            normalize(&sreq.context),
+            sreq.prefill
+        ));
+        // Tool definitions count toward what the cache holds, not toward `prompt_tokens`.
+        let cached = cached.min(sreq.prompt_tokens as usize);
         reply.cached_tokens = cached as u64;
         let uncached = (sreq.prompt_tokens as usize).saturating_sub(cached);
         self.counters

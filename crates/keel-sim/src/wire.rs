@@ -41,6 +41,10 @@ pub struct SimRequest {
     /// The whole JSON text a `response_format` asks for (see [`structured_reply`]).
     pub structured: Option<String>,
     pub prompt_tokens: u64,
+    /// The tool definitions as received (their JSON text, keys in the order sent): rendered
+    /// before the conversation, as a real server's chat template does, so they lead the
+    /// prefix its KV cache matches on.
+    pub tools_text: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,6 +199,7 @@ pub fn parse_request(
         _ => None,
     };
     let prompt_tokens = tokens::count(&normalize(&context)) as u64 + tokens::count(&prefill) as u64;
+    let tools_text = obj.get("tools").map(|t| t.to_string()).unwrap_or_default();
     Ok(SimRequest {
         endpoint,
         model,
@@ -210,6 +215,7 @@ pub fn parse_request(
         tool_call,
         structured,
         prompt_tokens,
+        tools_text,
     })
 }
 

@@ -77,6 +77,9 @@ pub struct PoolConfig {
     /// The share of each variant's concurrency limit kept for high-priority requests while
     /// any have been seen in the last 10 s (`priority_reserve`, default 0.25).
     pub priority_reserve: f64,
+    /// Serialize tool definitions and JSON schemas with sorted keys (stable bytes for the
+    /// upstream's prompt cache); `canonical_tools`, default false.
+    pub canonical_tools: bool,
     pub hold_tool_calls: bool,
     pub assemble_non_streaming: bool,
     pub health: HealthConfig,
@@ -173,6 +176,7 @@ pub(super) fn read(
         max_hedges: t.value::<u32>("max_hedges", issues).unwrap_or(2),
         probe_budget,
         priority_reserve,
+        canonical_tools: t.value::<bool>("canonical_tools", issues).unwrap_or(false),
         hold_tool_calls: t.value::<bool>("hold_tool_calls", issues).unwrap_or(true),
         assemble_non_streaming: t
             .value::<bool>("assemble_non_streaming", issues)

@@ -3,6 +3,7 @@
 
 mod access_log;
 mod bad_input;
+mod canonical_tools;
 mod capacity;
 mod context;
 mod count_tokens;
