@@ -478,14 +478,24 @@ pub fn canonicalize_tools(body: &mut Map<String, Value>) -> bool {
     let mut changed = false;
     for key in ["tools", "response_format"] {
         if let Some(v) = body.get_mut(key) {
-            let sorted = sorted_keys(v);
-            if sorted.to_string() != v.to_string() {
-                *v = sorted;
+            if !keys_sorted(v) {
+                *v = sorted_keys(v);
                 changed = true;
             }
         }
     }
     changed
+}
+
+/// Whether every object in `v` already has its keys in order (map equality ignores order).
+fn keys_sorted(v: &Value) -> bool {
+    match v {
+        Value::Object(m) => {
+            m.keys().zip(m.keys().skip(1)).all(|(a, b)| a <= b) && m.values().all(keys_sorted)
+        }
+        Value::Array(a) => a.iter().all(keys_sorted),
+        _ => true,
+    }
 }
 
 fn sorted_keys(v: &Value) -> Value {
