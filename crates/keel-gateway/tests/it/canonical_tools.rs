@@ -25,11 +25,11 @@ fn tools(n: usize) -> Value {
         ("parameters", parameters),
     ];
     for k in 0..3 {
-        let (key, v) = &parts[if (n / 5) % 2 == 0 { k } else { 2 - k }];
+        let (key, v) = &parts[if (n / 5).is_multiple_of(2) { k } else { 2 - k }];
         function.insert((*key).into(), v.clone());
     }
     let mut tool = Map::new();
-    if (n / 10) % 2 == 0 {
+    if (n / 10).is_multiple_of(2) {
         tool.insert("type".into(), json!("function"));
         tool.insert("function".into(), Value::Object(function));
     } else {
