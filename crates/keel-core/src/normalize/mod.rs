@@ -129,4 +129,6 @@ fn normalize_in_place(s: &mut String, fixes: &mut Fixes) {
 }
 
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 mod tests;

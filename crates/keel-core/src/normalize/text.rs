@@ -28,7 +28,7 @@ pub fn normalize_text(text: &str, fixes: &mut Fixes) -> Option<String> {
         match seg {
             Segment::Code(code) => out.push_str(code),
             Segment::Prose(prose) => {
-                let mapped = map_chars(prose, fixes);
+                let mapped = map_chars(prose, i > 0, i < last, fixes);
                 let composed = nfc(&mapped, fixes);
                 layout(&composed, i == 0, i == last, &mut out, fixes);
             }
@@ -154,7 +154,15 @@ fn map_one(c: char) -> Mapped {
     }
 }
 
-fn map_chars<'a>(prose: &'a str, fixes: &mut Fixes) -> Cow<'a, str> {
+/// `after_code` / `before_code`: a code span touches the segment's start / end. An invisible
+/// character next to a backtick is kept: removing it could join two backtick runs into one and
+/// change where code spans are, which would make a second pass differ from the first.
+fn map_chars<'a>(
+    prose: &'a str,
+    after_code: bool,
+    before_code: bool,
+    fixes: &mut Fixes,
+) -> Cow<'a, str> {
     let needs = prose.contains('\r') || prose.chars().any(|c| !matches!(map_one(c), Mapped::Keep));
     if !needs {
         return Cow::Borrowed(prose);
@@ -171,7 +179,15 @@ fn map_chars<'a>(prose: &'a str, fixes: &mut Fixes) -> Cow<'a, str> {
         }
         match map_one(c) {
             Mapped::Keep => out.push(c),
-            Mapped::Drop => fixes.add("invisible_removed"),
+            Mapped::Drop => {
+                let prev_tick = out.chars().next_back().map_or(after_code, |p| p == '`');
+                let next_tick = chars.peek().map_or(before_code, |&n| n == '`');
+                if prev_tick || next_tick {
+                    out.push(c);
+                } else {
+                    fixes.add("invisible_removed");
+                }
+            }
             Mapped::Into(to, code) => {
                 fixes.add(code);
                 out.push(to);
