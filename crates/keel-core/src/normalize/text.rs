@@ -51,7 +51,7 @@ fn is_clean_ascii(b: &[u8]) -> bool {
     !b.windows(2).any(|w| {
         matches!(
             w,
-            [b'\r', _] | [_, b'\r'] | [b' ' | b'\t', b' ' | b'\t' | b'\n'] | [b'\n', b'\n']
+            [b'\r' | b'\t', _] | [_, b'\r' | b'\t'] | [b' ', b' ' | b'\n'] | [b'\n', b'\n']
         )
     })
 }
