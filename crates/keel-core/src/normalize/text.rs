@@ -163,7 +163,8 @@ fn map_chars<'a>(
     before_code: bool,
     fixes: &mut Fixes,
 ) -> Cow<'a, str> {
-    let needs = prose.contains('\r') || prose.chars().any(|c| !matches!(map_one(c), Mapped::Keep));
+    let needs = prose.contains('\r')
+        || (!prose.is_ascii() && prose.chars().any(|c| !matches!(map_one(c), Mapped::Keep)));
     if !needs {
         return Cow::Borrowed(prose);
     }
@@ -217,17 +218,26 @@ fn layout(s: &str, first: bool, last: bool, out: &mut String, fixes: &mut Fixes)
     let mut newlines = 0usize;
     let mut at_start = first;
     let mut line_start = false;
-    for c in s.chars() {
-        match c {
-            ' ' | '\t' => pending_ws.push(c),
-            '\n' => {
+    let b = s.as_bytes();
+    let mut i = 0;
+    // Works on bytes: every character layout cares about is ASCII, so runs of other bytes are
+    // copied as whole slices (always cut at character boundaries).
+    while i < b.len() {
+        match b[i] {
+            b' ' | b'\t' => pending_ws.push(b[i] as char),
+            b'\n' => {
                 if !pending_ws.is_empty() {
                     fixes.add("trailing_whitespace");
                     pending_ws.clear();
                 }
                 newlines += 1;
+                line_start = true;
             }
             _ => {
+                let run = b[i..]
+                    .iter()
+                    .position(|c| matches!(c, b' ' | b'\t' | b'\n'))
+                    .map_or(b.len(), |n| i + n);
                 flush(
                     &mut pending_ws,
                     &mut newlines,
@@ -238,13 +248,12 @@ fn layout(s: &str, first: bool, last: bool, out: &mut String, fixes: &mut Fixes)
                 );
                 at_start = false;
                 line_start = false;
-                out.push(c);
+                out.push_str(&s[i..run]);
+                i = run;
                 continue;
             }
         }
-        if c == '\n' {
-            line_start = true;
-        }
+        i += 1;
     }
     if last {
         if newlines > 0 || !pending_ws.is_empty() {
