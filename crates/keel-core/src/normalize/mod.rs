@@ -96,6 +96,68 @@ pub fn normalize_request(
     fixes.into_codes()
 }
 
+/// The opt-out marker: a first line of the first system or user text.
+pub const OPT_OUT_LINE: &str = "#keel-no-normalize";
+
+/// Removes a first line `#keel-no-normalize` from the first system or user text of a Chat
+/// Completions or Messages body, so it never reaches the model; true when it was there (the
+/// caller then skips normalization and records the fix code `opt_out`).
+pub fn take_opt_out(endpoint: Endpoint, body: &mut Map<String, Value>) -> bool {
+    let first = match endpoint {
+        Endpoint::ChatCompletions => messages(body)
+            .find(|m| {
+                matches!(
+                    m.get("role").and_then(Value::as_str),
+                    Some("system" | "developer" | "user")
+                )
+            })
+            .and_then(|m| m.get_mut("content")),
+        Endpoint::Messages | Endpoint::CountTokens => {
+            if body.contains_key("system") {
+                body.get_mut("system")
+            } else {
+                messages(body)
+                    .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+                    .and_then(|m| m.get_mut("content"))
+            }
+        }
+        Endpoint::Completions | Endpoint::Embeddings => None,
+    };
+    let Some(text) = first.and_then(first_text) else {
+        return false;
+    };
+    let Some(rest) = text.strip_prefix(OPT_OUT_LINE) else {
+        return false;
+    };
+    let rest = match rest
+        .strip_prefix("\r\n")
+        .or_else(|| rest.strip_prefix('\n'))
+    {
+        Some(r) => r,
+        None if rest.is_empty() => rest,
+        // `#keel-no-normalize-later…` is some other first line, not the marker.
+        None => return false,
+    };
+    *text = rest.to_owned();
+    true
+}
+
+/// The first text of a content value: the string itself, or the first `text` part's text.
+fn first_text(content: &mut Value) -> Option<&mut String> {
+    match content {
+        Value::String(s) => Some(s),
+        Value::Array(parts) => parts
+            .iter_mut()
+            .filter_map(Value::as_object_mut)
+            .find(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+            .and_then(|p| match p.get_mut("text") {
+                Some(Value::String(s)) => Some(s),
+                _ => None,
+            }),
+        _ => None,
+    }
+}
+
 fn messages(body: &mut Map<String, Value>) -> impl Iterator<Item = &mut Map<String, Value>> {
     body.get_mut("messages")
         .and_then(Value::as_array_mut)

@@ -125,3 +125,35 @@ fn mode_parses() {
     assert_eq!(Mode::parse("full"), Some(Mode::Full));
     assert_eq!(Mode::parse("on"), None);
 }
+
+#[test]
+fn opt_out_line_is_taken_out() {
+    let mut chat = json!({"messages": [
+        {"role": "system", "content": "#keel-no-normalize\r\nBe  \u{2019}kind"},
+        {"role": "user", "content": "#keel-no-normalize\nhi"}
+    ]});
+    assert!(take_opt_out(
+        Endpoint::ChatCompletions,
+        chat.as_object_mut().unwrap()
+    ));
+    assert_eq!(chat["messages"][0]["content"], "Be  \u{2019}kind");
+    // Only the first system/user text carries the marker.
+    assert_eq!(chat["messages"][1]["content"], "#keel-no-normalize\nhi");
+
+    let mut msgs = json!({"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {}}, {"type": "text", "text": "#keel-no-normalize"}]}]});
+    assert!(take_opt_out(
+        Endpoint::Messages,
+        msgs.as_object_mut().unwrap()
+    ));
+    assert_eq!(msgs["messages"][0]["content"][1]["text"], "");
+
+    for text in ["#keel-no-normalizer\nx", "x\n#keel-no-normalize", "hello"] {
+        let mut body = json!({"messages": [{"role": "user", "content": text}]});
+        assert!(!take_opt_out(
+            Endpoint::ChatCompletions,
+            body.as_object_mut().unwrap()
+        ));
+        assert_eq!(body["messages"][0]["content"], text);
+    }
+}
