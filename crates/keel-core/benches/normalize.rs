@@ -1,0 +1,75 @@
+//! `syntax` prompt normalization throughput on ~1 MB of prompt text, cut into ~1 KB messages
+//! (keel's README: prose, tables, code blocks). Three inputs: already canonical text (the
+//! pre-scan / no-allocation path), text needing fixes (smart quotes, NBSP, zero-width spaces,
+//! CRLF, trailing spaces), and a half-and-half mix.
+//! `cargo bench -p keel-core --bench normalize`
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use std::hint::black_box;
+
+use keel_core::normalize::{normalize_text, Fixes};
+
+const README: &str = include_str!("../../../README.md");
+const TARGET: usize = 1_000_000;
+
+fn normalize(s: &str) -> String {
+    normalize_text(s, &mut Fixes::default()).unwrap_or_else(|| s.to_string())
+}
+
+/// ~1 KB messages cut from the README at line ends, repeated to about 1 MB.
+fn chunks() -> Vec<String> {
+    let mut out = Vec::new();
+    let mut total = 0;
+    while total < TARGET {
+        let mut cur = String::new();
+        for line in README.lines() {
+            cur.push_str(line);
+            cur.push('\n');
+            if cur.len() >= 1000 {
+                total += cur.len();
+                out.push(std::mem::take(&mut cur));
+            }
+        }
+    }
+    out
+}
+
+/// The kinds of damage copy-pasted prompts carry.
+fn dirty(s: &str) -> String {
+    s.replace("'", "\u{2019}")
+        .replacen(" the ", " the\u{00A0}", 3)
+        .replacen(". ", ".\u{200B} ", 2)
+        .replace('\n', "  \r\n")
+}
+
+fn bench(c: &mut Criterion) {
+    let clean: Vec<String> = chunks().iter().map(|s| normalize(s)).collect();
+    let fixes: Vec<String> = chunks().iter().map(|s| dirty(s)).collect();
+    let mixed: Vec<String> = clean
+        .iter()
+        .zip(&fixes)
+        .enumerate()
+        .map(|(i, (c, f))| if i % 2 == 0 { c.clone() } else { f.clone() })
+        .collect();
+    let mut group = c.benchmark_group("normalize_syntax");
+    for (name, texts) in [
+        ("clean", &clean),
+        ("needs_fixes", &fixes),
+        ("mixed", &mixed),
+    ] {
+        let bytes: usize = texts.iter().map(String::len).sum();
+        group.throughput(Throughput::Bytes(bytes as u64));
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let mut fixes = Fixes::default();
+                for t in texts {
+                    black_box(normalize_text(black_box(t), &mut fixes));
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
