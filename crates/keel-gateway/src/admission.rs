@@ -184,13 +184,12 @@ pub async fn admit(
             ),
         ));
     }
+    let mut prompt_fixes = normalize(pool, parts, endpoint, &mut req)?;
     // Context fit: the estimate by the pool's tokenizers, and middle-out where configured.
     let (req, trimmed) = crate::context_fit::apply_async(pool, req, bytes.len()).await?;
-    let prompt_fixes = if trimmed > 0 {
-        vec![crate::context_fit::MIDDLE_OUT_FIX.to_owned()]
-    } else {
-        Vec::new()
-    };
+    if trimmed > 0 {
+        prompt_fixes.push(crate::context_fit::MIDDLE_OUT_FIX.to_owned());
+    }
     let mut total = Duration::from_millis(pool.cfg.timeouts.total_ms);
     if let Some(v) = header(parts, "x-keel-timeout-ms") {
         let ms: u64 = v.trim().parse().ok().filter(|ms| *ms > 0).ok_or_else(|| {
@@ -293,4 +292,42 @@ pub async fn admit(
         pool: pool.clone(),
         ctx,
     })
+}
+
+/// Prompt normalization (`keel_core::normalize`): the pool's `normalize` mode, or the request's
+/// `x-keel-normalize`; a first line `#keel-no-normalize` opts out (and is removed before
+/// forwarding). Never in safe mode. Returns the fix codes, each counted in
+/// `keel_prompt_fixes_total{pool,fix}`.
+fn normalize(
+    pool: &Pool,
+    parts: &Parts,
+    endpoint: Endpoint,
+    req: &mut CanonicalRequest,
+) -> Result<Vec<String>, GatewayError> {
+    use keel_core::normalize::{normalize_request, take_opt_out, Mode};
+    let mode = match header(parts, "x-keel-normalize") {
+        None => pool.cfg.normalize,
+        Some(v) => Mode::parse(v.trim()).ok_or_else(|| {
+            GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!("x-keel-normalize must be off, syntax or full, got `{v}`"),
+            )
+        })?,
+    };
+    let codes: Vec<&'static str> = if take_opt_out(endpoint, &mut req.body) {
+        vec!["opt_out"]
+    } else if pool.safety.active() {
+        Vec::new()
+    } else {
+        normalize_request(endpoint, &mut req.body, mode)
+    };
+    for code in &codes {
+        pool.metrics
+            .counter(
+                "keel_prompt_fixes_total",
+                &[("pool", &pool.cfg.name), ("fix", code)],
+            )
+            .increment(1);
+    }
+    Ok(codes.into_iter().map(str::to_owned).collect())
 }

@@ -80,6 +80,8 @@ pub struct PoolConfig {
     /// Serialize tool definitions and JSON schemas with sorted keys (stable bytes for the
     /// upstream's prompt cache); `canonical_tools`, default false.
     pub canonical_tools: bool,
+    /// Prompt normalization (`normalize`: off, syntax, full; default off).
+    pub normalize: keel_core::normalize::Mode,
     pub hold_tool_calls: bool,
     pub assemble_non_streaming: bool,
     pub health: HealthConfig,
@@ -93,6 +95,12 @@ pub struct PoolConfig {
     /// loses whole messages from the middle of the conversation until it fits.
     pub middle_out: bool,
 }
+
+const NORMALIZE_MODES: [(&str, keel_core::normalize::Mode); 3] = [
+    ("off", keel_core::normalize::Mode::Off),
+    ("syntax", keel_core::normalize::Mode::Syntax),
+    ("full", keel_core::normalize::Mode::Full),
+];
 
 const AFFINITIES: [(&str, Affinity); 3] = [
     ("none", Affinity::None),
@@ -177,6 +185,10 @@ pub(super) fn read(
         probe_budget,
         priority_reserve,
         canonical_tools: t.value::<bool>("canonical_tools", issues).unwrap_or(false),
+        normalize: t
+            .choice("normalize", &NORMALIZE_MODES, issues)
+            .map(|m| m.value)
+            .unwrap_or(keel_core::normalize::Mode::Off),
         hold_tool_calls: t.value::<bool>("hold_tool_calls", issues).unwrap_or(true),
         assemble_non_streaming: t
             .value::<bool>("assemble_non_streaming", issues)

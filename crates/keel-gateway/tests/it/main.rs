@@ -20,6 +20,7 @@ mod lifecycle;
 mod metrics_docs;
 mod migration;
 mod models;
+mod normalize;
 mod openapi;
 mod prefill_refusal;
 mod proxy;

@@ -1,0 +1,80 @@
+//! Prompt normalization at admission: what reaches the upstream, the fix codes reported, and
+//! the opt-outs (header and first line) that leave the prompt byte-identical.
+
+use serde_json::json;
+
+use crate::harness::*;
+
+const MESSY: &str = "  Summarise \u{201c}the report\u{201d}\u{00a0}in  three\u{200b} bullets.\r\n\r\n\r\n\r\nKeep `a  \u{201c}b\u{201d}` as is.  ";
+
+fn body(text: &str) -> serde_json::Value {
+    json!({"model": "p", "max_tokens": 8, "messages": [{"role": "user", "content": text}]})
+}
+
+#[tokio::test]
+async fn a_messy_prompt_reaches_the_upstream_normalized_with_its_fix_codes() {
+    let h = Harness::openai(1, 1, "", "hedge = \"off\"\nnormalize = \"syntax\"\n").await;
+    let r = h.post("/v1/chat/completions", &body(MESSY)).await;
+    assert_eq!(r.status(), 200);
+    let fixes = header(r.headers(), "x-keel-prompt-fix").to_owned();
+    for code in ["quotes_ascii", "invisible_removed", "crlf_to_lf", "trimmed"] {
+        assert!(fixes.contains(code), "{code} missing from {fixes}");
+    }
+    let sent = h.server(0).state.last_body();
+    assert_eq!(
+        sent["messages"][0]["content"],
+        "Summarise \"the report\" in three bullets.\n\nKeep `a  \u{201c}b\u{201d}` as is.",
+        "prose normalized, inline code untouched"
+    );
+    assert!(
+        h.metric("keel_prompt_fixes_total", &[("fix", "quotes_ascii")])
+            .await
+            >= 1.0
+    );
+
+    // Opt-outs: the header, and a first line that is removed before forwarding.
+    let r = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("x-keel-normalize", "off")],
+            &body(MESSY),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        h.server(0).state.last_body()["messages"][0]["content"],
+        MESSY
+    );
+    let r = h
+        .post(
+            "/v1/chat/completions",
+            &body(&format!("#keel-no-normalize\n{MESSY}")),
+        )
+        .await;
+    assert_eq!(header(r.headers(), "x-keel-prompt-fix"), "opt_out");
+    assert_eq!(
+        h.server(0).state.last_body()["messages"][0]["content"],
+        MESSY
+    );
+
+    let r = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("x-keel-normalize", "loud")],
+            &body(MESSY),
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn a_pool_without_normalize_forwards_the_prompt_as_sent() {
+    let h = Harness::openai(1, 1, "", "hedge = \"off\"\n").await;
+    let r = h.post("/v1/chat/completions", &body(MESSY)).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("x-keel-prompt-fix").is_none());
+    assert_eq!(
+        h.server(0).state.last_body()["messages"][0]["content"],
+        MESSY
+    );
+}
