@@ -59,6 +59,25 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// The median of the figures measured, or JSON null when none was (no `/proc` CPU times).
+fn median_or_null(v: Vec<f64>) -> Value {
+    if v.is_empty() {
+        Value::Null
+    } else {
+        json!(median(v))
+    }
+}
+
+/// How the processes share the CPUs, for a report's first line; `bench` names what runs beside
+/// the load generator (upstream, pages…).
+fn pinning(pinned: bool, gw_cpu: &str, bench: &str, bench_cpus: &str) -> String {
+    if pinned {
+        format!("gateway pinned to CPU {gw_cpu}, {bench} to CPU {bench_cpus}")
+    } else {
+        "no CPU pinning (one core, or --no-pin)".into()
+    }
+}
+
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -304,11 +323,7 @@ pub async fn run(o: Options) -> Result<(), String> {
     };
     println!(
         "keel bench overhead: one zero-latency simulated upstream; {}; rates {:?} req/s, {} s × {} rounds; keel worker threads: {}",
-        if pinned {
-            format!("gateway pinned to CPU {gw_cpu}, load generator and upstream to CPU {bench_cpus}")
-        } else {
-            "no CPU pinning (one core, or --no-pin)".into()
-        },
+        pinning(pinned, &gw_cpu, "load generator and upstream", &bench_cpus),
         o.rates,
         o.duration,
         o.rounds,

@@ -18,8 +18,8 @@ use serde_json::{json, Value};
 
 use super::translated::{cpu_ticks, ticks_per_s};
 use super::{
-    cpu_plan, http_client, load, median, mode_name, pin, row, zero_latency_upstream, Options,
-    Target,
+    cpu_plan, http_client, load, median_or_null, mode_name, pin, pinning, row,
+    zero_latency_upstream, Options, Target,
 };
 use crate::keel_process::KeelProcess;
 
@@ -94,11 +94,7 @@ fn summarize(runs: &[Run]) -> Value {
     let reports: Vec<LoadReport> = runs.iter().map(|r| r.report.clone()).collect();
     let mut v = row(&reports);
     let cpu: Vec<f64> = runs.iter().filter_map(|r| r.cpu_us_per_request).collect();
-    v["cpu_us_per_request"] = if cpu.is_empty() {
-        Value::Null
-    } else {
-        json!(median(cpu))
-    };
+    v["cpu_us_per_request"] = median_or_null(cpu);
     v
 }
 
@@ -156,11 +152,7 @@ pub async fn run(o: Options) -> Result<(), String> {
     }
     let intro = format!(
         "keel bench overhead --event-subscribers {n}: one zero-latency simulated upstream; {}; rates {:?} req/s, {} s × {} rounds\n",
-        if pinned {
-            format!("gateway pinned to CPU {gw_cpu}, load generator, upstream and pages to CPU {bench_cpus}")
-        } else {
-            "no CPU pinning (one core, or --no-pin)".into()
-        },
+        pinning(pinned, &gw_cpu, "load generator, upstream and pages", &bench_cpus),
         o.rates,
         o.duration,
         o.rounds,

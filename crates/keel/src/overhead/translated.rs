@@ -18,8 +18,8 @@ use keel_sim::load::LoadReport;
 use serde_json::{json, Value};
 
 use super::{
-    cpu_plan, descendants, http_client, load, median, pin, row, zero_latency_upstream, Options,
-    Target,
+    cpu_plan, descendants, http_client, load, median_or_null, pin, pinning, row,
+    zero_latency_upstream, Options, Target,
 };
 use crate::keel_process::KeelProcess;
 use crate::scenario::pool_toml_of;
@@ -125,11 +125,7 @@ fn summarize(runs: &[Run]) -> Value {
     let reports: Vec<LoadReport> = runs.iter().map(|r| r.report.clone()).collect();
     let mut v = row(&reports);
     let cpu: Vec<f64> = runs.iter().filter_map(|r| r.cpu_us_per_token).collect();
-    v["cpu_us_per_token"] = if cpu.is_empty() {
-        Value::Null
-    } else {
-        json!(median(cpu))
-    };
+    v["cpu_us_per_token"] = median_or_null(cpu);
     v["tokens"] = json!(reports.iter().map(|r| r.tokens).sum::<u64>());
     v
 }
@@ -190,11 +186,7 @@ pub async fn run(o: Options) -> Result<(), String> {
     let tck = ticks_per_s();
     let intro = format!(
         "keel bench overhead --translated: one zero-latency simulated upstream behind an OpenAI- and an Anthropic-protocol pool; {}; streams of 16 tokens; rates {:?} req/s, {} s × {} rounds; keel worker threads: {}\n",
-        if pinned {
-            format!("gateway pinned to CPU {gw_cpu}, load generator and upstream to CPU {bench_cpus}")
-        } else {
-            "no CPU pinning (one core, or --no-pin)".into()
-        },
+        pinning(pinned, &gw_cpu, "load generator and upstream", &bench_cpus),
         o.rates,
         o.duration,
         o.rounds,
