@@ -179,18 +179,6 @@ impl Gateway {
         &self.decisions
     }
 
-    /// The most recent decision records (up to 100), oldest first.
-    pub fn decisions(&self) -> Vec<DecisionRecord> {
-        let mut latest: Vec<DecisionRecord> = self
-            .decisions
-            .query(&decisions::Query::default())
-            .iter()
-            .map(|r| DecisionRecord::clone(r))
-            .collect();
-        latest.reverse();
-        latest
-    }
-
     /// The `n` most recent decision records, newest first (without copying the rest).
     pub fn latest_decisions(&self, n: usize) -> Vec<DecisionRecord> {
         let q = decisions::Query {
