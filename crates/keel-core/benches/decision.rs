@@ -1,4 +1,4 @@
-//! One routing decision over a 16-variant pool: health weights and predictions read for every
+//! One routing decision over a 16- and a 256-variant pool: health weights and predictions read for every
 //! variant, candidates built, power of two choices (and the affinity variant) run.
 //! `cargo bench -p keel-core --bench decision`
 
@@ -56,26 +56,28 @@ fn decide(
 }
 
 fn bench(c: &mut Criterion) {
-    let (hs, cfg) = pool(16);
-    let mut p = PowerOfTwo::new(Rng::new(7));
     let plain = RequestSignals {
         slo_ttft_p95_ms: Some(500.0),
         ..Default::default()
     };
-    c.bench_function("decision_16_variants_p2c", |b| {
-        b.iter(|| decide(black_box(&hs), &cfg, &mut p, &plain, 3300))
-    });
-    let mut key = 0u64;
-    c.bench_function("decision_16_variants_affinity", |b| {
-        b.iter(|| {
-            key = key.wrapping_add(1);
-            let s = RequestSignals {
-                affinity_key: Some(mix(key)),
-                ..plain
-            };
-            decide(black_box(&hs), &cfg, &mut p, &s, 3300)
-        })
-    });
+    for n in [16usize, 256] {
+        let (hs, cfg) = pool(n);
+        let mut p = PowerOfTwo::new(Rng::new(7));
+        c.bench_function(&format!("decision_{n}_variants_p2c"), |b| {
+            b.iter(|| decide(black_box(&hs), &cfg, &mut p, &plain, 3300))
+        });
+        let mut key = 0u64;
+        c.bench_function(&format!("decision_{n}_variants_affinity"), |b| {
+            b.iter(|| {
+                key = key.wrapping_add(1);
+                let s = RequestSignals {
+                    affinity_key: Some(mix(key)),
+                    ..plain
+                };
+                decide(black_box(&hs), &cfg, &mut p, &s, 3300)
+            })
+        });
+    }
 }
 
 criterion_group!(benches, bench);

@@ -268,19 +268,47 @@ impl Stitcher {
         if ev.comment_only {
             return Some(ev.raw.clone());
         }
-        let role = event_role(self.protocol, ev);
         if self.segment == 0 {
-            self.observe_original(ev);
-            if matches!(role, EventRole::Output) {
-                if let Some(t) = event_text(self.protocol, ev) {
-                    self.delivered.push_str(&t);
-                }
-            }
-            return Some(ev.raw.clone());
+            let mut out = Vec::with_capacity(ev.raw.len());
+            self.process_into(ev, trim_overlap, &mut out);
+            return Some(out);
         }
+        let role = event_role(self.protocol, ev);
         match self.protocol {
             Protocol::OpenAi => self.openai_continuation(ev, role, trim_overlap),
             Protocol::Anthropic => self.anthropic_continuation(ev, role, trim_overlap),
+        }
+    }
+
+    /// [`Stitcher::process`] appending the bytes for the client to `out`, the relay's batch of
+    /// one upstream read: an event of the original segment is copied once, into the batch,
+    /// instead of into a buffer of its own.
+    pub fn process_into(&mut self, ev: &SseEvent, trim_overlap: &mut bool, out: &mut Vec<u8>) {
+        let text = match event_role(self.protocol, ev) {
+            EventRole::Output => event_text(self.protocol, ev),
+            _ => None,
+        };
+        self.process_known(ev, text.as_deref(), trim_overlap, out)
+    }
+
+    /// [`Stitcher::process_into`] for an event the caller has read already
+    /// (`stream_watch::read_event`): `text` is its text when it is output, so that the event
+    /// is not parsed again for it.
+    pub fn process_known(
+        &mut self,
+        ev: &SseEvent,
+        text: Option<&str>,
+        trim_overlap: &mut bool,
+        out: &mut Vec<u8>,
+    ) {
+        if self.segment == 0 && !ev.comment_only {
+            self.observe_original(ev);
+            if let Some(t) = text {
+                self.delivered.push_str(t);
+            }
+            out.extend_from_slice(&ev.raw);
+        } else if let Some(bytes) = self.process(ev, trim_overlap) {
+            out.extend_from_slice(&bytes);
         }
     }
 

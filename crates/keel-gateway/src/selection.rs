@@ -318,6 +318,13 @@ impl Pool {
             )
             .record(duration.as_secs_f64());
         self.safety.record_decision(now_ms, duration);
+        // Costs by variant, one pass (a search per candidate is quadratic in the pool's size).
+        let mut cost_by_index = vec![None; self.variants.len()];
+        for &(i, c) in &plan.costs {
+            if let Some(slot) = cost_by_index.get_mut(i) {
+                *slot = Some(c);
+            }
+        }
         let record = DecisionRecord {
             request_id: request_id.to_owned(),
             time_unix_ms: crate::keys::limits::unix_now_ms(),
@@ -358,7 +365,7 @@ impl Pool {
                         concurrency_limit: Some(v.concurrency_limit()).filter(|l| *l != u32::MAX),
                         tier: c.tier,
                         price: c.price,
-                        cost: plan.costs.iter().find(|(i, _)| *i == c.index).map(|x| x.1),
+                        cost: cost_by_index[c.index],
                     }
                 })
                 .collect(),

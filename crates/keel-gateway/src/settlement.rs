@@ -353,15 +353,17 @@ impl Attempts {
         }
         // A hedge that must queue is no longer a race; synthetic requests never queue ahead
         // of clients.
+        // The slot is taken here, in one atomic step with the limit check (see
+        // `Pool::try_enter`); every refusal below gives it back by dropping it.
         let slot = match kind {
-            AttemptKind::Hedge => pool.below_limit(vi, self.priority),
+            AttemptKind::Hedge => pool.try_enter(vi, self.priority),
             // Keel's own traffic never takes a slot kept for high-priority requests.
-            AttemptKind::Probe | AttemptKind::WarmUp => pool.below_limit(vi, Priority::Low),
+            AttemptKind::Probe | AttemptKind::WarmUp => pool.try_enter(vi, Priority::Low),
             _ => pool.wait_for_slot(vi, self.priority, deadline).await,
         };
-        if !slot {
+        let Some(guard) = slot else {
             return Err(Refused::Full);
-        }
+        };
         if budgeted && kind.is_retry() && !self.gw.try_retry() {
             self.budget_refused = true;
             self.pool
@@ -383,7 +385,7 @@ impl Attempts {
         Ok(Entered {
             vi,
             kind,
-            guard: pool.enter(vi),
+            guard,
             started: Instant::now(),
             trace,
         })

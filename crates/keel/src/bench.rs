@@ -31,7 +31,8 @@ pub enum BenchCommand {
         /// Directory for overhead.json and overhead.txt.
         #[arg(long)]
         out: Option<PathBuf>,
-        /// keel's runtime worker threads (`worker_threads` in keel.toml); default: one per core.
+        /// keel's runtime worker threads (`worker_threads` in keel.toml); default: one when the
+        /// gateway is pinned to one core (as nginx runs one worker process), else one per core.
         #[arg(long)]
         keel_threads: Option<usize>,
         /// Extra lines for keel's pool table, e.g. "assemble_non_streaming = false".
@@ -52,6 +53,16 @@ pub enum BenchCommand {
         /// alternating rounds: what open dashboards cost. keel only; no ramp.
         #[arg(long, default_value_t = 0)]
         event_subscribers: usize,
+        /// Hold this many concurrent slow streams (a token every 100 ms, 10 s each) through each
+        /// contender, e.g. `--streams 1000,5000`: resident memory, CPU share and the added
+        /// inter-token gap. No ramp.
+        #[arg(long, value_delimiter = ',')]
+        streams: Vec<usize>,
+        /// Throughput at tail-latency bounds: per contender and mode, the highest rate of the
+        /// ramp whose added P99 stays under 1, 5 and 10 ms; writes bounds.svg (added P99 against
+        /// offered rate) with --out.
+        #[arg(long)]
+        tail_bounds: bool,
     },
     /// Duration of one routing decision (stage 1) over an N-variant pool: P50/P99/P99.9.
     Decision {
@@ -119,6 +130,8 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             no_pin,
             translated,
             event_subscribers,
+            streams,
+            tail_bounds,
         } => {
             crate::overhead::run(crate::overhead::Options {
                 rates,
@@ -132,6 +145,8 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
                 out,
                 translated,
                 event_subscribers,
+                streams,
+                tail_bounds,
             })
             .await
         }

@@ -9,9 +9,7 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-use keel_core::protocol::Protocol;
 use keel_core::sse::SseEvent;
-use keel_core::stream_watch::carries_tokens;
 
 use crate::config::VariantConfig;
 
@@ -93,9 +91,10 @@ impl Meter {
         f(&mut uses[i]);
     }
 
-    /// A relayed stream event (in the client's protocol) from an attempt on `variant`.
-    pub fn event(&self, variant: &VariantConfig, protocol: Protocol, ev: &SseEvent) {
-        let tokens = carries_tokens(protocol, ev);
+    /// A relayed stream event (in the client's protocol) from an attempt on `variant`;
+    /// `tokens`: it carries generated tokens (`stream_watch::carries_tokens`, which the relay
+    /// has read already).
+    pub fn event(&self, variant: &VariantConfig, ev: &SseEvent, tokens: bool) {
         let usage = ev
             .data
             .contains("\"usage\"")
@@ -148,6 +147,13 @@ impl Meter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_core::protocol::Protocol;
+    use keel_core::stream_watch::carries_tokens;
+
+    /// An event as the relay meters it.
+    fn feed(m: &Meter, v: &VariantConfig, p: Protocol, ev: &SseEvent) {
+        m.event(v, ev, carries_tokens(p, ev));
+    }
 
     fn variant(name: &str, pin: f64, pout: f64) -> VariantConfig {
         let toml = format!(
@@ -163,23 +169,27 @@ mod tests {
         let b = variant("b", 1.0, 1.0);
         let m = Meter::default();
         let chunk = |d: &str| SseEvent::new(None, d);
-        m.event(
+        feed(
+            &m,
             &a,
             Protocol::OpenAi,
             &chunk(r#"{"choices":[{"delta":{"content":"hi"}}]}"#),
         );
-        m.event(
+        feed(
+            &m,
             &a,
             Protocol::OpenAi,
             &chunk(r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3}}"#),
         );
         // Migrated to b, which never reported usage: two tokens counted, the prompt estimated.
-        m.event(
+        feed(
+            &m,
             &b,
             Protocol::OpenAi,
             &chunk(r#"{"choices":[{"delta":{"content":"x"}}]}"#),
         );
-        m.event(
+        feed(
+            &m,
             &b,
             Protocol::OpenAi,
             &chunk(r#"{"choices":[{"delta":{"content":"y"}}]}"#),
@@ -193,8 +203,17 @@ mod tests {
     fn anthropic_usage_from_start_and_delta() {
         let a = variant("a", 0.0, 0.0);
         let m = Meter::default();
-        m.event(&a, Protocol::Anthropic, &SseEvent::new(Some("message_start"), r#"{"type":"message_start","message":{"usage":{"input_tokens":4,"cache_read_input_tokens":2,"output_tokens":1}}}"#));
-        m.event(
+        feed(
+            &m,
+            &a,
+            Protocol::Anthropic,
+            &SseEvent::new(
+                Some("message_start"),
+                r#"{"type":"message_start","message":{"usage":{"input_tokens":4,"cache_read_input_tokens":2,"output_tokens":1}}}"#,
+            ),
+        );
+        feed(
+            &m,
             &a,
             Protocol::Anthropic,
             &SseEvent::new(

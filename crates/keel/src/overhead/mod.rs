@@ -14,8 +14,12 @@
 //! set of the gateway's processes over the fixed-rate runs (a fresh process after the ramp).
 //!
 //! `--translated` measures instead what cross-protocol translation adds: see [`translated`];
-//! `--event-subscribers N` what open dashboards cost: see [`subscribers`].
+//! `--event-subscribers N` what open dashboards cost: see [`subscribers`]; `--streams N,…` what
+//! thousands of live slow streams cost: see [`streams`]; `--tail-bounds` the throughput at
+//! tail-latency bounds: see [`bounds`].
 
+mod bounds;
+mod streams;
 mod subscribers;
 mod translated;
 
@@ -46,6 +50,10 @@ pub struct Options {
     pub translated: bool,
     /// Measure keel with N `/keel/events` readers (open dashboards) against none (keel only).
     pub event_subscribers: usize,
+    /// Concurrent slow streams to hold (memory, CPU and added inter-token gap per gateway).
+    pub streams: Vec<usize>,
+    /// The highest rate under added-P99 bounds of 1, 5 and 10 ms, per gateway and mode.
+    pub tail_bounds: bool,
 }
 
 /// Rates tried, in order, for the highest sustainable one.
@@ -111,17 +119,23 @@ fn descendants(pid: u32) -> Vec<u32> {
     out
 }
 
-/// Peak resident set (MiB) of `pid` and its descendants, from /proc's VmHWM.
-fn peak_rss_mib(pid: u32) -> Option<f64> {
+/// A memory field of /proc's status (`VmHWM:`, `VmRSS:`), KiB, summed over `pid` and its
+/// descendants (a peer may run as several processes).
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let kib: u64 = std::iter::once(pid)
         .chain(descendants(pid))
         .filter_map(|p| {
             let status = std::fs::read_to_string(format!("/proc/{p}/status")).ok()?;
-            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+            let line = status.lines().find(|l| l.starts_with(field))?;
             line.split_whitespace().nth(1)?.parse::<u64>().ok()
         })
         .sum();
-    (kib > 0).then(|| kib as f64 / 1024.0)
+    (kib > 0).then_some(kib)
+}
+
+/// Peak resident set (MiB) of `pid` and its descendants.
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    status_kib(pid, "VmHWM:").map(|kib| kib as f64 / 1024.0)
 }
 
 /// A gateway under test: where to send, and its process.
@@ -295,12 +309,23 @@ fn http_client() -> Result<reqwest::Client, String> {
         .map_err(|e| e.to_string())
 }
 
-pub async fn run(o: Options) -> Result<(), String> {
+pub async fn run(mut o: Options) -> Result<(), String> {
+    // A gateway pinned to one core runs one worker thread, as nginx runs one worker process:
+    // more threads on one core only preempt each other.
+    if cpu_plan(o.pin).0 && o.keel_threads.is_none() {
+        o.keel_threads = Some(1);
+    }
     if o.translated {
         return translated::run(o).await;
     }
     if o.event_subscribers > 0 {
         return subscribers::run(o).await;
+    }
+    if !o.streams.is_empty() {
+        return streams::run_all(o).await;
+    }
+    if o.tail_bounds {
+        return bounds::run(o).await;
     }
     let fleet = zero_latency_upstream().await?;
     let peers_dir = o

@@ -1,0 +1,204 @@
+//! `keel bench overhead --tail-bounds`: throughput at tail-latency bounds, the method published
+//! gateway benchmarks use. For each gateway and mode, the offered rate climbs the ramp; at each
+//! rate a run straight to the upstream and a run through the gateway (alternating, `--rounds`
+//! times, medians of each round's P99) give the added P99 of the whole request. The answer is
+//! the highest rate whose added P99 stays under 1, 5 and 10 ms with no errors and at least 95%
+//! of the offered rate achieved; the ramp stops once the gateway breaks the widest bound or
+//! fails. A plot of added P99 against offered rate, one line per gateway and mode, is written
+//! beside the table (`bounds.svg`).
+
+use serde_json::json;
+
+use super::{
+    cpu_plan, http_client, load, median, mode_name, pin, pinning, prepare, start_target,
+    stop_target, zero_latency_upstream, Options, Target, RAMP,
+};
+use keel_core::protocol::Endpoint;
+
+/// The tail bounds reported, ms of added P99.
+const BOUNDS_MS: [f64; 3] = [1.0, 5.0, 10.0];
+
+/// One point of a curve: offered rate, added P99 (ms), whether the gateway kept up.
+#[derive(Clone, Copy)]
+struct Point {
+    rps: f64,
+    added_p99_ms: f64,
+    kept_up: bool,
+}
+
+/// Climbs the ramp for `t` in one mode.
+async fn curve(
+    client: &reqwest::Client,
+    direct: &Target,
+    t: &Target,
+    stream: bool,
+    o: &Options,
+) -> Vec<Point> {
+    let mut points = Vec::new();
+    for rps in RAMP {
+        let (mut d, mut g, mut kept_up) = (Vec::new(), Vec::new(), true);
+        for _ in 0..o.rounds {
+            let rd = load(client, direct, rps, o.duration, stream).await;
+            let rg = load(client, t, rps, o.duration, stream).await;
+            kept_up &= rg.errors == 0 && rg.achieved_rps >= 0.95 * rps;
+            d.push(rd.total.p99_ms);
+            g.push(rg.total.p99_ms);
+        }
+        let added = median(g) - median(d);
+        eprintln!(
+            "  {:<8} {:<6} {rps:>6} req/s: added P99 {added:.2} ms{}",
+            t.name,
+            mode_name(stream),
+            if kept_up { "" } else { " (did not keep up)" }
+        );
+        points.push(Point {
+            rps,
+            added_p99_ms: added,
+            kept_up,
+        });
+        if !kept_up || added >= BOUNDS_MS[BOUNDS_MS.len() - 1] {
+            break;
+        }
+    }
+    points
+}
+
+/// The highest rate of the curve under `bound` ms, every lower rate under it too.
+fn rate_under(points: &[Point], bound: f64) -> f64 {
+    points
+        .iter()
+        .take_while(|p| p.kept_up && p.added_p99_ms < bound)
+        .last()
+        .map_or(0.0, |p| p.rps)
+}
+
+const HEADER: &str = "contender mode    req/s at +P99 < 1 ms   < 5 ms   < 10 ms\n";
+
+pub async fn run(o: Options) -> Result<(), String> {
+    let fleet = zero_latency_upstream().await?;
+    let peers_dir = o
+        .out
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("keel-bench-bounds"));
+    let (pinned, gw_cpu, bench_cpus) = cpu_plan(o.pin);
+    if pinned {
+        pin(std::process::id(), &bench_cpus);
+    }
+    let client = http_client()?;
+    let direct = Target {
+        name: "direct".into(),
+        base: fleet.get(0).openai_base(),
+        model: "sim".into(),
+        endpoint: Endpoint::ChatCompletions,
+        headers: Vec::new(),
+        pid: None,
+        stop: None,
+    };
+    let intro = format!(
+        "keel bench overhead --tail-bounds: one zero-latency simulated upstream; {}; {} s × {} rounds per rate\n",
+        pinning(pinned, &gw_cpu, "load generator and upstream", &bench_cpus),
+        o.duration,
+        o.rounds,
+    );
+    print!("{intro}{HEADER}");
+    let mut lines = String::new();
+    let mut curves: Vec<(String, Vec<Point>)> = Vec::new();
+    let mut rows = Vec::new();
+    for name in &o.contenders {
+        let Some(mut target) = start_target(name, &fleet, &o, &peers_dir, &mut lines).await? else {
+            continue;
+        };
+        prepare(&client, &direct, &target, pinned.then_some(gw_cpu.as_str())).await;
+        for stream in [false, true] {
+            let mode = mode_name(stream);
+            let points = curve(&client, &direct, &target, stream, &o).await;
+            let under: Vec<f64> = BOUNDS_MS.iter().map(|b| rate_under(&points, *b)).collect();
+            let line = format!(
+                "{name:<9} {mode:<7} {:>18} {:>8} {:>9}\n",
+                under[0], under[1], under[2]
+            );
+            print!("{line}");
+            lines.push_str(&line);
+            rows.push(json!({
+                "contender": name, "mode": mode,
+                "rps_under_ms": BOUNDS_MS.iter().zip(&under).map(|(b, r)| json!({"bound_ms": b, "rps": r})).collect::<Vec<_>>(),
+                "curve": points.iter().map(|p| json!({"rps": p.rps, "added_p99_ms": p.added_p99_ms, "kept_up": p.kept_up})).collect::<Vec<_>>(),
+            }));
+            curves.push((format!("{name} {mode}"), points));
+        }
+        stop_target(&mut target);
+    }
+    if let Some(dir) = &o.out {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = dir.join("bounds.json");
+        let doc =
+            json!({"duration_s": o.duration, "rounds": o.rounds, "pinned": pinned, "rows": rows});
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&doc).unwrap_or_default(),
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(dir.join("bounds.txt"), format!("{intro}{HEADER}{lines}"))
+            .map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("bounds.svg"), plot(&curves)).map_err(|e| e.to_string())?;
+        println!("written {}, bounds.txt and bounds.svg", path.display());
+    }
+    Ok(())
+}
+
+/// An SVG line chart: offered rate (log scale) against added P99 (ms, clipped at 20), one
+/// polyline per curve, the bounds as dashed lines.
+fn plot(curves: &[(String, Vec<Point>)]) -> String {
+    let (w, h, left, bottom, top, right) = (720.0, 420.0, 60.0, 40.0, 20.0, 180.0);
+    let (x0, x1) = (RAMP[0].log10(), RAMP[RAMP.len() - 1].log10());
+    let y_max = 20.0;
+    let x = |rps: f64| left + (rps.log10() - x0) / (x1 - x0) * (w - left - right);
+    let y = |ms: f64| top + (1.0 - ms.clamp(0.0, y_max) / y_max) * (h - top - bottom);
+    let colours = [
+        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    ];
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    for rps in RAMP {
+        s += &format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{rps}</text>\n",
+            x(rps),
+            h - bottom + 15.0
+        );
+    }
+    s += &format!(
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">offered req/s</text>\n",
+        (left + w - right) / 2.0,
+        h - 5.0
+    );
+    for ms in [0.0, 1.0, 5.0, 10.0, 20.0] {
+        let dash = if BOUNDS_MS.contains(&ms) {
+            " stroke-dasharray=\"4 3\""
+        } else {
+            ""
+        };
+        s += &format!(
+            "<line x1=\"{left}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#ccc\"{dash}/>\n<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{ms} ms</text>\n",
+            w - right,
+            y(ms),
+            y(ms),
+            left - 5.0,
+            y(ms) + 4.0
+        );
+    }
+    for (i, (label, points)) in curves.iter().enumerate() {
+        let colour = colours[i % colours.len()];
+        let pts: Vec<String> = points
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", x(p.rps), y(p.added_p99_ms)))
+            .collect();
+        s += &format!(
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>\n<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{colour}\">{label}</text>\n",
+            pts.join(" "),
+            w - right + 10.0,
+            top + 15.0 * (i as f64 + 1.0)
+        );
+    }
+    s + "</svg>\n"
+}
