@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Figures behind deploy/SCALING.md, measured on this machine with real processes.
 
+  redis-throughput  redis-server's throughput here (redis-benchmark) and its CPU per operation.
   redis-ops      Redis commands per request: keel serve with [redis] and keys with limits,
                  N requests through it, redis-server's INFO commandstats before and after.
   stream-memory  keel's resident memory per live stream: a simulated fleet whose streams last
@@ -8,6 +9,7 @@
 
 Usage (KEEL: a keel binary, release build for figures worth quoting):
   python bench/deploy/measure.py redis-ops --keel target/release/keel --requests 2000
+  python bench/deploy/measure.py redis-throughput
   python bench/deploy/measure.py stream-memory --keel target/release/keel --steps 1000,2000
 
 Needs httpx (the repo's .venv has it) and redis-server on the PATH (redis-ops only).
@@ -126,6 +128,15 @@ def commandstats(port):
     return calls
 
 
+def redis_cpu_s(port):
+    """redis-server's CPU seconds so far (user + system, from INFO cpu)."""
+    out = subprocess.run(
+        ["redis-cli", "-p", str(port), "info", "cpu"], capture_output=True, text=True, check=True,
+    ).stdout
+    stats = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    return float(stats["used_cpu_user"]) + float(stats["used_cpu_sys"])
+
+
 def delta(before, after):
     return {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0}
 
@@ -182,31 +193,69 @@ monthly_spend_usd = 1000000.0
                 process([args.keel, "serve", "--config", cfg], "keel serve", keel_port):
             url = f"http://127.0.0.1:{keel_port}/v1/chat/completions"
             asyncio.run(send(url, RATE_KEY, 20, False))  # warm-up: scripts loaded, pools warm
+            # redis-server's own background work (its timers, keel's idle traffic), subtracted
+            # from each row's CPU so that what remains is the requests' share.
+            cpu0 = redis_cpu_s(redis_port)
+            time.sleep(args.idle_seconds)
+            idle_cpu_per_s = (redis_cpu_s(redis_port) - cpu0) / args.idle_seconds
             rows = []
             for key_id, key in (("rate", RATE_KEY), ("full", FULL_KEY)):
                 for stream in (False, True):
-                    before = commandstats(redis_port)
+                    before, cpu0 = commandstats(redis_port), redis_cpu_s(redis_port)
                     t0 = time.monotonic()
-                    ok = asyncio.run(send(url, key, args.requests, stream))
+                    ok = asyncio.run(send(url, key, args.requests, stream, args.concurrency))
                     seconds = time.monotonic() - t0
+                    cpu = redis_cpu_s(redis_port) - cpu0 - idle_cpu_per_s * seconds
                     got = delta(before, commandstats(redis_port))
                     got.pop("info", None)
                     rows.append({"key": key_id, "stream": stream, "requests": args.requests,
-                                 "ok": ok, "seconds": round(seconds, 2), "calls": got})
+                                 "ok": ok, "seconds": round(seconds, 2), "calls": got,
+                                 "redis_cpu_us_per_request": round(cpu * 1e6 / args.requests, 1)})
             # What one idle replica sends by itself (slot renewals and the like).
             before = commandstats(redis_port)
             time.sleep(args.idle_seconds)
             idle = delta(before, commandstats(redis_port))
             idle.pop("info", None)
-    print("key   stream requests ok   seconds  redis calls per request (top-level scripts | every command)")
+    print(f"{args.concurrency} requests in flight at once")
+    print("key   stream requests ok   seconds  redis CPU µs/request  redis calls per request (top-level scripts | every command)")
     for r in rows:
         scripts = sum(v for k, v in r["calls"].items() if k in ("evalsha", "eval", "fcall"))
         every = sum(r["calls"].values())
         detail = ", ".join(f"{k} {v / r['requests']:.2f}" for k, v in sorted(r["calls"].items()))
         print(f"{r['key']:5} {str(r['stream']):6} {r['requests']:8} {r['ok']:4} {r['seconds']:8}"
-              f"  {scripts / r['requests']:.2f} | {every / r['requests']:.2f}  ({detail})")
-    print(f"idle replica, {args.idle_seconds} s: {idle or 'no calls'}")
-    print(json.dumps({"rows": rows, "idle": idle, "idle_seconds": args.idle_seconds}))
+              f"  {r['redis_cpu_us_per_request']:20}  {scripts / r['requests']:.2f} | {every / r['requests']:.2f}  ({detail})")
+    print(f"idle replica, {args.idle_seconds} s: {idle or 'no calls'}; "
+          f"redis-server idle CPU {idle_cpu_per_s * 1e3:.1f} ms/s (subtracted above)")
+    print(json.dumps({"rows": rows, "idle": idle, "idle_seconds": args.idle_seconds,
+                      "idle_cpu_ms_per_s": round(idle_cpu_per_s * 1e3, 2)}))
+
+
+# A script shaped like keel's quota scripts (read the clock, read a key, write it with an expiry).
+SCRIPT = ("local t = redis.call('TIME') local v = redis.call('GET', KEYS[1]) "
+          "redis.call('SET', KEYS[1], t[1], 'PX', 60000) return v")
+
+
+def redis_throughput(args):
+    """redis-server's throughput here with redis-benchmark: plain commands and a small script,
+    50 clients, without and with pipelining; and redis-server's CPU per operation."""
+    port = free_port()
+    redis = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    cases = [("SET", ["-t", "set"]), ("GET", ["-t", "get"]),
+             ("EVAL (TIME, GET, SET)", ["eval", SCRIPT, "1", "key:__rand_int__"])]
+    print("operation               pipeline  ops/s (redis-benchmark)  redis-server CPU µs/op")
+    with process(redis, "redis-server", port):
+        for name, cmd in cases:
+            for pipeline in (1, 16):
+                cpu0 = redis_cpu_s(port)
+                out = subprocess.run(
+                    ["redis-benchmark", "-p", str(port), "-n", str(args.ops), "-c", "50", "-r", "100000",
+                     "-P", str(pipeline), "--csv"] + cmd,
+                    capture_output=True, text=True, check=True,
+                ).stdout
+                cpu = redis_cpu_s(port) - cpu0
+                # --csv: a header line, then "name","rps",...
+                rps = float(out.strip().splitlines()[-1].split('","')[1])
+                print(f"{name:24}{pipeline:8}  {rps:23,.0f}  {cpu * 1e6 / args.ops:22.2f}")
 
 
 def rss_kib(pid):
@@ -284,12 +333,15 @@ def main():
     r.add_argument("--keel", required=True)
     r.add_argument("--requests", type=int, default=1000)
     r.add_argument("--idle-seconds", type=int, default=10)
+    r.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
+    b = sub.add_parser("redis-throughput")
+    b.add_argument("--ops", type=int, default=200000)
     m = sub.add_parser("stream-memory")
     m.add_argument("--keel", required=True)
     m.add_argument("--steps", default="1000,2000")
     m.add_argument("--settle", type=float, default=3.0)
     args = p.parse_args()
-    {"redis-ops": redis_ops, "stream-memory": stream_memory}[args.what](args)
+    {"redis-ops": redis_ops, "redis-throughput": redis_throughput, "stream-memory": stream_memory}[args.what](args)
 
 
 if __name__ == "__main__":
