@@ -5,13 +5,15 @@
 #   1. builds keel with deploy/container/rootfs.sh — the Containerfile's build step, same script,
 #      same flags — into a root filesystem, and checks with `file` and `ldd` that the binary is
 #      statically linked;
-#   2. runs that binary: `keel --version`, then `keel serve` on the Kubernetes ConfigMap's
-#      keel.toml, GET /keel/health answers 200, SIGTERM ends it cleanly (exit 0).
+#   2. runs that binary: `keel --version`; `keel serve` in front of a simulated model server
+#      addressed by name (`keel sim`): GET /keel/health 200, a chat completion, SIGTERM ends it
+#      cleanly (exit 0).
 # Then, where podman can build and run containers here:
 #   3. builds the Containerfile's final stage (FROM scratch) with podman, taking the build
 #      stage's output from step 1 (`--build-context build=...`: no base image is pulled, so
-#      this works offline), runs the image read-only with every capability dropped, checks that
-#      it runs as the non-root user, answers /keel/health and stops cleanly on SIGTERM.
+#      this works offline), runs the image read-only with every capability dropped: on the
+#      Kubernetes ConfigMap's keel.toml it runs as the non-root user, answers /keel/health and
+#      stops cleanly on SIGTERM; and a chat completion goes through it to the simulated server.
 #   Where podman cannot, the test says precisely why (podman's own error) and passes on steps 1–2.
 #
 # usage: tests/deploy/container.sh PYTHON [release|dev]
@@ -24,10 +26,12 @@ python="${1:?usage: $0 PYTHON [release|dev]}"
 profile="${2:-release}"
 tmp="$(mktemp -d)"
 serve_pid=""
+sim_pid=""
 container=""
 image="localhost/keel-test:$$"
 cleanup() {
   if [ -n "$serve_pid" ]; then kill "$serve_pid" 2>/dev/null || true; fi
+  if [ -n "$sim_pid" ]; then kill "$sim_pid" 2>/dev/null || true; fi
   if [ -n "$container" ]; then podman rm -f "$container" >/dev/null 2>&1 || true; fi
   if command -v podman >/dev/null 2>&1; then
     podman rmi -f "$image" "$image-probe" >/dev/null 2>&1 || true
@@ -75,18 +79,42 @@ for f in etc/ssl/certs/ca-certificates.crt etc/passwd etc/group; do
   [ -s "$tmp/rootfs/$f" ] || fail "the root filesystem has no $f"
 done
 
-echo "-- 2. the static binary runs"
+echo "-- 2. the static binary runs and serves"
 "$bin" --version
-# The Kubernetes ConfigMap's config, with the Secret's example values as environment.
+# The Kubernetes ConfigMap's config (and the Secret's example values as environment), for the
+# image below; and a small config in front of a simulated model server (keel's own `keel sim`)
+# reached by a host *name*, so that a request exercises name resolution in the static binary.
 "$python" tests/deploy/k8s_check.py deploy/k8s "$tmp" > /dev/null
-env_args=()
-while IFS= read -r line; do env_args+=("$line"); done < "$tmp/env"
+sim_port="$(free_port)"
+printf '[[servers]]\nname = "sim"\nport = %s\nttft_ms = 5\ngap_ms = 1\n' "$sim_port" > "$tmp/sim.toml"
+"$bin" sim --config "$tmp/sim.toml" > "$tmp/sim.log" 2>&1 &
+sim_pid=$!
+for _ in $(seq 1 300); do
+  if (echo > "/dev/tcp/127.0.0.1/$sim_port") 2>/dev/null; then break; fi
+  sleep 0.1
+done
+traffic_config() {  # listen address → a keel.toml whose one variant is the simulated server
+  printf 'listen = "%s"\ndrain_ms = 2000\n[[pools]]\nname = "chat"\n[[pools.variants]]\n' "$1"
+  printf 'name = "sim"\nurl = "http://localhost:%s/v1"\nprotocol = "openai"\nupstream_model = "m"\n' "$sim_port"
+}
 port="$(free_port)"
-env "${env_args[@]}" "$bin" serve --config "$tmp/keel.toml" --listen "127.0.0.1:$port" \
-  > "$tmp/serve.log" 2>&1 &
+traffic_config "127.0.0.1:$port" > "$tmp/traffic.toml"
+chmod 0644 "$tmp/traffic.toml" "$tmp/keel.toml"
+
+# One chat completion through keel on PORT; its answer must be a completion with text.
+chat() {
+  curl -fsS "http://127.0.0.1:$1/v1/chat/completions" -H 'content-type: application/json' \
+    -d '{"model":"chat","max_tokens":8,"messages":[{"role":"user","content":"hello"}]}' \
+    > "$tmp/chat.json" || return 1
+  grep -q '"content":"[^"]' "$tmp/chat.json"
+}
+
+"$bin" serve --config "$tmp/traffic.toml" > "$tmp/serve.log" 2>&1 &
 serve_pid=$!
 wait_health "$port" || { cat "$tmp/serve.log" >&2; fail "keel serve (static) did not answer /keel/health"; }
-echo "   keel serve answered GET /keel/health: $(head -c 120 "$tmp/health.json")"
+echo "   keel serve answered GET /keel/health: $(head -c 100 "$tmp/health.json")"
+chat "$port" || { cat "$tmp/serve.log" "$tmp/chat.json" >&2; fail "no completion through the static keel"; }
+echo "   a chat completion through it (upstream http://localhost:$sim_port): $(head -c 100 "$tmp/chat.json")"
 kill -TERM "$serve_pid"
 status=0
 wait "$serve_pid" || status=$?
@@ -129,15 +157,15 @@ user="$(podman image inspect --format '{{.Config.User}}' "$image")"
 size="$(podman image inspect --format '{{.Size}}' "$image")"
 echo "   built $image from Containerfile (final stage): user $user, $(( size / 1024 / 1024 )) MiB"
 
+# (a) The ConfigMap's config, as in Kubernetes: read-only root, no capabilities, port published.
 port="$(free_port)"
-chmod 0644 "$tmp/keel.toml"
 container="keel-test-$$"
 podman run -d --name "$container" "${run_flags[@]}" --read-only --cap-drop=ALL \
   --security-opt=no-new-privileges -p "127.0.0.1:$port:8080" \
   -v "$tmp/keel.toml:/etc/keel/keel.toml:ro" --env-file "$tmp/env" "$image" > /dev/null \
   || fail "podman run of the image"
 wait_health "$port" || { podman logs "$container" >&2; fail "the container did not answer /keel/health"; }
-echo "   the container answered GET /keel/health: $(head -c 120 "$tmp/health.json")"
+echo "   the container (ConfigMap config) answered GET /keel/health: $(head -c 100 "$tmp/health.json")"
 uid="$(podman top "$container" uid | tail -n 1 | tr -d ' ')"
 [ "$uid" = 10001 ] || fail "keel runs as uid '$uid' in the container, not 10001"
 echo "   keel runs as uid $uid"
@@ -145,3 +173,16 @@ podman stop -t 40 "$container" > /dev/null
 code="$(podman inspect --format '{{.State.ExitCode}}' "$container")"
 [ "$code" = 0 ] || { podman logs "$container" >&2; fail "the container exited $code after SIGTERM"; }
 echo "   SIGTERM: exited 0"
+podman rm -f "$container" > /dev/null
+
+# (b) Traffic: on the host's network, a completion from the simulated server named
+# `localhost`: name resolution and proxying work in an image that has no libc but keel's own.
+port="$(free_port)"
+traffic_config "127.0.0.1:$port" > "$tmp/traffic.toml"
+podman run -d --name "$container" "${run_flags[@]}" --read-only --cap-drop=ALL --network host \
+  -v "$tmp/traffic.toml:/etc/keel/keel.toml:ro" "$image" > /dev/null \
+  || fail "podman run of the image on the host's network"
+wait_health "$port" || { podman logs "$container" >&2; fail "the container (host network) did not answer /keel/health"; }
+chat "$port" || { podman logs "$container" >&2; cat "$tmp/chat.json" >&2; fail "no completion through the container"; }
+echo "   a chat completion through the container: $(head -c 100 "$tmp/chat.json")"
+podman stop -t 40 "$container" > /dev/null
