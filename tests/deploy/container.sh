@@ -60,9 +60,10 @@ wait_health() {
 
 echo "-- 1. static build (deploy/container/rootfs.sh, the Containerfile's build step; $profile profile)"
 started=$(date +%s)
-deploy/container/rootfs.sh "$tmp/rootfs" "$profile"
+# Where the Containerfile's build stage leaves it: /rootfs (the stage's filesystem is $tmp/stage).
+deploy/container/rootfs.sh "$tmp/stage/rootfs" "$profile"
 echo "   built in $(( $(date +%s) - started )) s"
-bin="$tmp/rootfs/usr/local/bin/keel"
+bin="$tmp/stage/rootfs/usr/local/bin/keel"
 file_says="$(file -b "$bin")"
 echo "   file: $file_says"
 case "$file_says" in
@@ -76,7 +77,7 @@ case "$ldd_says" in
   *) fail "ldd lists shared libraries for $bin" ;;
 esac
 for f in etc/ssl/certs/ca-certificates.crt etc/passwd etc/group; do
-  [ -s "$tmp/rootfs/$f" ] || fail "the root filesystem has no $f"
+  [ -s "$tmp/stage/rootfs/$f" ] || fail "the root filesystem has no $f"
 done
 
 echo "-- 2. the static binary runs and serves"
@@ -132,7 +133,8 @@ command -v podman > /dev/null 2>&1 || skip "podman is not installed (Debian: apt
 
 # Can podman build and run anything here? A probe image holding only the static binary. When the
 # plain run fails, retry with what lets it run in a VM whose limits and cgroups podman's default
-# runtime cannot set (runc instead of crun; resource limits no higher than this shell's).
+# runtime cannot set (runc instead of crun; open files no more than this shell's, and a
+# process limit well below it: keel needs a thread per core and a few more).
 mkdir -p "$tmp/probe"
 cp "$bin" "$tmp/probe/keel"
 printf 'FROM scratch\nCOPY keel /keel\nENTRYPOINT ["/keel", "--version"]\n' > "$tmp/probe/Containerfile"
@@ -141,7 +143,7 @@ podman build -q -t "$image-probe" "$tmp/probe" > "$tmp/probe-build.log" 2>&1 \
 run_flags=()
 if ! podman run --rm "$image-probe" > "$tmp/probe-run.log" 2>&1; then
   first="$(tail -n 1 "$tmp/probe-run.log")"
-  run_flags=(--ulimit "nofile=$(ulimit -Sn):$(ulimit -Sn)" --ulimit "nproc=$(ulimit -Su):$(ulimit -Su)")
+  run_flags=(--ulimit "nofile=$(ulimit -Sn):$(ulimit -Sn)" --ulimit nproc=4096:4096)
   if command -v runc > /dev/null 2>&1; then run_flags=(--runtime runc "${run_flags[@]}"); fi
   podman run --rm "${run_flags[@]}" "$image-probe" > "$tmp/probe-run.log" 2>&1 \
     || skip "podman cannot run a container here: '$first'; with ${run_flags[*]}: '$(tail -n 1 "$tmp/probe-run.log")'"
@@ -150,7 +152,7 @@ fi
 
 # From here on podman works: any failure is the image's.
 mkdir -p "$tmp/context"
-podman build -q --build-context "build=$tmp/rootfs" -f Containerfile -t "$image" "$tmp/context" \
+podman build -q --build-context "build=$tmp/stage" -f Containerfile -t "$image" "$tmp/context" \
   > "$tmp/build.log" 2>&1 || { cat "$tmp/build.log" >&2; fail "podman build of the Containerfile's final stage"; }
 user="$(podman image inspect --format '{{.Config.User}}' "$image")"
 [ "$user" = "10001:10001" ] || fail "the image runs as '$user', not the non-root 10001:10001"
@@ -166,7 +168,9 @@ podman run -d --name "$container" "${run_flags[@]}" --read-only --cap-drop=ALL \
   || fail "podman run of the image"
 wait_health "$port" || { podman logs "$container" >&2; fail "the container did not answer /keel/health"; }
 echo "   the container (ConfigMap config) answered GET /keel/health: $(head -c 100 "$tmp/health.json")"
-uid="$(podman top "$container" uid | tail -n 1 | tr -d ' ')"
+# The process's real uid, read from the host (`podman top` would need ps inside the image).
+pid="$(podman inspect --format '{{.State.Pid}}' "$container")"
+uid="$(awk '/^Uid:/ { print $2 }' "/proc/$pid/status")"
 [ "$uid" = 10001 ] || fail "keel runs as uid '$uid' in the container, not 10001"
 echo "   keel runs as uid $uid"
 podman stop -t 40 "$container" > /dev/null
