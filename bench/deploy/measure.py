@@ -30,6 +30,7 @@ import time
 import httpx
 
 # Example virtual keys for the measurement only (keel stores their SHA-256).
+OPEN_KEY = "sk-keel-measure-no-limits-at-all-000000000000000"
 RATE_KEY = "sk-keel-measure-rate-limits-only-0000000000000000"
 FULL_KEY = "sk-keel-measure-every-limit-and-budget-000000000"
 
@@ -52,7 +53,9 @@ def wait_port(port, what, timeout=60.0):
 @contextlib.contextmanager
 def process(args, what, port):
     """Starts a child process, waits until it listens on `port`, and ends it afterwards."""
-    child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Its output goes to a log file (named after it, in the temp directory), for post-mortems.
+    log = open(os.path.join(tempfile.gettempdir(), f"measure-{what.replace(' ', '-')}.log"), "w")
+    child = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_port(port, what)
         yield child
@@ -63,6 +66,7 @@ def process(args, what, port):
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+        log.close()
 
 
 def sha256(key):
@@ -113,8 +117,9 @@ def write(dir_, name, text):
     return path
 
 
-def commandstats(port):
-    """{command: calls} from INFO commandstats."""
+def commandstats(port, field="calls"):
+    """{command: calls} (or another field: usec, the time spent executing) from INFO
+    commandstats."""
     out = subprocess.run(
         ["redis-cli", "-p", str(port), "info", "commandstats"],
         capture_output=True, text=True, check=True,
@@ -124,7 +129,7 @@ def commandstats(port):
         if line.startswith("cmdstat_"):
             name, fields = line[len("cmdstat_"):].split(":", 1)
             stats = dict(kv.split("=") for kv in fields.split(","))
-            calls[name] = int(stats["calls"])
+            calls[name] = int(stats[field])
     return calls
 
 
@@ -166,6 +171,10 @@ def redis_ops(args):
 url = "redis://127.0.0.1:{redis_port}"
 
 [[keys]]
+id = "open"
+hash = "{sha256(OPEN_KEY)}"
+
+[[keys]]
 id = "rate"
 hash = "{sha256(RATE_KEY)}"
 rpm = 1000000
@@ -199,16 +208,20 @@ monthly_spend_usd = 1000000.0
             time.sleep(args.idle_seconds)
             idle_cpu_per_s = (redis_cpu_s(redis_port) - cpu0) / args.idle_seconds
             rows = []
-            for key_id, key in (("rate", RATE_KEY), ("full", FULL_KEY)):
+            for key_id, key in (("open", OPEN_KEY), ("rate", RATE_KEY), ("full", FULL_KEY)):
                 for stream in (False, True):
                     before, cpu0 = commandstats(redis_port), redis_cpu_s(redis_port)
+                    usec0 = commandstats(redis_port, "usec")
                     t0 = time.monotonic()
                     ok = asyncio.run(send(url, key, args.requests, stream, args.concurrency))
                     seconds = time.monotonic() - t0
                     cpu = redis_cpu_s(redis_port) - cpu0 - idle_cpu_per_s * seconds
                     got = delta(before, commandstats(redis_port))
                     got.pop("info", None)
-                    rows.append({"key": key_id, "stream": stream, "requests": args.requests,
+                    # Time Redis spent executing keel's scripts (their commands included), without
+                    # reading and writing the connection.
+                    usec = delta(usec0, commandstats(redis_port, "usec")).get("evalsha", 0)
+                    rows.append({"script_exec_us_per_request": round(usec / args.requests, 1),"key": key_id, "stream": stream, "requests": args.requests,
                                  "ok": ok, "seconds": round(seconds, 2), "calls": got,
                                  "redis_cpu_us_per_request": round(cpu * 1e6 / args.requests, 1)})
             # What one idle replica sends by itself (slot renewals and the like).
@@ -217,13 +230,16 @@ monthly_spend_usd = 1000000.0
             idle = delta(before, commandstats(redis_port))
             idle.pop("info", None)
     print(f"{args.concurrency} requests in flight at once")
-    print("key   stream requests ok   seconds  redis CPU µs/request  redis calls per request (top-level scripts | every command)")
+    print("key   stream requests ok   seconds  redis CPU µs/request  script execution µs/request  redis calls per request (top-level scripts | every command)")
     for r in rows:
         scripts = sum(v for k, v in r["calls"].items() if k in ("evalsha", "eval", "fcall"))
         every = sum(r["calls"].values())
         detail = ", ".join(f"{k} {v / r['requests']:.2f}" for k, v in sorted(r["calls"].items()))
+        if not r["calls"]:
+            print(f"{r['key']:5} {str(r['stream']):6} {r['requests']:8} {r['ok']:4} {r['seconds']:8}  no Redis call")
+            continue
         print(f"{r['key']:5} {str(r['stream']):6} {r['requests']:8} {r['ok']:4} {r['seconds']:8}"
-              f"  {r['redis_cpu_us_per_request']:20}  {scripts / r['requests']:.2f} | {every / r['requests']:.2f}  ({detail})")
+              f"  {r['redis_cpu_us_per_request']:20}  {r['script_exec_us_per_request']:27}  {scripts / r['requests']:.2f} | {every / r['requests']:.2f}  ({detail})")
     print(f"idle replica, {args.idle_seconds} s: {idle or 'no calls'}; "
           f"redis-server idle CPU {idle_cpu_per_s * 1e3:.1f} ms/s (subtracted above)")
     print(json.dumps({"rows": rows, "idle": idle, "idle_seconds": args.idle_seconds,
