@@ -221,9 +221,10 @@ monthly_spend_usd = 1000000.0
                     # Time Redis spent executing keel's scripts (their commands included), without
                     # reading and writing the connection.
                     usec = delta(usec0, commandstats(redis_port, "usec")).get("evalsha", 0)
-                    rows.append({"script_exec_us_per_request": round(usec / args.requests, 1),"key": key_id, "stream": stream, "requests": args.requests,
+                    rows.append({"key": key_id, "stream": stream, "requests": args.requests,
                                  "ok": ok, "seconds": round(seconds, 2), "calls": got,
-                                 "redis_cpu_us_per_request": round(cpu * 1e6 / args.requests, 1)})
+                                 "redis_cpu_us_per_request": round(cpu * 1e6 / args.requests, 1),
+                                 "script_exec_us_per_request": round(usec / args.requests, 1)})
             # What one idle replica sends by itself (slot renewals and the like).
             before = commandstats(redis_port)
             time.sleep(args.idle_seconds)
