@@ -181,17 +181,18 @@ async fn shadow_bounds_skip_copies_and_unknown_pools_are_404() {
 }
 
 /// A pool over sim-0 (stable) and sim-1 (candidate) with `canary` as its `[pools.canary]`
-/// body; variants are never ejected (a failing candidate keeps being tried).
+/// body; variants are never ejected (a failing candidate keeps being tried) and late first
+/// tokens are not hedged (a hedge may be won by the other side, on a busy test machine).
 fn canary_config(f: &Fleet, top: &str, canary: &str) -> String {
     format!(
-        "{top}\n[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\neject_after_ms = 600000\n{}{}[pools.canary]\ncandidates = [\"sim-1\"]\n{canary}\n",
+        "{top}\n[[pools]]\nname = \"p\"\nhedge = \"off\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\neject_after_ms = 600000\n{}{}[pools.canary]\ncandidates = [\"sim-1\"]\n{canary}\n",
         variant("sim-0", &f.get(0).openai_base(), "openai", 1),
         variant("sim-1", &f.get(1).openai_base(), "openai", 1),
     )
 }
 
 fn user_body(user: &str) -> Value {
-    json!({"model": "p", "user": user, "messages": [{"role": "user", "content": "hello"}]})
+    json!({"model": "p", "user": user, "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]})
 }
 
 async fn canary_state(h: &Harness) -> Value {
