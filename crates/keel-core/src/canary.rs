@@ -334,7 +334,14 @@ impl Canary {
         self.go(Phase::RolledBack, Move::RolledBack, why, manual, now_ms)
     }
 
-    fn go(&mut self, to: Phase, kind: Move, reason: String, manual: bool, now_ms: u64) -> Transition {
+    fn go(
+        &mut self,
+        to: Phase,
+        kind: Move,
+        reason: String,
+        manual: bool,
+        now_ms: u64,
+    ) -> Transition {
         let from_bp = self.weight_bp();
         self.phase = to;
         self.since_ms = now_ms;
@@ -385,7 +392,10 @@ mod tests {
         for i in 0..10_000 {
             slices[(bucket("p", format!("user-{i}").as_bytes()) / 1_000) as usize] += 1;
         }
-        assert!(slices.iter().all(|&n| (850..=1150).contains(&n)), "{slices:?}");
+        assert!(
+            slices.iter().all(|&n| (850..=1150).contains(&n)),
+            "{slices:?}"
+        );
     }
 
     #[test]
@@ -479,10 +489,16 @@ mod tests {
         let users: Vec<u32> = (0..2_000)
             .map(|i| bucket("p", format!("u{i}").as_bytes()))
             .collect();
-        let mut before: Vec<bool> = users.iter().map(|b| c.side(*b) == Side::Candidate).collect();
+        let mut before: Vec<bool> = users
+            .iter()
+            .map(|b| c.side(*b) == Side::Candidate)
+            .collect();
         for step in 1..3 {
             c.phase = Phase::Rolling { step };
-            let now: Vec<bool> = users.iter().map(|b| c.side(*b) == Side::Candidate).collect();
+            let now: Vec<bool> = users
+                .iter()
+                .map(|b| c.side(*b) == Side::Candidate)
+                .collect();
             assert!(before.iter().zip(&now).all(|(b, n)| !*b || *n));
             before = now;
         }

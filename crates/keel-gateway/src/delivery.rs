@@ -168,7 +168,12 @@ fn shadow_whole(
         .and_then(|v| keel_core::compare::answer_text(&v));
     if let Some(text) = text {
         let latency_ms = log.started.elapsed().as_secs_f64() * 1000.0;
-        crate::shadow::after_served(pool, req, ctx, crate::shadow::ServedAnswer { text, latency_ms });
+        crate::shadow::after_served(
+            pool,
+            req,
+            ctx,
+            crate::shadow::ServedAnswer { text, latency_ms },
+        );
     }
 }
 

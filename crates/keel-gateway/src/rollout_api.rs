@@ -18,10 +18,7 @@ fn find<'g>(gw: &'g Gateway, name: &str) -> Result<&'g Arc<Pool>, GatewayError> 
     gw.pool(name).ok_or_else(|| {
         GatewayError::new(
             ErrorKind::NotFound,
-            format!(
-                "no pool `{name}`; pools: {}",
-                gw.model_names().join(", ")
-            ),
+            format!("no pool `{name}`; pools: {}", gw.model_names().join(", ")),
         )
     })
 }

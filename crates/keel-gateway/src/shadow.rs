@@ -120,7 +120,12 @@ impl Shadow {
 
 /// Called when a request's answer is complete: sends sampled copies to the pool's shadow
 /// variants in the background.
-pub fn after_served(pool: &Arc<Pool>, req: &CanonicalRequest, ctx: &RequestCtx, served: ServedAnswer) {
+pub fn after_served(
+    pool: &Arc<Pool>,
+    req: &CanonicalRequest,
+    ctx: &RequestCtx,
+    served: ServedAnswer,
+) {
     let Some(shadow) = &pool.shadow else {
         return;
     };
@@ -160,7 +165,10 @@ pub fn after_served(pool: &Arc<Pool>, req: &CanonicalRequest, ctx: &RequestCtx, 
 
 /// The copy's endpoint and body: non-streaming, in the variant's protocol, with its upstream
 /// model and parameters.
-fn copy_for(variant: &VariantConfig, req: &CanonicalRequest) -> Result<(Endpoint, Vec<u8>), String> {
+fn copy_for(
+    variant: &VariantConfig,
+    req: &CanonicalRequest,
+) -> Result<(Endpoint, Vec<u8>), String> {
     let (endpoint, mut body) = match crate::translation::translate_request(variant, req) {
         Ok(None) => (
             req.endpoint,
@@ -185,7 +193,8 @@ async fn send(
 ) -> Result<(String, f64), String> {
     let started = Instant::now();
     let deadline = started + Duration::from_millis(pool.cfg.timeouts.total_ms);
-    let send = crate::upstream::request(&pool.client, variant, endpoint, forwarded, None, body).send();
+    let send =
+        crate::upstream::request(&pool.client, variant, endpoint, forwarded, None, body).send();
     let resp = match tokio::time::timeout_at(deadline, send).await {
         Err(_) => return Err("timed out".into()),
         Ok(Err(e)) => return Err(format!("transport: {e}")),

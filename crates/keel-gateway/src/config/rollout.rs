@@ -170,19 +170,21 @@ fn read_identity(t: &mut Table, issues: &mut Issues) -> Identity {
         "key" => Identity::Key,
         "tenant" => Identity::Tenant,
         "user" => Identity::User,
-        s => match s.strip_prefix("header:").map(str::trim) {
-            Some(h) if http::HeaderName::from_bytes(h.as_bytes()).is_ok() => {
-                Identity::Header(h.to_ascii_lowercase())
-            }
-            _ => {
-                issues.report(
+        s => {
+            match s.strip_prefix("header:").map(str::trim) {
+                Some(h) if http::HeaderName::from_bytes(h.as_bytes()).is_ok() => {
+                    Identity::Header(h.to_ascii_lowercase())
+                }
+                _ => {
+                    issues.report(
                     v.at,
                     &v.path,
                     format!("expected \"key\", \"tenant\", \"user\" or \"header:<name>\", got `{s}`"),
                 );
-                Identity::User
+                    Identity::User
+                }
             }
-        },
+        }
     }
 }
 
@@ -256,22 +258,40 @@ mod tests {
     #[test]
     fn bad_rollout_settings_are_named() {
         let m = messages("[pools.canary]\ncandidates = [\"a\", \"b\"]\n");
-        assert!(m[0].contains("pools[0].canary.candidates: every variant is a candidate"), "{m:?}");
+        assert!(
+            m[0].contains("pools[0].canary.candidates: every variant is a candidate"),
+            "{m:?}"
+        );
         let m = messages("[pools.canary]\ncandidates = [\"zz\"]\n");
         assert!(m[0].contains("`zz` is not a variant of this pool"), "{m:?}");
         let m = messages("[pools.canary]\ncandidates = [\"b\"]\nsteps = [5, 1, 100]\n");
-        assert!(m[0].contains("pools[0].canary.steps: expected ascending percentages"), "{m:?}");
+        assert!(
+            m[0].contains("pools[0].canary.steps: expected ascending percentages"),
+            "{m:?}"
+        );
         let m = messages("[pools.canary]\ncandidates = [\"b\"]\nsteps = [5, 50]\n");
         assert!(m[0].contains("ending with 100"), "{m:?}");
         let m = messages("[pools.canary]\ncandidates = [\"b\"]\nidentity = \"cookie\"\n");
         assert!(m[0].contains("\"header:<name>\", got `cookie`"), "{m:?}");
         let m = messages("[pools.canary]\ncandidates = [\"b\"]\nmax_error_rate = 2\n");
-        assert!(m[0].contains("canary.max_error_rate: expected a share"), "{m:?}");
+        assert!(
+            m[0].contains("canary.max_error_rate: expected a share"),
+            "{m:?}"
+        );
         let m = messages("[pools.canary]\ncandidates = [\"b\"]\ndwel_ms = 5\n");
-        assert!(m[0].contains("dwel_ms") && m[0].contains("dwell_ms"), "{m:?}");
+        assert!(
+            m[0].contains("dwel_ms") && m[0].contains("dwell_ms"),
+            "{m:?}"
+        );
         let m = messages("[pools.shadow]\nsample = 0.1\n");
-        assert!(m[0].contains("at least one [[pools.shadow.variants]]"), "{m:?}");
+        assert!(
+            m[0].contains("at least one [[pools.shadow.variants]]"),
+            "{m:?}"
+        );
         let m = messages("[pools.shadow]\nsample = 1.5\n[[pools.shadow.variants]]\nname = \"s\"\nurl = \"http://x:1\"\nprotocol = \"openai\"\nupstream_model = \"m\"\n");
-        assert!(m[0].contains("pools[0].shadow.sample: expected a share"), "{m:?}");
+        assert!(
+            m[0].contains("pools[0].shadow.sample: expected a share"),
+            "{m:?}"
+        );
     }
 }

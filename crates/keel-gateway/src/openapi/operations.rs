@@ -98,7 +98,11 @@ pub fn response_components() -> Value {
 }
 
 /// A JSON error response.
-pub(super) fn error_response(description: &str, protocol: Option<Protocol>, headers: Value) -> Value {
+pub(super) fn error_response(
+    description: &str,
+    protocol: Option<Protocol>,
+    headers: Value,
+) -> Value {
     json!({
         "description": description,
         "headers": headers,
@@ -107,7 +111,12 @@ pub(super) fn error_response(description: &str, protocol: Option<Protocol>, head
 }
 
 /// A JSON 200 response (and, where the request may ask for one, its event stream).
-pub(super) fn ok_response(description: &str, schema: Value, stream: Option<&str>, headers: Value) -> Value {
+pub(super) fn ok_response(
+    description: &str,
+    schema: Value,
+    stream: Option<&str>,
+    headers: Value,
+) -> Value {
     let mut content = json!({"application/json": {"schema": schema}});
     if let Some(events) = stream {
         // Before OpenAPI 3.2 (`itemSchema`), an event stream's `schema` describes each event:

@@ -63,7 +63,13 @@ pub(super) fn shadow() -> Value {
         ),
     );
     op["parameters"] = pool_param();
-    errors(&mut op, &[("404", "No pool has this name, or it has no `[pools.shadow]`.")]);
+    errors(
+        &mut op,
+        &[(
+            "404",
+            "No pool has this name, or it has no `[pools.shadow]`.",
+        )],
+    );
     op
 }
 
@@ -101,8 +107,14 @@ pub(super) fn canary(promote: bool) -> Value {
         &mut op,
         &[
             ("401", "Keys are configured and no admin key was sent."),
-            ("403", "The key sent is not the admin key (or none is configured)."),
-            ("404", "No pool has this name, or it has no `[pools.canary]`."),
+            (
+                "403",
+                "The key sent is not the admin key (or none is configured).",
+            ),
+            (
+                "404",
+                "No pool has this name, or it has no `[pools.canary]`.",
+            ),
         ],
     );
     op

@@ -89,7 +89,9 @@ async fn shadow_copies_never_delay_or_change_the_answer_and_compare_exactly() {
 
     // Now five prompts, streamed and not: every answer is sim-0's, and the figures match
     // what the servers' own answers say.
-    let prompts: Vec<String> = (0..5).map(|i| format!("prompt number {i} about fleets")).collect();
+    let prompts: Vec<String> = (0..5)
+        .map(|i| format!("prompt number {i} about fleets"))
+        .collect();
     let mut sims = Vec::new();
     let mut token_deltas = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
@@ -126,20 +128,33 @@ async fn shadow_copies_never_delay_or_change_the_answer_and_compare_exactly() {
     let got = other["mean_similarity"].as_f64().unwrap();
     assert!((got - mean(&sims)).abs() < 1e-9, "{got} vs {sims:?}");
     let got = other["mean_token_delta"].as_f64().unwrap();
-    assert!((got - mean(&token_deltas)).abs() < 1e-9, "{got} vs {token_deltas:?}");
+    assert!(
+        (got - mean(&token_deltas)).abs() < 1e-9,
+        "{got} vs {token_deltas:?}"
+    );
     assert!(other["mean_latency_delta_ms"].is_number());
     // Metrics agree; the shadow copies never appear among the pool's attempts.
     assert_eq!(
-        h.metric("keel_shadow_requests_total", &[("variant", "other"), ("outcome", "compared")])
-            .await,
+        h.metric(
+            "keel_shadow_requests_total",
+            &[("variant", "other"), ("outcome", "compared")]
+        )
+        .await,
         5.0
     );
     assert_eq!(
-        h.metric("keel_shadow_requests_total", &[("variant", "other"), ("outcome", "failed")])
-            .await,
+        h.metric(
+            "keel_shadow_requests_total",
+            &[("variant", "other"), ("outcome", "failed")]
+        )
+        .await,
         1.0
     );
-    assert_eq!(h.metric("keel_attempts_total", &[("variant", "other")]).await, 0.0);
+    assert_eq!(
+        h.metric("keel_attempts_total", &[("variant", "other")])
+            .await,
+        0.0
+    );
 }
 
 #[tokio::test]
@@ -203,7 +218,11 @@ async fn canary_state(h: &Harness) -> Value {
 async fn canary_users_stay_on_their_side_by_hash() {
     let f = fleet(&[("sim-0", "a"), ("sim-1", "a")]).await;
     // The weight holds at 20 %: the step needs far more evidence than this test sends.
-    let cfg = canary_config(&f, "", "steps = [20, 100]\nmin_requests = 100000\ndwell_ms = 0");
+    let cfg = canary_config(
+        &f,
+        "",
+        "steps = [20, 100]\nmin_requests = 100000\ndwell_ms = 0",
+    );
     let h = Harness::start(f, &cfg).await;
     let mut on_candidate = 0;
     for round in 0..2 {
@@ -216,7 +235,11 @@ async fn canary_users_stay_on_their_side_by_hash() {
             } else {
                 "sim-0"
             };
-            assert_eq!(header(&headers, "x-keel-variant"), expected, "{user}, round {round}");
+            assert_eq!(
+                header(&headers, "x-keel-variant"),
+                expected,
+                "{user}, round {round}"
+            );
             on_candidate += (expected == "sim-1") as u32;
         }
     }
@@ -229,7 +252,8 @@ async fn canary_users_stay_on_their_side_by_hash() {
         on_candidate as u64
     );
     assert_eq!(
-        h.metric("keel_canary_requests_total", &[("side", "candidate")]).await,
+        h.metric("keel_canary_requests_total", &[("side", "candidate")])
+            .await,
         on_candidate as f64
     );
     // The decision record names the side.
@@ -289,7 +313,11 @@ async fn canary_advances_with_healthy_evidence_and_promotes() {
         let (_, headers, _) = h.chat(&user_body(&format!("after-{u}"))).await;
         assert_eq!(header(&headers, "x-keel-variant"), "sim-1");
     }
-    assert_eq!(h.metric("keel_canary_weight_percent", &[("pool", "p")]).await, 100.0);
+    assert_eq!(
+        h.metric("keel_canary_weight_percent", &[("pool", "p")])
+            .await,
+        100.0
+    );
 }
 
 #[tokio::test]
@@ -316,7 +344,8 @@ async fn canary_rolls_back_by_itself_on_an_injected_error_rate() {
         "{t}"
     );
     assert_eq!(
-        h.metric("keel_canary_transitions_total", &[("to", "rolled_back")]).await,
+        h.metric("keel_canary_transitions_total", &[("to", "rolled_back")])
+            .await,
         1.0
     );
     // Rolled back: every user is served by the stable side, and the candidate gets nothing.
@@ -339,7 +368,11 @@ async fn operators_promote_and_roll_back_with_the_admin_key() {
         hash(admin),
         hash("sk-keel-test-key-a"),
     );
-    let cfg = canary_config(&f, &top, "identity = \"key\"\nsteps = [50, 100]\nmin_requests = 100000");
+    let cfg = canary_config(
+        &f,
+        &top,
+        "identity = \"key\"\nsteps = [50, 100]\nmin_requests = 100000",
+    );
     let h = Harness::start(f, &cfg).await;
     let order = |what: &'static str, key: Option<&'static str>| {
         let mut r = keel_sim::http_client().post(h.url(&format!("/keel/admin/canary/p/{what}")));
@@ -360,11 +393,18 @@ async fn operators_promote_and_roll_back_with_the_admin_key() {
         header(resp.headers(), "x-keel-variant").to_owned()
     };
     // Key `a`'s side follows its hash at 50 %.
-    let expected = if bucket("p", b"a") < 5_000 { "sim-1" } else { "sim-0" };
+    let expected = if bucket("p", b"a") < 5_000 {
+        "sim-1"
+    } else {
+        "sim-0"
+    };
     assert_eq!(served_by().await, expected);
 
     assert_eq!(order("promote", None).await.status(), 401);
-    assert_eq!(order("promote", Some("sk-keel-test-key-a")).await.status(), 403);
+    assert_eq!(
+        order("promote", Some("sk-keel-test-key-a")).await.status(),
+        403
+    );
     let r = order("promote", Some(admin)).await;
     assert_eq!(r.status(), 200);
     let doc: Value = r.json().await.unwrap();

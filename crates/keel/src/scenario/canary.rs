@@ -52,12 +52,14 @@ pub async fn run(quick: bool, seed: u64, out: &Path) -> Result<String, String> {
         gap_ms: 2.0,
         ..Default::default()
     };
-    let mut servers: Vec<ServerConfig> = (0..3).map(|i| server(&format!("stable-{i}"), i)).collect();
+    let mut servers: Vec<ServerConfig> =
+        (0..3).map(|i| server(&format!("stable-{i}"), i)).collect();
     let mut candidate = server("candidate", 3);
-    candidate.faults = vec![serde_json::from_value(
-        json!({"kind": "error", "status": 500, "rate": 0.3}),
-    )
-    .map_err(|e| e.to_string())?];
+    candidate.faults =
+        vec![
+            serde_json::from_value(json!({"kind": "error", "status": 500, "rate": 0.3}))
+                .map_err(|e| e.to_string())?,
+        ];
     servers.push(candidate);
     let fleet = Fleet::start(&FleetConfig {
         generation: Default::default(),
@@ -80,7 +82,11 @@ pub async fn run(quick: bool, seed: u64, out: &Path) -> Result<String, String> {
         tokio::spawn(async move {
             loop {
                 let phase = match client.get(format!("{base}/keel/health")).send().await {
-                    Ok(r) => r.json::<Value>().await.ok().map(|d| d["pools"][0]["canary"]["phase"].clone()),
+                    Ok(r) => r
+                        .json::<Value>()
+                        .await
+                        .ok()
+                        .map(|d| d["pools"][0]["canary"]["phase"].clone()),
                     Err(_) => None,
                 };
                 if phase.as_ref().and_then(Value::as_str) == Some("rolled_back") {
@@ -108,14 +114,27 @@ pub async fn run(quick: bool, seed: u64, out: &Path) -> Result<String, String> {
             break;
         }
         let user = rng.next_u64() % USERS;
-        let (client, url, seen) = (client.clone(), format!("{base}/v1/chat/completions"), seen.clone());
+        let (client, url, seen) = (
+            client.clone(),
+            format!("{base}/v1/chat/completions"),
+            seen.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let body = json!({"model": "bench", "user": format!("user-{user}"), "max_tokens": 16,
                 "messages": [{"role": "user", "content": format!("question {i}")}]});
             let (status, variant, attempts) = match client.post(url).json(&body).send().await {
                 Ok(r) => {
-                    let h = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-                    let (variant, attempts) = (h("x-keel-variant"), h("x-keel-attempts").parse().unwrap_or(0));
+                    let h = |n: &str| {
+                        r.headers()
+                            .get(n)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_owned()
+                    };
+                    let (variant, attempts) = (
+                        h("x-keel-variant"),
+                        h("x-keel-attempts").parse().unwrap_or(0),
+                    );
                     let status = r.status().as_u16();
                     let _ = r.bytes().await;
                     (status, variant, attempts)
@@ -159,7 +178,11 @@ fn figures(seen: &[Seen], rollback: Option<Duration>, canary: &Value) -> Value {
     let users: HashSet<u64> = seen.iter().map(|s| s.user).collect();
     let met_candidate = |s: &&Seen| s.variant == "candidate" || s.attempts > 1;
     let exposed: HashSet<u64> = seen.iter().filter(met_candidate).map(|s| s.user).collect();
-    let errored: HashSet<u64> = seen.iter().filter(|s| s.status != 200).map(|s| s.user).collect();
+    let errored: HashSet<u64> = seen
+        .iter()
+        .filter(|s| s.status != 200)
+        .map(|s| s.user)
+        .collect();
     let share = |n: usize| n as f64 / users.len().max(1) as f64;
     json!({
         "requests": seen.len(),

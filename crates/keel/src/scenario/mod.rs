@@ -489,7 +489,8 @@ pub struct RunOptions {
 pub async fn run(which: &str, o: &RunOptions) -> Result<(), String> {
     let out = o.out.as_path();
     // The canary scenario is keel's own (no peer has canaries): it runs with contender keel.
-    let canary = (which == "all" || which == canary::NAME) && o.contenders.iter().any(|c| c == "keel");
+    let canary =
+        (which == "all" || which == canary::NAME) && o.contenders.iter().any(|c| c == "keel");
     if which == canary::NAME {
         std::fs::create_dir_all(out).map_err(|e| e.to_string())?;
         let md = canary::run(o.quick, o.seed, out).await?;
