@@ -1,5 +1,5 @@
 //! `keel bench canary-rollback`: a candidate variant that fails 30 % of its requests goes
-//! through a canary (steps 5 % → 20 % → 50 % → 100 %), and keel must roll it back by itself.
+//! through a canary (steps 10 % → 25 % → 50 % → 100 %), and keel must roll it back by itself.
 //!
 //! The fleet: three stable servers and one candidate, all of one family (identical answers).
 //! A population of users sends requests at a steady rate (each request from a user drawn at
@@ -9,7 +9,7 @@
 //!   canary `rolled_back` (polled every 10 ms);
 //! - **users exposed**: users with a request that reached the candidate (served by it, or failed
 //!   over from it: the stable servers have no faults, so a request with more than one attempt
-//!   met the candidate), as a share of the users who sent requests;
+//!   met the candidate), as a share of the users who sent a request before the rollback;
 //! - **users who saw an error**: users with any answer other than 200 (failover should make
 //!   it 0);
 //! - requests on the candidate after the rollback (should be 0).
@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use keel_core::canary::bucket;
 use keel_core::rng::Rng;
 use keel_sim::{Fleet, FleetConfig, ServerConfig};
 
@@ -29,8 +30,10 @@ use super::contenders::{pool_toml, start_gateway};
 /// The scenario's name (`keel bench canary-rollback`).
 pub const NAME: &str = "canary-rollback";
 const USERS: u64 = 2_000;
-const RPS: f64 = 100.0;
-const CANARY: &str = "[pools.canary]\ncandidates = [\"candidate\"]\nidentity = \"user\"\nsteps = [5, 20, 50, 100]\ndwell_ms = 2000\nmin_requests = 20\nmax_error_rate = 0.05\n";
+const RPS: f64 = 25.0;
+/// The canary's first step (the weight it rolls back from).
+const FIRST_STEP_PERCENT: f64 = 10.0;
+const CANARY: &str = "[pools.canary]\ncandidates = [\"candidate\"]\nidentity = \"user\"\nsteps = [10, 25, 50, 100]\ndwell_ms = 5000\nmin_requests = 10\nmax_error_rate = 0.05\n";
 
 /// What one request saw.
 struct Seen {
@@ -67,7 +70,11 @@ pub async fn run(quick: bool, seed: u64, out: &Path) -> Result<String, String> {
     })
     .await
     .map_err(|e| e.to_string())?;
-    let pool = pool_toml(&fleet, "bench", "[pools.health]\neject_after_ms = 600000");
+    let pool = pool_toml(
+        &fleet,
+        "bench",
+        "hedge = \"off\"\n[pools.health]\neject_after_ms = 600000",
+    );
     let toml = format!("{pool}\n{CANARY}");
     let (addr, stop) = start_gateway(&toml, "canary-rollback").await?;
     let base = format!("http://{addr}");
@@ -175,7 +182,12 @@ pub async fn run(quick: bool, seed: u64, out: &Path) -> Result<String, String> {
 }
 
 fn figures(seen: &[Seen], rollback: Option<Duration>, canary: &Value) -> Value {
-    let users: HashSet<u64> = seen.iter().map(|s| s.user).collect();
+    // Users who sent a request before the rollback was seen: the population at risk.
+    let users: HashSet<u64> = seen
+        .iter()
+        .filter(|s| !s.after_rollback)
+        .map(|s| s.user)
+        .collect();
     let met_candidate = |s: &&Seen| s.variant == "candidate" || s.attempts > 1;
     let exposed: HashSet<u64> = seen.iter().filter(met_candidate).map(|s| s.user).collect();
     let errored: HashSet<u64> = seen
@@ -184,6 +196,15 @@ fn figures(seen: &[Seen], rollback: Option<Duration>, canary: &Value) -> Value {
         .map(|s| s.user)
         .collect();
     let share = |n: usize| n as f64 / users.len().max(1) as f64;
+    // The users the first step's weight put on the candidate side by hash, among those who sent
+    // a request before the rollback: what the exposure should be.
+    let first_bp = (FIRST_STEP_PERCENT * 100.0) as u32;
+    let by_hash: HashSet<u64> = seen
+        .iter()
+        .filter(|s| !s.after_rollback)
+        .map(|s| s.user)
+        .filter(|u| bucket("bench", format!("user-{u}").as_bytes()) < first_bp)
+        .collect();
     json!({
         "requests": seen.len(),
         "users": users.len(),
@@ -191,8 +212,10 @@ fn figures(seen: &[Seen], rollback: Option<Duration>, canary: &Value) -> Value {
         "time_to_rollback_ms": rollback.map(|d| d.as_millis() as u64),
         "users_exposed": exposed.len(),
         "users_exposed_share": share(exposed.len()),
+        "users_on_candidate_side_by_hash": by_hash.len(),
         "users_with_errors": errored.len(),
         "users_with_errors_share": share(errored.len()),
+        "error_statuses": seen.iter().filter(|s| s.status != 200).fold(std::collections::BTreeMap::<u16, u64>::new(), |mut m, s| { *m.entry(s.status).or_default() += 1; m }),
         "requests_failed_over_from_candidate": seen.iter().filter(|s| s.attempts > 1).count(),
         "requests_on_candidate_after_rollback": seen.iter().filter(|s| s.after_rollback).filter(met_candidate).count(),
         "rollback_reason": canary["transitions"].as_array().and_then(|t| t.last()).map(|t| t["reason"].clone()),
@@ -203,11 +226,12 @@ fn figures(seen: &[Seen], rollback: Option<Duration>, canary: &Value) -> Value {
 fn markdown(f: &Value) -> String {
     let pct = |k: &str| format!("{:.2} %", f[k].as_f64().unwrap_or(0.0) * 100.0);
     format!(
-        "### canary-rollback\n\nA candidate failing 30 % of its requests, canary steps 5/20/50/100 %, \
-         `max_error_rate = 0.05`, `min_requests = 20`, {RPS} req/s from {USERS} users.\n\n\
+        "### canary-rollback\n\nA candidate failing 30 % of its requests, canary steps 10/25/50/100 %, \
+         `max_error_rate = 0.05`, `min_requests = 10`, {RPS} req/s from {USERS} users.\n\n\
          | figure | value |\n|---|---|\n\
-         | rolled back | {} |\n| time to rollback | {} ms |\n| users who sent requests | {} |\n\
-         | users exposed to the candidate | {} ({}) |\n| users who saw an error | {} ({}) |\n\
+         | rolled back | {} |\n| time to rollback | {} ms |\n| users who sent a request before the rollback | {} |\n\
+         | users exposed to the candidate | {} ({}) |\n| of them on the candidate side by hash (first step) | {} |\n\
+         | users who saw an error | {} ({}) |\n\
          | requests failed over from the candidate | {} |\n| requests on the candidate after the rollback | {} |\n\
          | reason | {} |\n",
         f["rolled_back"],
@@ -215,6 +239,7 @@ fn markdown(f: &Value) -> String {
         f["users"],
         f["users_exposed"],
         pct("users_exposed_share"),
+        f["users_on_candidate_side_by_hash"],
         f["users_with_errors"],
         pct("users_with_errors_share"),
         f["requests_failed_over_from_candidate"],
