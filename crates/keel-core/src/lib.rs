@@ -10,6 +10,8 @@
 
 pub mod assemble;
 pub mod budget;
+pub mod canary;
+pub mod compare;
 pub mod continuation;
 pub mod embeddings;
 pub mod fit;

@@ -205,7 +205,7 @@ impl Source {
 }
 
 /// Reads a whole body of at most `limit` bytes before `deadline`.
-async fn read_body(
+pub(crate) async fn read_body(
     resp: reqwest::Response,
     limit: usize,
     deadline: Instant,

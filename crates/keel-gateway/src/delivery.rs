@@ -152,6 +152,31 @@ fn whole(
     resp
 }
 
+/// Hands a whole successful answer's text to the pool's shadow variants (see `shadow`).
+fn shadow_whole(
+    pool: &Arc<Pool>,
+    req: &CanonicalRequest,
+    ctx: &RequestCtx,
+    log: &RequestLog,
+    body: &[u8],
+) {
+    if pool.shadow.is_none() {
+        return;
+    }
+    let text = serde_json::from_slice(body)
+        .ok()
+        .and_then(|v| keel_core::compare::answer_text(&v));
+    if let Some(text) = text {
+        let latency_ms = log.started.elapsed().as_secs_f64() * 1000.0;
+        crate::shadow::after_served(
+            pool,
+            req,
+            ctx,
+            crate::shadow::ServedAnswer { text, latency_ms },
+        );
+    }
+}
+
 /// Turns stage 2's result into the client's response. A stream may be continued on another
 /// variant of `order` (see `relay`); when the client asked for a whole response the relayed
 /// events are assembled into one body.
@@ -205,6 +230,7 @@ pub async fn deliver(
         } => {
             ctx.meter.whole(&pool.variants[committed.vi].cfg, &body);
             drop(committed);
+            shadow_whole(pool, &req, ctx, &log, &body);
             return whole(log, ctx, status, headers, body);
         }
         Served::Stream(start) => start,

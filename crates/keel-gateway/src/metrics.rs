@@ -32,6 +32,13 @@
 //! | `keel_variant_tgsv_seconds` | pool, variant | its inter-token gap spread (TGSV) |
 //! | `keel_variant_inflight` | pool, variant | its requests in flight |
 //! | `keel_variant_state` | pool, variant | 0 healthy, 1 slow start, 2 warming, 3 ejected |
+//! | `keel_shadow_requests_total` | pool, variant, outcome | shadow copies: `compared`, `failed`, `skipped` (bounds reached) |
+//! | `keel_shadow_similarity` | pool, variant | mean similarity of the shadow variant's answers with the served ones (0..1) |
+//! | `keel_shadow_latency_delta_seconds` | pool, variant | mean whole-answer time of the shadow copy minus the served request's |
+//! | `keel_canary_requests_total` | pool, side | requests put on the canary's `stable` or `candidate` side |
+//! | `keel_canary_fallbacks_total` | pool, side | requests whose side had no variant able to serve (served by the other side) |
+//! | `keel_canary_transitions_total` | pool, to | canary moves: `advanced`, `promoted`, `rolled_back` |
+//! | `keel_canary_weight_percent` | pool | the candidate's weight now, percent |
 //!
 //! `outcome` of a request is one of `ok`, `client_error` (4xx), `error` (keel could not serve:
 //! 5xx), `incomplete` (a stream that failed after its first byte), `cancelled` (client went away).

@@ -79,6 +79,10 @@ pub struct Pool {
     high_seen: AtomicU64,
     /// The pool's health colour and safe mode (see `safe_mode`).
     pub safety: crate::safe_mode::Safety,
+    /// `[pools.canary]`'s split and its state (see `canary`).
+    pub canary: Option<crate::canary::CanaryRuntime>,
+    /// `[pools.shadow]`'s variants and their comparisons (see `shadow`).
+    pub shadow: Option<crate::shadow::Shadow>,
 }
 
 /// How long after the last high-priority request its share of capacity stays reserved.
@@ -248,6 +252,12 @@ impl Pool {
         );
         Pool {
             safety: crate::safe_mode::Safety::new(&cfg.name, cfg.safe_mode, metrics.clone()),
+            canary: crate::canary::CanaryRuntime::new(
+                &cfg,
+                metrics.clone(),
+                epoch.elapsed().as_millis() as u64,
+            ),
+            shadow: crate::shadow::Shadow::new(cfg.shadow.as_ref()),
             protocol,
             variants,
             client,
@@ -497,6 +507,9 @@ impl Pool {
     /// failures; `ttft_ms` is the time to the first token (or whole body).
     pub fn record_attempt(&self, index: usize, ok: bool, ttft_ms: Option<f64>) {
         let now = self.now_ms();
+        if let Some(c) = &self.canary {
+            c.observe_attempt(index, ok, ttft_ms, now);
+        }
         let hc = self.cfg.health;
         let mut st = self.state();
         if let Some(t) = ttft_ms {

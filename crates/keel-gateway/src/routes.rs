@@ -51,6 +51,12 @@ pub enum Target {
     KeyUsage,
     /// `POST /keel/admin/safe-mode` (admin key required when keys are configured).
     SafeMode,
+    /// `GET /keel/shadow/{pool}`: shadow comparisons.
+    Shadow,
+    /// `POST /keel/admin/canary/{pool}/promote` (admin key required when keys are configured).
+    CanaryPromote,
+    /// `POST /keel/admin/canary/{pool}/rollback` (admin key required when keys are configured).
+    CanaryRollback,
     /// The dashboard's snapshot stream (server-sent events).
     Events,
     /// The dashboard page.
@@ -112,6 +118,17 @@ pub const ROUTES: &[Route] = &[
     route(Verb::Get, "/keel/openapi.json", Target::OpenApi),
     route(Verb::Get, "/keel/keys/{key_id}/usage", Target::KeyUsage),
     route(Verb::Post, "/keel/admin/safe-mode", Target::SafeMode),
+    route(Verb::Get, "/keel/shadow/{pool}", Target::Shadow),
+    route(
+        Verb::Post,
+        "/keel/admin/canary/{pool}/promote",
+        Target::CanaryPromote,
+    ),
+    route(
+        Verb::Post,
+        "/keel/admin/canary/{pool}/rollback",
+        Target::CanaryRollback,
+    ),
     route(Verb::Get, "/keel/events", Target::Events),
     route(Verb::Get, "/keel/dashboard", Target::Dashboard),
 ];

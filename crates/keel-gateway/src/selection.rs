@@ -138,6 +138,9 @@ pub struct DecisionRecord {
     pub upstream_wait_ms: f64,
     /// `x-keel-overhead-us`.
     pub overhead_us: Option<u64>,
+    /// The canary side the request was put on (`stable`, `candidate`), in a pool with one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub canary: Option<&'static str>,
 }
 
 impl DecisionRecord {

@@ -173,6 +173,20 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
                 Err(e) => e.to_response(protocol),
             }
         }
+        Resolved::Route(Target::Shadow, pool) => {
+            match crate::rollout_api::shadow(&gw, &percent_decode(pool.unwrap_or_default())) {
+                Ok(doc) => json(doc.to_string()),
+                Err(e) => e.to_response(protocol),
+            }
+        }
+        Resolved::Route(t @ (Target::CanaryPromote | Target::CanaryRollback), pool) => {
+            let name = percent_decode(pool.unwrap_or_default());
+            let promote = t == Target::CanaryPromote;
+            match crate::rollout_api::canary_order(&gw, req.headers(), &name, promote) {
+                Ok(doc) => json(doc.to_string()),
+                Err(e) => e.to_response(protocol),
+            }
+        }
         Resolved::Route(Target::Health, _) => health(&gw),
         Resolved::Route(Target::Decisions, _) => {
             match crate::decisions::Query::parse(req.uri().query()) {
@@ -326,6 +340,23 @@ async fn stages(
         Ok(order) => order,
         Err(e) => return delivery::error_response(log, protocol, &e),
     };
+    // A canary puts the request's side first (a forced variant stays first).
+    let side = match (&pool.canary, &ctx.force_variant) {
+        (Some(c), None) => Some((c, c.side(&req, &ctx, pool.now_ms()))),
+        _ => None,
+    };
+    if let Some((c, side)) = side {
+        crate::canary::steer(c, side, &mut order);
+        if let Some(draft) = &log.decision {
+            draft.update(|r| {
+                r.canary = Some(side.as_str());
+                r.plan = order
+                    .iter()
+                    .map(|i| pool.variants[*i].cfg.name.clone())
+                    .collect();
+            });
+        }
+    }
 
     // Stage 2: execution; stage 3: delivery. A non-streaming generation is streamed upstream
     // (and assembled in delivery) so that it is protected by migration too; count_tokens and
@@ -369,6 +400,9 @@ async fn stages(
             Ok(order) => order,
             Err(e) => return delivery::error_response(log, protocol, &e),
         };
+        if let Some((c, side)) = side {
+            crate::canary::steer(c, side, &mut order);
+        }
     };
     delivery::deliver(
         gw,
@@ -584,6 +618,7 @@ pub fn health_document(gw: &Gateway) -> serde_json::Value {
         .map(|p| {
             let mut doc = json!({"name": p.cfg.name, "protocol": p.protocol.as_str(), "policy": p.cfg.policy, "variants": p.snapshot()});
             crate::safe_mode::merge(&mut doc, p.safety.report(p));
+            crate::rollout_api::health(p, &mut doc);
             doc
         })
         .collect();

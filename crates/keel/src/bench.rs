@@ -229,7 +229,7 @@ async fn fleet_and_gateway(
     about = "Seed scenarios from bench/scenarios (or your own file) with every contender against an identical fleet and arrivals"
 )]
 struct ScenarioArgs {
-    /// A scenario name from bench/scenarios, `all`, or a scenario file.
+    /// A scenario name from bench/scenarios, `canary-rollback` (keel only), `all`, or a scenario file.
     scenario: String,
     /// A few seconds per scenario (a smoke run).
     #[arg(long)]

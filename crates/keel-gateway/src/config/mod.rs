@@ -24,6 +24,7 @@ mod observability;
 mod pool;
 mod read;
 mod redis;
+mod rollout;
 mod safe_mode;
 mod timeouts;
 mod variant;
@@ -45,6 +46,7 @@ pub use keel_core::selection::PolicyKind;
 pub use keys::{parse_hash, FailMode, KeyConfig};
 pub use observability::{AccessLogTarget, LogConfig, LogFormat, TelemetryConfig};
 pub use pool::{Affinity, Hedge, PoolConfig, ResponseModel};
+pub use rollout::{CanaryPoolConfig, Identity, ShadowConfig};
 pub use timeouts::Timeouts;
 pub use variant::VariantConfig;
 

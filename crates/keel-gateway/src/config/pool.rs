@@ -94,6 +94,10 @@ pub struct PoolConfig {
     /// `transforms = ["middle-out"]`: a prompt too long for every variant's context window
     /// loses whole messages from the middle of the conversation until it fits.
     pub middle_out: bool,
+    /// `[pools.shadow]`: variants that get copies of served requests (see `shadow`).
+    pub shadow: Option<super::rollout::ShadowConfig>,
+    /// `[pools.canary]`: a stable/candidate split that moves in steps (see `canary`).
+    pub canary: Option<super::rollout::CanaryPoolConfig>,
 }
 
 const NORMALIZE_MODES: [(&str, keel_core::normalize::Mode); 3] = [
@@ -166,6 +170,14 @@ pub(super) fn read(
     };
     let variants = read_variants(&mut t, up, warnings, issues);
     let middle_out = read_transforms(&mut t, issues);
+    let shadow = {
+        let s = t.table("shadow", issues);
+        super::rollout::read_shadow(s, up, warnings, issues)
+    };
+    let canary = {
+        let c = t.table("canary", issues);
+        super::rollout::read_canary(c, &variants, issues)
+    };
     let pool = PoolConfig {
         name,
         aliases,
@@ -199,6 +211,8 @@ pub(super) fn read(
         restart_grace_ms: health.2,
         variants,
         middle_out,
+        shadow,
+        canary,
     };
     t.finish(issues);
     pool

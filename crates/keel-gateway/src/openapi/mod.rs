@@ -7,6 +7,7 @@
 //! client's protocol's shape (see `keel_core::protocol::error_body`).
 
 mod operations;
+mod rollout;
 mod schemas;
 
 use std::sync::OnceLock;

@@ -98,7 +98,11 @@ pub fn response_components() -> Value {
 }
 
 /// A JSON error response.
-fn error_response(description: &str, protocol: Option<Protocol>, headers: Value) -> Value {
+pub(super) fn error_response(
+    description: &str,
+    protocol: Option<Protocol>,
+    headers: Value,
+) -> Value {
     json!({
         "description": description,
         "headers": headers,
@@ -107,7 +111,12 @@ fn error_response(description: &str, protocol: Option<Protocol>, headers: Value)
 }
 
 /// A JSON 200 response (and, where the request may ask for one, its event stream).
-fn ok_response(description: &str, schema: Value, stream: Option<&str>, headers: Value) -> Value {
+pub(super) fn ok_response(
+    description: &str,
+    schema: Value,
+    stream: Option<&str>,
+    headers: Value,
+) -> Value {
     let mut content = json!({"application/json": {"schema": schema}});
     if let Some(events) = stream {
         // Before OpenAPI 3.2 (`itemSchema`), an event stream's `schema` describes each event:
@@ -279,7 +288,7 @@ fn own_headers() -> Value {
 }
 
 /// A GET answered by keel itself; its 200 carries keel's own headers.
-fn keel_get(id: &str, summary: &str, tag: &str, mut ok: Value) -> Value {
+pub(super) fn keel_get(id: &str, summary: &str, tag: &str, mut ok: Value) -> Value {
     if ok["headers"].as_object().is_some_and(|h| h.is_empty()) {
         ok["headers"] = own_headers();
     }
@@ -563,6 +572,9 @@ pub fn for_route(r: &Route) -> Value {
         }
         Target::KeyUsage => key_usage(),
         Target::SafeMode => safe_mode(),
+        Target::Shadow => super::rollout::shadow(),
+        Target::CanaryPromote => super::rollout::canary(true),
+        Target::CanaryRollback => super::rollout::canary(false),
         Target::Events => events(),
         Target::Dashboard => keel_get(
             "dashboard",

@@ -413,6 +413,7 @@ fn keel_schemas() -> [(&'static str, Value); 2] {
                                 }))]}
                             }),
                         ),
+                        "canary": {"type": "object", "description": "Only for a pool with `[pools.canary]`: `phase` (`rolling`, `promoted`, `rolled_back`), `step`, `weight_percent`, `steps`, `in_phase_ms`, `step_stats` (the candidate's attempts, errors, error rate, TTFT P99 and shadow agreement over the step) and the latest `transitions` with their reasons."},
                         "variants": {"type": "array", "items": object(&["name", "state", "available"], json!({
                             "name": {"type": "string"},
                             "state": {"type": "string"},
@@ -471,7 +472,8 @@ fn keel_schemas() -> [(&'static str, Value); 2] {
                     "ttft_ms": {"type": ["number", "null"]},
                     "total_ms": {"type": "number"},
                     "upstream_wait_ms": {"type": "number"},
-                    "overhead_us": {"type": ["integer", "null"]}
+                    "overhead_us": {"type": ["integer", "null"]},
+                    "canary": {"enum": ["stable", "candidate"], "description": "The canary side the request was put on (pools with `[pools.canary]` only)."}
                 }),
             ),
         ),

@@ -327,6 +327,11 @@ impl Relay {
         };
         let ends_cleanly = match ending {
             Ending::Complete => {
+                let served = crate::shadow::ServedAnswer {
+                    text: std::mem::take(&mut stitcher.delivered),
+                    latency_ms: log.started.elapsed().as_secs_f64() * 1000.0,
+                };
+                crate::shadow::after_served(&self.pool, &self.req, &self.ctx, served);
                 log.finish("ok", None);
                 true
             }

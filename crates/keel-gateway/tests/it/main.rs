@@ -26,6 +26,7 @@ mod prefill_refusal;
 mod proxy;
 mod queue;
 mod responses;
+mod rollout;
 mod routing;
 mod safe_mode;
 mod safeguards;

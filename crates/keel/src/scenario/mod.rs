@@ -32,6 +32,7 @@ use keel_core::rng::Rng;
 use keel_sim::text::Generator;
 use keel_sim::{FaultSpec, Fleet, FleetConfig};
 
+mod canary;
 mod client;
 mod contenders;
 mod report;
@@ -487,6 +488,15 @@ pub struct RunOptions {
 /// and SVG.
 pub async fn run(which: &str, o: &RunOptions) -> Result<(), String> {
     let out = o.out.as_path();
+    // The canary scenario is keel's own (no peer has canaries): it runs with contender keel.
+    let canary =
+        (which == "all" || which == canary::NAME) && o.contenders.iter().any(|c| c == "keel");
+    if which == canary::NAME {
+        std::fs::create_dir_all(out).map_err(|e| e.to_string())?;
+        let md = canary::run(o.quick, o.seed, out).await?;
+        println!("{md}");
+        return std::fs::write(out.join("canary-rollback.md"), md).map_err(|e| e.to_string());
+    }
     let dir = PathBuf::from("bench/scenarios");
     // A path names the user's own scenario file; a bare name one of the seed scenarios.
     let own = Path::new(which);
@@ -570,6 +580,12 @@ pub async fn run(which: &str, o: &RunOptions) -> Result<(), String> {
         )
         .map_err(|e| e.to_string())?;
         all.insert(s.name.clone(), figures);
+    }
+    if canary {
+        eprintln!("scenario {}", canary::NAME);
+        let md = canary::run(o.quick, o.seed, out).await?;
+        println!("{md}");
+        report.push_str(&md);
     }
     std::fs::write(
         out.join("results.json"),
