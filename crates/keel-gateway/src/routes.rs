@@ -51,6 +51,12 @@ pub enum Target {
     KeyUsage,
     /// `POST /keel/admin/safe-mode` (admin key required when keys are configured).
     SafeMode,
+    /// `POST /keel/admin/reload`: re-read the config file (admin key as for safe mode).
+    Reload,
+    /// `GET /keel/ready`: readiness (503 while draining).
+    Ready,
+    /// `GET /keel/live`: liveness.
+    Live,
     /// The dashboard's snapshot stream (server-sent events).
     Events,
     /// The dashboard page.
@@ -112,6 +118,9 @@ pub const ROUTES: &[Route] = &[
     route(Verb::Get, "/keel/openapi.json", Target::OpenApi),
     route(Verb::Get, "/keel/keys/{key_id}/usage", Target::KeyUsage),
     route(Verb::Post, "/keel/admin/safe-mode", Target::SafeMode),
+    route(Verb::Post, "/keel/admin/reload", Target::Reload),
+    route(Verb::Get, "/keel/ready", Target::Ready),
+    route(Verb::Get, "/keel/live", Target::Live),
     route(Verb::Get, "/keel/events", Target::Events),
     route(Verb::Get, "/keel/dashboard", Target::Dashboard),
 ];

@@ -4,6 +4,8 @@
 use keel_core::protocol::{Endpoint, Protocol};
 use serde_json::{json, Map, Value};
 
+mod process;
+
 use crate::context::ClientApi;
 use crate::routes::{Route, Target};
 
@@ -563,6 +565,9 @@ pub fn for_route(r: &Route) -> Value {
         }
         Target::KeyUsage => key_usage(),
         Target::SafeMode => safe_mode(),
+        Target::Reload => process::reload(),
+        Target::Ready => process::ready(),
+        Target::Live => process::live(),
         Target::Events => events(),
         Target::Dashboard => keel_get(
             "dashboard",
