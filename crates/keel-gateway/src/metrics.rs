@@ -32,6 +32,7 @@
 //! | `keel_variant_tgsv_seconds` | pool, variant | its inter-token gap spread (TGSV) |
 //! | `keel_variant_inflight` | pool, variant | its requests in flight |
 //! | `keel_variant_state` | pool, variant | 0 healthy, 1 slow start, 2 warming, 3 ejected |
+//! | `keel_config_reloads_total` | outcome | config reloads: `ok`, `invalid`, `refused` (a change that needs a restart), `unavailable` (no file) (see `live`) |
 //!
 //! `outcome` of a request is one of `ok`, `client_error` (4xx), `error` (keel could not serve:
 //! 5xx), `incomplete` (a stream that failed after its first byte), `cancelled` (client went away).
