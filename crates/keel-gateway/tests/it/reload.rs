@@ -116,8 +116,9 @@ fn config(text: &str) -> Config {
     cfg
 }
 
-/// The reload handle of a harness's gateway.
-fn live_of(h: &Harness) -> Arc<Live> {
+/// The reload handle of a harness's gateway (the server task makes it when it starts).
+async fn live_of(h: &Harness) -> Arc<Live> {
+    wait_for!("the server to start", h.gw.process.live().is_some());
     h.gw.process.live().expect("served under a reload handle")
 }
 
@@ -139,7 +140,7 @@ async fn streams_in_flight_cross_a_reload_intact_in_both_protocols() {
     }
     after.push_str(&pool_over(&fleet, "q", "openai", 1, ""));
     let h = Harness::start(fleet, &before).await;
-    let live = live_of(&h);
+    let live = live_of(&h).await;
 
     let mut streams = Vec::new();
     for anthropic in [false, true] {
@@ -212,7 +213,7 @@ async fn unchanged_variants_keep_their_live_state_across_a_reload() {
 
     // `c` redefined (its weight), a variant `d` added: the pool changed, `b` did not.
     let d = format!("{}api_key = \"${{UPSTREAM_KEY}}\"\n", variant("d", &urls[0], "openai", 1));
-    let report = live_of(&h).apply(config(&pool(2, &d))).unwrap();
+    let report = live_of(&h).await.apply(config(&pool(2, &d))).unwrap();
     assert_eq!(report["pools"][0]["kept"], json!(["a", "b"]), "{report}");
     assert_eq!(report["pools"][0]["redefined"], json!(["c"]), "{report}");
     assert_eq!(report["pools"][0]["added"], json!(["d"]), "{report}");
