@@ -651,14 +651,27 @@ fn safe_mode_thresholds_read_with_defaults_and_bad_pairs_are_named() {
 #[test]
 fn reload_section() {
     let pool = "[[pools]]\nname = \"m\"\n[[pools.variants]]\nname = \"a\"\nurl = \"http://x\"\nprotocol = \"openai\"\nupstream_model = \"m\"\n";
-    let c = Config::parse(&format!("[reload]\nwatch = true\n{pool}"), "k.toml", &HashMap::new()).unwrap();
+    let c = Config::parse(
+        &format!("[reload]\nwatch = true\n{pool}"),
+        "k.toml",
+        &HashMap::new(),
+    )
+    .unwrap();
     assert!(c.reload_watch);
-    let e = Config::parse(&format!("[reload]\nwatsh = true\n{pool}"), "k.toml", &HashMap::new())
-        .unwrap_err()
-        .to_string();
+    let e = Config::parse(
+        &format!("[reload]\nwatsh = true\n{pool}"),
+        "k.toml",
+        &HashMap::new(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("k.toml:2:1: reload.watsh"), "{e}");
-    let e = Config::parse(&format!("[reload]\nwatch = 1\n{pool}"), "k.toml", &HashMap::new())
-        .unwrap_err()
-        .to_string();
+    let e = Config::parse(
+        &format!("[reload]\nwatch = 1\n{pool}"),
+        "k.toml",
+        &HashMap::new(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("reload.watch"), "{e}");
 }

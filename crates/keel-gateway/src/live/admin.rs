@@ -30,13 +30,14 @@ pub async fn reload(gw: &Gateway, parts: &Parts) -> Result<Value, GatewayError> 
     // Reading and validating the file is synchronous and short; off the async workers anyway.
     let result = tokio::task::spawn_blocking(move || live.reload())
         .await
-        .map_err(|_| {
-            GatewayError::new(ErrorKind::Internal, "reload: the reload task failed")
-        })?;
+        .map_err(|_| GatewayError::new(ErrorKind::Internal, "reload: the reload task failed"))?;
     result.map_err(|e| {
         GatewayError::new(
             ErrorKind::InvalidRequest,
-            format!("reload refused ({}); the running config stays: {}", e.outcome, e.message),
+            format!(
+                "reload refused ({}); the running config stays: {}",
+                e.outcome, e.message
+            ),
         )
         .with_code(e.outcome)
     })

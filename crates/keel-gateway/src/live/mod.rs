@@ -186,13 +186,14 @@ impl Live {
     fn read_source(&self) -> Result<Config, ReloadError> {
         let source = self.source.as_ref().ok_or_else(|| ReloadError {
             outcome: "unavailable",
-            message: "this gateway was not started from a config file, so there is nothing to re-read".into(),
+            message:
+                "this gateway was not started from a config file, so there is nothing to re-read"
+                    .into(),
         })?;
-        let mut cfg =
-            Config::load(&source.path.to_string_lossy()).map_err(|e| ReloadError {
-                outcome: "invalid",
-                message: e.to_string(),
-            })?;
+        let mut cfg = Config::load(&source.path.to_string_lossy()).map_err(|e| ReloadError {
+            outcome: "invalid",
+            message: e.to_string(),
+        })?;
         (source.adjust)(&mut cfg);
         Ok(cfg)
     }
