@@ -5,7 +5,7 @@
 //! event, and the process exits cleanly).
 
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -96,7 +96,7 @@ fn pools(name: &str, port: u16) -> String {
     s
 }
 
-fn serve(cfg: &PathBuf, port: u16) -> Proc {
+fn serve(cfg: &Path, port: u16) -> Proc {
     let child = Command::new(env!("CARGO_BIN_EXE_keel"))
         .args(["serve", "--config", cfg.to_str().unwrap()])
         .env("KEEL_LOG", "warn")
