@@ -162,7 +162,7 @@ impl Selector for PowerOfTwo {
         } else {
             (inside.clone(), false)
         };
-        let mut costs: Vec<(usize, f64)> = eligible
+        let costs: Vec<(usize, f64)> = eligible
             .iter()
             .map(|c| (c.index, cost(c, signals.preference)))
             .collect();
@@ -245,12 +245,12 @@ impl Selector for PowerOfTwo {
             .filter(|c| c.index != primary)
             .map(|c| (c.index, cost_of(c.index)))
             .collect();
-        first.sort_by(by_cost);
-        second.sort_by(by_cost);
+        // `by_cost` is a total order (the index breaks ties): the unstable sort orders the same.
+        first.sort_unstable_by(by_cost);
+        second.sort_unstable_by(by_cost);
         let mut order = Vec::with_capacity(eligible.len());
         order.push(primary);
         order.extend(first.iter().chain(second.iter()).map(|x| x.0));
-        costs.sort_by(by_cost);
         Plan {
             order,
             reason,

@@ -294,7 +294,10 @@ pub async fn deliver(
     front_fixes(&mut headers, ctx);
     log.prompt_fixes = fix_codes(&headers);
     log.stamp_overhead(&mut headers);
-    let (tx, mut body) = stream_body(protocol);
+    let (tx, body) = stream_body(protocol);
+    // Ended by an error event if still running at the drain deadline (before the Responses
+    // front, which translates it like the relay's own error events).
+    let mut body = gw.process.cut_at_deadline(body, protocol);
     if let Some(front) = &ctx.responses {
         body = front.stream(&ctx.id, body);
     }

@@ -34,6 +34,7 @@ pub mod execution;
 pub mod fuzzing;
 pub mod hooks;
 pub mod keys;
+pub mod live;
 pub mod metrics;
 pub mod monitor;
 pub mod openapi;
@@ -63,7 +64,10 @@ pub use config::Config;
 use pools::{Pool, UpstreamLimits};
 use selection::DecisionRecord;
 
-/// The running gateway's shared state.
+/// The running gateway's shared state: one *generation* of the config. A reload (see [`live`])
+/// builds the next generation and carries over what outlives one (metrics, decisions, quota,
+/// events, hooks, telemetry, the process's drain state, the live state of unchanged variants);
+/// requests keep the generation they started on.
 pub struct Gateway {
     pub cfg: Config,
     pools: Vec<Arc<Pool>>,
@@ -76,25 +80,36 @@ pub struct Gateway {
     /// This gateway's metrics registry.
     pub metrics: Arc<metrics::Metrics>,
     /// Faults injected inside keel (tests only; see `hooks`).
-    pub hooks: hooks::TestHooks,
+    pub hooks: Arc<hooks::TestHooks>,
     /// Virtual keys (`[[keys]]`).
     pub keys: keys::Keys,
     /// Where the keys' limits and budgets are kept.
     pub quota: Arc<quota::Store>,
     /// `[log] access`: one line per request.
-    pub access_log: access_log::AccessLog,
+    pub access_log: Arc<access_log::AccessLog>,
     /// `[telemetry]`: the OTLP trace exporter, when configured.
-    pub telemetry: telemetry::Telemetry,
+    pub telemetry: Arc<telemetry::Telemetry>,
     /// The dashboard's snapshot stream (`/keel/events`).
-    pub events: events::Hub,
+    pub events: Arc<events::Hub>,
+    /// The process around the generations: draining, the reload handle (see `live`).
+    pub process: Arc<live::Process>,
+    /// 1 for the first config, one more for each reload.
+    pub generation: u64,
 }
 
 impl Gateway {
     pub fn new(cfg: Config) -> Arc<Gateway> {
-        let epoch = Instant::now();
+        Gateway::build(cfg, None)
+    }
+
+    /// A generation of `cfg`; `prev`: the generation it replaces on a reload, whose lasting
+    /// state it carries over (see `live::carry`).
+    pub(crate) fn build(cfg: Config, prev: Option<&Gateway>) -> Arc<Gateway> {
+        // One clock for every generation: variant state carried over holds times on it.
+        let epoch = prev.map_or_else(Instant::now, |g| g.epoch);
         let mut by_name = HashMap::new();
         let mut pools = Vec::new();
-        let metrics = metrics::Metrics::new();
+        let metrics = prev.map_or_else(metrics::Metrics::new, |g| g.metrics.clone());
         let limits = UpstreamLimits {
             max_body_bytes: cfg.max_upstream_body_bytes,
             max_event_bytes: cfg.max_sse_event_bytes,
@@ -104,13 +119,16 @@ impl Gateway {
             for a in &p.aliases {
                 by_name.insert(a.clone(), i);
             }
-            pools.push(Arc::new(Pool::new(
-                p.clone(),
-                upstream::client(p.timeouts.connect_ms),
-                epoch,
-                metrics.clone(),
-                limits,
-            )));
+            let old = prev.and_then(|g| g.pools.iter().find(|o| o.cfg.name == p.name));
+            pools.push(live::carry::pool(old, p, limits, || {
+                Pool::new(
+                    p.clone(),
+                    upstream::client(p.timeouts.connect_ms),
+                    epoch,
+                    metrics.clone(),
+                    limits,
+                )
+            }));
         }
         if cfg.keys.is_empty() {
             tracing::info!(
@@ -125,37 +143,50 @@ impl Gateway {
         // The connection is made lazily: a Redis that is down at startup is the fail mode's
         // business per request, not a reason to refuse to start. Only a URL the client library
         // rejects (config validation accepts only `redis://`) ends here.
-        let quota = quota::Store::from_config(cfg.redis.as_ref(), metrics.clone()).unwrap_or_else(|e| {
-            tracing::error!(error = %e.0, "[redis] unusable: quota state stays in this process (limits are per replica)");
-            quota::Store::Local(quota::local::Local::default())
+        let carried = live::carry::Lasting::from(prev, &cfg);
+        let quota = carried.quota.unwrap_or_else(|| {
+            let quota = quota::Store::from_config(cfg.redis.as_ref(), metrics.clone()).unwrap_or_else(|e| {
+                tracing::error!(error = %e.0, "[redis] unusable: quota state stays in this process (limits are per replica)");
+                quota::Store::Local(quota::local::Local::default())
+            });
+            if cfg.redis.is_some() && matches!(quota, quota::Store::Redis(_)) {
+                tracing::info!("quota state (limits, budgets, in-flight slots) shared through Redis");
+            }
+            Arc::new(quota)
         });
-        if cfg.redis.is_some() && matches!(quota, quota::Store::Redis(_)) {
-            tracing::info!("quota state (limits, budgets, in-flight slots) shared through Redis");
-        }
         // A destination that cannot be opened is reported; `keel serve` checks it before
-        // starting (see `access_log::AccessLog::open`), so this only falls back in embedders.
-        let access_log = access_log::AccessLog::open(&cfg.log).unwrap_or_else(|e| {
-            tracing::error!(error = %e, "access log unusable: writing it to stderr");
-            access_log::AccessLog::open(&config::LogConfig {
-                format: cfg.log.format,
-                access: config::AccessLogTarget::Stderr,
-            })
-            .unwrap_or_else(|_| access_log::AccessLog::off())
+        // starting and a reload before swapping (see `access_log::AccessLog::open`), so this
+        // only falls back in embedders.
+        let access_log = carried.access_log.unwrap_or_else(|| {
+            Arc::new(access_log::AccessLog::open(&cfg.log).unwrap_or_else(|e| {
+                tracing::error!(error = %e, "access log unusable: writing it to stderr");
+                access_log::AccessLog::open(&config::LogConfig {
+                    format: cfg.log.format,
+                    access: config::AccessLogTarget::Stderr,
+                })
+                .unwrap_or_else(|_| access_log::AccessLog::off())
+            }))
         });
         Arc::new(Gateway {
             access_log,
-            telemetry: telemetry::Telemetry::new(&cfg.telemetry),
+            telemetry: carried
+                .telemetry
+                .unwrap_or_else(|| Arc::new(telemetry::Telemetry::new(&cfg.telemetry))),
             keys: keys::Keys::new(&cfg),
-            decisions: Arc::new(decisions::DecisionLog::new(cfg.decisions_kept)),
-            quota: Arc::new(quota),
+            decisions: carried
+                .decisions
+                .unwrap_or_else(|| Arc::new(decisions::DecisionLog::new(cfg.decisions_kept))),
+            quota,
             budget: Mutex::new(RetryBudget::new(cfg.retry_budget)),
             cfg,
             pools,
             by_name,
             epoch,
             metrics,
-            hooks: hooks::TestHooks::default(),
-            events: events::Hub::default(),
+            hooks: carried.hooks,
+            events: carried.events,
+            process: carried.process,
+            generation: prev.map_or(1, |g| g.generation + 1),
         })
     }
 

@@ -39,6 +39,8 @@
 //! | `keel_canary_fallbacks_total` | pool, side | requests whose side had no variant able to serve (served by the other side) |
 //! | `keel_canary_transitions_total` | pool, to | canary moves: `advanced`, `promoted`, `rolled_back` |
 //! | `keel_canary_weight_percent` | pool | the candidate's weight now, percent |
+
+//! | `keel_config_reloads_total` | outcome | config reloads: `ok`, `invalid`, `refused` (a change that needs a restart), `unavailable` (no file) (see `live`) |
 //!
 //! `outcome` of a request is one of `ok`, `client_error` (4xx), `error` (keel could not serve:
 //! 5xx), `incomplete` (a stream that failed after its first byte), `cancelled` (client went away).

@@ -26,9 +26,11 @@ use crate::metrics::Metrics;
 #[derive(Debug)]
 pub struct Variant {
     pub cfg: VariantConfig,
-    pub in_flight: AtomicU32,
-    /// Concurrency limit learned from the variant's 429s.
-    pub limit: Limit,
+    /// Shared with the same variant in the next config generation when its definition did not
+    /// change (see `live`), so both count the requests running on it.
+    pub in_flight: Arc<AtomicU32>,
+    /// Concurrency limit learned from the variant's 429s (shared like `in_flight`).
+    pub limit: Arc<Limit>,
     /// The variant refused a `prefill` continuation ("does not support assistant message
     /// prefill"): it continues in `instruction` mode for the rest of its life.
     prefill_refused: AtomicBool,
@@ -77,8 +79,8 @@ pub struct Pool {
     pub limits: UpstreamLimits,
     /// When (`now_ms` + 1) the pool last admitted a high-priority request; 0: never.
     high_seen: AtomicU64,
-    /// The pool's health colour and safe mode (see `safe_mode`).
-    pub safety: crate::safe_mode::Safety,
+    /// The pool's health colour and safe mode (see `safe_mode`); kept across a config reload.
+    pub safety: Arc<crate::safe_mode::Safety>,
     /// `[pools.canary]`'s split and its state (see `canary`).
     pub canary: Option<crate::canary::CanaryRuntime>,
     /// `[pools.shadow]`'s variants and their comparisons (see `shadow`).
@@ -93,7 +95,7 @@ const HIGH_RESERVE_FOR_MS: u64 = 10_000;
 pub const QUIET_FLOOR_MS: u64 = 40;
 
 /// Bounds on what keel reads from an upstream (see `attempt`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct UpstreamLimits {
     /// A whole response body.
     pub max_body_bytes: usize,
@@ -219,8 +221,8 @@ impl Pool {
             .iter()
             .map(|v| Variant {
                 cfg: v.clone(),
-                in_flight: AtomicU32::new(0),
-                limit: Limit::default(),
+                in_flight: Arc::new(AtomicU32::new(0)),
+                limit: Arc::default(),
                 prefill_refused: AtomicBool::new(false),
                 name_hash: hash_bytes(0x6e61_6d65, v.name.as_bytes()),
             })
@@ -251,7 +253,11 @@ impl Pool {
             })),
         );
         Pool {
-            safety: crate::safe_mode::Safety::new(&cfg.name, cfg.safe_mode, metrics.clone()),
+            safety: Arc::new(crate::safe_mode::Safety::new(
+                &cfg.name,
+                cfg.safe_mode,
+                metrics.clone(),
+            )),
             canary: crate::canary::CanaryRuntime::new(
                 &cfg,
                 metrics.clone(),

@@ -57,6 +57,13 @@ pub enum Target {
     CanaryPromote,
     /// `POST /keel/admin/canary/{pool}/rollback` (admin key required when keys are configured).
     CanaryRollback,
+
+    /// `POST /keel/admin/reload`: re-read the config file (admin key as for safe mode).
+    Reload,
+    /// `GET /keel/ready`: readiness (503 while draining).
+    Ready,
+    /// `GET /keel/live`: liveness.
+    Live,
     /// The dashboard's snapshot stream (server-sent events).
     Events,
     /// The dashboard page.
@@ -129,6 +136,10 @@ pub const ROUTES: &[Route] = &[
         "/keel/admin/canary/{pool}/rollback",
         Target::CanaryRollback,
     ),
+
+    route(Verb::Post, "/keel/admin/reload", Target::Reload),
+    route(Verb::Get, "/keel/ready", Target::Ready),
+    route(Verb::Get, "/keel/live", Target::Live),
     route(Verb::Get, "/keel/events", Target::Events),
     route(Verb::Get, "/keel/dashboard", Target::Dashboard),
 ];

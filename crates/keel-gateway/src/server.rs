@@ -26,6 +26,7 @@ use crate::decisions::Draft;
 use crate::delivery;
 use crate::errors::GatewayError;
 use crate::execution::Outcome;
+use crate::live::Live;
 use crate::pools::Pool;
 use crate::routes::{self, Resolved, Target};
 use crate::selection::{select_or_wait, Controls, DecisionRecord, Selection};
@@ -33,30 +34,41 @@ use crate::settlement::Attempts;
 use crate::{admission, execution, full_body, openapi, Body, Gateway};
 
 /// Serves until `shutdown` resolves, then stops accepting and lets in-flight requests (streams
-/// included) finish for up to `drain_ms`.
+/// included) finish for up to `drain_ms` (see [`serve_live`]). The config cannot be reloaded.
 pub async fn serve(
     gw: Arc<Gateway>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    serve_live(Live::new(gw, None), listener, shutdown).await
+}
+
+/// How long streams cut at the drain deadline get to send their error event before exit.
+const CUT_FLUSH: Duration = Duration::from_secs(2);
+
+/// Serves the current generation of `live` until `shutdown` resolves; then drains: stops
+/// accepting, fails readiness, lets in-flight requests (streams included) finish for up to
+/// `drain_ms`, then ends the streams still running with an explicit error event (see `live`).
+pub async fn serve_live(
+    live: Arc<Live>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let first = live.current();
     let graceful = GracefulShutdown::new();
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(gw.cfg.header_read_timeout_ms))
+        .header_read_timeout(Duration::from_millis(first.cfg.header_read_timeout_ms))
         .keep_alive(true);
     builder
         .http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(30)));
     tokio::pin!(shutdown);
-    let monitor = tokio::spawn(crate::monitor::run(gw.clone()));
-    let events = tokio::spawn(crate::events::run(gw.clone()));
-    // Parse the BPE tables the pools count with now, off the request path (see `context_fit`).
-    let mut tokenizers: Vec<_> = gw.pools().iter().flat_map(|p| p.tokenizers()).collect();
-    tokenizers.dedup();
-    tokio::task::spawn_blocking(move || tokenizers.into_iter().for_each(|t| t.preload()));
+    live.start_tasks();
+    live.watch_source();
     loop {
         let (tcp, _) = tokio::select! {
             a = listener.accept() => match a {
@@ -71,8 +83,9 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let _ = tcp.set_nodelay(true);
-        let gw = gw.clone();
-        let svc = hyper::service::service_fn(move |req| handle(gw.clone(), req));
+        let live = live.clone();
+        // Each request runs on the generation current at its start.
+        let svc = hyper::service::service_fn(move |req| handle(live.current(), req));
         let conn = builder
             .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
             .into_owned();
@@ -81,16 +94,23 @@ pub async fn serve(
             let _ = conn.await;
         });
     }
+    let process = first.process.clone();
+    process.begin_drain();
     drop(listener);
-    monitor.abort();
-    events.abort();
-    tracing::info!(
-        drain_ms = gw.cfg.drain_ms,
-        "shutting down: draining in-flight requests"
-    );
+    live.stop_tasks();
+    let drain_ms = live.current().cfg.drain_ms;
+    tracing::info!(drain_ms, "shutting down: draining in-flight requests");
+    let all_closed = graceful.shutdown();
+    tokio::pin!(all_closed);
     tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("drained"),
-        _ = tokio::time::sleep(Duration::from_millis(gw.cfg.drain_ms)) => tracing::warn!("drain deadline reached; closing remaining connections"),
+        _ = &mut all_closed => tracing::info!("drained"),
+        _ = tokio::time::sleep(Duration::from_millis(drain_ms)) => {
+            tracing::warn!("drain deadline reached; streams still running end with an error event");
+            process.cut_streams();
+            if tokio::time::timeout(CUT_FLUSH, &mut all_closed).await.is_err() {
+                tracing::warn!("closing the connections still open");
+            }
+        }
     }
     Ok(())
 }
@@ -140,6 +160,15 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     let json = |body: String| full_body(StatusCode::OK, "application/json", Bytes::from(body));
     let resolved = routes::resolve(req.method(), &path);
     if let Resolved::Route(Target::Generation(api), _) = resolved {
+        if gw.process.draining() {
+            // A request on a connection still open after shutdown began.
+            return GatewayError::new(
+                ErrorKind::Overloaded,
+                "keel is shutting down: send the request again (another replica will take it)",
+            )
+            .with_retry_after(1000)
+            .to_response(protocol);
+        }
         return handle_generation(&gw, api, req, started).await;
     }
     // keel's own answers carry a request id and a route too.
@@ -179,6 +208,13 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
                 Err(e) => e.to_response(protocol),
             }
         }
+        Resolved::Route(Target::Reload, _) => {
+            let (parts, _) = req.into_parts();
+            match crate::live::admin::reload(&gw, &parts).await {
+                Ok(doc) => json(doc.to_string()),
+                Err(e) => e.to_response(protocol),
+            }
+        }
         Resolved::Route(t @ (Target::CanaryPromote | Target::CanaryRollback), pool) => {
             let name = percent_decode(pool.unwrap_or_default());
             let promote = t == Target::CanaryPromote;
@@ -187,6 +223,11 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
                 Err(e) => e.to_response(protocol),
             }
         }
+        Resolved::Route(Target::Ready, _) => {
+            let (status, doc) = crate::live::admin::ready(&gw);
+            full_body(status, "application/json", Bytes::from(doc.to_string()))
+        }
+        Resolved::Route(Target::Live, _) => json(crate::live::admin::live(&gw).to_string()),
         Resolved::Route(Target::Health, _) => health(&gw),
         Resolved::Route(Target::Decisions, _) => {
             match crate::decisions::Query::parse(req.uri().query()) {

@@ -186,8 +186,26 @@ fn main() -> ExitCode {
     };
     let result = rt.block_on(async move {
         match cli.command {
-            Command::Serve { .. } => match serve_cfg {
-                Some(cfg) => serve(cfg).await,
+            Command::Serve {
+                config,
+                listen,
+                log_format,
+            } => match serve_cfg {
+                Some(cfg) => {
+                    // A reload re-reads the file with the same command-line overrides.
+                    let source = keel_gateway::live::ConfigSource {
+                        path: PathBuf::from(config),
+                        adjust: Box::new(move |c: &mut Config| {
+                            if let Some(l) = listen {
+                                c.listen = l;
+                            }
+                            if let Some(f) = log_format {
+                                c.log.format = f;
+                            }
+                        }),
+                    };
+                    serve(cfg, source).await
+                }
                 None => Err("no configuration".into()),
             },
             Command::Check { config } => check(&config),
@@ -283,7 +301,29 @@ pub async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-async fn serve(cfg: Config) -> Result<(), String> {
+/// Reloads the config on every SIGHUP (the outcome is logged and counted by the reload).
+fn reload_on_sighup(live: &std::sync::Arc<keel_gateway::live::Live>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP: reload through POST /keel/admin/reload");
+            return;
+        };
+        let live = std::sync::Arc::downgrade(live);
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                let Some(live) = live.upgrade() else { return };
+                tracing::info!("SIGHUP: reloading the config");
+                let _ = tokio::task::spawn_blocking(move || live.reload()).await;
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = live;
+}
+
+async fn serve(cfg: Config, source: keel_gateway::live::ConfigSource) -> Result<(), String> {
     init_tracing(cfg.log.format);
     for w in &cfg.warnings {
         tracing::warn!("{w}");
@@ -294,11 +334,13 @@ async fn serve(cfg: Config) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let gw = Gateway::new(cfg);
-    tracing::info!(%addr, pools = gw.pools().len(), "keel listening");
+    let live = keel_gateway::live::Live::new(Gateway::new(cfg), Some(source));
+    reload_on_sighup(&live);
+    tracing::info!(%addr, pools = live.current().pools().len(), "keel listening");
     println!("keel listening on http://{addr}");
-    let served = keel_gateway::server::serve(gw.clone(), listener, shutdown_signal()).await;
+    let served = keel_gateway::server::serve_live(live.clone(), listener, shutdown_signal()).await;
     // Spans still queued go out before exit (blocking: off the async workers).
+    let gw = live.current();
     let _ = tokio::task::spawn_blocking(move || gw.telemetry.flush()).await;
     served.map_err(|e| e.to_string())
 }

@@ -87,6 +87,9 @@ pub struct Config {
     pub log: LogConfig,
     /// `[telemetry]`: OpenTelemetry traces (off unless `otlp_endpoint` is set).
     pub telemetry: TelemetryConfig,
+    /// `[reload] watch`: re-read the config file when its modification time changes (polled
+    /// every second; see `live`).
+    pub reload_watch: bool,
     /// Warnings that do not stop the gateway (printed by `keel check` and at start).
     pub warnings: Vec<String>,
 }
@@ -240,6 +243,11 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
     };
     let log = observability::read_log(t.table("log", issues), issues);
     let telemetry = observability::read_telemetry(t.table("telemetry", issues), issues);
+    let reload_watch = t.table("reload", issues).is_some_and(|mut r| {
+        let watch = r.value("watch", issues).unwrap_or(false);
+        r.finish(issues);
+        watch
+    });
     let config = Config {
         log,
         telemetry,
@@ -266,6 +274,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         quota_fail_mode,
         quota_slot_ttl_ms,
         redis,
+        reload_watch,
         warnings,
     };
     t.finish(issues);

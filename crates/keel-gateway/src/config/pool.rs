@@ -50,7 +50,7 @@ pub enum Affinity {
     Prefix,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PoolConfig {
     pub name: String,
     pub aliases: Vec<String>,

@@ -75,6 +75,7 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(c.max_upstream_body_bytes, 64 * 1024 * 1024);
     assert_eq!(c.max_sse_event_bytes, 4 * 1024 * 1024);
     assert_eq!(c.drain_ms, 30_000);
+    assert!(!c.reload_watch);
     assert_eq!(c.decisions_kept, 10_000);
     assert!(!c.allow_force_variant);
     assert_eq!(c.worker_threads, None);
@@ -644,4 +645,33 @@ fn safe_mode_thresholds_read_with_defaults_and_bad_pairs_are_named() {
         message,
         "must be less than eligible_capacity_yellow, both at least 0 (got yellow 0.75, red 0.9)"
     );
+}
+
+/// `[reload]`: `watch` turns the file watch on; any other key is an error where it is written.
+#[test]
+fn reload_section() {
+    let pool = "[[pools]]\nname = \"m\"\n[[pools.variants]]\nname = \"a\"\nurl = \"http://x\"\nprotocol = \"openai\"\nupstream_model = \"m\"\n";
+    let c = Config::parse(
+        &format!("[reload]\nwatch = true\n{pool}"),
+        "k.toml",
+        &HashMap::new(),
+    )
+    .unwrap();
+    assert!(c.reload_watch);
+    let e = Config::parse(
+        &format!("[reload]\nwatsh = true\n{pool}"),
+        "k.toml",
+        &HashMap::new(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("k.toml:2:1: reload.watsh"), "{e}");
+    let e = Config::parse(
+        &format!("[reload]\nwatch = 1\n{pool}"),
+        "k.toml",
+        &HashMap::new(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("reload.watch"), "{e}");
 }

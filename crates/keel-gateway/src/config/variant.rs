@@ -16,7 +16,7 @@ use keel_core::tokens::Tokenizer;
 
 use super::read::{Issues, Table, Val};
 
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 pub struct VariantConfig {
     pub name: String,
     /// Base URL as the provider's SDK takes it, without a trailing slash.

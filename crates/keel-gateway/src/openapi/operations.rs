@@ -4,6 +4,8 @@
 use keel_core::protocol::{Endpoint, Protocol};
 use serde_json::{json, Map, Value};
 
+mod process;
+
 use crate::context::ClientApi;
 use crate::routes::{Route, Target};
 
@@ -575,6 +577,10 @@ pub fn for_route(r: &Route) -> Value {
         Target::Shadow => super::rollout::shadow(),
         Target::CanaryPromote => super::rollout::canary(true),
         Target::CanaryRollback => super::rollout::canary(false),
+
+        Target::Reload => process::reload(),
+        Target::Ready => process::ready(),
+        Target::Live => process::live(),
         Target::Events => events(),
         Target::Dashboard => keel_get(
             "dashboard",

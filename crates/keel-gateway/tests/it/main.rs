@@ -25,6 +25,7 @@ mod openapi;
 mod prefill_refusal;
 mod proxy;
 mod queue;
+mod reload;
 mod responses;
 mod rollout;
 mod routing;
