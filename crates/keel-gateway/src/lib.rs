@@ -45,6 +45,7 @@ pub mod safe_mode;
 pub mod selection;
 pub mod server;
 pub mod settlement;
+pub mod signals;
 pub mod telemetry;
 pub mod translation;
 pub mod upstream;

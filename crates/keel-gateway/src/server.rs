@@ -53,6 +53,7 @@ pub async fn serve(
     tokio::pin!(shutdown);
     let monitor = tokio::spawn(crate::monitor::run(gw.clone()));
     let events = tokio::spawn(crate::events::run(gw.clone()));
+    let signals = crate::signals::spawn(gw.clone());
     // Parse the BPE tables the pools count with now, off the request path (see `context_fit`).
     let mut tokenizers: Vec<_> = gw.pools().iter().flat_map(|p| p.tokenizers()).collect();
     tokenizers.dedup();
@@ -84,6 +85,9 @@ pub async fn serve(
     drop(listener);
     monitor.abort();
     events.abort();
+    if let Some(s) = signals {
+        s.abort();
+    }
     tracing::info!(
         drain_ms = gw.cfg.drain_ms,
         "shutting down: draining in-flight requests"
