@@ -308,14 +308,23 @@ async fn sim_requests(port: u16) -> u64 {
 }
 
 /// Polls a replica's view of variant `name` until `holds`; fails after `within`.
-async fn wait_for(port: u16, name: &str, within: Duration, what: &str, holds: impl Fn(&serde_json::Value) -> bool) -> Duration {
+async fn wait_for(
+    port: u16,
+    name: &str,
+    within: Duration,
+    what: &str,
+    holds: impl Fn(&serde_json::Value) -> bool,
+) -> Duration {
     let started = Instant::now();
     loop {
         let v = variant_health(port, name).await;
         if holds(&v) {
             return started.elapsed();
         }
-        assert!(started.elapsed() < within, "{what}: never happened; last seen {v}");
+        assert!(
+            started.elapsed() < within,
+            "{what}: never happened; last seen {v}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -356,39 +365,63 @@ async fn a_variant_one_replica_ejects_is_held_out_by_the_others_until_the_signal
     assert!(fault.status().is_success());
     let started = Instant::now();
     while variant_health(a_port, "bad").await["state"] != "ejected" {
-        assert!(started.elapsed() < Duration::from_secs(20), "A never ejected `bad`");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "A never ejected `bad`"
+        );
         served(a_port, 5).await;
     }
 
     // B, which sent `bad` nothing, holds it out on A's word; C, not sharing, does not.
-    let took = wait_for(b_port, "bad", Duration::from_secs(10), "B holds `bad` out", |v| {
-        v["available"] == false && v["shared_hold_ms"].as_u64() > Some(0)
-    })
+    let took = wait_for(
+        b_port,
+        "bad",
+        Duration::from_secs(10),
+        "B holds `bad` out",
+        |v| v["available"] == false && v["shared_hold_ms"].as_u64() > Some(0),
+    )
     .await;
     println!("B held `bad` out {took:?} after A's /keel/health showed it ejected");
     let b_view = variant_health(b_port, "bad").await;
-    assert_ne!(b_view["state"], "ejected", "B's own measure is untouched: {b_view}");
+    assert_ne!(
+        b_view["state"], "ejected",
+        "B's own measure is untouched: {b_view}"
+    );
     let c_view = variant_health(c_port, "bad").await;
     assert_eq!(
-        (c_view["available"].as_bool(), c_view["shared_hold_ms"].as_u64()),
+        (
+            c_view["available"].as_bool(),
+            c_view["shared_hold_ms"].as_u64()
+        ),
         (Some(true), Some(0)),
         "{c_view}"
     );
 
     let before = sim_requests(bad).await;
     served(b_port, 20).await;
-    assert_eq!(sim_requests(bad).await, before, "B routed a request to `bad`");
+    assert_eq!(
+        sim_requests(bad).await,
+        before,
+        "B routed a request to `bad`"
+    );
     served(c_port, 20).await;
     let after_c = sim_requests(bad).await;
-    assert!(after_c > before, "C, not sharing, learns `bad` by trying it");
+    assert!(
+        after_c > before,
+        "C, not sharing, learns `bad` by trying it"
+    );
 
     // A dies: its lease is no longer renewed and B's hold lapses within the TTL (1.5 s); B
     // then measures `bad` for itself again.
     a.0.kill().unwrap();
     a.0.wait().unwrap();
-    wait_for(b_port, "bad", Duration::from_secs(10), "B's hold lapses", |v| {
-        v["shared_hold_ms"] == 0 && v["available"] == true
-    })
+    wait_for(
+        b_port,
+        "bad",
+        Duration::from_secs(10),
+        "B's hold lapses",
+        |v| v["shared_hold_ms"] == 0 && v["available"] == true,
+    )
     .await;
     served(b_port, 20).await;
     assert!(
