@@ -8,7 +8,7 @@
 //! those names (they run the same config).
 //!
 //! **How a replica finds what to publish.** Not through hooks on the request path: the task
-//! here looks at each variant's own state every [`TICK`] ([`Pool::findings`]) and publishes
+//! here looks at each variant's own state every [`TICK`] (25 ms) ([`Pool::findings`]) and publishes
 //! what changed. The request path pays nothing, and a finding reaches the others within a tick
 //! plus one Redis round trip.
 //!
@@ -52,8 +52,11 @@ use crate::Gateway;
 
 pub use link::spawn;
 
-/// How often the variants' state is looked at and expired caps are lifted.
-pub const TICK: Duration = Duration::from_millis(100);
+/// How often the variants' state is looked at and expired caps are lifted. Short: a replica
+/// sends a dead variant a request every few tens of milliseconds under load, and each tick
+/// only reads a few fields per variant under its pool's lock. (At 100 ms, two replicas often
+/// both tried a killed variant before the first one's word arrived; see bench/RESULTS.md.)
+pub const TICK: Duration = Duration::from_millis(25);
 
 /// What a signal says about a variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
