@@ -289,9 +289,11 @@ mod tests {
 
     #[test]
     fn shared_holds_stay_apart_from_own_cooldown_and_end_on_a_success() {
-        let mut a = Availability::default();
-        a.shared_cooldown_until_ms = 1_000;
-        a.shared_eject_until_ms = 2_000;
+        let mut a = Availability {
+            shared_cooldown_until_ms: 1_000,
+            shared_eject_until_ms: 2_000,
+            ..Availability::default()
+        };
         assert!(!a.available(500));
         assert_eq!(a.cooldown_until_ms, 0, "own cooldown untouched");
         assert_eq!(a.available_in_ms(500), 500);
