@@ -221,18 +221,27 @@ impl Selector for WeightedRoundRobin {
     }
 }
 
-/// Whether a variant may take traffic now: cooldowns from `retry-after` and broken credentials.
+/// Whether a variant may take traffic now: cooldowns from `retry-after` and broken credentials,
+/// and what other replicas reported about it (`shared_*`, see keel-gateway's `signals`).
+///
+/// The shared holds are kept apart from this replica's own cooldown so that what it measured
+/// and what it was told never mix: only its own findings are reported to the others (nothing
+/// echoes), and its own evidence of recovery (a success) ends what it was told.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Availability {
     /// Unavailable until this time (ms, caller's monotonic origin).
     pub cooldown_until_ms: u64,
     /// Set when the upstream refused the variant's credential (401/403).
     pub credential_broken: bool,
+    /// Another replica cooled the variant down: unavailable until then.
+    pub shared_cooldown_until_ms: u64,
+    /// Another replica ejected the variant: a last resort only (like an ejected one) until then.
+    pub shared_eject_until_ms: u64,
 }
 
 impl Availability {
     pub fn available(&self, now_ms: u64) -> bool {
-        now_ms >= self.cooldown_until_ms
+        now_ms >= self.cooldown_until_ms && now_ms >= self.shared_cooldown_until_ms
     }
 
     /// Keeps the variant out of rotation for `for_ms`; an existing longer cooldown stays.
@@ -246,20 +255,57 @@ impl Availability {
         self.cool_down(now_ms, recheck_ms);
     }
 
-    /// A success clears the broken mark.
+    /// A success clears the broken mark, and what other replicas said: this replica has just
+    /// seen the variant work.
     pub fn record_success(&mut self) {
         self.credential_broken = false;
+        self.shared_cooldown_until_ms = 0;
+        self.shared_eject_until_ms = 0;
     }
 
     /// Milliseconds until the variant is available again (0 when it is).
     pub fn available_in_ms(&self, now_ms: u64) -> u64 {
-        self.cooldown_until_ms.saturating_sub(now_ms)
+        self.cooldown_until_ms
+            .max(self.shared_cooldown_until_ms)
+            .saturating_sub(now_ms)
+    }
+
+    /// Whether another replica's ejection holds now.
+    pub fn shared_ejected(&self, now_ms: u64) -> bool {
+        now_ms < self.shared_eject_until_ms
+    }
+
+    /// Milliseconds left of what other replicas reported (cooldown or ejection; 0: none).
+    pub fn shared_hold_ms(&self, now_ms: u64) -> u64 {
+        self.shared_cooldown_until_ms
+            .max(self.shared_eject_until_ms)
+            .saturating_sub(now_ms)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_holds_stay_apart_from_own_cooldown_and_end_on_a_success() {
+        let mut a = Availability {
+            shared_cooldown_until_ms: 1_000,
+            shared_eject_until_ms: 2_000,
+            ..Availability::default()
+        };
+        assert!(!a.available(500));
+        assert_eq!(a.cooldown_until_ms, 0, "own cooldown untouched");
+        assert_eq!(a.available_in_ms(500), 500);
+        assert!(a.available(1_000));
+        assert!(a.shared_ejected(1_500));
+        assert!(!a.shared_ejected(2_000));
+        assert_eq!(a.shared_hold_ms(1_500), 500);
+        a.record_success();
+        assert!(a.available(0));
+        assert!(!a.shared_ejected(0));
+        assert_eq!(a.shared_hold_ms(0), 0);
+    }
 
     #[test]
     fn policy_kinds_serialize_as_their_config_names() {

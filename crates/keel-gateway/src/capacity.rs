@@ -35,6 +35,9 @@ pub struct Limit {
     limit: AtomicU32,
     /// Successes since the limit last changed.
     streak: AtomicU32,
+    /// A cap another replica learned (see `signals`; `u32::MAX`: none). Kept apart from this
+    /// replica's own limit: it expires with its signal and never feeds additive increase.
+    shared: AtomicU32,
 }
 
 impl Default for Limit {
@@ -42,13 +45,26 @@ impl Default for Limit {
         Limit {
             limit: AtomicU32::new(u32::MAX),
             streak: AtomicU32::new(0),
+            shared: AtomicU32::new(u32::MAX),
         }
     }
 }
 
 impl Limit {
+    /// The limit in force: this replica's own, or another replica's lower one.
     pub fn get(&self) -> u32 {
+        self.learned().min(self.shared.load(Ordering::Relaxed))
+    }
+
+    /// What this replica learned from its own 429s.
+    pub fn learned(&self) -> u32 {
         self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Sets (`Some`) or lifts (`None`) the cap learned by another replica.
+    pub fn set_shared(&self, cap: Option<u32>) {
+        self.shared
+            .store(cap.unwrap_or(u32::MAX).max(1), Ordering::Relaxed);
     }
 
     /// A 429 arrived while `running` requests (this one included) were on the variant.
@@ -60,7 +76,7 @@ impl Limit {
 
     /// One success: after `limit` of them in a row, the limit grows by one.
     pub fn success(&self) {
-        let limit = self.get();
+        let limit = self.learned();
         if limit == u32::MAX {
             return;
         }
@@ -403,6 +419,22 @@ mod tests {
         // A lone request refused: the floor is one.
         l.full_at(1);
         assert_eq!(l.get(), 1);
+    }
+
+    #[test]
+    fn a_shared_cap_lowers_the_limit_in_force_but_not_what_was_learned() {
+        let l = Limit::default();
+        l.set_shared(Some(4));
+        assert_eq!(l.get(), 4);
+        assert_eq!(l.learned(), u32::MAX);
+        l.full_at(3);
+        assert_eq!(l.get(), 2, "a lower own limit wins");
+        // Additive increase follows the own limit only.
+        l.success();
+        l.success();
+        assert_eq!(l.learned(), 3);
+        l.set_shared(None);
+        assert_eq!(l.get(), 3);
     }
 
     fn far() -> Instant {

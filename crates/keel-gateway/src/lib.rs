@@ -49,6 +49,7 @@ pub mod selection;
 pub mod server;
 pub mod settlement;
 pub mod shadow;
+pub mod signals;
 pub mod telemetry;
 pub mod translation;
 pub mod upstream;

@@ -25,6 +25,8 @@
 //! | `keel_tokens_total` | key, direction | tokens a key's requests used (`input`, `output`), at reconciliation |
 //! | `keel_spend_total` | key | USD a key's requests cost (a gauge that only grows: Prometheus counters are integers here) |
 //! | `keel_quota_store_errors_total` | op | shared quota store (Redis) calls that failed or timed out (`take`, `adjust`, `reserve`, `settle`, `acquire`, `release`, `renew`, `usage`; see `[quota] fail_mode`) |
+//! | `keel_signals_published_total` | kind | variant signals this replica published to the others through Redis (`eject`, `cooldown`, `limit`, `recovered`; see `signals`) |
+//! | `keel_signals_applied_total` | kind | other replicas' signals this replica applied |
 //! | `keel_maintenance_requests_total` | pool, variant, kind, outcome | keel's own requests to a variant: kind = `probe`, `warmup`, `refresh`, `health` |
 //! | `keel_resume_learned_total` | pool, variant | variants found to refuse assistant prefill (they continue in `instruction` mode from then on) |
 //! | `keel_variant_weight` | pool, variant | the variant's routing weight now (health × configured weight) |

@@ -154,6 +154,8 @@ pub struct VariantSnapshot {
     pub state_code: u8,
     pub available: bool,
     pub cooldown_ms: u64,
+    /// What is left of another replica's ejection or cooldown of it (see `signals`; 0: none).
+    pub shared_hold_ms: u64,
     pub credential_broken: bool,
     pub weight: f64,
     pub ttft_ms: Option<f64>,
@@ -652,8 +654,11 @@ impl Pool {
                     name: v.cfg.name.clone(),
                     state: h.state.name(),
                     state_code: h.state.code(),
-                    available: a.available(now) && !matches!(h.state, State::Ejected { .. }),
+                    available: a.available(now)
+                        && !a.shared_ejected(now)
+                        && !matches!(h.state, State::Ejected { .. }),
                     cooldown_ms: a.available_in_ms(now),
+                    shared_hold_ms: a.shared_hold_ms(now),
                     credential_broken: a.credential_broken,
                     weight: h.weight(now, &hc) * v.cfg.weight as f64,
                     ttft_ms: h.ttft_ms.get(),
@@ -763,6 +768,7 @@ impl Pool {
             .filter(|&i| {
                 let v = &self.variants[i];
                 st.availability[i].available(now)
+                    && !st.availability[i].shared_ejected(now)
                     && matches!(st.health[i].state, State::Healthy | State::SlowStart { .. })
                     && st.health[i].weight(now, &hc) > keel_core::health::FLOOR
                     && v.in_flight.load(Ordering::Relaxed) < v.concurrency_limit()

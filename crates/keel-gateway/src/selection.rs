@@ -220,7 +220,8 @@ impl Pool {
                         State::Ejected { .. } => last_resort,
                         // A variant still loading its model gets no client request at all.
                         State::Warming { .. } => last_resort && !h.loading,
-                        _ => true,
+                        // Ejected by another replica (see `signals`): a last resort here too.
+                        _ => last_resort || !st.availability[i].shared_ejected(now_ms),
                     };
                     let in_flight = v.in_flight.load(Ordering::Relaxed);
                     Candidate {

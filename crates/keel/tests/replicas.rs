@@ -1,7 +1,8 @@
 //! Three `keel serve` processes sharing one real `redis-server`: a key's limits hold across the
 //! replicas (and, as the control, multiply without Redis); a Redis that dies follows the
 //! configured fail mode with no hung request; a replica killed with streams in flight gives its
-//! concurrency slots back within `[quota] slot_ttl_ms`.
+//! concurrency slots back within `[quota] slot_ttl_ms`; a variant one replica ejects is held
+//! out by the others (shared signals) until the signal lapses.
 //!
 //! Needs `redis-server` on the PATH (the test command installs it); a missing one fails.
 
@@ -106,7 +107,12 @@ fn replica(
          [[pools]]\nname = \"p\"\nhedge = \"off\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n\
          [[pools.variants]]\nname = \"v\"\nurl = \"http://127.0.0.1:{sim_port}/v1\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n"
     );
-    let cfg = scratch(&format!("keel-{port}.toml"), &text);
+    (serve(port, &text), port)
+}
+
+/// `keel serve` on `port` with the config `text`.
+fn serve(port: u16, text: &str) -> Proc {
+    let cfg = scratch(&format!("keel-{port}.toml"), text);
     let child = Command::new(env!("CARGO_BIN_EXE_keel"))
         .args(["serve", "--config", cfg.to_str().unwrap()])
         .env("KEEL_LOG", "warn")
@@ -115,7 +121,7 @@ fn replica(
         .spawn()
         .expect("start keel serve");
     wait_listening(port, "keel serve");
-    (Proc(child), port)
+    Proc(child)
 }
 
 fn chat(stream: bool, max_tokens: u32) -> serde_json::Value {
@@ -250,4 +256,176 @@ async fn a_killed_replicas_slots_come_back_within_the_slot_ttl() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A replica with one round-robin pool `p` over two sims, `good` and `bad`, that ejects a
+/// failing variant 200 ms after its errors turn severe; `share` sets `[redis] share_signals`.
+fn signal_replica(good: u16, bad: u16, redis_port: u16, share: bool) -> (Proc, u16) {
+    let port = free_port();
+    let variant = |name: &str, p: u16| {
+        format!("[[pools.variants]]\nname = \"{name}\"\nurl = \"http://127.0.0.1:{p}/v1\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n")
+    };
+    let text = format!(
+        "listen = \"127.0.0.1:{port}\"\n\
+         [redis]\nurl = \"redis://127.0.0.1:{redis_port}\"\nshare_signals = {share}\nsignal_ttl_ms = 1500\n\
+         [[pools]]\nname = \"p\"\npolicy = \"round_robin\"\nhedge = \"off\"\n\
+         [pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\neject_after_ms = 200\nprobe_interval_ms = 60000\n{}{}",
+        variant("good", good),
+        variant("bad", bad),
+    );
+    (serve(port, &text), port)
+}
+
+/// Variant `name` of pool `p` in a replica's `/keel/health`.
+async fn variant_health(port: u16, name: &str) -> serde_json::Value {
+    let doc: serde_json::Value = keel_sim::http_client()
+        .get(format!("http://127.0.0.1:{port}/keel/health"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .expect("/keel/health answers")
+        .json()
+        .await
+        .expect("/keel/health is JSON");
+    doc["pools"][0]["variants"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["name"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("no variant {name} in {doc}"))
+}
+
+/// Requests a sim has received.
+async fn sim_requests(port: u16) -> u64 {
+    let stats: serde_json::Value = keel_sim::http_client()
+        .get(format!("http://127.0.0.1:{port}/sim/stats"))
+        .send()
+        .await
+        .expect("sim stats")
+        .json()
+        .await
+        .expect("sim stats are JSON");
+    stats["requests"].as_u64().expect("a request count")
+}
+
+/// Polls a replica's view of variant `name` until `holds`; fails after `within`.
+async fn wait_for(
+    port: u16,
+    name: &str,
+    within: Duration,
+    what: &str,
+    holds: impl Fn(&serde_json::Value) -> bool,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let v = variant_health(port, name).await;
+        if holds(&v) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "{what}: never happened; last seen {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sends `n` requests (no key: the replicas run open); each must be served.
+async fn served(port: u16, n: usize) {
+    for _ in 0..n {
+        let r = keel_sim::http_client()
+            .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .timeout(Duration::from_secs(15))
+            .json(&chat(false, 2))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("a request hung or failed at the transport: {e}"));
+        assert_eq!(r.status(), 200, "failover to `good` serves every request");
+        let _ = r.bytes().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_variant_one_replica_ejects_is_held_out_by_the_others_until_the_signal_lapses() {
+    let redis_port = free_port();
+    let _redis = redis(redis_port);
+    let (good, bad) = (free_port(), free_port());
+    let (_good_sim, _bad_sim) = (sim(good, false), sim(bad, false));
+    let (mut a, a_port) = signal_replica(good, bad, redis_port, true);
+    let (_b, b_port) = signal_replica(good, bad, redis_port, true);
+    // The control: same Redis, sharing off.
+    let (_c, c_port) = signal_replica(good, bad, redis_port, false);
+
+    // `bad` starts failing every request; only A sends it traffic, until A ejects it.
+    let fault = keel_sim::http_client()
+        .post(format!("http://127.0.0.1:{bad}/sim/faults"))
+        .json(&json!({"kind": "error", "status": 500}))
+        .send()
+        .await
+        .expect("sim faults");
+    assert!(fault.status().is_success());
+    let started = Instant::now();
+    while variant_health(a_port, "bad").await["state"] != "ejected" {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "A never ejected `bad`"
+        );
+        served(a_port, 5).await;
+    }
+
+    // B, which sent `bad` nothing, holds it out on A's word; C, not sharing, does not.
+    let took = wait_for(
+        b_port,
+        "bad",
+        Duration::from_secs(10),
+        "B holds `bad` out",
+        |v| v["available"] == false && v["shared_hold_ms"].as_u64() > Some(0),
+    )
+    .await;
+    println!("B held `bad` out {took:?} after A's /keel/health showed it ejected");
+    let b_view = variant_health(b_port, "bad").await;
+    assert_ne!(
+        b_view["state"], "ejected",
+        "B's own measure is untouched: {b_view}"
+    );
+    let c_view = variant_health(c_port, "bad").await;
+    assert_eq!(
+        (
+            c_view["available"].as_bool(),
+            c_view["shared_hold_ms"].as_u64()
+        ),
+        (Some(true), Some(0)),
+        "{c_view}"
+    );
+
+    let before = sim_requests(bad).await;
+    served(b_port, 20).await;
+    assert_eq!(
+        sim_requests(bad).await,
+        before,
+        "B routed a request to `bad`"
+    );
+    served(c_port, 20).await;
+    let after_c = sim_requests(bad).await;
+    assert!(
+        after_c > before,
+        "C, not sharing, learns `bad` by trying it"
+    );
+
+    // A dies: its lease is no longer renewed and B's hold lapses within the TTL (1.5 s); B
+    // then measures `bad` for itself again.
+    a.0.kill().unwrap();
+    a.0.wait().unwrap();
+    wait_for(
+        b_port,
+        "bad",
+        Duration::from_secs(10),
+        "B's hold lapses",
+        |v| v["shared_hold_ms"] == 0 && v["available"] == true,
+    )
+    .await;
+    served(b_port, 20).await;
+    assert!(
+        sim_requests(bad).await > after_c,
+        "once the signal lapsed, B tries `bad` again"
+    );
 }

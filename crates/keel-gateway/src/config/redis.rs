@@ -1,10 +1,12 @@
-//! `[redis]`: where replicas share quota state (rate limits, budgets, in-flight slots). Absent,
-//! each replica keeps its own in memory.
+//! `[redis]`: where replicas share quota state (rate limits, budgets, in-flight slots) and what
+//! they learn about variants (`signals`). Absent, each replica keeps its own in memory.
 //!
 //! ```toml
 //! [redis]
 //! url = "redis://127.0.0.1:6379"   # `${VAR}` allowed, e.g. for a password
 //! key_prefix = "keel:"             # every key keel writes starts with it
+//! share_signals = true             # publish/apply ejections, cooldowns, learned limits
+//! signal_ttl_ms = 5000             # the longest a replica trusts another's signal
 //! ```
 
 use std::collections::HashMap;
@@ -21,7 +23,16 @@ pub struct RedisConfig {
     /// `redis://[user:password@]host[:port][/db]`, environment variables substituted.
     pub url: String,
     pub key_prefix: String,
+    /// Replicas tell each other which variants they ejected, cooled down or found full, on
+    /// the channel `{key_prefix}signals` (see `signals`).
+    pub share_signals: bool,
+    /// The longest a replica acts on another's signal without hearing it again.
+    pub signal_ttl_ms: u64,
 }
+
+/// Bounds of `signal_ttl_ms`: below, a lease is renewed more often than the monitor looks
+/// (every 100 ms); above, a replica that died would hold a variant out of others for long.
+const SIGNAL_TTL_MS: std::ops::RangeInclusive<u64> = 300..=600_000;
 
 /// The URL may hold a password: never print it.
 impl fmt::Debug for RedisConfig {
@@ -29,6 +40,8 @@ impl fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("url", &redact(&self.url))
             .field("key_prefix", &self.key_prefix)
+            .field("share_signals", &self.share_signals)
+            .field("signal_ttl_ms", &self.signal_ttl_ms)
             .finish()
     }
 }
@@ -70,9 +83,28 @@ pub(super) fn read(
     let key_prefix = t
         .value::<String>("key_prefix", issues)
         .unwrap_or_else(|| "keel:".to_owned());
+    let share_signals = t.value::<bool>("share_signals", issues).unwrap_or(true);
+    let signal_ttl_ms = match t.get::<u64>("signal_ttl_ms", issues) {
+        Some(v) if !SIGNAL_TTL_MS.contains(&v.value) => {
+            issues.report(
+                v.at,
+                &v.path,
+                format!(
+                    "expected {}..={} (ms), got {}",
+                    SIGNAL_TTL_MS.start(),
+                    SIGNAL_TTL_MS.end(),
+                    v.value
+                ),
+            );
+            None
+        }
+        v => Some(v.map_or(5_000, |v| v.value)),
+    };
     t.finish(issues);
     Some(RedisConfig {
         url: url?,
         key_prefix,
+        share_signals,
+        signal_ttl_ms: signal_ttl_ms?,
     })
 }

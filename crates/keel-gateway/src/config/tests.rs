@@ -618,6 +618,25 @@ fn redis_mistakes_are_named() {
 }
 
 #[test]
+fn redis_signal_sharing_defaults_on_and_its_ttl_is_bounded() {
+    let text = format!("{GOOD}[redis]\nurl = \"redis://127.0.0.1\"\n");
+    let r = Config::parse(&text, "k", &env()).unwrap().redis.unwrap();
+    assert_eq!((r.share_signals, r.signal_ttl_ms), (true, 5_000));
+    let text = format!(
+        "{GOOD}[redis]\nurl = \"redis://127.0.0.1\"\nshare_signals = false\nsignal_ttl_ms = 800\n"
+    );
+    let r = Config::parse(&text, "k", &env()).unwrap().redis.unwrap();
+    assert_eq!((r.share_signals, r.signal_ttl_ms), (false, 800));
+    let text = format!("{GOOD}[redis]\nurl = \"redis://h\"\nsignal_ttl_ms = 50\n");
+    let (_, _, field, message) = one_issue(&text);
+    assert_eq!(field, "redis.signal_ttl_ms");
+    assert_eq!(message, "expected 300..=600000 (ms), got 50");
+    let text = format!("{GOOD}[redis]\nurl = \"redis://h\"\nshare_signals = \"yes\"\n");
+    let (_, _, field, _) = one_issue(&text);
+    assert_eq!(field, "redis.share_signals");
+}
+
+#[test]
 fn safe_mode_thresholds_read_with_defaults_and_bad_pairs_are_named() {
     let c = Config::parse(GOOD, "keel.toml", &env()).unwrap();
     assert_eq!(

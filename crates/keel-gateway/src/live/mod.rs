@@ -307,8 +307,11 @@ fn spawn_tasks(gw: &Arc<Gateway>) -> Vec<JoinHandle<()>> {
     tokenizers.sort_unstable();
     tokenizers.dedup();
     tokio::task::spawn_blocking(move || tokenizers.into_iter().for_each(|t| t.preload()));
-    vec![
+    let mut tasks = vec![
         tokio::spawn(crate::monitor::run(gw.clone())),
         tokio::spawn(crate::events::run(gw.clone())),
-    ]
+    ];
+    // Shared signals (`[redis] share_signals`) follow the current generation's pools too.
+    tasks.extend(crate::signals::spawn(gw.clone()));
+    tasks
 }

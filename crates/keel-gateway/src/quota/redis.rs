@@ -58,6 +58,21 @@ const IDLE_RENEWAL: Duration = Duration::from_secs(1);
 /// At most one log line per this, however many errors.
 const LOG_EVERY_MS: u64 = 10_000;
 
+/// A client for `config.url` and a connection manager on it that connects on first use and
+/// reconnects by itself (1 s connect and response timeouts, 10–500 ms between tries). Shared
+/// with `signals`, which publishes through the manager and subscribes through the client.
+pub(crate) fn connect_lazily(config: &RedisConfig) -> Result<(Client, ConnectionManager), String> {
+    let named = |e: ::redis::RedisError| format!("redis {}: {e}", redact_url(&config.url));
+    let client = Client::open(config.url.as_str()).map_err(named)?;
+    let manager = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_response_timeout(Some(Duration::from_secs(1)))
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(500));
+    let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager).map_err(named)?;
+    Ok((client, conn))
+}
+
 macro_rules! script {
     ($file:literal) => {
         Script::new(concat!(
@@ -122,15 +137,7 @@ impl Redis {
     /// A store on `config.url`. The connection is made on first use, so keel starts (and
     /// applies its fail mode) while Redis is down. Must be called inside a tokio runtime.
     pub fn connect(config: &RedisConfig, metrics: Arc<Metrics>) -> Result<Redis, StoreError> {
-        let client = Client::open(config.url.as_str())
-            .map_err(|e| StoreError(format!("redis {}: {e}", redact_url(&config.url))))?;
-        let manager = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(1)))
-            .set_response_timeout(Some(Duration::from_secs(1)))
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client, manager)
-            .map_err(|e| StoreError(format!("redis {}: {e}", redact_url(&config.url))))?;
+        let (_, conn) = connect_lazily(config).map_err(StoreError)?;
         let inner = Arc::new(Inner {
             conn,
             prefix: config.key_prefix.clone(),

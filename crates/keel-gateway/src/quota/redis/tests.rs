@@ -22,6 +22,8 @@ fn replica_with(server: &RedisServer, metrics: Arc<Metrics>) -> Redis {
     let config = RedisConfig {
         url: server.url(),
         key_prefix: "test:".to_owned(),
+        share_signals: false,
+        signal_ttl_ms: 5_000,
     };
     Redis::connect(&config, metrics).expect("a valid URL")
 }
@@ -133,6 +135,8 @@ async fn the_same_answers_as_the_local_store() {
     let config = RedisConfig {
         url: server.url(),
         key_prefix: "keel:".to_owned(),
+        share_signals: false,
+        signal_ttl_ms: 5_000,
     };
     let stores = [
         Store::from_config(None, Metrics::new()).unwrap(),
