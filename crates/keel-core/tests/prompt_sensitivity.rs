@@ -75,7 +75,10 @@ fn trivial_groups_collapse_and_distinct_ones_do_not() {
             merged.len(),
             distinct.len()
         );
-        assert!(merged.is_empty(), "{name}: meaning-changing merges: {merged:?}");
+        assert!(
+            merged.is_empty(),
+            "{name}: meaning-changing merges: {merged:?}"
+        );
     }
     // Guards against regressions, not targets to tune towards: `syntax` collapses nearly all
     // trivial groups, and `full` never collapses less than `syntax` (it runs `syntax` first)

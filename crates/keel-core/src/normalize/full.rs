@@ -122,7 +122,10 @@ fn prepare_constraint(
         at: ErrorAt::Constraint(intent),
         message: format!("constraint for `{}`: {why}", intent.name()),
     };
-    if let Some(c) = text.chars().find(|c| matches!(c, '"' | '`' | '{' | '}' | '[' | ']' | '\n')) {
+    if let Some(c) = text
+        .chars()
+        .find(|c| matches!(c, '"' | '`' | '{' | '}' | '[' | ']' | '\n'))
+    {
         return Err(err(&format!("must not contain {c:?}")));
     }
     if normalize_text(text, &mut Fixes::default()).is_some() {
@@ -137,11 +140,7 @@ fn prepare_constraint(
 /// `syntax`, then `full`'s per-text steps, on one prompt text (a system, developer or user
 /// text); `None` when nothing changed. Intent completion is per request: see
 /// [`super::normalize_request`].
-pub fn normalize_prompt_text(
-    text: &str,
-    cfg: &FullConfig,
-    fixes: &mut Fixes,
-) -> Option<String> {
+pub fn normalize_prompt_text(text: &str, cfg: &FullConfig, fixes: &mut Fixes) -> Option<String> {
     let synced = normalize_text(text, fixes);
     let cur = synced.as_deref().unwrap_or(text);
     if is_json(cur) || !needs_full(cur, cfg) {

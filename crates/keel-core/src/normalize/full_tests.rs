@@ -122,7 +122,10 @@ fn assistant_turns_and_tools_get_no_rewrites() {
 #[test]
 fn a_broken_json_example_in_prose_is_completed() {
     let (out, codes) = full("Reply with an object like {\"name\": \"Ada\", \"age\": 36");
-    assert_eq!(out, "Reply with an object like {\"name\": \"Ada\", \"age\": 36}");
+    assert_eq!(
+        out,
+        "Reply with an object like {\"name\": \"Ada\", \"age\": 36}"
+    );
     assert_eq!(codes, ["schema_brace_recovered"]);
     // Fenced examples (labelled json or not) are code, and code is never touched.
     for text in [
@@ -155,7 +158,11 @@ fn a_long_prompt_without_an_output_constraint_gets_its_intents_constraint() {
     ];
     for (text, intent) in cases {
         let (out, codes) = full(text);
-        assert_eq!(codes, [format!("intent_constraint_added:{intent}")], "{text}");
+        assert_eq!(
+            codes,
+            [format!("intent_constraint_added:{intent}")],
+            "{text}"
+        );
         let want = Intent::parse(intent).unwrap().default_constraint();
         assert!(out.ends_with(&format!("\n\n{want}")), "{out}");
     }
@@ -241,7 +248,9 @@ fn bad_rules_and_constraints_are_refused_by_name() {
             .message
     };
     assert!(rule("broken", "be (brief", "Short").contains("rule `broken`: bad pattern"));
-    assert!(rule("q", "be brief", "Say \"hi\"").contains("rule `q`: replacement must not contain '\"'"));
+    assert!(
+        rule("q", "be brief", "Say \"hi\"").contains("rule `q`: replacement must not contain '\"'")
+    );
     assert!(rule("dot", "be brief", "One. Two").contains("must not contain '.'"));
     assert!(rule("sp", "be brief", "Two  spaces").contains("already be normalized"));
     assert!(rule("bad name", "x", "y").contains("rule name `bad name`"));

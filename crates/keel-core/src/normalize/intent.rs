@@ -145,7 +145,8 @@ pub(super) fn complete(
         format!("{target}\n\n{constraint}")
     };
     // The constraint must be prose: not swallowed by an unterminated fence.
-    let lands_in_prose = matches!(split_code(&appended).last(), Some(Segment::Prose(p)) if p.ends_with(constraint));
+    let lands_in_prose =
+        matches!(split_code(&appended).last(), Some(Segment::Prose(p)) if p.ends_with(constraint));
     if lands_in_prose {
         *target = appended;
         fixes.add(intent.code());
@@ -172,10 +173,36 @@ fn prompt_texts(endpoint: Endpoint, body: &mut Map<String, Value>) -> Vec<String
 
 /// Words that say something about the output's shape (see the module doc).
 const CONSTRAINT_WORDS: &[&str] = &[
-    "json", "yaml", "xml", "csv", "markdown", "table", "bullet", "bullets", "bulleted",
-    "numbered", "format", "formatted", "formatting", "only", "brief", "briefly", "concise",
-    "concisely", "short", "sentence", "sentences", "paragraph", "paragraphs", "word", "words",
-    "line", "lines", "characters", "explanation", "explanations",
+    "json",
+    "yaml",
+    "xml",
+    "csv",
+    "markdown",
+    "table",
+    "bullet",
+    "bullets",
+    "bulleted",
+    "numbered",
+    "format",
+    "formatted",
+    "formatting",
+    "only",
+    "brief",
+    "briefly",
+    "concise",
+    "concisely",
+    "short",
+    "sentence",
+    "sentences",
+    "paragraph",
+    "paragraphs",
+    "word",
+    "words",
+    "line",
+    "lines",
+    "characters",
+    "explanation",
+    "explanations",
 ];
 
 fn has_constraint(prompt: &[String], cfg: &FullConfig) -> bool {

@@ -200,7 +200,9 @@ fn example_end(block: &str) -> Option<usize> {
         let trimmed = block[line_start..line_end].trim_end();
         let ends_value = trimmed.ends_with(['}', ']', '"'])
             || trimmed.ends_with(|c: char| c.is_ascii_digit())
-            || ["true", "false", "null"].iter().any(|w| trimmed.ends_with(w));
+            || ["true", "false", "null"]
+                .iter()
+                .any(|w| trimmed.ends_with(w));
         if ends_value && line_start + trimmed.len() > 0 {
             return Some(line_start + trimmed.len());
         }
@@ -294,10 +296,7 @@ mod tests {
             Some("Like {\"a\": [1, 2]}")
         );
         // Two missing closers, one place for them.
-        assert_eq!(
-            fix("Like [{\"a\": 1").as_deref(),
-            Some("Like [{\"a\": 1}]")
-        );
+        assert_eq!(fix("Like [{\"a\": 1").as_deref(), Some("Like [{\"a\": 1}]"));
     }
 
     #[test]

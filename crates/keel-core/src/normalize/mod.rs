@@ -113,7 +113,8 @@ pub fn normalize_request(
                 normalize_content(system, full, &mut fixes);
             }
             for msg in messages(body) {
-                let prompt = full.filter(|_| is_prompt_role(msg.get("role").and_then(Value::as_str)));
+                let prompt =
+                    full.filter(|_| is_prompt_role(msg.get("role").and_then(Value::as_str)));
                 if let Some(content) = msg.get_mut("content") {
                     normalize_content(content, prompt, &mut fixes);
                 }

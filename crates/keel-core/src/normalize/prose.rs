@@ -183,11 +183,19 @@ mod tests {
         let s = "Summarize it. Be brief!\n- Don't use markdown\nIs it ok? Say \"be brief\". Use {x} here.\n# Be brief\n    Be brief\nRate 3.5 stars";
         assert_eq!(
             instructions(s),
-            ["Summarize it", "Be brief", "Don't use markdown", "Rate 3.5 stars"]
+            [
+                "Summarize it",
+                "Be brief",
+                "Don't use markdown",
+                "Rate 3.5 stars"
+            ]
         );
         // An unclosed bracket shields the rest of the segment.
         assert_eq!(instructions("Be brief. {\"a\": 1\nBe brief."), ["Be brief"]);
-        assert_eq!(instructions("1) Be brief\n2. Be kind"), ["Be brief", "Be kind"]);
+        assert_eq!(
+            instructions("1) Be brief\n2. Be kind"),
+            ["Be brief", "Be kind"]
+        );
     }
 
     #[test]

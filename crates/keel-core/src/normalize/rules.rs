@@ -114,13 +114,19 @@ pub(super) fn compile(specs: &[RuleSpec]) -> Result<Vec<Rule>, (usize, String)> 
 
 fn compile_one(spec: &RuleSpec, earlier: &[Rule]) -> Result<Rule, String> {
     let name = &spec.name;
-    if name.is_empty() || !name.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
     {
         return Err(format!(
             "rule name `{name}` must be non-empty letters, digits, `_` or `-`"
         ));
     }
-    if earlier.iter().any(|r| r.code[RULE_PREFIX.len()..] == **name) {
+    if earlier
+        .iter()
+        .any(|r| r.code[RULE_PREFIX.len()..] == **name)
+    {
         return Err(format!("rule `{name}` is defined twice"));
     }
     let regex = RegexBuilder::new(&format!(
@@ -147,10 +153,12 @@ fn check_replacement(r: &str) -> Result<(), String> {
     if !r.chars().next().is_some_and(char::is_alphanumeric) {
         return Err("replacement must start with a letter or digit".into());
     }
-    if let Some(c) = r
-        .chars()
-        .find(|c| matches!(c, '"' | '`' | '{' | '}' | '[' | ']' | '\n' | '.' | '!' | '?' | ';' | ':'))
-    {
+    if let Some(c) = r.chars().find(|c| {
+        matches!(
+            c,
+            '"' | '`' | '{' | '}' | '[' | ']' | '\n' | '.' | '!' | '?' | ';' | ':'
+        )
+    }) {
         return Err(format!("replacement must not contain {c:?}"));
     }
     if normalize_text(r, &mut Fixes::default()).is_some() {
@@ -194,7 +202,10 @@ pub(super) fn rewrite_prose(
         let base = sentence.range.start;
         let text = &prose[sentence.range];
         for (i, clause) in clauses(text).into_iter().enumerate() {
-            let Some(rule) = rules.iter().find(|r| r.regex.is_match(&text[clause.clone()])) else {
+            let Some(rule) = rules
+                .iter()
+                .find(|r| r.regex.is_match(&text[clause.clone()]))
+            else {
                 continue;
             };
             out.push_str(&prose[copied..base + clause.start]);

@@ -19,7 +19,10 @@ fn fixes_quotes_spaces_and_invisible_characters() {
         "crlf_to_lf",
         "trimmed",
     ] {
-        assert!(codes.iter().any(|c| c == code), "{code} missing from {codes:?}");
+        assert!(
+            codes.iter().any(|c| c == code),
+            "{code} missing from {codes:?}"
+        );
     }
 }
 
@@ -77,7 +80,12 @@ fn request_walk_skips_tools() {
     });
     let before = body.clone();
     let map = body.as_object_mut().unwrap();
-    let codes = normalize_request(Endpoint::ChatCompletions, map, Mode::Syntax,&FullConfig::default());
+    let codes = normalize_request(
+        Endpoint::ChatCompletions,
+        map,
+        Mode::Syntax,
+        &FullConfig::default(),
+    );
     assert!(!codes.is_empty());
     assert_eq!(body["messages"][0]["content"], "Be brief'");
     assert_eq!(body["messages"][1]["content"][0]["text"], "hi");
@@ -94,7 +102,7 @@ fn request_walk_skips_tools() {
         Endpoint::ChatCompletions,
         off.as_object_mut().unwrap(),
         Mode::Off,
-    &FullConfig::default()
+        &FullConfig::default()
     )
     .is_empty());
     assert_eq!(off, before);

@@ -63,10 +63,7 @@ pub(super) fn read(t: &mut Table, issues: &mut Issues) -> Arc<FullConfig> {
 }
 
 /// `[pools.normalize_constraints]`: intent name = constraint text.
-fn read_constraints(
-    t: &mut Table,
-    issues: &mut Issues,
-) -> Vec<(Intent, Val<String>)> {
+fn read_constraints(t: &mut Table, issues: &mut Issues) -> Vec<(Intent, Val<String>)> {
     let Some(mut ct) = t.table("normalize_constraints", issues) else {
         return Vec::new();
     };
@@ -132,7 +129,10 @@ mod tests {
 
         let extra = "[[pools.normalize_rules]]\nname = \"friendly\"\npattern = 'be\\s+nice'\nreplacement = \"Use a warm tone\"\n[pools.normalize_constraints]\nsummarize = \"Answer in one paragraph.\"\n";
         let c = Config::parse(&pool(extra), "k.toml", &HashMap::new()).unwrap();
-        assert_eq!(rewrite(&c, "Be nice. Be brief."), "Use a warm tone. Be brief.");
+        assert_eq!(
+            rewrite(&c, "Be nice. Be brief."),
+            "Use a warm tone. Be brief."
+        );
         let notes = "Summarize the following meeting notes for the team lead who missed the meeting yesterday: we agreed to ship the release on Friday after the last review.";
         assert!(rewrite(&c, notes).ends_with("\n\nAnswer in one paragraph."));
 
@@ -148,7 +148,10 @@ mod tests {
         assert_eq!(got.len(), 1, "{got:?}");
         assert_eq!(got[0].0, 9);
         assert_eq!(got[0].1, "pools[0].normalize_rules[0]");
-        assert!(got[0].2.starts_with("rule `broken`: bad pattern"), "{got:?}");
+        assert!(
+            got[0].2.starts_with("rule `broken`: bad pattern"),
+            "{got:?}"
+        );
 
         let missing = "[[pools.normalize_rules]]\nname = \"x\"\npattern = \"x\"\n";
         let got = issues(missing);
