@@ -114,9 +114,12 @@ pub(super) fn complete(
     ) {
         return;
     }
-    let prompt = prompt_texts(endpoint, body);
-    let tokens: usize = prompt.iter().map(|t| crate::tokens::count(t)).sum();
-    if tokens < MIN_PROMPT_TOKENS || has_constraint(&prompt, cfg) {
+    let (mut tokens, mut constrained) = (0, false);
+    for_each_prompt_text(endpoint, body, |text| {
+        tokens += crate::tokens::count(text);
+        constrained = constrained || has_constraint(text, cfg);
+    });
+    if tokens < MIN_PROMPT_TOKENS || constrained {
         return;
     }
     let Some(last) = messages(body).last() else {
@@ -153,22 +156,24 @@ pub(super) fn complete(
     }
 }
 
-/// The system, developer and user texts of a body.
-fn prompt_texts(endpoint: Endpoint, body: &mut Map<String, Value>) -> Vec<String> {
-    let mut out = Vec::new();
+/// Calls `f` with each system, developer and user text of a body.
+fn for_each_prompt_text(
+    endpoint: Endpoint,
+    body: &mut Map<String, Value>,
+    mut f: impl FnMut(&str),
+) {
     if endpoint != Endpoint::ChatCompletions {
         if let Some(system) = body.get_mut("system") {
-            out.extend(texts_mut(system).into_iter().map(|s| s.clone()));
+            texts_mut(system).into_iter().for_each(|s| f(s));
         }
     }
     for msg in messages(body) {
         if is_prompt_role(msg.get("role").and_then(Value::as_str)) {
             if let Some(content) = msg.get_mut("content") {
-                out.extend(texts_mut(content).into_iter().map(|s| s.clone()));
+                texts_mut(content).into_iter().for_each(|s| f(s));
             }
         }
     }
-    out
 }
 
 /// Words that say something about the output's shape (see the module doc).
@@ -205,18 +210,15 @@ const CONSTRAINT_WORDS: &[&str] = &[
     "explanations",
 ];
 
-fn has_constraint(prompt: &[String], cfg: &FullConfig) -> bool {
-    prompt.iter().any(|text| {
-        words(text).any(|w| CONSTRAINT_WORDS.contains(&w.as_str()))
-            || cfg.constraints().any(|c| text.contains(c))
-    })
+fn has_constraint(text: &str, cfg: &FullConfig) -> bool {
+    words(text).any(|w| CONSTRAINT_WORDS.iter().any(|c| c.eq_ignore_ascii_case(w)))
+        || cfg.constraints().any(|c| text.contains(c))
 }
 
-/// Lower-cased runs of letters and digits.
-fn words(text: &str) -> impl Iterator<Item = String> + '_ {
+/// Runs of letters and digits.
+fn words(text: &str) -> impl Iterator<Item = &str> {
     text.split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
-        .map(str::to_lowercase)
 }
 
 /// The one intent of a user message's texts, if exactly one is found.
@@ -258,7 +260,7 @@ const FILLERS: &[&[&str]] = &[
 
 /// The intent of one sentence's leading verb (see the module doc's lexicon).
 fn sentence_intent(sentence: &str) -> Option<Intent> {
-    let all: Vec<String> = words(sentence).take(8).collect();
+    let all: Vec<String> = words(sentence).take(8).map(str::to_lowercase).collect();
     let mut w: &[String] = &all;
     'strip: loop {
         for filler in FILLERS {

@@ -78,35 +78,73 @@ pub(super) fn repair_examples(prose: &str, after_prose: bool) -> Option<String> 
 /// block and can be completed.
 fn scan(b: &[u8], start: usize) -> Block {
     let mut count = Counts::default();
-    let mut in_string = false;
-    let mut i = start;
-    while i < b.len() {
-        let c = b[i];
-        if in_string {
-            match c {
-                b'\\' => i += 1,
-                b'"' => in_string = false,
-                b'\n' => return Block::Invalid(i),
-                _ => {}
-            }
-        } else {
-            match c {
-                b'"' => in_string = true,
-                b'{' | b'[' | b'}' | b']' => {
-                    count.add(c);
-                    match count.missing() {
-                        Some((0, 0)) => return Block::Balanced(i + 1),
-                        Some(_) => {}
-                        None => return Block::Invalid(i),
-                    }
+    for (i, step) in Walk::new(b, start) {
+        match step {
+            Step::NewlineInString => return Block::Invalid(i),
+            Step::StringEnd => {}
+            Step::Byte(c @ (b'{' | b'[' | b'}' | b']')) => {
+                count.add(c);
+                match count.missing() {
+                    Some((0, 0)) => return Block::Balanced(i + 1),
+                    Some(_) => {}
+                    None => return Block::Invalid(i),
                 }
-                b'\n' if blank_line_follows(&b[i + 1..]) => return Block::Open(i),
-                _ => {}
             }
+            Step::Byte(b'\n') if blank_line_follows(&b[i + 1..]) => return Block::Open(i),
+            Step::Byte(_) => {}
         }
-        i += 1;
     }
     Block::Open(b.len())
+}
+
+/// What [`Walk`] reports at a byte.
+enum Step {
+    /// A byte outside strings (opening quotes are not reported).
+    Byte(u8),
+    /// The quote closing a string.
+    StringEnd,
+    /// A newline inside a string: not JSON.
+    NewlineInString,
+}
+
+/// Walks bytes the way JSON is read: string contents (with `\` escapes) are skipped.
+struct Walk<'a> {
+    b: &'a [u8],
+    i: usize,
+    in_string: bool,
+}
+
+impl<'a> Walk<'a> {
+    fn new(b: &'a [u8], from: usize) -> Self {
+        Walk {
+            b,
+            i: from,
+            in_string: false,
+        }
+    }
+}
+
+impl Iterator for Walk<'_> {
+    type Item = (usize, Step);
+
+    fn next(&mut self) -> Option<(usize, Step)> {
+        while let Some(&c) = self.b.get(self.i) {
+            let at = self.i;
+            self.i += 1;
+            match (self.in_string, c) {
+                (true, b'\\') => self.i += 1,
+                (true, b'"') => {
+                    self.in_string = false;
+                    return Some((at, Step::StringEnd));
+                }
+                (true, b'\n') => return Some((at, Step::NewlineInString)),
+                (true, _) => {}
+                (false, b'"') => self.in_string = true,
+                (false, _) => return Some((at, Step::Byte(c))),
+            }
+        }
+        None
+    }
 }
 
 /// Brackets seen, per kind.
@@ -217,33 +255,23 @@ fn example_end(block: &str) -> Option<usize> {
 /// byte outside strings. `None` when the example ends inside a string or has more closers than
 /// openers of a kind.
 fn closers_and_positions(example: &str) -> Option<(Vec<u8>, Vec<usize>)> {
-    let b = example.as_bytes();
     let mut count = Counts::default();
     let mut positions = Vec::new();
-    let mut in_string = false;
-    let mut i = 0;
-    while i < b.len() {
-        let c = b[i];
-        if in_string {
-            match c {
-                b'\\' => i += 1,
-                b'"' => {
-                    in_string = false;
+    let mut walk = Walk::new(example.as_bytes(), 0);
+    for (i, step) in &mut walk {
+        match step {
+            Step::StringEnd => positions.push(i + 1),
+            Step::NewlineInString => return None,
+            Step::Byte(c) => {
+                count.add(c);
+                // After a character's last byte only: never inside a multi-byte character.
+                if !c.is_ascii_whitespace() && example.is_char_boundary(i + 1) {
                     positions.push(i + 1);
                 }
-                _ => {}
-            }
-        } else if c == b'"' {
-            in_string = true;
-        } else {
-            count.add(c);
-            // After a character's last byte only: never inside a multi-byte character.
-            if !c.is_ascii_whitespace() && example.is_char_boundary(i + 1) {
-                positions.push(i + 1);
             }
         }
-        i += 1;
     }
+    let in_string = walk.in_string;
     let (curly, square) = count.missing()?;
     if in_string {
         return None;
