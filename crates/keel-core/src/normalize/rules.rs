@@ -190,8 +190,9 @@ pub(super) fn rewrite_prose(
     let first_line_end = prose.find('\n').unwrap_or(prose.len());
     let last_line_start = prose.rfind('\n').map_or(0, |n| n + 1);
     let complete = |r: &std::ops::Range<usize>| {
-        !(edges.code_before && r.start < first_line_end)
-            && !(edges.code_after && r.end >= last_line_start)
+        let touches_code_before = edges.code_before && r.start < first_line_end;
+        let touches_code_after = edges.code_after && r.end >= last_line_start;
+        !touches_code_before && !touches_code_after
     };
     let mut out = String::new();
     let (mut copied, mut changed) = (0, false);
