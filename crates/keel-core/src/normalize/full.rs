@@ -21,14 +21,14 @@ use std::fmt;
 
 use super::intent::Intent;
 use super::json_repair::{self, repair_examples};
-use super::rules::{self, rewrite_prose, Rule, RuleSpec};
+use super::rules::{self, rewrite_prose, RuleSpec, Rules};
 use super::text::{is_json, normalize_text, split_code, Segment};
 use super::Fixes;
 
 /// What `full` mode adds to `syntax`: the rewrite rules and each intent's output constraint.
 #[derive(Debug, Clone)]
 pub struct FullConfig {
-    rules: Vec<Rule>,
+    rules: Rules,
     /// The constraint per intent, in [`Intent::ALL`]'s order; `None`: the intent is off.
     constraints: Vec<Option<String>>,
 }
@@ -102,7 +102,7 @@ impl Default for FullConfig {
     /// The default rules and constraints (checked by a unit test, so this cannot fail).
     fn default() -> FullConfig {
         FullConfig::new(None, &[]).unwrap_or_else(|_| FullConfig {
-            rules: Vec::new(),
+            rules: Rules::empty(),
             constraints: vec![None; Intent::ALL.len()],
         })
     }
@@ -113,7 +113,7 @@ impl Default for FullConfig {
 fn prepare_constraint(
     intent: Intent,
     text: &str,
-    rules: &[Rule],
+    rules: &Rules,
 ) -> Result<Option<String>, FullConfigError> {
     if text.is_empty() {
         return Ok(None);

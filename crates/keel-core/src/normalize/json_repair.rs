@@ -13,8 +13,9 @@
 //! **Which completion.** For a block left open by one or two brackets, the example ends at the
 //! end of the block's last line whose final character can end a JSON value (`}`, `]`, `"`, a
 //! digit, `true`, `false`, `null`); trailing prose lines are not part of it. The missing closers
-//! (counted per kind; two different ones in either order) are tried at every position right after a non-blank character outside
-//! strings; each result is parsed. The example is repaired only when exactly one distinct text
+//! (counted per kind; two different ones in either order) are tried at every position right
+//! after a value or an opener (a block with prose outside its strings is not JSON and is left
+//! alone); each result is parsed. The example is repaired only when exactly one distinct text
 //! parses: `{"a": {"b": 1, "c": 2}` is left alone, because `{"a": {"b": 1}, "c": 2}` and
 //! `{"a": {"b": 1, "c": 2}}` are both valid. Examples over 16 KB or with more candidate
 //! positions than the search allows are left alone.
@@ -251,8 +252,9 @@ fn example_end(block: &str) -> Option<usize> {
     }
 }
 
-/// The closers the example lacks and the positions where one may go: right after a non-blank
-/// byte outside strings. `None` when the example ends inside a string or has more closers than
+/// The closers the example lacks and the positions where one may go: right after a value's end
+/// (a string's closing quote, a digit, `true`/`false`/`null`, a closer) or an opener. `None`
+/// when the example has prose outside strings, ends inside a string or has more closers than
 /// openers of a kind.
 fn closers_and_positions(example: &str) -> Option<(Vec<u8>, Vec<usize>)> {
     let mut count = Counts::default();
@@ -262,10 +264,13 @@ fn closers_and_positions(example: &str) -> Option<(Vec<u8>, Vec<usize>)> {
         match step {
             Step::StringEnd => positions.push(i + 1),
             Step::NewlineInString => return None,
+            // Prose outside strings: no insertion can make this JSON.
+            Step::Byte(c) if !is_json_byte(c) => return None,
             Step::Byte(c) => {
                 count.add(c);
-                // After a character's last byte only: never inside a multi-byte character.
-                if !c.is_ascii_whitespace() && example.is_char_boundary(i + 1) {
+                // A closer can only follow a value's end or an opener; elsewhere (after `,`,
+                // `:`, inside a number's sign or a keyword) the result never parses.
+                if matches!(c, b'}' | b']' | b'{' | b'[' | b'0'..=b'9' | b'e' | b'l') {
                     positions.push(i + 1);
                 }
             }
@@ -280,6 +285,29 @@ fn closers_and_positions(example: &str) -> Option<(Vec<u8>, Vec<usize>)> {
         .chain(std::iter::repeat_n(b']', square))
         .collect();
     Some((closers, positions))
+}
+
+/// A byte that may appear outside strings in JSON: structure, whitespace, numbers, and the
+/// letters of `true`, `false` and `null`.
+fn is_json_byte(c: u8) -> bool {
+    matches!(
+        c,
+        b' ' | b'\t' | b'\n' | b'\r' | b'{' | b'}' | b'[' | b']' | b',' | b':' | b'0'
+            ..=b'9'
+                | b'-'
+                | b'+'
+                | b'.'
+                | b'E'
+                | b't'
+                | b'r'
+                | b'u'
+                | b'e'
+                | b'f'
+                | b'a'
+                | b'l'
+                | b's'
+                | b'n'
+    )
 }
 
 /// `text` with each `(position, byte)` inserted; positions ascending (equal ones keep order).

@@ -17,7 +17,7 @@
 //! is cut (quotes, brackets, backticks, newlines, clause or sentence punctuation other than a
 //! comma) or that `syntax` mode would change.
 
-use regex::{Regex, RegexBuilder};
+use regex::{RegexBuilder, RegexSet, RegexSetBuilder};
 
 use super::prose::{clauses, sentences};
 use super::{normalize_text, Fixes};
@@ -43,12 +43,48 @@ impl RuleSpec {
 
 /// A compiled rule.
 #[derive(Debug, Clone)]
-pub(super) struct Rule {
+struct Rule {
     /// `rule_rewritten:<name>`, built once.
     code: String,
-    regex: Regex,
     replacement: String,
 }
+
+/// A compiled rule set: the rules in order and one [`RegexSet`] of their anchored patterns, so
+/// that a clause is tested against every rule in one pass.
+#[derive(Debug, Clone)]
+pub(super) struct Rules {
+    list: Vec<Rule>,
+    set: RegexSet,
+}
+
+impl Rules {
+    pub(super) fn empty() -> Rules {
+        Rules {
+            list: Vec::new(),
+            set: RegexSet::empty(),
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The first rule (in configured order) matching the whole clause.
+    fn find(&self, clause: &str) -> Option<&Rule> {
+        self.set
+            .matches(clause)
+            .iter()
+            .next()
+            .map(|n| &self.list[n])
+    }
+}
+
+/// A rule's pattern as matched: the whole clause, an optional `please` before or after.
+fn anchored(pattern: &str) -> String {
+    format!(r"^(?:please\s+)?(?:{pattern})(?:\s+please)?$")
+}
+
+const REGEX_SIZE_LIMIT: usize = 1 << 20;
 
 /// The default rules: vague format instructions made precise. Each replacement is phrased so
 /// that no rule matches it.
@@ -89,14 +125,21 @@ pub(super) fn default_specs() -> Vec<RuleSpec> {
 
 /// Compiles and checks a rule set; the error is the index of the rule at fault and a message
 /// naming it.
-pub(super) fn compile(specs: &[RuleSpec]) -> Result<Vec<Rule>, (usize, String)> {
-    let mut rules = Vec::with_capacity(specs.len());
+pub(super) fn compile(specs: &[RuleSpec]) -> Result<Rules, (usize, String)> {
+    let mut list = Vec::with_capacity(specs.len());
     for (n, spec) in specs.iter().enumerate() {
-        let rule = compile_one(spec, &rules).map_err(|e| (n, e))?;
-        rules.push(rule);
+        let rule = compile_one(spec, &list).map_err(|e| (n, e))?;
+        list.push(rule);
     }
+    // Each pattern compiled alone above; together they can still exceed the size limit.
+    let set = RegexSetBuilder::new(specs.iter().map(|s| anchored(&s.pattern)))
+        .case_insensitive(true)
+        .size_limit(REGEX_SIZE_LIMIT * specs.len().max(1))
+        .build()
+        .map_err(|e| (specs.len().saturating_sub(1), format!("rule set: {e}")))?;
+    let rules = Rules { list, set };
     // A replacement another rule would rewrite again breaks idempotence.
-    for (n, (spec, rule)) in specs.iter().zip(&rules).enumerate() {
+    for (n, (spec, rule)) in specs.iter().zip(&rules.list).enumerate() {
         let mut probe = Fixes::default();
         if rewrite_prose(&rule.replacement, &rules, Edges::default(), &mut probe).is_some() {
             let by = probe.codes().next().unwrap_or_default();
@@ -129,18 +172,14 @@ fn compile_one(spec: &RuleSpec, earlier: &[Rule]) -> Result<Rule, String> {
     {
         return Err(format!("rule `{name}` is defined twice"));
     }
-    let regex = RegexBuilder::new(&format!(
-        r"^(?:please\s+)?(?:{})(?:\s+please)?$",
-        spec.pattern
-    ))
-    .case_insensitive(true)
-    .size_limit(1 << 20)
-    .build()
-    .map_err(|e| format!("rule `{name}`: bad pattern: {e}"))?;
+    RegexBuilder::new(&anchored(&spec.pattern))
+        .case_insensitive(true)
+        .size_limit(REGEX_SIZE_LIMIT)
+        .build()
+        .map_err(|e| format!("rule `{name}`: bad pattern: {e}"))?;
     check_replacement(&spec.replacement).map_err(|e| format!("rule `{name}`: {e}"))?;
     Ok(Rule {
         code: format!("{RULE_PREFIX}{name}"),
-        regex,
         replacement: spec.replacement.clone(),
     })
 }
@@ -180,7 +219,7 @@ pub(super) struct Edges {
 /// fired.
 pub(super) fn rewrite_prose(
     prose: &str,
-    rules: &[Rule],
+    rules: &Rules,
     edges: Edges,
     fixes: &mut Fixes,
 ) -> Option<String> {
@@ -203,10 +242,7 @@ pub(super) fn rewrite_prose(
         let base = sentence.range.start;
         let text = &prose[sentence.range];
         for (i, clause) in clauses(text).into_iter().enumerate() {
-            let Some(rule) = rules
-                .iter()
-                .find(|r| r.regex.is_match(&text[clause.clone()]))
-            else {
+            let Some(rule) = rules.find(&text[clause.clone()]) else {
                 continue;
             };
             out.push_str(&prose[copied..base + clause.start]);
