@@ -5,7 +5,11 @@
 smart quotes, NBSP, zero-width characters, CRLF, trailing spaces, blank lines); normalization
 should map every variant of a group to one text.
 "distinct" groups: pairs that differ in meaning (a word, a number, code); normalization must
-keep them apart.
+keep them apart. The last ones sit next to the phrases `full` mode's rewrite rules know
+("Don't use markdown tables." is not "Don't use markdown.").
+"phrasing" groups: one format instruction worded differently ("Don't use markdown." / "No
+markdown."), some variants also with trivial damage; only `full` mode is expected to collapse
+them.
 
 Run: python3 bench/data/gen_prompt_sensitivity.py
 """
@@ -99,14 +103,57 @@ def distinct_groups(n):
     return groups
 
 
+PHRASINGS = [
+    ["Don't use markdown.", "Do not use markdown.", "No markdown.",
+     "Please don't use any markdown formatting.", "Never use markdown."],
+    ["Be brief.", "Be concise.", "Keep it short.", "Keep your answer brief.", "Please be succinct."],
+    ["Use bullet points.", "Use bullets.", "Answer in bullet points.", "Reply with a bulleted list."],
+    ["Respond in JSON.", "Reply with JSON.", "Return JSON only.", "JSON only."],
+    ["Don't explain.", "No explanation needed.", "Without any explanation.",
+     "Do not explain your answer."],
+]
+
+# (a phrase a rule knows, a neighbour with another meaning)
+RULE_NEIGHBOURS = [
+    ("Don't use markdown.", "Don't use markdown tables."), ("Be brief.", "Be detailed."),
+    ("Respond in JSON.", "Respond in YAML."), ("Use bullet points.", "Use numbered points."),
+    ("Don't explain.", "Do explain."), ("No markdown.", "Markdown is fine."),
+    ("Keep it short.", "Keep it long."), ("Be brief.", "Be brief about the history."),
+    ("Don't use markdown.", "Don't use markdown?"),
+    ("No explanation needed.", "No explanation needed for the first part."),
+]
+
+
+def subject_sentence(i):
+    return f"{ACTIONS[i % 10]} {SUBJECTS[(i // 10) % 10]}."
+
+
+def phrasing_groups(n):
+    groups = []
+    for i in range(n):
+        lead = subject_sentence(i * 3)
+        variants = [f"{lead} {p}" for p in PHRASINGS[i % len(PHRASINGS)]]
+        variants.append(VARIANTS[i % len(VARIANTS)](variants[-1]))
+        groups.append(list(dict.fromkeys(variants)))
+    return groups
+
+
+def rule_neighbour_groups(n):
+    return [[f"{subject_sentence(i * 7)} {a}", f"{subject_sentence(i * 7)} {b}"]
+            for i, (a, b) in ((i, RULE_NEIGHBOURS[i % len(RULE_NEIGHBOURS)]) for i in range(n))]
+
+
 data = {
     "description": "Prompt-sensitivity set (issue 17): trivial groups should collapse to one "
-                   "canonical text under syntax normalization; distinct groups must stay apart.",
+                   "canonical text under syntax normalization; phrasing groups (one format "
+                   "instruction worded differently) under full normalization; distinct groups "
+                   "must stay apart in every mode.",
     "trivial": trivial_groups(220),
-    "distinct": distinct_groups(60),
+    "distinct": distinct_groups(60) + rule_neighbour_groups(30),
+    "phrasing": phrasing_groups(50),
 }
 path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompt-sensitivity.json")
 with open(path, "w", encoding="utf-8") as f:
     json.dump(data, f, ensure_ascii=True, indent=1)
     f.write("\n")
-print(path, len(data["trivial"]), len(data["distinct"]))
+print(path, len(data["trivial"]), len(data["distinct"]), len(data["phrasing"]))

@@ -1,13 +1,16 @@
-//! `syntax` prompt normalization throughput on ~1 MB of prompt text, cut into ~1 KB messages
-//! (keel's README: prose, tables, code blocks). Three inputs: already canonical text (the
-//! pre-scan / no-allocation path), text needing fixes (smart quotes, NBSP, zero-width spaces,
-//! CRLF, trailing spaces), and a half-and-half mix.
+//! Prompt normalization throughput on ~1 MB of prompt text, cut into ~1 KB messages (keel's
+//! README: prose, tables, code blocks). Three inputs: already canonical text (the pre-scan /
+//! no-allocation path), text needing fixes (smart quotes, NBSP, zero-width spaces, CRLF,
+//! trailing spaces), and a half-and-half mix. `normalize_syntax` measures `syntax` mode;
+//! `normalize_full` measures `full` mode's per-text pipeline (`syntax`, JSON-example repair,
+//! the default rewrite rules) on the same inputs plus one whose every message carries vague
+//! format instructions the rules rewrite.
 //! `cargo bench -p keel-core --bench normalize`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 
-use keel_core::normalize::{normalize_text, Fixes};
+use keel_core::normalize::{normalize_prompt_text, normalize_text, Fixes, FullConfig};
 
 const README: &str = include_str!("../../../README.md");
 const TARGET: usize = 1_000_000;
@@ -51,12 +54,13 @@ fn bench(c: &mut Criterion) {
         .enumerate()
         .map(|(i, (c, f))| if i % 2 == 0 { c.clone() } else { f.clone() })
         .collect();
-    let mut group = c.benchmark_group("normalize_syntax");
-    for (name, texts) in [
+    let inputs = [
         ("clean", &clean),
         ("needs_fixes", &fixes),
         ("mixed", &mixed),
-    ] {
+    ];
+    let mut group = c.benchmark_group("normalize_syntax");
+    for (name, texts) in inputs {
         let bytes: usize = texts.iter().map(String::len).sum();
         group.throughput(Throughput::Bytes(bytes as u64));
         group.bench_function(name, |b| {
@@ -64,6 +68,26 @@ fn bench(c: &mut Criterion) {
                 let mut fixes = Fixes::default();
                 for t in texts {
                     black_box(normalize_text(black_box(t), &mut fixes));
+                }
+            })
+        });
+    }
+    group.finish();
+
+    let cfg = FullConfig::default();
+    let vague: Vec<String> = clean
+        .iter()
+        .map(|s| format!("Summarize this. Don't use markdown, be brief.\n\n{s}"))
+        .collect();
+    let mut group = c.benchmark_group("normalize_full");
+    for (name, texts) in inputs.into_iter().chain([("vague_instructions", &vague)]) {
+        let bytes: usize = texts.iter().map(String::len).sum();
+        group.throughput(Throughput::Bytes(bytes as u64));
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let mut fixes = Fixes::default();
+                for t in texts {
+                    black_box(normalize_prompt_text(black_box(t), &cfg, &mut fixes));
                 }
             })
         });

@@ -314,12 +314,12 @@ fn normalize(
             )
         })?,
     };
-    let codes: Vec<&'static str> = if take_opt_out(endpoint, &mut req.body) {
-        vec!["opt_out"]
+    let codes: Vec<String> = if take_opt_out(endpoint, &mut req.body) {
+        vec!["opt_out".to_owned()]
     } else if pool.safety.active() {
         Vec::new()
     } else {
-        normalize_request(endpoint, &mut req.body, mode)
+        normalize_request(endpoint, &mut req.body, mode, &pool.cfg.normalize_full)
     };
     for code in &codes {
         pool.metrics
@@ -329,5 +329,5 @@ fn normalize(
             )
             .increment(1);
     }
-    Ok(codes.into_iter().map(str::to_owned).collect())
+    Ok(codes)
 }

@@ -6,12 +6,27 @@
 //! Only prose is touched: system prompts and the text content of messages. Tool definitions, tool
 //! calls and their arguments, tool results, non-text parts, code spans and texts that are JSON as
 //! a whole stay byte-identical.
+//!
+//! `full` mode adds three steps on the prompt (system, developer and user texts; never the
+//! assistant's turns, which are the model's own words): JSON-example repair ([`json_repair`]),
+//! rewrite rules for vague format instructions ([`rules`]), and intent completion ([`intent`]).
+//! What they may change, and why a second pass changes nothing, is in [`full`].
 
+mod full;
+mod intent;
+mod json_repair;
+mod prose;
+mod rules;
 mod text;
+
+use std::borrow::Cow;
 
 use serde_json::{Map, Value};
 
 use crate::protocol::Endpoint;
+pub use full::{normalize_prompt_text, ErrorAt, FullConfig, FullConfigError};
+pub use intent::Intent;
+pub use rules::RuleSpec;
 pub use text::normalize_text;
 
 /// How much normalization a pool or request asks for.
@@ -22,8 +37,8 @@ pub enum Mode {
     Off,
     /// Meaning-preserving character and whitespace fixes.
     Syntax,
-    /// `Syntax` plus rewrite rules for vague format instructions. The rules are not written yet,
-    /// so this mode currently does what `Syntax` does.
+    /// `Syntax` plus JSON-example repair, rewrite rules for vague format instructions and
+    /// intent completion, as configured by a [`FullConfig`].
     Full,
 }
 
@@ -39,61 +54,84 @@ impl Mode {
     }
 }
 
-/// The fix codes applied, each listed once, in the order first applied.
+/// The fix codes applied, each listed once, in the order first applied. `syntax` codes are
+/// static; `full` adds codes that name a configured rule (`rule_rewritten:<name>`).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Fixes(Vec<&'static str>);
+pub struct Fixes(Vec<Cow<'static, str>>);
 
 impl Fixes {
-    pub fn add(&mut self, code: &'static str) {
+    pub fn add(&mut self, code: impl Into<Cow<'static, str>>) {
+        let code = code.into();
         if !self.0.contains(&code) {
             self.0.push(code);
         }
     }
 
-    pub fn codes(&self) -> &[&'static str] {
-        &self.0
+    pub fn codes(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|c| c.as_ref())
     }
 
-    pub fn into_codes(self) -> Vec<&'static str> {
-        self.0
+    pub fn contains(&self, code: &str) -> bool {
+        self.codes().any(|c| c == code)
+    }
+
+    pub fn into_codes(self) -> Vec<String> {
+        self.0.into_iter().map(Cow::into_owned).collect()
     }
 }
 
 /// Normalizes the prose of a Chat Completions or Messages body in place; other endpoints and
-/// `Mode::Off` leave it untouched. Returns the fix codes applied (empty when nothing changed).
+/// `Mode::Off` leave it untouched. `full` configures what `Mode::Full` adds (ignored in the
+/// other modes). Returns the fix codes applied (empty when nothing changed).
 pub fn normalize_request(
     endpoint: Endpoint,
     body: &mut Map<String, Value>,
     mode: Mode,
-) -> Vec<&'static str> {
+    full: &FullConfig,
+) -> Vec<String> {
     let mut fixes = Fixes::default();
     if mode == Mode::Off {
         return Vec::new();
     }
+    let full = (mode == Mode::Full).then_some(full);
     match endpoint {
         Endpoint::ChatCompletions => {
             for msg in messages(body) {
+                let role = msg.get("role").and_then(Value::as_str);
                 // A tool message's content is a tool result: data, not prose.
-                if msg.get("role").and_then(Value::as_str) != Some("tool") {
-                    if let Some(content) = msg.get_mut("content") {
-                        normalize_content(content, &mut fixes);
-                    }
+                if role == Some("tool") {
+                    continue;
+                }
+                let prompt = full.filter(|_| is_prompt_role(role));
+                if let Some(content) = msg.get_mut("content") {
+                    normalize_content(content, prompt, &mut fixes);
                 }
             }
         }
         Endpoint::Messages | Endpoint::CountTokens => {
             if let Some(system) = body.get_mut("system") {
-                normalize_content(system, &mut fixes);
+                normalize_content(system, full, &mut fixes);
             }
             for msg in messages(body) {
+                let prompt =
+                    full.filter(|_| is_prompt_role(msg.get("role").and_then(Value::as_str)));
                 if let Some(content) = msg.get_mut("content") {
-                    normalize_content(content, &mut fixes);
+                    normalize_content(content, prompt, &mut fixes);
                 }
             }
         }
         Endpoint::Completions | Endpoint::Embeddings => {}
     }
+    if let Some(full) = full {
+        intent::complete(endpoint, body, full, &mut fixes);
+    }
     fixes.into_codes()
+}
+
+/// The roles whose texts are the prompt (what `full` mode may rewrite): everything but the
+/// assistant's turns and tool results.
+fn is_prompt_role(role: Option<&str>) -> bool {
+    matches!(role, Some("system" | "developer" | "user"))
 }
 
 /// The opt-out marker: a first line of the first system or user text.
@@ -144,18 +182,7 @@ pub fn take_opt_out(endpoint: Endpoint, body: &mut Map<String, Value>) -> bool {
 
 /// The first text of a content value: the string itself, or the first `text` part's text.
 fn first_text(content: &mut Value) -> Option<&mut String> {
-    match content {
-        Value::String(s) => Some(s),
-        Value::Array(parts) => parts
-            .iter_mut()
-            .filter_map(Value::as_object_mut)
-            .find(|p| p.get("type").and_then(Value::as_str) == Some("text"))
-            .and_then(|p| match p.get_mut("text") {
-                Some(Value::String(s)) => Some(s),
-                _ => None,
-            }),
-        _ => None,
-    }
+    texts_mut(content).into_iter().next()
 }
 
 fn messages(body: &mut Map<String, Value>) -> impl Iterator<Item = &mut Map<String, Value>> {
@@ -166,30 +193,40 @@ fn messages(body: &mut Map<String, Value>) -> impl Iterator<Item = &mut Map<Stri
         .filter_map(Value::as_object_mut)
 }
 
-/// A content value is a string or an array of parts in both protocols; only parts of type
-/// `text` (with a string `text`) are prose.
-fn normalize_content(content: &mut Value, fixes: &mut Fixes) {
+/// The text strings of a content value: the string itself, or each `text` part's `text` (both
+/// protocols use these two shapes; other parts are not prose).
+fn texts_mut(content: &mut Value) -> Vec<&mut String> {
     match content {
-        Value::String(s) => normalize_in_place(s, fixes),
-        Value::Array(parts) => {
-            for part in parts.iter_mut().filter_map(Value::as_object_mut) {
-                if part.get("type").and_then(Value::as_str) == Some("text") {
-                    if let Some(Value::String(s)) = part.get_mut("text") {
-                        normalize_in_place(s, fixes);
-                    }
-                }
-            }
+        Value::String(s) => vec![s],
+        Value::Array(parts) => parts
+            .iter_mut()
+            .filter_map(Value::as_object_mut)
+            .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|p| match p.get_mut("text") {
+                Some(Value::String(s)) => Some(s),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Normalizes each text of a content value: `syntax` always, plus `full`'s per-text steps when
+/// `full` is given (a prompt text in `full` mode).
+fn normalize_content(content: &mut Value, full: Option<&FullConfig>, fixes: &mut Fixes) {
+    for s in texts_mut(content) {
+        let new = match full {
+            Some(cfg) => full::normalize_prompt_text(s, cfg, fixes),
+            None => normalize_text(s, fixes),
+        };
+        if let Some(new) = new {
+            *s = new;
         }
-        _ => {}
     }
 }
 
-fn normalize_in_place(s: &mut String, fixes: &mut Fixes) {
-    if let Some(new) = normalize_text(s, fixes) {
-        *s = new;
-    }
-}
-
+#[cfg(test)]
+mod full_tests;
 #[cfg(test)]
 mod props;
 #[cfg(test)]

@@ -57,13 +57,13 @@ fn is_clean_ascii(b: &[u8]) -> bool {
 }
 
 /// A text that parses as JSON as a whole is data, not prose: it is left alone.
-fn is_json(text: &str) -> bool {
+pub(super) fn is_json(text: &str) -> bool {
     let t = text.trim_start();
     (t.starts_with('{') || t.starts_with('['))
         && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
 }
 
-enum Segment<'a> {
+pub(super) enum Segment<'a> {
     Code(&'a str),
     Prose(&'a str),
 }
@@ -71,7 +71,7 @@ enum Segment<'a> {
 /// Cuts the text at code spans: a run of n backticks opens a span that ends at the next run of
 /// exactly n backticks. An unmatched single or double run is plain prose; an unmatched fence
 /// (three or more) runs to the end of the text, as Markdown renders it.
-fn split_code(text: &str) -> Vec<Segment<'_>> {
+pub(super) fn split_code(text: &str) -> Vec<Segment<'_>> {
     let b = text.as_bytes();
     let mut segments = Vec::new();
     let (mut prose_start, mut i) = (0, 0);

@@ -20,6 +20,7 @@
 mod budget;
 mod health;
 mod keys;
+mod normalize;
 mod observability;
 mod pool;
 mod read;

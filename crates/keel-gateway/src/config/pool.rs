@@ -82,6 +82,11 @@ pub struct PoolConfig {
     pub canonical_tools: bool,
     /// Prompt normalization (`normalize`: off, syntax, full; default off).
     pub normalize: keel_core::normalize::Mode,
+    /// What `full` normalization adds, from `[[pools.normalize_rules]]` and
+    /// `[pools.normalize_constraints]` (the built-in rules and constraints when absent). Used
+    /// whenever a request of this pool is normalized in `full` mode, whether the pool, the key
+    /// or the request's `x-keel-normalize` asked for it.
+    pub normalize_full: std::sync::Arc<keel_core::normalize::FullConfig>,
     pub hold_tool_calls: bool,
     pub assemble_non_streaming: bool,
     pub health: HealthConfig,
@@ -178,6 +183,8 @@ pub(super) fn read(
         let c = t.table("canary", issues);
         super::rollout::read_canary(c, &variants, issues)
     };
+
+    let normalize_full = super::normalize::read(&mut t, issues);
     let pool = PoolConfig {
         name,
         aliases,
@@ -201,6 +208,7 @@ pub(super) fn read(
             .choice("normalize", &NORMALIZE_MODES, issues)
             .map(|m| m.value)
             .unwrap_or(keel_core::normalize::Mode::Off),
+        normalize_full,
         hold_tool_calls: t.value::<bool>("hold_tool_calls", issues).unwrap_or(true),
         assemble_non_streaming: t
             .value::<bool>("assemble_non_streaming", issues)

@@ -78,3 +78,61 @@ async fn a_pool_without_normalize_forwards_the_prompt_as_sent() {
         MESSY
     );
 }
+
+#[tokio::test]
+async fn full_mode_uses_the_pool_rules_and_repairs_a_json_example() {
+    let pool = "hedge = \"off\"\nnormalize = \"full\"\n[[pools.normalize_rules]]\nname = \"friendly\"\npattern = 'be\\s+(nice|kind)'\nreplacement = \"Use a warm tone\"\n";
+    let h = Harness::openai(1, 1, "", pool).await;
+    let r = h
+        .post(
+            "/v1/chat/completions",
+            &body("Be  nice. Reply like {\"ok\": true"),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let fixes = header(r.headers(), "x-keel-prompt-fix").to_owned();
+    for code in [
+        "spaces_collapsed",
+        "rule_rewritten:friendly",
+        "schema_brace_recovered",
+    ] {
+        assert!(fixes.contains(code), "{code} missing from {fixes}");
+    }
+    assert_eq!(
+        h.server(0).state.last_body()["messages"][0]["content"],
+        "Use a warm tone. Reply like {\"ok\": true}"
+    );
+    assert!(
+        h.metric(
+            "keel_prompt_fixes_total",
+            &[("fix", "rule_rewritten:friendly")]
+        )
+        .await
+            >= 1.0
+    );
+}
+
+#[tokio::test]
+async fn x_keel_normalize_full_applies_the_built_in_rules_on_a_syntax_pool() {
+    let h = Harness::openai(1, 1, "", "hedge = \"off\"\nnormalize = \"syntax\"\n").await;
+    let prompt = "Summarize this.  Don't use markdown.";
+    let r = h.post("/v1/chat/completions", &body(prompt)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        h.server(0).state.last_body()["messages"][0]["content"],
+        "Summarize this. Don't use markdown."
+    );
+    let r = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("x-keel-normalize", "full")],
+            &body(prompt),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert!(header(r.headers(), "x-keel-prompt-fix").contains("rule_rewritten:no_markdown"));
+    assert_eq!(
+        h.server(0).state.last_body()["messages"][0]["content"],
+        "Summarize this. Output plain text only, with no formatting characters."
+    );
+}
