@@ -22,6 +22,7 @@ pub mod attempt;
 pub mod body;
 pub mod capacity;
 pub mod config;
+pub mod consensus;
 pub mod context;
 pub mod context_fit;
 pub mod decisions;

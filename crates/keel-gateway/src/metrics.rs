@@ -32,6 +32,8 @@
 //! | `keel_variant_tgsv_seconds` | pool, variant | its inter-token gap spread (TGSV) |
 //! | `keel_variant_inflight` | pool, variant | its requests in flight |
 //! | `keel_variant_state` | pool, variant | 0 healthy, 1 slow start, 2 warming, 3 ejected |
+//! | `keel_integrity_total` | pool, issue, action | output integrity events: issue = `truncated`, `invalid_json`; action = `continued`, `retried`, `flagged` (see `relay::integrity`) |
+//! | `keel_consensus_total` | pool, result | consensus requests by result: `unanimous`, `split`, `no_valid_answer` (see `consensus`) |
 //!
 //! `outcome` of a request is one of `ok`, `client_error` (4xx), `error` (keel could not serve:
 //! 5xx), `incomplete` (a stream that failed after its first byte), `cancelled` (client went away).

@@ -138,6 +138,13 @@ pub struct DecisionRecord {
     pub upstream_wait_ms: f64,
     /// `x-keel-overhead-us`.
     pub overhead_us: Option<u64>,
+    /// Output integrity events, `<issue>:<action>` (`truncated:continued`,
+    /// `invalid_json:retried`, `invalid_json:flagged`, …; see `relay::integrity`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub integrity: Vec<String>,
+    /// A consensus request's votes (see `consensus`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consensus: Option<serde_json::Value>,
 }
 
 impl DecisionRecord {

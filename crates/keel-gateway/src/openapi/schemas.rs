@@ -471,7 +471,9 @@ fn keel_schemas() -> [(&'static str, Value); 2] {
                     "ttft_ms": {"type": ["number", "null"]},
                     "total_ms": {"type": "number"},
                     "upstream_wait_ms": {"type": "number"},
-                    "overhead_us": {"type": ["integer", "null"]}
+                    "overhead_us": {"type": ["integer", "null"]},
+                    "integrity": {"type": "array", "items": {"type": "string"}, "description": "Output integrity events, `<issue>:<action>` (present when any)."},
+                    "consensus": {"type": "object", "description": "A consensus request's answers, agreement and disagreeing fields (present for consensus requests)."}
                 }),
             ),
         ),

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use keel_core::continuation::Stitcher;
+use keel_core::integrity::truncation::{Step, TruncationWatch};
 use keel_core::outcome::AttemptFailure;
 use keel_core::protocol::{event_role, EventRole};
 use keel_core::sse::SseEvent;
@@ -30,6 +31,11 @@ pub(super) struct Watch {
     slow_checked: bool,
     /// Gaps between outputs (the first is the time to the first token).
     pub(super) gaps: Vec<f64>,
+    /// Holds the stream's ending while it may be a stop for length (pools with
+    /// `[pools.integrity]`; see `integrity`).
+    pub(super) truncation: Option<TruncationWatch>,
+    /// Tokens delivered before this segment began.
+    pub(super) tokens_before: u64,
 }
 
 impl Segment {
@@ -42,6 +48,8 @@ impl Segment {
                 slow: None,
                 slow_checked: false,
                 gaps: Vec::new(),
+                truncation: None,
+                tokens_before: 0,
             },
             committed,
             start,
@@ -81,6 +89,10 @@ impl Relay {
                 .then(|| self.pool.baseline_gap_ms(vi))
                 .flatten()
                 .map(SlowRate::new);
+            if self.integrity().is_some() {
+                seg.watch.truncation = Some(TruncationWatch::new(self.protocol));
+                seg.watch.tokens_before = st.delivered_tokens();
+            }
         }
         let Segment { start, watch, .. } = seg;
         let mut kept = std::mem::take(&mut start.head);
@@ -242,7 +254,48 @@ impl Relay {
         } else {
             vec![ev]
         };
-        for ev in release {
+        // Only pools with integrity checks look for a stop for length (see `integrity`).
+        let out = match w.truncation.as_mut() {
+            None => release,
+            Some(t) => {
+                let last = release.len().saturating_sub(1);
+                let mut out = Vec::with_capacity(release.len());
+                for (i, ev) in release.into_iter().enumerate() {
+                    match t.push(ev, terminal && i == last) {
+                        Step::Pass(evs) => out.extend(evs),
+                        Step::Held => {}
+                        Step::LengthStop(held) => {
+                            if let Some(end) = self.forward_all(out, st, trim).await {
+                                return Some(end);
+                            }
+                            return Some(SegmentEnd::LengthStop(held));
+                        }
+                    }
+                }
+                out
+            }
+        };
+        if let Some(end) = self.forward_all(out, st, trim).await {
+            return Some(end);
+        }
+        if slow {
+            return Some(SegmentEnd::Failed(AttemptFailure::Slow(format!(
+                "token rate below {:.0}% of the variant's baseline on {SLOW_CHECKS} checks in a row",
+                SLOW_RATE * 100.0
+            ))));
+        }
+        terminal.then_some(SegmentEnd::Complete)
+    }
+
+    /// Stitches and forwards events; how the segment ends when the client is gone or the
+    /// assembler refused them.
+    async fn forward_all(
+        &self,
+        events: Vec<SseEvent>,
+        st: &mut Stitcher,
+        trim: &mut bool,
+    ) -> Option<SegmentEnd> {
+        for ev in events {
             if let Some(bytes) = st.process(&ev, trim) {
                 match self.deliver(bytes).await {
                     Sent::Ok => {}
@@ -253,12 +306,6 @@ impl Relay {
                 }
             }
         }
-        if slow {
-            return Some(SegmentEnd::Failed(AttemptFailure::Slow(format!(
-                "token rate below {:.0}% of the variant's baseline on {SLOW_CHECKS} checks in a row",
-                SLOW_RATE * 100.0
-            ))));
-        }
-        terminal.then_some(SegmentEnd::Complete)
+        None
     }
 }
