@@ -55,14 +55,23 @@ pub fn requested(
     let Some(raw) = headers.get(HEADER) else {
         return Ok(None);
     };
-    let bad = |m: String| Err(GatewayError::new(ErrorKind::InvalidRequest, format!("{HEADER}: {m}")));
+    let bad = |m: String| {
+        Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!("{HEADER}: {m}"),
+        ))
+    };
     let text = raw.to_str().unwrap_or("").trim();
     let Ok(n) = text.parse::<usize>() else {
-        return bad(format!("expected the number of variants to ask (2 or more), got `{text}`"));
+        return bad(format!(
+            "expected the number of variants to ask (2 or more), got `{text}`"
+        ));
     };
     let size = pool.variants.len();
     if n < 2 {
-        return bad(format!("at least 2 variants are needed for a consensus, got {n}"));
+        return bad(format!(
+            "at least 2 variants are needed for a consensus, got {n}"
+        ));
     }
     if n > size {
         return bad(format!(
@@ -72,7 +81,9 @@ pub fn requested(
         ));
     }
     if req.stream {
-        return bad("a streamed answer cannot be voted on before it is sent; ask without `stream`".into());
+        return bad(
+            "a streamed answer cannot be voted on before it is sent; ask without `stream`".into(),
+        );
     }
     if endpoint != Endpoint::ChatCompletions || ijson::expected(&req.body).is_none() {
         return bad("only structured-output requests can be voted on (chat completions with `response_format` of type `json_object` or `json_schema`)".into());
@@ -115,12 +126,25 @@ pub async fn run(
     let mut client_error = None;
     while let Some((e, r)) = running.next().await {
         match attempts.settle(e, r) {
-            Settled::Served(c, Served::Whole { status, headers, body }) => {
+            Settled::Served(
+                c,
+                Served::Whole {
+                    status,
+                    headers,
+                    body,
+                },
+            ) => {
                 ctx.meter.whole(&pool.variants[c.vi].cfg, &body);
-                answers.push(Answer { vi: c.vi, status, headers, body });
+                answers.push(Answer {
+                    vi: c.vi,
+                    status,
+                    headers,
+                    body,
+                });
             }
             Settled::Served(c, Served::Stream(_)) => {
-                let f = AttemptFailure::Malformed("answered a consensus request with a stream".into());
+                let f =
+                    AttemptFailure::Malformed("answered a consensus request with a stream".into());
                 attempts.settle_end(c, StreamEnd::Failed(f));
             }
             Settled::ClientError(s) => {
@@ -151,7 +175,12 @@ pub async fn run(
             crate::delivery::integrity_header(resp.headers_mut(), &["invalid_json"]);
             return resp;
         }
-        if let Some(Served::Whole { status, headers, body }) = client_error {
+        if let Some(Served::Whole {
+            status,
+            headers,
+            body,
+        }) = client_error
+        {
             return crate::delivery::whole(log, ctx, status, headers, body);
         }
         return crate::delivery::error_response(log, protocol, &attempts.give_up_error(ctx));
@@ -180,9 +209,21 @@ pub async fn run(
             h.insert(name, v);
         }
     };
-    put(h, "x-keel-consensus-agreement", format!("{:.2}", consensus.agreement()));
-    put(h, "x-keel-consensus-fields", format!("{}/{}", consensus.fields_agreed, consensus.fields_total));
-    put(h, "x-keel-consensus-answers", format!("{}/{asked}", values.len()));
+    put(
+        h,
+        "x-keel-consensus-agreement",
+        format!("{:.2}", consensus.agreement()),
+    );
+    put(
+        h,
+        "x-keel-consensus-fields",
+        format!("{}/{}", consensus.fields_agreed, consensus.fields_total),
+    );
+    put(
+        h,
+        "x-keel-consensus-answers",
+        format!("{}/{asked}", values.len()),
+    );
     let result = if consensus.disagreements.is_empty() {
         "unanimous"
     } else {
@@ -195,7 +236,10 @@ pub async fn run(
 /// Counts a consensus by result: `unanimous`, `split` (some field disagreed), `no_valid_answer`.
 fn count(pool: &Pool, result: &'static str) {
     pool.metrics
-        .counter("keel_consensus_total", &[("pool", &pool.cfg.name), ("result", result)])
+        .counter(
+            "keel_consensus_total",
+            &[("pool", &pool.cfg.name), ("result", result)],
+        )
         .increment(1);
 }
 
@@ -241,13 +285,15 @@ fn record(c: &vote::Consensus, names: &[&str], asked: usize) -> Value {
         .disagreements
         .iter()
         .map(|d| {
-            let (won, lost): (Vec<_>, Vec<_>) = d
-                .values
-                .iter()
-                .zip(names)
-                .partition(|(v, _)| **v == d.chosen);
-            let names = |xs: Vec<(&Option<Value>, &&str)>| xs.into_iter().map(|(_, n)| *n).collect::<Vec<_>>();
-            json!({"field": d.field, "agreeing": names(won), "differing": names(lost), "left_out": d.chosen.is_none()})
+            let (mut agreeing, mut differing) = (Vec::new(), Vec::new());
+            for (v, name) in d.values.iter().zip(names) {
+                if *v == d.chosen {
+                    agreeing.push(*name);
+                } else {
+                    differing.push(*name);
+                }
+            }
+            json!({"field": d.field, "agreeing": agreeing, "differing": differing, "left_out": d.chosen.is_none()})
         })
         .collect();
     json!({

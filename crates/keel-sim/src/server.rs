@@ -450,14 +450,6 @@ impl SimServer {
         if let Some(answer) = self.fault_answer(protocol, &mut faults).await {
             return answer;
         }
-        let asked_json = sreq.structured.is_some();
-        if let (Some(answer), None) = (&self.cfg.answer, &sreq.tool_call) {
-            // A fixed answer is served as a structured reply is: its text after the prefill.
-            sreq.structured = Some(answer.clone());
-        }
-        if let (true, Some(json)) = (faults.invalid_json && asked_json, &mut sreq.structured) {
-            json.pop();
-        }
         let slot = self.acquire().await;
         let ms = self.draw_ttft_ms(req.tokens() as usize, &faults);
         sleep_unless_zero(Duration::from_secs_f64(ms / 1000.0)).await;
@@ -645,6 +637,14 @@ impl SimServer {
         let mut faults = self.resolve_faults();
         if let Some(answer) = self.fault_answer(protocol, &mut faults).await {
             return answer;
+        }
+        let asked_json = sreq.structured.is_some();
+        if let (Some(answer), None) = (&self.cfg.answer, &sreq.tool_call) {
+            // A fixed answer is served as a structured reply is: its text after the prefill.
+            sreq.structured = Some(answer.clone());
+        }
+        if let (true, Some(json)) = (faults.invalid_json && asked_json, &mut sreq.structured) {
+            json.pop();
         }
 
         let mut out = self.gen.generate(

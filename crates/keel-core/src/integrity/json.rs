@@ -35,7 +35,8 @@ pub fn check(text: &str, expected: &Expected) -> Result<Value, String> {
         Expected::Object if !v.is_object() => Err("the answer is JSON but not an object".into()),
         Expected::Object => Ok(v),
         Expected::Schema(schema) => {
-            super::schema::validate(schema, &v).map_err(|e| format!("the answer does not match the schema: {e}"))?;
+            super::schema::validate(schema, &v)
+                .map_err(|e| format!("the answer does not match the schema: {e}"))?;
             Ok(v)
         }
     }
@@ -73,7 +74,9 @@ mod tests {
         );
         let s = json!({"type": "object"});
         assert_eq!(
-            expected(&body(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": s}}}))),
+            expected(&body(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": s}}})
+            )),
             Some(Expected::Schema(json!({"type": "object"})))
         );
     }
@@ -81,9 +84,15 @@ mod tests {
     #[test]
     fn checks_answers() {
         assert!(check("{\"a\": 1}", &Expected::Object).is_ok());
-        assert!(check("[1]", &Expected::Object).unwrap_err().contains("not an object"));
-        assert!(check("{\"a\": ", &Expected::Object).unwrap_err().contains("not valid JSON"));
-        let s = Expected::Schema(json!({"type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}}}));
+        assert!(check("[1]", &Expected::Object)
+            .unwrap_err()
+            .contains("not an object"));
+        assert!(check("{\"a\": ", &Expected::Object)
+            .unwrap_err()
+            .contains("not valid JSON"));
+        let s = Expected::Schema(
+            json!({"type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}}}),
+        );
         assert!(check("{\"a\": 2}", &s).is_ok());
         assert!(check("{\"a\": \"x\"}", &s).unwrap_err().contains("/a"));
         assert!(check("{}", &s).unwrap_err().contains("required"));

@@ -58,7 +58,10 @@ impl Checker<'_> {
         match s.get("type") {
             Some(Value::String(t)) if !type_matches(t, v) => return fail(format!("expected {t}")),
             Some(Value::Array(ts))
-                if !ts.iter().filter_map(Value::as_str).any(|t| type_matches(t, v)) =>
+                if !ts
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .any(|t| type_matches(t, v)) =>
             {
                 return fail(format!("expected one of {}", Value::Array(ts.clone())))
             }
@@ -71,7 +74,10 @@ impl Checker<'_> {
         }
         if let Some(Value::Array(options)) = s.get("enum") {
             if !options.contains(v) {
-                return fail(format!("{v} is not one of {}", Value::Array(options.clone())));
+                return fail(format!(
+                    "{v} is not one of {}",
+                    Value::Array(options.clone())
+                ));
             }
         }
         for key in ["anyOf", "oneOf"] {
@@ -89,7 +95,11 @@ impl Checker<'_> {
         match v {
             Value::Object(o) => {
                 if let Some(Value::Array(req)) = s.get("required") {
-                    if let Some(missing) = req.iter().filter_map(Value::as_str).find(|k| !o.contains_key(*k)) {
+                    if let Some(missing) = req
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .find(|k| !o.contains_key(*k))
+                    {
                         return fail(format!("required field `{missing}` is missing"));
                     }
                 }
@@ -111,10 +121,16 @@ impl Checker<'_> {
             }
             Value::Array(items) => {
                 let n = items.len() as u64;
-                if s.get("minItems").and_then(Value::as_u64).is_some_and(|m| n < m) {
+                if s.get("minItems")
+                    .and_then(Value::as_u64)
+                    .is_some_and(|m| n < m)
+                {
                     return fail(format!("fewer than minItems items ({n})"));
                 }
-                if s.get("maxItems").and_then(Value::as_u64).is_some_and(|m| n > m) {
+                if s.get("maxItems")
+                    .and_then(Value::as_u64)
+                    .is_some_and(|m| n > m)
+                {
                     return fail(format!("more than maxItems items ({n})"));
                 }
                 if let Some(item) = s.get("items") {
@@ -125,19 +141,31 @@ impl Checker<'_> {
             }
             Value::String(text) => {
                 let n = text.chars().count() as u64;
-                if s.get("minLength").and_then(Value::as_u64).is_some_and(|m| n < m) {
+                if s.get("minLength")
+                    .and_then(Value::as_u64)
+                    .is_some_and(|m| n < m)
+                {
                     return fail(format!("shorter than minLength ({n} characters)"));
                 }
-                if s.get("maxLength").and_then(Value::as_u64).is_some_and(|m| n > m) {
+                if s.get("maxLength")
+                    .and_then(Value::as_u64)
+                    .is_some_and(|m| n > m)
+                {
                     return fail(format!("longer than maxLength ({n} characters)"));
                 }
             }
             Value::Number(x) => {
                 let x = x.as_f64().unwrap_or(0.0);
-                if s.get("minimum").and_then(Value::as_f64).is_some_and(|m| x < m) {
+                if s.get("minimum")
+                    .and_then(Value::as_f64)
+                    .is_some_and(|m| x < m)
+                {
                     return fail(format!("{x} is below the minimum"));
                 }
-                if s.get("maximum").and_then(Value::as_f64).is_some_and(|m| x > m) {
+                if s.get("maximum")
+                    .and_then(Value::as_f64)
+                    .is_some_and(|m| x > m)
+                {
                     return fail(format!("{x} is above the maximum"));
                 }
             }
@@ -166,7 +194,11 @@ mod tests {
             },
             "$defs": {"tag": {"type": "string"}}
         });
-        assert!(validate(&s, &json!({"name": "ab", "tags": ["x"], "age": null, "kind": "a"})).is_ok());
+        assert!(validate(
+            &s,
+            &json!({"name": "ab", "tags": ["x"], "age": null, "kind": "a"})
+        )
+        .is_ok());
         let err = |v| validate(&s, &v).unwrap_err();
         assert!(err(json!({"name": "ab"})).contains("`tags`"));
         assert!(err(json!({"name": "a", "tags": []})).starts_with("/name"));

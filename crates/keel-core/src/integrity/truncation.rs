@@ -111,11 +111,16 @@ impl TruncationWatch {
         let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
             return false;
         };
-        if let Some(n) = v.pointer("/usage/completion_tokens").and_then(Value::as_u64) {
+        if let Some(n) = v
+            .pointer("/usage/completion_tokens")
+            .and_then(Value::as_u64)
+        {
             self.reported = Some(n);
         }
         if finishing {
-            self.length_stop = v.pointer("/choices/0/finish_reason").and_then(Value::as_str)
+            self.length_stop = v
+                .pointer("/choices/0/finish_reason")
+                .and_then(Value::as_str)
                 == Some("length");
         }
         self.length_stop
@@ -183,7 +188,9 @@ mod tests {
         SseEvent::new(Some(name), &v.to_string())
     }
     fn text_chunk(t: &str) -> SseEvent {
-        oa(json!({"id": "c", "choices": [{"index": 0, "delta": {"content": t}, "finish_reason": null}]}))
+        oa(
+            json!({"id": "c", "choices": [{"index": 0, "delta": {"content": t}, "finish_reason": null}]}),
+        )
     }
     fn finish_chunk(reason: &str) -> SseEvent {
         oa(json!({"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}))
@@ -198,7 +205,10 @@ mod tests {
     #[test]
     fn openai_length_stop_is_held_to_the_end_with_its_usage() {
         let mut w = TruncationWatch::new(Protocol::OpenAi);
-        assert_eq!(w.push(text_chunk("Hi"), false), Step::Pass(vec![text_chunk("Hi")]));
+        assert_eq!(
+            w.push(text_chunk("Hi"), false),
+            Step::Pass(vec![text_chunk("Hi")])
+        );
         assert_eq!(w.push(finish_chunk("length"), false), Step::Held);
         assert_eq!(w.push(usage_chunk(7), false), Step::Held);
         match w.push(done(), true) {
@@ -212,16 +222,28 @@ mod tests {
     #[test]
     fn openai_other_endings_pass_unchanged() {
         let mut w = TruncationWatch::new(Protocol::OpenAi);
-        assert_eq!(w.push(finish_chunk("stop"), false), Step::Pass(vec![finish_chunk("stop")]));
-        assert_eq!(w.push(usage_chunk(7), false), Step::Pass(vec![usage_chunk(7)]));
+        assert_eq!(
+            w.push(finish_chunk("stop"), false),
+            Step::Pass(vec![finish_chunk("stop")])
+        );
+        assert_eq!(
+            w.push(usage_chunk(7), false),
+            Step::Pass(vec![usage_chunk(7)])
+        );
         assert_eq!(w.push(done(), true), Step::Pass(vec![done()]));
     }
 
     #[test]
     fn anthropic_block_stop_is_released_unless_the_message_stopped_for_length() {
-        let stop = an("content_block_stop", json!({"type": "content_block_stop", "index": 0}));
+        let stop = an(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        );
         let delta = |r: &str| {
-            an("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": r}, "usage": {"output_tokens": 5}}))
+            an(
+                "message_delta",
+                json!({"type": "message_delta", "delta": {"stop_reason": r}, "usage": {"output_tokens": 5}}),
+            )
         };
         let end = an("message_stop", json!({"type": "message_stop"}));
         let mut w = TruncationWatch::new(Protocol::Anthropic);
@@ -245,9 +267,15 @@ mod tests {
     #[test]
     fn a_new_block_releases_a_held_stop_and_tool_use_is_noted() {
         let mut w = TruncationWatch::new(Protocol::Anthropic);
-        let stop = an("content_block_stop", json!({"type": "content_block_stop", "index": 0}));
-        let start = an("content_block_start", json!({"type": "content_block_start", "index": 1,
-            "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}}}));
+        let stop = an(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        );
+        let start = an(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 1,
+            "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}}}),
+        );
         assert_eq!(w.push(stop.clone(), false), Step::Held);
         assert_eq!(w.push(start.clone(), false), Step::Pass(vec![stop, start]));
         assert!(w.saw_tool_call());
@@ -269,8 +297,10 @@ mod tests {
 
     #[test]
     fn a_closing_chunk_keeps_its_text_without_its_finish() {
-        let closing = oa(json!({"id": "c", "choices": [{"index": 0, "delta": {"content": " end"}, "finish_reason": "length"}],
-            "usage": {"completion_tokens": 4}}));
+        let closing = oa(
+            json!({"id": "c", "choices": [{"index": 0, "delta": {"content": " end"}, "finish_reason": "length"}],
+            "usage": {"completion_tokens": 4}}),
+        );
         let kept = text_of_ending(Protocol::OpenAi, &[closing, usage_chunk(4), done()]);
         assert_eq!(kept.len(), 1);
         let v: Value = serde_json::from_str(&kept[0].data).unwrap();

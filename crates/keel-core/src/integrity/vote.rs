@@ -82,7 +82,11 @@ fn vote(values: &[Option<&Value>], path: &str, c: &mut Consensus) -> Option<Valu
         c.fields_agreed += 1;
     } else {
         c.disagreements.push(Disagreement {
-            field: if path.is_empty() { "/".into() } else { path.into() },
+            field: if path.is_empty() {
+                "/".into()
+            } else {
+                path.into()
+            },
             values: values.iter().map(|v| v.cloned()).collect(),
             chosen: chosen.clone(),
         });
@@ -138,7 +142,10 @@ mod tests {
         assert_eq!(r.merged, json!({"a": 1}));
         let r = merge(&[json!({"a": 1, "x": true}), json!({"a": 1}), json!({"a": 1})]);
         assert_eq!(r.merged, json!({"a": 1}));
-        assert_eq!(r.disagreements[0].values, vec![Some(json!(true)), None, None]);
+        assert_eq!(
+            r.disagreements[0].values,
+            vec![Some(json!(true)), None, None]
+        );
         assert_eq!(r.disagreements[0].chosen, None);
     }
 
@@ -148,13 +155,21 @@ mod tests {
         let r = merge(&[a.clone(), a.clone(), a.clone()]);
         assert_eq!(r.merged, a);
         assert_eq!(r.agreement(), 1.0);
-        let r = merge(&[json!({"list": [1, 2]}), json!({"list": [2, 1]}), json!({"list": [2, 1]})]);
+        let r = merge(&[
+            json!({"list": [1, 2]}),
+            json!({"list": [2, 1]}),
+            json!({"list": [2, 1]}),
+        ]);
         assert_eq!(r.merged, json!({"list": [2, 1]}));
     }
 
     #[test]
     fn shapes_that_differ_are_voted_whole() {
-        let r = merge(&[json!({"a": {"b": 1}}), json!({"a": "flat"}), json!({"a": "flat"})]);
+        let r = merge(&[
+            json!({"a": {"b": 1}}),
+            json!({"a": "flat"}),
+            json!({"a": "flat"}),
+        ]);
         assert_eq!(r.merged, json!({"a": "flat"}));
         let r = merge(&[json!([1]), json!([1]), json!("x")]);
         assert_eq!(r.merged, json!([1]));

@@ -46,7 +46,9 @@ pub(super) fn read(t: Option<Table>, issues: &mut Issues) -> Option<IntegrityCon
         auto_continue: t
             .value::<bool>("auto_continue", issues)
             .unwrap_or(d.auto_continue),
-        json_retry: t.value::<bool>("json_retry", issues).unwrap_or(d.json_retry),
+        json_retry: t
+            .value::<bool>("json_retry", issues)
+            .unwrap_or(d.json_retry),
         max_continuations,
     };
     t.finish(issues);

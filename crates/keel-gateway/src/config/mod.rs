@@ -41,9 +41,9 @@ use toml::de::DeTable;
 use keel_core::budget::RetryBudgetConfig;
 
 pub use self::redis::{redact as redact_url, RedisConfig};
+pub use integrity::IntegrityConfig;
 pub use keel_core::continuation::ResumeMode;
 pub use keel_core::selection::PolicyKind;
-pub use integrity::IntegrityConfig;
 pub use keys::{parse_hash, FailMode, KeyConfig};
 pub use observability::{AccessLogTarget, LogConfig, LogFormat, TelemetryConfig};
 pub use pool::{Affinity, Hedge, PoolConfig, ResponseModel};

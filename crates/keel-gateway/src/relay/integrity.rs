@@ -105,7 +105,10 @@ impl Relay {
             if let Ok((next, mode)) = self.migrate(stitcher, &mut tried, false).await {
                 self.integrity_state.continuations += 1;
                 let to = next.committed.vi;
-                if !self.seam_continued(from, to, mode, stitcher, trim, log).await {
+                if !self
+                    .seam_continued(from, to, mode, stitcher, trim, log)
+                    .await
+                {
                     self.attempts
                         .settle_end(next.committed, crate::settlement::StreamEnd::ClientGone);
                     return AfterLength::ClientGone;
@@ -125,7 +128,12 @@ impl Relay {
     }
 
     /// Forwards events through the stitcher; false when the client is gone.
-    async fn forward(&self, events: Vec<SseEvent>, stitcher: &mut Stitcher, trim: &mut bool) -> bool {
+    async fn forward(
+        &self,
+        events: Vec<SseEvent>,
+        stitcher: &mut Stitcher,
+        trim: &mut bool,
+    ) -> bool {
         for ev in events {
             if let Some(bytes) = stitcher.process(&ev, trim) {
                 if !self.send(bytes).await {
@@ -154,7 +162,9 @@ impl Relay {
         if let Some(d) = self.attempts.decision() {
             d.note_migration(&from, &to_name, "truncated", after);
         }
-        let note = format!("keel continued from={from} to={to_name} reason=truncated after_tokens={after}");
+        let note = format!(
+            "keel continued from={from} to={to_name} reason=truncated after_tokens={after}"
+        );
         if !self.send(SseEvent::comment(&note)).await {
             return false;
         }
@@ -168,7 +178,11 @@ impl Relay {
     /// A complete answer's JSON check: the retry's first segment when a whole answer failed
     /// and `json_retry` allows one (the assembled answer is then discarded), else `None` (a
     /// failure is flagged).
-    pub(super) async fn check_json(&mut self, stitcher: &Stitcher, log: &mut RequestLog) -> Option<Segment> {
+    pub(super) async fn check_json(
+        &mut self,
+        stitcher: &Stitcher,
+        log: &mut RequestLog,
+    ) -> Option<Segment> {
         let cfg = self.integrity()?;
         let expected = json::expected(&self.req.body)?;
         if json::check(&stitcher.delivered, &expected).is_ok() {
@@ -178,7 +192,8 @@ impl Relay {
             Sink::Assemble(a) => Some(a.clone()),
             Sink::Client(_) => None,
         };
-        let allowed = cfg.json_retry && !self.integrity_state.json_retried && !self.pool.safety.active();
+        let allowed =
+            cfg.json_retry && !self.integrity_state.json_retried && !self.pool.safety.active();
         if let (true, Some(assembled)) = (allowed, assembled) {
             self.integrity_state.json_retried = true;
             if let Some(next) = self.retry_whole().await {
@@ -203,7 +218,11 @@ impl Relay {
             if Instant::now() >= ctx.deadline {
                 return None;
             }
-            let entered = match self.attempts.enter(vi, AttemptKind::Fallback, ctx.deadline).await {
+            let entered = match self
+                .attempts
+                .enter(vi, AttemptKind::Fallback, ctx.deadline)
+                .await
+            {
                 Ok(e) => e,
                 Err(Refused::Budget) => return None,
                 Err(_) => continue,
@@ -247,7 +266,10 @@ pub fn whole_flags(
         return Vec::new();
     };
     let mut flags = Vec::new();
-    let length_stop = v.pointer("/choices/0/finish_reason").and_then(|r| r.as_str()) == Some("length")
+    let length_stop = v
+        .pointer("/choices/0/finish_reason")
+        .and_then(|r| r.as_str())
+        == Some("length")
         || v.get("stop_reason").and_then(|r| r.as_str()) == Some("max_tokens");
     let generated = v
         .pointer("/usage/completion_tokens")

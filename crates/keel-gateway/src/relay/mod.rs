@@ -373,7 +373,12 @@ impl Relay {
             route: log.route,
             variant: log.variant.clone(),
             attempts: log.attempts,
-            integrity: self.integrity_state.flags.iter().map(|f| f.as_str()).collect(),
+            integrity: self
+                .integrity_state
+                .flags
+                .iter()
+                .map(|f| f.as_str())
+                .collect(),
         };
         let ends_cleanly = match ending {
             Ending::Complete => {

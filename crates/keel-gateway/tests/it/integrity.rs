@@ -13,8 +13,14 @@ const INTEGRITY: &str = "[pools.integrity]\nauto_continue = true\njson_retry = t
 
 /// Two servers of one family; sim-0 (forced first) cuts its next answer after `after` tokens.
 async fn truncating(protocol: &str, integrity: &str, after: u64) -> Harness {
-    let fleet = keel_sim::Fleet::start_n(2, ServerConfig::fast("s")).await.unwrap();
-    add_fault(fleet.get(0), json!({"kind": "truncate", "after_tokens": after, "count": 1})).await;
+    let fleet = keel_sim::Fleet::start_n(2, ServerConfig::fast("s"))
+        .await
+        .unwrap();
+    add_fault(
+        fleet.get(0),
+        json!({"kind": "truncate", "after_tokens": after, "count": 1}),
+    )
+    .await;
     let cfg = format!(
         "allow_force_variant = true\n{}",
         pool_over(&fleet, "p", protocol, 1, integrity)
@@ -23,7 +29,8 @@ async fn truncating(protocol: &str, integrity: &str, after: u64) -> Harness {
 }
 
 async fn forced(h: &Harness, path: &str, body: &Value) -> reqwest::Response {
-    h.post_with(path, &[("x-keel-force-variant", "sim-0")], body).await
+    h.post_with(path, &[("x-keel-force-variant", "sim-0")], body)
+        .await
 }
 
 fn comments(events: &[keel_core::sse::SseEvent]) -> Vec<String> {
@@ -50,14 +57,23 @@ async fn a_truncated_whole_answer_is_continued_into_the_reference_text() {
     let id = header(resp.headers(), "x-keel-request-id").to_owned();
     let got: Value = resp.json().await.unwrap();
     assert_eq!(
-        got["choices"][0]["message"]["content"],
-        want["choices"][0]["message"]["content"],
+        got["choices"][0]["message"]["content"], want["choices"][0]["message"]["content"],
         "byte for byte the uninterrupted answer"
     );
-    assert_eq!(got["choices"][0]["finish_reason"], want["choices"][0]["finish_reason"]);
-    assert_eq!(got["usage"]["completion_tokens"], want["usage"]["completion_tokens"]);
     assert_eq!(
-        h.metric("keel_integrity_total", &[("issue", "truncated"), ("action", "continued")]).await,
+        got["choices"][0]["finish_reason"],
+        want["choices"][0]["finish_reason"]
+    );
+    assert_eq!(
+        got["usage"]["completion_tokens"],
+        want["usage"]["completion_tokens"]
+    );
+    assert_eq!(
+        h.metric(
+            "keel_integrity_total",
+            &[("issue", "truncated"), ("action", "continued")]
+        )
+        .await,
         1.0
     );
     let d = decision(&h, &id).await;
@@ -88,14 +104,22 @@ async fn a_truncated_stream_is_continued_seamlessly() {
         .filter_map(|c| c["choices"].get(0).map(|c| c["finish_reason"].clone()))
         .filter(|f| !f.is_null())
         .collect();
-    assert_eq!(finishes, vec![json!("stop")], "the cut's `length` never reaches the client");
+    assert_eq!(
+        finishes,
+        vec![json!("stop")],
+        "the cut's `length` never reaches the client"
+    );
     let notes = comments(&events);
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert!(
-        notes[0].starts_with(": keel continued from=sim-0 to=sim-0 reason=truncated after_tokens=4"),
+        notes[0]
+            .starts_with(": keel continued from=sim-0 to=sim-0 reason=truncated after_tokens=4"),
         "{notes:?}"
     );
-    wait_for!("the decision record", decision(&h, &id).await["route"] == "continued");
+    wait_for!(
+        "the decision record",
+        decision(&h, &id).await["route"] == "continued"
+    );
 }
 
 #[tokio::test]
@@ -107,9 +131,15 @@ async fn an_anthropic_answer_is_continued_in_one_text_block() {
     assert_eq!(resp.status(), 200);
     assert_eq!(header(resp.headers(), "x-keel-route"), "continued");
     let got: Value = resp.json().await.unwrap();
-    assert_eq!(got["content"], want["content"], "one text block, the reference text");
+    assert_eq!(
+        got["content"], want["content"],
+        "one text block, the reference text"
+    );
     assert_eq!(got["stop_reason"], want["stop_reason"]);
-    assert_eq!(got["usage"]["output_tokens"], want["usage"]["output_tokens"]);
+    assert_eq!(
+        got["usage"]["output_tokens"],
+        want["usage"]["output_tokens"]
+    );
 }
 
 #[tokio::test]
@@ -136,13 +166,23 @@ async fn answers_that_used_the_clients_limit_or_repairs_off_are_left_unchanged()
     assert_eq!(got["choices"][0]["finish_reason"], "length");
     let text = got["choices"][0]["message"]["content"].as_str().unwrap();
     let full = want["choices"][0]["message"]["content"].as_str().unwrap();
-    assert!(full.starts_with(text) && text.len() < full.len(), "{text:?} / {full:?}");
+    assert!(
+        full.starts_with(text) && text.len() < full.len(),
+        "{text:?} / {full:?}"
+    );
 
     // A stream is flagged by a comment before its end.
     let body = json!({"model": "p", "stream": true, "messages": [{"role": "user", "content": "cut stream"}]});
-    add_fault(h.server(0), json!({"kind": "truncate", "after_tokens": 3, "count": 1})).await;
+    add_fault(
+        h.server(0),
+        json!({"kind": "truncate", "after_tokens": 3, "count": 1}),
+    )
+    .await;
     let events = read_stream(forced(&h, "/v1/chat/completions", &body).await).await;
-    assert_eq!(comments(&events), vec![": keel integrity=truncated".to_owned()]);
+    assert_eq!(
+        comments(&events),
+        vec![": keel integrity=truncated".to_owned()]
+    );
 }
 
 fn json_body(prompt: &str) -> Value {
@@ -160,7 +200,10 @@ async fn invalid_json_is_retried_once_then_flagged() {
     assert_eq!(header(&headers, "x-keel-integrity"), "");
     assert_eq!(header(&headers, "x-keel-attempts"), "2");
     let text = got["choices"][0]["message"]["content"].as_str().unwrap();
-    assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text}");
+    assert!(
+        serde_json::from_str::<Value>(text).unwrap().is_object(),
+        "{text}"
+    );
     let d = decision(&h, header(&headers, "x-keel-request-id")).await;
     assert_eq!(d["integrity"], json!(["invalid_json:retried"]));
 
@@ -169,11 +212,19 @@ async fn invalid_json_is_retried_once_then_flagged() {
     let (status, headers, got) = h.chat(&json_body("another json answer")).await;
     assert_eq!(status, 200);
     assert_eq!(header(&headers, "x-keel-integrity"), "invalid_json");
-    assert_eq!(header(&headers, "x-keel-attempts"), "2", "one retry, no more");
+    assert_eq!(
+        header(&headers, "x-keel-attempts"),
+        "2",
+        "one retry, no more"
+    );
     let text = got["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(serde_json::from_str::<Value>(text).is_err(), "{text}");
     assert_eq!(
-        h.metric("keel_integrity_total", &[("issue", "invalid_json"), ("action", "flagged")]).await,
+        h.metric(
+            "keel_integrity_total",
+            &[("issue", "invalid_json"), ("action", "flagged")]
+        )
+        .await,
         1.0
     );
     // A valid answer is never touched.
@@ -193,9 +244,12 @@ async fn voters(answers: [Value; 3]) -> Harness {
             ..ServerConfig::fast(&format!("sim-{i}"))
         })
         .collect();
-    let fleet = keel_sim::Fleet::start(&FleetConfig { generation: GenerationConfig::default(), servers })
-        .await
-        .unwrap();
+    let fleet = keel_sim::Fleet::start(&FleetConfig {
+        generation: GenerationConfig::default(),
+        servers,
+    })
+    .await
+    .unwrap();
     let cfg = pool_over(&fleet, "p", "openai", 1, "hedge_budget = 1.0");
     Harness::start(fleet, &cfg).await
 }
@@ -209,7 +263,11 @@ async fn consensus_returns_the_majority_of_each_field() {
     ])
     .await;
     let r = h
-        .post_with("/v1/chat/completions", &[("x-keel-consensus", "3")], &json_body("vote"))
+        .post_with(
+            "/v1/chat/completions",
+            &[("x-keel-consensus", "3")],
+            &json_body("vote"),
+        )
         .await;
     assert_eq!(r.status(), 200);
     let headers = r.headers().clone();
@@ -236,7 +294,11 @@ async fn consensus_returns_the_majority_of_each_field() {
         .map(|x| x["field"].as_str().unwrap())
         .collect();
     assert_eq!(fields, ["/name", "/age", "/address/city"]);
-    assert_eq!(h.metric("keel_consensus_total", &[("result", "split")]).await, 1.0);
+    assert_eq!(
+        h.metric("keel_consensus_total", &[("result", "split")])
+            .await,
+        1.0
+    );
 }
 
 #[tokio::test]
@@ -244,18 +306,27 @@ async fn consensus_refusals_are_400s_in_the_clients_protocol() {
     let a = json!({"x": 1});
     let h = voters([a.clone(), a.clone(), a]).await;
     let cases = [
-        ("2", json!({"model": "p", "stream": true, "response_format": {"type": "json_object"}, "messages": [{"role": "user", "content": "s"}]}), "stream"),
+        (
+            "2",
+            json!({"model": "p", "stream": true, "response_format": {"type": "json_object"}, "messages": [{"role": "user", "content": "s"}]}),
+            "stream",
+        ),
         ("2", chat_body("text only"), "structured-output"),
         ("1", json_body("one"), "at least 2"),
         ("4", json_body("four"), "has 3 variants"),
         ("three", json_body("words"), "expected the number"),
     ];
     for (n, body, why) in cases {
-        let r = h.post_with("/v1/chat/completions", &[("x-keel-consensus", n)], &body).await;
+        let r = h
+            .post_with("/v1/chat/completions", &[("x-keel-consensus", n)], &body)
+            .await;
         assert_eq!(r.status(), 400, "{n} {body}");
         let e: Value = r.json().await.unwrap();
         let m = e["error"]["message"].as_str().unwrap();
-        assert!(m.starts_with("x-keel-consensus: ") && m.contains(why), "{m}");
+        assert!(
+            m.starts_with("x-keel-consensus: ") && m.contains(why),
+            "{m}"
+        );
     }
     let r = h
         .post_with(
@@ -267,5 +338,8 @@ async fn consensus_refusals_are_400s_in_the_clients_protocol() {
     assert_eq!(r.status(), 400);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["type"], "error");
-    assert!(e["error"]["message"].as_str().unwrap().contains("structured-output"));
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("structured-output"));
 }
