@@ -153,7 +153,10 @@ async fn answers_that_used_the_clients_limit_or_repairs_off_are_left_unchanged()
     assert_eq!(header(resp.headers(), "x-keel-integrity"), "");
     let got: Value = resp.json().await.unwrap();
     assert_eq!(got["choices"][0]["finish_reason"], "length");
-    assert_eq!(got["choices"][0]["message"], want["choices"][0]["message"]);
+    assert_eq!(
+        got["choices"][0]["message"]["content"],
+        want["choices"][0]["message"]["content"]
+    );
 
     // Repairs off: flagged, unchanged.
     let h = truncating("openai", "[pools.integrity]\nauto_continue = false", 5).await;
@@ -287,13 +290,14 @@ async fn consensus_returns_the_majority_of_each_field() {
     let c = &d["consensus"];
     assert_eq!(c["asked"], 3);
     assert_eq!(c["fields_total"], 5);
-    let fields: Vec<&str> = c["disagreements"]
+    let mut fields: Vec<&str> = c["disagreements"]
         .as_array()
         .unwrap()
         .iter()
         .map(|x| x["field"].as_str().unwrap())
         .collect();
-    assert_eq!(fields, ["/name", "/age", "/address/city"]);
+    fields.sort();
+    assert_eq!(fields, ["/address/city", "/age", "/name"]);
     assert_eq!(
         h.metric("keel_consensus_total", &[("result", "split")])
             .await,
