@@ -10,8 +10,10 @@
 //!
 //! **How it runs.** The plan's first N variants (then the pool's others, should the plan be
 //! shorter) are entered like any attempt (`settlement`): the first as the request's first
-//! attempt, each other as a hedge, so the pool's hedge budget bounds the extra load (a variant
-//! the budget or its limit refuses is skipped for the next). All run at once; each is settled
+//! attempt, each other as a hedge, so the pool's hedge budget bounds the extra load: each
+//! answer asked for counts as a request of the pool and each extra one as a hedge (at
+//! `hedge_budget = 1.0` every consensus runs in full; at the default 0.1 a quiet pool gets two
+//! answers). A variant the budget or its concurrency limit refuses is skipped for the next. All run at once; each is settled
 //! as it ends. Answers that are not the JSON asked for are left out of the vote; with no valid
 //! answer the fastest answer is returned flagged `x-keel-integrity: invalid_json`.
 //!
@@ -266,6 +268,9 @@ async fn enter(
         let kind = if entered.is_empty() {
             AttemptKind::First
         } else {
+            // Each answer asked for is a request of the pool, each extra one a hedge: the
+            // hedge budget's share applies to the upstream requests a consensus makes.
+            pool.count_request();
             if pool.try_hedge(&[vi]).is_none() {
                 continue;
             }

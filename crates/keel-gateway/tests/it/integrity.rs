@@ -129,7 +129,9 @@ async fn an_anthropic_answer_is_continued_in_one_text_block() {
     let want = reference(&h, 1, "/v1/messages", &body).await;
     let resp = forced(&h, "/v1/messages", &body).await;
     assert_eq!(resp.status(), 200);
-    assert_eq!(header(resp.headers(), "x-keel-route"), "continued");
+    let id = header(resp.headers(), "x-keel-request-id").to_owned();
+    let route = header(resp.headers(), "x-keel-route").to_owned();
+    assert_eq!(route, "continued", "{}", decision(&h, &id).await);
     let got: Value = resp.json().await.unwrap();
     assert_eq!(
         got["content"], want["content"],
