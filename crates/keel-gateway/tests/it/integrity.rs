@@ -9,7 +9,10 @@ use keel_sim::{FleetConfig, GenerationConfig, ServerConfig};
 
 use crate::harness::*;
 
-const INTEGRITY: &str = "[pools.integrity]\nauto_continue = true\njson_retry = true";
+/// Migration off (`max_migrations = 0`): every continuation seen is integrity's own, even when
+/// a loaded machine makes a stream look quiet (which would race a migration).
+const INTEGRITY: &str =
+    "max_migrations = 0\n[pools.integrity]\nauto_continue = true\njson_retry = true";
 
 /// Two servers of one family; sim-0 (forced first) cuts its next answer after `after` tokens.
 async fn truncating(protocol: &str, integrity: &str, after: u64) -> Harness {
@@ -161,7 +164,12 @@ async fn answers_that_used_the_clients_limit_or_repairs_off_are_left_unchanged()
     );
 
     // Repairs off: flagged, unchanged.
-    let h = truncating("openai", "[pools.integrity]\nauto_continue = false", 5).await;
+    let h = truncating(
+        "openai",
+        "max_migrations = 0\n[pools.integrity]\nauto_continue = false",
+        5,
+    )
+    .await;
     let body = json!({"model": "p", "messages": [{"role": "user", "content": "cut and kept"}]});
     let want = reference(&h, 1, "/v1/chat/completions", &body).await;
     let resp = forced(&h, "/v1/chat/completions", &body).await;
