@@ -361,6 +361,20 @@ mod tests {
     }
 
     #[test]
+    fn truncate_and_invalid_json_resolve() {
+        let f: FaultSpec = serde_json::from_str(r#"{"kind":"truncate"}"#).unwrap();
+        assert!(f.validate().unwrap_err().starts_with("after_tokens:"));
+        let mut set = FaultSet::default();
+        set.add(serde_json::from_str(r#"{"kind":"truncate","after_tokens":5,"count":1}"#).unwrap());
+        set.add(serde_json::from_str(r#"{"kind":"invalid_json"}"#).unwrap());
+        let mut rng = Rng::new(3);
+        let first = set.resolve(&mut rng);
+        assert_eq!((first.truncate_after, first.invalid_json), (Some(5), true));
+        let second = set.resolve(&mut rng);
+        assert_eq!((second.truncate_after, second.invalid_json), (None, true));
+    }
+
+    #[test]
     fn json_errors_name_the_field() {
         let e = serde_json::from_str::<FaultSpec>(r#"{"kind":"stall","afterr":3}"#).unwrap_err();
         assert!(e.to_string().contains("afterr"));

@@ -42,7 +42,7 @@ pub struct State {
 /// How a segment that stopped for length went on.
 pub(super) enum AfterLength {
     /// A continuation has its first token: relay it next.
-    Continued(Segment),
+    Continued(Box<Segment>),
     /// The ending went out: the answer is complete.
     Ended,
     ClientGone,
@@ -113,7 +113,7 @@ impl Relay {
                         .settle_end(next.committed, crate::settlement::StreamEnd::ClientGone);
                     return AfterLength::ClientGone;
                 }
-                return AfterLength::Continued(next);
+                return AfterLength::Continued(Box::new(next));
             }
         }
         if truncated {

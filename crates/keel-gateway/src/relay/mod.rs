@@ -267,7 +267,7 @@ impl Relay {
                         .await
                     {
                         integrity::AfterLength::Continued(next) => {
-                            seg = next;
+                            seg = *next;
                             continue;
                         }
                         integrity::AfterLength::ClientGone => break Ending::ClientGone,
