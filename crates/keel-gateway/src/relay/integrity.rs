@@ -4,7 +4,8 @@
 //! * **Truncation.** The segment pump holds a stream's ending while it may be a stop for
 //!   length (`keel_core::integrity::truncation`). When the answer was cut below the client's
 //!   own limit and `auto_continue` allows, the segment is settled as complete (its variant did
-//!   nothing wrong), and the answer is continued on the same or another variant exactly as a
+//!   nothing wrong), and the answer is continued on the same or another variant (the plan's
+//!   in order, the serving one included, then the pool's others) exactly as a
 //!   migration continues one (`migration`: a continuation attempt through settlement, within
 //!   the deadline and the retry budget), after the note `: keel continued from=… to=…
 //!   reason=truncated after_tokens=…`; the route becomes `continued`. Otherwise the held ending
@@ -16,8 +17,8 @@
 //!   has reached the client already: it is only flagged.
 //!
 //! Flags reach the client as `x-keel-integrity` on a whole response, and as an SSE comment
-//! `: keel integrity=<flag>` before a stream's end; both are in the decision record and
-//! `keel_integrity_total`.
+//! `: keel integrity=<flag>` after a stream's terminal event (the last bytes of its body); both
+//! are in the decision record and `keel_integrity_total`.
 
 use keel_core::continuation::{ResumeMode, Stitcher};
 use keel_core::integrity::{self, json, truncation, Flag};
@@ -100,7 +101,8 @@ impl Relay {
             && self.integrity_state.continuations < cfg.max_continuations
             && Instant::now() < self.ctx.deadline;
         if may_continue {
-            // The same variant first (it is first in the plan), then the others.
+            // Any variant may continue, the one that cut the answer included: the plan's in
+            // order (the serving one is usually its first), then the pool's others.
             let mut tried = Vec::new();
             if let Ok((next, mode)) = self.migrate(stitcher, &mut tried, false).await {
                 self.integrity_state.continuations += 1;
@@ -236,7 +238,7 @@ impl Relay {
         None
     }
 
-    /// Reports the flags before a stream's end (`: keel integrity=…`); false when the client
+    /// Reports the flags after a stream's terminal event (`: keel integrity=…`); false when the client
     /// is gone. A whole response carries them in `x-keel-integrity` instead.
     pub(super) async fn report_flags(&self) -> bool {
         if matches!(self.sink, Sink::Assemble(_)) {
