@@ -19,6 +19,7 @@ pub mod fit;
 pub mod fuzzing;
 pub mod health;
 pub mod health_colour;
+pub mod integrity;
 pub mod normalize;
 pub mod outcome;
 pub mod p2c;

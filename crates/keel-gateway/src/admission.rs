@@ -259,6 +259,7 @@ pub async fn admit(
         (Some(a), Some(k)) => a.max(k),
         (a, k) => a.or(k).unwrap_or_default(),
     };
+    let consensus = crate::consensus::requested(&parts.headers, pool, endpoint, &req)?;
     // Limits last, once the request is known valid: a bad request costs the key nothing.
     let grant = match &key {
         Some(key) => Some(Arc::new(
@@ -286,6 +287,7 @@ pub async fn admit(
         responses,
         prompt_fixes,
         trimmed_messages: trimmed,
+        consensus,
     };
     Ok(Admitted {
         req,

@@ -71,4 +71,6 @@ pub struct RequestCtx {
     pub meter: std::sync::Arc<crate::keys::meter::Meter>,
     /// The request's trace span (tracing on only); attempts become its children.
     pub trace: Option<crate::telemetry::RequestSpan>,
+    /// `x-keel-consensus`: the variants to ask at once (see `consensus`).
+    pub consensus: Option<usize>,
 }

@@ -45,6 +45,13 @@ fn log_headers(h: &mut HeaderMap, log: &RequestLog) {
     keel_headers(h, &log.id, log.route, &log.variant, log.attempts);
 }
 
+/// `x-keel-integrity`: what an answer failed of its integrity checks (see `relay::integrity`).
+pub(crate) fn integrity_header(h: &mut HeaderMap, flags: &[&str]) {
+    if let (false, Ok(v)) = (flags.is_empty(), HeaderValue::from_str(&flags.join(","))) {
+        h.insert("x-keel-integrity", v);
+    }
+}
+
 /// Adds what admission and the Responses front changed to `x-keel-prompt-fix` (before the
 /// attempt's fixes), and how many messages middle-out dropped.
 fn front_fixes(h: &mut HeaderMap, ctx: &RequestCtx) {
@@ -126,7 +133,7 @@ pub fn error_response(
 }
 
 /// A whole response from an upstream (a success, or the client's own error).
-fn whole(
+pub(crate) fn whole(
     mut log: RequestLog,
     ctx: &RequestCtx,
     status: StatusCode,
@@ -231,7 +238,10 @@ pub async fn deliver(
             ctx.meter.whole(&pool.variants[committed.vi].cfg, &body);
             drop(committed);
             shadow_whole(pool, &req, ctx, &log, &body);
-            return whole(log, ctx, status, headers, body);
+            let flags = crate::relay::whole_flags(pool.cfg.integrity, &req, &body);
+            let mut resp = whole(log, ctx, status, headers, body);
+            integrity_header(resp.headers_mut(), &flags);
+            return resp;
         }
         Served::Stream(start) => start,
     };
@@ -276,6 +286,7 @@ pub async fn deliver(
             &summary.variant,
             summary.attempts,
         );
+        integrity_header(resp.headers_mut(), &summary.integrity);
         stamp.apply(resp.headers_mut());
         return resp;
     }

@@ -23,6 +23,7 @@ pub mod body;
 pub mod canary;
 pub mod capacity;
 pub mod config;
+pub mod consensus;
 pub mod context;
 pub mod context_fit;
 pub mod decisions;

@@ -43,6 +43,9 @@
 //! | `keel_canary_weight_percent` | pool | the candidate's weight now, percent |
 
 //! | `keel_config_reloads_total` | outcome | config reloads: `ok`, `invalid`, `refused` (a change that needs a restart), `unavailable` (no file) (see `live`) |
+
+//! | `keel_integrity_total` | pool, issue, action | output integrity events: issue = `truncated`, `invalid_json`; action = `continued`, `retried`, `flagged` (see `relay::integrity`) |
+//! | `keel_consensus_total` | pool, result | consensus requests by result: `unanimous`, `split`, `no_valid_answer` (see `consensus`) |
 //!
 //! `outcome` of a request is one of `ok`, `client_error` (4xx), `error` (keel could not serve:
 //! 5xx), `incomplete` (a stream that failed after its first byte), `cancelled` (client went away).

@@ -124,6 +124,7 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         trimmed_messages: 0,
         meter: Default::default(),
         trace: None,
+        consensus: None,
     };
     let mut attempts = Attempts::new(&gw, &pool, None);
     let Ok(entered) = attempts.enter(vi, kind, ctx.deadline).await else {

@@ -141,6 +141,14 @@ pub struct DecisionRecord {
     /// The canary side the request was put on (`stable`, `candidate`), in a pool with one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub canary: Option<&'static str>,
+
+    /// Output integrity events, `<issue>:<action>` (`truncated:continued`,
+    /// `invalid_json:retried`, `invalid_json:flagged`, …; see `relay::integrity`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub integrity: Vec<String>,
+    /// A consensus request's votes (see `consensus`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consensus: Option<serde_json::Value>,
 }
 
 impl DecisionRecord {

@@ -399,13 +399,19 @@ async fn stages(
         }
     }
 
+    // A consensus asks several variants at once and merges their answers (stages 2 and 3 in
+    // one, see `consensus`).
+    if let Some(n) = ctx.consensus {
+        return crate::consensus::run(log, &pool, &ctx, &req, &order, attempts, n).await;
+    }
+
     // Stage 2: execution; stage 3: delivery. A non-streaming generation is streamed upstream
     // (and assembled in delivery) so that it is protected by migration too; count_tokens and
     // embeddings are whole answers, only ever failed over before the response.
     let upstream_req = if !req.stream
         && endpoint.generates()
         && pool.cfg.assemble_non_streaming
-        && pool.max_migrations() > 0
+        && (pool.max_migrations() > 0 || pool.cfg.integrity.is_some())
     {
         let mut r = req;
         r.stream = true;

@@ -73,6 +73,10 @@ pub struct ServerConfig {
     /// leading space), repeating between 0 and this many of the answer's last tokens (how many
     /// is drawn per request from its text).
     pub instruction_echo_tokens: u32,
+    /// A fixed answer: every chat or completion reply is this text (a JSON text for a
+    /// structured request), whatever the prompt, so that servers can be made to disagree on
+    /// purpose (consensus tests). A continuation (prefill) gets the rest of it.
+    pub answer: Option<String>,
     /// When set, a prompt (by keel's tokenizer rule) plus `max_tokens` larger than this is
     /// refused with 400 as real servers do: OpenAI's `context_length_exceeded` ("This model's
     /// maximum context length is …"), Anthropic's "prompt is too long: N tokens > M maximum".
@@ -125,6 +129,7 @@ impl Default for ServerConfig {
             assistant_prefill: PrefillConvention::Explicit,
             refuse_prefill: false,
             instruction_echo_tokens: 2,
+            answer: None,
             context_window: None,
             ttft_ms: 40.0,
             ttft_sigma: 0.25,

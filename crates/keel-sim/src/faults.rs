@@ -47,6 +47,13 @@ pub enum FaultKind {
     /// Answer 200 with exactly `body` (content type `content_type`, default
     /// `application/json`): a broken or hostile upstream, byte for byte.
     Raw,
+    /// End the reply after `after_tokens` tokens with `finish_reason: "length"` (Anthropic
+    /// `stop_reason: "max_tokens"`), whatever the request's `max_tokens`: an upstream that cuts
+    /// answers below the client's limit (a server-side cap).
+    Truncate,
+    /// Make a structured (`response_format` JSON) reply invalid JSON: its last character is
+    /// dropped (an unclosed object). Replies that are not structured are left alone.
+    InvalidJson,
 }
 
 /// One configured fault.
@@ -113,7 +120,7 @@ impl FaultSpec {
                 Some(_) => Err("status: must be an HTTP error status (400–599)".into()),
                 None => Err("status: required for kind \"error\" (e.g. 429, 500, 503, 529)".into()),
             },
-            FaultKind::Stall | FaultKind::Close | FaultKind::Malformed
+            FaultKind::Stall | FaultKind::Close | FaultKind::Malformed | FaultKind::Truncate
                 if self.after_tokens.is_none() =>
             {
                 Err(format!(
@@ -165,6 +172,9 @@ pub struct RequestFaults {
     pub loading: bool,
     /// (content type, body) answered verbatim.
     pub raw: Option<(String, String)>,
+    /// End the reply for length after this many tokens.
+    pub truncate_after: Option<u64>,
+    pub invalid_json: bool,
 }
 
 /// A server's active faults with their remaining counts (and, for a timed `loading`, when
@@ -267,6 +277,8 @@ impl FaultSet {
                 FaultKind::ColdStart => out.extra_ttft_ms += f.extra_ms.unwrap_or(0),
                 FaultKind::Delay => out.extra_ttft_ms += f.ms.unwrap_or(0),
                 FaultKind::IgnoreStream => out.ignore_stream = true,
+                FaultKind::Truncate => out.truncate_after = Some(f.after_tokens.unwrap_or(0)),
+                FaultKind::InvalidJson => out.invalid_json = true,
                 FaultKind::Loading => out.loading = true,
                 // Acted out by the listener (see `server`), never by a request.
                 FaultKind::Refuse => {}
@@ -346,6 +358,20 @@ mod tests {
         assert!(!set.health_loading());
         let refuse = FaultSpec::new(FaultKind::Refuse);
         assert!(refuse.validate().unwrap_err().starts_with("ms:"));
+    }
+
+    #[test]
+    fn truncate_and_invalid_json_resolve() {
+        let f: FaultSpec = serde_json::from_str(r#"{"kind":"truncate"}"#).unwrap();
+        assert!(f.validate().unwrap_err().starts_with("after_tokens:"));
+        let mut set = FaultSet::default();
+        set.add(serde_json::from_str(r#"{"kind":"truncate","after_tokens":5,"count":1}"#).unwrap());
+        set.add(serde_json::from_str(r#"{"kind":"invalid_json"}"#).unwrap());
+        let mut rng = Rng::new(3);
+        let first = set.resolve(&mut rng);
+        assert_eq!((first.truncate_after, first.invalid_json), (Some(5), true));
+        let second = set.resolve(&mut rng);
+        assert_eq!((second.truncate_after, second.invalid_json), (None, true));
     }
 
     #[test]

@@ -607,7 +607,7 @@ impl SimServer {
         if endpoint == Endpoint::Embeddings {
             return self.embed(&body, arrived).await;
         }
-        let sreq = match parse_request(endpoint, &body, self.cfg.assistant_prefill) {
+        let mut sreq = match parse_request(endpoint, &body, self.cfg.assistant_prefill) {
             Ok(r) => r,
             Err(m) => {
                 self.counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -637,6 +637,14 @@ impl SimServer {
         let mut faults = self.resolve_faults();
         if let Some(answer) = self.fault_answer(protocol, &mut faults).await {
             return answer;
+        }
+        let asked_json = sreq.structured.is_some();
+        if let (Some(answer), None) = (&self.cfg.answer, &sreq.tool_call) {
+            // A fixed answer is served as a structured reply is: its text after the prefill.
+            sreq.structured = Some(answer.clone());
+        }
+        if let (true, Some(json)) = (faults.invalid_json && asked_json, &mut sreq.structured) {
+            json.pop();
         }
 
         let mut out = self.gen.generate(
@@ -668,6 +676,9 @@ impl SimServer {
         // Tool definitions count toward what the cache holds, not toward `prompt_tokens`.
         let cached = cached.min(sreq.prompt_tokens as usize);
         reply.cached_tokens = cached as u64;
+        if let Some(n) = faults.truncate_after {
+            reply.truncate(n);
+        }
         let uncached = (sreq.prompt_tokens as usize).saturating_sub(cached);
         self.counters
             .prefill_tokens

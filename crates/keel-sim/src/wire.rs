@@ -422,6 +422,16 @@ impl Reply {
         }
     }
 
+    /// Ends a text reply for length after `n` tokens (the `truncate` fault); a tool call or a
+    /// reply already that short is left alone.
+    pub fn truncate(&mut self, n: u64) {
+        if self.tool_call.is_none() && self.pieces.len() as u64 > n {
+            self.pieces.truncate(n as usize);
+            self.completion_tokens = n;
+            self.finish = Finish::Length;
+        }
+    }
+
     fn openai_finish(&self) -> &'static str {
         match (&self.tool_call, &self.finish) {
             (Some(_), _) => "tool_calls",

@@ -26,7 +26,7 @@ use super::text::{is_json, normalize_text, split_code, Segment};
 use super::Fixes;
 
 /// What `full` mode adds to `syntax`: the rewrite rules and each intent's output constraint.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FullConfig {
     rules: Rules,
     /// The constraint per intent, in [`Intent::ALL`]'s order; `None`: the intent is off.

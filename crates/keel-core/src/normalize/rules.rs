@@ -42,7 +42,7 @@ impl RuleSpec {
 }
 
 /// A compiled rule.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 struct Rule {
     /// `rule_rewritten:<name>`, built once.
     code: String,
@@ -55,6 +55,14 @@ struct Rule {
 pub(super) struct Rules {
     list: Vec<Rule>,
     set: RegexSet,
+}
+
+/// Two rule sets are equal when they hold the same rules, patterns and all, in the same order
+/// (a config reload keeps a pool whose rules did not change).
+impl PartialEq for Rules {
+    fn eq(&self, other: &Rules) -> bool {
+        self.list == other.list && self.set.patterns() == other.set.patterns()
+    }
 }
 
 impl Rules {

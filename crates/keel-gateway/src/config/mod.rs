@@ -19,6 +19,7 @@
 
 mod budget;
 mod health;
+mod integrity;
 mod keys;
 mod normalize;
 mod observability;
@@ -42,6 +43,7 @@ use toml::de::DeTable;
 use keel_core::budget::RetryBudgetConfig;
 
 pub use self::redis::{redact as redact_url, RedisConfig};
+pub use integrity::IntegrityConfig;
 pub use keel_core::continuation::ResumeMode;
 pub use keel_core::selection::PolicyKind;
 pub use keys::{parse_hash, FailMode, KeyConfig};

@@ -103,6 +103,9 @@ pub struct PoolConfig {
     pub shadow: Option<super::rollout::ShadowConfig>,
     /// `[pools.canary]`: a stable/candidate split that moves in steps (see `canary`).
     pub canary: Option<super::rollout::CanaryPoolConfig>,
+
+    /// `[pools.integrity]`: output checks (truncation, JSON) and repairs; `None`: no checks.
+    pub integrity: Option<super::integrity::IntegrityConfig>,
 }
 
 const NORMALIZE_MODES: [(&str, keel_core::normalize::Mode); 3] = [
@@ -173,6 +176,10 @@ pub(super) fn read(
         let s = t.table("safe_mode", issues);
         super::safe_mode::read(s, issues)
     };
+    let integrity = {
+        let i = t.table("integrity", issues);
+        super::integrity::read(i, issues)
+    };
     let variants = read_variants(&mut t, up, warnings, issues);
     let middle_out = read_transforms(&mut t, issues);
     let shadow = {
@@ -221,6 +228,8 @@ pub(super) fn read(
         middle_out,
         shadow,
         canary,
+
+        integrity,
     };
     t.finish(issues);
     pool

@@ -29,7 +29,7 @@ use super::read::{Issues, Kind, Table};
 use super::variant::{self, VariantConfig};
 
 /// `[pools.shadow]`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ShadowConfig {
     /// Share of completed requests sent to every shadow variant too.
     pub sample: f64,
@@ -52,7 +52,7 @@ pub enum Identity {
 }
 
 /// `[pools.canary]`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CanaryPoolConfig {
     /// Indexes of the candidate variants in the pool's `variants`.
     pub candidates: Vec<usize>,

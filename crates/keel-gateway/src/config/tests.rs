@@ -693,4 +693,41 @@ fn reload_section() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("reload.watch"), "{e}");
+
+#[test]
+fn integrity_table_is_optional_with_defaults_and_its_mistakes_are_named() {
+    use crate::config::IntegrityConfig;
+    let c = Config::parse(GOOD, "keel.toml", &env()).unwrap();
+    assert_eq!(c.pools[0].integrity, None, "absent: no checks");
+    let text = GOOD.replace(
+        "[[pools.variants]]",
+        "[pools.integrity]\n[[pools.variants]]",
+    );
+    let c = Config::parse(&text, "keel.toml", &env()).unwrap();
+    assert_eq!(c.pools[0].integrity, Some(IntegrityConfig::default()));
+    let text = GOOD.replace(
+        "[[pools.variants]]",
+        "[pools.integrity]\nauto_continue = false\nmax_continuations = 3\n[[pools.variants]]",
+    );
+    let i = Config::parse(&text, "keel.toml", &env()).unwrap().pools[0]
+        .integrity
+        .unwrap();
+    assert_eq!(
+        (i.auto_continue, i.json_retry, i.max_continuations),
+        (false, true, 3)
+    );
+    let text = GOOD.replace(
+        "[[pools.variants]]",
+        "[pools.integrity]\nmax_continuations = 9\n[[pools.variants]]",
+    );
+    let (_, _, field, message) = one_issue(&text);
+    assert_eq!(field, "pools[0].integrity.max_continuations");
+    assert_eq!(message, "at most 8, got 9");
+    let text = GOOD.replace(
+        "[[pools.variants]]",
+        "[pools.integrity]\nauto_continu = true\n[[pools.variants]]",
+    );
+    let (_, _, field, message) = one_issue(&text);
+    assert_eq!(field, "pools[0].integrity.auto_continu");
+    assert!(message.contains("auto_continue"), "{message}");
 }

@@ -473,7 +473,9 @@ fn keel_schemas() -> [(&'static str, Value); 2] {
                     "total_ms": {"type": "number"},
                     "upstream_wait_ms": {"type": "number"},
                     "overhead_us": {"type": ["integer", "null"]},
-                    "canary": {"enum": ["stable", "candidate"], "description": "The canary side the request was put on (pools with `[pools.canary]` only)."}
+                    "canary": {"enum": ["stable", "candidate"], "description": "The canary side the request was put on (pools with `[pools.canary]` only)."},
+                    "integrity": {"type": "array", "items": {"type": "string"}, "description": "Output integrity events, `<issue>:<action>` (present when any)."},
+                    "consensus": {"type": "object", "description": "A consensus request's answers, agreement and disagreeing fields (present for consensus requests)."}
                 }),
             ),
         ),

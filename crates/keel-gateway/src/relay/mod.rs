@@ -21,6 +21,7 @@
 //! (the upstream's or keel's error event); if this task disappears any other way, the body
 //! aborts (see `body`).
 
+mod integrity;
 mod migration;
 mod segment;
 mod sink;
@@ -35,6 +36,7 @@ use keel_core::protocol::{stream_error_event, ErrorKind, Protocol};
 use keel_core::request::CanonicalRequest;
 use keel_core::sse::SseEvent;
 
+pub use integrity::whole_flags;
 pub use sink::{Assembled, Sent, Sink};
 use speculation::Speculated;
 
@@ -59,6 +61,8 @@ pub struct Relay {
     pub attempts: Attempts,
     /// Event blocks sent to the client (test hooks count them).
     sent: AtomicUsize,
+    /// Continuations for truncation, the JSON retry, and the answer's flags.
+    integrity_state: integrity::State,
 }
 
 /// How one segment ended (or paused).
@@ -73,6 +77,8 @@ enum SegmentEnd {
     Failed(AttemptFailure),
     /// The request's total deadline: no migration can help.
     Deadline,
+    /// The upstream stopped for length: its ending, held back (see `integrity`).
+    LengthStop(Vec<keel_core::sse::SseEvent>),
 }
 
 /// What the client's headers would say about a relayed response, known once it has ended.
@@ -81,6 +87,8 @@ pub struct Summary {
     pub route: &'static str,
     pub variant: String,
     pub attempts: usize,
+    /// `x-keel-integrity` flags (`truncated`, `invalid_json`) of the answer as delivered.
+    pub integrity: Vec<&'static str>,
 }
 
 /// One segment being relayed: the committed attempt, its stream, and what the relay has
@@ -152,6 +160,7 @@ impl Relay {
             order,
             attempts,
             sent: AtomicUsize::new(0),
+            integrity_state: integrity::State::default(),
         }
     }
 
@@ -232,7 +241,47 @@ impl Relay {
                     let gaps_ms = std::mem::take(&mut seg.watch.gaps);
                     self.attempts
                         .settle_end(seg.committed, StreamEnd::Complete { gaps_ms });
+                    if let Some(retry) = self.check_json(&stitcher, &mut log).await {
+                        // A whole answer that is not the JSON asked for: once more, afresh.
+                        tried = vec![retry.committed.vi];
+                        seg = retry;
+                        stitcher = Stitcher::new(self.protocol);
+                        trim = false;
+                        continue;
+                    }
                     break Ending::Complete;
+                }
+                SegmentEnd::LengthStop(held) => {
+                    let from = seg.committed.vi;
+                    let truncation = seg.watch.truncation.take();
+                    let facts = (
+                        truncation.as_ref().and_then(|t| t.reported_output()),
+                        seg.watch.tokens_before,
+                        truncation.as_ref().is_some_and(|t| t.saw_tool_call()),
+                    );
+                    let gaps_ms = std::mem::take(&mut seg.watch.gaps);
+                    self.attempts
+                        .settle_end(seg.committed, StreamEnd::Complete { gaps_ms });
+                    match self
+                        .after_length_stop(from, held, facts, &mut stitcher, &mut trim, &mut log)
+                        .await
+                    {
+                        integrity::AfterLength::Continued(next) => {
+                            seg = *next;
+                            continue;
+                        }
+                        integrity::AfterLength::ClientGone => break Ending::ClientGone,
+                        integrity::AfterLength::Ended => {
+                            if let Some(retry) = self.check_json(&stitcher, &mut log).await {
+                                tried = vec![retry.committed.vi];
+                                seg = retry;
+                                stitcher = Stitcher::new(self.protocol);
+                                trim = false;
+                                continue;
+                            }
+                            break Ending::Complete;
+                        }
+                    }
                 }
                 SegmentEnd::ClientGone => {
                     self.attempts
@@ -324,6 +373,12 @@ impl Relay {
             route: log.route,
             variant: log.variant.clone(),
             attempts: log.attempts,
+            integrity: self
+                .integrity_state
+                .flags
+                .iter()
+                .map(|f| f.as_str())
+                .collect(),
         };
         let ends_cleanly = match ending {
             Ending::Complete => {
@@ -333,7 +388,7 @@ impl Relay {
                 };
                 crate::shadow::after_served(&self.pool, &self.req, &self.ctx, served);
                 log.finish("ok", None);
-                true
+                self.report_flags().await
             }
             Ending::ClientGone => {
                 log.finish("cancelled", Some("client disconnected"));

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use keel_core::continuation::Stitcher;
+use keel_core::integrity::truncation::{Step, TruncationWatch};
 use keel_core::outcome::AttemptFailure;
 use keel_core::protocol::{event_role, EventRole};
 use keel_core::sse::SseEvent;
@@ -30,6 +31,11 @@ pub(super) struct Watch {
     slow_checked: bool,
     /// Gaps between outputs (the first is the time to the first token).
     pub(super) gaps: Vec<f64>,
+    /// Holds the stream's ending while it may be a stop for length (pools with
+    /// `[pools.integrity]`; see `integrity`).
+    pub(super) truncation: Option<TruncationWatch>,
+    /// Tokens delivered before this segment began.
+    pub(super) tokens_before: u64,
 }
 
 impl Segment {
@@ -42,6 +48,8 @@ impl Segment {
                 slow: None,
                 slow_checked: false,
                 gaps: Vec::new(),
+                truncation: None,
+                tokens_before: 0,
             },
             committed,
             start,
@@ -81,6 +89,10 @@ impl Relay {
                 .then(|| self.pool.baseline_gap_ms(vi))
                 .flatten()
                 .map(SlowRate::new);
+            if self.integrity().is_some() {
+                seg.watch.truncation = Some(TruncationWatch::new(self.protocol));
+                seg.watch.tokens_before = st.delivered_tokens();
+            }
         }
         let Segment { start, watch, .. } = seg;
         let mut kept = std::mem::take(&mut start.head);
@@ -238,22 +250,22 @@ impl Relay {
             ))));
         }
         let terminal = role == EventRole::Terminal;
-        if !self.pool.cfg.hold_tool_calls {
+        // The common case, no tool-call hold and no integrity checks: the event goes straight
+        // into the batch, stitched with what was read of it above.
+        if !self.pool.cfg.hold_tool_calls && w.truncation.is_none() {
             st.process_known(&ev, text.as_deref(), trim, batch);
-        } else {
+            return self.after_forwarding(slow, terminal);
+        }
+        let release = if self.pool.cfg.hold_tool_calls {
             match w.hold.push(
                 self.protocol,
                 ev,
                 terminal,
                 self.pool.limits.max_event_bytes,
             ) {
-                Hold::Pass(ev) => st.process_known(&ev, text.as_deref(), trim, batch),
+                Hold::Pass(ev) => vec![ev],
                 Hold::Held => return None,
-                Hold::Release(evs) => {
-                    for ev in evs {
-                        st.process_into(&ev, trim, batch);
-                    }
-                }
+                Hold::Release(evs) => evs,
                 Hold::Overflow => {
                     return Some(SegmentEnd::Failed(AttemptFailure::Malformed(format!(
                         "a tool call held more than {} bytes without completing",
@@ -261,7 +273,40 @@ impl Relay {
                     ))))
                 }
             }
+        } else {
+            vec![ev]
+        };
+        // Only pools with integrity checks look for a stop for length (see `integrity`).
+        let out = match w.truncation.as_mut() {
+            None => release,
+            Some(t) => {
+                let last = release.len().saturating_sub(1);
+                let mut out = Vec::with_capacity(release.len());
+                for (i, ev) in release.into_iter().enumerate() {
+                    match t.push(ev, terminal && i == last) {
+                        Step::Pass(evs) => out.extend(evs),
+                        Step::Held => {}
+                        Step::LengthStop(held) => {
+                            // What came before the stop reaches the client (with the batch).
+                            for ev in &out {
+                                st.process_into(ev, trim, batch);
+                            }
+                            return Some(SegmentEnd::LengthStop(held));
+                        }
+                    }
+                }
+                out
+            }
+        };
+        for ev in &out {
+            st.process_into(ev, trim, batch);
         }
+        self.after_forwarding(slow, terminal)
+    }
+
+    /// How the segment goes on once an event's bytes are in the batch: a slowdown seen on it
+    /// moves the stream, its terminal event completes the segment.
+    fn after_forwarding(&self, slow: bool, terminal: bool) -> Option<SegmentEnd> {
         if slow {
             return Some(SegmentEnd::Failed(AttemptFailure::Slow(format!(
                 "token rate below {:.0}% of the variant's baseline on {SLOW_CHECKS} checks in a row",

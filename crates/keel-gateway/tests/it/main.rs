@@ -15,6 +15,7 @@ mod fuzz_corpus;
 mod harness;
 mod hedging;
 mod hostile;
+mod integrity;
 mod keys;
 mod lifecycle;
 mod metrics_docs;
