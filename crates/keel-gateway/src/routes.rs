@@ -136,7 +136,6 @@ pub const ROUTES: &[Route] = &[
         "/keel/admin/canary/{pool}/rollback",
         Target::CanaryRollback,
     ),
-
     route(Verb::Post, "/keel/admin/reload", Target::Reload),
     route(Verb::Get, "/keel/ready", Target::Ready),
     route(Verb::Get, "/keel/live", Target::Live),

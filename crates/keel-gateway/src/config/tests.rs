@@ -693,6 +693,7 @@ fn reload_section() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("reload.watch"), "{e}");
+}
 
 #[test]
 fn integrity_table_is_optional_with_defaults_and_its_mistakes_are_named() {
