@@ -10,6 +10,7 @@
 
 pub mod assemble;
 pub mod budget;
+pub mod cache_key;
 pub mod continuation;
 pub mod embeddings;
 pub mod fit;

@@ -20,6 +20,7 @@ pub mod access_log;
 pub mod admission;
 pub mod attempt;
 pub mod body;
+pub mod cache;
 pub mod capacity;
 pub mod config;
 pub mod context;
@@ -84,6 +85,8 @@ pub struct Gateway {
     pub telemetry: telemetry::Telemetry,
     /// The dashboard's snapshot stream (`/keel/events`).
     pub events: events::Hub,
+    /// The response cache (`[pools.cache]`, `[cache]`).
+    pub cache: Arc<cache::ResponseCache>,
 }
 
 impl Gateway {
@@ -139,7 +142,12 @@ impl Gateway {
             })
             .unwrap_or_else(|_| access_log::AccessLog::off())
         });
+        let cache = cache::ResponseCache::new(&cfg, metrics.clone());
+        if cache.shared() {
+            tracing::info!("cached answers shared through Redis");
+        }
         Arc::new(Gateway {
+            cache,
             access_log,
             telemetry: telemetry::Telemetry::new(&cfg.telemetry),
             keys: keys::Keys::new(&cfg),

@@ -138,6 +138,9 @@ pub struct DecisionRecord {
     pub upstream_wait_ms: f64,
     /// `x-keel-overhead-us`.
     pub overhead_us: Option<u64>,
+    /// `x-keel-cache` (see `cache`), and for a hit the request whose answer was replayed.
+    pub cache: &'static str,
+    pub cached_from: Option<String>,
 }
 
 impl DecisionRecord {

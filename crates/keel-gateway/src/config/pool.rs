@@ -94,6 +94,8 @@ pub struct PoolConfig {
     /// `transforms = ["middle-out"]`: a prompt too long for every variant's context window
     /// loses whole messages from the middle of the conversation until it fits.
     pub middle_out: bool,
+    /// `[pools.cache]`: the response cache (off without the table).
+    pub cache: super::cache::PoolCacheConfig,
 }
 
 const NORMALIZE_MODES: [(&str, keel_core::normalize::Mode); 3] = [
@@ -164,6 +166,10 @@ pub(super) fn read(
         let s = t.table("safe_mode", issues);
         super::safe_mode::read(s, issues)
     };
+    let cache = {
+        let c = t.table("cache", issues);
+        super::cache::read_pool(c, issues)
+    };
     let variants = read_variants(&mut t, up, warnings, issues);
     let middle_out = read_transforms(&mut t, issues);
     let pool = PoolConfig {
@@ -199,6 +205,7 @@ pub(super) fn read(
         restart_grace_ms: health.2,
         variants,
         middle_out,
+        cache,
     };
     t.finish(issues);
     pool

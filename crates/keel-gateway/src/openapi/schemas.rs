@@ -471,7 +471,9 @@ fn keel_schemas() -> [(&'static str, Value); 2] {
                     "ttft_ms": {"type": ["number", "null"]},
                     "total_ms": {"type": "number"},
                     "upstream_wait_ms": {"type": "number"},
-                    "overhead_us": {"type": ["integer", "null"]}
+                    "overhead_us": {"type": ["integer", "null"]},
+                    "cache": {"type": "string", "description": "What the response cache did: hit, miss, stored or bypass"},
+                    "cached_from": {"type": ["string", "null"], "description": "For a cache hit: the request whose answer was replayed"}
                 }),
             ),
         ),

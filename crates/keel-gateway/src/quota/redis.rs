@@ -118,19 +118,26 @@ impl Drop for Redis {
     }
 }
 
+/// A lazily made, self-reconnecting connection to `config.url` with short timeouts (shared by
+/// the quota store and the response cache's Redis backend). Must be called inside a tokio
+/// runtime.
+pub(crate) fn connection(config: &RedisConfig) -> Result<ConnectionManager, StoreError> {
+    let client = Client::open(config.url.as_str())
+        .map_err(|e| StoreError(format!("redis {}: {e}", redact_url(&config.url))))?;
+    let manager = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_response_timeout(Some(Duration::from_secs(1)))
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(500));
+    ConnectionManager::new_lazy_with_config(client, manager)
+        .map_err(|e| StoreError(format!("redis {}: {e}", redact_url(&config.url))))
+}
+
 impl Redis {
     /// A store on `config.url`. The connection is made on first use, so keel starts (and
     /// applies its fail mode) while Redis is down. Must be called inside a tokio runtime.
     pub fn connect(config: &RedisConfig, metrics: Arc<Metrics>) -> Result<Redis, StoreError> {
-        let client = Client::open(config.url.as_str())
-            .map_err(|e| StoreError(format!("redis {}: {e}", redact_url(&config.url))))?;
-        let manager = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(1)))
-            .set_response_timeout(Some(Duration::from_secs(1)))
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client, manager)
-            .map_err(|e| StoreError(format!("redis {}: {e}", redact_url(&config.url))))?;
+        let conn = connection(config)?;
         let inner = Arc::new(Inner {
             conn,
             prefix: config.key_prefix.clone(),

@@ -81,6 +81,8 @@ pub struct Summary {
     pub route: &'static str,
     pub variant: String,
     pub attempts: usize,
+    /// The stream reached its upstream's terminal event and the client was there to the end.
+    pub complete: bool,
 }
 
 /// One segment being relayed: the committed attempt, its stream, and what the relay has
@@ -324,6 +326,7 @@ impl Relay {
             route: log.route,
             variant: log.variant.clone(),
             attempts: log.attempts,
+            complete: matches!(ending, Ending::Complete),
         };
         let ends_cleanly = match ending {
             Ending::Complete => {
