@@ -252,12 +252,21 @@ pub async fn deliver(
         };
         let mut stored = false;
         let mut resp = match failure {
-            Some(m) => GatewayError::new(ErrorKind::BadGateway, m).to_response(protocol),
+            Some(m) => {
+                if let Some(c) = capture {
+                    c.incomplete();
+                }
+                GatewayError::new(ErrorKind::BadGateway, m).to_response(protocol)
+            }
             None => {
                 let answer = assembler.finish(ctx.endpoint);
-                if let Some(c) = capture {
-                    let took = start_at.elapsed();
-                    stored = c.store(&answer, &summary.variant, &ctx.id, took);
+                match capture {
+                    Some(c) if summary.complete => {
+                        let took = start_at.elapsed();
+                        stored = c.store(&answer, &summary.variant, &ctx.id, took);
+                    }
+                    Some(c) => c.incomplete(),
+                    None => {}
                 }
                 let body = bytes::Bytes::from(answer.to_string());
                 full_body(

@@ -59,6 +59,7 @@ pub async fn nearest(
     };
     let best = stores
         .local_entries()
+        .into_iter()
         .filter(|e| e.parameters == parameters)
         .map(|e| (cache_key::cosine_distance(&embedding, &e.embedding), e))
         .filter(|(d, _)| *d <= cfg.max_distance)

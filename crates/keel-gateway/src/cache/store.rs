@@ -1,16 +1,21 @@
-//! Where cached answers live: an in-process store bounded in bytes with a TTL per entry
-//! (moka), and, when `[redis]` is configured, Redis, shared by every replica.
+//! Where cached answers live: an in-process store bounded in bytes with a TTL per entry (a
+//! least-recently-used map, `lru`, with the bytes counted here), and, when `[redis]` is
+//! configured, Redis, shared by every replica.
+//!
+//! In process: an entry past its TTL is dropped when it is read or when it reaches the
+//! least-recently-used end (`keel_cache_evictions_total{cause="expired"}`); while the entries
+//! weigh more than `[cache] max_bytes`, the least recently used go (`cause="size"`). An entry
+//! weighs its serialized size.
 //!
 //! Reads try this process first, then Redis (an answer found there is kept here too, for the
 //! rest of its TTL); writes go to both. A Redis call that fails or is slow (cut at
 //! [`REDIS_TIMEOUT`]) is a miss or a store skipped, counted in
 //! `keel_cache_errors_total{op}` — the cache never fails a request.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use moka::notification::RemovalCause;
-use moka::sync::Cache;
+use lru::LruCache;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
@@ -42,25 +47,60 @@ pub struct Entry {
     pub parameters: String,
 }
 
-/// An entry with the time it stops being served.
-#[derive(Clone)]
+/// An entry, its weight and the time it stops being served.
 struct Stored {
     entry: Arc<Entry>,
-    bytes: u32,
-    ttl: Duration,
+    bytes: u64,
+    expires: Instant,
 }
 
-struct ByEntry;
+/// The in-process store: most recently used first, its total weight, and its bound.
+struct Local {
+    map: LruCache<String, Stored>,
+    bytes: u64,
+    max_bytes: u64,
+}
 
-impl moka::Expiry<String, Stored> for ByEntry {
-    fn expire_after_create(&self, _: &String, v: &Stored, _: Instant) -> Option<Duration> {
-        Some(v.ttl)
+impl Local {
+    /// The live entry under `key` (an expired one is dropped), marked as just used.
+    fn get(&mut self, key: &str, now: Instant, evicted: &mut Vec<&'static str>) -> Option<Arc<Entry>> {
+        let live = self.map.get(key).map(|s| s.expires > now)?;
+        if live {
+            return self.map.get(key).map(|s| s.entry.clone());
+        }
+        if let Some(old) = self.map.pop(key) {
+            self.bytes -= old.bytes;
+            evicted.push("expired");
+        }
+        None
+    }
+
+    /// Inserts, then drops expired entries from the least-recently-used end and, while over
+    /// the bound, the least recently used.
+    fn put(&mut self, key: String, stored: Stored, now: Instant, evicted: &mut Vec<&'static str>) {
+        self.bytes += stored.bytes;
+        if let Some(old) = self.map.put(key, stored) {
+            self.bytes -= old.bytes;
+        }
+        while let Some((_, oldest)) = self.map.peek_lru() {
+            let cause = if oldest.expires <= now {
+                "expired"
+            } else if self.bytes > self.max_bytes {
+                "size"
+            } else {
+                break;
+            };
+            if let Some((_, old)) = self.map.pop_lru() {
+                self.bytes -= old.bytes;
+                evicted.push(cause);
+            }
+        }
     }
 }
 
 /// The stores.
 pub struct Stores {
-    local: Cache<String, Stored>,
+    local: Mutex<Local>,
     redis: Option<(ConnectionManager, String)>,
     metrics: Arc<Metrics>,
     pub max_entry_bytes: u64,
@@ -69,23 +109,11 @@ pub struct Stores {
 impl Stores {
     /// Must be called inside a tokio runtime when `redis` is given.
     pub fn new(cfg: CacheConfig, redis: Option<&RedisConfig>, metrics: Arc<Metrics>) -> Stores {
-        let evictions = metrics.clone();
-        let local = Cache::builder()
-            .max_capacity(cfg.max_bytes)
-            .weigher(|_: &String, v: &Stored| v.bytes)
-            .expire_after(ByEntry)
-            .eviction_listener(move |_, _, cause| {
-                let cause = match cause {
-                    RemovalCause::Size => "size",
-                    RemovalCause::Expired => "expired",
-                    // Replaced or explicitly removed: not an eviction.
-                    _ => return,
-                };
-                evictions
-                    .counter("keel_cache_evictions_total", &[("cause", cause)])
-                    .increment(1);
-            })
-            .build();
+        let local = Mutex::new(Local {
+            map: LruCache::unbounded(),
+            bytes: 0,
+            max_bytes: cfg.max_bytes,
+        });
         let redis = redis.and_then(|r| match crate::quota::redis::connection(r) {
             Ok(conn) => Some((conn, format!("{}cache:", r.key_prefix))),
             Err(e) => {
@@ -108,8 +136,11 @@ impl Stores {
 
     /// The entry under `key`, from this process or Redis.
     pub async fn get(&self, key: &str, ttl: Duration) -> Option<Arc<Entry>> {
-        if let Some(s) = self.local.get(key) {
-            return Some(s.entry);
+        let mut evicted = Vec::new();
+        let found = self.local().get(key, Instant::now(), &mut evicted);
+        self.evicted(&evicted);
+        if found.is_some() {
+            return found;
         }
         let (conn, prefix) = self.redis.as_ref()?;
         let mut conn = conn.clone();
@@ -125,7 +156,7 @@ impl Stores {
         };
         let entry = Arc::new(entry);
         // Kept here for at most the pool's TTL (Redis holds the exact remainder).
-        self.put_local(key, entry.clone(), bytes.len(), ttl);
+        self.put_local(key, entry.clone(), bytes.len() as u64, ttl);
         Some(entry)
     }
 
@@ -144,7 +175,7 @@ impl Stores {
                 .increment(1);
             return false;
         }
-        self.put_local(key, entry, bytes.len(), ttl);
+        self.put_local(key, entry, bytes.len() as u64, ttl);
         if let Some((conn, prefix)) = &self.redis {
             let mut conn = conn.clone();
             let cmd = redis::cmd("SET")
@@ -161,17 +192,44 @@ impl Stores {
         true
     }
 
-    fn put_local(&self, key: &str, entry: Arc<Entry>, bytes: usize, ttl: Duration) {
-        let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
-        self.local.insert(key.to_owned(), Stored { entry, bytes, ttl });
-        self.metrics
-            .gauge("keel_cache_bytes", &[])
-            .set(self.local.weighted_size() as f64);
+    fn local(&self) -> std::sync::MutexGuard<'_, Local> {
+        self.local.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Entries of this process, for the semantic scan (Redis is not scanned).
-    pub fn local_entries(&self) -> impl Iterator<Item = Arc<Entry>> + '_ {
-        self.local.iter().map(|(_, s)| s.entry)
+    fn put_local(&self, key: &str, entry: Arc<Entry>, bytes: u64, ttl: Duration) {
+        let now = Instant::now();
+        let stored = Stored {
+            entry,
+            bytes,
+            expires: now + ttl,
+        };
+        let mut evicted = Vec::new();
+        let total = {
+            let mut local = self.local();
+            local.put(key.to_owned(), stored, now, &mut evicted);
+            local.bytes
+        };
+        self.evicted(&evicted);
+        self.metrics.gauge("keel_cache_bytes", &[]).set(total as f64);
+    }
+
+    fn evicted(&self, causes: &[&'static str]) {
+        for cause in causes {
+            self.metrics
+                .counter("keel_cache_evictions_total", &[("cause", cause)])
+                .increment(1);
+        }
+    }
+
+    /// Live entries of this process, for the semantic scan (Redis is not scanned).
+    pub fn local_entries(&self) -> Vec<Arc<Entry>> {
+        let now = Instant::now();
+        self.local()
+            .map
+            .iter()
+            .filter(|(_, s)| s.expires > now)
+            .map(|(_, s)| s.entry.clone())
+            .collect()
     }
 
     /// What a spawned write needs.
@@ -221,3 +279,55 @@ impl ErrorCounter {
             .increment(1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(bytes: u64, expires: Instant) -> Stored {
+        Stored {
+            entry: Arc::new(Entry {
+                request_id: "r".into(),
+                variant: "v".into(),
+                body: serde_json::json!({}),
+                output_tokens: 0,
+                generation_ms: 0,
+                embedding: Vec::new(),
+                parameters: String::new(),
+            }),
+            bytes,
+            expires,
+        }
+    }
+
+    #[test]
+    fn the_least_recently_used_go_when_over_the_bound_and_the_expired_when_seen() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(60);
+        let mut l = Local {
+            map: LruCache::unbounded(),
+            bytes: 0,
+            max_bytes: 100,
+        };
+        let mut ev = Vec::new();
+        l.put("a".into(), stored(40, later), now, &mut ev);
+        l.put("b".into(), stored(40, later), now, &mut ev);
+        assert!(l.get("a", now, &mut ev).is_some()); // a is now the most recent
+        l.put("c".into(), stored(40, later), now, &mut ev);
+        assert_eq!(ev, ["size"]);
+        assert!(l.get("b", now, &mut ev).is_none(), "b was the least recently used");
+        assert_eq!(l.bytes, 80);
+        // Replacing an entry counts its weight once.
+        l.put("c".into(), stored(10, later), now, &mut ev);
+        assert_eq!(l.bytes, 50);
+        // Past its TTL an entry is not served, and is dropped.
+        assert!(l.get("a", later, &mut ev).is_none());
+        assert_eq!(ev, ["size", "expired"]);
+        assert_eq!(l.bytes, 10);
+        // An expired entry at the old end is dropped by the next insert.
+        l.put("d".into(), stored(10, later + Duration::from_secs(60)), later, &mut ev);
+        assert_eq!(ev, ["size", "expired", "expired"]);
+        assert_eq!(l.bytes, 10);
+    }
+}
+

@@ -32,6 +32,7 @@ use keel_core::rng::Rng;
 use keel_sim::text::Generator;
 use keel_sim::{FaultSpec, Fleet, FleetConfig};
 
+pub mod cache;
 mod client;
 mod contenders;
 mod report;
