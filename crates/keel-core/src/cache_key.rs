@@ -49,7 +49,11 @@ pub struct Policy {
 }
 
 /// Why a request is not cacheable (the `reason` label of `keel_cache_bypass_total`).
-pub fn bypass_reason(endpoint: Endpoint, body: &Map<String, Value>, policy: Policy) -> Option<&'static str> {
+pub fn bypass_reason(
+    endpoint: Endpoint,
+    body: &Map<String, Value>,
+    policy: Policy,
+) -> Option<&'static str> {
     if !matches!(
         endpoint,
         Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::Messages
@@ -197,7 +201,12 @@ pub fn prompt_text(body: &Map<String, Value>) -> String {
         text(system, &mut out);
         out.push('\n');
     }
-    for m in body.get("messages").and_then(Value::as_array).into_iter().flatten() {
+    for m in body
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         out.push_str(m.get("role").and_then(Value::as_str).unwrap_or(""));
         out.push_str(": ");
         if let Some(c) = m.get("content") {
@@ -355,11 +364,15 @@ pub fn unstorable(
         .filter_map(Value::as_str)
     {
         let Some(v) = parsed.get(key) else {
-            return Some(format!("the structured output lacks the required key `{key}`"));
+            return Some(format!(
+                "the structured output lacks the required key `{key}`"
+            ));
         };
         let ty = props.and_then(|p| p.get(key)).and_then(|p| p.get("type"));
         if !has_type(v, ty) {
-            return Some(format!("the structured output's `{key}` has the wrong type"));
+            return Some(format!(
+                "the structured output's `{key}` has the wrong type"
+            ));
         }
     }
     None
@@ -384,10 +397,14 @@ mod tests {
 
     #[test]
     fn key_order_numbers_stream_and_alias_do_not_change_the_key() {
-        let a = obj(json!({"model": "alias", "messages": [{"role": "user", "content": "hi"}],
-            "temperature": 0, "stream": true, "user": "u1"}));
-        let b = obj(json!({"temperature": 0.0, "messages": [{"content": "hi", "role": "user"}],
-            "model": "pool"}));
+        let a = obj(
+            json!({"model": "alias", "messages": [{"role": "user", "content": "hi"}],
+            "temperature": 0, "stream": true, "user": "u1"}),
+        );
+        let b = obj(
+            json!({"temperature": 0.0, "messages": [{"content": "hi", "role": "user"}],
+            "model": "pool"}),
+        );
         let ka = fingerprint("t", Endpoint::ChatCompletions, "pool", &a);
         assert_eq!(ka, fingerprint("t", Endpoint::ChatCompletions, "pool", &b));
         assert_eq!(ka.len(), 64);
@@ -405,7 +422,10 @@ mod tests {
             ("seed", json!(7)),
             ("top_p", json!(0.5)),
             ("response_format", json!({"type": "json_object"})),
-            ("tools", json!([{"type": "function", "function": {"name": "f"}}])),
+            (
+                "tools",
+                json!([{"type": "function", "function": {"name": "f"}}]),
+            ),
             ("stop", json!(["x"])),
         ] {
             let mut v = base.clone();
@@ -416,7 +436,10 @@ mod tests {
         other["messages"][0]["content"] = json!("hi!");
         assert_ne!(key, k("t", Endpoint::ChatCompletions, &other));
         // Namespace and endpoint are length-prefixed: no shifting bytes between them.
-        assert_ne!(k("ab", Endpoint::ChatCompletions, &base), k("a", Endpoint::ChatCompletions, &base));
+        assert_ne!(
+            k("ab", Endpoint::ChatCompletions, &base),
+            k("a", Endpoint::ChatCompletions, &base)
+        );
     }
 
     #[test]
@@ -448,12 +471,22 @@ mod tests {
     fn answers_without_a_finish_reason_are_not_stored() {
         let req = obj(json!({}));
         let chat = |finish: Value| json!({"choices": [{"message": {"content": "x"}, "finish_reason": finish}]});
-        assert_eq!(unstorable(Endpoint::ChatCompletions, &req, &chat(json!("stop"))), None);
-        assert_eq!(unstorable(Endpoint::ChatCompletions, &req, &chat(json!("length"))), None);
+        assert_eq!(
+            unstorable(Endpoint::ChatCompletions, &req, &chat(json!("stop"))),
+            None
+        );
+        assert_eq!(
+            unstorable(Endpoint::ChatCompletions, &req, &chat(json!("length"))),
+            None
+        );
         assert!(unstorable(Endpoint::ChatCompletions, &req, &chat(Value::Null)).is_some());
         assert!(unstorable(Endpoint::ChatCompletions, &req, &chat(json!("error"))).is_some());
-        let msg = |stop: Value| json!({"content": [{"type": "text", "text": "x"}], "stop_reason": stop});
-        assert_eq!(unstorable(Endpoint::Messages, &req, &msg(json!("end_turn"))), None);
+        let msg =
+            |stop: Value| json!({"content": [{"type": "text", "text": "x"}], "stop_reason": stop});
+        assert_eq!(
+            unstorable(Endpoint::Messages, &req, &msg(json!("end_turn"))),
+            None
+        );
         assert!(unstorable(Endpoint::Messages, &req, &msg(Value::Null)).is_some());
     }
 
@@ -461,16 +494,23 @@ mod tests {
     fn structured_outputs_must_fit_the_schema() {
         let schema = json!({"type": "object", "required": ["name", "age"],
             "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}});
-        let req = obj(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}}));
+        let req = obj(
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}}),
+        );
         let chat = |text: &str| json!({"choices": [{"message": {"content": text}, "finish_reason": "stop"}]});
         let ok = |text: &str| unstorable(Endpoint::ChatCompletions, &req, &chat(text));
         assert_eq!(ok(r#"{"name": "Ada", "age": 36}"#), None);
         assert!(ok(r#"{"name": "Ada"}"#).unwrap().contains("`age`"));
-        assert!(ok(r#"{"name": "Ada", "age": "36"}"#).unwrap().contains("wrong type"));
+        assert!(ok(r#"{"name": "Ada", "age": "36"}"#)
+            .unwrap()
+            .contains("wrong type"));
         assert!(ok("not json").unwrap().contains("not JSON"));
         assert!(ok("[1]").is_some());
         let any = obj(json!({"response_format": {"type": "json_object"}}));
-        assert_eq!(unstorable(Endpoint::ChatCompletions, &any, &chat("{}")), None);
+        assert_eq!(
+            unstorable(Endpoint::ChatCompletions, &any, &chat("{}")),
+            None
+        );
         assert!(unstorable(Endpoint::ChatCompletions, &any, &chat("3")).is_some());
     }
 
@@ -480,7 +520,10 @@ mod tests {
             "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}));
         assert_eq!(prompt_text(&a), "system: be brief\nuser: hi\n\n");
         let mut b = a.clone();
-        b.insert("messages".into(), json!([{"role": "user", "content": "other"}]));
+        b.insert(
+            "messages".into(),
+            json!([{"role": "user", "content": "other"}]),
+        );
         let k = |m: &Map<String, Value>| parameters_fingerprint("t", Endpoint::Messages, "m", m);
         assert_eq!(k(&a), k(&b));
         b.insert("max_tokens".into(), json!(3));

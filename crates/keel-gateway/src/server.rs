@@ -316,7 +316,9 @@ async fn stages(
 
     // The response cache: a hit is answered now; a miss carries its capture to delivery.
     let capture = match gw.cache.lookup(gw, &pool, &req, &ctx, control).await {
-        Lookup::Hit { entry, .. } => return cache::replay::respond(&pool, &ctx, &req.model, entry, log),
+        Lookup::Hit { entry, .. } => {
+            return cache::replay::respond(&pool, &ctx, &req.model, entry, log)
+        }
         Lookup::Miss(c) => {
             log.cache = "miss";
             Some(c)

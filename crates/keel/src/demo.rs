@@ -362,7 +362,9 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         "  try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\"
     );
     println!("         -d '{{\"model\":\"{}\",\"temperature\":0,\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}' -D - ", models[0]);
-    println!("       (send it twice: the second answer has x-keel-cache: hit and x-keel-route: cached)");
+    println!(
+        "       (send it twice: the second answer has x-keel-cache: hit and x-keel-route: cached)"
+    );
     if !args.real {
         println!(
             "  mixed pool: model demo-mixed (an OpenAI and an Anthropic variant), either base URL"

@@ -312,7 +312,11 @@ async fn a_cached_answer_is_shared_by_two_replicas_through_redis() {
     assert_eq!((cache.as_str(), route.as_str()), ("hit", "cached"));
     body["stream"] = json!(true);
     assert_eq!(cache_headers(b_port, &body).await.0, "hit");
-    assert_eq!(sim_requests(sim_port).await, before, "no upstream request for the hits");
+    assert_eq!(
+        sim_requests(sim_port).await,
+        before,
+        "no upstream request for the hits"
+    );
 
     // Redis gone: a new question still gets answered (a cache failure never fails a request).
     redis_server.0.kill().unwrap();

@@ -70,7 +70,11 @@ impl Flights {
 impl Flight {
     /// Hands the stored answer to every waiter.
     pub fn publish(&self, entry: Arc<Entry>) {
-        let map = self.flights.by_key.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self
+            .flights
+            .by_key
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if let Some((id, tx)) = map.get(&self.key) {
             if *id == self.id {
                 tx.send_replace(Some(entry));
@@ -81,7 +85,11 @@ impl Flight {
 
 impl Drop for Flight {
     fn drop(&mut self) {
-        let mut map = self.flights.by_key.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self
+            .flights
+            .by_key
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if map.get(&self.key).is_some_and(|(id, _)| *id == self.id) {
             // Dropping the sender wakes the waiters; those without an answer go upstream.
             map.remove(&self.key);

@@ -264,7 +264,13 @@ pub struct Capture {
 impl Capture {
     /// Stores `answer` (the whole response the client was given, in its endpoint's shape) if it
     /// is storable; true when it was stored. `generation` is first token to end.
-    pub fn store(self, answer: &Value, variant: &str, request_id: &str, generation: Duration) -> bool {
+    pub fn store(
+        self,
+        answer: &Value,
+        variant: &str,
+        request_id: &str,
+        generation: Duration,
+    ) -> bool {
         if let Some(why) = cache_key::unstorable(self.endpoint, &self.request, answer) {
             tracing::debug!(request_id, pool = %self.pool, why, "answer not cached");
             self.skipped("invalid");

@@ -57,8 +57,7 @@ pub fn respond(
         }
     }
     let (mut resp, replay) = if ctx.client_stream {
-        let events = match keel_core::synthesize::stream_from_whole(protocol, ctx.endpoint, &body)
-        {
+        let events = match keel_core::synthesize::stream_from_whole(protocol, ctx.endpoint, &body) {
             Ok(ev) => ev,
             Err(e) => {
                 let e = GatewayError::new(
@@ -148,7 +147,8 @@ pub fn split_text(protocol: Protocol, endpoint: Endpoint, events: Vec<SseEvent>)
     let mut out = Vec::with_capacity(events.len());
     for ev in events {
         let parsed: Option<Value> = serde_json::from_str(&ev.data).ok();
-        let Some((v, at)) = parsed.and_then(|v| Some((v.clone(), text_pointer(protocol, endpoint, &v)?)))
+        let Some((v, at)) =
+            parsed.and_then(|v| Some((v.clone(), text_pointer(protocol, endpoint, &v)?)))
         else {
             out.push(ev);
             continue;
@@ -165,7 +165,10 @@ pub fn split_text(protocol: Protocol, endpoint: Endpoint, events: Vec<SseEvent>)
                 *slot = Value::String(piece.iter().collect());
             }
             if i > 0 {
-                if let Some(delta) = p.pointer_mut("/choices/0/delta").and_then(Value::as_object_mut) {
+                if let Some(delta) = p
+                    .pointer_mut("/choices/0/delta")
+                    .and_then(Value::as_object_mut)
+                {
                     delta.remove("role");
                 }
             }

@@ -63,7 +63,12 @@ struct Local {
 
 impl Local {
     /// The live entry under `key` (an expired one is dropped), marked as just used.
-    fn get(&mut self, key: &str, now: Instant, evicted: &mut Vec<&'static str>) -> Option<Arc<Entry>> {
+    fn get(
+        &mut self,
+        key: &str,
+        now: Instant,
+        evicted: &mut Vec<&'static str>,
+    ) -> Option<Arc<Entry>> {
         let live = self.map.get(key).map(|s| s.expires > now)?;
         if live {
             return self.map.get(key).map(|s| s.entry.clone());
@@ -210,7 +215,9 @@ impl Stores {
             local.bytes
         };
         self.evicted(&evicted);
-        self.metrics.gauge("keel_cache_bytes", &[]).set(total as f64);
+        self.metrics
+            .gauge("keel_cache_bytes", &[])
+            .set(total as f64);
     }
 
     fn evicted(&self, causes: &[&'static str]) {
@@ -315,7 +322,10 @@ mod tests {
         assert!(l.get("a", now, &mut ev).is_some()); // a is now the most recent
         l.put("c".into(), stored(40, later), now, &mut ev);
         assert_eq!(ev, ["size"]);
-        assert!(l.get("b", now, &mut ev).is_none(), "b was the least recently used");
+        assert!(
+            l.get("b", now, &mut ev).is_none(),
+            "b was the least recently used"
+        );
         assert_eq!(l.bytes, 80);
         // Replacing an entry counts its weight once.
         l.put("c".into(), stored(10, later), now, &mut ev);
@@ -325,9 +335,13 @@ mod tests {
         assert_eq!(ev, ["size", "expired"]);
         assert_eq!(l.bytes, 10);
         // An expired entry at the old end is dropped by the next insert.
-        l.put("d".into(), stored(10, later + Duration::from_secs(60)), later, &mut ev);
+        l.put(
+            "d".into(),
+            stored(10, later + Duration::from_secs(60)),
+            later,
+            &mut ev,
+        );
         assert_eq!(ev, ["size", "expired", "expired"]);
         assert_eq!(l.bytes, 10);
     }
 }
-

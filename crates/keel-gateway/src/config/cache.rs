@@ -99,13 +99,19 @@ pub(super) fn read_pool(t: Option<Table>, issues: &mut Issues) -> PoolCacheConfi
         Some(v) => v.value,
         None => d.max_temperature,
     };
-    let semantic = t.table("semantic", issues).and_then(|s| read_semantic(s, issues));
+    let semantic = t
+        .table("semantic", issues)
+        .and_then(|s| read_semantic(s, issues));
     let c = PoolCacheConfig {
         enabled: t.value::<bool>("enabled", issues).unwrap_or(true),
         ttl_ms: positive(&mut t, "ttl_ms", issues).unwrap_or(d.ttl_ms),
         max_temperature,
-        allow_tools: t.value::<bool>("allow_tools", issues).unwrap_or(d.allow_tools),
-        pace_replay: t.value::<bool>("pace_replay", issues).unwrap_or(d.pace_replay),
+        allow_tools: t
+            .value::<bool>("allow_tools", issues)
+            .unwrap_or(d.allow_tools),
+        pace_replay: t
+            .value::<bool>("pace_replay", issues)
+            .unwrap_or(d.pace_replay),
         coalesce: t.value::<bool>("coalesce", issues).unwrap_or(d.coalesce),
         semantic,
     };
@@ -120,7 +126,10 @@ fn read_semantic(mut t: Table, issues: &mut Issues) -> Option<SemanticConfig> {
             issues.report(
                 v.at,
                 &v.path,
-                format!("expected a cosine distance between 0 and 1, got {}", v.value),
+                format!(
+                    "expected a cosine distance between 0 and 1, got {}",
+                    v.value
+                ),
             );
             None
         }

@@ -18,13 +18,13 @@
 //! has no reliable shape.
 
 mod budget;
+pub mod cache;
 mod health;
 mod keys;
 mod observability;
 mod pool;
 mod read;
 mod redis;
-pub mod cache;
 mod safe_mode;
 mod timeouts;
 mod variant;

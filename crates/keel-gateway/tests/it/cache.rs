@@ -14,7 +14,11 @@ const CACHE: &str = "hedge = \"off\"\n[pools.cache]\n";
 
 /// Requests the simulated fleet received.
 fn upstream(h: &Harness) -> u64 {
-    h.fleet.servers.iter().map(|s| s.state.stats().requests).sum()
+    h.fleet
+        .servers
+        .iter()
+        .map(|s| s.state.stats().requests)
+        .sum()
 }
 
 fn chat(prompt: &str, stream: bool) -> Value {
@@ -86,10 +90,16 @@ fn answer_of_stream(events: &[keel_core::sse::SseEvent]) -> (String, String) {
                 finish = r.to_owned();
             }
         } else {
-            if let Some(t) = v.pointer("/choices/0/delta/content").and_then(Value::as_str) {
+            if let Some(t) = v
+                .pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+            {
                 text.push_str(t);
             }
-            if let Some(r) = v.pointer("/choices/0/finish_reason").and_then(Value::as_str) {
+            if let Some(r) = v
+                .pointer("/choices/0/finish_reason")
+                .and_then(Value::as_str)
+            {
                 finish = r.to_owned();
             }
         }
@@ -141,7 +151,8 @@ async fn replays_equal_the_original(h: &Harness, path: &str, body: fn(&str, bool
     assert_eq!(answer_of_body(&r.json().await.unwrap()), streamed);
     assert_eq!(upstream(h), 2);
     assert_eq!(
-        h.metric("keel_cache_lookups_total", &[("result", "hit")]).await,
+        h.metric("keel_cache_lookups_total", &[("result", "hit")])
+            .await,
         3.0
     );
 }
@@ -161,13 +172,23 @@ async fn anthropic_whole_and_streamed_hits_replay_the_original() {
 #[tokio::test]
 async fn a_paced_replay_is_the_same_answer_in_more_pieces() {
     let h = Harness::openai(1, 1, "", &format!("{CACHE}pace_replay = true\n")).await;
-    let r = h.post("/v1/chat/completions", &chat("describe the sea at length", true)).await;
+    let r = h
+        .post(
+            "/v1/chat/completions",
+            &chat("describe the sea at length", true),
+        )
+        .await;
     let original = read_stream(r).await;
     wait_for!(
         "the answer to be stored",
         h.metric("keel_cache_stored_total", &[]).await >= 1.0
     );
-    let r = h.post("/v1/chat/completions", &chat("describe the sea at length", true)).await;
+    let r = h
+        .post(
+            "/v1/chat/completions",
+            &chat("describe the sea at length", true),
+        )
+        .await;
     assert_eq!(header(r.headers(), "x-keel-cache"), "hit");
     let replayed = read_stream(r).await;
     assert_eq!(answer_of_stream(&replayed), answer_of_stream(&original));
@@ -179,7 +200,8 @@ async fn uncacheable_requests_and_client_directives_bypass_the_cache() {
     let h = Harness::openai(1, 1, "", CACHE).await;
     let path = "/v1/chat/completions";
     // Sampling above the ceiling (and no temperature: the APIs' default 1.0), n > 1, tools.
-    let hot = json!({"model": "p", "temperature": 0.9, "messages": [{"role": "user", "content": "x"}]});
+    let hot =
+        json!({"model": "p", "temperature": 0.9, "messages": [{"role": "user", "content": "x"}]});
     let unset = json!({"model": "p", "messages": [{"role": "user", "content": "x"}]});
     let tools = json!({"model": "p", "temperature": 0, "messages": [{"role": "user", "content": "x"}],
         "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]});
@@ -192,13 +214,17 @@ async fn uncacheable_requests_and_client_directives_bypass_the_cache() {
 
     // no-store: never stored, so the next identical request goes upstream too.
     let b = chat("count to five", false);
-    let r = h.post_with(path, &[("cache-control", "no-store")], &b).await;
+    let r = h
+        .post_with(path, &[("cache-control", "no-store")], &b)
+        .await;
     assert_eq!(header(r.headers(), "x-keel-cache"), "bypass");
     let r = h.post(path, &b).await;
     assert_eq!(header(r.headers(), "x-keel-cache"), "stored");
     assert_eq!(upstream(&h), 6);
     // no-cache: not answered from the cache (the fresh answer is stored again); off: neither.
-    let r = h.post_with(path, &[("cache-control", "no-cache")], &b).await;
+    let r = h
+        .post_with(path, &[("cache-control", "no-cache")], &b)
+        .await;
     assert_eq!(header(r.headers(), "x-keel-cache"), "stored");
     let r = h.post_with(path, &[("x-keel-cache", "off")], &b).await;
     assert_eq!(header(r.headers(), "x-keel-cache"), "bypass");
@@ -208,10 +234,15 @@ async fn uncacheable_requests_and_client_directives_bypass_the_cache() {
     assert_eq!(upstream(&h), 8);
 
     // A value keel does not know is the client's error, in its protocol.
-    let r = h.post_with(path, &[("x-keel-cache", "sometimes")], &b).await;
+    let r = h
+        .post_with(path, &[("x-keel-cache", "sometimes")], &b)
+        .await;
     assert_eq!(r.status(), 400);
     let e: Value = r.json().await.unwrap();
-    assert!(e["error"]["message"].as_str().unwrap().contains("x-keel-cache"));
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("x-keel-cache"));
 
     // Without [pools.cache] nothing is cached.
     let plain = Harness::openai(1, 1, "", "hedge = \"off\"\n").await;
@@ -224,7 +255,10 @@ async fn uncacheable_requests_and_client_directives_bypass_the_cache() {
 
 #[tokio::test]
 async fn one_tenant_never_receives_anothers_answer() {
-    let (ka, kb) = ("sk-cache-tenant-a-0123456789", "sk-cache-tenant-b-0123456789");
+    let (ka, kb) = (
+        "sk-cache-tenant-a-0123456789",
+        "sk-cache-tenant-b-0123456789",
+    );
     let hash = |k: &str| hash_text(&hash_secret(k));
     let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
     let cfg = format!(
@@ -239,14 +273,22 @@ async fn one_tenant_never_receives_anothers_answer() {
         async move {
             let auth = format!("Bearer {key}");
             let r = h
-                .post_with("/v1/chat/completions", &[("authorization", &auth)], &chat("a secret plan", false))
+                .post_with(
+                    "/v1/chat/completions",
+                    &[("authorization", &auth)],
+                    &chat("a secret plan", false),
+                )
                 .await;
             assert_eq!(r.status(), 200);
             header(r.headers(), "x-keel-cache").to_owned()
         }
     };
     assert_eq!(ask(ka).await, "stored");
-    assert_eq!(ask(kb).await, "stored", "team-b does not get team-a's answer");
+    assert_eq!(
+        ask(kb).await,
+        "stored",
+        "team-b does not get team-a's answer"
+    );
     assert_eq!(ask(ka).await, "hit");
     assert_eq!(ask(kb).await, "hit");
     assert_eq!(upstream(&h), 2);
@@ -255,7 +297,11 @@ async fn one_tenant_never_receives_anothers_answer() {
 #[tokio::test]
 async fn a_truncated_stream_is_never_stored() {
     let h = Harness::openai(1, 1, "", &format!("max_migrations = 0\n{CACHE}")).await;
-    add_fault(h.server(0), json!({"kind": "close", "after_tokens": 3, "count": 1})).await;
+    add_fault(
+        h.server(0),
+        json!({"kind": "close", "after_tokens": 3, "count": 1}),
+    )
+    .await;
     let b = chat("tell me a long story", true);
     let r = h.post("/v1/chat/completions", &b).await;
     assert_eq!(header(r.headers(), "x-keel-cache"), "miss");
@@ -266,7 +312,9 @@ async fn a_truncated_stream_is_never_stored() {
     );
     wait_for!(
         "the incomplete answer to be counted",
-        h.metric("keel_cache_skipped_total", &[("reason", "incomplete")]).await >= 1.0
+        h.metric("keel_cache_skipped_total", &[("reason", "incomplete")])
+            .await
+            >= 1.0
     );
     assert_eq!(h.metric("keel_cache_stored_total", &[]).await, 0.0);
     // The next identical request goes upstream and completes; that answer is stored.
@@ -285,7 +333,11 @@ async fn a_truncated_stream_is_never_stored() {
 async fn identical_concurrent_requests_go_upstream_once() {
     let h = Harness::openai(1, 1, "", CACHE).await;
     // The leader's answer is held back long enough for the others to arrive.
-    add_fault(h.server(0), json!({"kind": "delay", "ms": 1500, "count": 1})).await;
+    add_fault(
+        h.server(0),
+        json!({"kind": "delay", "ms": 1500, "count": 1}),
+    )
+    .await;
     let n = 6;
     let b = chat("one answer for everyone", false);
     let url = h.url("/v1/chat/completions");
@@ -315,10 +367,15 @@ async fn identical_concurrent_requests_go_upstream_once() {
             answer_of_body(&r.json().await.unwrap())
         });
     }
-    assert_eq!(upstream(&h), 1, "one upstream request for {n} identical ones");
+    assert_eq!(
+        upstream(&h),
+        1,
+        "one upstream request for {n} identical ones"
+    );
     assert!(answers.iter().all(|a| a == &answers[0]));
     assert_eq!(
-        h.metric("keel_cache_lookups_total", &[("result", "coalesced")]).await,
+        h.metric("keel_cache_lookups_total", &[("result", "coalesced")])
+            .await,
         (n - 1) as f64
     );
     assert_eq!(h.gw.cache.in_flight(), 0);
@@ -329,14 +386,20 @@ async fn a_leader_that_fails_sends_its_waiters_upstream() {
     let h = Harness::openai(1, 1, "", &format!("max_migrations = 0\n{CACHE}")).await;
     // The leader's stream starts late and is cut after two tokens.
     add_fault(h.server(0), json!({"kind": "delay", "ms": 800, "count": 1})).await;
-    add_fault(h.server(0), json!({"kind": "close", "after_tokens": 2, "count": 1})).await;
+    add_fault(
+        h.server(0),
+        json!({"kind": "close", "after_tokens": 2, "count": 1}),
+    )
+    .await;
     let url = h.url("/v1/chat/completions");
     let leader = {
         let (url, b) = (url.clone(), chat("will fail first", true));
         tokio::spawn(async move { keel_sim::http_client().post(url).json(&b).send().await })
     };
     wait_for!("the leader to be in flight", h.gw.cache.in_flight() == 1);
-    let waiter = h.post("/v1/chat/completions", &chat("will fail first", false)).await;
+    let waiter = h
+        .post("/v1/chat/completions", &chat("will fail first", false))
+        .await;
     let cut = read_stream(leader.await.unwrap().unwrap()).await;
     assert!(cut.iter().any(|e| e.data.contains("incomplete")));
     assert_eq!(waiter.status(), 200, "the waiter went upstream itself");
@@ -365,7 +428,8 @@ async fn a_structured_output_off_its_schema_is_not_stored() {
     assert_eq!(r.status(), 200);
     assert_eq!(answer_of_body(&r.json().await.unwrap()).0, r#"{"age": 3}"#);
     assert_eq!(
-        h.metric("keel_cache_skipped_total", &[("reason", "invalid")]).await,
+        h.metric("keel_cache_skipped_total", &[("reason", "invalid")])
+            .await,
         1.0
     );
     // The next answer fits the schema: stored, then served.
@@ -374,16 +438,17 @@ async fn a_structured_output_off_its_schema_is_not_stored() {
     assert_eq!(header(r.headers(), "x-keel-cache"), "stored");
     let r = h.post("/v1/chat/completions", &b).await;
     assert_eq!(header(r.headers(), "x-keel-cache"), "hit");
-    assert_eq!(answer_of_body(&r.json().await.unwrap()).0, r#"{"name": "Ada"}"#);
+    assert_eq!(
+        answer_of_body(&r.json().await.unwrap()).0,
+        r#"{"name": "Ada"}"#
+    );
     assert_eq!(upstream(&h), 2);
 }
 
 #[tokio::test]
 async fn the_semantic_mode_answers_a_near_identical_prompt() {
     let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
-    let extra = format!(
-        "{CACHE}semantic = {{ embeddings_pool = \"e\", max_distance = 0.15 }}\n"
-    );
+    let extra = format!("{CACHE}semantic = {{ embeddings_pool = \"e\", max_distance = 0.15 }}\n");
     let cfg = format!(
         "{}\n{}",
         pool_over(&fleet, "p", "openai", 1, &extra),
@@ -391,19 +456,26 @@ async fn the_semantic_mode_answers_a_near_identical_prompt() {
     );
     let h = Harness::start(fleet, &cfg).await;
     let path = "/v1/chat/completions";
-    let r = h.post(path, &chat("What is the capital city of France?", false)).await;
+    let r = h
+        .post(path, &chat("What is the capital city of France?", false))
+        .await;
     assert_eq!(header(r.headers(), "x-keel-cache"), "stored");
     let original = answer_of_body(&r.json().await.unwrap());
     // Same words, other case and punctuation: another exact key, a close embedding.
-    let r = h.post(path, &chat("what is the capital city of france", false)).await;
+    let r = h
+        .post(path, &chat("what is the capital city of france", false))
+        .await;
     assert_eq!(header(r.headers(), "x-keel-cache"), "hit");
     assert_eq!(answer_of_body(&r.json().await.unwrap()), original);
     assert_eq!(
-        h.metric("keel_cache_lookups_total", &[("result", "semantic_hit")]).await,
+        h.metric("keel_cache_lookups_total", &[("result", "semantic_hit")])
+            .await,
         1.0
     );
     // Another question is not near; other parameters never match.
-    let r = h.post(path, &chat("Write a poem about dragons and gold", false)).await;
+    let r = h
+        .post(path, &chat("Write a poem about dragons and gold", false))
+        .await;
     assert_eq!(header(r.headers(), "x-keel-cache"), "stored");
     let mut longer = chat("What is the capital city of France?", false);
     longer["max_tokens"] = json!(7);

@@ -31,7 +31,9 @@ fn reformat(text: &str, how: usize) -> String {
     match how {
         0 => text.to_owned(),
         1 => text.replacen(' ', "  ", 2),
-        2 => text.replacen('"', "\u{201c}", 1).replacen('"', "\u{201d}", 1),
+        2 => text
+            .replacen('"', "\u{201c}", 1)
+            .replacen('"', "\u{201d}", 1),
         3 => format!("{}\u{200b}", text.replacen(' ', " \u{200b}", 1)),
         4 => format!("{}   \r\n", text.replace('\n', "\r\n")),
         _ => format!("  {text}\n\n\n"),
@@ -41,7 +43,16 @@ fn reformat(text: &str, how: usize) -> String {
 /// The request sequence: (prompt, index of the question it repeats, if any).
 fn sequence(n: usize, repeat_share: f64, seed: u64) -> Vec<(String, Option<usize>)> {
     let mut rng = Rng::new(seed);
-    let topics = ["rivers", "volcanoes", "the moon", "bread", "glaciers", "bees", "tides", "salt"];
+    let topics = [
+        "rivers",
+        "volcanoes",
+        "the moon",
+        "bread",
+        "glaciers",
+        "bees",
+        "tides",
+        "salt",
+    ];
     let mut asked: Vec<String> = Vec::new();
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
@@ -85,7 +96,10 @@ async fn one(client: &reqwest::Client, url: &str, prompt: &str) -> Result<(f64, 
             ttft = Some(started.elapsed().as_secs_f64() * 1000.0);
         }
     }
-    Ok((ttft.unwrap_or_else(|| started.elapsed().as_secs_f64() * 1000.0), hit))
+    Ok((
+        ttft.unwrap_or_else(|| started.elapsed().as_secs_f64() * 1000.0),
+        hit,
+    ))
 }
 
 async fn run_one(
@@ -163,7 +177,12 @@ fn ms(v: Option<f64>) -> String {
 }
 
 /// `keel bench cache`.
-pub async fn run(requests: usize, repeat_share: f64, concurrency: usize, seed: u64) -> Result<(), String> {
+pub async fn run(
+    requests: usize,
+    repeat_share: f64,
+    concurrency: usize,
+    seed: u64,
+) -> Result<(), String> {
     let seq = sequence(requests, repeat_share, seed);
     let repeats = seq.iter().filter(|s| s.1.is_some()).count();
     println!(
@@ -172,8 +191,14 @@ pub async fn run(requests: usize, repeat_share: f64, concurrency: usize, seed: u
     let mut runs = Vec::new();
     for (label, extra) in [
         ("no cache", ""),
-        ("cache, normalize off", "normalize = \"off\"\n[pools.cache]\n"),
-        ("cache, normalize syntax", "normalize = \"syntax\"\n[pools.cache]\n"),
+        (
+            "cache, normalize off",
+            "normalize = \"off\"\n[pools.cache]\n",
+        ),
+        (
+            "cache, normalize syntax",
+            "normalize = \"syntax\"\n[pools.cache]\n",
+        ),
     ] {
         runs.push(run_one(label, extra, &seq, concurrency).await?);
     }
