@@ -482,3 +482,30 @@ async fn the_semantic_mode_answers_a_near_identical_prompt() {
     let r = h.post(path, &longer).await;
     assert_eq!(header(r.headers(), "x-keel-cache"), "stored");
 }
+
+/// The Responses API runs as Chat Completions: its hits come from the same entries, rendered
+/// as a Response object or as Responses stream events.
+#[tokio::test]
+async fn responses_hits_are_rendered_in_responses_form() {
+    let h = Harness::openai(1, 1, "", CACHE).await;
+    let body = |stream: bool| {
+        json!({"model": "p", "temperature": 0, "instructions": "be brief", "input": "name a bird",
+            "max_output_tokens": 24, "stream": stream})
+    };
+    let text_of = |v: &Value| v["output"][0]["content"][0]["text"].as_str().unwrap().to_owned();
+    let r = h.post("/v1/responses", &body(false)).await;
+    assert_eq!(header(r.headers(), "x-keel-cache"), "stored");
+    let original = text_of(&r.json().await.unwrap());
+    let r = h.post("/v1/responses", &body(false)).await;
+    assert_eq!(header(r.headers(), "x-keel-cache"), "hit");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["object"], "response");
+    assert_eq!(text_of(&v), original);
+    let r = h.post("/v1/responses", &body(true)).await;
+    assert_eq!(header(r.headers(), "x-keel-cache"), "hit");
+    let events = read_stream(r).await;
+    let last: Value = serde_json::from_str(&events.last().unwrap().data).unwrap();
+    assert_eq!(last["type"], "response.completed");
+    assert_eq!(text_of(&last["response"]), original);
+    assert_eq!(upstream(&h), 1);
+}
