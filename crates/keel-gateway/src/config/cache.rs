@@ -37,6 +37,8 @@ pub struct SemanticConfig {
     pub embeddings_pool: String,
     /// Largest cosine distance (1 − cosine similarity) that still hits, in [0, 1].
     pub max_distance: f64,
+    /// Where `embeddings_pool` is written (checked once every pool is read).
+    pub(super) at: usize,
 }
 
 impl Default for PoolCacheConfig {
@@ -137,9 +139,11 @@ fn read_semantic(mut t: Table, issues: &mut Issues) -> Option<SemanticConfig> {
         None => Some(0.05),
     };
     t.finish(issues);
+    let pool = pool?;
     Some(SemanticConfig {
-        embeddings_pool: pool?.value,
+        embeddings_pool: pool.value,
         max_distance: max_distance?,
+        at: pool.at,
     })
 }
 
@@ -151,4 +155,78 @@ fn positive(t: &mut Table, key: &'static str, issues: &mut Issues) -> Option<u64
         return None;
     }
     Some(v.value)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use crate::config::Config;
+
+    const POOL: &str = "[[pools]]\nname = \"p\"\n";
+    const VARIANT: &str = "[[pools.variants]]\nname = \"a\"\nurl = \"http://127.0.0.1:1/v1\"\nprotocol = \"openai\"\nupstream_model = \"m\"\n";
+
+    fn parse(text: &str) -> Result<Config, Vec<(String, String)>> {
+        Config::parse(text, "k.toml", &HashMap::new())
+            .map_err(|e| e.issues.into_iter().map(|i| (i.field, i.message)).collect())
+    }
+
+    #[test]
+    fn no_table_is_off_and_a_table_turns_it_on_with_the_documented_defaults() {
+        let c = parse(&format!("{POOL}{VARIANT}")).unwrap();
+        assert!(!c.pools[0].cache.enabled);
+        assert_eq!(c.cache, super::CacheConfig::default());
+        let c = parse(&format!(
+            "[cache]\nmax_bytes = 1000\n{POOL}[pools.cache]\n{VARIANT}"
+        ))
+        .unwrap();
+        let p = &c.pools[0].cache;
+        assert!(p.enabled && p.coalesce && !p.allow_tools && !p.pace_replay);
+        assert_eq!(
+            (p.ttl_ms, p.max_temperature, p.semantic.clone()),
+            (300_000, 0.0, None)
+        );
+        assert_eq!(c.cache.max_bytes, 1000);
+        let c = parse(&format!(
+            "{POOL}[pools.cache]\nttl_ms = 5\nmax_temperature = 0.5\nallow_tools = true\npace_replay = true\ncoalesce = false\nsemantic = {{ embeddings_pool = \"p\", max_distance = 0.2 }}\n{VARIANT}"
+        ))
+        .unwrap();
+        let p = &c.pools[0].cache;
+        assert_eq!((p.ttl_ms, p.max_temperature), (5, 0.5));
+        assert!(p.allow_tools && p.pace_replay && !p.coalesce);
+        let s = p.semantic.as_ref().unwrap();
+        assert_eq!((s.embeddings_pool.as_str(), s.max_distance), ("p", 0.2));
+    }
+
+    #[test]
+    fn bad_values_and_unknown_keys_name_the_field() {
+        let bad =
+            |table: &str| parse(&format!("{POOL}[pools.cache]\n{table}\n{VARIANT}")).unwrap_err();
+        let one = |table: &str, field: &str, says: &str| {
+            let e = bad(table);
+            assert_eq!(e.len(), 1, "{e:?}");
+            assert_eq!(e[0].0, field, "{e:?}");
+            assert!(e[0].1.contains(says), "{e:?}");
+        };
+        one("ttl = 5", "pools[0].cache.ttl", "unknown");
+        one("ttl_ms = 0", "pools[0].cache.ttl_ms", "at least 1");
+        one(
+            "max_temperature = 3.0",
+            "pools[0].cache.max_temperature",
+            "between 0 and 2",
+        );
+        one("enabled = \"yes\"", "pools[0].cache.enabled", "boolean");
+        one(
+            "semantic = { embeddings_pool = \"nope\" }",
+            "pools[0].cache.semantic.embeddings_pool",
+            "no pool is named `nope`",
+        );
+        one(
+            "semantic = { embeddings_pool = \"p\", max_distance = 1.5 }",
+            "pools[0].cache.semantic.max_distance",
+            "between 0 and 1",
+        );
+        let e = parse(&format!("[cache]\nmax_bytes = 0\n{POOL}{VARIANT}")).unwrap_err();
+        assert_eq!(e[0].0, "cache.max_bytes");
+    }
 }

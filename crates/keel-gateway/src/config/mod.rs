@@ -276,14 +276,13 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
     config
 }
 
-/// A semantic cache's `embeddings_pool` must name a pool (reported at the top: the pool's
-/// table position is gone by now, its path names it).
+/// A semantic cache's `embeddings_pool` must name a pool (checked once every pool is read).
 fn check_semantic_pools(pools: &[PoolConfig], issues: &mut Issues) {
     for (i, p) in pools.iter().enumerate() {
         let Some(s) = &p.cache.semantic else { continue };
         if !pools.iter().any(|q| q.name == s.embeddings_pool) {
             issues.report(
-                0,
+                s.at,
                 &format!("pools[{i}].cache.semantic.embeddings_pool"),
                 format!("no pool is named `{}`", s.embeddings_pool),
             );

@@ -492,7 +492,12 @@ async fn responses_hits_are_rendered_in_responses_form() {
         json!({"model": "p", "temperature": 0, "instructions": "be brief", "input": "name a bird",
             "max_output_tokens": 24, "stream": stream})
     };
-    let text_of = |v: &Value| v["output"][0]["content"][0]["text"].as_str().unwrap().to_owned();
+    let text_of = |v: &Value| {
+        v["output"][0]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
     let r = h.post("/v1/responses", &body(false)).await;
     assert_eq!(header(r.headers(), "x-keel-cache"), "stored");
     let original = text_of(&r.json().await.unwrap());
