@@ -321,7 +321,7 @@ async fn stages(
         }
         Lookup::Miss(c) => {
             log.cache = "miss";
-            Some(c)
+            Some(*c)
         }
         Lookup::Bypass(_) => None,
     };

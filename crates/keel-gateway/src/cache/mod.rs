@@ -101,7 +101,7 @@ pub enum Lookup {
     /// that was in flight.
     Hit { entry: Arc<Entry>, coalesced: bool },
     /// Goes upstream; the capture stores its answer.
-    Miss(Capture),
+    Miss(Box<Capture>),
 }
 
 /// The response cache of one gateway.
@@ -217,7 +217,7 @@ impl ResponseCache {
             }
         }
         self.count(name, "miss");
-        Lookup::Miss(Capture {
+        Lookup::Miss(Box::new(Capture {
             cache: self.clone(),
             key,
             pool: pool.cfg.name.clone(),
@@ -226,7 +226,7 @@ impl ResponseCache {
             ttl,
             flight,
             probe: probe.unwrap_or_default(),
-        })
+        }))
     }
 }
 
