@@ -215,7 +215,11 @@ mod tests {
             "pools[0].cache.max_temperature",
             "between 0 and 2",
         );
-        one("enabled = \"yes\"", "pools[0].cache.enabled", "boolean");
+        one(
+            "enabled = \"yes\"",
+            "pools[0].cache.enabled",
+            "true or false",
+        );
         one(
             "semantic = { embeddings_pool = \"nope\" }",
             "pools[0].cache.semantic.embeddings_pool",
