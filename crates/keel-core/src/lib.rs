@@ -12,6 +12,8 @@ pub mod assemble;
 pub mod budget;
 pub mod canary;
 pub mod compare;
+
+pub mod cache_key;
 pub mod continuation;
 pub mod embeddings;
 pub mod fit;

@@ -154,6 +154,10 @@ pub struct RequestLog {
     pub decision: Option<Arc<crate::decisions::Draft>>,
     /// The pool whose health window counts this request (see `safe_mode`), once known.
     pub health_of: Option<Arc<crate::pools::Pool>>,
+    /// What the response cache did (`hit`, `miss`, `stored`, `bypass`; see `cache`).
+    pub cache: &'static str,
+    /// For a hit: the request whose answer was replayed.
+    pub cached_from: Option<String>,
     done: bool,
 }
 
@@ -192,6 +196,8 @@ impl RequestLog {
             trace: None,
             decision: None,
             health_of: None,
+            cache: "bypass",
+            cached_from: None,
             done: false,
         }
     }
@@ -330,6 +336,8 @@ impl RequestLog {
             "tokens_in": tokens.map(|t| t.0),
             "tokens_out": tokens.map(|t| t.1),
             "overhead_us": self.overhead_us,
+            "cache": self.cache,
+            "cached_from": self.cached_from,
             "trace_id": trace_id,
         });
         match v {

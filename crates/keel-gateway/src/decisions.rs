@@ -295,6 +295,8 @@ impl Draft {
             r.ttft_ms = log.ttft.map(|t| t.as_secs_f64() * 1000.0);
             r.key = (log.key != "-").then(|| log.key.clone());
             r.tenant = (log.tenant != "-").then(|| log.tenant.clone());
+            r.cache = log.cache;
+            r.cached_from.clone_from(&log.cached_from);
         });
     }
 }

@@ -14,6 +14,7 @@ use keel_core::request::CanonicalRequest;
 use crate::access_log::RequestLog;
 use crate::attempt::Served;
 use crate::body::{full_body, stream_body, Body};
+use crate::cache::{self, Capture};
 use crate::context::RequestCtx;
 use crate::errors::GatewayError;
 use crate::execution::{Executed, Outcome};
@@ -54,7 +55,7 @@ pub(crate) fn integrity_header(h: &mut HeaderMap, flags: &[&str]) {
 
 /// Adds what admission and the Responses front changed to `x-keel-prompt-fix` (before the
 /// attempt's fixes), and how many messages middle-out dropped.
-fn front_fixes(h: &mut HeaderMap, ctx: &RequestCtx) {
+pub(crate) fn front_fixes(h: &mut HeaderMap, ctx: &RequestCtx) {
     let front = ctx.responses.iter().flat_map(|f| f.fixes.iter());
     let mut all: Vec<&str> = ctx
         .prompt_fixes
@@ -80,7 +81,7 @@ fn front_fixes(h: &mut HeaderMap, ctx: &RequestCtx) {
 }
 
 /// The `x-keel-prompt-fix` codes in `h`, for the access log.
-fn fix_codes(h: &HeaderMap) -> Vec<String> {
+pub(crate) fn fix_codes(h: &HeaderMap) -> Vec<String> {
     h.get(PROMPT_FIX_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(|v| v.split(',').map(|c| c.trim().to_owned()).collect())
@@ -89,7 +90,11 @@ fn fix_codes(h: &HeaderMap) -> Vec<String> {
 
 /// A successful whole answer in the client's API: a Chat completion becomes a Response object
 /// for a Responses client. Errors have the same shape in both.
-fn answer_body(ctx: &RequestCtx, status: StatusCode, body: bytes::Bytes) -> bytes::Bytes {
+pub(crate) fn answer_body(
+    ctx: &RequestCtx,
+    status: StatusCode,
+    body: bytes::Bytes,
+) -> bytes::Bytes {
     match &ctx.responses {
         Some(front) if status.is_success() => front.whole(&ctx.id, &body),
         _ => body,
@@ -186,7 +191,8 @@ fn shadow_whole(
 
 /// Turns stage 2's result into the client's response. A stream may be continued on another
 /// variant of `order` (see `relay`); when the client asked for a whole response the relayed
-/// events are assembled into one body.
+/// events are assembled into one body. A cache miss's `capture` stores the complete answer the
+/// client was given (see `cache`); dropped on any other end.
 #[allow(clippy::too_many_arguments)]
 pub async fn deliver(
     gw: &Arc<Gateway>,
@@ -197,6 +203,7 @@ pub async fn deliver(
     executed: Executed,
     req: CanonicalRequest,
     order: Vec<usize>,
+    capture: Option<Capture>,
 ) -> Response<Body> {
     let Executed {
         outcome,
@@ -239,8 +246,21 @@ pub async fn deliver(
             drop(committed);
             shadow_whole(pool, &req, ctx, &log, &body);
             let flags = crate::relay::whole_flags(pool.cfg.integrity, &req, &body);
+            let stored = match capture {
+                Some(c) if status.is_success() => {
+                    let answer = serde_json::from_slice(&body).unwrap_or_default();
+                    c.store(&answer, &log.variant, &ctx.id, log.started.elapsed())
+                }
+                _ => false,
+            };
+            if stored {
+                log.cache = "stored";
+            }
             let mut resp = whole(log, ctx, status, headers, body);
             integrity_header(resp.headers_mut(), &flags);
+            if stored {
+                cache::stamp(resp.headers_mut(), "stored");
+            }
             return resp;
         }
         Served::Stream(start) => start,
@@ -258,16 +278,32 @@ pub async fn deliver(
         log.prompt_fixes = fix_codes(&fixed);
         let stamp = log.overhead_stamp();
         let assembled = Arc::new(Mutex::new(Assembled::default()));
+        let start_at = start.first_token_at;
         let relay = relay(Sink::Assemble(assembled.clone()));
         let summary: Summary = relay.run(committed, start, log).await;
         let (failure, assembler) = {
             let mut a = assembled.lock().unwrap_or_else(|e| e.into_inner());
             (a.failure.take(), std::mem::take(&mut a.body))
         };
+        let mut stored = false;
         let mut resp = match failure {
-            Some(m) => GatewayError::new(ErrorKind::BadGateway, m).to_response(protocol),
+            Some(m) => {
+                if let Some(c) = capture {
+                    c.incomplete();
+                }
+                GatewayError::new(ErrorKind::BadGateway, m).to_response(protocol)
+            }
             None => {
-                let body = bytes::Bytes::from(assembler.finish(ctx.endpoint).to_string());
+                let answer = assembler.finish(ctx.endpoint);
+                match capture {
+                    Some(c) if summary.complete => {
+                        let took = start_at.elapsed();
+                        stored = c.store(&answer, &summary.variant, &ctx.id, took);
+                    }
+                    Some(c) => c.incomplete(),
+                    None => {}
+                }
+                let body = bytes::Bytes::from(answer.to_string());
                 full_body(
                     StatusCode::OK,
                     "application/json",
@@ -288,6 +324,9 @@ pub async fn deliver(
         );
         integrity_header(resp.headers_mut(), &summary.integrity);
         stamp.apply(resp.headers_mut());
+        if stored {
+            cache::stamp(resp.headers_mut(), "stored");
+        }
         return resp;
     }
     let mut headers = HeaderMap::new();
@@ -312,7 +351,30 @@ pub async fn deliver(
     if let Some(front) = &ctx.responses {
         body = front.stream(&ctx.id, body);
     }
-    tokio::spawn(relay(Sink::Client(tx)).run(committed, start, log));
+    match capture {
+        None => {
+            tokio::spawn(relay(Sink::Client(tx)).run(committed, start, log));
+        }
+        Some(c) => {
+            // The client's events are assembled on the side and stored if the stream completes.
+            let copy = Arc::new(Mutex::new(Assembled::default()));
+            let relay = relay(Sink::Tee(tx, copy.clone()));
+            let (endpoint, id, first) = (ctx.endpoint, ctx.id.clone(), start.first_token_at);
+            tokio::spawn(async move {
+                let summary = relay.run(committed, start, log).await;
+                let (failure, body) = {
+                    let mut a = copy.lock().unwrap_or_else(|e| e.into_inner());
+                    (a.failure.take(), std::mem::take(&mut a.body))
+                };
+                if summary.complete && failure.is_none() {
+                    let answer = body.finish(endpoint);
+                    c.store(&answer, &summary.variant, &id, first.elapsed());
+                } else {
+                    c.incomplete();
+                }
+            });
+        }
+    }
     let mut resp = Response::new(body);
     *resp.status_mut() = StatusCode::OK;
     *resp.headers_mut() = headers;

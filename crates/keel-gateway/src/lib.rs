@@ -20,6 +20,7 @@ pub mod access_log;
 pub mod admission;
 pub mod attempt;
 pub mod body;
+pub mod cache;
 pub mod canary;
 pub mod capacity;
 pub mod config;
@@ -97,6 +98,9 @@ pub struct Gateway {
     pub process: Arc<live::Process>,
     /// 1 for the first config, one more for each reload.
     pub generation: u64,
+    /// The response cache (`[pools.cache]`, `[cache]`); kept across a reload that changes
+    /// neither `[cache]` nor `[redis]`.
+    pub cache: Arc<cache::ResponseCache>,
 }
 
 impl Gateway {
@@ -169,7 +173,18 @@ impl Gateway {
                 .unwrap_or_else(|_| access_log::AccessLog::off())
             }))
         });
+        let cache = match prev {
+            Some(g) if g.cfg.cache == cfg.cache && g.cfg.redis == cfg.redis => g.cache.clone(),
+            _ => {
+                let cache = cache::ResponseCache::new(&cfg, metrics.clone());
+                if cache.shared() {
+                    tracing::info!("cached answers shared through Redis");
+                }
+                cache
+            }
+        };
         Arc::new(Gateway {
+            cache,
             access_log,
             telemetry: carried
                 .telemetry

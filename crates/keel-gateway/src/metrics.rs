@@ -46,6 +46,14 @@
 
 //! | `keel_integrity_total` | pool, issue, action | output integrity events: issue = `truncated`, `invalid_json`; action = `continued`, `retried`, `flagged` (see `relay::integrity`) |
 //! | `keel_consensus_total` | pool, result | consensus requests by result: `unanimous`, `split`, `no_valid_answer` (see `consensus`) |
+
+//! | `keel_cache_lookups_total` | pool, result | response cache lookups: `hit`, `semantic_hit`, `coalesced` (answered by an identical request in flight), `miss`, `bypass` (not cacheable by policy, or `x-keel-cache`/`cache-control` said so) |
+//! | `keel_cache_stored_total` | pool | answers stored in the response cache |
+//! | `keel_cache_skipped_total` | reason | answers not stored: `incomplete` (error, truncated, client gone), `invalid` (no finish reason, structured output off its schema), `too_large` |
+//! | `keel_cache_bytes` |  | bytes held by the in-process response cache |
+//! | `keel_cache_evictions_total` | cause | in-process cache entries evicted: `size` (over `[cache] max_bytes`), `expired` (TTL) |
+//! | `keel_cache_errors_total` | op | response cache store calls that failed or timed out (`get`, `set` on Redis; `decode`, `encode`); the request goes on as a miss |
+//! | `keel_cache_semantic_distance` | pool | summary: cosine distance of semantic-mode hits |
 //!
 //! `outcome` of a request is one of `ok`, `client_error` (4xx), `error` (keel could not serve:
 //! 5xx), `incomplete` (a stream that failed after its first byte), `cancelled` (client went away).

@@ -149,6 +149,10 @@ pub struct DecisionRecord {
     /// A consensus request's votes (see `consensus`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub consensus: Option<serde_json::Value>,
+
+    /// `x-keel-cache` (see `cache`), and for a hit the request whose answer was replayed.
+    pub cache: &'static str,
+    pub cached_from: Option<String>,
 }
 
 impl DecisionRecord {

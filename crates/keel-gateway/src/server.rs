@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 
 use crate::access_log::RequestLog;
+use crate::cache::{self, Lookup};
 use crate::capacity::{Throttle, ThrottleReason};
 use crate::config::KeyConfig;
 use crate::context::{ClientApi, Priority};
@@ -313,15 +314,25 @@ pub async fn handle_generation(
             if e.kind == ErrorKind::RateLimited {
                 log.route = "throttled";
             }
-            return delivery::error_response(log, protocol, &e);
+            let mut resp = delivery::error_response(log, protocol, &e);
+            cache::stamp(resp.headers_mut(), "bypass");
+            return resp;
         }
     };
     let views = admitted.ctx.grant.as_ref().map(|g| g.views.clone());
-    let mut resp = stages(gw, api, admitted, &id, started, trace).await;
+    let mut resp = match cache::Control::from_headers(&parts.headers) {
+        Ok(control) => stages(gw, api, admitted, control, &id, started, trace).await,
+        Err(e) => {
+            let mut log = RequestLog::new(gw, &id, started, api.label(), &admitted.pool.cfg.name);
+            log.trace = trace;
+            delivery::error_response(log, protocol, &e)
+        }
+    };
     if let Some(views) = views {
         let now = crate::keys::limits::unix_now_ms();
         crate::keys::headers::apply(resp.headers_mut(), protocol, &views, now);
     }
+    cache::stamp(resp.headers_mut(), "bypass");
     resp
 }
 
@@ -330,6 +341,7 @@ async fn stages(
     gw: &Arc<Gateway>,
     api: ClientApi,
     admitted: admission::Admitted,
+    control: cache::Control,
     id: &str,
     started: Instant,
     trace: Option<crate::telemetry::RequestSpan>,
@@ -356,6 +368,19 @@ async fn stages(
         log.finish("ok", None);
         return resp;
     }
+
+    // The response cache: a hit is answered now; a miss carries its capture to delivery.
+    let capture = match gw.cache.lookup(gw, &pool, &req, &ctx, control).await {
+        Lookup::Hit { entry, .. } => {
+            return cache::replay::respond(&pool, &ctx, &req.model, entry, log)
+        }
+        Lookup::Miss(c) => {
+            log.cache = "miss";
+            Some(*c)
+        }
+        Lookup::Bypass(_) => None,
+    };
+    let cache_state = if capture.is_some() { "miss" } else { "bypass" };
 
     // Stage 1: selection.
     pool.note_priority(ctx.priority, pool.now_ms());
@@ -451,7 +476,7 @@ async fn stages(
             crate::canary::steer(c, side, &mut order);
         }
     };
-    delivery::deliver(
+    let mut resp = delivery::deliver(
         gw,
         log,
         &pool,
@@ -460,8 +485,11 @@ async fn stages(
         executed,
         upstream_req,
         order,
+        capture,
     )
-    .await
+    .await;
+    cache::stamp(resp.headers_mut(), cache_state);
+    resp
 }
 
 /// The plan selection produced, or the client's error when there is none.

@@ -101,6 +101,21 @@ pub enum BenchCommand {
         #[arg(long, default_value = "bench/out/soak")]
         out: PathBuf,
     },
+    /// Repeated deterministic requests through the response cache: upstream requests saved,
+    /// hit rate with normalization off and `syntax`, TTFT of hits and misses.
+    Cache {
+        #[arg(long, default_value_t = 400)]
+        requests: usize,
+        /// Share of requests that repeat an earlier question (most with a trivial formatting
+        /// difference).
+        #[arg(long, default_value_t = 0.4)]
+        repeat_share: f64,
+        /// Requests in flight at once.
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// keel's live selection vs plain round robin on a fleet with one degraded variant.
     Routing {
         #[arg(long, default_value_t = 100.0)]
@@ -183,6 +198,17 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             .await
         }
         BenchCommand::Scenario(args) => scenario_args(args).await,
+        BenchCommand::Cache {
+            requests,
+            repeat_share,
+            concurrency,
+            seed,
+        } => {
+            if !(0.0..1.0).contains(&repeat_share) {
+                return Err("--repeat-share must be at least 0 and below 1".into());
+            }
+            crate::scenario::cache::run(requests.max(1), repeat_share, concurrency, seed).await
+        }
     }
 }
 

@@ -115,7 +115,7 @@ async fn start_real(args: &DemoArgs) -> Result<(RealFleet, String), String> {
         }
     }
     let cfg = format!(
-        "listen = \"{}\"\n\n[[pools]]\nname = \"demo-gemma\"\naffinity = \"prefix\"\n{variants}",
+        "listen = \"{}\"\n\n[[pools]]\nname = \"demo-gemma\"\naffinity = \"prefix\"\nnormalize = \"syntax\"\n\n[pools.cache]\n\n{variants}",
         args.listen
     );
     Ok((fleet, cfg))
@@ -150,9 +150,17 @@ ratio = 0.2
 window_ms = 10000
 min_retries_per_sec = 10
 
+# Prompt normalization (`syntax`: whitespace, quotes, invisible characters) and the response
+# cache are on for the chat pools: send the same deterministic request twice (temperature 0,
+# or within `max_temperature`) and the second answer says `x-keel-cache: hit`, route `cached`.
 [[pools]]
 name = "demo-gpt"
 aliases = ["gpt-4o-mini"]
+normalize = "syntax"
+
+[pools.cache]
+ttl_ms = 300000
+max_temperature = 0.0
 
 [[pools.variants]]
 name = "gpt-a"
@@ -188,6 +196,9 @@ weight = 1
 
 [[pools]]
 name = "demo-claude"
+normalize = "syntax"
+
+[pools.cache]
 
 [[pools.variants]]
 name = "claude-a"
@@ -207,6 +218,9 @@ context_window = 128000
 # either protocol gets one answer in its own shape (failover and migration cross over too).
 [[pools]]
 name = "demo-mixed"
+normalize = "syntax"
+
+[pools.cache]
 
 [[pools.variants]]
 name = "mixed-openai"
@@ -347,7 +361,10 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
     println!(
         "  try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\"
     );
-    println!("         -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'", models[0]);
+    println!("         -d '{{\"model\":\"{}\",\"temperature\":0,\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}' -D - ", models[0]);
+    println!(
+        "       (send it twice: the second answer has x-keel-cache: hit and x-keel-route: cached)"
+    );
     if !args.real {
         println!(
             "  mixed pool: model demo-mixed (an OpenAI and an Anthropic variant), either base URL"

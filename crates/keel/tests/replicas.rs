@@ -97,6 +97,17 @@ fn replica(
     key_limits: &str,
     fail_mode: &str,
 ) -> (Proc, u16) {
+    replica_with(sim_port, redis_port, key_limits, fail_mode, "")
+}
+
+/// [`replica`] with more pool settings (`pool_extra`, after `hedge`).
+fn replica_with(
+    sim_port: u16,
+    redis_port: Option<u16>,
+    key_limits: &str,
+    fail_mode: &str,
+    pool_extra: &str,
+) -> (Proc, u16) {
     let port = free_port();
     let redis = redis_port
         .map(|p| format!("[redis]\nurl = \"redis://127.0.0.1:{p}\"\n"))
@@ -104,7 +115,7 @@ fn replica(
     let text = format!(
         "listen = \"127.0.0.1:{port}\"\n{redis}[quota]\nfail_mode = \"{fail_mode}\"\nslot_ttl_ms = 1500\n\
          [[keys]]\nid = \"app\"\nhash = \"{KEY_HASH}\"\n{key_limits}\n\
-         [[pools]]\nname = \"p\"\nhedge = \"off\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n\
+         [[pools]]\nname = \"p\"\nhedge = \"off\"\n{pool_extra}\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n\
          [[pools.variants]]\nname = \"v\"\nurl = \"http://127.0.0.1:{sim_port}/v1\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n"
     );
     (serve(port, &text), port)
@@ -428,4 +439,54 @@ async fn a_variant_one_replica_ejects_is_held_out_by_the_others_until_the_signal
         sim_requests(bad).await > after_c,
         "once the signal lapsed, B tries `bad` again"
     );
+
+/// A request's `x-keel-cache` and `x-keel-route`.
+async fn cache_headers(port: u16, body: &serde_json::Value) -> (String, String) {
+    let r = keel_sim::http_client()
+        .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .timeout(Duration::from_secs(15))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let h = |n: &str| r.headers()[n].to_str().unwrap().to_owned();
+    let out = (h("x-keel-cache"), h("x-keel-route"));
+    let _ = r.bytes().await;
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_answer_is_shared_by_two_replicas_through_redis() {
+    let redis_port = free_port();
+    let mut redis_server = redis(redis_port);
+    let sim_port = free_port();
+    let _sim = sim(sim_port, false);
+    let cache = "[pools.cache]\n";
+    let (_a, a_port) = replica_with(sim_port, Some(redis_port), "", "open", cache);
+    let (_b, b_port) = replica_with(sim_port, Some(redis_port), "", "open", cache);
+    let mut body = chat(false, 8);
+    body["temperature"] = json!(0);
+
+    assert_eq!(cache_headers(a_port, &body).await.0, "stored");
+    let before = sim_requests(sim_port).await;
+    // B never saw this request: its hit comes from Redis.
+    let (cache, route) = cache_headers(b_port, &body).await;
+    assert_eq!((cache.as_str(), route.as_str()), ("hit", "cached"));
+    body["stream"] = json!(true);
+    assert_eq!(cache_headers(b_port, &body).await.0, "hit");
+    assert_eq!(
+        sim_requests(sim_port).await,
+        before,
+        "no upstream request for the hits"
+    );
+
+    // Redis gone: a new question still gets answered (a cache failure never fails a request).
+    redis_server.0.kill().unwrap();
+    redis_server.0.wait().unwrap();
+    let mut other = chat(false, 8);
+    other["temperature"] = json!(0);
+    other["messages"][0]["content"] = json!("a question for a replica without its Redis");
+    assert_eq!(cache_headers(b_port, &other).await.0, "stored");
 }

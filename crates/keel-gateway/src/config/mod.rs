@@ -18,6 +18,7 @@
 //! has no reliable shape.
 
 mod budget;
+pub mod cache;
 mod health;
 mod integrity;
 mod keys;
@@ -86,6 +87,8 @@ pub struct Config {
     pub quota_slot_ttl_ms: u64,
     /// `[redis]`: quota state shared by replicas; `None` keeps it in this process.
     pub redis: Option<RedisConfig>,
+    /// `[cache]`: the in-process response cache's bounds (pools opt in with `[pools.cache]`).
+    pub cache: cache::CacheConfig,
     /// `[log]`: the access log's format and destination.
     pub log: LogConfig,
     /// `[telemetry]`: OpenTelemetry traces (off unless `otlp_endpoint` is set).
@@ -230,8 +233,10 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         let section = t.table("redis", issues);
         self::redis::read(section, env, issues)
     };
+    let cache = cache::read_global(t.table("cache", issues), issues);
     let mut warnings = Vec::new();
     let pools = read_pools(&mut t, max_attempts, timeouts, env, &mut warnings, issues);
+    check_semantic_pools(&pools, issues);
     let keys = {
         let tables = t.tables("keys", issues);
         keys::read_keys(tables, &pools, issues)
@@ -278,10 +283,26 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         quota_slot_ttl_ms,
         redis,
         reload_watch,
+
+        cache,
         warnings,
     };
     t.finish(issues);
     config
+}
+
+/// A semantic cache's `embeddings_pool` must name a pool (checked once every pool is read).
+fn check_semantic_pools(pools: &[PoolConfig], issues: &mut Issues) {
+    for (i, p) in pools.iter().enumerate() {
+        let Some(s) = &p.cache.semantic else { continue };
+        if !pools.iter().any(|q| q.name == s.embeddings_pool) {
+            issues.report(
+                s.at,
+                &format!("pools[{i}].cache.semantic.embeddings_pool"),
+                format!("no pool is named `{}`", s.embeddings_pool),
+            );
+        }
+    }
 }
 
 /// A count that must be at least 1, reported where it is written.

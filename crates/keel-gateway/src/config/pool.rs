@@ -106,6 +106,9 @@ pub struct PoolConfig {
 
     /// `[pools.integrity]`: output checks (truncation, JSON) and repairs; `None`: no checks.
     pub integrity: Option<super::integrity::IntegrityConfig>,
+
+    /// `[pools.cache]`: the response cache (off without the table).
+    pub cache: super::cache::PoolCacheConfig,
 }
 
 const NORMALIZE_MODES: [(&str, keel_core::normalize::Mode); 3] = [
@@ -180,6 +183,10 @@ pub(super) fn read(
         let i = t.table("integrity", issues);
         super::integrity::read(i, issues)
     };
+    let cache = {
+        let c = t.table("cache", issues);
+        super::cache::read_pool(c, issues)
+    };
     let variants = read_variants(&mut t, up, warnings, issues);
     let middle_out = read_transforms(&mut t, issues);
     let shadow = {
@@ -230,6 +237,8 @@ pub(super) fn read(
         canary,
 
         integrity,
+
+        cache,
     };
     t.finish(issues);
     pool

@@ -167,6 +167,7 @@ fn generation(g: Generation) -> Value {
             {
                 let mut h = keel_headers(false);
                 h["x-keel-prompt-fix"] = header_ref("PromptFix");
+                h["x-keel-cache"] = header_ref("CacheState");
                 h
             },
         ),
@@ -189,6 +190,7 @@ fn generation(g: Generation) -> Value {
             param_ref("Preference"),
             param_ref("MinTier"),
             param_ref("Priority"),
+            param_ref("Cache"),
         ],
         "requestBody": {
             "required": true,

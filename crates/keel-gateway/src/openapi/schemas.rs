@@ -475,7 +475,9 @@ fn keel_schemas() -> [(&'static str, Value); 2] {
                     "overhead_us": {"type": ["integer", "null"]},
                     "canary": {"enum": ["stable", "candidate"], "description": "The canary side the request was put on (pools with `[pools.canary]` only)."},
                     "integrity": {"type": "array", "items": {"type": "string"}, "description": "Output integrity events, `<issue>:<action>` (present when any)."},
-                    "consensus": {"type": "object", "description": "A consensus request's answers, agreement and disagreeing fields (present for consensus requests)."}
+                    "consensus": {"type": "object", "description": "A consensus request's answers, agreement and disagreeing fields (present for consensus requests)."},
+                    "cache": {"type": "string", "description": "What the response cache did: hit, miss, stored or bypass"},
+                    "cached_from": {"type": ["string", "null"], "description": "For a cache hit: the request whose answer was replayed"}
                 }),
             ),
         ),
@@ -508,6 +510,9 @@ pub fn parameters() -> Value {
         "Priority": header_param("x-keel-priority",
             "Rank in the wait line of a full pool (then the deadline, then arrival). With no virtual keys configured it is taken as sent; a key's priority caps it (a client may only lower its own).",
             json!({"enum": ["high", "normal", "low"], "default": "normal"})),
+        "Cache": header_param("x-keel-cache",
+            "The response cache for this request (pools with `[pools.cache]`): `no-cache` skips the lookup (the fresh answer is stored), `no-store` never stores the answer, `off` does neither, `on` is the default. `cache-control: no-cache` / `no-store` are honoured too.",
+            json!({"enum": ["on", "off", "no-cache", "no-store"]})),
         "AnthropicVersion": header_param("anthropic-version",
             "Present: answer in Anthropic's shape (lists, models, errors).",
             json!({"type": "string"})),
@@ -520,11 +525,12 @@ pub fn headers() -> Value {
         |description: &str, schema: Value| json!({"description": description, "schema": schema});
     json!({
         "RequestId": header("keel's id for the request (a UUIDv7), as in its logs and decision records.", json!({"type": "string"})),
-        "Route": header("How the answer was reached: `direct`, `fallback`, `hedged`, `migrated`; keel's own answers: `local` (a success), `rejected` (bad input, authentication, not found), `throttled` (a limit or the wait line), `unavailable` (no variant could serve).", json!({"type": "string"})),
+        "Route": header("How the answer was reached: `direct`, `fallback`, `hedged`, `migrated`, `cached` (the response cache); keel's own answers: `local` (a success), `rejected` (bad input, authentication, not found), `throttled` (a limit or the wait line), `unavailable` (no variant could serve).", json!({"type": "string"})),
         "Variant": header("The variant that answered (`none` when no variant was tried, `keel-estimate` for keel's own token count).", json!({"type": "string"})),
         "Attempts": header("Upstream attempts made.", json!({"type": "integer", "minimum": 0})),
         "OverheadUs": header("Time spent inside keel, µs: since the request arrived until the response head, minus the time with an upstream attempt outstanding (a stream: up to its first byte).", json!({"type": "integer", "minimum": 0})),
         "PromptFix": header("Fix codes of a cross-protocol translation: what was dropped or changed.", json!({"type": "string"})),
+        "CacheState": header("What the response cache did: `hit` (answered from the cache; route `cached`), `stored` (this whole answer was stored), `miss` (went upstream; a stream may be stored at its end), `bypass` (not cacheable, or the cache is off).", json!({"enum": ["hit", "stored", "miss", "bypass"]})),
         "RetryAfter": header("Seconds to wait before retrying.", json!({"type": "integer", "minimum": 0})),
         "RetryAfterMs": header("Milliseconds to wait before retrying.", json!({"type": "integer", "minimum": 0})),
     })

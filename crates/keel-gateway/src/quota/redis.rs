@@ -133,11 +133,16 @@ impl Drop for Redis {
     }
 }
 
+/// A lazily connected manager on `config.url` (the quota store's and the response cache's).
+pub(crate) fn connection(config: &RedisConfig) -> Result<ConnectionManager, StoreError> {
+    connect_lazily(config).map(|(_, conn)| conn).map_err(StoreError)
+}
+
 impl Redis {
     /// A store on `config.url`. The connection is made on first use, so keel starts (and
     /// applies its fail mode) while Redis is down. Must be called inside a tokio runtime.
     pub fn connect(config: &RedisConfig, metrics: Arc<Metrics>) -> Result<Redis, StoreError> {
-        let (_, conn) = connect_lazily(config).map_err(StoreError)?;
+        let conn = connection(config)?;
         let inner = Arc::new(Inner {
             conn,
             prefix: config.key_prefix.clone(),

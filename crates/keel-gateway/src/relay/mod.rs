@@ -89,6 +89,9 @@ pub struct Summary {
     pub attempts: usize,
     /// `x-keel-integrity` flags (`truncated`, `invalid_json`) of the answer as delivered.
     pub integrity: Vec<&'static str>,
+
+    /// The stream reached its upstream's terminal event and the client was there to the end.
+    pub complete: bool,
 }
 
 /// One segment being relayed: the committed attempt, its stream, and what the relay has
@@ -379,6 +382,8 @@ impl Relay {
                 .iter()
                 .map(|f| f.as_str())
                 .collect(),
+
+            complete: matches!(ending, Ending::Complete),
         };
         let ends_cleanly = match ending {
             Ending::Complete => {

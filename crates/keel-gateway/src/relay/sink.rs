@@ -1,5 +1,6 @@
 //! Where a relayed stream goes: the client's streamed body, or an assembler building the whole
-//! response a non-streaming client asked for.
+//! response a non-streaming client asked for, or both (a streamed answer the response cache
+//! will store: the client's events are assembled on the side).
 
 use std::sync::{Arc, Mutex};
 
@@ -17,6 +18,9 @@ pub enum Sink {
     Client(BodySender),
     /// Assembled in place into one non-streaming body (no channel, no extra task).
     Assemble(Arc<Mutex<Assembled>>),
+    /// The client's streamed body, also assembled for the response cache. An assembly that
+    /// fails only marks the copy unusable (`failure`); the client's stream goes on.
+    Tee(BodySender, Arc<Mutex<Assembled>>),
 }
 
 /// A non-streaming response being assembled from the relayed events.
@@ -48,24 +52,20 @@ impl Sink {
                     Sent::ClientGone
                 }
             }
-            Sink::Assemble(a) => {
-                let mut a = a.lock().unwrap_or_else(|e| e.into_inner());
-                let mut events = Vec::new();
-                if let Err(e) = a.decoder.feed(&bytes, &mut events) {
-                    return Sent::Refused(format!("cannot assemble the response: {e}"));
+            Sink::Assemble(a) => match assemble(a, protocol, &bytes) {
+                Ok(()) => Sent::Ok,
+                Err(m) => Sent::Refused(m),
+            },
+            Sink::Tee(tx, a) => {
+                if let Err(m) = assemble(a, protocol, &bytes) {
+                    let mut a = a.lock().unwrap_or_else(|e| e.into_inner());
+                    a.failure.get_or_insert(m);
                 }
-                for ev in &events {
-                    match event_role(protocol, ev) {
-                        // keel's own error event, when nothing could complete the response.
-                        EventRole::Error(m) => a.failure = Some(m),
-                        _ => {
-                            if let Err(m) = a.body.push(protocol, ev) {
-                                return Sent::Refused(m);
-                            }
-                        }
-                    }
+                if tx.send(Bytes::from(bytes)).await {
+                    Sent::Ok
+                } else {
+                    Sent::ClientGone
                 }
-                Sent::Ok
             }
         }
     }
@@ -74,7 +74,7 @@ impl Sink {
     /// handler itself is dropped then).
     pub async fn closed(&self) {
         match self {
-            Sink::Client(tx) => tx.closed().await,
+            Sink::Client(tx) | Sink::Tee(tx, _) => tx.closed().await,
             Sink::Assemble(_) => std::future::pending().await,
         }
     }
@@ -82,8 +82,25 @@ impl Sink {
     /// Ends the response cleanly: only after its terminal event (the upstream's, or keel's
     /// error event).
     pub async fn end(self) {
-        if let Sink::Client(tx) = self {
+        if let Sink::Client(tx) | Sink::Tee(tx, _) = self {
             tx.end().await;
         }
     }
+}
+
+/// Feeds bytes of whole events to an assembler; `Err` when a bound was broken. keel's own
+/// error event (nothing could complete the response) is kept as the failure.
+fn assemble(a: &Mutex<Assembled>, protocol: Protocol, bytes: &[u8]) -> Result<(), String> {
+    let mut a = a.lock().unwrap_or_else(|e| e.into_inner());
+    let mut events = Vec::new();
+    if let Err(e) = a.decoder.feed(bytes, &mut events) {
+        return Err(format!("cannot assemble the response: {e}"));
+    }
+    for ev in &events {
+        match event_role(protocol, ev) {
+            EventRole::Error(m) => a.failure = Some(m),
+            _ => a.body.push(protocol, ev)?,
+        }
+    }
+    Ok(())
 }

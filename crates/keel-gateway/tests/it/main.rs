@@ -3,6 +3,7 @@
 
 mod access_log;
 mod bad_input;
+mod cache;
 mod canonical_tools;
 mod capacity;
 mod context;

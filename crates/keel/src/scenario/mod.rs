@@ -33,6 +33,8 @@ use keel_sim::text::Generator;
 use keel_sim::{FaultSpec, Fleet, FleetConfig};
 
 mod canary;
+
+pub mod cache;
 mod client;
 mod contenders;
 mod report;

@@ -1,0 +1,226 @@
+//! Answering a hit: the stored whole answer as the client asked for it — one body, or a stream
+//! in the client's protocol (the events the answer would have streamed, rebuilt by
+//! `keel_core::synthesize`), wrapped in Responses form for a Responses client. With
+//! `pace_replay`, a streamed hit's text comes in small pieces spread over the time the
+//! original generation took, so a client sees the recorded token rate; otherwise at once.
+//!
+//! A hit is accounted for like any request: route `cached`, the generating variant, no
+//! attempts, and a decision record naming the request whose answer it is.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use serde_json::Value;
+
+use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
+use keel_core::sse::SseEvent;
+
+use crate::access_log::RequestLog;
+use crate::body::{full_body, stream_body, Body, BodySender};
+use crate::config::ResponseModel;
+use crate::context::RequestCtx;
+use crate::decisions::Draft;
+use crate::delivery;
+use crate::errors::GatewayError;
+use crate::pools::Pool;
+use crate::selection::DecisionRecord;
+
+use super::store::Entry;
+use super::HEADER;
+
+/// Characters of text per replayed piece when pacing (a few tokens).
+const PIECE_CHARS: usize = 16;
+
+/// The response for a hit.
+pub fn respond(
+    pool: &Pool,
+    ctx: &RequestCtx,
+    model: &str,
+    entry: Arc<Entry>,
+    mut log: RequestLog,
+) -> Response<Body> {
+    let protocol = ctx.endpoint.protocol();
+    log.route = "cached";
+    log.cache = "hit";
+    log.variant = entry.variant.clone();
+    log.cached_from = Some(entry.request_id.clone());
+    let mut record = DecisionRecord::bare(&ctx.id, &pool.cfg.name);
+    record.reason = "cached";
+    log.decision = Some(Draft::new(log.gw.decision_log(), log.started, record));
+    let mut body = entry.body.clone();
+    if pool.cfg.response_model == ResponseModel::Public {
+        // The entry may have been stored under another of the pool's names.
+        if let Some(m) = body.get_mut("model") {
+            *m = Value::String(model.to_owned());
+        }
+    }
+    let (mut resp, replay) = if ctx.client_stream {
+        let events = match keel_core::synthesize::stream_from_whole(protocol, ctx.endpoint, &body) {
+            Ok(ev) => ev,
+            Err(e) => {
+                let e = GatewayError::new(
+                    ErrorKind::Internal,
+                    format!("keel: a cached answer could not be replayed: {e}"),
+                );
+                return delivery::error_response(log, protocol, &e);
+            }
+        };
+        let (events, gap) = if pool.cfg.cache.pace_replay {
+            let split = split_text(protocol, ctx.endpoint, events);
+            let pieces = split.len().max(1) as u32;
+            (split, Duration::from_millis(entry.generation_ms) / pieces)
+        } else {
+            (events, Duration::ZERO)
+        };
+        let (resp, tx) = stream_head(ctx, protocol);
+        (resp, Some((tx, events, gap)))
+    } else {
+        let bytes = Bytes::from(body.to_string());
+        let body = delivery::answer_body(ctx, StatusCode::OK, bytes);
+        (full_body(StatusCode::OK, "application/json", body), None)
+    };
+    let h = resp.headers_mut();
+    delivery::keel_headers(h, &ctx.id, "cached", &entry.variant, 0);
+    h.insert(HEADER, HeaderValue::from_static("hit"));
+    delivery::front_fixes(h, ctx);
+    log.prompt_fixes = delivery::fix_codes(h);
+    log.status = 200;
+    log.ttft = Some(log.started.elapsed());
+    log.stamp_overhead(h);
+    match replay {
+        Some((tx, events, gap)) => {
+            tokio::spawn(send_events(tx, events, gap, log));
+        }
+        None => log.finish("ok", None),
+    }
+    resp
+}
+
+/// A streamed hit's head and the sender of its body.
+fn stream_head(ctx: &RequestCtx, protocol: Protocol) -> (Response<Body>, BodySender) {
+    let (tx, mut body) = stream_body(protocol);
+    if let Some(front) = &ctx.responses {
+        body = front.stream(&ctx.id, body);
+    }
+    let mut resp = Response::new(body);
+    *resp.status_mut() = StatusCode::OK;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    (resp, tx)
+}
+
+/// Sends a streamed hit's events, `gap` apart, and finishes the request's log; the body ends
+/// cleanly after the last (terminal) event.
+async fn send_events(tx: BodySender, events: Vec<SseEvent>, gap: Duration, mut log: RequestLog) {
+    for ev in events {
+        if !gap.is_zero() {
+            tokio::time::sleep(gap).await;
+        }
+        if !tx.send(Bytes::from(ev.raw)).await {
+            log.finish("cancelled", Some("client disconnected"));
+            return;
+        }
+    }
+    log.finish("ok", None);
+    tx.end().await;
+}
+
+/// Where an event of `endpoint` carries generated text, if anywhere.
+fn text_pointer(protocol: Protocol, endpoint: Endpoint, ev: &Value) -> Option<&'static str> {
+    let p = match (protocol, endpoint) {
+        (Protocol::Anthropic, _) => "/delta/text",
+        (_, Endpoint::Completions) => "/choices/0/text",
+        _ => "/choices/0/delta/content",
+    };
+    ev.pointer(p).and_then(Value::as_str).map(|_| p)
+}
+
+/// The events with every text delta cut into pieces of [`PIECE_CHARS`] characters (the first
+/// piece keeps the event's other fields, later ones drop an OpenAI `role`).
+pub fn split_text(protocol: Protocol, endpoint: Endpoint, events: Vec<SseEvent>) -> Vec<SseEvent> {
+    let mut out = Vec::with_capacity(events.len());
+    for ev in events {
+        let parsed: Option<Value> = serde_json::from_str(&ev.data).ok();
+        let Some((v, at)) =
+            parsed.and_then(|v| Some((v.clone(), text_pointer(protocol, endpoint, &v)?)))
+        else {
+            out.push(ev);
+            continue;
+        };
+        let text = v.pointer(at).and_then(Value::as_str).unwrap_or("");
+        let chars: Vec<char> = text.chars().collect();
+        if chars.len() <= PIECE_CHARS {
+            out.push(ev);
+            continue;
+        }
+        for (i, piece) in chars.chunks(PIECE_CHARS).enumerate() {
+            let mut p = v.clone();
+            if let Some(slot) = p.pointer_mut(at) {
+                *slot = Value::String(piece.iter().collect());
+            }
+            if i > 0 {
+                if let Some(delta) = p
+                    .pointer_mut("/choices/0/delta")
+                    .and_then(Value::as_object_mut)
+                {
+                    delta.remove("role");
+                }
+            }
+            out.push(SseEvent::new(ev.event.as_deref(), &p.to_string()));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_core::assemble::Assembler;
+    use serde_json::json;
+
+    #[test]
+    fn split_pieces_reassemble_to_the_same_answer() {
+        let text = "The quick brown fox jumps over the lazy dog, twice over.";
+        for (protocol, endpoint, body) in [
+            (
+                Protocol::OpenAi,
+                Endpoint::ChatCompletions,
+                json!({"id": "c", "created": 1, "model": "m", "choices": [{"index": 0,
+                    "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}),
+            ),
+            (
+                Protocol::Anthropic,
+                Endpoint::Messages,
+                json!({"id": "m", "model": "m", "content": [{"type": "text", "text": text}],
+                    "stop_reason": "end_turn", "stop_sequence": null,
+                    "usage": {"input_tokens": 1, "output_tokens": 12}}),
+            ),
+        ] {
+            let events =
+                keel_core::synthesize::stream_from_whole(protocol, endpoint, &body).unwrap();
+            let split = split_text(protocol, endpoint, events.clone());
+            assert!(split.len() >= events.len() + 3, "{protocol:?}");
+            let mut a = Assembler::new();
+            for ev in &split {
+                a.push(protocol, ev).unwrap();
+            }
+            let out = a.finish(endpoint);
+            match protocol {
+                Protocol::OpenAi => {
+                    assert_eq!(out["choices"][0]["message"]["content"], text);
+                    assert_eq!(out["choices"][0]["finish_reason"], "stop");
+                }
+                Protocol::Anthropic => {
+                    assert_eq!(out["content"][0]["text"], text);
+                    assert_eq!(out["stop_reason"], "end_turn");
+                }
+            }
+        }
+    }
+}
