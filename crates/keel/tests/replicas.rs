@@ -439,6 +439,7 @@ async fn a_variant_one_replica_ejects_is_held_out_by_the_others_until_the_signal
         sim_requests(bad).await > after_c,
         "once the signal lapsed, B tries `bad` again"
     );
+}
 
 /// A request's `x-keel-cache` and `x-keel-route`.
 async fn cache_headers(port: u16, body: &serde_json::Value) -> (String, String) {

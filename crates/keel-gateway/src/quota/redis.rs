@@ -135,7 +135,9 @@ impl Drop for Redis {
 
 /// A lazily connected manager on `config.url` (the quota store's and the response cache's).
 pub(crate) fn connection(config: &RedisConfig) -> Result<ConnectionManager, StoreError> {
-    connect_lazily(config).map(|(_, conn)| conn).map_err(StoreError)
+    connect_lazily(config)
+        .map(|(_, conn)| conn)
+        .map_err(StoreError)
 }
 
 impl Redis {

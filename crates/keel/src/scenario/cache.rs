@@ -244,6 +244,7 @@ mod tests {
                 keel_core::protocol::Endpoint::ChatCompletions,
                 &mut body,
                 keel_core::normalize::Mode::Syntax,
+                &keel_core::normalize::FullConfig::default(),
             );
             body["messages"][0]["content"].as_str().unwrap().to_owned()
         };
