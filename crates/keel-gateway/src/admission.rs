@@ -184,7 +184,8 @@ pub async fn admit(
             ),
         ));
     }
-    let mut prompt_fixes = normalize(pool, parts, endpoint, &mut req)?;
+    let key_mode = key.as_ref().and_then(|k| k.normalize);
+    let mut prompt_fixes = normalize(pool, key_mode, parts, endpoint, &mut req)?;
     // Context fit: the estimate by the pool's tokenizers, and middle-out where configured.
     let (req, trimmed) = crate::context_fit::apply_async(pool, req, bytes.len()).await?;
     if trimmed > 0 {
@@ -296,19 +297,20 @@ pub async fn admit(
     })
 }
 
-/// Prompt normalization (`keel_core::normalize`): the pool's `normalize` mode, or the request's
-/// `x-keel-normalize`; a first line `#keel-no-normalize` opts out (and is removed before
+/// Prompt normalization (`keel_core::normalize`): the request's `x-keel-normalize`, else the
+/// key's `normalize`, else the pool's; a first line `#keel-no-normalize` opts out (and is removed before
 /// forwarding). Never in safe mode. Returns the fix codes, each counted in
 /// `keel_prompt_fixes_total{pool,fix}`.
 fn normalize(
     pool: &Pool,
+    key_mode: Option<keel_core::normalize::Mode>,
     parts: &Parts,
     endpoint: Endpoint,
     req: &mut CanonicalRequest,
 ) -> Result<Vec<String>, GatewayError> {
     use keel_core::normalize::{normalize_request, take_opt_out, Mode};
     let mode = match header(parts, "x-keel-normalize") {
-        None => pool.cfg.normalize,
+        None => key_mode.unwrap_or(pool.cfg.normalize),
         Some(v) => Mode::parse(v.trim()).ok_or_else(|| {
             GatewayError::new(
                 ErrorKind::InvalidRequest,

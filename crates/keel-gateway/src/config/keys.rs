@@ -33,6 +33,9 @@ pub struct KeyConfig {
     /// The key's requests only go to variants of this tier or better.
     pub min_tier: Option<u8>,
     pub priority: Priority,
+    /// Prompt normalization for the key's requests (`normalize`), over the pool's mode; a
+    /// request's `x-keel-normalize` still wins.
+    pub normalize: Option<keel_core::normalize::Mode>,
 }
 
 impl KeyConfig {
@@ -168,6 +171,9 @@ pub(super) fn read_keys(
             .choice("priority", &PRIORITIES, issues)
             .map(|v| v.value)
             .unwrap_or_default();
+        let normalize = t
+            .choice("normalize", &super::pool::NORMALIZE_MODES, issues)
+            .map(|v| v.value);
         let key = KeyConfig {
             id: String::new(),
             hash: [0; 32],
@@ -182,6 +188,7 @@ pub(super) fn read_keys(
             monthly_spend_micros: usd(&mut t, "monthly_spend_usd", issues),
             min_tier,
             priority,
+            normalize,
         };
         t.finish(issues);
         let (Some(id), Some(hash)) = (id, hash) else {

@@ -111,7 +111,7 @@ pub struct PoolConfig {
     pub cache: super::cache::PoolCacheConfig,
 }
 
-const NORMALIZE_MODES: [(&str, keel_core::normalize::Mode); 3] = [
+pub(super) const NORMALIZE_MODES: [(&str, keel_core::normalize::Mode); 3] = [
     ("off", keel_core::normalize::Mode::Off),
     ("syntax", keel_core::normalize::Mode::Syntax),
     ("full", keel_core::normalize::Mode::Full),

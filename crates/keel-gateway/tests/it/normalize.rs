@@ -1,6 +1,8 @@
 //! Prompt normalization at admission: what reaches the upstream, the fix codes reported, and
 //! the opt-outs (header and first line) that leave the prompt byte-identical.
 
+use keel_gateway::keys::{hash_secret, hash_text};
+use keel_sim::{Fleet, ServerConfig};
 use serde_json::json;
 
 use crate::harness::*;
@@ -135,4 +137,52 @@ async fn x_keel_normalize_full_applies_the_built_in_rules_on_a_syntax_pool() {
         h.server(0).state.last_body()["messages"][0]["content"],
         "Summarize this. Output plain text only, with no formatting characters."
     );
+}
+
+/// A key's `normalize` applies to its requests on a pool without one; another key's requests go
+/// as sent, and the request header still wins over the key.
+#[tokio::test]
+async fn a_keys_normalize_mode_applies_to_its_requests_only() {
+    let (tidy, plain) = (
+        "sk-normalize-tidy-0123456789",
+        "sk-normalize-plain-0123456789",
+    );
+    let hash = |k: &str| hash_text(&hash_secret(k));
+    let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
+    let cfg = format!(
+        "[[keys]]\nid = \"tidy\"\nhash = \"{}\"\nnormalize = \"syntax\"\n\n[[keys]]\nid = \"plain\"\nhash = \"{}\"\n\n{}",
+        hash(tidy),
+        hash(plain),
+        pool_over(&fleet, "p", "openai", 1, "hedge = \"off\"\n")
+    );
+    let h = Harness::start(fleet, &cfg).await;
+    let ask = |key: &'static str, extra: Option<(&'static str, &'static str)>| {
+        let h = &h;
+        async move {
+            let auth = format!("Bearer {key}");
+            let mut headers = vec![("authorization", auth.as_str())];
+            headers.extend(extra);
+            let r = h
+                .post_with("/v1/chat/completions", &headers, &body(MESSY))
+                .await;
+            assert_eq!(r.status(), 200);
+            let fixes = r
+                .headers()
+                .get("x-keel-prompt-fix")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let sent = h.server(0).state.last_body()["messages"][0]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            (fixes, sent)
+        }
+    };
+    let (fixes, sent) = ask(tidy, None).await;
+    assert!(fixes.is_some_and(|f| !f.is_empty()), "fix codes reported");
+    assert_ne!(sent, MESSY, "the tidy key's prompt is normalized");
+    let (fixes, sent) = ask(plain, None).await;
+    assert!(fixes.is_none());
+    assert_eq!(sent, MESSY, "the other key's prompt goes as sent");
+    let (_, sent) = ask(tidy, Some(("x-keel-normalize", "off"))).await;
+    assert_eq!(sent, MESSY, "the request's header wins over the key");
 }
