@@ -130,6 +130,9 @@ def _fifty_variant_config(port: int, sim_base: int, servers: int) -> str:
     lines = [f'listen = "127.0.0.1:{port}"']
     for p in range(3):
         lines += ["", "[[pools]]", f'name = "pool-{p}"']
+        if p == 2:
+            # A canary on the last pool: its state shows in the pool's header row.
+            lines += ["[pools.canary]", 'candidates = ["pool2-variant-15"]', "steps = [5, 100]"]
         for v in range(17 if p < 2 else 16):
             server = sim_base + (p * 17 + v) % servers
             lines += [
@@ -174,6 +177,11 @@ def test_fifty_variants_stay_readable(browser, tmp_path):
         assert max(heights) < 30, heights
         names = page.eval_on_selector_all("tr[data-variant] td:first-child", "tds => tds.map(t => t.textContent)")
         assert len(set(names)) == 50 and all(n.startswith("pool") for n in names)
+        # The canary pool's header says where its canary stands; the others say nothing of one.
+        head = page.locator('tr[data-pool-row="pool-2"]')
+        assert head.get_attribute("data-canary") == "rolling"
+        assert "canary rolling at 5%" in head.inner_text()
+        assert page.locator('tr[data-pool-row="pool-0"]').get_attribute("data-canary") is None
         os.makedirs(OUT, exist_ok=True)
         page.screenshot(path=os.path.join(OUT, "dashboard-50.png"), full_page=True)
         page.close()
