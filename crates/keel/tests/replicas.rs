@@ -6,9 +6,8 @@
 //!
 //! Needs `redis-server` on the PATH (the test command installs it); a missing one fails.
 
-use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -16,33 +15,8 @@ use serde_json::json;
 const KEY: &str = "sk-keel-replicas-test-0123456789abcdefghijklmnopqrstuv";
 const KEY_HASH: &str = "sha256:733076a957ad299132f1f1d55e5363eb8b3d866809ab6ddbe49176ef8d153fb0";
 
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-fn wait_listening(port: u16, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not start on port {port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+mod support;
+use support::{free_port, wait_listening, Proc};
 
 fn scratch(name: &str, text: &str) -> PathBuf {
     let dir =

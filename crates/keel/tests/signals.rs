@@ -4,40 +4,14 @@
 //! once, a stream that ends within `drain_ms` completes, one that cannot ends with an error
 //! event, and the process exits cleanly).
 
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-fn wait_listening(port: u16, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not start on port {port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+mod support;
+use support::{free_port, wait_listening, Proc};
 
 fn scratch(name: &str) -> PathBuf {
     let dir =

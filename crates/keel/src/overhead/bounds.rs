@@ -13,7 +13,6 @@ use super::{
     cpu_plan, http_client, load, median, mode_name, pin, pinning, prepare, start_target,
     stop_target, zero_latency_upstream, Options, Target, RAMP,
 };
-use keel_core::protocol::Endpoint;
 
 /// The tail bounds reported, ms of added P99.
 const BOUNDS_MS: [f64; 3] = [1.0, 5.0, 10.0];
@@ -85,15 +84,7 @@ pub async fn run(o: Options) -> Result<(), String> {
         pin(std::process::id(), &bench_cpus);
     }
     let client = http_client()?;
-    let direct = Target {
-        name: "direct".into(),
-        base: fleet.get(0).openai_base(),
-        model: "sim".into(),
-        endpoint: Endpoint::ChatCompletions,
-        headers: Vec::new(),
-        pid: None,
-        stop: None,
-    };
+    let direct = Target::direct(&fleet);
     let intro = format!(
         "keel bench overhead --tail-bounds: one zero-latency simulated upstream; {}; {} s × {} rounds per rate\n",
         pinning(pinned, &gw_cpu, "load generator and upstream", &bench_cpus),

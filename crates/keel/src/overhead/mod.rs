@@ -150,6 +150,21 @@ struct Target {
     stop: Option<Box<dyn FnOnce() + Send>>,
 }
 
+impl Target {
+    /// The upstream itself, called straight: the baseline every gateway's figures subtract.
+    fn direct(fleet: &Fleet) -> Target {
+        Target {
+            name: "direct".into(),
+            base: fleet.get(0).openai_base(),
+            model: "sim".into(),
+            endpoint: Endpoint::ChatCompletions,
+            headers: Vec::new(),
+            pid: None,
+            stop: None,
+        }
+    }
+}
+
 /// `keel serve` as its own process over `fleet`.
 async fn start_keel(fleet: &Fleet, o: &Options) -> Result<Target, String> {
     let threads = o
@@ -337,15 +352,7 @@ pub async fn run(mut o: Options) -> Result<(), String> {
         pin(std::process::id(), &bench_cpus);
     }
     let client = http_client()?;
-    let direct = Target {
-        name: "direct".into(),
-        base: fleet.get(0).openai_base(),
-        model: "sim".into(),
-        endpoint: Endpoint::ChatCompletions,
-        headers: Vec::new(),
-        pid: None,
-        stop: None,
-    };
+    let direct = Target::direct(&fleet);
     println!(
         "keel bench overhead: one zero-latency simulated upstream; {}; rates {:?} req/s, {} s × {} rounds; keel worker threads: {}",
         pinning(pinned, &gw_cpu, "load generator and upstream", &bench_cpus),

@@ -131,15 +131,7 @@ pub async fn run_all(o: Options) -> Result<(), String> {
         .tcp_nodelay(true)
         .build()
         .map_err(|e| e.to_string())?;
-    let direct = Target {
-        name: "direct".into(),
-        base: fleet.get(0).openai_base(),
-        model: "sim".into(),
-        endpoint: keel_core::protocol::Endpoint::ChatCompletions,
-        headers: Vec::new(),
-        pid: None,
-        stop: None,
-    };
+    let direct = Target::direct(&fleet);
     let intro = format!(
         "keel bench overhead --streams: one simulated upstream writing a token every {GAP_MS} ms, {TOKENS} tokens a stream; {}; targets {:?} concurrent streams\n",
         pinning(pinned, &gw_cpu, "load generator and upstream", &bench_cpus),
