@@ -355,10 +355,19 @@ pub async fn deliver(
         None => {
             tokio::spawn(relay(Sink::Client(tx)).run(committed, start, log));
         }
-        Some(c) => {
-            // The client's events are assembled on the side and stored if the stream completes.
+        Some(mut c) => {
+            // The client's events are assembled on the side and stored if the stream completes;
+            // identical streaming requests follow them live.
             let copy = Arc::new(Mutex::new(Assembled::default()));
-            let relay = relay(Sink::Tee(tx, copy.clone()));
+            let live = c.take_live();
+            if let Some(l) = &live {
+                l.serving(&log.variant);
+            }
+            let relay = relay(Sink::Tee {
+                client: tx,
+                copy: copy.clone(),
+                live,
+            });
             let (endpoint, id, first) = (ctx.endpoint, ctx.id.clone(), start.first_token_at);
             tokio::spawn(async move {
                 let summary = relay.run(committed, start, log).await;

@@ -47,7 +47,7 @@
 //! | `keel_integrity_total` | pool, issue, action | output integrity events: issue = `truncated`, `invalid_json`; action = `continued`, `retried`, `flagged` (see `relay::integrity`) |
 //! | `keel_consensus_total` | pool, result | consensus requests by result: `unanimous`, `split`, `no_valid_answer` (see `consensus`) |
 
-//! | `keel_cache_lookups_total` | pool, result | response cache lookups: `hit`, `semantic_hit`, `coalesced` (answered by an identical request in flight), `miss`, `bypass` (not cacheable by policy, or `x-keel-cache`/`cache-control` said so) |
+//! | `keel_cache_lookups_total` | pool, result | response cache lookups: `hit`, `semantic_hit`, `coalesced` (answered by an identical request in flight: its stored answer, or its stream followed live), `miss`, `bypass` (not cacheable by policy, or `x-keel-cache`/`cache-control` said so) |
 //! | `keel_cache_stored_total` | pool | answers stored in the response cache |
 //! | `keel_cache_skipped_total` | reason | answers not stored: `incomplete` (error, truncated, client gone), `invalid` (no finish reason, structured output off its schema), `too_large` |
 //! | `keel_cache_bytes` |  | bytes held by the in-process response cache |

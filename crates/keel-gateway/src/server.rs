@@ -374,6 +374,7 @@ async fn stages(
         Lookup::Hit { entry, .. } => {
             return cache::replay::respond(&pool, &ctx, &req.model, entry, log)
         }
+        Lookup::Follow(follower) => return cache::replay::follow(&pool, &ctx, follower, log),
         Lookup::Miss(c) => {
             log.cache = "miss";
             Some(*c)

@@ -9,8 +9,9 @@
 //! 2. A stored answer is a **hit**: [`replay::respond`] answers it whole or as a stream in the
 //!    client's protocol (route `cached`, the original request id in the decision record).
 //! 3. Otherwise, when an identical request is already being generated, this one **waits** for
-//!    it (see [`flight`]) and replays its answer; if that one ends without an answer, this one
-//!    goes upstream.
+//!    it (see [`flight`]) and replays its answer — or, a streaming request behind a streaming
+//!    one, **follows** its stream live ([`replay::follow`]); if that one ends without an answer
+//!    (before its first byte, for a follower), this one goes upstream.
 //! 4. Otherwise it is a **miss**: the request runs through stages 1–3 carrying a [`Capture`],
 //!    which delivery completes with the whole answer the client was given (assembled from the
 //!    stream for a streaming client). Only complete answers are stored: the relay reached the
@@ -43,7 +44,7 @@ use crate::errors::GatewayError;
 use crate::metrics::Metrics;
 use crate::pools::Pool;
 use crate::Gateway;
-use flight::{Flight, Flights, Joined};
+use flight::{Flight, Flights, Follower, Joined, LiveWriter};
 pub use store::Entry;
 use store::Stores;
 
@@ -100,6 +101,8 @@ pub enum Lookup {
     /// Answered from the cache; `coalesced` when the answer came from an identical request
     /// that was in flight.
     Hit { entry: Arc<Entry>, coalesced: bool },
+    /// Follows an identical streaming request's stream live.
+    Follow(Follower),
     /// Goes upstream; the capture stores its answer.
     Miss(Box<Capture>),
 }
@@ -201,9 +204,21 @@ impl ResponseCache {
         }
         let mut flight = None;
         if control.read && cfg.coalesce {
-            match self.flights.join(&key) {
+            let shape = ctx
+                .client_stream
+                .then(|| flight::stream_shape(&req.model, &req.body));
+            let stream = shape.clone().map(|s| (s, ctx.id.clone()));
+            match self.flights.join(&key, stream) {
                 Joined::Leader(f) => flight = Some(f),
-                Joined::Waiter(rx) => {
+                Joined::Waiter(_, Some(live)) if shape.as_deref().is_some_and(|s| live.fits(s)) => {
+                    let followed = tokio::time::timeout_at(ctx.deadline, live.follow()).await;
+                    if let Ok(Some(follower)) = followed {
+                        self.count(name, "coalesced");
+                        return Lookup::Follow(follower);
+                    }
+                    // The leader failed before its first byte: this request goes upstream.
+                }
+                Joined::Waiter(rx, _) => {
                     let waited = tokio::time::timeout_at(ctx.deadline, flight::wait(rx)).await;
                     if let Ok(Some(entry)) = waited {
                         self.count(name, "coalesced");
@@ -302,6 +317,12 @@ impl Capture {
             f.publish(entry);
         }
         stored
+    }
+
+    /// The live log's writing end when this request leads a streaming flight (the relay appends
+    /// what its client is sent, for followers).
+    pub fn take_live(&mut self) -> Option<LiveWriter> {
+        self.flight.as_mut()?.take_live()
     }
 
     /// The answer was not complete (an error, a truncated stream, a client gone).

@@ -27,6 +27,7 @@ use crate::errors::GatewayError;
 use crate::pools::Pool;
 use crate::selection::DecisionRecord;
 
+use super::flight::{Follower, Next};
 use super::store::Entry;
 use super::HEADER;
 
@@ -42,13 +43,7 @@ pub fn respond(
     mut log: RequestLog,
 ) -> Response<Body> {
     let protocol = ctx.endpoint.protocol();
-    log.route = "cached";
-    log.cache = "hit";
-    log.variant = entry.variant.clone();
-    log.cached_from = Some(entry.request_id.clone());
-    let mut record = DecisionRecord::bare(&ctx.id, &pool.cfg.name);
-    record.reason = "cached";
-    log.decision = Some(Draft::new(log.gw.decision_log(), log.started, record));
+    account(pool, ctx, &mut log, &entry.variant, &entry.request_id);
     let mut body = entry.body.clone();
     if pool.cfg.response_model == ResponseModel::Public {
         // The entry may have been stored under another of the pool's names.
@@ -81,14 +76,7 @@ pub fn respond(
         let body = delivery::answer_body(ctx, StatusCode::OK, bytes);
         (full_body(StatusCode::OK, "application/json", body), None)
     };
-    let h = resp.headers_mut();
-    delivery::keel_headers(h, &ctx.id, "cached", &entry.variant, 0);
-    h.insert(HEADER, HeaderValue::from_static("hit"));
-    delivery::front_fixes(h, ctx);
-    log.prompt_fixes = delivery::fix_codes(h);
-    log.status = 200;
-    log.ttft = Some(log.started.elapsed());
-    log.stamp_overhead(h);
+    stamp(&mut resp, ctx, &mut log, &entry.variant);
     match replay {
         Some((tx, events, gap)) => {
             tokio::spawn(send_events(tx, events, gap, log));
@@ -96,6 +84,46 @@ pub fn respond(
         None => log.finish("ok", None),
     }
     resp
+}
+
+/// The response for a streaming request that follows an identical one's stream live (see
+/// `flight`): the leader's events as they are sent to its client.
+pub fn follow(
+    pool: &Pool,
+    ctx: &RequestCtx,
+    follower: Follower,
+    mut log: RequestLog,
+) -> Response<Body> {
+    let variant = follower.variant();
+    account(pool, ctx, &mut log, &variant, follower.origin());
+    let (mut resp, tx) = stream_head(ctx, ctx.endpoint.protocol());
+    stamp(&mut resp, ctx, &mut log, &variant);
+    tokio::spawn(send_followed(tx, follower, log));
+    resp
+}
+
+/// A hit is accounted for as answered by `variant` with `origin`'s answer: route `cached`, no
+/// attempts, and a decision record that names the original.
+fn account(pool: &Pool, ctx: &RequestCtx, log: &mut RequestLog, variant: &str, origin: &str) {
+    log.route = "cached";
+    log.cache = "hit";
+    log.variant = variant.to_owned();
+    log.cached_from = Some(origin.to_owned());
+    let mut record = DecisionRecord::bare(&ctx.id, &pool.cfg.name);
+    record.reason = "cached";
+    log.decision = Some(Draft::new(log.gw.decision_log(), log.started, record));
+}
+
+/// A hit's headers, and its log's status and first-byte time.
+fn stamp(resp: &mut Response<Body>, ctx: &RequestCtx, log: &mut RequestLog, variant: &str) {
+    let h = resp.headers_mut();
+    delivery::keel_headers(h, &ctx.id, "cached", variant, 0);
+    h.insert(HEADER, HeaderValue::from_static("hit"));
+    delivery::front_fixes(h, ctx);
+    log.prompt_fixes = delivery::fix_codes(h);
+    log.status = 200;
+    log.ttft = Some(log.started.elapsed());
+    log.stamp_overhead(h);
 }
 
 /// A streamed hit's head and the sender of its body.
@@ -129,6 +157,41 @@ async fn send_events(tx: BodySender, events: Vec<SseEvent>, gap: Duration, mut l
     }
     log.finish("ok", None);
     tx.end().await;
+}
+
+/// Forwards the leader's batches as they come and ends as its stream ended: cleanly after its
+/// terminal event, or (the leader's relay vanished) with keel's error event and an abort, as any
+/// stream whose producer is gone. A follower whose client leaves stops following at once (the
+/// leader's relay may stop when no one is left).
+async fn send_followed(tx: BodySender, mut follower: Follower, mut log: RequestLog) {
+    loop {
+        let next = tokio::select! {
+            n = follower.next() => n,
+            _ = tx.closed() => {
+                log.finish("cancelled", Some("client disconnected"));
+                return;
+            }
+        };
+        match next {
+            Next::Batches(batches) => {
+                for b in batches {
+                    if !tx.send(b).await {
+                        log.finish("cancelled", Some("client disconnected"));
+                        return;
+                    }
+                }
+            }
+            Next::End { clean: true } => {
+                log.finish("ok", None);
+                tx.end().await;
+                return;
+            }
+            Next::End { clean: false } => {
+                log.finish("incomplete", Some("the stream it followed ended early"));
+                return;
+            }
+        }
+    }
 }
 
 /// Where an event of `endpoint` carries generated text, if anywhere.

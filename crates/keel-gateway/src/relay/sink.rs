@@ -1,6 +1,7 @@
 //! Where a relayed stream goes: the client's streamed body, or an assembler building the whole
 //! response a non-streaming client asked for, or both (a streamed answer the response cache
-//! will store: the client's events are assembled on the side).
+//! will store: the client's events are assembled on the side, and appended to the live log that
+//! identical streaming requests follow, see `cache::flight`).
 
 use std::sync::{Arc, Mutex};
 
@@ -11,6 +12,7 @@ use keel_core::protocol::{event_role, EventRole, Protocol};
 use keel_core::sse::SseDecoder;
 
 use crate::body::BodySender;
+use crate::cache::flight::LiveWriter;
 
 /// Where relayed events go.
 pub enum Sink {
@@ -19,8 +21,14 @@ pub enum Sink {
     /// Assembled in place into one non-streaming body (no channel, no extra task).
     Assemble(Arc<Mutex<Assembled>>),
     /// The client's streamed body, also assembled for the response cache. An assembly that
-    /// fails only marks the copy unusable (`failure`); the client's stream goes on.
-    Tee(BodySender, Arc<Mutex<Assembled>>),
+    /// fails only marks the copy unusable (`failure`); the client's stream goes on. With `live`
+    /// (a coalescing leader), every batch is also appended for the followers, and the stream
+    /// goes on after the client has gone while anyone follows.
+    Tee {
+        client: BodySender,
+        copy: Arc<Mutex<Assembled>>,
+        live: Option<LiveWriter>,
+    },
 }
 
 /// A non-streaming response being assembled from the relayed events.
@@ -56,12 +64,17 @@ impl Sink {
                 Ok(()) => Sent::Ok,
                 Err(m) => Sent::Refused(m),
             },
-            Sink::Tee(tx, a) => {
-                if let Err(m) = assemble(a, protocol, &bytes) {
-                    let mut a = a.lock().unwrap_or_else(|e| e.into_inner());
+            Sink::Tee { client, copy, live } => {
+                if let Err(m) = assemble(copy, protocol, &bytes) {
+                    let mut a = copy.lock().unwrap_or_else(|e| e.into_inner());
                     a.failure.get_or_insert(m);
                 }
-                if tx.send(Bytes::from(bytes)).await {
+                let bytes = Bytes::from(bytes);
+                if let Some(l) = live {
+                    l.append(&bytes);
+                }
+                let followed = || live.as_ref().is_some_and(|l| l.live().followed());
+                if client.send(bytes).await || followed() {
                     Sent::Ok
                 } else {
                     Sent::ClientGone
@@ -71,10 +84,16 @@ impl Sink {
     }
 
     /// Resolves when the client has gone away (never, for an assembled response: the request
-    /// handler itself is dropped then).
+    /// handler itself is dropped then) and, for a coalescing leader, no one follows either.
     pub async fn closed(&self) {
         match self {
-            Sink::Client(tx) | Sink::Tee(tx, _) => tx.closed().await,
+            Sink::Client(tx) => tx.closed().await,
+            Sink::Tee { client, live, .. } => {
+                client.closed().await;
+                if let Some(l) = live {
+                    l.live().unfollowed().await;
+                }
+            }
             Sink::Assemble(_) => std::future::pending().await,
         }
     }
@@ -82,8 +101,15 @@ impl Sink {
     /// Ends the response cleanly: only after its terminal event (the upstream's, or keel's
     /// error event).
     pub async fn end(self) {
-        if let Sink::Client(tx) | Sink::Tee(tx, _) = self {
-            tx.end().await;
+        match self {
+            Sink::Client(tx) => tx.end().await,
+            Sink::Tee { client, live, .. } => {
+                if let Some(l) = live {
+                    l.end();
+                }
+                client.end().await;
+            }
+            Sink::Assemble(_) => {}
         }
     }
 }

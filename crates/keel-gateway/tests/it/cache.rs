@@ -381,6 +381,121 @@ async fn identical_concurrent_requests_go_upstream_once() {
     assert_eq!(h.gw.cache.in_flight(), 0);
 }
 
+/// Starts a streaming request and waits for its first bytes; the response and those bytes.
+async fn started(url: &str, body: &Value) -> (reqwest::Response, Vec<u8>) {
+    let mut r = keel_sim::http_client()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let first = r.chunk().await.unwrap().expect("a first chunk").to_vec();
+    (r, first)
+}
+
+/// The rest of a stream after `first`, decoded.
+async fn rest_of(mut r: reqwest::Response, mut bytes: Vec<u8>) -> Vec<keel_core::sse::SseEvent> {
+    while let Ok(Some(c)) = r.chunk().await {
+        bytes.extend_from_slice(&c);
+    }
+    keel_core::sse::decode_all(&bytes).expect("valid SSE framing")
+}
+
+/// Streaming requests behind an identical streaming one follow its stream live: each has its
+/// first bytes while the leader is still generating (the flight is open), and ends with exactly
+/// the leader's events; one upstream request in all. Both protocols.
+#[tokio::test]
+async fn streaming_followers_get_the_leaders_stream_live() {
+    let extra = format!("max_migrations = 0\n{CACHE}");
+    for (h, path, body) in [
+        (
+            Harness::openai(1, 1, "", &extra).await,
+            "/v1/chat/completions",
+            chat("follow me", true),
+        ),
+        (
+            anthropic_harness(&extra).await,
+            "/v1/messages",
+            messages("follow me", true),
+        ),
+    ] {
+        // 24 tokens about 100 ms apart: the leader generates for seconds.
+        add_fault(
+            h.server(0),
+            json!({"kind": "slowdown", "factor": 100, "count": 1}),
+        )
+        .await;
+        let url = h.url(path);
+        let (leader, leader_first) = started(&url, &body).await;
+        assert_eq!(header(leader.headers(), "x-keel-cache"), "miss");
+        let mut followers = Vec::new();
+        for _ in 0..2 {
+            let (r, first) = started(&url, &body).await;
+            assert_eq!(header(r.headers(), "x-keel-cache"), "hit", "{path}");
+            assert_eq!(header(r.headers(), "x-keel-route"), "cached");
+            assert_eq!(
+                h.gw.cache.in_flight(),
+                1,
+                "{path}: the follower's first bytes came while the leader was still generating"
+            );
+            followers.push(rest_of(r, first));
+        }
+        let leader_events = rest_of(leader, leader_first).await;
+        for f in followers {
+            let events = f.await;
+            assert_eq!(
+                events.iter().map(|e| &e.data).collect::<Vec<_>>(),
+                leader_events.iter().map(|e| &e.data).collect::<Vec<_>>(),
+                "{path}: a follower gets the leader's events"
+            );
+        }
+        assert_eq!(upstream(&h), 1, "{path}");
+        assert_eq!(
+            h.metric("keel_cache_lookups_total", &[("result", "coalesced")])
+                .await,
+            2.0
+        );
+        wait_for!("the flight to end", h.gw.cache.in_flight() == 0);
+    }
+}
+
+/// The leader's client leaving does not cut its followers: the generation goes on for them,
+/// they get the complete answer, and it is stored.
+#[tokio::test]
+async fn a_leader_whose_client_leaves_keeps_generating_for_its_followers() {
+    let h = Harness::openai(1, 1, "", &format!("max_migrations = 0\n{CACHE}")).await;
+    add_fault(
+        h.server(0),
+        json!({"kind": "slowdown", "factor": 60, "count": 1}),
+    )
+    .await;
+    let url = h.url("/v1/chat/completions");
+    let body = chat("the leader leaves", true);
+    let (leader, _) = started(&url, &body).await;
+    let (follower, first) = started(&url, &body).await;
+    assert_eq!(header(follower.headers(), "x-keel-cache"), "hit");
+    assert_eq!(
+        h.gw.cache.in_flight(),
+        1,
+        "following while the leader generates"
+    );
+    drop(leader);
+    let events = rest_of(follower, first).await;
+    let (text, finish) = answer_of_stream(&events);
+    assert!(!text.is_empty());
+    assert_eq!(finish, "length", "the whole answer, to its end");
+    assert_eq!(events.last().unwrap().data, "[DONE]");
+    assert_eq!(upstream(&h), 1);
+    wait_for!(
+        "the complete answer to be stored",
+        h.metric("keel_cache_stored_total", &[]).await >= 1.0
+    );
+    let r = h.post("/v1/chat/completions", &body).await;
+    assert_eq!(header(r.headers(), "x-keel-cache"), "hit");
+    assert_eq!(answer_of_stream(&read_stream(r).await), (text, finish));
+}
+
 #[tokio::test]
 async fn a_leader_that_fails_sends_its_waiters_upstream() {
     let h = Harness::openai(1, 1, "", &format!("max_migrations = 0\n{CACHE}")).await;
