@@ -52,7 +52,7 @@
 //! | `keel_cache_skipped_total` | reason | answers not stored: `incomplete` (error, truncated, client gone), `invalid` (no finish reason, structured output off its schema), `too_large` |
 //! | `keel_cache_bytes` |  | bytes held by the in-process response cache |
 //! | `keel_cache_evictions_total` | cause | in-process cache entries evicted: `size` (over `[cache] max_bytes`), `expired` (TTL) |
-//! | `keel_cache_errors_total` | op | response cache store calls that failed or timed out (`get`, `set` on Redis; `decode`, `encode`); the request goes on as a miss |
+//! | `keel_cache_errors_total` | op | response cache store calls that failed or timed out (`get`, `set`, `semantic_index`, `semantic_scan` on Redis; `decode`, `encode`); the request goes on as a miss |
 //! | `keel_cache_semantic_distance` | pool | summary: cosine distance of semantic-mode hits |
 //!
 //! `outcome` of a request is one of `ok`, `client_error` (4xx), `error` (keel could not serve:

@@ -2,7 +2,8 @@
 //! replicas (and, as the control, multiply without Redis); a Redis that dies follows the
 //! configured fail mode with no hung request; a replica killed with streams in flight gives its
 //! concurrency slots back within `[quota] slot_ttl_ms`; a variant one replica ejects is held
-//! out by the others (shared signals) until the signal lapses.
+//! out by the others (shared signals) until the signal lapses; answers, and near prompts in the
+//! semantic cache mode, are shared through Redis.
 //!
 //! Needs `redis-server` on the PATH (the test command installs it); a missing one fails.
 
@@ -464,4 +465,83 @@ async fn a_cached_answer_is_shared_by_two_replicas_through_redis() {
     other["temperature"] = json!(0);
     other["messages"][0]["content"] = json!("a question for a replica without its Redis");
     assert_eq!(cache_headers(b_port, &other).await.0, "stored");
+}
+
+/// A replica with a semantic cache on pool `p` (embeddings from pool `e`, same simulator).
+fn semantic_replica(sim_port: u16, redis_port: u16) -> (Proc, u16) {
+    let port = free_port();
+    let variant = |pool: &str| {
+        format!(
+            "[[pools]]\nname = \"{pool}\"\nhedge = \"off\"\n{}[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n\
+             [[pools.variants]]\nname = \"{pool}-v\"\nurl = \"http://127.0.0.1:{sim_port}/v1\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n",
+            if pool == "p" {
+                "[pools.cache]\nsemantic = { embeddings_pool = \"e\", max_distance = 0.15 }\n"
+            } else {
+                ""
+            }
+        )
+    };
+    let text = format!(
+        "listen = \"127.0.0.1:{port}\"\n[redis]\nurl = \"redis://127.0.0.1:{redis_port}\"\n{}{}",
+        variant("p"),
+        variant("e")
+    );
+    (serve(port, &text), port)
+}
+
+/// Keys in Redis matching `pattern` (through `redis-cli`, installed with the server).
+fn redis_keys(port: u16, pattern: &str) -> Vec<String> {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "--scan", "--pattern", pattern])
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_near_prompt_finds_another_replicas_answer_through_redis() {
+    let redis_port = free_port();
+    let _redis = redis(redis_port);
+    let sim_port = free_port();
+    let _sim = sim(sim_port, false);
+    let (_a, a_port) = semantic_replica(sim_port, redis_port);
+    let (_b, b_port) = semantic_replica(sim_port, redis_port);
+    let ask = |text: &str| {
+        let mut b = chat(false, 8);
+        b["model"] = json!("p");
+        b["temperature"] = json!(0);
+        b["messages"][0]["content"] = json!(text);
+        b
+    };
+    assert_eq!(
+        cache_headers(a_port, &ask("What is the capital city of France?"))
+            .await
+            .0,
+        "stored"
+    );
+    // A's answer and its embedding reach Redis (written after the response).
+    let started = Instant::now();
+    while redis_keys(redis_port, "keel:cache:sem:*").len() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the semantic index was never written: {:?}",
+            redis_keys(redis_port, "*")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = sim_requests(sim_port).await;
+    // B never saw any of it: another exact key, an embedding near A's, found through Redis.
+    let (cache, route) = cache_headers(b_port, &ask("what is the capital city of france")).await;
+    assert_eq!((cache.as_str(), route.as_str()), ("hit", "cached"));
+    assert_eq!(
+        sim_requests(sim_port).await,
+        before + 1,
+        "only B's embedding request went upstream"
+    );
+    // A question that is not near is not answered from it.
+    let (cache, _) = cache_headers(b_port, &ask("Write a poem about dragons and gold")).await;
+    assert_eq!(cache, "stored");
 }

@@ -27,6 +27,7 @@
 pub mod flight;
 pub mod replay;
 pub mod semantic;
+pub mod semantic_index;
 pub mod store;
 
 use std::sync::Arc;
@@ -186,7 +187,8 @@ impl ResponseCache {
                 };
             }
             if let Some(s) = &cfg.semantic {
-                match semantic::nearest(gw, s, &namespace, ctx, req, name, &self.stores).await {
+                match semantic::nearest(gw, s, &namespace, ctx, req, name, &self.stores, ttl).await
+                {
                     semantic::Found::Hit(entry) => {
                         self.count(name, "semantic_hit");
                         return Lookup::Hit {

@@ -4,11 +4,12 @@
 //!
 //! The embedding is an ordinary request to the named embeddings pool, run through selection
 //! and execution like any other (so it is settled, counted and failed over); it is not billed
-//! to the client's key. Only this process's entries are compared (a linear scan of those with
-//! the same parameters; Redis entries are found by exact key only). When no embedding can be
-//! had, the request is an exact-key miss as without the mode.
+//! to the client's key. This process's entries with the same parameters are compared (a linear
+//! scan), and, with `[redis]`, those every replica indexed (see `semantic_index`); the nearer
+//! wins. When no embedding can be had, the request is an exact-key miss as without the mode.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -43,6 +44,7 @@ pub struct Probe {
 }
 
 /// The closest cached answer within `cfg.max_distance`, if any.
+#[allow(clippy::too_many_arguments)]
 pub async fn nearest(
     gw: &Arc<Gateway>,
     cfg: &SemanticConfig,
@@ -51,19 +53,31 @@ pub async fn nearest(
     req: &CanonicalRequest,
     pool: &str,
     stores: &Stores,
+    ttl: Duration,
 ) -> Found {
     let parameters = cache_key::parameters_fingerprint(namespace, ctx.endpoint, pool, &req.body);
     let text = cache_key::prompt_text(&req.body);
     let Some(embedding) = embed(gw, cfg, ctx, &text).await else {
         return Found::Miss(None);
     };
-    let best = stores
+    let mut best = stores
         .local_entries()
         .into_iter()
         .filter(|e| e.parameters == parameters)
         .map(|e| (cache_key::cosine_distance(&embedding, &e.embedding), e))
         .filter(|(d, _)| *d <= cfg.max_distance)
         .min_by(|a, b| a.0.total_cmp(&b.0));
+    // Another replica's entry, when it is nearer than any here.
+    let within = best.as_ref().map_or(cfg.max_distance, |(d, _)| *d);
+    if let Some((d, key)) = stores
+        .shared_nearest(&parameters, &embedding, within)
+        .await
+        .filter(|(d, _)| best.as_ref().is_none_or(|(b, _)| d < b))
+    {
+        if let Some(e) = stores.get(&key, ttl).await {
+            best = Some((d, e));
+        }
+    }
     match best {
         Some((distance, e)) => {
             gw.metrics

@@ -10,7 +10,9 @@
 //! Reads try this process first, then Redis (an answer found there is kept here too, for the
 //! rest of its TTL); writes go to both. A Redis call that fails or is slow (cut at
 //! [`REDIS_TIMEOUT`]) is a miss or a store skipped, counted in
-//! `keel_cache_errors_total{op}` — the cache never fails a request.
+//! `keel_cache_errors_total{op}` — the cache never fails a request. Entries with an embedding
+//! (the semantic mode) are also indexed in Redis for other replicas' near-prompt lookups (see
+//! `semantic_index`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,6 +24,8 @@ use serde::{Deserialize, Serialize};
 use crate::config::cache::CacheConfig;
 use crate::config::RedisConfig;
 use crate::metrics::Metrics;
+
+use super::semantic_index::SemanticIndex;
 
 /// A Redis call's longest wait: a cache read slower than this is worth less than a miss.
 pub const REDIS_TIMEOUT: Duration = Duration::from_millis(100);
@@ -107,6 +111,8 @@ impl Local {
 pub struct Stores {
     local: Mutex<Local>,
     redis: Option<(ConnectionManager, String)>,
+    /// The semantic mode's index, on the same connection.
+    index: Option<SemanticIndex>,
     metrics: Arc<Metrics>,
     pub max_entry_bytes: u64,
 }
@@ -126,9 +132,13 @@ impl Stores {
                 None
             }
         });
+        let index = redis
+            .as_ref()
+            .map(|(conn, prefix)| SemanticIndex::new(conn.clone(), prefix));
         Stores {
             local,
             redis,
+            index,
             metrics,
             max_entry_bytes: cfg.max_entry_bytes,
         }
@@ -180,20 +190,30 @@ impl Stores {
                 .increment(1);
             return false;
         }
-        self.put_local(key, entry, bytes.len() as u64, ttl);
         if let Some((conn, prefix)) = &self.redis {
             let mut conn = conn.clone();
             let cmd = redis::cmd("SET")
                 .arg(format!("{prefix}{key}"))
-                .arg(bytes)
+                .arg(bytes.as_slice())
                 .arg("PX")
                 .arg(ttl.as_millis() as u64)
                 .clone();
             let me = self.handle();
+            // Indexed only once stored, so another replica never finds a key without its entry.
+            let index = self
+                .index
+                .clone()
+                .filter(|_| !entry.embedding.is_empty())
+                .map(|i| (i, key.to_owned(), entry.clone()));
             tokio::spawn(async move {
-                let _: Option<()> = me.redis_call("set", cmd.query_async(&mut conn)).await;
+                let stored: Option<()> = me.redis_call("set", cmd.query_async(&mut conn)).await;
+                if let (Some(()), Some((index, key, e))) = (stored, index) {
+                    let add = index.add(&key, &e.parameters, &e.embedding, ttl);
+                    me.redis_call("semantic_index", add).await;
+                }
             });
         }
+        self.put_local(key, entry, bytes.len() as u64, ttl);
         true
     }
 
@@ -228,7 +248,21 @@ impl Stores {
         }
     }
 
-    /// Live entries of this process, for the semantic scan (Redis is not scanned).
+    /// The key and distance of the nearest entry any replica indexed for `parameters`, within
+    /// `max_distance` (`None` without Redis, or when the lookup fails: a miss).
+    pub async fn shared_nearest(
+        &self,
+        parameters: &str,
+        embedding: &[f32],
+        max_distance: f64,
+    ) -> Option<(f64, String)> {
+        let index = self.index.as_ref()?;
+        let found = index.nearest(parameters, embedding, max_distance);
+        self.redis_call("semantic_scan", found).await?
+    }
+
+    /// Live entries of this process, for the semantic scan (other replicas' are found through
+    /// [`Stores::shared_nearest`]).
     pub fn local_entries(&self) -> Vec<Arc<Entry>> {
         let now = Instant::now();
         self.local()
