@@ -75,11 +75,8 @@ pub(super) fn split_code(text: &str) -> Vec<Segment<'_>> {
     let b = text.as_bytes();
     let mut segments = Vec::new();
     let (mut prose_start, mut i) = (0, 0);
-    while i < b.len() {
-        if b[i] != b'`' {
-            i += 1;
-            continue;
-        }
+    while let Some(tick) = memchr::memchr(b'`', &b[i..]) {
+        i += tick;
         let run = backtick_run(b, i);
         let close = find_run(b, i + run, run);
         let end = match close {
@@ -109,16 +106,13 @@ fn backtick_run(b: &[u8], from: usize) -> usize {
 
 /// The start of the next run of exactly `len` backticks at or after `from`.
 fn find_run(b: &[u8], mut from: usize, len: usize) -> Option<usize> {
-    while from < b.len() {
-        if b[from] == b'`' {
-            let run = backtick_run(b, from);
-            if run == len {
-                return Some(from);
-            }
-            from += run;
-        } else {
-            from += 1;
+    while let Some(tick) = memchr::memchr(b'`', &b[from..]) {
+        from += tick;
+        let run = backtick_run(b, from);
+        if run == len {
+            return Some(from);
         }
+        from += run;
     }
     None
 }
@@ -154,48 +148,78 @@ fn map_one(c: char) -> Mapped {
     }
 }
 
+/// The bytes where a character the mapping step may change starts: CR, and the UTF-8 lead bytes
+/// of every character [`map_one`] maps (U+00A0/U+00AD: C2; U+1680: E1; U+2000–U+206F: E2;
+/// U+3000: E3; U+FEFF: EF). Lead bytes are never inside a character, so each is a boundary.
+fn is_candidate(b: u8) -> bool {
+    matches!(b, b'\r' | 0xC2 | 0xE1 | 0xE2 | 0xE3 | 0xEF)
+}
+
 /// `after_code` / `before_code`: a code span touches the segment's start / end. An invisible
 /// character next to a backtick is kept: removing it could join two backtick runs into one and
 /// change where code spans are, which would make a second pass differ from the first.
+///
+/// Only candidate bytes ([`is_candidate`]) are looked at; the text between changes is copied
+/// as whole slices, and nothing is allocated until the first change.
 fn map_chars<'a>(
     prose: &'a str,
     after_code: bool,
     before_code: bool,
     fixes: &mut Fixes,
 ) -> Cow<'a, str> {
-    let needs = prose.contains('\r')
-        || (!prose.is_ascii() && prose.chars().any(|c| !matches!(map_one(c), Mapped::Keep)));
-    if !needs {
-        return Cow::Borrowed(prose);
-    }
-    let mut out = String::with_capacity(prose.len());
-    let mut chars = prose.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\r' {
+    let b = prose.as_bytes();
+    let mut out: Option<String> = None;
+    // `prose[..copied]` is in `out` (as mapped); what follows is still to copy.
+    let mut copied = 0;
+    let mut i = 0;
+    while let Some(at) = b[i..].iter().position(|&x| is_candidate(x)).map(|p| i + p) {
+        let c = prose[at..].chars().next().unwrap_or('\0');
+        let len = c.len_utf8();
+        i = at + len;
+        let into = if c == '\r' {
             fixes.add("crlf_to_lf");
-            if chars.peek() != Some(&'\n') {
-                out.push('\n');
+            if b.get(at + 1) == Some(&b'\n') {
+                None
+            } else {
+                Some('\n')
             }
-            continue;
-        }
-        match map_one(c) {
-            Mapped::Keep => out.push(c),
-            Mapped::Drop => {
-                let prev_tick = out.chars().next_back().map_or(after_code, |p| p == '`');
-                let next_tick = chars.peek().map_or(before_code, |&n| n == '`');
-                if prev_tick || next_tick {
-                    out.push(c);
-                } else {
+        } else {
+            match map_one(c) {
+                Mapped::Keep => continue,
+                Mapped::Drop => {
+                    let prev_tick = if at > copied {
+                        b[at - 1] == b'`'
+                    } else {
+                        let last = out.as_ref().and_then(|o| o.as_bytes().last());
+                        last.map_or(after_code, |&p| p == b'`')
+                    };
+                    let next_tick = b.get(i).map_or(before_code, |&n| n == b'`');
+                    if prev_tick || next_tick {
+                        continue;
+                    }
                     fixes.add("invisible_removed");
+                    None
+                }
+                Mapped::Into(to, code) => {
+                    fixes.add(code);
+                    Some(to)
                 }
             }
-            Mapped::Into(to, code) => {
-                fixes.add(code);
-                out.push(to);
-            }
+        };
+        let o = out.get_or_insert_with(|| String::with_capacity(prose.len()));
+        o.push_str(&prose[copied..at]);
+        if let Some(to) = into {
+            o.push(to);
+        }
+        copied = i;
+    }
+    match out {
+        None => Cow::Borrowed(prose),
+        Some(mut o) => {
+            o.push_str(&prose[copied..]);
+            Cow::Owned(o)
         }
     }
-    Cow::Owned(out)
 }
 
 fn nfc<'a>(s: &'a str, fixes: &mut Fixes) -> Cow<'a, str> {
@@ -234,18 +258,21 @@ fn layout(s: &str, first: bool, last: bool, out: &mut String, fixes: &mut Fixes)
                 line_start = true;
             }
             _ => {
-                let run = b[i..]
-                    .iter()
-                    .position(|c| matches!(c, b' ' | b'\t' | b'\n'))
-                    .map_or(b.len(), |n| i + n);
-                flush(
-                    &mut pending_ws,
-                    &mut newlines,
-                    at_start,
-                    line_start,
-                    out,
-                    fixes,
-                );
+                let run = memchr::memchr3(b' ', b'\t', b'\n', &b[i..]).map_or(b.len(), |n| i + n);
+                if newlines == 0 && !line_start && !at_start && pending_ws == " " {
+                    // Between two words on a line: the common case, nothing to decide.
+                    out.push(' ');
+                    pending_ws.clear();
+                } else {
+                    flush(
+                        &mut pending_ws,
+                        &mut newlines,
+                        at_start,
+                        line_start,
+                        out,
+                        fixes,
+                    );
+                }
                 at_start = false;
                 line_start = false;
                 out.push_str(&s[i..run]);
@@ -289,7 +316,7 @@ fn flush(
         if *newlines > 2 {
             fixes.add("blank_lines_collapsed");
         }
-        out.extend(std::iter::repeat_n('\n', (*newlines).min(2)));
+        out.push_str(&"\n\n"[..(*newlines).min(2)]);
         if line_start {
             out.push_str(ws);
         } else if !ws.is_empty() {
