@@ -5,12 +5,17 @@
 //! `normalize_full` measures `full` mode's per-text pipeline (`syntax`, JSON-example repair,
 //! the default rewrite rules) on the same inputs plus one whose every message carries vague
 //! format instructions the rules rewrite.
+//! `normalize_request` runs a whole request of eight such messages, with and without the
+//! decision record's edits.
 //! `cargo bench -p keel-core --bench normalize`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 
-use keel_core::normalize::{normalize_prompt_text, normalize_text, Fixes, FullConfig};
+use keel_core::normalize::{
+    normalize_prompt_text, normalize_request_with, normalize_text, Edits, Fixes, FullConfig, Mode,
+};
+use keel_core::protocol::Endpoint;
 
 const README: &str = include_str!("../../../README.md");
 const TARGET: usize = 1_000_000;
@@ -90,6 +95,40 @@ fn bench(c: &mut Criterion) {
                     black_box(normalize_prompt_text(black_box(t), &cfg, &mut fixes));
                 }
             })
+        });
+    }
+    group.finish();
+
+    // A whole request of 8 messages needing fixes, as admission runs it: without and with the
+    // decision record's edits (`decision_prompt_edits`).
+    let request: serde_json::Map<String, serde_json::Value> = serde_json::from_value(
+        serde_json::json!({"model": "m", "messages": fixes[..8].iter()
+            .map(|t| serde_json::json!({"role": "user", "content": t}))
+            .collect::<Vec<_>>()}),
+    )
+    .expect("an object");
+    let mut group = c.benchmark_group("normalize_request");
+    for (name, keep) in [("codes_only", false), ("with_edits", true)] {
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || request.clone(),
+                |mut body| {
+                    let mut edits = if keep {
+                        Edits::kept()
+                    } else {
+                        Edits::default()
+                    };
+                    black_box(normalize_request_with(
+                        Endpoint::ChatCompletions,
+                        &mut body,
+                        Mode::Syntax,
+                        &cfg,
+                        &mut edits,
+                    ));
+                    black_box(edits.into_list())
+                },
+                criterion::BatchSize::SmallInput,
+            )
         });
     }
     group.finish();

@@ -10,6 +10,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use keel_core::normalize::Edit;
 use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 use keel_core::request::{self, CanonicalRequest};
 use keel_core::selection::Preference;
@@ -185,7 +186,8 @@ pub async fn admit(
         ));
     }
     let key_mode = key.as_ref().and_then(|k| k.normalize);
-    let mut prompt_fixes = normalize(pool, key_mode, parts, endpoint, &mut req)?;
+    let (mut prompt_fixes, prompt_edits) =
+        normalize(gw, pool, key_mode, parts, endpoint, &mut req)?;
     // Context fit: the estimate by the pool's tokenizers, and middle-out where configured.
     let (req, trimmed) = crate::context_fit::apply_async(pool, req, bytes.len()).await?;
     if trimmed > 0 {
@@ -287,6 +289,7 @@ pub async fn admit(
         force_variant,
         responses,
         prompt_fixes,
+        prompt_edits,
         trimmed_messages: trimmed,
         consensus,
     };
@@ -300,15 +303,16 @@ pub async fn admit(
 /// Prompt normalization (`keel_core::normalize`): the request's `x-keel-normalize`, else the
 /// key's `normalize`, else the pool's; a first line `#keel-no-normalize` opts out (and is removed before
 /// forwarding). Never in safe mode. Returns the fix codes, each counted in
-/// `keel_prompt_fixes_total{pool,fix}`.
+/// `keel_prompt_fixes_total{pool,fix}`, and the edits for the decision record.
 fn normalize(
+    gw: &Gateway,
     pool: &Pool,
     key_mode: Option<keel_core::normalize::Mode>,
     parts: &Parts,
     endpoint: Endpoint,
     req: &mut CanonicalRequest,
-) -> Result<Vec<String>, GatewayError> {
-    use keel_core::normalize::{normalize_request, take_opt_out, Mode};
+) -> Result<(Vec<String>, Vec<Edit>), GatewayError> {
+    use keel_core::normalize::{normalize_request_with, take_opt_out, Edits, Mode};
     let mode = match header(parts, "x-keel-normalize") {
         None => key_mode.unwrap_or(pool.cfg.normalize),
         Some(v) => Mode::parse(v.trim()).ok_or_else(|| {
@@ -318,12 +322,17 @@ fn normalize(
             )
         })?,
     };
+    let mut edits = match gw.cfg.decision_prompt_edits {
+        true => Edits::kept(),
+        false => Edits::default(),
+    };
     let codes: Vec<String> = if take_opt_out(endpoint, &mut req.body) {
         vec!["opt_out".to_owned()]
     } else if pool.safety.active() {
         Vec::new()
     } else {
-        normalize_request(endpoint, &mut req.body, mode, &pool.cfg.normalize_full)
+        let full = &pool.cfg.normalize_full;
+        normalize_request_with(endpoint, &mut req.body, mode, full, &mut edits)
     };
     for code in &codes {
         pool.metrics
@@ -333,5 +342,5 @@ fn normalize(
             )
             .increment(1);
     }
-    Ok(codes)
+    Ok((codes, edits.into_list()))
 }

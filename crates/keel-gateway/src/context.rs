@@ -64,6 +64,8 @@ pub struct RequestCtx {
     /// What admission changed in the prompt (`x-keel-prompt-fix` codes, e.g. a middle-out
     /// trim; see `context_fit`).
     pub prompt_fixes: Vec<String>,
+    /// What normalization changed, for the decision record (`decision_prompt_edits`).
+    pub prompt_edits: Vec<keel_core::normalize::Edit>,
     /// Messages middle-out dropped (`x-keel-trimmed-messages`; 0: none).
     pub trimmed_messages: usize,
     /// The tokens the attempts used (the key's meter when there is one), for the access log,

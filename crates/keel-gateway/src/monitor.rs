@@ -121,6 +121,7 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         responses: None,
         grant: None,
         prompt_fixes: Vec::new(),
+        prompt_edits: Vec::new(),
         trimmed_messages: 0,
         meter: Default::default(),
         trace: None,

@@ -127,6 +127,10 @@ pub struct DecisionRecord {
     pub migrations: Vec<crate::decisions::MigrationRecord>,
     /// `x-keel-prompt-fix` codes.
     pub prompt_fixes: Vec<String>,
+    /// What normalization changed: the text around each change, before and after (see
+    /// `keel_core::normalize::Edits`; off with `decision_prompt_edits = false`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub prompt_edits: Vec<keel_core::normalize::Edit>,
     /// `x-keel-route` and `x-keel-variant` as answered.
     pub route: &'static str,
     pub variant: String,

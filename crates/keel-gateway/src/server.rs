@@ -394,7 +394,8 @@ async fn stages(
     let (selection, record) = select_or_wait(&pool, &req, controls, id, ctx.deadline).await;
     // The record is completed by the attempts and the log, and kept when both are done (see
     // `decisions`).
-    let record = record.unwrap_or_else(|| DecisionRecord::bare(id, &pool.cfg.name));
+    let mut record = record.unwrap_or_else(|| DecisionRecord::bare(id, &pool.cfg.name));
+    record.prompt_edits = ctx.prompt_edits.clone();
     let draft = Draft::new(gw.decision_log(), started, record);
     log.decision = Some(draft.clone());
     let mut attempts = Attempts::new(gw, &pool, Some(draft));

@@ -37,7 +37,7 @@ use serde_json::{Map, Value};
 
 use super::prose::sentences;
 use super::text::{is_json, split_code, Segment};
-use super::{is_prompt_role, messages, texts_mut, Fixes, FullConfig};
+use super::{is_prompt_role, messages, texts_mut, Edits, Fixes, FullConfig};
 use crate::protocol::Endpoint;
 
 /// Prompts shorter than this are left as they are: too little to classify reliably.
@@ -107,6 +107,7 @@ pub(super) fn complete(
     body: &mut Map<String, Value>,
     cfg: &FullConfig,
     fixes: &mut Fixes,
+    edits: &mut Edits,
 ) {
     if !matches!(
         endpoint,
@@ -122,7 +123,7 @@ pub(super) fn complete(
     if tokens < MIN_PROMPT_TOKENS || constrained {
         return;
     }
-    let Some(last) = messages(body).last() else {
+    let Some((index, last)) = messages(body).enumerate().last() else {
         return;
     };
     if last.get("role").and_then(Value::as_str) != Some("user") {
@@ -151,6 +152,7 @@ pub(super) fn complete(
     let lands_in_prose =
         matches!(split_code(&appended).last(), Some(Segment::Prose(p)) if p.ends_with(constraint));
     if lands_in_prose {
+        edits.record(|| format!("messages[{index}]"), target, &appended);
         *target = appended;
         fixes.add(intent.code());
     }

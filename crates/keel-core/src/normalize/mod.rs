@@ -12,6 +12,7 @@
 //! rewrite rules for vague format instructions ([`rules`]), and intent completion ([`intent`]).
 //! What they may change, and why a second pass changes nothing, is in [`full`].
 
+mod edits;
 mod full;
 mod intent;
 mod json_repair;
@@ -24,6 +25,7 @@ use std::borrow::Cow;
 use serde_json::{Map, Value};
 
 use crate::protocol::Endpoint;
+pub use edits::{Edit, Edits};
 pub use full::{normalize_prompt_text, ErrorAt, FullConfig, FullConfigError};
 pub use intent::Intent;
 pub use rules::RuleSpec;
@@ -89,6 +91,17 @@ pub fn normalize_request(
     mode: Mode,
     full: &FullConfig,
 ) -> Vec<String> {
+    normalize_request_with(endpoint, body, mode, full, &mut Edits::default())
+}
+
+/// [`normalize_request`], also recording each change in `edits` (see [`Edits`]).
+pub fn normalize_request_with(
+    endpoint: Endpoint,
+    body: &mut Map<String, Value>,
+    mode: Mode,
+    full: &FullConfig,
+    edits: &mut Edits,
+) -> Vec<String> {
     let mut fixes = Fixes::default();
     if mode == Mode::Off {
         return Vec::new();
@@ -96,7 +109,7 @@ pub fn normalize_request(
     let full = (mode == Mode::Full).then_some(full);
     match endpoint {
         Endpoint::ChatCompletions => {
-            for msg in messages(body) {
+            for (i, msg) in messages(body).enumerate() {
                 let role = msg.get("role").and_then(Value::as_str);
                 // A tool message's content is a tool result: data, not prose.
                 if role == Some("tool") {
@@ -104,26 +117,28 @@ pub fn normalize_request(
                 }
                 let prompt = full.filter(|_| is_prompt_role(role));
                 if let Some(content) = msg.get_mut("content") {
-                    normalize_content(content, prompt, &mut fixes);
+                    let at = || format!("messages[{i}]");
+                    normalize_content(content, prompt, &mut fixes, edits, at);
                 }
             }
         }
         Endpoint::Messages | Endpoint::CountTokens => {
             if let Some(system) = body.get_mut("system") {
-                normalize_content(system, full, &mut fixes);
+                normalize_content(system, full, &mut fixes, edits, || "system".to_owned());
             }
-            for msg in messages(body) {
+            for (i, msg) in messages(body).enumerate() {
                 let prompt =
                     full.filter(|_| is_prompt_role(msg.get("role").and_then(Value::as_str)));
                 if let Some(content) = msg.get_mut("content") {
-                    normalize_content(content, prompt, &mut fixes);
+                    let at = || format!("messages[{i}]");
+                    normalize_content(content, prompt, &mut fixes, edits, at);
                 }
             }
         }
         Endpoint::Completions | Endpoint::Embeddings => {}
     }
     if let Some(full) = full {
-        intent::complete(endpoint, body, full, &mut fixes);
+        intent::complete(endpoint, body, full, &mut fixes, edits);
     }
     fixes.into_codes()
 }
@@ -213,13 +228,27 @@ fn texts_mut(content: &mut Value) -> Vec<&mut String> {
 
 /// Normalizes each text of a content value: `syntax` always, plus `full`'s per-text steps when
 /// `full` is given (a prompt text in `full` mode).
-fn normalize_content(content: &mut Value, full: Option<&FullConfig>, fixes: &mut Fixes) {
-    for s in texts_mut(content) {
+/// `at` names the content (`messages[2]`) for `edits`; a text part is named after it
+/// (`messages[2].text[1]`).
+fn normalize_content(
+    content: &mut Value,
+    full: Option<&FullConfig>,
+    fixes: &mut Fixes,
+    edits: &mut Edits,
+    at: impl Fn() -> String,
+) {
+    let parts = content.is_array();
+    for (k, s) in texts_mut(content).into_iter().enumerate() {
         let new = match full {
             Some(cfg) => full::normalize_prompt_text(s, cfg, fixes),
             None => normalize_text(s, fixes),
         };
         if let Some(new) = new {
+            let name = || match parts {
+                true => format!("{}.text[{k}]", at()),
+                false => at(),
+            };
+            edits.record(name, s, &new);
             *s = new;
         }
     }

@@ -111,6 +111,7 @@ fn account(pool: &Pool, ctx: &RequestCtx, log: &mut RequestLog, variant: &str, o
     log.cached_from = Some(origin.to_owned());
     let mut record = DecisionRecord::bare(&ctx.id, &pool.cfg.name);
     record.reason = "cached";
+    record.prompt_edits = ctx.prompt_edits.clone();
     log.decision = Some(Draft::new(log.gw.decision_log(), log.started, record));
 }
 

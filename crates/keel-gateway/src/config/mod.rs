@@ -72,6 +72,9 @@ pub struct Config {
     pub drain_ms: u64,
     /// Decision records kept for `/keel/decisions` (a ring: the oldest goes first).
     pub decisions_kept: usize,
+    /// Decision records show what prompt normalization changed, as the text around each change
+    /// before and after (`prompt_edits`); false keeps no prompt text in records.
+    pub decision_prompt_edits: bool,
     pub allow_force_variant: bool,
     /// Runtime worker threads for `keel serve` (default: one per core).
     pub worker_threads: Option<usize>,
@@ -273,6 +276,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
             .unwrap_or(4 * 1024 * 1024),
         drain_ms: t.value("drain_ms", issues).unwrap_or(30_000),
         decisions_kept: decisions_kept.unwrap_or(10_000),
+        decision_prompt_edits: t.value("decision_prompt_edits", issues).unwrap_or(true),
         allow_force_variant: t.value("allow_force_variant", issues).unwrap_or(false),
         worker_threads,
         retry_budget,

@@ -186,3 +186,49 @@ async fn a_keys_normalize_mode_applies_to_its_requests_only() {
     let (_, sent) = ask(tidy, Some(("x-keel-normalize", "off"))).await;
     assert_eq!(sent, MESSY, "the request's header wins over the key");
 }
+
+/// The decision record shows what normalization changed: the text around each change, before
+/// and after, with invisible characters written out; `decision_prompt_edits = false` keeps no
+/// prompt text there.
+#[tokio::test]
+async fn the_decision_record_shows_the_prompts_edits() {
+    for keep in [true, false] {
+        let top = if keep {
+            ""
+        } else {
+            "decision_prompt_edits = false\n"
+        };
+        let h = Harness::openai(1, 1, top, "hedge = \"off\"\nnormalize = \"syntax\"\n").await;
+        let r = h.post("/v1/chat/completions", &body(MESSY)).await;
+        assert_eq!(r.status(), 200);
+        let id = header(r.headers(), "x-keel-request-id").to_owned();
+        let _ = r.bytes().await;
+        let record = h.get_json(&format!("/keel/decisions/{id}")).await;
+        assert!(record["prompt_fixes"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty()));
+        if !keep {
+            assert!(record.get("prompt_edits").is_none(), "{record}");
+            continue;
+        }
+        let edits = record["prompt_edits"].as_array().expect("edits").clone();
+        assert!(edits.iter().all(|e| e["at"] == "messages[0]"), "{edits:?}");
+        let sides = |k: &str| -> Vec<String> {
+            edits
+                .iter()
+                .map(|e| e[k].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let (before, after) = (sides("before").concat(), sides("after").concat());
+        assert!(
+            before.contains("\u{201c}the report\u{201d}\\u{a0}in"),
+            "{before}"
+        );
+        assert!(after.contains("\"the report\" in"), "{after}");
+        assert!(before.contains("three\\u{200b} bullets.\\r\n"), "{before}");
+        assert!(
+            !after.contains("\\u{200b}") && !after.contains("\\r"),
+            "{after}"
+        );
+    }
+}
