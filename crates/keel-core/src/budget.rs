@@ -54,7 +54,8 @@ impl RetryBudget {
         b
     }
 
-    fn totals(&self, now_ms: u64) -> (u64, u64) {
+    /// Requests and retries counted in the window that ends at `now_ms`.
+    pub fn totals(&self, now_ms: u64) -> (u64, u64) {
         let slice = now_ms / self.slice_ms;
         self.buckets
             .iter()
@@ -69,7 +70,15 @@ impl RetryBudget {
 
     /// Asks for one retry; true (and counted) when the budget allows it.
     pub fn try_retry(&mut self, now_ms: u64) -> bool {
+        self.try_retry_with(now_ms, (0, 0))
+    }
+
+    /// [`RetryBudget::try_retry`] for one part of a budget split into parts (one per thread):
+    /// `others` are the other parts' [`RetryBudget::totals`]; a granted retry is counted here.
+    /// The parts together decide exactly as one budget would.
+    pub fn try_retry_with(&mut self, now_ms: u64, others: (u64, u64)) -> bool {
         let (requests, retries) = self.totals(now_ms);
+        let (requests, retries) = (requests + others.0, retries + others.1);
         let floor = self.cfg.min_retries_per_sec * self.cfg.window_ms / 1000;
         // Rounded up, so that a quiet pool may retry (or hedge) its first request.
         let allowed = (requests as f64 * self.cfg.ratio).ceil() as u64 + floor;

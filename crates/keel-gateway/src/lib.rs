@@ -44,6 +44,7 @@ pub mod pools;
 pub mod quota;
 pub mod relay;
 pub mod responses;
+pub mod retry_budget;
 pub mod rollout_api;
 pub mod routes;
 pub mod safe_mode;
@@ -57,10 +58,8 @@ pub mod translation;
 pub mod upstream;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
-
-use keel_core::budget::RetryBudget;
 
 pub use body::{full_body, Body};
 pub use config::Config;
@@ -75,7 +74,7 @@ pub struct Gateway {
     pub cfg: Config,
     pools: Vec<Arc<Pool>>,
     by_name: HashMap<String, usize>,
-    budget: Mutex<RetryBudget>,
+    budget: retry_budget::ShardedBudget,
     /// Origin of `now_ms`: the core's clock is milliseconds since the gateway started.
     epoch: Instant,
     /// The most recent decision records (`GET /keel/decisions`).
@@ -194,7 +193,7 @@ impl Gateway {
                 .decisions
                 .unwrap_or_else(|| Arc::new(decisions::DecisionLog::new(cfg.decisions_kept))),
             quota,
-            budget: Mutex::new(RetryBudget::new(cfg.retry_budget)),
+            budget: retry_budget::ShardedBudget::new(cfg.retry_budget),
             cfg,
             pools,
             by_name,
@@ -243,18 +242,14 @@ impl Gateway {
             .collect()
     }
 
-    fn budget(&self) -> std::sync::MutexGuard<'_, RetryBudget> {
-        self.budget.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     pub(crate) fn record_request(&self) {
         let now = self.now_ms();
-        self.budget().record_request(now);
+        self.budget.record_request(now);
     }
 
     pub(crate) fn try_retry(&self) -> bool {
         let now = self.now_ms();
-        self.budget().try_retry(now)
+        self.budget.try_retry(now)
     }
 }
 
