@@ -68,8 +68,16 @@ const DAY: BudgetSpec = BudgetSpec {
     window: Window::Day,
     limit: 10_000,
 };
-// 2026-11-30T12:00:00Z.
-const NOON: u64 = 1_796_040_000;
+/// Noon (UTC) of the day the test runs, in Unix seconds. Budgets expire on Redis's real clock
+/// (`grace` after their window ends), so a fixed date would make every reservation vanish once
+/// that day is over: the tests' "now" must be today.
+fn noon() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_secs();
+    now - now % 86_400 + 43_200
+}
 
 #[tokio::test]
 async fn the_scripts_compute_what_keel_core_computes() {
@@ -164,11 +172,14 @@ async fn the_same_answers_as_the_local_store() {
             if i % 3 == 0 {
                 store.adjust("k", Limit::Tokens, tph, -100).await.unwrap();
             }
-            let r = store.reserve("k", DAY, NOON, 900 + 300 * i).await.unwrap();
+            let r = store
+                .reserve("k", DAY, noon(), 900 + 300 * i)
+                .await
+                .unwrap();
             out.push(format!("{r:?}"));
             if r.is_ok() && i % 2 == 0 {
                 store
-                    .settle("k", DAY, NOON, 900 + 300 * i, 500)
+                    .settle("k", DAY, noon(), 900 + 300 * i, 500)
                     .await
                     .unwrap();
             }
@@ -186,14 +197,17 @@ async fn the_same_answers_as_the_local_store() {
                 "k",
                 &[(Limit::Requests, rpm), (Limit::Tokens, tph)],
                 &[DAY],
-                NOON,
+                noon(),
             )
             .await
             .unwrap();
         let remaining: Vec<u64> = u.rates.iter().map(|r| r.1).collect();
         out.push(format!("{remaining:?} {:?} {}", u.budgets, u.in_flight));
         // The next day starts empty but for what is still in flight.
-        let u = store.usage("k", &[], &[DAY], NOON + 86_400).await.unwrap();
+        let u = store
+            .usage("k", &[], &[DAY], noon() + 86_400)
+            .await
+            .unwrap();
         out.push(format!("{:?}", u.budgets));
     }
     assert_eq!(answers[0], answers[1]);
@@ -291,17 +305,17 @@ async fn concurrent_reservations_never_overspend_a_budget() {
     // Each attempt reserves 100–500 and settles for a little less; what was settled is spent.
     let (spent, _errors) = race(&server, |r, i| async move {
         let amount = 100 + i * 53 % 400;
-        if r.reserve("shared", DAY, NOON, amount).await?.is_err() {
+        if r.reserve("shared", DAY, noon(), amount).await?.is_err() {
             return Ok(0);
         }
         let actual = amount - amount % 7;
-        r.settle("shared", DAY, NOON, amount, actual).await?;
+        r.settle("shared", DAY, noon(), amount, actual).await?;
         Ok(actual)
     })
     .await;
     assert!(spent <= DAY.limit, "{spent} spent of {}", DAY.limit);
     let u = replica(&server)
-        .usage("shared", &[], &[DAY], NOON)
+        .usage("shared", &[], &[DAY], noon())
         .await
         .unwrap();
     let (_, used, remaining) = u.budgets[0];
@@ -333,12 +347,12 @@ async fn a_dead_server_gives_errors_not_hangs_and_the_store_reconnects() {
     let every_op = async {
         assert!(store.take("k", Limit::Requests, rpm, 1).await.is_err());
         assert!(store.adjust("k", Limit::Requests, rpm, -1).await.is_err());
-        assert!(store.reserve("k", DAY, NOON, 1).await.is_err());
-        assert!(store.settle("k", DAY, NOON, 1, 1).await.is_err());
+        assert!(store.reserve("k", DAY, noon(), 1).await.is_err());
+        assert!(store.settle("k", DAY, noon(), 1, 1).await.is_err());
         assert!(store.acquire("k", 5, Duration::from_secs(1)).await.is_err());
         assert!(store.release(&held).await.is_err());
         assert!(store
-            .usage("k", &[(Limit::Requests, rpm)], &[DAY], NOON)
+            .usage("k", &[(Limit::Requests, rpm)], &[DAY], noon())
             .await
             .is_err());
     };
@@ -361,7 +375,7 @@ async fn a_dead_server_gives_errors_not_hangs_and_the_store_reconnects() {
         store.take("k", Limit::Requests, rpm, 1).await.is_ok()
     })
     .await;
-    assert_eq!(store.reserve("k", DAY, NOON, 1).await.unwrap(), Ok(()));
+    assert_eq!(store.reserve("k", DAY, noon(), 1).await.unwrap(), Ok(()));
     assert!(store
         .acquire("k", 5, Duration::from_secs(1))
         .await
@@ -396,7 +410,7 @@ async fn a_held_slot_is_renewed_until_released() {
     // Several TTLs later the slot is still held (a long stream keeps it)…
     tokio::time::sleep(ttl * 4).await;
     assert!(b.acquire("k", 1, ttl).await.unwrap().is_none());
-    assert_eq!(b.usage("k", &[], &[], NOON).await.unwrap().in_flight, 1);
+    assert_eq!(b.usage("k", &[], &[], noon()).await.unwrap().in_flight, 1);
     // …and free as soon as it is released.
     a.release(&held).await.unwrap();
     assert!(b.acquire("k", 1, ttl).await.unwrap().is_some());
