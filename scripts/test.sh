@@ -85,6 +85,7 @@ tests/deploy/container.sh .venv/bin/python dev
 
 echo "== benchmark smoke test (every scenario, keel only, a few seconds each)"
 "$KEEL" bench all --quick --contenders keel --out bench/out/smoke > /dev/null
+"$KEEL" bench overhead --sequential --contenders keel --duration 0.5 --rounds 1 --out bench/out/smoke/sequential > /dev/null
 
 echo "== soak smoke test (60 s of random faults; every answer byte-exact, no errors, no fd growth)"
 "$KEEL" bench soak --duration 60s --rps 10 --out bench/out/soak-smoke

@@ -63,6 +63,11 @@ pub enum BenchCommand {
         /// offered rate) with --out.
         #[arg(long)]
         tail_bounds: bool,
+        /// One client, one connection, each request sent when the last answer has been read
+        /// (a closed loop), direct and through each contender in alternating rounds: added
+        /// P50/P90/P99 and the requests per second one client completes. No ramp.
+        #[arg(long)]
+        sequential: bool,
     },
     /// Duration of one routing decision (stage 1) over an N-variant pool: P50/P99/P99.9.
     Decision {
@@ -147,6 +152,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             event_subscribers,
             streams,
             tail_bounds,
+            sequential,
         } => {
             crate::overhead::run(crate::overhead::Options {
                 rates,
@@ -162,6 +168,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
                 event_subscribers,
                 streams,
                 tail_bounds,
+                sequential,
             })
             .await
         }

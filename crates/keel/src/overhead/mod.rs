@@ -16,9 +16,11 @@
 //! `--translated` measures instead what cross-protocol translation adds: see [`translated`];
 //! `--event-subscribers N` what open dashboards cost: see [`subscribers`]; `--streams N,…` what
 //! thousands of live slow streams cost: see [`streams`]; `--tail-bounds` the throughput at
-//! tail-latency bounds: see [`bounds`].
+//! tail-latency bounds: see [`bounds`]; `--sequential` one client's closed loop: see
+//! [`sequential`].
 
 mod bounds;
+mod sequential;
 mod streams;
 mod subscribers;
 mod translated;
@@ -54,6 +56,8 @@ pub struct Options {
     pub streams: Vec<usize>,
     /// The highest rate under added-P99 bounds of 1, 5 and 10 ms, per gateway and mode.
     pub tail_bounds: bool,
+    /// One client's closed loop (a request as soon as the last answer is read).
+    pub sequential: bool,
 }
 
 /// Rates tried, in order, for the highest sustainable one.
@@ -341,6 +345,9 @@ pub async fn run(mut o: Options) -> Result<(), String> {
     }
     if o.tail_bounds {
         return bounds::run(o).await;
+    }
+    if o.sequential {
+        return sequential::run(o).await;
     }
     let fleet = zero_latency_upstream().await?;
     let peers_dir = o
