@@ -58,6 +58,27 @@ fn read_usage(usage: &Value) -> (Option<u64>, Option<u64>) {
 
 /// The `usage` in a JSON object: at the top (OpenAI chunks and bodies, Anthropic bodies and
 /// `message_delta`) or in `message` (Anthropic `message_start`).
+/// Whether an event may report usage, without parsing it: it names `"usage"`, and not only as
+/// the `"usage":null` that every chunk carries when the client asked for
+/// `stream_options.include_usage` (parsing each of those into a JSON tree cost more than
+/// the rest of the meter). A `"usage"` inside generated text is escaped (`\"usage\"`), so a
+/// second occurrence means a second member to look at: then the event is parsed.
+fn may_carry_usage(data: &str) -> bool {
+    const KEY: &str = "\"usage\"";
+    let mut at = data.match_indices(KEY).map(|(i, _)| i);
+    let Some(first) = at.next() else {
+        return false;
+    };
+    if at.next().is_some() {
+        return true;
+    }
+    let rest = data[first + KEY.len()..].trim_start();
+    let Some(value) = rest.strip_prefix(':') else {
+        return true;
+    };
+    !value.trim_start().starts_with("null")
+}
+
 fn usage_in(v: &Value) -> Option<&Value> {
     v.get("usage")
         .filter(|u| u.is_object())
@@ -95,9 +116,7 @@ impl Meter {
     /// `tokens`: it carries generated tokens (`stream_watch::carries_tokens`, which the relay
     /// has read already).
     pub fn event(&self, variant: &VariantConfig, ev: &SseEvent, tokens: bool) {
-        let usage = ev
-            .data
-            .contains("\"usage\"")
+        let usage = may_carry_usage(&ev.data)
             .then(|| serde_json::from_str::<Value>(&ev.data).ok())
             .flatten();
         let usage = usage.as_ref().and_then(usage_in).map(read_usage);
@@ -153,6 +172,27 @@ mod tests {
     /// An event as the relay meters it.
     fn feed(m: &Meter, v: &VariantConfig, p: Protocol, ev: &SseEvent) {
         m.event(v, ev, carries_tokens(p, ev));
+    }
+
+    #[test]
+    fn null_usage_chunks_are_not_parsed_but_real_usage_is() {
+        let chunk = r#"{"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}],"usage":null}"#;
+        assert!(!may_carry_usage(chunk));
+        assert!(!may_carry_usage(r#"{"choices":[],"usage" : null}"#));
+        assert!(!may_carry_usage(
+            r#"{"choices":[{"delta":{"content":"no usage"}}]}"#
+        ));
+        assert!(may_carry_usage(
+            r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5}}"#
+        ));
+        // Anthropic's message_delta.
+        assert!(may_carry_usage(
+            r#"{"type":"message_delta","usage":{"output_tokens":5}}"#
+        ));
+        // Text that quotes a null usage does not hide a real one.
+        assert!(may_carry_usage(
+            r#"{"choices":[{"delta":{"content":"say \"usage\":null"}}],"usage":{"completion_tokens":2}}"#
+        ));
     }
 
     fn variant(name: &str, pin: f64, pout: f64) -> VariantConfig {

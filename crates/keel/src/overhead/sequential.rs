@@ -139,8 +139,11 @@ pub async fn run(o: Options) -> Result<(), String> {
             serde_json::to_string_pretty(&doc).unwrap_or_default(),
         )
         .map_err(|e| format!("{}: {e}", path.display()))?;
-        std::fs::write(dir.join("sequential.txt"), format!("{intro}{HEADER}{lines}"))
-            .map_err(|e| e.to_string())?;
+        std::fs::write(
+            dir.join("sequential.txt"),
+            format!("{intro}{HEADER}{lines}"),
+        )
+        .map_err(|e| e.to_string())?;
         println!("written {} and sequential.txt", path.display());
     }
     Ok(())
