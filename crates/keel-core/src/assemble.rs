@@ -93,10 +93,7 @@ impl Assembler {
         if protocol == Protocol::OpenAi && self.first.is_some() {
             if let Some(view) = crate::protocol::ChunkView::parse(&ev.data) {
                 if view.is_plain_text() {
-                    let t = view.text().unwrap_or("");
-                    self.grow(t.len())?;
-                    self.text.push_str(t);
-                    return Ok(());
+                    return self.append(view.text().unwrap_or(""));
                 }
             }
         }
@@ -107,6 +104,28 @@ impl Assembler {
             Protocol::OpenAi => self.push_openai(v),
             Protocol::Anthropic => self.push_anthropic(ev.event.as_deref().unwrap_or(""), v),
         }
+    }
+
+    /// [`Assembler::push`] for an event already read (`stream_watch::read_event`): a plain
+    /// text chunk (`plain`, its `text`) after the first is appended without parsing it again.
+    pub fn push_read(
+        &mut self,
+        protocol: Protocol,
+        ev: &SseEvent,
+        plain: bool,
+        text: Option<&str>,
+    ) -> Result<(), String> {
+        if protocol == Protocol::OpenAi && plain && self.first.is_some() {
+            return self.append(text.unwrap_or(""));
+        }
+        self.push(protocol, ev)
+    }
+
+    /// Appends a plain chunk's text.
+    fn append(&mut self, t: &str) -> Result<(), String> {
+        self.grow(t.len())?;
+        self.text.push_str(t);
+        Ok(())
     }
 
     fn push_openai(&mut self, v: Value) -> Result<(), String> {

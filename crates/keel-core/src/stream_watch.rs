@@ -155,6 +155,9 @@ pub struct EventFacts {
     pub role: EventRole,
     pub tokens: bool,
     pub text: Option<String>,
+    /// An OpenAI chunk of one choice whose only content is text (`ChunkView::is_plain_text`):
+    /// an assembler may append `text` without reading the chunk again.
+    pub plain: bool,
 }
 
 /// Reads an event's [`EventFacts`].
@@ -171,6 +174,7 @@ pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts {
                 },
                 tokens: output && (text.is_some_and(|t| !t.is_empty()) || view.starts_tool_call()),
                 text: text.filter(|_| output).map(str::to_owned),
+                plain: view.is_plain_text(),
             };
         }
     }
@@ -182,6 +186,7 @@ pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts {
             .then(|| crate::continuation::event_text(protocol, ev))
             .flatten(),
         role,
+        plain: false,
     }
 }
 
@@ -302,12 +307,15 @@ mod tests {
         for (p, ev) in events {
             let role = event_role(p, &ev);
             let output = role == EventRole::Output;
+            let plain = p == Protocol::OpenAi
+                && ChunkView::parse(&ev.data).is_some_and(|v| !v.has_error() && v.is_plain_text());
             let expected = EventFacts {
                 tokens: output && carries_tokens(p, &ev),
                 text: output
                     .then(|| crate::continuation::event_text(p, &ev))
                     .flatten(),
                 role,
+                plain,
             };
             assert_eq!(read_event(p, &ev), expected, "{:?}", ev.data);
         }

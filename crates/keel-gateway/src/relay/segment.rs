@@ -216,7 +216,12 @@ impl Relay {
         batch: &mut Vec<u8>,
     ) -> Option<SegmentEnd> {
         // Each event is read once; the meter, the gap watch and the stitcher share what was read.
-        let EventFacts { role, tokens, text } = read_event(self.protocol, &ev);
+        let EventFacts {
+            role,
+            tokens,
+            text,
+            plain,
+        } = read_event(self.protocol, &ev);
         // The request's usage, per attempt: the access log's and the trace's tokens, and a
         // keyed request's reconciliation (see `keys`).
         self.ctx
@@ -253,7 +258,24 @@ impl Relay {
         // The common case, no tool-call hold and no integrity checks: the event goes straight
         // into the batch, stitched with what was read of it above.
         if !self.pool.cfg.hold_tool_calls && w.truncation.is_none() {
+            let mark = batch.len();
             st.process_known(&ev, text.as_deref(), trim, batch);
+            // A non-streaming client's first segment: the event, as read above, goes straight
+            // into the assembler (bytes the stitcher passed through unchanged, which decoding and
+            // reading them again would only reproduce). Continuations' rewritten bytes, and
+            // anything already in the batch, keep the byte path, in order.
+            if let Some(a) = self
+                .sink
+                .assembler()
+                .filter(|_| st.segment == 0 && mark == 0)
+            {
+                batch.truncate(mark);
+                let mut a = a.lock().unwrap_or_else(|e| e.into_inner());
+                let pushed = a.body.push_read(self.protocol, &ev, plain, text.as_deref());
+                if let Err(m) = pushed {
+                    return Some(SegmentEnd::Failed(AttemptFailure::Malformed(m)));
+                }
+            }
             return self.after_forwarding(slow, terminal);
         }
         let release = if self.pool.cfg.hold_tool_calls {

@@ -83,6 +83,15 @@ impl Sink {
         }
     }
 
+    /// The assembler of a non-streaming client's response, which the relay may feed with
+    /// events it has read already (see `segment`) instead of bytes to decode again.
+    pub fn assembler(&self) -> Option<&Arc<Mutex<Assembled>>> {
+        match self {
+            Sink::Assemble(a) => Some(a),
+            Sink::Client(_) | Sink::Tee { .. } => None,
+        }
+    }
+
     /// Resolves when the client has gone away (never, for an assembled response: the request
     /// handler itself is dropped then) and, for a coalescing leader, no one follows either.
     pub async fn closed(&self) {
