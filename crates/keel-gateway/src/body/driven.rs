@@ -61,6 +61,8 @@ struct Shared {
     closed: bool,
     /// The producer, from [`Driver::run`] until the body's first poll takes it.
     handed: Option<Producer>,
+    /// [`Driver::run`] was called.
+    started: bool,
     /// The driver went away without running a producer.
     abandoned: bool,
     /// The body, polled before its producer was handed over.
@@ -128,6 +130,7 @@ impl Driver {
             producer.await;
         });
         let mut s = lock(&self.shared);
+        s.started = true;
         if s.closed {
             drop(s);
             spawn_remainder(producer);
@@ -143,8 +146,7 @@ impl Driver {
 impl Drop for Driver {
     fn drop(&mut self) {
         let mut s = lock(&self.shared);
-        if s.handed.is_none() {
-            // Either the body took the producer already, or there never was one.
+        if !s.started {
             s.abandoned = true;
             if let Some(w) = s.waiting.take() {
                 w.wake();
