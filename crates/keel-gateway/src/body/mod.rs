@@ -1,9 +1,9 @@
 //! Response bodies, and the rule for how a streamed one ends: **only on an explicit end**.
 //!
-//! A streamed body is fed through a channel by the relay. The relay ends it with
-//! [`BodySender::end`], which it calls only after forwarding the upstream's terminal event or
-//! keel's own error event. If the sender disappears any other way (the relay task panicked, a
-//! bug returned early, the task was aborted), the body does not end cleanly: it sends the
+//! A streamed body is fed by its producer, the relay (or a cache replay). The producer ends it
+//! with [`BodySender::end`], which it calls only after forwarding the upstream's terminal event
+//! or keel's own error event. If the producer disappears any other way (it panicked, a bug
+//! returned early, its task was aborted), the body does not end cleanly: it sends the
 //! protocol's error event (so an SDK raises an error instead of returning a truncated answer)
 //! and then fails, which makes hyper abort the response: HTTP/1.1 closes the connection without
 //! the final chunk, HTTP/2 resets the stream. Either way no client can take it for complete.
