@@ -1,7 +1,8 @@
 //! Stage 3, delivery: the client's response and its `x-keel-*` headers. A whole response is
-//! answered at once; a stream is handed to a [`Relay`] task (forwarding, failure detection,
-//! migration) that feeds the client's body and ends it only explicitly (see `body`); a
-//! non-streaming request that keel streamed upstream is relayed in place into an assembler.
+//! answered at once; a stream is handed to a [`Relay`] (forwarding, failure detection,
+//! migration) that runs inside the client's body, feeds it and ends it only explicitly (see
+//! `body`); a non-streaming request that keel streamed upstream is relayed in place into an
+//! assembler.
 //! Every request is accounted for once, by its `access_log::RequestLog`.
 
 use std::sync::{Arc, Mutex};
@@ -13,7 +14,7 @@ use keel_core::request::CanonicalRequest;
 
 use crate::access_log::RequestLog;
 use crate::attempt::Served;
-use crate::body::{full_body, stream_body, Body};
+use crate::body::{driven, full_body, Body};
 use crate::cache::{self, Capture};
 use crate::context::RequestCtx;
 use crate::errors::GatewayError;
@@ -344,7 +345,8 @@ pub async fn deliver(
     front_fixes(&mut headers, ctx);
     log.prompt_fixes = fix_codes(&headers);
     log.stamp_overhead(&mut headers);
-    let (tx, body) = stream_body(protocol);
+    // The relay runs inside the client's body (no task of its own; see `body::driven`).
+    let (tx, body, driver) = driven(protocol);
     // Ended by an error event if still running at the drain deadline (before the Responses
     // front, which translates it like the relay's own error events).
     let mut body = gw.process.cut_at_deadline(body, protocol);
@@ -353,7 +355,7 @@ pub async fn deliver(
     }
     match capture {
         None => {
-            tokio::spawn(relay(Sink::Client(tx)).run(committed, start, log));
+            driver.run(relay(Sink::Client(tx)).run(committed, start, log));
         }
         Some(mut c) => {
             // The client's events are assembled on the side and stored if the stream completes;
@@ -369,7 +371,7 @@ pub async fn deliver(
                 live,
             });
             let (endpoint, id, first) = (ctx.endpoint, ctx.id.clone(), start.first_token_at);
-            tokio::spawn(async move {
+            driver.run(async move {
                 let summary = relay.run(committed, start, log).await;
                 let (failure, body) = {
                     let mut a = copy.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,7 +1,7 @@
 //! Faults injected inside keel itself, for tests only. With the `test-hooks` feature off (every
 //! build but keel-gateway's own tests) each hook is an empty inline function.
 //!
-//! * `relay_panic_after_events`: the relay task panics when it is about to send its Nth + 1
+//! * `relay_panic_after_events`: the relay panics when it is about to send its Nth + 1
 //!   event block, which is how tests prove that a producer that disappears never ends the
 //!   client's body cleanly (see `body`).
 

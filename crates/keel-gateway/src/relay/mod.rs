@@ -18,8 +18,9 @@
 //!   When nothing can continue, the stream ends with an explicit error event.
 //!
 //! The client's body ends cleanly only through [`Sink::end`], called after a terminal event
-//! (the upstream's or keel's error event); if this task disappears any other way, the body
-//! aborts (see `body`).
+//! (the upstream's or keel's error event); if the relay disappears any other way (it panics,
+//! or returns early), the body aborts (see `body`). A streamed relay runs inside the client's
+//! body (`body::driven`); once the client is gone it finishes in a task of its own.
 
 mod integrity;
 mod migration;

@@ -117,3 +117,51 @@ async fn client_disconnect_cancels_the_upstream_request() {
     }
     panic!("cancelled request not counted: {}", h.metrics().await);
 }
+
+/// The relay runs inside the client's body (`body::driven`); when the client leaves, the body
+/// is dropped and the relay finishes in a task of its own: the request is logged `cancelled`,
+/// the upstream request is cancelled and the variant's slot is given back.
+#[tokio::test]
+async fn a_client_that_leaves_mid_stream_is_logged_cancelled_and_frees_its_slot() {
+    let path =
+        std::env::temp_dir().join(format!("keel-left-mid-stream-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let top = format!(
+        "[log]\nformat = \"json\"\naccess = {:?}\n",
+        path.display().to_string()
+    );
+    let h = Harness::openai(1, 1, &top, "").await;
+    // The upstream goes quiet after a few tokens: the relay waits on it when the client leaves.
+    add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 3})).await;
+    let in_flight = || {
+        h.gw.pool("p").unwrap().variants[0]
+            .in_flight
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let mut resp = h.post("/v1/chat/completions", &stream_body("x")).await;
+    assert_eq!(resp.status(), 200);
+    resp.chunk().await.unwrap().unwrap();
+    assert_eq!(in_flight(), 1, "the stream holds its variant's slot");
+    drop(resp);
+    wait_for!("the variant's slot to be given back", in_flight() == 0);
+    wait_for!(
+        "the access line",
+        std::fs::read_to_string(&path).is_ok_and(|t| !t.is_empty())
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let line: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(line["outcome"], "cancelled", "{line}");
+    assert_eq!(line["status"], 200, "{line}");
+    wait_for!(
+        "the cancelled request to be counted",
+        h.metric("keel_requests_total", &[("outcome", "cancelled")])
+            .await
+            == 1.0
+    );
+    assert_eq!(
+        h.server(0).state.stats().cancelled,
+        1,
+        "the upstream saw it"
+    );
+    let _ = std::fs::remove_file(&path);
+}

@@ -1,12 +1,19 @@
 //! Response bodies, and the rule for how a streamed one ends: **only on an explicit end**.
 //!
-//! A streamed body is fed through a channel by the relay. The relay ends it with
-//! [`BodySender::end`], which it calls only after forwarding the upstream's terminal event or
-//! keel's own error event. If the sender disappears any other way (the relay task panicked, a
-//! bug returned early, the task was aborted), the body does not end cleanly: it sends the
+//! A streamed body is fed by its producer, the relay (or a cache replay). The producer ends it
+//! with [`BodySender::end`], which it calls only after forwarding the upstream's terminal event
+//! or keel's own error event. If the producer disappears any other way (it panicked, a bug
+//! returned early, its task was aborted), the body does not end cleanly: it sends the
 //! protocol's error event (so an SDK raises an error instead of returning a truncated answer)
 //! and then fails, which makes hyper abort the response: HTTP/1.1 closes the connection without
 //! the final chunk, HTTP/2 resets the stream. Either way no client can take it for complete.
+//!
+//! Two bodies follow that rule: [`stream_body`], fed through a channel by a producer that runs
+//! elsewhere (a spawned task), and [`driven`], which runs its producer inside its own polls
+//! (the relay of a streamed answer: no task and no channel hop per upstream read; see
+//! `driven`). Both are fed through a [`BodySender`].
+
+mod driven;
 
 use std::io;
 
@@ -18,6 +25,8 @@ use hyper::body::Frame;
 use tokio::sync::mpsc;
 
 use keel_core::protocol::{stream_error_event, ErrorKind, Protocol};
+
+pub use driven::{driven, Driver, QUEUE_BLOCKS};
 
 /// The response body type of every keel response.
 pub type Body = BoxBody<Bytes, io::Error>;
@@ -41,25 +50,61 @@ enum Msg {
 
 /// The producer's side of a streamed body.
 pub struct BodySender {
-    tx: mpsc::Sender<Msg>,
+    feed: Feed,
+}
+
+/// Which body a sender feeds.
+enum Feed {
+    Channel(mpsc::Sender<Msg>),
+    Driven(driven::Feed),
 }
 
 impl BodySender {
+    fn driven(feed: driven::Feed) -> BodySender {
+        BodySender {
+            feed: Feed::Driven(feed),
+        }
+    }
+
     /// Sends bytes; false when the client is gone.
     pub async fn send(&self, bytes: Bytes) -> bool {
-        bytes.is_empty() || self.tx.send(Msg::Data(bytes)).await.is_ok()
+        if bytes.is_empty() {
+            return true;
+        }
+        match &self.feed {
+            Feed::Channel(tx) => tx.send(Msg::Data(bytes)).await.is_ok(),
+            Feed::Driven(feed) => feed.send(bytes).await,
+        }
     }
 
     /// Ends the body cleanly. Call it only after the stream's terminal event (the upstream's,
     /// or keel's error event).
     pub async fn end(self) {
-        let _ = self.tx.send(Msg::End).await;
+        match &self.feed {
+            Feed::Channel(tx) => {
+                let _ = tx.send(Msg::End).await;
+            }
+            Feed::Driven(feed) => feed.end(),
+        }
     }
 
     /// Resolves when the client has gone away.
     pub async fn closed(&self) {
-        self.tx.closed().await
+        match &self.feed {
+            Feed::Channel(tx) => tx.closed().await,
+            Feed::Driven(feed) => feed.closed().await,
+        }
     }
+}
+
+/// The error event a client gets when its stream's producer vanished before the end.
+fn vanished_event(protocol: Protocol) -> Bytes {
+    let ev = stream_error_event(
+        protocol,
+        ErrorKind::Internal,
+        "keel: internal error, the response is incomplete",
+    );
+    Bytes::from(ev.raw)
 }
 
 /// What the body does next.
@@ -82,12 +127,7 @@ pub fn stream_body(protocol: Protocol) -> (BodySender, Body) {
                     tracing::error!(
                         "a response stream lost its producer before its end; the client gets an error event and an aborted response"
                     );
-                    let ev = stream_error_event(
-                        protocol,
-                        ErrorKind::Internal,
-                        "keel: internal error, the response is incomplete",
-                    );
-                    Some((Ok(Frame::data(Bytes::from(ev.raw))), State::Aborting))
+                    Some((Ok(Frame::data(vanished_event(protocol))), State::Aborting))
                 }
             },
             State::Aborting => {
@@ -104,7 +144,12 @@ pub fn stream_body(protocol: Protocol) -> (BodySender, Body) {
             State::Done => None,
         }
     });
-    (BodySender { tx }, StreamBody::new(stream).boxed())
+    (
+        BodySender {
+            feed: Feed::Channel(tx),
+        },
+        StreamBody::new(stream).boxed(),
+    )
 }
 
 #[cfg(test)]
