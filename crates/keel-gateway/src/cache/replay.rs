@@ -18,7 +18,7 @@ use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 use keel_core::sse::SseEvent;
 
 use crate::access_log::RequestLog;
-use crate::body::{full_body, stream_body, Body, BodySender};
+use crate::body::{driven, full_body, Body, BodySender, Driver};
 use crate::config::ResponseModel;
 use crate::context::RequestCtx;
 use crate::decisions::Draft;
@@ -69,8 +69,8 @@ pub fn respond(
         } else {
             (events, Duration::ZERO)
         };
-        let (resp, tx) = stream_head(ctx, protocol);
-        (resp, Some((tx, events, gap)))
+        let (resp, tx, driver) = stream_head(ctx, protocol);
+        (resp, Some((tx, driver, events, gap)))
     } else {
         let bytes = Bytes::from(body.to_string());
         let body = delivery::answer_body(ctx, StatusCode::OK, bytes);
@@ -78,9 +78,7 @@ pub fn respond(
     };
     stamp(&mut resp, ctx, &mut log, &entry.variant);
     match replay {
-        Some((tx, events, gap)) => {
-            tokio::spawn(send_events(tx, events, gap, log));
-        }
+        Some((tx, driver, events, gap)) => driver.run(send_events(tx, events, gap, log)),
         None => log.finish("ok", None),
     }
     resp
@@ -96,9 +94,9 @@ pub fn follow(
 ) -> Response<Body> {
     let variant = follower.variant();
     account(pool, ctx, &mut log, &variant, follower.origin());
-    let (mut resp, tx) = stream_head(ctx, ctx.endpoint.protocol());
+    let (mut resp, tx, driver) = stream_head(ctx, ctx.endpoint.protocol());
     stamp(&mut resp, ctx, &mut log, &variant);
-    tokio::spawn(send_followed(tx, follower, log));
+    driver.run(send_followed(tx, follower, log));
     resp
 }
 
@@ -127,9 +125,10 @@ fn stamp(resp: &mut Response<Body>, ctx: &RequestCtx, log: &mut RequestLog, vari
     log.stamp_overhead(h);
 }
 
-/// A streamed hit's head and the sender of its body.
-fn stream_head(ctx: &RequestCtx, protocol: Protocol) -> (Response<Body>, BodySender) {
-    let (tx, mut body) = stream_body(protocol);
+/// A streamed hit's head, the sender of its body, and the driver that runs what feeds it inside
+/// the body's polls (see `body::driven`).
+fn stream_head(ctx: &RequestCtx, protocol: Protocol) -> (Response<Body>, BodySender, Driver) {
+    let (tx, mut body, driver) = driven(protocol);
     if let Some(front) = &ctx.responses {
         body = front.stream(&ctx.id, body);
     }
@@ -141,7 +140,7 @@ fn stream_head(ctx: &RequestCtx, protocol: Protocol) -> (Response<Body>, BodySen
         HeaderValue::from_static("text/event-stream; charset=utf-8"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    (resp, tx)
+    (resp, tx, driver)
 }
 
 /// Sends a streamed hit's events, `gap` apart, and finishes the request's log; the body ends
