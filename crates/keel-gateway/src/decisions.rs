@@ -15,9 +15,9 @@
 //! included), about 0.8 KiB with its id, names, index entry and `Arc`; each candidate adds
 //! 240 bytes plus its name (about 0.27 KiB), each attempt 96 bytes plus two strings (about
 //! 0.16 KiB). A request over a pool of 4 variants with 2 attempts is about 2 KiB, so the default
-//! ring of 10,000 holds about 22 MiB. The worst case grows with pool size: 50 variants and a few
-//! attempts make about 15 KiB a record, 150 MiB for a full ring (lower `decisions_kept` for
-//! such pools).
+//! ring of 10,000 holds about 22 MiB. A record lists at most 16 candidates whatever the pool's
+//! size (see `decision_candidates`), so the worst case is about 6 KiB a record, 60 MiB for a
+//! full ring.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

@@ -27,6 +27,7 @@ pub mod config;
 pub mod consensus;
 pub mod context;
 pub mod context_fit;
+pub mod decision_candidates;
 pub mod decisions;
 pub mod delivery;
 pub mod errors;

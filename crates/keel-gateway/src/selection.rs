@@ -16,6 +16,9 @@ use keel_core::selection::{Candidate, Preference, RequestSignals};
 
 use crate::capacity::{Throttle, ThrottleReason, Wake};
 use crate::context::Priority;
+use crate::decision_candidates::{
+    kept_candidates, omitted_summary, OmittedCandidates, CANDIDATES_KEPT,
+};
 use crate::pools::{Pool, PoolState, Variant};
 use crate::settlement::AttemptRecord;
 
@@ -117,8 +120,14 @@ pub struct DecisionRecord {
     pub reason: &'static str,
     /// The affinity key's hash (hex), when the pool uses affinity and the request has one.
     pub affinity_key: Option<String>,
+    /// The plan's first [`CANDIDATES_KEPT`] variants (every one in pools no larger).
     pub plan: Vec<String>,
+    /// Every candidate in pools of up to [`CANDIDATES_KEPT`] variants; in larger ones, the
+    /// plan's head and the cheapest others (see [`kept_candidates`]), in variant order.
     pub candidates: Vec<CandidateRecord>,
+    /// What a large pool's record leaves out, counted (`None` when nothing is).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candidates_omitted: Option<Box<OmittedCandidates>>,
     /// Time selection took, µs.
     pub duration_us: f64,
     /// Every attempt the request made, in order (filled in when the request ends).
@@ -306,10 +315,23 @@ impl Pool {
             }
             None => selection,
         };
-        let inputs: Vec<_> = st
-            .health
+        // Costs by variant, one pass (a search per candidate is quadratic in the pool's size).
+        let mut cost_by_index = vec![None; self.variants.len()];
+        for &(i, c) in &plan.costs {
+            if let Some(slot) = cost_by_index.get_mut(i) {
+                *slot = Some(c);
+            }
+        }
+        let kept = kept_candidates(&candidates, &plan.order, &cost_by_index);
+        let omitted = omitted_summary(&candidates, &kept, plan.order.len(), |i| {
+            st.health[i].state.name()
+        });
+        // The health factors of the recorded candidates only: at 256 variants, reading every
+        // variant's factors under the pool's lock cost more than the policy itself.
+        let inputs: Vec<_> = kept
             .iter()
-            .map(|h| {
+            .map(|&k| {
+                let h = &st.health[candidates[k].index];
                 let f = h.factors(now_ms, &hc);
                 let factors = HealthFactors {
                     ttft: f.ttft,
@@ -338,13 +360,6 @@ impl Pool {
             )
             .record(duration.as_secs_f64());
         self.safety.record_decision(now_ms, duration);
-        // Costs by variant, one pass (a search per candidate is quadratic in the pool's size).
-        let mut cost_by_index = vec![None; self.variants.len()];
-        for &(i, c) in &plan.costs {
-            if let Some(slot) = cost_by_index.get_mut(i) {
-                *slot = Some(c);
-            }
-        }
         let record = DecisionRecord {
             request_id: request_id.to_owned(),
             time_unix_ms: crate::keys::limits::unix_now_ms(),
@@ -359,14 +374,16 @@ impl Pool {
             plan: plan
                 .order
                 .iter()
+                .take(CANDIDATES_KEPT)
                 .map(|i| self.variants[*i].cfg.name.clone())
                 .collect(),
-            candidates: candidates
+            candidates: kept
                 .iter()
-                .map(|c| {
+                .zip(&inputs)
+                .map(|(&k, input)| {
+                    let c = &candidates[k];
                     let v = &self.variants[c.index];
-                    let (state, factors, tgsv_ms, error_rate, kv_usage, queue_waiting) =
-                        inputs[c.index];
+                    let (state, factors, tgsv_ms, error_rate, kv_usage, queue_waiting) = *input;
                     CandidateRecord {
                         variant: v.cfg.name.clone(),
                         state,
@@ -389,6 +406,7 @@ impl Pool {
                     }
                 })
                 .collect(),
+            candidates_omitted: omitted,
             duration_us: duration.as_secs_f64() * 1e6,
             ..Default::default()
         };

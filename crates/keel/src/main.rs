@@ -10,6 +10,9 @@ mod soak;
 
 /// mimalloc instead of the system allocator: a request makes many small, short-lived
 /// allocations (events, headers, JSON), and glibc's malloc spent a quarter of keel's CPU on them.
+/// The `system-allocator` feature keeps glibc's, for heap profilers that intercept `malloc`
+/// (heaptrack) and to compare resident memory per stream.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

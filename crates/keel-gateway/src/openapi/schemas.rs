@@ -460,6 +460,16 @@ fn keel_schemas() -> [(&'static str, Value); 2] {
                     "affinity_key": {"type": ["string", "null"]},
                     "plan": {"type": "array", "items": {"type": "string"}},
                     "candidates": {"type": "array", "items": {"type": "object"}},
+                    "candidates_omitted": {
+                        "type": "object",
+                        "description": "Pools of more than 16 variants: the candidates not listed, counted.",
+                        "properties": {
+                            "count": {"type": "integer"},
+                            "eligible": {"type": "integer"},
+                            "by_state": {"type": "object", "additionalProperties": {"type": "integer"}},
+                            "plan_tail": {"type": "integer"}
+                        }
+                    },
                     "duration_us": {"type": "number"},
                     "attempts": {"type": "array", "items": {"type": "object"}},
                     "hedges": {"type": "array", "items": {"type": "object"}},

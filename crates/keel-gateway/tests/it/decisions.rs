@@ -450,3 +450,36 @@ async fn keels_own_answers_carry_a_request_id_and_their_own_route() {
     assert_eq!(rec["overhead_us"], overhead);
     assert_eq!(rec["route"], "rejected");
 }
+
+/// A pool larger than a record lists: the record names the chosen variant and the plan's head
+/// among at most 16 candidates, and counts the others.
+#[tokio::test]
+async fn a_large_pools_record_lists_sixteen_candidates_and_counts_the_rest() {
+    let h = Harness::openai(20, 1, "", "hedge = \"off\"").await;
+    let (status, headers, body) = h.chat(&chat_body("large pool")).await;
+    assert_eq!(status, 200, "{body}");
+    let id = header(&headers, "x-keel-request-id").to_owned();
+    let rec = record(&h, &id).await;
+    let cands = rec["candidates"].as_array().unwrap();
+    assert_eq!(cands.len(), 16, "{rec}");
+    let listed: Vec<&str> = cands
+        .iter()
+        .map(|c| c["variant"].as_str().unwrap())
+        .collect();
+    let variant = rec["variant"].as_str().unwrap();
+    assert!(listed.contains(&variant), "{variant} not in {listed:?}");
+    let plan = rec["plan"].as_array().unwrap();
+    assert!(!plan.is_empty() && plan.len() <= 16, "{rec}");
+    assert!(listed.contains(&plan[0].as_str().unwrap()));
+    let omitted = &rec["candidates_omitted"];
+    assert_eq!(omitted["count"], 4, "{omitted}");
+    let by_state: u64 = omitted["by_state"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(by_state, 4, "{omitted}");
+    assert!(omitted["eligible"].as_u64().unwrap() <= 4);
+    assert!(omitted["plan_tail"].is_number());
+}
