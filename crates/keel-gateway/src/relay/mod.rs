@@ -169,6 +169,12 @@ impl Relay {
     }
 
     /// Relays the committed stream to its end, migrating as needed, and accounts for it.
+    ///
+    /// The rare branches (a race, a migration, a splice, a JSON retry, a length stop) are
+    /// awaited boxed: an async fn's state is as large as its largest await, and this future
+    /// lives as long as its stream, so with them inline every live stream carried 13.4 KB of
+    /// state for branches most streams never take; boxed, 6.8 KB (bench/RESULTS.md, issue 16,
+    /// memory per stream). They allocate only when taken.
     pub async fn run(
         mut self,
         committed: Committed,
@@ -204,7 +210,7 @@ impl Relay {
                 seg.raced = true;
                 let silent_ms = seg.silent_ms();
                 let (next, mode, failure) =
-                    match self.speculate(&mut seg, &stitcher, &mut tried).await {
+                    match Box::pin(self.speculate(&mut seg, &stitcher, &mut tried)).await {
                         Speculated::NotRaced | Speculated::Resumed => continue,
                         Speculated::Ended(e) => {
                             end = e;
@@ -220,18 +226,17 @@ impl Relay {
                     // the failure it met meanwhile) and the continuation spliced in.
                     let seam = Seam::new(&self.pool.variants[seg.committed.vi].cfg.name, &failure);
                     migrations += 1;
-                    let spliced = self
-                        .switch(
-                            &mut seg,
-                            next,
-                            failure,
-                            &seam,
-                            mode,
-                            &mut stitcher,
-                            &mut trim,
-                            &mut log,
-                        )
-                        .await;
+                    let spliced = Box::pin(self.switch(
+                        &mut seg,
+                        next,
+                        failure,
+                        &seam,
+                        mode,
+                        &mut stitcher,
+                        &mut trim,
+                        &mut log,
+                    ))
+                    .await;
                     if !spliced {
                         self.attempts
                             .settle_end(seg.committed, StreamEnd::ClientGone);
@@ -245,7 +250,7 @@ impl Relay {
                     let gaps_ms = std::mem::take(&mut seg.watch.gaps);
                     self.attempts
                         .settle_end(seg.committed, StreamEnd::Complete { gaps_ms });
-                    if let Some(retry) = self.check_json(&stitcher, &mut log).await {
+                    if let Some(retry) = Box::pin(self.check_json(&stitcher, &mut log)).await {
                         // A whole answer that is not the JSON asked for: once more, afresh.
                         tried = vec![retry.committed.vi];
                         seg = retry;
@@ -266,9 +271,15 @@ impl Relay {
                     let gaps_ms = std::mem::take(&mut seg.watch.gaps);
                     self.attempts
                         .settle_end(seg.committed, StreamEnd::Complete { gaps_ms });
-                    match self
-                        .after_length_stop(from, held, facts, &mut stitcher, &mut trim, &mut log)
-                        .await
+                    match Box::pin(self.after_length_stop(
+                        from,
+                        held,
+                        facts,
+                        &mut stitcher,
+                        &mut trim,
+                        &mut log,
+                    ))
+                    .await
                     {
                         integrity::AfterLength::Continued(next) => {
                             seg = *next;
@@ -276,7 +287,9 @@ impl Relay {
                         }
                         integrity::AfterLength::ClientGone => break Ending::ClientGone,
                         integrity::AfterLength::Ended => {
-                            if let Some(retry) = self.check_json(&stitcher, &mut log).await {
+                            if let Some(retry) =
+                                Box::pin(self.check_json(&stitcher, &mut log)).await
+                            {
                                 tried = vec![retry.committed.vi];
                                 seg = retry;
                                 stitcher = Stitcher::new(self.protocol);
@@ -306,21 +319,20 @@ impl Relay {
             if slow {
                 // A slow stream is still a stream: it is retired only once a continuation
                 // has its first token; if none can be had, it goes on where it is.
-                match self.migrate(&stitcher, &mut tried, false).await {
+                match Box::pin(self.migrate(&stitcher, &mut tried, false)).await {
                     Ok((next, mode)) => {
                         slow_migrations += 1;
-                        let spliced = self
-                            .switch(
-                                &mut seg,
-                                next,
-                                failure,
-                                &seam,
-                                mode,
-                                &mut stitcher,
-                                &mut trim,
-                                &mut log,
-                            )
-                            .await;
+                        let spliced = Box::pin(self.switch(
+                            &mut seg,
+                            next,
+                            failure,
+                            &seam,
+                            mode,
+                            &mut stitcher,
+                            &mut trim,
+                            &mut log,
+                        ))
+                        .await;
                         if !spliced {
                             self.attempts
                                 .settle_end(seg.committed, StreamEnd::ClientGone);
@@ -352,14 +364,14 @@ impl Relay {
                     seam.detail
                 ));
             }
-            match self.migrate(&stitcher, &mut tried, true).await {
+            match Box::pin(self.migrate(&stitcher, &mut tried, true)).await {
                 Ok((next, mode)) => {
                     migrations += 1;
                     seg = next;
                     let to = seg.committed.vi;
-                    let spliced = self
-                        .splice(to, &seam, mode, &mut stitcher, &mut trim, &mut log)
-                        .await;
+                    let spliced =
+                        Box::pin(self.splice(to, &seam, mode, &mut stitcher, &mut trim, &mut log))
+                            .await;
                     if !spliced {
                         self.attempts
                             .settle_end(seg.committed, StreamEnd::ClientGone);
