@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::{
     cpu_plan, http_client, load, median, mode_name, pin, pinning, prepare, start_target,
-    stop_target, zero_latency_upstream, Options, Target, RAMP,
+    stop_target, write_rows, zero_latency_upstream, Options, Target, RAMP,
 };
 
 /// The tail bounds reported, ms of added P99.
@@ -120,17 +120,8 @@ pub async fn run(o: Options) -> Result<(), String> {
         stop_target(&mut target);
     }
     if let Some(dir) = &o.out {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let path = dir.join("bounds.json");
-        let doc =
-            json!({"duration_s": o.duration, "rounds": o.rounds, "pinned": pinned, "rows": rows});
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&doc).unwrap_or_default(),
-        )
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-        std::fs::write(dir.join("bounds.txt"), format!("{intro}{HEADER}{lines}"))
-            .map_err(|e| e.to_string())?;
+        let text = format!("{intro}{HEADER}{lines}");
+        let path = write_rows(dir, "bounds", &o, pinned, rows, &text)?;
         std::fs::write(dir.join("bounds.svg"), plot(&curves)).map_err(|e| e.to_string())?;
         println!("written {}, bounds.txt and bounds.svg", path.display());
     }

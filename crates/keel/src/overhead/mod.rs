@@ -457,6 +457,28 @@ pub async fn run(mut o: Options) -> Result<(), String> {
     Ok(())
 }
 
+/// Writes a mode's `{name}.json` (`rows` with the run's settings) and `{name}.txt` (`text`) into
+/// `dir`; the JSON's path.
+fn write_rows(
+    dir: &Path,
+    name: &str,
+    o: &Options,
+    pinned: bool,
+    rows: Vec<Value>,
+    text: &str,
+) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join(format!("{name}.json"));
+    let doc = json!({"duration_s": o.duration, "rounds": o.rounds, "pinned": pinned, "rows": rows});
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&doc).unwrap_or_default(),
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::write(dir.join(format!("{name}.txt")), text).map_err(|e| e.to_string())?;
+    Ok(path)
+}
+
 fn write_out(
     dir: &Path,
     o: &Options,

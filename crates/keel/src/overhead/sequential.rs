@@ -12,7 +12,7 @@ use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
 use super::{
-    cpu_plan, median, mode_name, pin, pinning, prepare, start_target, stop_target,
+    cpu_plan, median, mode_name, pin, pinning, prepare, start_target, stop_target, write_rows,
     zero_latency_upstream, Options, Target,
 };
 
@@ -130,20 +130,8 @@ pub async fn run(o: Options) -> Result<(), String> {
         stop_target(&mut target);
     }
     if let Some(dir) = &o.out {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let path = dir.join("sequential.json");
-        let doc =
-            json!({"duration_s": o.duration, "rounds": o.rounds, "pinned": pinned, "rows": rows});
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&doc).unwrap_or_default(),
-        )
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-        std::fs::write(
-            dir.join("sequential.txt"),
-            format!("{intro}{HEADER}{lines}"),
-        )
-        .map_err(|e| e.to_string())?;
+        let text = format!("{intro}{HEADER}{lines}");
+        let path = write_rows(dir, "sequential", &o, pinned, rows, &text)?;
         println!("written {} and sequential.txt", path.display());
     }
     Ok(())
