@@ -9,31 +9,10 @@
 # Compare binaries by alternating them in one run (the machine is shared; see RESULTS, issue 16).
 set -u
 K=$1; L=$2; W=${3:-/tmp/keel-cpu-per-request}
+here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$W"; cd "$W"
-cat > keel.toml <<'TOML'
-worker_threads = 1
-listen = "127.0.0.1:19400"
-[log]
-access = "off"
-[[pools]]
-name = "bench"
-[[pools.variants]]
-name = "fast"
-url = "http://127.0.0.1:19401/v1"
-protocol = "openai"
-upstream_model = "sim"
-TOML
-cat > sim.toml <<'TOML'
-[[servers]]
-name = "fast"
-port = 19401
-ttft_ms = 0.0
-ttft_sigma = 0.0
-prefill_us_per_token = 0.0
-gap_ms = 0.0
-gap_sigma = 0.0
-capacity = 100000
-TOML
+source "$here/scripts/zero-latency.sh"
+zero_latency_configs
 taskset -c 1 "$K" sim --config sim.toml > sim.log 2>&1 & SP=$!
 taskset -c 0 "$K" serve --config keel.toml > keel.log 2>&1 & KP=$!
 sleep 1.5

@@ -31,10 +31,10 @@ echo "== node test dependencies (the official JS/TS SDKs)"
 npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
 
 echo "== redis-server (the shared quota store's tests run a real one on a free loopback port)"
-if ! command -v redis-server >/dev/null 2>&1; then
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
   SUDO=""
   if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-  $SUDO apt-get update && $SUDO apt-get install -y redis-server
+  $SUDO apt-get update && $SUDO apt-get install -y redis-server redis-tools
 fi
 redis-server --version
 

@@ -1,0 +1,29 @@
+# Sourced by the CPU-per-request scripts: writes keel.toml (one worker thread, access log off,
+# pool `bench` on 127.0.0.1:19400) and sim.toml (one zero-latency keel-sim server on 19401) into
+# the current directory.
+zero_latency_configs() {
+  cat > keel.toml <<'TOML'
+worker_threads = 1
+listen = "127.0.0.1:19400"
+[log]
+access = "off"
+[[pools]]
+name = "bench"
+[[pools.variants]]
+name = "fast"
+url = "http://127.0.0.1:19401/v1"
+protocol = "openai"
+upstream_model = "sim"
+TOML
+  cat > sim.toml <<'TOML'
+[[servers]]
+name = "fast"
+port = 19401
+ttft_ms = 0.0
+ttft_sigma = 0.0
+prefill_us_per_token = 0.0
+gap_ms = 0.0
+gap_sigma = 0.0
+capacity = 100000
+TOML
+}
