@@ -257,7 +257,9 @@ fn kept_headers(h: &HeaderMap) -> HeaderMap {
                 | "retry-after-ms"
                 | "openai-processing-ms"
         ) {
-            out.append(name.clone(), value.clone());
+            // Detached: the stream keeps these, and a slice would pin the upstream
+            // connection's read buffer.
+            out.append(name.clone(), crate::upstream::detached(value));
         }
     }
     out

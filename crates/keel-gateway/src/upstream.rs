@@ -64,8 +64,18 @@ pub fn forwarded_headers(client: &HeaderMap) -> HeaderMap {
         if NOT_FORWARDED.contains(&n) || n.starts_with("x-keel-") || listed.iter().any(|l| l == n) {
             continue;
         }
-        out.append(name.clone(), value.clone());
+        out.append(name.clone(), detached(value));
     }
+    out
+}
+
+/// A copy of `v` in an allocation of its own. hyper parses header values as slices of the
+/// connection's read buffer (8 KiB or more), so a value kept for a stream's life (the forwarded
+/// headers travel with the request for continuations) would keep that buffer alive and make the
+/// connection allocate another for its next read.
+pub fn detached(v: &HeaderValue) -> HeaderValue {
+    let mut out = HeaderValue::from_bytes(v.as_bytes()).unwrap_or_else(|_| v.clone());
+    out.set_sensitive(v.is_sensitive());
     out
 }
 
@@ -118,6 +128,30 @@ pub fn request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A forwarded value must not share the client connection's read buffer (hyper's header
+    /// values are slices of it), or a live stream keeps that buffer for its whole life.
+    #[test]
+    fn forwarded_values_do_not_share_the_read_buffer() {
+        let buffer = bytes::Bytes::from(b"GET / HTTP/1.1\r\nx-trace: abc\r\n\r\n".to_vec());
+        let range = buffer.as_ptr() as usize..buffer.as_ptr() as usize + buffer.len();
+        let at = 25; // "abc" in the buffer
+        assert_eq!(&buffer[at..at + 3], b"abc");
+        let mut sensitive = HeaderValue::from_maybe_shared(buffer.slice(at..at + 3)).unwrap();
+        sensitive.set_sensitive(true);
+        let mut h = HeaderMap::new();
+        h.insert("x-trace", sensitive);
+        let shared = h["x-trace"].as_bytes().as_ptr() as usize;
+        assert!(
+            range.contains(&shared),
+            "the test's value must start as a slice"
+        );
+        let out = forwarded_headers(&h);
+        let v = &out["x-trace"];
+        assert_eq!(v.as_bytes(), b"abc");
+        assert!(v.is_sensitive());
+        assert!(!range.contains(&(v.as_bytes().as_ptr() as usize)));
+    }
 
     #[test]
     fn strips_credentials_and_hop_by_hop() {

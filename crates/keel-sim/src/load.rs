@@ -123,7 +123,10 @@ pub struct LoadReport {
     pub tokens: u64,
     /// How late requests were dispatched relative to their schedule.
     pub dispatch_lag: Summary,
+    /// Requests sent ÷ the whole run's wall time (the last responses' drain included).
     pub achieved_rps: f64,
+    /// The most requests in flight at once (sent, not yet answered in full).
+    pub peak_in_flight: u64,
 }
 
 impl LoadReport {
@@ -199,6 +202,7 @@ pub async fn run_with_client(cfg: LoadConfig, client: reqwest::Client) -> LoadRe
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(total);
     let mut shed = 0;
+    let mut peak_in_flight = 0;
     let mut lag = hist();
     for i in 0..total {
         let scheduled = start + interval.mul_f64(i as f64);
@@ -211,7 +215,8 @@ pub async fn run_with_client(cfg: LoadConfig, client: reqwest::Client) -> LoadRe
                 continue;
             }
         }
-        in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let now_in_flight = in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        peak_in_flight = peak_in_flight.max(now_in_flight);
         let (client, cfg, rec, in_flight) =
             (client.clone(), cfg.clone(), rec.clone(), in_flight.clone());
         tasks.push(tokio::spawn(async move {
@@ -250,6 +255,7 @@ pub async fn run_with_client(cfg: LoadConfig, client: reqwest::Client) -> LoadRe
         tokens: r.tokens,
         dispatch_lag: Summary::of(&lag),
         achieved_rps: (total - shed) as f64 / elapsed.max(1e-9),
+        peak_in_flight: peak_in_flight as u64,
     }
 }
 

@@ -1,5 +1,8 @@
 //! The `keel` command: `serve`, `check`, `demo`, `sim`, `sim load`, `bench`.
-#![forbid(unsafe_code)]
+// The one exception, with its reasoning, is in allocator.rs (an option of the allocator).
+#![deny(unsafe_code)]
+
+mod allocator;
 
 mod bench;
 mod demo;
@@ -7,14 +10,6 @@ mod keel_process;
 mod overhead;
 mod scenario;
 mod soak;
-
-/// mimalloc instead of the system allocator: a request makes many small, short-lived
-/// allocations (events, headers, JSON), and glibc's malloc spent a quarter of keel's CPU on them.
-/// The `system-allocator` feature keeps glibc's, for heap profilers that intercept `malloc`
-/// (heaptrack) and to compare resident memory per stream.
-#[cfg(not(feature = "system-allocator"))]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -150,6 +145,7 @@ fn init_tracing(format: LogFormat) {
 }
 
 fn main() -> ExitCode {
+    allocator::tune();
     let cli = Cli::parse();
     keel_gateway::install_crypto();
     // `serve` reads its config first: it may set the runtime's worker threads.

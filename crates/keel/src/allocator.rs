@@ -1,0 +1,58 @@
+//! keel's global allocator and its one setting.
+//!
+//! mimalloc instead of the system allocator: a request makes many small, short-lived
+//! allocations (events, headers, JSON), and glibc's malloc spent a quarter of keel's CPU on them
+//! (bench/RESULTS.md, issue 16). The `system-allocator` feature keeps glibc's, for heap profilers
+//! that intercept `malloc` (heaptrack) and to compare resident memory per stream.
+
+#[cfg(not(feature = "system-allocator"))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc's `purge_delay` option, by its place in `mi_option_e` (mimalloc.h, v3: the crate
+/// exports no constant for it). The test below checks the place against the option's default.
+#[cfg(not(feature = "system-allocator"))]
+const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Sets mimalloc to return freed pages to the OS at once instead of after its default delay
+/// (one second in mimalloc v3). A gateway holding thousands of live streams frees and reuses
+/// memory continuously; with the delay its resident memory stayed ≈ 11 KiB a stream higher
+/// (bench/RESULTS.md, issue 16), and CPU per request did not move measurably without it.
+/// `MIMALLOC_PURGE_DELAY` in the environment still wins. Call before any other thread starts
+/// (mimalloc's option setters are not thread-safe).
+pub fn tune() {
+    #[cfg(not(feature = "system-allocator"))]
+    #[allow(unsafe_code)]
+    // SAFETY: an FFI call with plain integers that writes one entry of mimalloc's option table;
+    // it runs at the start of `main`, before any other thread exists.
+    unsafe {
+        libmimalloc_sys::mi_option_set_default(PURGE_DELAY, 0);
+    }
+}
+
+#[cfg(all(test, not(feature = "system-allocator")))]
+mod tests {
+    use super::*;
+
+    #[allow(unsafe_code)]
+    fn purge_delay() -> std::os::raw::c_long {
+        // SAFETY: reads one entry of mimalloc's option table.
+        unsafe { libmimalloc_sys::mi_option_get(PURGE_DELAY) }
+    }
+
+    /// `PURGE_DELAY` names the purge delay (its default is mimalloc v3's 1,000 ms), and `tune`
+    /// sets it to 0 unless the environment chose a value.
+    #[test]
+    fn tune_sets_the_purge_delay() {
+        let from_env = std::env::var("MIMALLOC_PURGE_DELAY").ok();
+        let before = purge_delay();
+        tune();
+        match from_env {
+            None => {
+                assert_eq!(before, 1000, "option {PURGE_DELAY} is not purge_delay");
+                assert_eq!(purge_delay(), 0);
+            }
+            Some(v) => assert_eq!(purge_delay().to_string(), v),
+        }
+    }
+}
