@@ -15,6 +15,14 @@ use crate::sse::SseEvent;
 
 /// Is this event the start of a tool call?
 pub fn starts_tool_call(protocol: Protocol, ev: &SseEvent) -> bool {
+    // Most events are text: a substring or the event's name rules them out without parsing.
+    let possible = match protocol {
+        Protocol::OpenAi => ev.data.contains("tool_calls"),
+        Protocol::Anthropic => ev.event.as_deref() == Some("content_block_start"),
+    };
+    if !possible {
+        return false;
+    }
     if protocol == Protocol::OpenAi {
         if let Some(view) = ChunkView::parse(&ev.data) {
             return view.starts_tool_call();

@@ -523,8 +523,14 @@ impl Relay {
         if bytes.is_empty() {
             return Sent::Ok;
         }
+        self.count_block();
+        self.sink.send(self.protocol, bytes).await
+    }
+
+    /// Counts one block of events on its way to the sink (bytes sent, or events handed to the
+    /// assembler as read), where the test hooks inject a failure.
+    fn count_block(&self) {
         let sent = self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         self.gw.hooks.before_send(sent);
-        self.sink.send(self.protocol, bytes).await
     }
 }

@@ -11,8 +11,8 @@ use keel_core::outcome::AttemptFailure;
 use keel_core::protocol::{event_role, EventRole};
 use keel_core::sse::SseEvent;
 use keel_core::stream_watch::{
-    oversized_index, read_event, EventFacts, Hold, SlowRate, ToolCallHold, MAX_OUTPUT_INDEX,
-    SLOW_CHECKS, SLOW_RATE,
+    oversized_index, read_event, starts_tool_call, EventFacts, Hold, SlowRate, ToolCallHold,
+    MAX_OUTPUT_INDEX, SLOW_CHECKS, SLOW_RATE,
 };
 
 use super::{Relay, Segment, SegmentEnd, Sent};
@@ -255,9 +255,12 @@ impl Relay {
             ))));
         }
         let terminal = role == EventRole::Terminal;
-        // The common case, no tool-call hold and no integrity checks: the event goes straight
-        // into the batch, stitched with what was read of it above.
-        if !self.pool.cfg.hold_tool_calls && w.truncation.is_none() {
+        // The common case, an event the tool-call hold would pass through (no call being held,
+        // and this event starts none) and no integrity checks: the event goes straight into the
+        // batch, stitched with what was read of it above.
+        let passes_hold = !self.pool.cfg.hold_tool_calls
+            || (!w.hold.holding() && !starts_tool_call(self.protocol, &ev));
+        if passes_hold && w.truncation.is_none() {
             let mark = batch.len();
             st.process_known(&ev, text.as_deref(), trim, batch);
             // A non-streaming client's first segment: the event, as read above, goes straight
@@ -270,6 +273,7 @@ impl Relay {
                 .filter(|_| st.segment == 0 && mark == 0)
             {
                 batch.truncate(mark);
+                self.count_block();
                 let mut a = a.lock().unwrap_or_else(|e| e.into_inner());
                 let pushed = a.body.push_read(self.protocol, &ev, plain, text.as_deref());
                 if let Err(m) = pushed {
