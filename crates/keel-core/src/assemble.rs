@@ -129,9 +129,16 @@ impl Assembler {
     }
 
     fn push_openai(&mut self, v: Value) -> Result<(), String> {
+        self.read_openai(&v)?;
+        // The first chunk gives the answer its identity (`id`, `created`, `model`); kept after
+        // reading it, so it is moved rather than copied.
         if self.first.is_none() {
-            self.first = Some(v.clone());
+            self.first = Some(v);
         }
+        Ok(())
+    }
+
+    fn read_openai(&mut self, v: &Value) -> Result<(), String> {
         if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
             self.usage = u.clone();
         }
