@@ -95,12 +95,13 @@ impl Relay {
             }
         }
         let Segment { start, watch, .. } = seg;
-        let mut kept = std::mem::take(&mut start.head);
-        kept.append(&mut start.pending);
-        if let Some(end) = self.handle_all(kept, st, trim, watch, start, vi).await {
+        // One buffer of events for the whole segment: each read appends to it and
+        // `handle_all` drains it, so its capacity is reused rather than grown anew per read.
+        let mut events = std::mem::take(&mut start.head);
+        events.append(&mut start.pending);
+        if let Some(end) = self.handle_all(&mut events, st, trim, watch, start, vi).await {
             return end;
         }
-        let mut events = Vec::new();
         loop {
             let stall_at = (watch.last_output + stall).min(self.ctx.deadline);
             // A held tool call is never raced: its events have not reached the client.
@@ -128,8 +129,7 @@ impl Relay {
                     return SegmentEnd::Failed(other.failure("before the stream was complete"))
                 }
             }
-            let batch = std::mem::take(&mut events);
-            if let Some(end) = self.handle_all(batch, st, trim, watch, start, vi).await {
+            if let Some(end) = self.handle_all(&mut events, st, trim, watch, start, vi).await {
                 return end;
             }
         }
@@ -144,7 +144,7 @@ impl Relay {
     /// fifth of keel's CPU per stream.
     async fn handle_all(
         &self,
-        events: Vec<SseEvent>,
+        events: &mut Vec<SseEvent>,
         st: &mut Stitcher,
         trim: &mut bool,
         watch: &mut Watch,
@@ -152,15 +152,16 @@ impl Relay {
         vi: usize,
     ) -> Option<SegmentEnd> {
         let mut batch = Vec::with_capacity(events.iter().map(|e| e.raw.len()).sum());
-        let mut events = events.into_iter();
         let mut end = None;
+        let mut events = events.drain(..);
         while let Some(ev) = events.next() {
             end = self.handle(ev, st, trim, watch, vi, &mut batch);
             if end.is_some() {
-                start.pending.extend(events);
+                start.pending.extend(events.by_ref());
                 break;
             }
         }
+        drop(events);
         // Everything released before the segment ended reaches the client first.
         match self.deliver(batch).await {
             Sent::Ok => end,
