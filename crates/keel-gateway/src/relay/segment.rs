@@ -99,7 +99,10 @@ impl Relay {
         // `handle_all` drains it, so its capacity is reused rather than grown anew per read.
         let mut events = std::mem::take(&mut start.head);
         events.append(&mut start.pending);
-        if let Some(end) = self.handle_all(&mut events, st, trim, watch, start, vi).await {
+        if let Some(end) = self
+            .handle_all(&mut events, st, trim, watch, start, vi)
+            .await
+        {
             return end;
         }
         loop {
@@ -129,7 +132,10 @@ impl Relay {
                     return SegmentEnd::Failed(other.failure("before the stream was complete"))
                 }
             }
-            if let Some(end) = self.handle_all(&mut events, st, trim, watch, start, vi).await {
+            if let Some(end) = self
+                .handle_all(&mut events, st, trim, watch, start, vi)
+                .await
+            {
                 return end;
             }
         }

@@ -128,12 +128,17 @@ pub async fn run_all(o: Options) -> Result<(), String> {
     if pinned {
         pin(std::process::id(), &bench_cpus);
     }
-    // One connection per stream, as N separate clients would open.
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(usize::MAX)
-        .tcp_nodelay(true)
-        .build()
-        .map_err(|e| e.to_string())?;
+    // One connection per stream, as N separate clients would open; a new client (and pool) per
+    // run, so that one run's idle connections (and the simulated upstream's ends of them, in
+    // this process) do not count against the next run's file descriptors: with 5,000 streams
+    // they made the later runs fail to connect.
+    let client = || {
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(usize::MAX)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| e.to_string())
+    };
     let direct = Target::direct(&fleet);
     let intro = format!(
         "keel bench overhead --streams: one simulated upstream writing a token every {GAP_MS} ms, {TOKENS} tokens a stream; {}; targets {:?} concurrent streams\n",
@@ -144,7 +149,7 @@ pub async fn run_all(o: Options) -> Result<(), String> {
     let mut lines = String::new();
     let mut rows = Vec::new();
     for &n in &o.streams {
-        let base = run(&client, &direct, n).await;
+        let base = run(&client()?, &direct, n).await;
         for name in &o.contenders {
             let Some(mut target) = start_target(name, &fleet, &o, &peers_dir, &mut lines).await?
             else {
@@ -161,9 +166,11 @@ pub async fn run_all(o: Options) -> Result<(), String> {
             warm.stream = true;
             warm.max_tokens = 2;
             warm.headers = target.headers.clone();
-            keel_sim::load::run_with_client(warm, client.clone()).await;
+            let c = client()?;
+            keel_sim::load::run_with_client(warm, c.clone()).await;
             let idle = target.pid.and_then(rss_kib);
-            let r = run(&client, &target, n).await;
+            let r = run(&c, &target, n).await;
+            drop(c);
             let mib = |k: u64| k as f64 / 1024.0;
             let open = open_streams(&r.report);
             let per_1k = r
@@ -181,9 +188,14 @@ pub async fn run_all(o: Options) -> Result<(), String> {
             );
             print!("{line}");
             lines.push_str(&line);
+            if r.report.errors > 0 {
+                let kinds = format!("          errors by kind: {:?}\n", r.report.error_kinds);
+                print!("{kinds}");
+                lines.push_str(&kinds);
+            }
             rows.push(json!({
                 "contender": name, "target_streams": n, "open_streams": open,
-                "errors": r.report.errors, "requests": r.report.sent,
+                "errors": r.report.errors, "error_kinds": r.report.error_kinds, "requests": r.report.sent,
                 "idle_rss_mib": idle.map(mib), "peak_rss_mib": r.peak_rss_kib.map(mib),
                 "rss_mib_per_1k_streams": per_1k, "cpu_share": r.cpu_share,
                 "gap_p50_ms": r.report.gap.p50_ms, "gap_p99_ms": r.report.gap.p99_ms,
