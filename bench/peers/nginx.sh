@@ -14,7 +14,10 @@ mkdir -p "$dir/logs"
   echo "worker_processes 1;"
   echo "pid $dir/nginx.pid;"
   echo "error_log $dir/logs/error.log warn;"
-  echo "events { worker_connections 4096; }"
+  # Room for 5,000 live streams (two connections each): `--streams 5000` measures nginx holding
+  # them, not its connection limit.
+  echo "worker_rlimit_nofile 20000;"
+  echo "events { worker_connections 16384; }"
   echo "http {"
   echo "  access_log off;"
   echo "  upstream fleet {"
