@@ -81,7 +81,7 @@ impl ToolCallHold {
         terminal: bool,
         max_bytes: usize,
     ) -> Hold {
-        if !self.holding && !starts_tool_call(protocol, &ev) {
+        if self.passes(protocol, &ev) {
             return Hold::Pass(ev);
         }
         self.holding = true;
@@ -97,6 +97,12 @@ impl ToolCallHold {
         self.holding = false;
         self.held_bytes = 0;
         Hold::Release(std::mem::take(&mut self.held))
+    }
+
+    /// Whether [`ToolCallHold::push`] would pass `ev` through unchanged: no call is being held,
+    /// and `ev` starts none.
+    pub fn passes(&self, protocol: Protocol, ev: &SseEvent) -> bool {
+        !self.holding && !starts_tool_call(protocol, ev)
     }
 
     /// Whether a call is being held (its events have not reached the client).

@@ -11,8 +11,8 @@ use keel_core::outcome::AttemptFailure;
 use keel_core::protocol::{event_role, EventRole};
 use keel_core::sse::SseEvent;
 use keel_core::stream_watch::{
-    oversized_index, read_event, starts_tool_call, EventFacts, Hold, SlowRate, ToolCallHold,
-    MAX_OUTPUT_INDEX, SLOW_CHECKS, SLOW_RATE,
+    oversized_index, read_event, EventFacts, Hold, SlowRate, ToolCallHold, MAX_OUTPUT_INDEX,
+    SLOW_CHECKS, SLOW_RATE,
 };
 
 use super::{Relay, Segment, SegmentEnd, Sent};
@@ -265,8 +265,7 @@ impl Relay {
         // The common case, an event the tool-call hold would pass through (no call being held,
         // and this event starts none) and no integrity checks: the event goes straight into the
         // batch, stitched with what was read of it above.
-        let passes_hold = !self.pool.cfg.hold_tool_calls
-            || (!w.hold.holding() && !starts_tool_call(self.protocol, &ev));
+        let passes_hold = !self.pool.cfg.hold_tool_calls || w.hold.passes(self.protocol, &ev);
         if passes_hold && w.truncation.is_none() {
             let mark = batch.len();
             st.process_known(&ev, text.as_deref(), trim, batch);

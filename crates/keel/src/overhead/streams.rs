@@ -170,7 +170,6 @@ pub async fn run_all(o: Options) -> Result<(), String> {
             keel_sim::load::run_with_client(warm, c.clone()).await;
             let idle = target.pid.and_then(rss_kib);
             let r = run(&c, &target, n).await;
-            drop(c);
             let mib = |k: u64| k as f64 / 1024.0;
             let open = open_streams(&r.report);
             let per_1k = r
