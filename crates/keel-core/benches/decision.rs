@@ -32,7 +32,7 @@ fn pool(n: usize) -> (Vec<VariantHealth>, HealthConfig) {
 fn decide(
     hs: &[VariantHealth],
     cfg: &HealthConfig,
-    p: &mut PowerOfTwo,
+    p: &PowerOfTwo,
     signals: &RequestSignals,
     now: u64,
 ) -> usize {
@@ -62,9 +62,9 @@ fn bench(c: &mut Criterion) {
     };
     for n in [16usize, 256] {
         let (hs, cfg) = pool(n);
-        let mut p = PowerOfTwo::new(Rng::new(7));
+        let p = PowerOfTwo::new(Rng::new(7), n);
         c.bench_function(&format!("decision_{n}_variants_p2c"), |b| {
-            b.iter(|| decide(black_box(&hs), &cfg, &mut p, &plain, 3300))
+            b.iter(|| decide(black_box(&hs), &cfg, &p, &plain, 3300))
         });
         let mut key = 0u64;
         c.bench_function(&format!("decision_{n}_variants_affinity"), |b| {
@@ -74,7 +74,7 @@ fn bench(c: &mut Criterion) {
                     affinity_key: Some(mix(key)),
                     ..plain
                 };
-                decide(black_box(&hs), &cfg, &mut p, &s, 3300)
+                decide(black_box(&hs), &cfg, &p, &s, 3300)
             })
         });
     }

@@ -305,6 +305,94 @@ pub struct VariantHealth {
     pub last_sample_ms: Option<u64>,
 }
 
+/// The read side of a variant's health: its estimates and lifecycle state, without the sample
+/// windows and streaks that only updates need. It is `Copy`, so the pool publishes one per
+/// variant after every update (see `keel_gateway::pools`) and a routing decision reads the
+/// published copies without taking the pool's lock; every figure is computed from it at the
+/// decision's `now_ms`, exactly as from the [`VariantHealth`] it was copied from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimates {
+    pub ttft_ms: Ewma,
+    baseline_ttft_ms: Ewma,
+    pub gap_ms: Ewma,
+    baseline_gap_ms: Ewma,
+    pub tgsv_ms: Ewma,
+    pub error_rate: Ewma,
+    pub kv_usage: Option<f64>,
+    pub waiting: Option<f64>,
+    pub state: State,
+    /// It answered that it is still loading its model.
+    pub loading: bool,
+}
+
+impl Estimates {
+    /// The time estimates are relaxed to: `now_ms` less the grace in which refresh probes are
+    /// expected to bring fresh evidence (estimates stand unchanged within it).
+    fn relax_clock(&self, now_ms: u64, cfg: &HealthConfig) -> u64 {
+        now_ms.saturating_sub(STALE_GRACE * cfg.refresh_after_ms)
+    }
+
+    /// Predicted TTFT for cost: the peak-EWMA as last measured. A variant without client
+    /// traffic is kept fresh by refresh probes (`needs_refresh`), so a slow variant is not
+    /// re-measured with client requests; only when no evidence at all arrives for longer than
+    /// the grace (probes off or over budget) does the estimate decay toward zero for the time
+    /// beyond it (as tower's PeakEwma does), so a variant is never starved by a stale
+    /// estimate. A neutral guess before any sample.
+    pub fn predicted_ttft_ms(&self, now_ms: u64, cfg: &HealthConfig) -> f64 {
+        self.ttft_ms
+            .relaxed(self.relax_clock(now_ms, cfg), 0.0, cfg.decay_ms)
+            .unwrap_or(100.0)
+    }
+
+    pub fn factors(&self, now_ms: u64, cfg: &HealthConfig) -> Factors {
+        let relax_now = self.relax_clock(now_ms, cfg);
+        let ratio = |e: &Ewma, b: &Ewma, decay: f64| match b.get() {
+            Some(b) if b > 0.0 => e.relaxed(relax_now, b, decay).map(|v| v / b).unwrap_or(1.0),
+            _ => 1.0,
+        };
+        // Refresh probes re-measure a variant floored by an error burst; without any evidence
+        // beyond the grace the rate relaxes (over `decay_ms`, slower than the error EWMA itself
+        // moves), so it is tried again eventually. Ejection is decided on the windowed count
+        // instead (see `severe`).
+        let errors = self
+            .error_rate
+            .relaxed(relax_now, 0.0, cfg.decay_ms)
+            .unwrap_or(0.0);
+        let ramp = match self.state {
+            State::SlowStart { since_ms } if cfg.slow_start_ms > 0 => {
+                (now_ms.saturating_sub(since_ms) as f64 / cfg.slow_start_ms as f64)
+                    .clamp(FLOOR, 1.0)
+            }
+            _ => 1.0,
+        };
+        Factors {
+            ttft: cfg
+                .ttft_ratio
+                .factor(ratio(&self.ttft_ms, &self.baseline_ttft_ms, cfg.decay_ms)),
+            tgsv: cfg
+                .tgsv_ratio
+                .factor(ratio(&self.tgsv_ms, &self.baseline_gap_ms, cfg.decay_ms)),
+            errors: cfg.error_rate.factor(errors),
+            kv: self.kv_usage.map(|k| cfg.kv_usage.factor(k)).unwrap_or(1.0),
+            waiting: self.waiting.map(|w| cfg.waiting.factor(w)).unwrap_or(1.0),
+            ramp,
+        }
+    }
+
+    /// The selection weight in 0..=1 (0 while warming or ejected).
+    pub fn weight(&self, now_ms: u64, cfg: &HealthConfig) -> f64 {
+        match self.state {
+            State::Warming { .. } | State::Ejected { .. } => 0.0,
+            _ => self.factors(now_ms, cfg).product().max(FLOOR * FLOOR),
+        }
+    }
+
+    /// The variant's own baseline inter-token gap (follows improvements fast, slowdowns slowly).
+    pub fn baseline_gap_ms(&self) -> Option<f64> {
+        self.baseline_gap_ms.get()
+    }
+}
+
 /// Samples in a row that make a latency signal a condition rather than an outlier.
 const SEVERE_STREAK: u32 = 3;
 /// Outcomes kept for the windowed error rate.
@@ -420,12 +508,6 @@ impl VariantHealth {
         self.tick(now_ms, cfg);
     }
 
-    /// The time estimates are relaxed to: `now_ms` less the grace in which refresh probes are
-    /// expected to bring fresh evidence (estimates stand unchanged within it).
-    fn relax_clock(&self, now_ms: u64, cfg: &HealthConfig) -> u64 {
-        now_ms.saturating_sub(STALE_GRACE * cfg.refresh_after_ms)
-    }
-
     /// Inter-token gaps of one stream (in order) and its TGSV over the last 10.
     pub fn record_stream_gaps(&mut self, now_ms: u64, gaps_ms: &[f64], cfg: &HealthConfig) {
         if gaps_ms.is_empty() {
@@ -503,51 +585,14 @@ impl VariantHealth {
         self.window.quantile(0.95)
     }
 
-    /// Predicted TTFT for cost: the peak-EWMA as last measured. A variant without client
-    /// traffic is kept fresh by refresh probes (`needs_refresh`), so a slow variant is not
-    /// re-measured with client requests; only when no evidence at all arrives for longer than
-    /// the grace (probes off or over budget) does the estimate decay toward zero for the time
-    /// beyond it (as tower's PeakEwma does), so a variant is never starved by a stale
-    /// estimate. A neutral guess before any sample.
+    /// Predicted TTFT for cost (see [`Estimates::predicted_ttft_ms`]).
     pub fn predicted_ttft_ms(&self, now_ms: u64, cfg: &HealthConfig) -> f64 {
-        self.ttft_ms
-            .relaxed(self.relax_clock(now_ms, cfg), 0.0, cfg.decay_ms)
-            .unwrap_or(100.0)
+        self.estimates().predicted_ttft_ms(now_ms, cfg)
     }
 
+    /// The health factors (see [`Estimates::factors`]).
     pub fn factors(&self, now_ms: u64, cfg: &HealthConfig) -> Factors {
-        let relax_now = self.relax_clock(now_ms, cfg);
-        let ratio = |e: &Ewma, b: &Ewma, decay: f64| match b.get() {
-            Some(b) if b > 0.0 => e.relaxed(relax_now, b, decay).map(|v| v / b).unwrap_or(1.0),
-            _ => 1.0,
-        };
-        // Refresh probes re-measure a variant floored by an error burst; without any evidence
-        // beyond the grace the rate relaxes (over `decay_ms`, slower than the error EWMA itself
-        // moves), so it is tried again eventually. Ejection is decided on the windowed count
-        // instead (see `severe`).
-        let errors = self
-            .error_rate
-            .relaxed(relax_now, 0.0, cfg.decay_ms)
-            .unwrap_or(0.0);
-        let ramp = match self.state {
-            State::SlowStart { since_ms } if cfg.slow_start_ms > 0 => {
-                (now_ms.saturating_sub(since_ms) as f64 / cfg.slow_start_ms as f64)
-                    .clamp(FLOOR, 1.0)
-            }
-            _ => 1.0,
-        };
-        Factors {
-            ttft: cfg
-                .ttft_ratio
-                .factor(ratio(&self.ttft_ms, &self.baseline_ttft_ms, cfg.decay_ms)),
-            tgsv: cfg
-                .tgsv_ratio
-                .factor(ratio(&self.tgsv_ms, &self.baseline_gap_ms, cfg.decay_ms)),
-            errors: cfg.error_rate.factor(errors),
-            kv: self.kv_usage.map(|k| cfg.kv_usage.factor(k)).unwrap_or(1.0),
-            waiting: self.waiting.map(|w| cfg.waiting.factor(w)).unwrap_or(1.0),
-            ramp,
-        }
+        self.estimates().factors(now_ms, cfg)
     }
 
     /// Errors and outcomes in the last [`OUTCOME_WINDOW_MS`].
@@ -577,11 +622,24 @@ impl VariantHealth {
                     .is_severe(self.error_rate.get().unwrap_or(0.0)))
     }
 
-    /// The selection weight in 0..=1 (0 while warming or ejected).
+    /// The selection weight in 0..=1 (see [`Estimates::weight`]).
     pub fn weight(&self, now_ms: u64, cfg: &HealthConfig) -> f64 {
-        match self.state {
-            State::Warming { .. } | State::Ejected { .. } => 0.0,
-            _ => self.factors(now_ms, cfg).product().max(FLOOR * FLOOR),
+        self.estimates().weight(now_ms, cfg)
+    }
+
+    /// What selection reads of this variant, copied out: see [`Estimates`].
+    pub fn estimates(&self) -> Estimates {
+        Estimates {
+            ttft_ms: self.ttft_ms,
+            baseline_ttft_ms: self.baseline_ttft_ms,
+            gap_ms: self.gap_ms,
+            baseline_gap_ms: self.baseline_gap_ms,
+            tgsv_ms: self.tgsv_ms,
+            error_rate: self.error_rate,
+            kv_usage: self.kv_usage,
+            waiting: self.waiting,
+            state: self.state,
+            loading: self.loading,
         }
     }
 

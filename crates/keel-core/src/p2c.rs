@@ -38,7 +38,9 @@
 //!
 //! The fallbacks are every other eligible candidate by ascending cost.
 
-use crate::rng::{mix, Rng};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::rng::{mix, Rng, GOLDEN_GAMMA};
 use crate::selection::{Candidate, Plan, Preference, Reason, RequestSignals, Selector};
 
 /// What one request in flight adds to a variant's cost, as a share of its predicted TTFT.
@@ -82,30 +84,66 @@ pub fn keeps_key(average: f64, mean: f64, order: f64) -> bool {
     average < 1.0 || average <= mean * (1.0 + (LOAD_BOUND - 1.0) * order)
 }
 
-/// The power-of-two-choices policy.
-#[derive(Debug, Clone)]
+/// The power-of-two-choices policy. Shared by every request of a pool without a lock: the
+/// random draws and the smoothed loads are atomics, so concurrent decisions never wait for each
+/// other (a smoothed load that two decisions update at once loses nothing: each update is one
+/// compare-and-swap). A single thread draws exactly the sequence of [`Rng`] with the same seed.
+#[derive(Debug)]
 pub struct PowerOfTwo {
-    rng: Rng,
-    /// Smoothed in-flight count per pool index.
-    load: Vec<f64>,
+    /// SplitMix64's state, advanced with one atomic add per draw.
+    rng: AtomicU64,
+    /// Smoothed in-flight count per pool index (`f64` bits); indexes beyond it count as idle.
+    load: Box<[AtomicU64]>,
 }
 
 impl PowerOfTwo {
-    pub fn new(rng: Rng) -> Self {
+    /// A policy for a pool of `variants`, drawing from `rng`'s sequence.
+    pub fn new(rng: Rng, variants: usize) -> Self {
         PowerOfTwo {
-            rng,
-            load: Vec::new(),
+            rng: AtomicU64::new(rng.state()),
+            load: (0..variants)
+                .map(|_| AtomicU64::new(0f64.to_bits()))
+                .collect(),
         }
     }
 
+    fn next_u64(&self) -> u64 {
+        let state = self
+            .rng
+            .fetch_add(GOLDEN_GAMMA, Ordering::Relaxed)
+            .wrapping_add(GOLDEN_GAMMA);
+        mix(state)
+    }
+
+    fn load_of(&self, index: usize) -> f64 {
+        self.load
+            .get(index)
+            .map_or(0.0, |l| f64::from_bits(l.load(Ordering::Relaxed)))
+    }
+
     /// Folds the current in-flight counts into the smoothed ones.
-    fn observe(&mut self, eligible: &[&Candidate]) {
+    fn observe(&self, eligible: &[&Candidate]) {
         for c in eligible {
-            if self.load.len() <= c.index {
-                self.load.resize(c.index + 1, 0.0);
-            }
-            let l = &mut self.load[c.index];
-            *l += LOAD_SMOOTHING * (c.in_flight as f64 - *l);
+            let Some(l) = self.load.get(c.index) else {
+                continue;
+            };
+            let sample = c.in_flight as f64;
+            // Always `Some`: the update cannot fail, only retry when another decision wrote.
+            let _ = l.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                let v = f64::from_bits(bits);
+                Some((v + LOAD_SMOOTHING * (sample - v)).to_bits())
+            });
+        }
+    }
+}
+
+/// A copy that goes on from the same state (the copy and the original then draw alike).
+impl Clone for PowerOfTwo {
+    fn clone(&self) -> Self {
+        let copy = |a: &AtomicU64| AtomicU64::new(a.load(Ordering::Relaxed));
+        PowerOfTwo {
+            rng: copy(&self.rng),
+            load: self.load.iter().map(copy).collect(),
         }
     }
 }
@@ -142,7 +180,7 @@ impl Selector for PowerOfTwo {
         "p2c"
     }
 
-    fn plan(&mut self, candidates: &[Candidate], signals: &RequestSignals) -> Plan {
+    fn plan(&self, candidates: &[Candidate], signals: &RequestSignals) -> Plan {
         let eligible: Vec<&Candidate> = candidates
             .iter()
             .filter(|c| c.available && c.weight > 0 && c.health > 0.0)
@@ -178,7 +216,7 @@ impl Selector for PowerOfTwo {
         let (primary, reason) = if let Some(key) = signals.affinity_key {
             let total: u32 = pick_from.iter().map(|c| c.in_flight).sum();
             let bound = load_bound(total, pick_from.len());
-            let load = |c: &Candidate| self.load.get(c.index).copied().unwrap_or(0.0);
+            let load = |c: &Candidate| self.load_of(c.index);
             let mean = pick_from.iter().map(|c| load(c)).sum::<f64>() / pick_from.len() as f64;
             let mut ranked: Vec<((f64, f64), &Candidate)> =
                 pick_from.iter().map(|c| (rendezvous(key, c), *c)).collect();
@@ -208,8 +246,8 @@ impl Selector for PowerOfTwo {
                 (pick_from[0].index, Reason::PowerOfTwo)
             } else {
                 let n = pick_from.len() as u64;
-                let a = (self.rng.next_u64() % n) as usize;
-                let mut b = (self.rng.next_u64() % (n - 1)) as usize;
+                let a = (self.next_u64() % n) as usize;
+                let mut b = (self.next_u64() % (n - 1)) as usize;
                 if b >= a {
                     b += 1;
                 }
@@ -276,7 +314,7 @@ mod tests {
         for x in &mut c[6..] {
             x.predicted_ttft_ms = 600.0;
         }
-        let mut p = PowerOfTwo::new(Rng::new(7));
+        let p = PowerOfTwo::new(Rng::new(7), 64);
         for _ in 0..5_000 {
             let plan = p.plan(&c, &RequestSignals::default());
             assert!(plan.order[0] < 6, "drew the slow zone: {:?}", plan.order);
@@ -298,7 +336,7 @@ mod tests {
     fn cheaper_variant_wins_every_pair() {
         let mut c = cands(2);
         c[1].predicted_ttft_ms = 500.0;
-        let mut p = PowerOfTwo::new(Rng::new(1));
+        let p = PowerOfTwo::new(Rng::new(1), 64);
         for _ in 0..50 {
             let plan = p.plan(&c, &RequestSignals::default());
             assert_eq!(plan.order, vec![0, 1]);
@@ -311,7 +349,7 @@ mod tests {
         let mut c = cands(3);
         c[0].health = 0.1; // ten times the cost: out of the draw (over COMPETITIVE ×)
         c[1].in_flight = 4; // twice the cost: drawn, but loses to 2 every time
-        let mut p = PowerOfTwo::new(Rng::new(3));
+        let p = PowerOfTwo::new(Rng::new(3), 64);
         let mut wins = [0; 3];
         for _ in 0..3000 {
             let plan = p.plan(&c, &RequestSignals::default());
@@ -328,7 +366,7 @@ mod tests {
     fn seeded_runs_are_exact() {
         let c = cands(5);
         let run = |seed| {
-            let mut p = PowerOfTwo::new(Rng::new(seed));
+            let p = PowerOfTwo::new(Rng::new(seed), 64);
             (0..20)
                 .map(|_| p.plan(&c, &RequestSignals::default()).order[0])
                 .collect::<Vec<_>>()
@@ -342,7 +380,7 @@ mod tests {
         c[0].tier = 2;
         c[0].predicted_ttft_ms = 10.0; // fast but lower fidelity
         c[1].price = 10.0;
-        let mut p = PowerOfTwo::new(Rng::new(5));
+        let p = PowerOfTwo::new(Rng::new(5), 64);
         let hf = RequestSignals {
             preference: Preference::HighFidelity,
             ..Default::default()
@@ -364,7 +402,7 @@ mod tests {
             slo_ttft_p95_ms: Some(500.0),
             ..Default::default()
         };
-        let mut p = PowerOfTwo::new(Rng::new(9));
+        let p = PowerOfTwo::new(Rng::new(9), 64);
         for _ in 0..50 {
             let plan = p.plan(&c, &s);
             assert_ne!(plan.order[0], 0);
@@ -387,7 +425,7 @@ mod tests {
             ..Default::default()
         };
         for k in 0..200 {
-            let mut p = PowerOfTwo::new(Rng::new(1));
+            let p = PowerOfTwo::new(Rng::new(1), 64);
             let first = p.plan(&c, &key(k)).order[0];
             assert_eq!(
                 p.plan(&c, &key(k)).order[0],
@@ -428,7 +466,7 @@ mod tests {
         for (x, l) in c.iter_mut().zip(loads) {
             x.in_flight = *l;
         }
-        let mut p = PowerOfTwo::new(Rng::new(1));
+        let p = PowerOfTwo::new(Rng::new(1), 64);
         for _ in 0..4000 {
             p.plan(&c, &RequestSignals::default());
         }
@@ -441,7 +479,7 @@ mod tests {
             affinity_key: Some(mix(k)),
             ..Default::default()
         };
-        PowerOfTwo::new(Rng::new(1)).plan(&idle, &s).order[0]
+        PowerOfTwo::new(Rng::new(1), 64).plan(&idle, &s).order[0]
     }
 
     #[test]
@@ -466,7 +504,7 @@ mod tests {
         assert!(kept > 20, "{kept}");
         // Variant 0 averages 3 against a mean of 2.1: over 1.25 × the mean, though 3 is within
         // the current bound; it keeps no key.
-        let (mut p, c) = settled(&[3, 2, 2, 2, 2, 2, 2, 2]);
+        let (p, c) = settled(&[3, 2, 2, 2, 2, 2, 2, 2]);
         for k in 0..400 {
             let plan = p.plan(&c, &key(k));
             assert_ne!(plan.order[0], 0);
@@ -482,7 +520,7 @@ mod tests {
         // Seven variants average 2 in flight, one averages 1: the mean is 1.875, so the seven
         // are between the mean and the bound and shed the keys of lowest order (about 27% of
         // theirs); variant 4 keeps all of its own.
-        let (mut p, c) = settled(&[2, 2, 2, 2, 1, 2, 2, 2]);
+        let (p, c) = settled(&[2, 2, 2, 2, 1, 2, 2, 2]);
         let mut moved = 0;
         let n = 1000;
         for k in 0..n {
@@ -508,7 +546,7 @@ mod tests {
         #[test]
         fn bounded_load_holds_over_random_keys(seed in 0u64..1000, n in 2usize..9, requests in 10usize..200) {
             let mut c = cands(n);
-            let mut p = PowerOfTwo::new(Rng::new(seed));
+            let p = PowerOfTwo::new(Rng::new(seed), 64);
             let mut keys = Rng::new(seed ^ 0xABCD);
             // Requests arrive and stay in flight; no variant may exceed the bound.
             for _ in 0..requests {

@@ -5,13 +5,21 @@
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
 
+/// SplitMix64's increment (the golden ratio in 64 bits).
+pub const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
 impl Rng {
     pub fn new(seed: u64) -> Self {
         Rng(seed)
     }
 
+    /// The generator's state: a generator built from it continues the same sequence.
+    pub fn state(&self) -> u64 {
+        self.0
+    }
+
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.0 = self.0.wrapping_add(GOLDEN_GAMMA);
         mix(self.0)
     }
 

@@ -128,12 +128,14 @@ pub struct Plan {
     pub costs: Vec<(usize, f64)>,
 }
 
-/// A selection policy.
-pub trait Selector: Send {
+/// A selection policy. One instance serves every request of a pool, from any thread at once:
+/// `plan` takes `&self`, so a policy keeps what it learns in atomics (or, for the round-robin
+/// baseline, behind a lock of its own), and a decision never waits for the pool's state.
+pub trait Selector: Send + Sync {
     /// Name used as the `policy` label in metrics and logs.
     fn name(&self) -> &'static str;
     /// Orders the available candidates. Unavailable ones are never part of the plan.
-    fn plan(&mut self, candidates: &[Candidate], signals: &RequestSignals) -> Plan;
+    fn plan(&self, candidates: &[Candidate], signals: &RequestSignals) -> Plan;
 }
 
 /// Which selection policy a pool uses; the config names it by [`PolicyKind::as_str`].
@@ -161,19 +163,21 @@ impl PolicyKind {
     }
 }
 
-/// Builds a pool's policy, seeded.
-pub fn policy(kind: PolicyKind, seed: u64) -> Box<dyn Selector> {
+/// Builds the policy of a pool of `variants`, seeded.
+pub fn policy(kind: PolicyKind, seed: u64, variants: usize) -> Box<dyn Selector> {
     match kind {
-        PolicyKind::P2c => Box::new(PowerOfTwo::new(Rng::new(seed))),
+        PolicyKind::P2c => Box::new(PowerOfTwo::new(Rng::new(seed), variants)),
         PolicyKind::RoundRobin => Box::new(WeightedRoundRobin::new()),
     }
 }
 
-/// Smooth weighted round robin; fallbacks follow in descending weight, ties by index.
-#[derive(Debug, Clone, Default)]
+/// Smooth weighted round robin; fallbacks follow in descending weight, ties by index. Each pick
+/// depends on every pick before it, so its running scores sit behind a lock of their own (the
+/// health-blind baseline, not keel's default policy).
+#[derive(Debug, Default)]
 pub struct WeightedRoundRobin {
     /// Running score per pool index.
-    current: Vec<i64>,
+    current: std::sync::Mutex<Vec<i64>>,
 }
 
 impl WeightedRoundRobin {
@@ -187,10 +191,11 @@ impl Selector for WeightedRoundRobin {
         "weighted_round_robin"
     }
 
-    fn plan(&mut self, candidates: &[Candidate], _signals: &RequestSignals) -> Plan {
+    fn plan(&self, candidates: &[Candidate], _signals: &RequestSignals) -> Plan {
         let max_index = candidates.iter().map(|c| c.index + 1).max().unwrap_or(0);
-        if self.current.len() < max_index {
-            self.current.resize(max_index, 0);
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if current.len() < max_index {
+            current.resize(max_index, 0);
         }
         let live: Vec<&Candidate> = candidates
             .iter()
@@ -202,12 +207,13 @@ impl Selector for WeightedRoundRobin {
         let total: i64 = live.iter().map(|c| c.weight as i64).sum();
         let mut best = live[0].index;
         for c in &live {
-            self.current[c.index] += c.weight as i64;
-            if self.current[c.index] > self.current[best] {
+            current[c.index] += c.weight as i64;
+            if current[c.index] > current[best] {
                 best = c.index;
             }
         }
-        self.current[best] -= total;
+        current[best] -= total;
+        drop(current);
         let mut rest: Vec<&Candidate> = live.into_iter().filter(|c| c.index != best).collect();
         rest.sort_by(|a, b| b.weight.cmp(&a.weight).then(a.index.cmp(&b.index)));
         let mut order = Vec::with_capacity(rest.len() + 1);
@@ -316,9 +322,9 @@ mod tests {
             );
         }
         assert_eq!(PolicyKind::default(), PolicyKind::P2c);
-        assert_eq!(policy(PolicyKind::P2c, 1).name(), "p2c");
+        assert_eq!(policy(PolicyKind::P2c, 1, 2).name(), "p2c");
         assert_eq!(
-            policy(PolicyKind::RoundRobin, 1).name(),
+            policy(PolicyKind::RoundRobin, 1, 2).name(),
             "weighted_round_robin"
         );
     }
@@ -333,7 +339,7 @@ mod tests {
 
     #[test]
     fn smooth_sequence_matches_nginx() {
-        let mut s = WeightedRoundRobin::new();
+        let s = WeightedRoundRobin::new();
         let c = cands(&[5, 1, 1]);
         let picks: Vec<usize> = (0..7)
             .map(|_| s.plan(&c, &RequestSignals::default()).order[0])
@@ -343,7 +349,7 @@ mod tests {
 
     #[test]
     fn plan_lists_every_available_variant_once() {
-        let mut s = WeightedRoundRobin::new();
+        let s = WeightedRoundRobin::new();
         let mut c = cands(&[1, 3, 2, 1]);
         c[2].available = false;
         let p = s.plan(&c, &RequestSignals::default());
@@ -355,7 +361,7 @@ mod tests {
 
     #[test]
     fn nothing_available_gives_empty_plan() {
-        let mut s = WeightedRoundRobin::new();
+        let s = WeightedRoundRobin::new();
         let mut c = cands(&[1, 1]);
         c[0].available = false;
         c[1].weight = 0;

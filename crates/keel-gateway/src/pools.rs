@@ -2,17 +2,29 @@
 //! credentials, in-flight counts and learned concurrency limits, the hedge budget, and the
 //! lifecycle the monitor advances (probes, warm-ups). Selection reads it (`selection`);
 //! settlement writes it (`settlement`).
+//!
+//! **No shared lock on the request path.** Updates (an attempt's outcome, a cooldown, the
+//! monitor's tick) go through one short-held lock on the pool's [`PoolState`], and each ends by
+//! publishing the updated variant's [`Live`] view: a `Copy` of its estimates and availability,
+//! swapped in atomically (`arc-swap`). What every request reads (the routing decision, the
+//! availability re-check before each attempt, the hedge delay and target, the stall
+//! thresholds) reads those views and never waits for the lock; in-flight counts and slot
+//! admission are atomics, the policy's own state is atomic (`keel_core::p2c`), and the hedge and
+//! probe budgets count requests per thread ([`ShardedBudget`]). `benches/pool.rs` measures a
+//! request's work on the pool from one and from two threads at once.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use arc_swap::ArcSwap;
 use serde::Serialize;
 
 use crate::capacity::{Limit, WaitLine, Wake};
-use keel_core::budget::{RetryBudget, RetryBudgetConfig};
+use crate::retry_budget::ShardedBudget;
+use keel_core::budget::RetryBudgetConfig;
 use keel_core::continuation::ResumeMode;
-use keel_core::health::{State, TtftWindow, VariantHealth};
+use keel_core::health::{Estimates, State, TtftWindow, VariantHealth};
 use keel_core::protocol::Protocol;
 use keel_core::queue::Priority;
 use keel_core::request::CanonicalRequest;
@@ -35,14 +47,28 @@ pub struct Variant {
     /// prefill"): it continues in `instruction` mode for the rest of its life.
     prefill_refused: AtomicBool,
     pub(crate) name_hash: u64,
+    /// The variant's health and availability as last published (see the module's notes).
+    live: ArcSwap<Live>,
 }
 
+/// What the request path reads of a variant, published by every update of its health or
+/// availability: estimates, cooldowns and the TTFT quantiles, as of the last update. Figures
+/// that depend on time (relaxed estimates, slow start, cooldowns) are computed from it at the
+/// reader's `now_ms`, so reading a view gives what reading the state would have.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Live {
+    pub(crate) est: Estimates,
+    pub(crate) availability: Availability,
+    pub(crate) p50_ttft_ms: Option<f64>,
+    pub(crate) p95_ttft_ms: Option<f64>,
+    /// The quantile the auto hedge delay uses (see [`Pool::hedge_delay_ms`]).
+    pub(crate) hedge_ttft_ms: Option<f64>,
+    /// Refusing connections within its restart grace (see [`Pool::mark_restarting`]).
+    pub(crate) restarting: bool,
+}
+
+/// The state behind the pool's lock: what updates read and write together.
 pub(crate) struct PoolState {
-    pub(crate) selector: Box<dyn Selector>,
-    /// Hedges may add at most `hedge_budget` of the pool's requests (sliding 10 s window).
-    pub(crate) hedges: RetryBudget,
-    /// Refresh probes may add at most `probe_budget` of the pool's requests (10 s window).
-    pub(crate) probes: RetryBudget,
     /// Recent client TTFTs over the whole pool: the auto hedge delay before a variant has its
     /// own, the median assumed for a variant without samples.
     pub(crate) ttft: TtftWindow,
@@ -57,6 +83,9 @@ pub(crate) struct PoolState {
     pub(crate) restarting_since: Vec<Option<u64>>,
 }
 
+/// An empty slot of `Pool::pool_ttft`.
+const NONE: u64 = 0x7ff8_0000_0000_0000; // f64::NAN's bits
+
 /// Client TTFT samples in a pool's window (the hedge delay's quantile).
 const POOL_TTFT_SAMPLES: usize = 512;
 
@@ -69,6 +98,16 @@ pub struct Pool {
     /// Upstream HTTP client (connection pool) with this pool's connect timeout.
     pub client: reqwest::Client,
     state: Mutex<PoolState>,
+    /// The selection policy (shared by every request without a lock: `Selector::plan` takes
+    /// `&self`).
+    pub(crate) selector: Box<dyn Selector>,
+    /// Hedges may add at most `hedge_budget` of the pool's requests (sliding 10 s window).
+    hedges: ShardedBudget,
+    /// Refresh probes may add at most `probe_budget` of the pool's requests (10 s window).
+    probes: ShardedBudget,
+    /// The pool-wide TTFT median and hedge quantile (`f64` bits, NaN for none), published
+    /// with the variants' views: the fallback for a variant without samples of its own.
+    pool_ttft: [AtomicU64; 2],
     /// The gateway's clock origin: `now_ms` is milliseconds since then.
     epoch: Instant,
     /// Requests waiting for a slot while every variant is at its concurrency limit.
@@ -227,13 +266,21 @@ impl Pool {
                 limit: Arc::default(),
                 prefill_refused: AtomicBool::new(false),
                 name_hash: hash_bytes(0x6e61_6d65, v.name.as_bytes()),
+                live: ArcSwap::from_pointee(Live {
+                    est: VariantHealth::new(0).estimates(),
+                    availability: Availability::default(),
+                    p50_ttft_ms: None,
+                    p95_ttft_ms: None,
+                    hedge_ttft_ms: None,
+                    restarting: false,
+                }),
             })
             .collect();
         let protocol = cfg.variants[0].protocol;
         let n = variants.len();
         let seed = hash_bytes(epoch.elapsed().as_nanos() as u64, cfg.name.as_bytes())
             ^ std::process::id() as u64;
-        let selector = selection::policy(cfg.policy, seed);
+        let selector = selection::policy(cfg.policy, seed, n);
         let health = variants
             .iter()
             .map(|v| {
@@ -254,7 +301,7 @@ impl Pool {
                 )
             })),
         );
-        Pool {
+        let pool = Pool {
             safety: Arc::new(crate::safe_mode::Safety::new(
                 &cfg.name,
                 cfg.safe_mode,
@@ -269,18 +316,19 @@ impl Pool {
             protocol,
             variants,
             client,
+            selector,
+            hedges: ShardedBudget::new(RetryBudgetConfig {
+                ratio: cfg.hedge_budget,
+                window_ms: 10_000,
+                min_retries_per_sec: 0,
+            }),
+            probes: ShardedBudget::new(RetryBudgetConfig {
+                ratio: cfg.probe_budget,
+                window_ms: 10_000,
+                min_retries_per_sec: 0,
+            }),
+            pool_ttft: [AtomicU64::new(NONE), AtomicU64::new(NONE)],
             state: Mutex::new(PoolState {
-                selector,
-                hedges: RetryBudget::new(RetryBudgetConfig {
-                    ratio: cfg.hedge_budget,
-                    window_ms: 10_000,
-                    min_retries_per_sec: 0,
-                }),
-                probes: RetryBudget::new(RetryBudgetConfig {
-                    ratio: cfg.probe_budget,
-                    window_ms: 10_000,
-                    min_retries_per_sec: 0,
-                }),
                 ttft: TtftWindow::with_capacity(POOL_TTFT_SAMPLES),
                 availability: vec![Availability::default(); n],
                 health,
@@ -294,16 +342,77 @@ impl Pool {
             metrics,
             limits,
             high_seen: AtomicU64::new(0),
-        }
+        };
+        pool.update_all(|_| ());
+        pool
     }
 
     pub fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    /// The state, for reading it whole (the admin snapshot, carrying it across a reload).
+    /// Changes go through [`Pool::update`] or [`Pool::update_all`], which publish them.
     pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, PoolState> {
         // The state is plain data updated in one step; a poisoned lock still holds valid data.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Changes variant `index`'s state and publishes its view.
+    pub(crate) fn update<R>(&self, index: usize, f: impl FnOnce(&mut PoolState) -> R) -> R {
+        let mut st = self.state();
+        let r = f(&mut st);
+        self.publish(&st, index);
+        r
+    }
+
+    /// Changes any of the state and publishes every view (the monitor's tick, a reload).
+    pub(crate) fn update_all<R>(&self, f: impl FnOnce(&mut PoolState) -> R) -> R {
+        let mut st = self.state();
+        let r = f(&mut st);
+        for i in 0..self.variants.len() {
+            self.publish(&st, i);
+        }
+        self.publish_pool_ttft(&st);
+        r
+    }
+
+    /// The quantile of TTFT the auto hedge delay waits for: 1 − hedge_budget / 2.
+    fn hedge_quantile(&self) -> f64 {
+        (1.0 - self.cfg.hedge_budget / 2.0).clamp(0.5, 0.99)
+    }
+
+    fn publish(&self, st: &PoolState, index: usize) {
+        let h = &st.health[index];
+        self.variants[index].live.store(Arc::new(Live {
+            est: h.estimates(),
+            availability: st.availability[index],
+            p50_ttft_ms: h.ttft_quantile_ms(0.5),
+            p95_ttft_ms: h.p95_ttft_ms(),
+            hedge_ttft_ms: h.ttft_quantile_ms(self.hedge_quantile()),
+            restarting: st.restarting_since[index].is_some(),
+        }));
+    }
+
+    fn publish_pool_ttft(&self, st: &PoolState) {
+        let put = |slot: &AtomicU64, v: Option<f64>| {
+            slot.store(v.map_or(NONE, f64::to_bits), Ordering::Relaxed)
+        };
+        put(&self.pool_ttft[0], st.ttft.quantile(0.5));
+        put(&self.pool_ttft[1], st.ttft.quantile(self.hedge_quantile()));
+    }
+
+    /// The pool-wide TTFT median (`0`) or hedge quantile (`1`), as last published.
+    fn pool_ttft(&self, which: usize) -> Option<f64> {
+        Some(f64::from_bits(
+            self.pool_ttft[which].load(Ordering::Relaxed),
+        ))
+        .filter(|v| !v.is_nan())
+    }
+
+    /// Variant `index`'s published view.
+    pub(crate) fn live(&self, index: usize) -> Live {
+        **self.variants[index].live.load()
     }
 
     /// The affinity key of a request under this pool's affinity mode.
@@ -320,7 +429,7 @@ impl Pool {
     /// only when nothing else can serve); concurrency is a separate question
     /// ([`Pool::below_limit`]): a full variant is waited for, not skipped.
     pub fn available(&self, index: usize, now_ms: u64) -> bool {
-        self.state().availability[index].available(now_ms)
+        self.live(index).availability.available(now_ms)
     }
 
     /// Notes a request's priority: high-priority traffic reserves its share of capacity.
@@ -438,17 +547,18 @@ impl Pool {
     }
 
     pub fn cool_down(&self, index: usize, now_ms: u64, for_ms: u64) {
-        self.state().availability[index].cool_down(now_ms, for_ms);
+        self.update(index, |st| st.availability[index].cool_down(now_ms, for_ms));
     }
 
     /// The variant answered that it is still loading its model (see `VariantHealth::mark_loading`).
     pub fn mark_loading(&self, index: usize) {
         let hc = self.cfg.health;
-        let mut st = self.state();
-        st.health[index].mark_loading(&hc);
-        // It answered: alive and loading, not dead.
-        st.ready[index] = false;
-        st.restarting_since[index] = None;
+        self.update(index, |st| {
+            st.health[index].mark_loading(&hc);
+            // It answered: alive and loading, not dead.
+            st.ready[index] = false;
+            st.restarting_since[index] = None;
+        });
     }
 
     /// The variant refused a connection. One that is not ejected is restarting: it is warming
@@ -458,9 +568,12 @@ impl Pool {
     /// probed). Returns whether it is warming for a restart now.
     pub fn mark_restarting(&self, index: usize) -> bool {
         let now = self.now_ms();
-        let hc = self.cfg.health;
         let grace = self.cfg.restart_grace_ms;
-        let mut st = self.state();
+        self.update(index, |st| self.restart_step(st, index, now, grace))
+    }
+
+    fn restart_step(&self, st: &mut PoolState, index: usize, now: u64, grace: u64) -> bool {
+        let hc = self.cfg.health;
         if matches!(st.health[index].state, State::Ejected { .. }) {
             return false;
         }
@@ -485,30 +598,34 @@ impl Pool {
 
     /// The variant's health endpoint answered 200: the monitor's warm-ups may go to it now.
     pub fn mark_ready(&self, index: usize) {
-        let mut st = self.state();
-        st.ready[index] = true;
-        st.restarting_since[index] = None;
+        self.update(index, |st| {
+            st.ready[index] = true;
+            st.restarting_since[index] = None;
+        });
     }
 
     /// Whether the variant is in a restart: refusing connections, within its grace.
     pub fn restarting(&self, index: usize) -> bool {
-        self.state().restarting_since[index].is_some()
+        self.live(index).restarting
     }
 
     /// Whether the variant last said it is still loading its model.
     pub fn loading(&self, index: usize) -> bool {
-        self.state().health[index].loading
+        self.live(index).est.loading
     }
 
     pub fn mark_credential_broken(&self, index: usize, now_ms: u64) {
         // Re-check a refused credential once a minute: keys get rotated back in.
-        self.state().availability[index].mark_credential_broken(now_ms, 60_000);
+        self.update(index, |st| {
+            st.availability[index].mark_credential_broken(now_ms, 60_000)
+        });
     }
 
     pub fn record_success(&self, index: usize) {
-        let mut st = self.state();
-        st.availability[index].record_success();
-        st.restarting_since[index] = None;
+        self.update(index, |st| {
+            st.availability[index].record_success();
+            st.restarting_since[index] = None;
+        });
     }
 
     /// Feeds one attempt's outcome to the variant's health: `ok` is false only for backend
@@ -519,16 +636,18 @@ impl Pool {
             c.observe_attempt(index, ok, ttft_ms, now);
         }
         let hc = self.cfg.health;
-        let mut st = self.state();
-        if let Some(t) = ttft_ms {
-            st.ttft.record(now, t);
-        }
-        let h = &mut st.health[index];
-        if let Some(t) = ttft_ms {
-            h.record_ttft(now, t, &hc);
-        }
-        h.record_outcome(now, ok, &hc);
-        h.tick(now, &hc);
+        self.update(index, |st| {
+            if let Some(t) = ttft_ms {
+                st.ttft.record(now, t);
+                self.publish_pool_ttft(st);
+            }
+            let h = &mut st.health[index];
+            if let Some(t) = ttft_ms {
+                h.record_ttft(now, t, &hc);
+            }
+            h.record_outcome(now, ok, &hc);
+            h.tick(now, &hc);
+        });
     }
 
     /// Feeds a lower bound of a TTFT: an attempt cancelled `ms` after it started, before its
@@ -536,27 +655,33 @@ impl Pool {
     pub fn record_late_ttft(&self, index: usize, ms: f64) {
         let now = self.now_ms();
         let hc = self.cfg.health;
-        self.state().health[index].record_late_ttft(now, ms, &hc);
+        self.update(index, |st| st.health[index].record_late_ttft(now, ms, &hc));
     }
 
     /// Feeds a finished stream's inter-token gaps.
     pub fn record_stream(&self, index: usize, gaps_ms: &[f64]) {
         let now = self.now_ms();
         let hc = self.cfg.health;
-        let mut st = self.state();
-        st.health[index].record_stream_gaps(now, gaps_ms, &hc);
-        st.health[index].tick(now, &hc);
+        self.update(index, |st| {
+            st.health[index].record_stream_gaps(now, gaps_ms, &hc);
+            st.health[index].tick(now, &hc);
+        });
     }
 
     pub fn record_scrape(&self, index: usize, kv_usage: Option<f64>, waiting: Option<f64>) {
-        self.state().health[index].record_scrape(kv_usage, waiting);
+        self.update(index, |st| {
+            st.health[index].record_scrape(kv_usage, waiting)
+        });
     }
 
     /// Advances every variant's lifecycle and returns the probes and warm-ups due now.
     pub fn maintenance(&self) -> Vec<Maintenance> {
+        self.update_all(|st| self.maintenance_step(st))
+    }
+
+    fn maintenance_step(&self, st: &mut PoolState) -> Vec<Maintenance> {
         let now = self.now_ms();
         let hc = self.cfg.health;
-        let mut st = self.state();
         let mut out = Vec::new();
         for i in 0..self.variants.len() {
             st.health[i].tick(now, &hc);
@@ -593,7 +718,7 @@ impl Pool {
             .collect();
         stale.sort_unstable();
         for (_, i) in stale {
-            if !st.probes.try_retry(now) {
+            if !self.probes.try_retry(now) {
                 break;
             }
             st.maintenance_busy[i] = true;
@@ -609,9 +734,20 @@ impl Pool {
 
     /// The result of a probe or warm-up request.
     pub fn maintenance_done(&self, m: Maintenance, ok: bool, ttft_ms: Option<f64>) {
+        self.update(m.variant(), |st| {
+            self.maintenance_result(st, m, ok, ttft_ms)
+        });
+    }
+
+    fn maintenance_result(
+        &self,
+        st: &mut PoolState,
+        m: Maintenance,
+        ok: bool,
+        ttft_ms: Option<f64>,
+    ) {
         let now = self.now_ms();
         let hc = self.cfg.health;
-        let mut st = self.state();
         match m {
             Maintenance::Probe(i) => {
                 st.maintenance_busy[i] = false;
@@ -679,13 +815,18 @@ impl Pool {
     /// A P99-ish inter-token gap for streams on this variant (mean + 3 standard deviations): its
     /// own; before it has any (early in a variant's life), the slowest of its siblings', so
     /// that a stall there is still cut over after a few gaps rather than at `stall_ms`.
-    fn p99ish_gap_ms(st: &PoolState, index: usize) -> Option<f64> {
-        let of = |h: &VariantHealth| {
-            h.gap_ms
+    fn p99ish_gap_ms(&self, index: usize) -> Option<f64> {
+        let of = |i: usize| {
+            let est = self.live(i).est;
+            est.gap_ms
                 .get()
-                .map(|gap| gap + 3.0 * h.tgsv_ms.get().unwrap_or(gap))
+                .map(|gap| gap + 3.0 * est.tgsv_ms.get().unwrap_or(gap))
         };
-        of(&st.health[index]).or_else(|| st.health.iter().filter_map(of).max_by(f64::total_cmp))
+        of(index).or_else(|| {
+            (0..self.variants.len())
+                .filter_map(of)
+                .max_by(f64::total_cmp)
+        })
     }
 
     /// The stall threshold for a stream on this variant: adaptive, max(4 × its P99-ish gap,
@@ -696,7 +837,7 @@ impl Pool {
         if !self.cfg.adaptive_stall {
             return cap;
         }
-        match Self::p99ish_gap_ms(&self.state(), index) {
+        match self.p99ish_gap_ms(index) {
             Some(p99ish) => ((4.0 * p99ish).max(500.0) as u64).min(cap),
             None => cap,
         }
@@ -711,7 +852,7 @@ impl Pool {
             return None;
         }
         let stall = self.stall_threshold_ms(index);
-        let p99ish = Self::p99ish_gap_ms(&self.state(), index)?;
+        let p99ish = self.p99ish_gap_ms(index)?;
         let quiet = (4.0 * p99ish).max(QUIET_FLOOR_MS as f64) as u64;
         (quiet < stall).then_some(quiet)
     }
@@ -719,9 +860,8 @@ impl Pool {
     /// Counts a request for the hedge and probe budgets.
     pub fn count_request(&self) {
         let now = self.now_ms();
-        let mut st = self.state();
-        st.hedges.record_request(now);
-        st.probes.record_request(now);
+        self.hedges.record_request(now);
+        self.probes.record_request(now);
     }
 
     /// The hedge delay when `target` would take the hedge, or `None` when hedging is off: the
@@ -739,11 +879,10 @@ impl Pool {
             crate::config::Hedge::Off => None,
             crate::config::Hedge::AfterMs(ms) => Some(ms),
             crate::config::Hedge::Auto => {
-                let q = (1.0 - self.cfg.hedge_budget / 2.0).clamp(0.5, 0.99);
-                let st = self.state();
-                let delay = st.health[target]
-                    .ttft_quantile_ms(q)
-                    .or_else(|| st.ttft.quantile(q))
+                let delay = self
+                    .live(target)
+                    .hedge_ttft_ms
+                    .or_else(|| self.pool_ttft(1))
                     .unwrap_or(2000.0);
                 Some(delay.clamp(50.0, 2000.0) as u64)
             }
@@ -760,21 +899,20 @@ impl Pool {
     pub fn hedge_target(&self, candidates: &[usize]) -> Option<usize> {
         let now = self.now_ms();
         let hc = self.cfg.health;
-        let st = self.state();
-        let unknown = st.ttft.quantile(0.5).unwrap_or(0.0);
+        let unknown = self.pool_ttft(0).unwrap_or(0.0);
         candidates
             .iter()
-            .copied()
-            .filter(|&i| {
-                let v = &self.variants[i];
-                st.availability[i].available(now)
-                    && !st.availability[i].shared_ejected(now)
-                    && matches!(st.health[i].state, State::Healthy | State::SlowStart { .. })
-                    && st.health[i].weight(now, &hc) > keel_core::health::FLOOR
+            .map(|&i| (i, self.live(i)))
+            .filter(|(i, live)| {
+                let v = &self.variants[*i];
+                live.availability.available(now)
+                    && !live.availability.shared_ejected(now)
+                    && matches!(live.est.state, State::Healthy | State::SlowStart { .. })
+                    && live.est.weight(now, &hc) > keel_core::health::FLOOR
                     && v.in_flight.load(Ordering::Relaxed) < v.concurrency_limit()
             })
-            .map(|i| {
-                let median = st.health[i].ttft_quantile_ms(0.5).unwrap_or(unknown);
+            .map(|(i, live)| {
+                let median = live.p50_ttft_ms.unwrap_or(unknown);
                 let load = self.variants[i].in_flight.load(Ordering::Relaxed) as f64 + 1.0;
                 (i, median * load)
             })
@@ -787,12 +925,12 @@ impl Pool {
     pub fn try_hedge(&self, candidates: &[usize]) -> Option<usize> {
         let target = self.hedge_target(candidates)?;
         let now = self.now_ms();
-        self.state().hedges.try_retry(now).then_some(target)
+        self.hedges.try_retry(now).then_some(target)
     }
 
     /// The variant's baseline inter-token gap, for slowdown detection.
     pub fn baseline_gap_ms(&self, index: usize) -> Option<f64> {
-        self.state().health[index].baseline_gap_ms()
+        self.live(index).est.baseline_gap_ms()
     }
 }
 

@@ -19,7 +19,7 @@ use crate::context::Priority;
 use crate::decision_candidates::{
     kept_candidates, omitted_summary, OmittedCandidates, CANDIDATES_KEPT,
 };
-use crate::pools::{Pool, PoolState, Variant};
+use crate::pools::{Live, Pool, Variant};
 use crate::settlement::AttemptRecord;
 
 /// What selection produced.
@@ -230,15 +230,18 @@ impl Pool {
             preference: controls.preference,
             slo_ttft_p95_ms: self.cfg.slo_ttft_p95_ms,
         };
-        let mut st = self.state();
+        // The variants' published views (see `pools`): no lock is taken, and every figure
+        // below, the decision record's included, comes from this one copy.
+        let lives: Vec<Live> = (0..self.variants.len()).map(|i| self.live(i)).collect();
         let hc = self.cfg.health;
         // `last_resort`: variants still warming, and ejected ones, may serve too.
-        let build = |st: &PoolState, last_resort: bool| -> Vec<Candidate> {
+        let build = |last_resort: bool| -> Vec<Candidate> {
             self.variants
                 .iter()
                 .enumerate()
                 .map(|(i, v)| {
-                    let h = &st.health[i];
+                    let view = &lives[i];
+                    let h = &view.est;
                     // Not yet (or no longer) measured as healthy: the lowest weight there is.
                     let warming = matches!(h.state, State::Warming { .. } | State::Ejected { .. });
                     let live = match h.state {
@@ -246,7 +249,7 @@ impl Pool {
                         // A variant still loading its model gets no client request at all.
                         State::Warming { .. } => last_resort && !h.loading,
                         // Ejected by another replica (see `signals`): a last resort here too.
-                        _ => last_resort || !st.availability[i].shared_ejected(now_ms),
+                        _ => last_resort || !view.availability.shared_ejected(now_ms),
                     };
                     let in_flight = v.in_flight.load(Ordering::Relaxed);
                     Candidate {
@@ -255,7 +258,7 @@ impl Pool {
                         available: live
                             && fits(v)
                             && at_tier(v)
-                            && st.availability[i].available(now_ms)
+                            && view.availability.available(now_ms)
                             && in_flight < self.limit_for(i, controls.priority, now_ms),
                         health: if warming {
                             keel_core::health::FLOOR
@@ -266,38 +269,37 @@ impl Pool {
                         in_flight,
                         tier: v.cfg.tier,
                         price: v.cfg.price,
-                        p95_ttft_ms: h.p95_ttft_ms(),
+                        p95_ttft_ms: view.p95_ttft_ms,
                         name_hash: v.name_hash,
                     }
                 })
                 .collect()
         };
-        let mut candidates = build(&st, false);
-        let mut plan = st.selector.plan(&candidates, &signals);
+        let mut candidates = build(false);
+        let mut plan = self.selector.plan(&candidates, &signals);
         if plan.order.is_empty() {
             // Everything else is out: a variant still warming up, or one ejected (slow, or
             // failing often but not always), beats making the client wait for the deadline.
             // Failover and the retry budget still bound what a failing one costs.
-            candidates = build(&st, true);
-            plan = st.selector.plan(&candidates, &signals);
+            candidates = build(true);
+            plan = self.selector.plan(&candidates, &signals);
         }
-        let policy = st.selector.name();
+        let policy = self.selector.name();
         let full = |(i, v): (usize, &Variant)| {
             fits(v)
                 && at_tier(v)
-                && st.availability[i].available(now_ms)
+                && lives[i].availability.available(now_ms)
                 && v.in_flight.load(Ordering::Relaxed)
                     >= self.limit_for(i, controls.priority, now_ms)
         };
         let selection = if plan.order.is_empty() && self.variants.iter().enumerate().any(full) {
             Selection::Full
-        } else if plan.order.is_empty() && st.health.iter().any(|h| h.loading) {
+        } else if plan.order.is_empty() && lives.iter().any(|l| l.est.loading) {
             Selection::Loading
         } else if plan.order.is_empty() {
-            let wait = st
-                .availability
+            let wait = lives
                 .iter()
-                .map(|a| a.available_in_ms(now_ms))
+                .map(|l| l.availability.available_in_ms(now_ms))
                 .filter(|ms| *ms > 0)
                 .min()
                 .unwrap_or(hc.probe_interval_ms.max(1000));
@@ -324,14 +326,14 @@ impl Pool {
         }
         let kept = kept_candidates(&candidates, &plan.order, &cost_by_index);
         let omitted = omitted_summary(&candidates, &kept, plan.order.len(), |i| {
-            st.health[i].state.name()
+            lives[i].est.state.name()
         });
         // The health factors of the recorded candidates only: at 256 variants, reading every
         // variant's factors under the pool's lock cost more than the policy itself.
         let inputs: Vec<_> = kept
             .iter()
             .map(|&k| {
-                let h = &st.health[candidates[k].index];
+                let h = &lives[candidates[k].index].est;
                 let f = h.factors(now_ms, &hc);
                 let factors = HealthFactors {
                     ttft: f.ttft,
@@ -351,7 +353,6 @@ impl Pool {
                 )
             })
             .collect();
-        drop(st);
         let duration = started.elapsed();
         self.metrics
             .histogram(

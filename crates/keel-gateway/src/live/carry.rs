@@ -112,15 +112,17 @@ fn inherit(new: &mut Pool, old: &Pool) {
         }
     }
     let from = old.state();
-    let mut to = new.state();
-    // The pool's recent TTFTs: the hedge delay's fallback and the median of unmeasured variants.
-    to.ttft = from.ttft.clone();
-    for (i, j) in same {
-        to.health[i] = from.health[j].clone();
-        to.availability[i] = from.availability[j];
-        to.ready[i] = from.ready[j];
-        to.restarting_since[i] = from.restarting_since[j];
-    }
+    new.update_all(|to| {
+        // The pool's recent TTFTs: the hedge delay's fallback and the median of unmeasured
+        // variants.
+        to.ttft = from.ttft.clone();
+        for (i, j) in same {
+            to.health[i] = from.health[j].clone();
+            to.availability[i] = from.availability[j];
+            to.ready[i] = from.ready[j];
+            to.restarting_since[i] = from.restarting_since[j];
+        }
+    });
 }
 
 /// What a reload changes, pool by pool, for the admin answer and the log: `unchanged`,

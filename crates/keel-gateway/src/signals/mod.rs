@@ -206,19 +206,21 @@ impl Pool {
     /// (see the merge rule above); `limit` is the caller's (it needs an expiry of its own).
     pub fn apply_shared(&self, index: usize, s: &Signal, own_ttl_ms: u64) {
         let now = self.now_ms();
-        let mut st = self.state();
-        let a = &mut st.availability[index];
-        match s.kind {
-            Kind::Eject => {
-                a.shared_eject_until_ms = hold_until(a.shared_eject_until_ms, now, s, own_ttl_ms)
+        self.update(index, |st| {
+            let a = &mut st.availability[index];
+            match s.kind {
+                Kind::Eject => {
+                    a.shared_eject_until_ms =
+                        hold_until(a.shared_eject_until_ms, now, s, own_ttl_ms)
+                }
+                Kind::Cooldown => {
+                    a.shared_cooldown_until_ms =
+                        hold_until(a.shared_cooldown_until_ms, now, s, own_ttl_ms)
+                }
+                Kind::Recovered => a.shared_eject_until_ms = 0,
+                Kind::Limit => {}
             }
-            Kind::Cooldown => {
-                a.shared_cooldown_until_ms =
-                    hold_until(a.shared_cooldown_until_ms, now, s, own_ttl_ms)
-            }
-            Kind::Recovered => a.shared_eject_until_ms = 0,
-            Kind::Limit => {}
-        }
+        });
     }
 }
 
