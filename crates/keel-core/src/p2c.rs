@@ -559,4 +559,34 @@ mod tests {
             }
         }
     }
+
+    /// One policy shared by threads deciding at once: no draw is lost or repeated (each
+    /// decision between two candidates draws twice, so the state advances by exactly two steps
+    /// per decision), and a single thread draws what `Rng` with the same seed draws.
+    #[test]
+    fn concurrent_decisions_share_one_sequence() {
+        let c = cands(4);
+        let p = PowerOfTwo::new(Rng::new(11), 4);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..1_000 {
+                        assert_eq!(p.plan(&c, &RequestSignals::default()).order.len(), 4);
+                    }
+                });
+            }
+        });
+        let mut expected = Rng::new(11);
+        for _ in 0..2 * 4 * 1_000 {
+            expected.next_u64();
+        }
+        assert_eq!(p.rng.load(Ordering::Relaxed), expected.state());
+        let mut one = PowerOfTwo::new(Rng::new(5), 4);
+        let mut rng = Rng::new(5);
+        for _ in 0..10 {
+            assert_eq!(one.next_u64(), rng.next_u64());
+        }
+        one = one.clone();
+        assert_eq!(one.next_u64(), rng.next_u64());
+    }
 }

@@ -4,9 +4,10 @@
 //! settlement writes it (`settlement`).
 //!
 //! **No shared lock on the request path.** Updates (an attempt's outcome, a cooldown, the
-//! monitor's tick) go through one short-held lock on the pool's [`PoolState`], and each ends by
-//! publishing the updated variant's [`Live`] view: a `Copy` of its estimates and availability,
-//! swapped in atomically (`arc-swap`). What every request reads (the routing decision, the
+//! monitor's tick) take the lock of the one variant they change ([`VariantState`]; the pool's
+//! TTFT window has its own), and each ends by publishing that variant's [`Live`] view: a
+//! `Copy` of its estimates and availability, swapped in atomically (`arc-swap`). So requests
+//! finishing on different variants never wait for each other. What every request reads (the routing decision, the
 //! availability re-check before each attempt, the hedge delay and target, the stall
 //! thresholds) reads those views and never waits for the lock; in-flight counts and slot
 //! admission are atomics, the policy's own state is atomic (`keel_core::p2c`), and the hedge and
@@ -14,7 +15,7 @@
 //! request's work on the pool from one and from two threads at once.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
@@ -47,6 +48,8 @@ pub struct Variant {
     /// prefill"): it continues in `instruction` mode for the rest of its life.
     prefill_refused: AtomicBool,
     pub(crate) name_hash: u64,
+    /// What updates of this variant read and write together, behind its own lock.
+    state: Mutex<VariantState>,
     /// The variant's health and availability as last published (see the module's notes).
     live: ArcSwap<Live>,
 }
@@ -67,20 +70,18 @@ pub(crate) struct Live {
     pub(crate) restarting: bool,
 }
 
-/// The state behind the pool's lock: what updates read and write together.
-pub(crate) struct PoolState {
-    /// Recent client TTFTs over the whole pool: the auto hedge delay before a variant has its
-    /// own, the median assumed for a variant without samples.
-    pub(crate) ttft: TtftWindow,
-    pub(crate) availability: Vec<Availability>,
-    pub(crate) health: Vec<VariantHealth>,
+/// One variant's state behind its lock: what updates read and write together.
+#[derive(Debug, Clone)]
+pub(crate) struct VariantState {
+    pub(crate) health: VariantHealth,
+    pub(crate) availability: Availability,
     /// A warm-up or probe request is in flight for this variant.
-    pub(crate) maintenance_busy: Vec<bool>,
+    pub(crate) maintenance_busy: bool,
     /// Readiness (see [`Pool::mark_ready`]): the variant's health endpoint answered 200 since
     /// it last went loading or restarting.
-    pub(crate) ready: Vec<bool>,
+    pub(crate) ready: bool,
     /// Since when the variant has been refusing connections (a restart), if it is.
-    pub(crate) restarting_since: Vec<Option<u64>>,
+    pub(crate) restarting_since: Option<u64>,
 }
 
 /// An empty slot of `Pool::pool_ttft`.
@@ -97,7 +98,9 @@ pub struct Pool {
     pub variants: Vec<Variant>,
     /// Upstream HTTP client (connection pool) with this pool's connect timeout.
     pub client: reqwest::Client,
-    state: Mutex<PoolState>,
+    /// Recent client TTFTs over the whole pool: the auto hedge delay before a variant has its
+    /// own, the median assumed for a variant without samples.
+    ttft: Mutex<TtftWindow>,
     /// The selection policy (shared by every request without a lock: `Selector::plan` takes
     /// `&self`).
     pub(crate) selector: Box<dyn Selector>,
@@ -266,6 +269,21 @@ impl Pool {
                 limit: Arc::default(),
                 prefill_refused: AtomicBool::new(false),
                 name_hash: hash_bytes(0x6e61_6d65, v.name.as_bytes()),
+                state: Mutex::new(VariantState {
+                    health: {
+                        let mut h = VariantHealth::new(cfg.health.prewarm_requests);
+                        if v.health_url.is_some() {
+                            // Not ready until its health endpoint says so: no client request
+                            // before.
+                            h.mark_loading(&cfg.health);
+                        }
+                        h
+                    },
+                    availability: Availability::default(),
+                    maintenance_busy: false,
+                    ready: false,
+                    restarting_since: None,
+                }),
                 live: ArcSwap::from_pointee(Live {
                     est: VariantHealth::new(0).estimates(),
                     availability: Availability::default(),
@@ -281,17 +299,6 @@ impl Pool {
         let seed = hash_bytes(epoch.elapsed().as_nanos() as u64, cfg.name.as_bytes())
             ^ std::process::id() as u64;
         let selector = selection::policy(cfg.policy, seed, n);
-        let health = variants
-            .iter()
-            .map(|v| {
-                let mut h = VariantHealth::new(cfg.health.prewarm_requests);
-                if v.cfg.health_url.is_some() {
-                    // Not ready until its health endpoint says so: no client request before.
-                    h.mark_loading(&cfg.health);
-                }
-                h
-            })
-            .collect();
         let line = WaitLine::new(
             cfg.queue_max,
             Some(Priority::ALL.map(|p| {
@@ -328,14 +335,7 @@ impl Pool {
                 min_retries_per_sec: 0,
             }),
             pool_ttft: [AtomicU64::new(NONE), AtomicU64::new(NONE)],
-            state: Mutex::new(PoolState {
-                ttft: TtftWindow::with_capacity(POOL_TTFT_SAMPLES),
-                availability: vec![Availability::default(); n],
-                health,
-                maintenance_busy: vec![false; n],
-                ready: vec![false; n],
-                restarting_since: vec![None; n],
-            }),
+            ttft: Mutex::new(TtftWindow::with_capacity(POOL_TTFT_SAMPLES)),
             epoch,
             cfg,
             line,
@@ -343,7 +343,7 @@ impl Pool {
             limits,
             high_seen: AtomicU64::new(0),
         };
-        pool.update_all(|_| ());
+        pool.publish_all();
         pool
     }
 
@@ -351,30 +351,49 @@ impl Pool {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// The state, for reading it whole (the admin snapshot, carrying it across a reload).
-    /// Changes go through [`Pool::update`] or [`Pool::update_all`], which publish them.
-    pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, PoolState> {
+    /// Variant `index`'s state, for reading (the admin snapshot, carrying it across a reload).
+    /// Changes go through [`Pool::update`], which publishes them.
+    pub(crate) fn variant_state(&self, index: usize) -> MutexGuard<'_, VariantState> {
         // The state is plain data updated in one step; a poisoned lock still holds valid data.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.variants[index]
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Changes variant `index`'s state and publishes its view.
-    pub(crate) fn update<R>(&self, index: usize, f: impl FnOnce(&mut PoolState) -> R) -> R {
-        let mut st = self.state();
+    pub(crate) fn update<R>(&self, index: usize, f: impl FnOnce(&mut VariantState) -> R) -> R {
+        let mut st = self.variant_state(index);
         let r = f(&mut st);
         self.publish(&st, index);
         r
     }
 
-    /// Changes any of the state and publishes every view (the monitor's tick, a reload).
-    pub(crate) fn update_all<R>(&self, f: impl FnOnce(&mut PoolState) -> R) -> R {
-        let mut st = self.state();
-        let r = f(&mut st);
+    /// Publishes every variant's view and the pool's TTFT quantiles (a new pool, a reload).
+    pub(crate) fn publish_all(&self) {
         for i in 0..self.variants.len() {
-            self.publish(&st, i);
+            self.publish(&self.variant_state(i), i);
         }
-        self.publish_pool_ttft(&st);
-        r
+        self.publish_pool_ttft(&self.pool_window());
+    }
+
+    fn pool_window(&self) -> MutexGuard<'_, TtftWindow> {
+        self.ttft.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A client TTFT for the pool's window.
+    fn record_pool_ttft(&self, now_ms: u64, ms: f64) {
+        let mut w = self.pool_window();
+        w.record(now_ms, ms);
+        self.publish_pool_ttft(&w);
+    }
+
+    /// Takes over `old`'s recent TTFTs (a reload that kept the pool).
+    pub(crate) fn inherit_ttft(&self, old: &Pool) {
+        let window = old.pool_window().clone();
+        let mut w = self.pool_window();
+        *w = window;
+        self.publish_pool_ttft(&w);
     }
 
     /// The quantile of TTFT the auto hedge delay waits for: 1 − hedge_budget / 2.
@@ -382,24 +401,24 @@ impl Pool {
         (1.0 - self.cfg.hedge_budget / 2.0).clamp(0.5, 0.99)
     }
 
-    fn publish(&self, st: &PoolState, index: usize) {
-        let h = &st.health[index];
+    fn publish(&self, st: &VariantState, index: usize) {
+        let h = &st.health;
         self.variants[index].live.store(Arc::new(Live {
             est: h.estimates(),
-            availability: st.availability[index],
+            availability: st.availability,
             p50_ttft_ms: h.ttft_quantile_ms(0.5),
             p95_ttft_ms: h.p95_ttft_ms(),
             hedge_ttft_ms: h.ttft_quantile_ms(self.hedge_quantile()),
-            restarting: st.restarting_since[index].is_some(),
+            restarting: st.restarting_since.is_some(),
         }));
     }
 
-    fn publish_pool_ttft(&self, st: &PoolState) {
+    fn publish_pool_ttft(&self, window: &TtftWindow) {
         let put = |slot: &AtomicU64, v: Option<f64>| {
             slot.store(v.map_or(NONE, f64::to_bits), Ordering::Relaxed)
         };
-        put(&self.pool_ttft[0], st.ttft.quantile(0.5));
-        put(&self.pool_ttft[1], st.ttft.quantile(self.hedge_quantile()));
+        put(&self.pool_ttft[0], window.quantile(0.5));
+        put(&self.pool_ttft[1], window.quantile(self.hedge_quantile()));
     }
 
     /// The pool-wide TTFT median (`0`) or hedge quantile (`1`), as last published.
@@ -547,17 +566,17 @@ impl Pool {
     }
 
     pub fn cool_down(&self, index: usize, now_ms: u64, for_ms: u64) {
-        self.update(index, |st| st.availability[index].cool_down(now_ms, for_ms));
+        self.update(index, |st| st.availability.cool_down(now_ms, for_ms));
     }
 
     /// The variant answered that it is still loading its model (see `VariantHealth::mark_loading`).
     pub fn mark_loading(&self, index: usize) {
         let hc = self.cfg.health;
         self.update(index, |st| {
-            st.health[index].mark_loading(&hc);
+            st.health.mark_loading(&hc);
             // It answered: alive and loading, not dead.
-            st.ready[index] = false;
-            st.restarting_since[index] = None;
+            st.ready = false;
+            st.restarting_since = None;
         });
     }
 
@@ -572,26 +591,26 @@ impl Pool {
         self.update(index, |st| self.restart_step(st, index, now, grace))
     }
 
-    fn restart_step(&self, st: &mut PoolState, index: usize, now: u64, grace: u64) -> bool {
+    fn restart_step(&self, st: &mut VariantState, index: usize, now: u64, grace: u64) -> bool {
         let hc = self.cfg.health;
-        if matches!(st.health[index].state, State::Ejected { .. }) {
+        if matches!(st.health.state, State::Ejected { .. }) {
             return false;
         }
-        let since = *st.restarting_since[index].get_or_insert(now);
-        st.ready[index] = false;
+        let since = *st.restarting_since.get_or_insert(now);
+        st.ready = false;
         if now.saturating_sub(since) > grace {
-            let h = &mut st.health[index];
+            let h = &mut st.health;
             h.loading = false;
             h.state = State::Ejected {
                 since_ms: now,
                 last_probe_ms: now,
             };
-            st.restarting_since[index] = None;
+            st.restarting_since = None;
             tracing::warn!(pool = %self.cfg.name, variant = %self.variants[index].cfg.name, grace_ms = grace, "variant refused connections for longer than restart_grace_ms; ejected");
             return false;
         }
-        if !st.health[index].loading {
-            st.health[index].mark_loading(&hc);
+        if !st.health.loading {
+            st.health.mark_loading(&hc);
         }
         true
     }
@@ -599,8 +618,8 @@ impl Pool {
     /// The variant's health endpoint answered 200: the monitor's warm-ups may go to it now.
     pub fn mark_ready(&self, index: usize) {
         self.update(index, |st| {
-            st.ready[index] = true;
-            st.restarting_since[index] = None;
+            st.ready = true;
+            st.restarting_since = None;
         });
     }
 
@@ -617,14 +636,14 @@ impl Pool {
     pub fn mark_credential_broken(&self, index: usize, now_ms: u64) {
         // Re-check a refused credential once a minute: keys get rotated back in.
         self.update(index, |st| {
-            st.availability[index].mark_credential_broken(now_ms, 60_000)
+            st.availability.mark_credential_broken(now_ms, 60_000)
         });
     }
 
     pub fn record_success(&self, index: usize) {
         self.update(index, |st| {
-            st.availability[index].record_success();
-            st.restarting_since[index] = None;
+            st.availability.record_success();
+            st.restarting_since = None;
         });
     }
 
@@ -636,12 +655,11 @@ impl Pool {
             c.observe_attempt(index, ok, ttft_ms, now);
         }
         let hc = self.cfg.health;
+        if let Some(t) = ttft_ms {
+            self.record_pool_ttft(now, t);
+        }
         self.update(index, |st| {
-            if let Some(t) = ttft_ms {
-                st.ttft.record(now, t);
-                self.publish_pool_ttft(st);
-            }
-            let h = &mut st.health[index];
+            let h = &mut st.health;
             if let Some(t) = ttft_ms {
                 h.record_ttft(now, t, &hc);
             }
@@ -655,7 +673,7 @@ impl Pool {
     pub fn record_late_ttft(&self, index: usize, ms: f64) {
         let now = self.now_ms();
         let hc = self.cfg.health;
-        self.update(index, |st| st.health[index].record_late_ttft(now, ms, &hc));
+        self.update(index, |st| st.health.record_late_ttft(now, ms, &hc));
     }
 
     /// Feeds a finished stream's inter-token gaps.
@@ -663,65 +681,56 @@ impl Pool {
         let now = self.now_ms();
         let hc = self.cfg.health;
         self.update(index, |st| {
-            st.health[index].record_stream_gaps(now, gaps_ms, &hc);
-            st.health[index].tick(now, &hc);
+            st.health.record_stream_gaps(now, gaps_ms, &hc);
+            st.health.tick(now, &hc);
         });
     }
 
     pub fn record_scrape(&self, index: usize, kv_usage: Option<f64>, waiting: Option<f64>) {
-        self.update(index, |st| {
-            st.health[index].record_scrape(kv_usage, waiting)
-        });
+        self.update(index, |st| st.health.record_scrape(kv_usage, waiting));
     }
 
     /// Advances every variant's lifecycle and returns the probes and warm-ups due now.
     pub fn maintenance(&self) -> Vec<Maintenance> {
-        self.update_all(|st| self.maintenance_step(st))
-    }
-
-    fn maintenance_step(&self, st: &mut PoolState) -> Vec<Maintenance> {
         let now = self.now_ms();
         let hc = self.cfg.health;
         let mut out = Vec::new();
+        // Refresh candidates: (last evidence, index).
+        let mut stale: Vec<(u64, usize)> = Vec::new();
         for i in 0..self.variants.len() {
-            st.health[i].tick(now, &hc);
-            if st.maintenance_busy[i] {
-                continue;
-            }
-            if st.health[i].take_probe(now, &hc) {
-                st.maintenance_busy[i] = true;
-                out.push(Maintenance::Probe(i));
-            } else if matches!(st.health[i].state, State::Warming { .. }) {
-                st.maintenance_busy[i] = true;
-                // Readiness first where the variant has a health endpoint.
-                out.push(
-                    if self.variants[i].cfg.health_url.is_some() && !st.ready[i] {
+            self.update(i, |st| {
+                st.health.tick(now, &hc);
+                if st.maintenance_busy {
+                    return;
+                }
+                if st.health.take_probe(now, &hc) {
+                    st.maintenance_busy = true;
+                    out.push(Maintenance::Probe(i));
+                } else if matches!(st.health.state, State::Warming { .. }) {
+                    st.maintenance_busy = true;
+                    // Readiness first where the variant has a health endpoint.
+                    out.push(if self.variants[i].cfg.health_url.is_some() && !st.ready {
                         Maintenance::Ready(i)
                     } else {
                         Maintenance::WarmUp(i)
-                    },
-                );
-            }
+                    });
+                } else if st.availability.available(now) && st.health.needs_refresh(now, &hc) {
+                    stale.push((st.health.last_sample_ms.unwrap_or(0), i));
+                }
+            });
         }
         // Refresh probes, the longest without evidence first, while the budget lasts (none in
         // safe mode: probes of ejected variants above stay, they are how a variant returns).
+        // Only the monitor starts maintenance, so a variant listed here is still idle.
         if self.safety.active() {
             return out;
         }
-        let mut stale: Vec<(u64, usize)> = (0..self.variants.len())
-            .filter(|&i| {
-                !st.maintenance_busy[i]
-                    && st.availability[i].available(now)
-                    && st.health[i].needs_refresh(now, &hc)
-            })
-            .map(|i| (st.health[i].last_sample_ms.unwrap_or(0), i))
-            .collect();
         stale.sort_unstable();
         for (_, i) in stale {
             if !self.probes.try_retry(now) {
                 break;
             }
-            st.maintenance_busy[i] = true;
+            self.variant_state(i).maintenance_busy = true;
             out.push(Maintenance::Refresh(i));
         }
         out
@@ -729,7 +738,7 @@ impl Pool {
 
     /// A probe or warm-up that could not start now (the variant is full): due again later.
     pub fn maintenance_skipped(&self, m: Maintenance) {
-        self.state().maintenance_busy[m.variant()] = false;
+        self.variant_state(m.variant()).maintenance_busy = false;
     }
 
     /// The result of a probe or warm-up request.
@@ -741,7 +750,7 @@ impl Pool {
 
     fn maintenance_result(
         &self,
-        st: &mut PoolState,
+        st: &mut VariantState,
         m: Maintenance,
         ok: bool,
         ttft_ms: Option<f64>,
@@ -749,29 +758,29 @@ impl Pool {
         let now = self.now_ms();
         let hc = self.cfg.health;
         match m {
-            Maintenance::Probe(i) => {
-                st.maintenance_busy[i] = false;
-                st.health[i].probe_result(now, ok, ttft_ms, &hc);
+            Maintenance::Probe(_) => {
+                st.maintenance_busy = false;
+                st.health.probe_result(now, ok, ttft_ms, &hc);
                 if ok {
-                    st.restarting_since[i] = None;
+                    st.restarting_since = None;
                 }
             }
             // A readiness check that did not find the variant ready (one that did goes on to
             // a warm-up at once, see `monitor`).
-            Maintenance::Ready(i) => st.maintenance_busy[i] = false,
-            Maintenance::WarmUp(i) => {
-                st.maintenance_busy[i] = false;
+            Maintenance::Ready(_) => st.maintenance_busy = false,
+            Maintenance::WarmUp(_) => {
+                st.maintenance_busy = false;
                 if ok {
                     if let Some(t) = ttft_ms {
-                        st.health[i].record_ttft(now, t, &hc);
+                        st.health.record_ttft(now, t, &hc);
                     }
-                    st.health[i].record_outcome(now, true, &hc);
-                    st.restarting_since[i] = None;
+                    st.health.record_outcome(now, true, &hc);
+                    st.restarting_since = None;
                 }
             }
-            Maintenance::Refresh(i) => {
-                st.maintenance_busy[i] = false;
-                st.health[i].refresh_result(now, ttft_ms.filter(|_| ok), &hc);
+            Maintenance::Refresh(_) => {
+                st.maintenance_busy = false;
+                st.health.refresh_result(now, ttft_ms.filter(|_| ok), &hc);
             }
         }
     }
@@ -779,13 +788,13 @@ impl Pool {
     pub fn snapshot(&self) -> Vec<VariantSnapshot> {
         let now = self.now_ms();
         let hc = self.cfg.health;
-        let st = self.state();
         self.variants
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                let h = &st.health[i];
-                let a = st.availability[i];
+                let st = self.variant_state(i);
+                let h = &st.health;
+                let a = st.availability;
                 VariantSnapshot {
                     name: v.cfg.name.clone(),
                     state: h.state.name(),
@@ -940,9 +949,17 @@ mod tests {
     use std::collections::HashMap;
 
     fn pool(max_concurrency: u32) -> Arc<Pool> {
-        let text = format!(
-            "[[pools]]\nname = \"p\"\n[[pools.variants]]\nname = \"a\"\nurl = \"http://127.0.0.1:9/v1\"\nprotocol = \"openai\"\nupstream_model = \"m\"\nmax_concurrency = {max_concurrency}\n"
-        );
+        pool_of(1, max_concurrency)
+    }
+
+    /// A pool of `variants` variants (`v0`, `v1`, …), each with `max_concurrency`.
+    fn pool_of(variants: usize, max_concurrency: u32) -> Arc<Pool> {
+        let mut text = String::from("[[pools]]\nname = \"p\"\n");
+        for i in 0..variants {
+            text.push_str(&format!(
+                "[[pools.variants]]\nname = \"v{i}\"\nurl = \"http://127.0.0.1:9/v1\"\nprotocol = \"openai\"\nupstream_model = \"m\"\nmax_concurrency = {max_concurrency}\n"
+            ));
+        }
         let cfg = crate::Config::parse(&text, "t.toml", &HashMap::new()).unwrap();
         crate::install_crypto();
         Arc::new(Pool::new(
@@ -982,5 +999,108 @@ mod tests {
             .filter_map(|_| p.try_enter(0, Priority::High))
             .collect();
         assert_eq!(held.len(), 3);
+    }
+
+    /// The variant's published view is what its state says.
+    fn assert_published(p: &Pool, i: usize) {
+        let st = p.variant_state(i).clone();
+        let live = p.live(i);
+        assert_eq!(live.est, st.health.estimates());
+        assert_eq!(live.availability, st.availability);
+        assert_eq!(live.restarting, st.restarting_since.is_some());
+        assert_eq!(live.p50_ttft_ms, st.health.ttft_quantile_ms(0.5));
+        assert_eq!(live.p95_ttft_ms, st.health.p95_ttft_ms());
+    }
+
+    /// Requests read the published views, never the state: every kind of update must publish.
+    #[test]
+    fn every_update_publishes_the_variants_view() {
+        let p = pool(4);
+        assert_published(&p, 0);
+        type Step = Box<dyn Fn(&Pool)>;
+        let steps: Vec<(&str, Step)> = vec![
+            (
+                "attempt",
+                Box::new(|p| p.record_attempt(0, true, Some(120.0))),
+            ),
+            ("failure", Box::new(|p| p.record_attempt(0, false, None))),
+            (
+                "stream",
+                Box::new(|p| p.record_stream(0, &[10.0, 30.0, 12.0])),
+            ),
+            ("late ttft", Box::new(|p| p.record_late_ttft(0, 400.0))),
+            (
+                "scrape",
+                Box::new(|p| p.record_scrape(0, Some(0.5), Some(3.0))),
+            ),
+            ("cooldown", Box::new(|p| p.cool_down(0, p.now_ms(), 5_000))),
+            (
+                "credential",
+                Box::new(|p| p.mark_credential_broken(0, p.now_ms())),
+            ),
+            ("success", Box::new(|p| p.record_success(0))),
+            ("loading", Box::new(|p| p.mark_loading(0))),
+            (
+                "restarting",
+                Box::new(|p| {
+                    p.mark_restarting(0);
+                }),
+            ),
+            ("ready", Box::new(|p| p.mark_ready(0))),
+            (
+                "maintenance",
+                Box::new(|p| {
+                    for m in p.maintenance() {
+                        p.maintenance_done(m, true, Some(90.0));
+                    }
+                }),
+            ),
+        ];
+        for (what, step) in steps {
+            let before = p.live(0);
+            step(&p);
+            assert_published(&p, 0);
+            assert!(
+                format!("{before:?}") != format!("{:?}", p.live(0)) || what == "maintenance",
+                "{what} changed nothing: the step does not test its publication"
+            );
+        }
+    }
+
+    /// Decisions and updates from many threads at once: the views end as the states say (an
+    /// update publishes before it lets go of its variant, so the last one published wins).
+    #[test]
+    fn concurrent_updates_leave_every_view_current() {
+        let p = pool_of(4, 1_000);
+        let req = keel_core::request::parse(
+            keel_core::protocol::Endpoint::ChatCompletions,
+            br#"{"model":"p","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap();
+        std::thread::scope(|s| {
+            for t in 0..4u32 {
+                let (p, req) = (&p, &req);
+                s.spawn(move || {
+                    for n in 0..500u32 {
+                        let controls = crate::selection::Controls {
+                            force_variant: None,
+                            preference: Default::default(),
+                            min_tier: None,
+                            priority: Priority::Normal,
+                        };
+                        let (sel, _) = p.select(req, controls, "t");
+                        let crate::selection::Selection::Plan(order) = sel else {
+                            panic!("no plan: {sel:?}");
+                        };
+                        let ttft = 50.0 + f64::from((t * 500 + n) % 97);
+                        p.record_attempt(order[0], n % 50 != 0, Some(ttft));
+                        p.record_stream(order[0], &[10.0, 11.0]);
+                    }
+                });
+            }
+        });
+        for i in 0..4 {
+            assert_published(&p, i);
+        }
     }
 }

@@ -111,18 +111,17 @@ fn inherit(new: &mut Pool, old: &Pool) {
             v.learn_instruction();
         }
     }
-    let from = old.state();
-    new.update_all(|to| {
-        // The pool's recent TTFTs: the hedge delay's fallback and the median of unmeasured
-        // variants.
-        to.ttft = from.ttft.clone();
-        for (i, j) in same {
-            to.health[i] = from.health[j].clone();
-            to.availability[i] = from.availability[j];
-            to.ready[i] = from.ready[j];
-            to.restarting_since[i] = from.restarting_since[j];
-        }
-    });
+    // The pool's recent TTFTs: the hedge delay's fallback and the median of unmeasured variants.
+    new.inherit_ttft(old);
+    for (i, j) in same {
+        let from = old.variant_state(j).clone();
+        new.update(i, |to| {
+            // A probe or warm-up of the old generation ends there: the new one starts its own.
+            let busy = to.maintenance_busy;
+            *to = from;
+            to.maintenance_busy = busy;
+        });
+    }
 }
 
 /// What a reload changes, pool by pool, for the admin answer and the log: `unchanged`,

@@ -193,11 +193,10 @@ impl Pool {
 
     /// What this replica measured about variant `index` (not what it was told).
     pub fn findings(&self, index: usize) -> Findings {
-        let st = self.state();
+        let st = self.variant_state(index);
         Findings {
-            down: matches!(st.health[index].state, State::Ejected { .. })
-                || st.restarting_since[index].is_some(),
-            cooldown_until_ms: st.availability[index].cooldown_until_ms,
+            down: matches!(st.health.state, State::Ejected { .. }) || st.restarting_since.is_some(),
+            cooldown_until_ms: st.availability.cooldown_until_ms,
             learned_limit: self.variants[index].limit.learned(),
         }
     }
@@ -207,7 +206,7 @@ impl Pool {
     pub fn apply_shared(&self, index: usize, s: &Signal, own_ttl_ms: u64) {
         let now = self.now_ms();
         self.update(index, |st| {
-            let a = &mut st.availability[index];
+            let a = &mut st.availability;
             match s.kind {
                 Kind::Eject => {
                     a.shared_eject_until_ms =
