@@ -157,7 +157,8 @@ pub struct Counters {
 }
 
 impl Counters {
-    fn add(&mut self, o: &Counters) {
+    /// Adds another window's counts (the shards of one window, see keel-gateway's `per_thread`).
+    pub fn add(&mut self, o: &Counters) {
         self.requests += o.requests;
         self.fallbacks += o.fallbacks;
         self.migrations += o.migrations;

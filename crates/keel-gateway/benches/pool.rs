@@ -1,8 +1,9 @@
 //! The per-request work on a pool's shared state, from one and from two threads at once: a
 //! routing decision (`Pool::select`, decision record included), the attempt's bookkeeping
-//! (`count_request`, `available`, `hedge_delay_ms`, `stall_threshold_ms`) and its outcome
-//! (`record_attempt`, `record_success`, `record_stream`). With the pool behind one mutex, the
-//! second thread waits for the first; read from published snapshots, it does not.
+//! (`count_request`, `available`, `hedge_delay_ms`, `stall_threshold_ms`, a slot taken and
+//! given back), its outcome (`record_attempt`, `record_success`, `record_stream`) and the
+//! request's count in the pool's safe-mode window. With the pool behind one mutex, the second
+//! thread waits for the first; read from published views, it does not.
 //!
 //! `cargo bench -p keel-gateway --bench pool`
 //!
@@ -55,7 +56,7 @@ fn pool(variants: usize) -> Arc<Pool> {
 }
 
 /// One request's work on the pool's shared state.
-fn request(pool: &Pool, req: &keel_core::request::CanonicalRequest) {
+fn request(pool: &Arc<Pool>, req: &keel_core::request::CanonicalRequest) {
     let controls = Controls {
         force_variant: None,
         preference: Preference::LowLatency,
@@ -72,9 +73,12 @@ fn request(pool: &Pool, req: &keel_core::request::CanonicalRequest) {
     black_box(pool.available(v, pool.now_ms()));
     black_box(pool.hedge_delay_ms(v));
     black_box(pool.stall_threshold_ms(v));
+    let slot = pool.try_enter(v, Priority::Normal).expect("a free slot");
     pool.record_attempt(v, true, Some(90.0));
     pool.record_success(v);
     pool.record_stream(v, &[10.0, 11.0, 12.0]);
+    drop(slot);
+    pool.safety.record_request(pool.now_ms(), "direct", "ok");
 }
 
 fn contention(c: &mut Criterion) {

@@ -41,6 +41,7 @@ pub mod live;
 pub mod metrics;
 pub mod monitor;
 pub mod openapi;
+pub mod per_thread;
 pub mod pools;
 pub mod quota;
 pub mod relay;

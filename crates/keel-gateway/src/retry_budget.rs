@@ -4,68 +4,38 @@
 //! locks every shard in order and decides on their totals, so the shards together grant exactly
 //! what one budget would.
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
-
 use keel_core::budget::{RetryBudget, RetryBudgetConfig};
+
+use crate::per_thread::PerThread;
 
 /// The retry budget's shards.
 pub struct ShardedBudget {
-    shards: Box<[Mutex<RetryBudget>]>,
-}
-
-/// Threads are numbered as they first count, and use shard `number % shards`.
-static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static THREAD: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-fn thread_number() -> usize {
-    THREAD.with(|t| match t.get() {
-        Some(n) => n,
-        None => {
-            let n = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-            t.set(Some(n));
-            n
-        }
-    })
-}
-
-fn lock(m: &Mutex<RetryBudget>) -> MutexGuard<'_, RetryBudget> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    shards: PerThread<RetryBudget>,
 }
 
 impl ShardedBudget {
     /// One shard per available core (the runtime's default thread count).
     pub fn new(cfg: RetryBudgetConfig) -> ShardedBudget {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::with_shards(cfg, n)
+        ShardedBudget {
+            shards: PerThread::new(|| RetryBudget::new(cfg)),
+        }
     }
 
     pub fn with_shards(cfg: RetryBudgetConfig, n: usize) -> ShardedBudget {
         ShardedBudget {
-            shards: (0..n.max(1))
-                .map(|_| Mutex::new(RetryBudget::new(cfg)))
-                .collect(),
+            shards: PerThread::with_shards(n, || RetryBudget::new(cfg)),
         }
-    }
-
-    fn own(&self) -> usize {
-        thread_number() % self.shards.len()
     }
 
     /// Counts one client request (the calling thread's shard only).
     pub fn record_request(&self, now_ms: u64) {
-        lock(&self.shards[self.own()]).record_request(now_ms);
+        self.shards.own().record_request(now_ms);
     }
 
     /// Asks for one retry; true (and counted) when the whole budget allows it.
     pub fn try_retry(&self, now_ms: u64) -> bool {
-        let own = self.own();
-        // Always in index order, and a counting thread holds one shard at a time: no deadlock.
-        let mut guards: Vec<_> = self.shards.iter().map(lock).collect();
+        let own = self.shards.own_index();
+        let mut guards = self.shards.all();
         let others =
             guards
                 .iter()

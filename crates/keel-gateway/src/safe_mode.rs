@@ -32,6 +32,7 @@ use keel_core::health_colour::{
 };
 
 use crate::metrics::Metrics;
+use crate::per_thread::PerThread;
 use crate::pools::Pool;
 
 /// One pool's signal window, colour and safe mode.
@@ -40,7 +41,8 @@ pub struct Safety {
     /// Whether safe mode is on: the only thing the request path reads.
     active: AtomicBool,
     thresholds: Thresholds,
-    window: Mutex<SignalWindow>,
+    /// Counted per thread (every request counts twice: see `per_thread`).
+    window: PerThread<SignalWindow>,
     state: Mutex<State>,
     metrics: Arc<Metrics>,
 }
@@ -67,7 +69,7 @@ impl Safety {
             pool: pool.to_owned(),
             active: AtomicBool::new(false),
             thresholds,
-            window: Mutex::new(SignalWindow::new(thresholds.window_ms)),
+            window: PerThread::new(|| SignalWindow::new(thresholds.window_ms)),
             state: Mutex::new(State {
                 mode: SafeMode::default(),
                 verdict: Verdict {
@@ -89,7 +91,16 @@ impl Safety {
     }
 
     fn window(&self) -> std::sync::MutexGuard<'_, SignalWindow> {
-        self.window.lock().unwrap_or_else(|e| e.into_inner())
+        self.window.own()
+    }
+
+    /// The counters of the window ending at `now_ms`, over every thread's shard.
+    fn totals(&self, now_ms: u64) -> Counters {
+        let mut sum = Counters::default();
+        for shard in self.window.all() {
+            sum.add(&shard.totals(now_ms));
+        }
+        sum
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -150,7 +161,7 @@ impl Safety {
 
     fn judge(&self, pool: &Pool) -> (std::sync::MutexGuard<'_, State>, Counters, f64, u64) {
         let now = pool.now_ms();
-        let counters = self.window().totals(now);
+        let counters = self.totals(now);
         let capacity = eligible_capacity(pool);
         let verdict = evaluate(&counters, capacity, &self.thresholds);
         let mut st = self.state();
