@@ -6,21 +6,25 @@
 //! request's [`crate::settlement::Attempts`] (every attempt with its timings, hedges,
 //! migrations, the time spent waiting on upstreams) and its [`RequestLog`] (route, status,
 //! overhead, totals). Both hold one [`Draft`]; whichever lets go last drops it, and the drop
-//! pushes the finished record into the ring. The ring's lock is held only to push or to copy
-//! out `Arc`s, never while a record is built or serialized, and nothing of the prompt or the
-//! output is ever copied into a record.
+//! pushes the finished record into the ring. The ring takes no lock: a push is one atomic add on
+//! the write position and one atomic swap of the slot (every request pushes one, from any
+//! thread); a lookup or a query walks the ring from the newest record (an admin's read: a
+//! lookup by id compares up to `decisions_kept` ids, ≈ 0.1 ms for 10,000). Nothing of the prompt
+//! or the output is ever copied into a record.
 //!
 //! **Memory** (measured with `size_of`, plus the names on the heap): a record is about 590 bytes
 //! of fixed fields (canary side, integrity events, consensus votes and the cache's origin
-//! included), about 0.8 KiB with its id, names, index entry and `Arc`; each candidate adds
+//! included), about 0.8 KiB with its id, names, slot and `Arc`; each candidate adds
 //! 240 bytes plus its name (about 0.27 KiB), each attempt 96 bytes plus two strings (about
 //! 0.16 KiB). A request over a pool of 4 variants with 2 attempts is about 2 KiB, so the default
 //! ring of 10,000 holds about 22 MiB. A record lists at most 16 candidates whatever the pool's
 //! size (see `decision_candidates`), so the worst case is about 6 KiB a record, 60 MiB for a
 //! full ring.
 
-use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwapOption;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
@@ -60,58 +64,47 @@ pub struct MigrationRecord {
     pub at_ms: f64,
 }
 
-/// The bounded ring of finished records, indexed by request id.
+/// The bounded ring of finished records: `kept` slots, written in turn.
 pub struct DecisionLog {
-    kept: usize,
-    ring: Mutex<Ring>,
-}
-
-#[derive(Default)]
-struct Ring {
-    order: VecDeque<Arc<DecisionRecord>>,
-    by_id: HashMap<String, Arc<DecisionRecord>>,
+    slots: Box<[ArcSwapOption<DecisionRecord>]>,
+    /// Records pushed so far: the next goes to slot `next % kept`.
+    next: AtomicU64,
 }
 
 impl DecisionLog {
     pub fn new(kept: usize) -> Self {
         DecisionLog {
-            kept: kept.max(1),
-            ring: Mutex::new(Ring::default()),
+            slots: (0..kept.max(1)).map(|_| ArcSwapOption::empty()).collect(),
+            next: AtomicU64::new(0),
         }
     }
 
-    fn ring(&self) -> std::sync::MutexGuard<'_, Ring> {
-        self.ring.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Keeps a finished record; the oldest goes when the ring is full.
+    /// Keeps a finished record; it replaces the oldest when the ring is full.
     pub fn push(&self, record: DecisionRecord) {
-        let record = Arc::new(record);
-        let id = record.request_id.clone();
-        let mut ring = self.ring();
-        if ring.order.len() == self.kept {
-            if let Some(old) = ring.order.pop_front() {
-                ring.by_id.remove(&old.request_id);
-            }
-        }
-        ring.order.push_back(record.clone());
-        ring.by_id.insert(id, record);
+        let at = self.next.fetch_add(1, Ordering::AcqRel) % self.slots.len() as u64;
+        self.slots[at as usize].store(Some(Arc::new(record)));
+    }
+
+    /// The kept records, newest first. Each slot is visited once; a push that lands meanwhile
+    /// shows in its slot's place or not at all.
+    fn newest_first(&self) -> impl Iterator<Item = Arc<DecisionRecord>> + '_ {
+        let n = self.slots.len() as u64;
+        let end = self.next.load(Ordering::Acquire);
+        (end.saturating_sub(n)..end)
+            .rev()
+            .filter_map(move |i| self.slots[(i % n) as usize].load_full())
     }
 
     /// The record of one request, while it is kept.
     pub fn get(&self, request_id: &str) -> Option<Arc<DecisionRecord>> {
-        self.ring().by_id.get(request_id).cloned()
+        self.newest_first().find(|r| r.request_id == request_id)
     }
 
     /// The records matching `q`, newest first.
     pub fn query(&self, q: &Query) -> Vec<Arc<DecisionRecord>> {
-        let ring = self.ring();
-        ring.order
-            .iter()
-            .rev()
+        self.newest_first()
             .filter(|r| q.matches(r))
             .take(q.limit)
-            .cloned()
             .collect()
     }
 }
@@ -402,6 +395,36 @@ mod tests {
         let all = log.query(&Query::parse(None).unwrap());
         let ids: Vec<&str> = all.iter().map(|r| r.request_id.as_str()).collect();
         assert_eq!(ids, ["r4", "r3", "r2"]);
+    }
+
+    /// Pushes from many threads at once: the ring ends holding exactly the last `kept` records
+    /// pushed, each findable by its id.
+    #[test]
+    fn concurrent_pushes_keep_the_newest_records() {
+        let log = DecisionLog::new(64);
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let log = &log;
+                s.spawn(move || {
+                    for i in 0..1_000 {
+                        log.push(record(&format!("t{t}-{i}"), "p", "direct"));
+                    }
+                });
+            }
+        });
+        let all = log.query(&Query {
+            limit: 1_000,
+            ..Default::default()
+        });
+        assert_eq!(all.len(), 64);
+        for r in &all {
+            assert_eq!(log.get(&r.request_id).unwrap().request_id, r.request_id);
+        }
+        let ids: std::collections::HashSet<&str> =
+            all.iter().map(|r| r.request_id.as_str()).collect();
+        assert_eq!(ids.len(), 64, "a record kept twice");
+        // Some thread pushed last: its last record is kept.
+        assert!((0..4).any(|t| ids.contains(format!("t{t}-999").as_str())));
     }
 
     #[test]

@@ -45,6 +45,7 @@ pub mod per_thread;
 pub mod pools;
 pub mod quota;
 pub mod relay;
+pub mod request_id;
 pub mod responses;
 pub mod retry_budget;
 pub mod rollout_api;

@@ -116,11 +116,6 @@ pub async fn serve_live(
     Ok(())
 }
 
-fn new_request_id() -> String {
-    // UUIDv7: time-ordered, so ids sort by arrival in logs.
-    uuid::Uuid::now_v7().to_string()
-}
-
 /// Routes one request. A panic anywhere in its handling is answered with a 500 in the
 /// client's protocol (and counted, see `access_log`), never a dropped connection with no word.
 pub async fn handle(
@@ -178,7 +173,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         return handle_generation(&gw, api, req, started).await;
     }
     // keel's own answers carry a request id and a route too.
-    let id = new_request_id();
+    let id = crate::request_id::new();
     let mut resp = match resolved {
         Resolved::Route(Target::Generation(_), _) => unreachable!("handled above"),
         Resolved::Route(Target::Models, _) => match gw.keys.authenticate(req.headers()) {
@@ -296,7 +291,7 @@ pub async fn handle_generation(
 ) -> Response<Body> {
     let endpoint = api.endpoint();
     let protocol = endpoint.protocol();
-    let id = new_request_id();
+    let id = crate::request_id::new();
     let (parts, body) = req.into_parts();
     gw.record_request();
     // The request's span (only when tracing is configured), continuing the client's trace.

@@ -6,11 +6,13 @@
 //! Bounded by construction: a ring of [`SLOTS`] ten-second slots; in each, one counter per
 //! route label (a fixed set of `&'static str`) and one fixed-size log-spaced TTFT histogram per
 //! pool (pool names come from the config, plus `none` for requests refused before one was
-//! known). Recording is one short lock and a few additions.
+//! known). Each runtime thread records into a ring of its own (`per_thread`: its lock is never
+//! contended), and the once-a-second view sums the rings.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use crate::per_thread::PerThread;
 
 use serde::Serialize;
 
@@ -49,14 +51,15 @@ struct Slot {
 /// The recent-requests window of one gateway.
 pub struct Recent {
     epoch: Instant,
-    slots: Mutex<VecDeque<Slot>>,
+    /// One ring of slots per runtime thread.
+    slots: PerThread<VecDeque<Slot>>,
 }
 
 impl Default for Recent {
     fn default() -> Self {
         Recent {
             epoch: Instant::now(),
-            slots: Mutex::new(VecDeque::with_capacity(SLOTS + 1)),
+            slots: PerThread::new(|| VecDeque::with_capacity(SLOTS + 1)),
         }
     }
 }
@@ -134,7 +137,7 @@ impl Recent {
     /// Counts one finished request.
     pub fn record(&self, pool: &str, route: &'static str, ttft: Option<Duration>) {
         let index = self.slot_index();
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots.own();
         if slots.back().is_none_or(|s| s.index != index) {
             slots.push_back(Slot {
                 index,
@@ -168,12 +171,16 @@ impl Recent {
     /// The window as it is now.
     pub fn view(&self) -> WindowView {
         let now = self.slot_index();
-        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let live = slots.iter().filter(|s| s.index + (SLOTS as u64) > now);
+        let rings = self.slots.all();
+        let live = rings
+            .iter()
+            .flat_map(|r| r.iter())
+            .filter(|s| s.index + (SLOTS as u64) > now);
         let mut routes: BTreeMap<&'static str, u64> = ROUTES.iter().map(|r| (*r, 0)).collect();
-        // Per pool: the whole-window histogram and one per slot position (oldest first).
-        let mut per_pool: BTreeMap<String, (Box<Histogram>, Vec<Option<&Histogram>>)> =
-            BTreeMap::new();
+        // Per pool: the whole-window histogram and one per slot position (oldest first), each
+        // the sum over the threads' rings.
+        type Series = Vec<Option<Box<Histogram>>>;
+        let mut per_pool: BTreeMap<String, (Box<Histogram>, Series)> = BTreeMap::new();
         for s in live {
             if s.index + ROUTE_SLOTS > now {
                 for (route, n) in &s.routes {
@@ -185,10 +192,11 @@ impl Recent {
                 let (total, series) = per_pool
                     .entry(pool.clone())
                     .or_insert_with(|| (Box::new([0; BUCKETS]), vec![None; SLOTS]));
-                for (t, c) in total.iter_mut().zip(h.iter()) {
+                let at = series[position].get_or_insert_with(|| Box::new([0; BUCKETS]));
+                for ((t, a), c) in total.iter_mut().zip(at.iter_mut()).zip(h.iter()) {
                     *t = t.saturating_add(*c);
+                    *a = a.saturating_add(*c);
                 }
-                series[position] = Some(h);
             }
         }
         let empty: Histogram = [0; BUCKETS];
@@ -198,7 +206,7 @@ impl Recent {
                 let whole = point(&total);
                 let series = series
                     .into_iter()
-                    .map(|h| point(h.unwrap_or(&empty)))
+                    .map(|h| point(h.as_deref().unwrap_or(&empty)))
                     .collect();
                 let t = PoolTtft {
                     p50_ms: whole.p50_ms,
@@ -258,6 +266,27 @@ mod tests {
         let newest = t.series.last().unwrap();
         assert_eq!(newest.count, 100);
         assert!(t.series[..SLOTS - 1].iter().all(|p| p.count == 0));
+    }
+
+    /// Threads record into rings of their own; the view sums them, slot by slot.
+    #[test]
+    fn records_from_many_threads_are_summed() {
+        let r = Recent::default();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..250 {
+                        r.record("p", "direct", ms(10));
+                    }
+                });
+            }
+        });
+        let v = r.view();
+        assert_eq!(v.routes["direct"], 1_000);
+        let p = &v.ttft["p"];
+        assert_eq!(p.count, 1_000);
+        // (Two slots when a ten-second boundary falls within the test.)
+        assert_eq!(p.series.iter().map(|s| s.count).sum::<u64>(), 1_000);
     }
 
     #[test]
