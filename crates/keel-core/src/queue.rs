@@ -187,7 +187,8 @@ impl DrainRate {
         self.expire(now_ms);
     }
 
-    fn expire(&mut self, now_ms: u64) {
+    /// Drops the frees older than the window.
+    pub fn expire(&mut self, now_ms: u64) {
         while self
             .frees
             .front()
@@ -201,18 +202,36 @@ impl DrainRate {
     /// from it to now (a silence since the last free lowers the rate). `None` with fewer than
     /// two frees in the window.
     pub fn per_sec(&mut self, now_ms: u64) -> Option<f64> {
-        self.expire(now_ms);
-        let oldest = *self.frees.front()?;
+        Self::combined_per_sec(&mut [self], now_ms)
+    }
+
+    /// The rate of several counts of one line's frees taken together (counted apart, e.g. per
+    /// thread): as [`DrainRate::per_sec`] over all their frees.
+    pub fn combined_per_sec<D: std::ops::DerefMut<Target = DrainRate>>(
+        parts: &mut [D],
+        now_ms: u64,
+    ) -> Option<f64> {
+        let (mut frees, mut oldest) = (0usize, u64::MAX);
+        for d in parts.iter_mut() {
+            d.expire(now_ms);
+            frees += d.frees.len();
+            oldest = oldest.min(d.frees.front().copied().unwrap_or(u64::MAX));
+        }
         let span = now_ms.saturating_sub(oldest);
-        (self.frees.len() >= 2 && span > 0)
-            .then(|| (self.frees.len() - 1) as f64 * 1000.0 / span as f64)
+        (frees >= 2 && oldest != u64::MAX && span > 0)
+            .then(|| (frees - 1) as f64 * 1000.0 / span as f64)
+    }
+
+    /// Expected wait (ms) at `rate` frees a second for a place with `ahead` requests before
+    /// it: until `ahead + 1` slots have freed.
+    pub fn wait_at(rate: f64, ahead: usize) -> u64 {
+        ((ahead as f64 + 1.0) * 1000.0 / rate).ceil() as u64
     }
 
     /// Expected wait (ms) for a place with `ahead` requests before it: until `ahead + 1`
     /// slots have freed. `None` without a measured rate.
     pub fn expected_wait_ms(&mut self, ahead: usize, now_ms: u64) -> Option<u64> {
-        let rate = self.per_sec(now_ms)?;
-        Some(((ahead as f64 + 1.0) * 1000.0 / rate).ceil() as u64)
+        Some(Self::wait_at(self.per_sec(now_ms)?, ahead))
     }
 }
 

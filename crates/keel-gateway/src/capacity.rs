@@ -20,7 +20,7 @@
 //! is longer than it may wait. A request waiting at the back is displaced by a higher-ranked
 //! newcomer when the line is full, and refused with 429 and retry-after.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -28,6 +28,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use keel_core::queue::{DrainRate, Joined, Line, Place, Priority};
+
+use crate::per_thread::PerThread;
 
 /// A variant's learned concurrency limit (`u32::MAX`: none learned yet).
 #[derive(Debug)]
@@ -143,13 +145,14 @@ struct Waiter {
 #[derive(Debug)]
 struct Inner {
     line: Line<Arc<Waiter>>,
-    drain: DrainRate,
 }
 
 /// The pool's line of requests waiting for a slot.
 #[derive(Debug)]
 pub struct WaitLine {
     inner: Mutex<Inner>,
+    /// Slots freed, counted per thread (every request frees one: no shared lock for that).
+    drain: PerThread<DrainRate>,
     epoch: Instant,
     /// EWMA of how long a request holds its slot, in µs (f64 bits; 0 before any): the wait
     /// estimate before the drain rate is measured.
@@ -175,8 +178,8 @@ impl WaitLine {
         WaitLine {
             inner: Mutex::new(Inner {
                 line: Line::new(capacity),
-                drain: DrainRate::new(DRAIN_WINDOW_MS),
             }),
+            drain: PerThread::new(|| DrainRate::new(DRAIN_WINDOW_MS)),
             epoch: Instant::now(),
             hold_us: AtomicU64::new(0),
             depth,
@@ -197,6 +200,8 @@ impl WaitLine {
         let d = inner.line.depths();
         self.waiting
             .store(inner.line.len() as u32, Ordering::Relaxed);
+        // Pairs with the fence in `freed`: see there.
+        fence(Ordering::SeqCst);
         if let Some(g) = &self.depth {
             for (g, n) in g.iter().zip(d) {
                 g.set(n as f64);
@@ -206,13 +211,22 @@ impl WaitLine {
 
     /// A slot was freed, after serving a request for `held_us` (`None`: it served none). The
     /// first in line gets it.
+    ///
+    /// With nobody waiting it takes no shared lock. The slot itself was given back before this
+    /// call (`InFlight::drop`), and a waiter looks for a free slot after joining the line
+    /// (`Pool::wait_for_slot`): the fences here and in `changed` order the two sides, so either
+    /// the waiter finds the slot or this call sees it waiting and wakes it.
     pub fn freed(&self, held_us: Option<f64>) {
-        let now = self.ms(Instant::now());
-        let mut inner = self.lock();
         if let Some(held_us) = held_us {
+            let now = self.ms(Instant::now());
             self.hold(held_us);
-            inner.drain.record(now);
+            self.drain.own().record(now);
         }
+        fence(Ordering::SeqCst);
+        if self.waiting.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut inner = self.lock();
         Self::wake_first(&mut inner);
         self.changed(&inner);
     }
@@ -225,13 +239,18 @@ impl WaitLine {
     }
 
     fn hold(&self, held_us: f64) {
-        let old = f64::from_bits(self.hold_us.load(Ordering::Relaxed));
-        let new = if old == 0.0 {
-            held_us
-        } else {
-            old + HOLD_ALPHA * (held_us - old)
-        };
-        self.hold_us.store(new.to_bits(), Ordering::Relaxed);
+        // One compare-and-swap: slots freed at once on several threads each count.
+        let _ = self
+            .hold_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                let old = f64::from_bits(bits);
+                let new = if old == 0.0 {
+                    held_us
+                } else {
+                    old + HOLD_ALPHA * (held_us - old)
+                };
+                Some(new.to_bits())
+            });
     }
 
     pub fn waiting(&self) -> u32 {
@@ -243,11 +262,12 @@ impl WaitLine {
     /// Little's law (running ÷ mean holding time). `None` before any slot was freed.
     pub fn expected_wait_ms(&self, ahead: usize, running: u32) -> Option<u64> {
         let now = self.ms(Instant::now());
-        self.expected(&mut self.lock(), ahead, running, now)
+        self.expected(ahead, running, now)
     }
 
-    fn expected(&self, inner: &mut Inner, ahead: usize, running: u32, now: u64) -> Option<u64> {
-        inner.drain.expected_wait_ms(ahead, now).or_else(|| {
+    fn expected(&self, ahead: usize, running: u32, now: u64) -> Option<u64> {
+        let rate = self.drain_rate(now);
+        rate.map(|r| DrainRate::wait_at(r, ahead)).or_else(|| {
             let hold_ms = f64::from_bits(self.hold_us.load(Ordering::Relaxed)) / 1000.0;
             (hold_ms > 0.0)
                 .then(|| ((ahead as f64 + 1.0) * hold_ms / running.max(1) as f64).ceil() as u64)
@@ -256,8 +276,12 @@ impl WaitLine {
 
     /// Slots freed per second, as measured now.
     pub fn drain_per_sec(&self) -> Option<f64> {
-        let now = self.ms(Instant::now());
-        self.lock().drain.per_sec(now)
+        self.drain_rate(self.ms(Instant::now()))
+    }
+
+    /// Slots freed per second over every thread's count.
+    fn drain_rate(&self, now_ms: u64) -> Option<f64> {
+        DrainRate::combined_per_sec(&mut self.drain.all(), now_ms)
     }
 
     /// Whether a request of `priority` due at `deadline` arriving now would find others
@@ -286,7 +310,7 @@ impl WaitLine {
         let mut inner = self.lock();
         let place = inner.line.place(priority, self.ms(deadline));
         let ahead = inner.line.ahead(&place);
-        let expected = self.expected(&mut inner, ahead, running, now_ms);
+        let expected = self.expected(ahead, running, now_ms);
         let refuse = |reason, ahead| Throttle {
             reason,
             priority,
