@@ -212,9 +212,31 @@ impl TtftWindow {
 
     /// The nearest-rank `q` quantile of the recent samples.
     pub fn quantile(&self, q: f64) -> Option<f64> {
-        let rank = (self.sorted.len() as f64 * q.clamp(0.0, 1.0)).ceil() as usize;
-        self.sorted.get(rank.saturating_sub(1)).copied()
+        nearest_rank(&self.sorted, q)
     }
+
+    /// The nearest-rank `q` quantile of several windows' samples together, those of the last
+    /// 60 s as of `now_ms` (one series counted apart, e.g. per thread: a window expires its
+    /// samples only as it records, and one may have been idle).
+    pub fn quantile_of<W: std::ops::Deref<Target = TtftWindow>>(
+        windows: &[W],
+        now_ms: u64,
+        q: f64,
+    ) -> Option<f64> {
+        let mut all: Vec<f64> = windows
+            .iter()
+            .flat_map(|w| w.arrivals.iter())
+            .filter(|(t, _)| now_ms.saturating_sub(*t) <= WINDOW_MS)
+            .map(|(_, v)| *v)
+            .collect();
+        all.sort_unstable_by(f64::total_cmp);
+        nearest_rank(&all, q)
+    }
+}
+
+fn nearest_rank(sorted: &[f64], q: f64) -> Option<f64> {
+    let rank = (sorted.len() as f64 * q.clamp(0.0, 1.0)).ceil() as usize;
+    sorted.get(rank.saturating_sub(1)).copied()
 }
 
 /// Where a variant is in its lifecycle.
@@ -972,5 +994,39 @@ mod tests {
             last_probe_ms: 0,
         };
         assert!(!w.needs_refresh(10_000, &c));
+    }
+
+    /// Windows counted apart combine as one window over all their recent samples.
+    #[test]
+    fn windows_counted_apart_give_the_quantile_of_all_their_samples() {
+        let (mut a, mut b, mut one) = (
+            TtftWindow::with_capacity(64),
+            TtftWindow::with_capacity(64),
+            TtftWindow::with_capacity(128),
+        );
+        for i in 0..40u64 {
+            let v = (i * 37 % 101) as f64;
+            if i % 3 == 0 {
+                a.record(1_000 + i, v)
+            } else {
+                b.record(1_000 + i, v)
+            }
+            one.record(1_000 + i, v);
+        }
+        for q in [0.0, 0.5, 0.9, 0.95, 1.0] {
+            assert_eq!(
+                TtftWindow::quantile_of(&[&a, &b], 2_000, q),
+                one.quantile(q),
+                "{q}"
+            );
+        }
+        // A window idle for over a minute no longer counts.
+        let mut idle = TtftWindow::with_capacity(64);
+        idle.record(0, 10_000.0);
+        assert_eq!(
+            TtftWindow::quantile_of(&[&a, &b, &idle], 61_000, 1.0),
+            one.quantile(1.0)
+        );
+        assert_eq!(TtftWindow::quantile_of::<&TtftWindow>(&[], 0, 0.5), None);
     }
 }

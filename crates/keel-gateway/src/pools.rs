@@ -4,15 +4,16 @@
 //! settlement writes it (`settlement`).
 //!
 //! **No shared lock on the request path.** Updates (an attempt's outcome, a cooldown, the
-//! monitor's tick) take the lock of the one variant they change ([`VariantState`]; the pool's
-//! TTFT window has its own), and each ends by publishing that variant's [`Live`] view: a
-//! `Copy` of its estimates and availability, swapped in atomically (`arc-swap`). So requests
-//! finishing on different variants never wait for each other. What every request reads (the routing decision, the
-//! availability re-check before each attempt, the hedge delay and target, the stall
-//! thresholds) reads those views and never waits for the lock; in-flight counts and slot
-//! admission are atomics, the policy's own state is atomic (`keel_core::p2c`), and the hedge and
-//! probe budgets count requests per thread ([`ShardedBudget`]). `benches/pool.rs` measures a
-//! request's work on the pool from one and from two threads at once.
+//! monitor's tick) take the lock of the one variant they change ([`VariantState`]), and each
+//! ends by publishing that variant's [`Live`] view: a `Copy` of its estimates and availability,
+//! swapped in atomically (`arc-swap`); so requests finishing on different variants never wait
+//! for each other. What every request reads (the routing decision, the availability re-check
+//! before each attempt, the hedge delay and target, the stall thresholds) reads those views and
+//! never waits for a lock. In-flight counts and slot admission are atomics, the policy's own
+//! state is atomic (`keel_core::p2c`), and what every request counts into the whole pool (the
+//! hedge and probe budgets, the pool's TTFT window, the wait line's drain rate) is counted per
+//! thread ([`PerThread`]). `benches/pool.rs` measures a request's work on the pool from one and
+//! from two threads at once.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,6 +23,7 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 
 use crate::capacity::{Limit, WaitLine, Wake};
+use crate::per_thread::PerThread;
 use crate::retry_budget::ShardedBudget;
 use keel_core::budget::RetryBudgetConfig;
 use keel_core::continuation::ResumeMode;
@@ -84,11 +86,10 @@ pub(crate) struct VariantState {
     pub(crate) restarting_since: Option<u64>,
 }
 
-/// An empty slot of `Pool::pool_ttft`.
-const NONE: u64 = 0x7ff8_0000_0000_0000; // f64::NAN's bits
-
-/// Client TTFT samples in a pool's window (the hedge delay's quantile).
+/// Client TTFT samples in a pool's window (the hedge delay's quantile), over all its shards.
 const POOL_TTFT_SAMPLES: usize = 512;
+/// The fewest a shard keeps.
+const POOL_TTFT_SHARD_MIN: usize = 64;
 
 /// One pool at run time.
 pub struct Pool {
@@ -99,8 +100,10 @@ pub struct Pool {
     /// Upstream HTTP client (connection pool) with this pool's connect timeout.
     pub client: reqwest::Client,
     /// Recent client TTFTs over the whole pool: the auto hedge delay before a variant has its
-    /// own, the median assumed for a variant without samples.
-    ttft: Mutex<TtftWindow>,
+    /// own, the median assumed for a variant without samples. Recorded per thread (every
+    /// attempt with a first token records one) and combined only when read, which is only for
+    /// a variant without samples of its own.
+    ttft: PerThread<TtftWindow>,
     /// The selection policy (shared by every request without a lock: `Selector::plan` takes
     /// `&self`).
     pub(crate) selector: Box<dyn Selector>,
@@ -108,9 +111,6 @@ pub struct Pool {
     hedges: ShardedBudget,
     /// Refresh probes may add at most `probe_budget` of the pool's requests (10 s window).
     probes: ShardedBudget,
-    /// The pool-wide TTFT median and hedge quantile (`f64` bits, NaN for none), published
-    /// with the variants' views: the fallback for a variant without samples of its own.
-    pool_ttft: [AtomicU64; 2],
     /// The gateway's clock origin: `now_ms` is milliseconds since then.
     epoch: Instant,
     /// Requests waiting for a slot while every variant is at its concurrency limit.
@@ -334,8 +334,11 @@ impl Pool {
                 window_ms: 10_000,
                 min_retries_per_sec: 0,
             }),
-            pool_ttft: [AtomicU64::new(NONE), AtomicU64::new(NONE)],
-            ttft: Mutex::new(TtftWindow::with_capacity(POOL_TTFT_SAMPLES)),
+            ttft: {
+                let shards = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let each = (POOL_TTFT_SAMPLES / shards).max(POOL_TTFT_SHARD_MIN);
+                PerThread::with_shards(shards, || TtftWindow::with_capacity(each))
+            },
             epoch,
             cfg,
             line,
@@ -369,31 +372,29 @@ impl Pool {
         r
     }
 
-    /// Publishes every variant's view and the pool's TTFT quantiles (a new pool, a reload).
+    /// Publishes every variant's view (a new pool).
     pub(crate) fn publish_all(&self) {
         for i in 0..self.variants.len() {
             self.publish(&self.variant_state(i), i);
         }
-        self.publish_pool_ttft(&self.pool_window());
     }
 
-    fn pool_window(&self) -> MutexGuard<'_, TtftWindow> {
-        self.ttft.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A client TTFT for the pool's window.
+    /// A client TTFT for the pool's window (this thread's shard).
     fn record_pool_ttft(&self, now_ms: u64, ms: f64) {
-        let mut w = self.pool_window();
-        w.record(now_ms, ms);
-        self.publish_pool_ttft(&w);
+        self.ttft.own().record(now_ms, ms);
     }
 
     /// Takes over `old`'s recent TTFTs (a reload that kept the pool).
     pub(crate) fn inherit_ttft(&self, old: &Pool) {
-        let window = old.pool_window().clone();
-        let mut w = self.pool_window();
-        *w = window;
-        self.publish_pool_ttft(&w);
+        let from = old.ttft.all();
+        for (to, from) in self.ttft.all().iter_mut().zip(from.iter()) {
+            **to = (**from).clone();
+        }
+    }
+
+    /// The pool-wide TTFT quantile `q` over the last 60 s.
+    fn pool_ttft(&self, q: f64) -> Option<f64> {
+        TtftWindow::quantile_of(&self.ttft.all(), self.now_ms(), q)
     }
 
     /// The quantile of TTFT the auto hedge delay waits for: 1 − hedge_budget / 2.
@@ -411,22 +412,6 @@ impl Pool {
             hedge_ttft_ms: h.ttft_quantile_ms(self.hedge_quantile()),
             restarting: st.restarting_since.is_some(),
         }));
-    }
-
-    fn publish_pool_ttft(&self, window: &TtftWindow) {
-        let put = |slot: &AtomicU64, v: Option<f64>| {
-            slot.store(v.map_or(NONE, f64::to_bits), Ordering::Relaxed)
-        };
-        put(&self.pool_ttft[0], window.quantile(0.5));
-        put(&self.pool_ttft[1], window.quantile(self.hedge_quantile()));
-    }
-
-    /// The pool-wide TTFT median (`0`) or hedge quantile (`1`), as last published.
-    fn pool_ttft(&self, which: usize) -> Option<f64> {
-        Some(f64::from_bits(
-            self.pool_ttft[which].load(Ordering::Relaxed),
-        ))
-        .filter(|v| !v.is_nan())
     }
 
     /// Variant `index`'s published view.
@@ -891,7 +876,7 @@ impl Pool {
                 let delay = self
                     .live(target)
                     .hedge_ttft_ms
-                    .or_else(|| self.pool_ttft(1))
+                    .or_else(|| self.pool_ttft(self.hedge_quantile()))
                     .unwrap_or(2000.0);
                 Some(delay.clamp(50.0, 2000.0) as u64)
             }
@@ -908,7 +893,9 @@ impl Pool {
     pub fn hedge_target(&self, candidates: &[usize]) -> Option<usize> {
         let now = self.now_ms();
         let hc = self.cfg.health;
-        let unknown = self.pool_ttft(0).unwrap_or(0.0);
+        // The pool's median, for candidates without samples of their own (read only then).
+        let unknown = std::cell::OnceCell::new();
+        let unknown = || *unknown.get_or_init(|| self.pool_ttft(0.5).unwrap_or(0.0));
         candidates
             .iter()
             .map(|&i| (i, self.live(i)))
@@ -921,7 +908,7 @@ impl Pool {
                     && v.in_flight.load(Ordering::Relaxed) < v.concurrency_limit()
             })
             .map(|(i, live)| {
-                let median = live.p50_ttft_ms.unwrap_or(unknown);
+                let median = live.p50_ttft_ms.unwrap_or_else(unknown);
                 let load = self.variants[i].in_flight.load(Ordering::Relaxed) as f64 + 1.0;
                 (i, median * load)
             })
