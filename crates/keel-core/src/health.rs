@@ -299,16 +299,9 @@ impl Factors {
 /// Live statistics and lifecycle of one variant.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VariantHealth {
-    pub ttft_ms: Ewma,
-    baseline_ttft_ms: Ewma,
-    pub gap_ms: Ewma,
-    baseline_gap_ms: Ewma,
-    pub tgsv_ms: Ewma,
-    pub error_rate: Ewma,
+    /// What selection reads (published as a copy after every update, see [`Estimates`]).
+    pub est: Estimates,
     window: TtftWindow,
-    pub kv_usage: Option<f64>,
-    pub waiting: Option<f64>,
-    pub state: State,
     severe_since_ms: Option<u64>,
     /// Consecutive TTFT samples in the severe band: a spike lasts exactly as long as its samples
     /// do, so `eject_after_ms` is measured without estimator lag; one slow outlier (a very long
@@ -320,8 +313,6 @@ pub struct VariantHealth {
     outcome_next: usize,
     /// Consecutive successful probes while ejected.
     probe_successes: u32,
-    /// It answered that it is still loading its model; cleared by its first success.
-    pub loading: bool,
     /// The last TTFT evidence (an answered first token, a lower bound from a lost race, or a
     /// refresh probe's answer or failure).
     pub last_sample_ms: Option<u64>,
@@ -343,7 +334,7 @@ pub struct Estimates {
     pub kv_usage: Option<f64>,
     pub waiting: Option<f64>,
     pub state: State,
-    /// It answered that it is still loading its model.
+    /// It answered that it is still loading its model; cleared by its first success.
     pub loading: bool,
 }
 
@@ -429,27 +420,29 @@ impl VariantHealth {
     /// A variant that must warm up first (`prewarm` requests; 0 starts it healthy).
     pub fn new(prewarm: u32) -> Self {
         VariantHealth {
-            ttft_ms: Ewma::default(),
-            baseline_ttft_ms: Ewma::default(),
-            gap_ms: Ewma::default(),
-            baseline_gap_ms: Ewma::default(),
-            tgsv_ms: Ewma::default(),
-            error_rate: Ewma::default(),
-            window: TtftWindow::default(),
-            kv_usage: None,
-            waiting: None,
-            state: if prewarm > 0 {
-                State::Warming { remaining: prewarm }
-            } else {
-                State::Healthy
+            est: Estimates {
+                ttft_ms: Ewma::default(),
+                baseline_ttft_ms: Ewma::default(),
+                gap_ms: Ewma::default(),
+                baseline_gap_ms: Ewma::default(),
+                tgsv_ms: Ewma::default(),
+                error_rate: Ewma::default(),
+                kv_usage: None,
+                waiting: None,
+                state: if prewarm > 0 {
+                    State::Warming { remaining: prewarm }
+                } else {
+                    State::Healthy
+                },
+                loading: false,
             },
+            window: TtftWindow::default(),
             severe_since_ms: None,
             ttft_severe_streak: 0,
             tgsv_severe_streak: 0,
             outcomes: Vec::with_capacity(OUTCOMES_KEPT),
             outcome_next: 0,
             probe_successes: 0,
-            loading: false,
             last_sample_ms: None,
         }
     }
@@ -457,8 +450,8 @@ impl VariantHealth {
     /// The variant said it is still loading its model: it is warming (no client traffic; the
     /// monitor's warm-up requests find out when it is ready), not failing.
     pub fn mark_loading(&mut self, cfg: &HealthConfig) {
-        self.loading = true;
-        self.state = State::Warming {
+        self.est.loading = true;
+        self.est.state = State::Warming {
             remaining: cfg.prewarm_requests.max(1),
         };
     }
@@ -473,6 +466,7 @@ impl VariantHealth {
 
     pub fn record_ttft(&mut self, now_ms: u64, ms: f64, cfg: &HealthConfig) {
         let severe = self
+            .est
             .baseline_ttft_ms
             .get()
             .is_some_and(|b| b > 0.0 && cfg.ttft_ratio.is_severe(ms / b));
@@ -481,8 +475,8 @@ impl VariantHealth {
         } else {
             0
         };
-        self.ttft_ms.record(now_ms, ms, cfg.decay_ms, true);
-        Self::record_baseline(&mut self.baseline_ttft_ms, now_ms, ms, cfg);
+        self.est.ttft_ms.record(now_ms, ms, cfg.decay_ms, true);
+        Self::record_baseline(&mut self.est.baseline_ttft_ms, now_ms, ms, cfg);
         self.window.record(now_ms, ms);
         self.last_sample_ms = Some(now_ms);
     }
@@ -494,7 +488,7 @@ impl VariantHealth {
     /// a good variant is no news about the variant). Not in the window or the baseline, which
     /// hold answered first tokens only.
     pub fn record_late_ttft(&mut self, now_ms: u64, ms: f64, cfg: &HealthConfig) {
-        self.ttft_ms.record(now_ms, ms, cfg.decay_ms, false);
+        self.est.ttft_ms.record(now_ms, ms, cfg.decay_ms, false);
         self.last_sample_ms = Some(now_ms);
     }
 
@@ -503,7 +497,7 @@ impl VariantHealth {
     /// Ejected and warming variants have their own probes and warm-ups.
     pub fn needs_refresh(&self, now_ms: u64, cfg: &HealthConfig) -> bool {
         cfg.refresh_after_ms > 0
-            && matches!(self.state, State::Healthy | State::SlowStart { .. })
+            && matches!(self.est.state, State::Healthy | State::SlowStart { .. })
             && self
                 .last_sample_ms
                 .is_none_or(|t| now_ms.saturating_sub(t) >= cfg.refresh_after_ms)
@@ -517,9 +511,9 @@ impl VariantHealth {
     /// probe was sent because that outlier keeps clients away; blended at the EWMA's pace it
     /// would keep them away for several `decay_ms`, re-measured every second for nothing.
     pub fn refresh_result(&mut self, now_ms: u64, ttft_ms: Option<f64>, cfg: &HealthConfig) {
-        if let (Some(t), Some(v)) = (ttft_ms, self.ttft_ms.get()) {
+        if let (Some(t), Some(v)) = (ttft_ms, self.est.ttft_ms.get()) {
             if t * PEAK_JUMP <= v {
-                self.ttft_ms.reset();
+                self.est.ttft_ms.reset();
             }
         }
         match ttft_ms {
@@ -536,14 +530,15 @@ impl VariantHealth {
             return;
         }
         let mean = gaps_ms.iter().sum::<f64>() / gaps_ms.len() as f64;
-        self.gap_ms.record(now_ms, mean, cfg.decay_ms, false);
-        Self::record_baseline(&mut self.baseline_gap_ms, now_ms, mean, cfg);
+        self.est.gap_ms.record(now_ms, mean, cfg.decay_ms, false);
+        Self::record_baseline(&mut self.est.baseline_gap_ms, now_ms, mean, cfg);
         let last = &gaps_ms[gaps_ms.len().saturating_sub(10)..];
         if last.len() >= 2 {
             let m = last.iter().sum::<f64>() / last.len() as f64;
             let var = last.iter().map(|g| (g - m) * (g - m)).sum::<f64>() / (last.len() - 1) as f64;
             let tgsv = var.sqrt();
             let severe = self
+                .est
                 .baseline_gap_ms
                 .get()
                 .is_some_and(|b| b > 0.0 && cfg.tgsv_ratio.is_severe(tgsv / b));
@@ -552,13 +547,13 @@ impl VariantHealth {
             } else {
                 0
             };
-            self.tgsv_ms.record(now_ms, tgsv, cfg.decay_ms, false);
+            self.est.tgsv_ms.record(now_ms, tgsv, cfg.decay_ms, false);
         }
     }
 
     /// An attempt's outcome: `true` when it served, `false` for a backend failure.
     pub fn record_outcome(&mut self, now_ms: u64, ok: bool, cfg: &HealthConfig) {
-        self.error_rate.record(
+        self.est.error_rate.record(
             now_ms,
             if ok { 0.0 } else { 1.0 },
             cfg.error_decay_ms,
@@ -571,11 +566,11 @@ impl VariantHealth {
         }
         self.outcome_next = (self.outcome_next + 1) % OUTCOMES_KEPT;
         if ok {
-            self.loading = false;
+            self.est.loading = false;
         }
-        if let State::Warming { remaining } = self.state {
+        if let State::Warming { remaining } = self.est.state {
             if ok {
-                self.state = if remaining <= 1 {
+                self.est.state = if remaining <= 1 {
                     State::SlowStart { since_ms: now_ms }
                 } else {
                     State::Warming {
@@ -587,13 +582,13 @@ impl VariantHealth {
     }
 
     pub fn record_scrape(&mut self, kv_usage: Option<f64>, waiting: Option<f64>) {
-        self.kv_usage = kv_usage;
-        self.waiting = waiting;
+        self.est.kv_usage = kv_usage;
+        self.est.waiting = waiting;
     }
 
     /// The variant's own baseline inter-token gap (follows improvements fast, slowdowns slowly).
     pub fn baseline_gap_ms(&self) -> Option<f64> {
-        self.baseline_gap_ms.get()
+        self.est.baseline_gap_ms.get()
     }
 
     /// Recent `q` quantile of TTFT (60 s window, last 64 samples): hedge delays are drawn
@@ -641,7 +636,7 @@ impl VariantHealth {
             || (last_failed
                 && cfg
                     .error_rate
-                    .is_severe(self.error_rate.get().unwrap_or(0.0)))
+                    .is_severe(self.est.error_rate.get().unwrap_or(0.0)))
     }
 
     /// The selection weight in 0..=1 (see [`Estimates::weight`]).
@@ -651,29 +646,18 @@ impl VariantHealth {
 
     /// What selection reads of this variant, copied out: see [`Estimates`].
     pub fn estimates(&self) -> Estimates {
-        Estimates {
-            ttft_ms: self.ttft_ms,
-            baseline_ttft_ms: self.baseline_ttft_ms,
-            gap_ms: self.gap_ms,
-            baseline_gap_ms: self.baseline_gap_ms,
-            tgsv_ms: self.tgsv_ms,
-            error_rate: self.error_rate,
-            kv_usage: self.kv_usage,
-            waiting: self.waiting,
-            state: self.state,
-            loading: self.loading,
-        }
+        self.est
     }
 
     /// Advances the lifecycle: ejects after a sustained severe condition, ends slow start.
     /// Call after recording samples and periodically.
     pub fn tick(&mut self, now_ms: u64, cfg: &HealthConfig) {
-        match self.state {
+        match self.est.state {
             State::Healthy | State::SlowStart { .. } => {
                 if self.severe(now_ms, cfg) {
                     let since = *self.severe_since_ms.get_or_insert(now_ms);
                     if now_ms.saturating_sub(since) >= cfg.eject_after_ms {
-                        self.state = State::Ejected {
+                        self.est.state = State::Ejected {
                             since_ms: now_ms,
                             last_probe_ms: now_ms,
                         };
@@ -683,9 +667,9 @@ impl VariantHealth {
                 } else {
                     self.severe_since_ms = None;
                 }
-                if let State::SlowStart { since_ms } = self.state {
+                if let State::SlowStart { since_ms } = self.est.state {
                     if now_ms.saturating_sub(since_ms) >= cfg.slow_start_ms {
-                        self.state = State::Healthy;
+                        self.est.state = State::Healthy;
                     }
                 }
             }
@@ -698,10 +682,10 @@ impl VariantHealth {
         if let State::Ejected {
             since_ms,
             last_probe_ms,
-        } = self.state
+        } = self.est.state
         {
             if now_ms.saturating_sub(last_probe_ms) >= cfg.probe_interval_ms {
-                self.state = State::Ejected {
+                self.est.state = State::Ejected {
                     since_ms,
                     last_probe_ms: now_ms,
                 };
@@ -719,10 +703,10 @@ impl VariantHealth {
         ttft_ms: Option<f64>,
         cfg: &HealthConfig,
     ) {
-        if !matches!(self.state, State::Ejected { .. }) {
+        if !matches!(self.est.state, State::Ejected { .. }) {
             return;
         }
-        let slow = matches!((ttft_ms, self.baseline_ttft_ms.get()), (Some(t), Some(b)) if cfg.ttft_ratio.is_severe(t / b));
+        let slow = matches!((ttft_ms, self.est.baseline_ttft_ms.get()), (Some(t), Some(b)) if cfg.ttft_ratio.is_severe(t / b));
         if !ok || slow {
             self.probe_successes = 0; // still sick: stay ejected
             return;
@@ -734,15 +718,15 @@ impl VariantHealth {
         self.probe_successes = 0;
         self.outcomes.clear();
         self.outcome_next = 0;
-        self.ttft_ms.reset();
-        self.error_rate.reset();
-        self.tgsv_ms.reset();
+        self.est.ttft_ms.reset();
+        self.est.error_rate.reset();
+        self.est.tgsv_ms.reset();
         self.ttft_severe_streak = 0;
         self.tgsv_severe_streak = 0;
         if let Some(t) = ttft_ms {
-            self.ttft_ms.record(now_ms, t, cfg.decay_ms, true);
+            self.est.ttft_ms.record(now_ms, t, cfg.decay_ms, true);
         }
-        self.state = if cfg.prewarm_requests > 0 {
+        self.est.state = if cfg.prewarm_requests > 0 {
             State::Warming {
                 remaining: cfg.prewarm_requests,
             }
@@ -754,7 +738,7 @@ impl VariantHealth {
     /// A restarted variant (e.g. its metrics show a reset): warm it up again.
     pub fn restarted(&mut self, cfg: &HealthConfig) {
         if cfg.prewarm_requests > 0 {
-            self.state = State::Warming {
+            self.est.state = State::Warming {
                 remaining: cfg.prewarm_requests,
             };
         }
@@ -819,7 +803,7 @@ mod tests {
         for i in 0..30 {
             h.record_ttft(t0 + i * 100, 1000.0, &c);
             h.tick(t0 + i * 100, &c);
-            assert_ne!(h.state.name(), "ejected");
+            assert_ne!(h.est.state.name(), "ejected");
         }
         assert!(h.weight(t0 + 2900, &c) <= FLOOR + 1e-9);
         // Recovery: fast samples blend the peak back down and the severe clock resets.
@@ -827,7 +811,7 @@ mod tests {
             h.record_ttft(t0 + 3000 + i * 100, 100.0, &c);
             h.tick(t0 + 3000 + i * 100, &c);
         }
-        assert_eq!(h.state, State::Healthy);
+        assert_eq!(h.est.state, State::Healthy);
         assert!(
             h.weight(t0 + 33_000, &c) > 0.9,
             "{}",
@@ -838,7 +822,7 @@ mod tests {
             h.record_ttft(t0 + 40_000 + i * 100, 1000.0, &c);
             h.tick(t0 + 40_000 + i * 100, &c);
         }
-        assert!(matches!(h.state, State::Ejected { .. }));
+        assert!(matches!(h.est.state, State::Ejected { .. }));
     }
 
     #[test]
@@ -852,9 +836,13 @@ mod tests {
             h.record_outcome(t0 + i * 100, false, &c);
             h.tick(t0 + i * 100, &c);
         }
-        assert!(matches!(h.state, State::Ejected { .. }), "{:?}", h.state);
+        assert!(
+            matches!(h.est.state, State::Ejected { .. }),
+            "{:?}",
+            h.est.state
+        );
         assert_eq!(h.weight(t0 + 5000, &c), 0.0);
-        let State::Ejected { since_ms: t1, .. } = h.state else {
+        let State::Ejected { since_ms: t1, .. } = h.est.state else {
             unreachable!()
         };
         assert!(!h.take_probe(t1 + 500, &c));
@@ -862,13 +850,13 @@ mod tests {
         assert!(!h.take_probe(t1 + 1500, &c), "one probe per interval");
         h.probe_result(t1 + 1000, true, Some(100.0), &c);
         assert!(
-            matches!(h.state, State::Ejected { .. }),
+            matches!(h.est.state, State::Ejected { .. }),
             "one good probe is not enough"
         );
         assert!(h.take_probe(t1 + 2000, &c));
         h.probe_result(t1 + 1100, true, Some(100.0), &c);
         assert_eq!(
-            h.state,
+            h.est.state,
             State::SlowStart {
                 since_ms: t1 + 1100
             }
@@ -877,7 +865,7 @@ mod tests {
         assert!((h.weight(t1 + 1100, &c) - FLOOR).abs() < 1e-9);
         assert!((h.weight(t1 + 6100, &c) - 0.5).abs() < 1e-9);
         h.tick(t1 + 11_100, &c);
-        assert_eq!(h.state, State::Healthy);
+        assert_eq!(h.est.state, State::Healthy);
         assert_eq!(h.weight(t1 + 11_100, &c), 1.0);
     }
 
@@ -890,9 +878,9 @@ mod tests {
         let mut h = VariantHealth::new(2);
         assert_eq!(h.weight(0, &c), 0.0);
         h.record_outcome(1, true, &c);
-        assert_eq!(h.state, State::Warming { remaining: 1 });
+        assert_eq!(h.est.state, State::Warming { remaining: 1 });
         h.record_outcome(2, true, &c);
-        assert_eq!(h.state, State::SlowStart { since_ms: 2 });
+        assert_eq!(h.est.state, State::SlowStart { since_ms: 2 });
     }
 
     #[test]
@@ -985,11 +973,11 @@ mod tests {
         // A failed probe is an error outcome, and evidence too.
         h.refresh_result(3_000, None, &c);
         assert_eq!(h.last_sample_ms, Some(3_000));
-        assert!(h.error_rate.get().unwrap() > 0.0);
+        assert!(h.est.error_rate.get().unwrap() > 0.0);
         // Ejected and warming variants have their own probes.
         let mut w = VariantHealth::new(2);
         assert!(!w.needs_refresh(10_000, &c));
-        w.state = State::Ejected {
+        w.est.state = State::Ejected {
             since_ms: 0,
             last_probe_ms: 0,
         };

@@ -578,15 +578,15 @@ impl Pool {
 
     fn restart_step(&self, st: &mut VariantState, index: usize, now: u64, grace: u64) -> bool {
         let hc = self.cfg.health;
-        if matches!(st.health.state, State::Ejected { .. }) {
+        if matches!(st.health.est.state, State::Ejected { .. }) {
             return false;
         }
         let since = *st.restarting_since.get_or_insert(now);
         st.ready = false;
         if now.saturating_sub(since) > grace {
             let h = &mut st.health;
-            h.loading = false;
-            h.state = State::Ejected {
+            h.est.loading = false;
+            h.est.state = State::Ejected {
                 since_ms: now,
                 last_probe_ms: now,
             };
@@ -594,7 +594,7 @@ impl Pool {
             tracing::warn!(pool = %self.cfg.name, variant = %self.variants[index].cfg.name, grace_ms = grace, "variant refused connections for longer than restart_grace_ms; ejected");
             return false;
         }
-        if !st.health.loading {
+        if !st.health.est.loading {
             st.health.mark_loading(&hc);
         }
         true
@@ -691,7 +691,7 @@ impl Pool {
                 if st.health.take_probe(now, &hc) {
                     st.maintenance_busy = true;
                     out.push(Maintenance::Probe(i));
-                } else if matches!(st.health.state, State::Warming { .. }) {
+                } else if matches!(st.health.est.state, State::Warming { .. }) {
                     st.maintenance_busy = true;
                     // Readiness first where the variant has a health endpoint.
                     out.push(if self.variants[i].cfg.health_url.is_some() && !st.ready {
@@ -782,21 +782,21 @@ impl Pool {
                 let a = st.availability;
                 VariantSnapshot {
                     name: v.cfg.name.clone(),
-                    state: h.state.name(),
-                    state_code: h.state.code(),
+                    state: h.est.state.name(),
+                    state_code: h.est.state.code(),
                     available: a.available(now)
                         && !a.shared_ejected(now)
-                        && !matches!(h.state, State::Ejected { .. }),
+                        && !matches!(h.est.state, State::Ejected { .. }),
                     cooldown_ms: a.available_in_ms(now),
                     shared_hold_ms: a.shared_hold_ms(now),
                     credential_broken: a.credential_broken,
                     weight: h.weight(now, &hc) * v.cfg.weight as f64,
-                    ttft_ms: h.ttft_ms.get(),
+                    ttft_ms: h.est.ttft_ms.get(),
                     p95_ttft_ms: h.p95_ttft_ms(),
-                    tgsv_ms: h.tgsv_ms.get(),
-                    error_rate: h.error_rate.get(),
-                    kv_usage: h.kv_usage,
-                    waiting: h.waiting,
+                    tgsv_ms: h.est.tgsv_ms.get(),
+                    error_rate: h.est.error_rate.get(),
+                    kv_usage: h.est.kv_usage,
+                    waiting: h.est.waiting,
                     in_flight: v.in_flight.load(Ordering::Relaxed),
                     concurrency_limit: Some(v.concurrency_limit()).filter(|l| *l != u32::MAX),
                     resume: v.resume(),

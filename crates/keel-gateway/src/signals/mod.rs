@@ -195,7 +195,8 @@ impl Pool {
     pub fn findings(&self, index: usize) -> Findings {
         let st = self.variant_state(index);
         Findings {
-            down: matches!(st.health.state, State::Ejected { .. }) || st.restarting_since.is_some(),
+            down: matches!(st.health.est.state, State::Ejected { .. })
+                || st.restarting_since.is_some(),
             cooldown_until_ms: st.availability.cooldown_until_ms,
             learned_limit: self.variants[index].limit.learned(),
         }
