@@ -286,7 +286,8 @@ impl Redis {
         max: u64,
         ttl: Duration,
     ) -> Result<Option<Held>, StoreError> {
-        let token = uuid::Uuid::now_v7().simple().to_string();
+        // Unique per holder (a label, not a secret): the request-id generator, without dashes.
+        let token = crate::request_id::new().replace('-', "");
         let set = self.inner.slots_key(key);
         let ttl_ms = (ttl.as_millis() as u64).max(1);
         let mut inv = self.inner.scripts.acquire.prepare_invoke();
