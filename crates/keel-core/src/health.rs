@@ -586,11 +586,6 @@ impl VariantHealth {
         self.est.waiting = waiting;
     }
 
-    /// The variant's own baseline inter-token gap (follows improvements fast, slowdowns slowly).
-    pub fn baseline_gap_ms(&self) -> Option<f64> {
-        self.est.baseline_gap_ms.get()
-    }
-
     /// Recent `q` quantile of TTFT (60 s window, last 64 samples): hedge delays are drawn
     /// from it.
     pub fn ttft_quantile_ms(&self, q: f64) -> Option<f64> {
@@ -604,12 +599,12 @@ impl VariantHealth {
 
     /// Predicted TTFT for cost (see [`Estimates::predicted_ttft_ms`]).
     pub fn predicted_ttft_ms(&self, now_ms: u64, cfg: &HealthConfig) -> f64 {
-        self.estimates().predicted_ttft_ms(now_ms, cfg)
+        self.est.predicted_ttft_ms(now_ms, cfg)
     }
 
     /// The health factors (see [`Estimates::factors`]).
     pub fn factors(&self, now_ms: u64, cfg: &HealthConfig) -> Factors {
-        self.estimates().factors(now_ms, cfg)
+        self.est.factors(now_ms, cfg)
     }
 
     /// Errors and outcomes in the last [`OUTCOME_WINDOW_MS`].
@@ -641,12 +636,7 @@ impl VariantHealth {
 
     /// The selection weight in 0..=1 (see [`Estimates::weight`]).
     pub fn weight(&self, now_ms: u64, cfg: &HealthConfig) -> f64 {
-        self.estimates().weight(now_ms, cfg)
-    }
-
-    /// What selection reads of this variant, copied out: see [`Estimates`].
-    pub fn estimates(&self) -> Estimates {
-        self.est
+        self.est.weight(now_ms, cfg)
     }
 
     /// Advances the lifecycle: ejects after a sustained severe condition, ends slow start.

@@ -218,8 +218,8 @@ impl DrainRate {
             oldest = oldest.min(d.frees.front().copied().unwrap_or(u64::MAX));
         }
         let span = now_ms.saturating_sub(oldest);
-        (frees >= 2 && oldest != u64::MAX && span > 0)
-            .then(|| (frees - 1) as f64 * 1000.0 / span as f64)
+        // Two frees or more: `oldest` is one of them.
+        (frees >= 2 && span > 0).then(|| (frees - 1) as f64 * 1000.0 / span as f64)
     }
 
     /// Expected wait (ms) at `rate` frees a second for a place with `ahead` requests before

@@ -9,8 +9,9 @@
 //! pushes the finished record into the ring. The ring takes no lock: a push is one atomic add on
 //! the write position and one atomic swap of the slot (every request pushes one, from any
 //! thread); a lookup or a query walks the ring from the newest record (an admin's read: a
-//! lookup by id compares up to `decisions_kept` ids, ≈ 0.1 ms for 10,000). Nothing of the prompt
-//! or the output is ever copied into a record.
+//! lookup by id compares up to `decisions_kept` ids; measured in a release build, ≈ 0.1 ms to
+//! the middle of a full ring of 10,000 and ≈ 0.2 ms to its oldest record). Nothing of the
+//! prompt or the output is ever copied into a record.
 //!
 //! **Memory** (measured with `size_of`, plus the names on the heap): a record is about 590 bytes
 //! of fixed fields (canary side, integrity events, consensus votes and the cache's origin
@@ -23,10 +24,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-
-use arc_swap::ArcSwapOption;
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use http::{HeaderMap, HeaderValue};
 use serde::Serialize;
 use tokio::time::Instant;
@@ -397,8 +397,8 @@ mod tests {
         assert_eq!(ids, ["r4", "r3", "r2"]);
     }
 
-    /// Pushes from many threads at once: the ring ends holding exactly the last `kept` records
-    /// pushed, each findable by its id.
+    /// Pushes from many threads at once: the ring ends full, no record kept twice, each kept one
+    /// findable by its id, and the last push among them.
     #[test]
     fn concurrent_pushes_keep_the_newest_records() {
         let log = DecisionLog::new(64);

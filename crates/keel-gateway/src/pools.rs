@@ -72,6 +72,26 @@ pub(crate) struct Live {
     pub(crate) restarting: bool,
 }
 
+impl Live {
+    /// The view of a variant's state; `hedge_q` is its pool's [`hedge_quantile`].
+    fn of(st: &VariantState, hedge_q: f64) -> Live {
+        let h = &st.health;
+        Live {
+            est: h.est,
+            availability: st.availability,
+            p50_ttft_ms: h.ttft_quantile_ms(0.5),
+            p95_ttft_ms: h.p95_ttft_ms(),
+            hedge_ttft_ms: h.ttft_quantile_ms(hedge_q),
+            restarting: st.restarting_since.is_some(),
+        }
+    }
+}
+
+/// The quantile of TTFT the auto hedge delay waits for: 1 − hedge_budget / 2.
+fn hedge_quantile(cfg: &PoolConfig) -> f64 {
+    (1.0 - cfg.hedge_budget / 2.0).clamp(0.5, 0.99)
+}
+
 /// One variant's state behind its lock: what updates read and write together.
 #[derive(Debug, Clone)]
 pub(crate) struct VariantState {
@@ -263,35 +283,28 @@ impl Pool {
         let variants: Vec<Variant> = cfg
             .variants
             .iter()
-            .map(|v| Variant {
-                cfg: v.clone(),
-                in_flight: Arc::new(AtomicU32::new(0)),
-                limit: Arc::default(),
-                prefill_refused: AtomicBool::new(false),
-                name_hash: hash_bytes(0x6e61_6d65, v.name.as_bytes()),
-                state: Mutex::new(VariantState {
-                    health: {
-                        let mut h = VariantHealth::new(cfg.health.prewarm_requests);
-                        if v.health_url.is_some() {
-                            // Not ready until its health endpoint says so: no client request
-                            // before.
-                            h.mark_loading(&cfg.health);
-                        }
-                        h
-                    },
+            .map(|v| {
+                let mut health = VariantHealth::new(cfg.health.prewarm_requests);
+                if v.health_url.is_some() {
+                    // Not ready until its health endpoint says so: no client request before.
+                    health.mark_loading(&cfg.health);
+                }
+                let state = VariantState {
+                    health,
                     availability: Availability::default(),
                     maintenance_busy: false,
                     ready: false,
                     restarting_since: None,
-                }),
-                live: ArcSwap::from_pointee(Live {
-                    est: VariantHealth::new(0).estimates(),
-                    availability: Availability::default(),
-                    p50_ttft_ms: None,
-                    p95_ttft_ms: None,
-                    hedge_ttft_ms: None,
-                    restarting: false,
-                }),
+                };
+                Variant {
+                    cfg: v.clone(),
+                    in_flight: Arc::new(AtomicU32::new(0)),
+                    limit: Arc::default(),
+                    prefill_refused: AtomicBool::new(false),
+                    name_hash: hash_bytes(0x6e61_6d65, v.name.as_bytes()),
+                    live: ArcSwap::from_pointee(Live::of(&state, hedge_quantile(&cfg))),
+                    state: Mutex::new(state),
+                }
             })
             .collect();
         let protocol = cfg.variants[0].protocol;
@@ -308,7 +321,7 @@ impl Pool {
                 )
             })),
         );
-        let pool = Pool {
+        Pool {
             safety: Arc::new(crate::safe_mode::Safety::new(
                 &cfg.name,
                 cfg.safe_mode,
@@ -345,9 +358,7 @@ impl Pool {
             metrics,
             limits,
             high_seen: AtomicU64::new(0),
-        };
-        pool.publish_all();
-        pool
+        }
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -372,13 +383,6 @@ impl Pool {
         r
     }
 
-    /// Publishes every variant's view (a new pool).
-    pub(crate) fn publish_all(&self) {
-        for i in 0..self.variants.len() {
-            self.publish(&self.variant_state(i), i);
-        }
-    }
-
     /// A client TTFT for the pool's window (this thread's shard).
     fn record_pool_ttft(&self, now_ms: u64, ms: f64) {
         self.ttft.own().record(now_ms, ms);
@@ -397,21 +401,9 @@ impl Pool {
         TtftWindow::quantile_of(&self.ttft.all(), self.now_ms(), q)
     }
 
-    /// The quantile of TTFT the auto hedge delay waits for: 1 − hedge_budget / 2.
-    fn hedge_quantile(&self) -> f64 {
-        (1.0 - self.cfg.hedge_budget / 2.0).clamp(0.5, 0.99)
-    }
-
     fn publish(&self, st: &VariantState, index: usize) {
-        let h = &st.health;
-        self.variants[index].live.store(Arc::new(Live {
-            est: h.estimates(),
-            availability: st.availability,
-            p50_ttft_ms: h.ttft_quantile_ms(0.5),
-            p95_ttft_ms: h.p95_ttft_ms(),
-            hedge_ttft_ms: h.ttft_quantile_ms(self.hedge_quantile()),
-            restarting: st.restarting_since.is_some(),
-        }));
+        let live = Live::of(st, hedge_quantile(&self.cfg));
+        self.variants[index].live.store(Arc::new(live));
     }
 
     /// Variant `index`'s published view.
@@ -876,7 +868,7 @@ impl Pool {
                 let delay = self
                     .live(target)
                     .hedge_ttft_ms
-                    .or_else(|| self.pool_ttft(self.hedge_quantile()))
+                    .or_else(|| self.pool_ttft(hedge_quantile(&self.cfg)))
                     .unwrap_or(2000.0);
                 Some(delay.clamp(50.0, 2000.0) as u64)
             }
@@ -992,7 +984,7 @@ mod tests {
     fn assert_published(p: &Pool, i: usize) {
         let st = p.variant_state(i).clone();
         let live = p.live(i);
-        assert_eq!(live.est, st.health.estimates());
+        assert_eq!(live.est, st.health.est);
         assert_eq!(live.availability, st.availability);
         assert_eq!(live.restarting, st.restarting_since.is_some());
         assert_eq!(live.p50_ttft_ms, st.health.ttft_quantile_ms(0.5));

@@ -328,8 +328,8 @@ impl Pool {
         let omitted = omitted_summary(&candidates, &kept, plan.order.len(), |i| {
             lives[i].est.state.name()
         });
-        // The health factors of the recorded candidates only: at 256 variants, reading every
-        // variant's factors under the pool's lock cost more than the policy itself.
+        // The health factors of the recorded candidates only: at 256 variants, computing every
+        // variant's factors cost more than the policy itself.
         let inputs: Vec<_> = kept
             .iter()
             .map(|&k| {

@@ -12,9 +12,9 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::per_thread::PerThread;
-
 use serde::Serialize;
+
+use crate::per_thread::PerThread;
 
 /// Width of one slot.
 const SLOT_MS: u64 = 10_000;
