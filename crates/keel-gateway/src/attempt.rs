@@ -12,11 +12,10 @@
 //! response, turned into the equivalent stream (`keel_core::synthesize`) for one that asked
 //! for a stream.
 
-use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
+use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::time::{timeout_at, Instant};
 
@@ -38,7 +37,7 @@ use crate::upstream;
 pub const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
 
 /// Upstream bytes of a committed stream.
-pub type UpstreamBytes = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+pub type UpstreamBytes = upstream::Body;
 
 /// A committed stream: what was received up to and including the first output event, and the
 /// rest still to read.
@@ -78,7 +77,7 @@ pub enum ReadEnd {
     Timeout,
     /// The upstream closed the stream.
     Closed,
-    Transport(reqwest::Error),
+    Transport(upstream::Error),
     Framing(SseError),
     /// A cross-protocol stream's event could not be translated (or broke a bound).
     Translation(String),
@@ -206,7 +205,7 @@ impl Source {
 
 /// Reads a whole body of at most `limit` bytes before `deadline`.
 pub(crate) async fn read_body(
-    resp: reqwest::Response,
+    resp: upstream::Response,
     limit: usize,
     deadline: Instant,
     started: Instant,
@@ -214,7 +213,7 @@ pub(crate) async fn read_body(
     if resp.content_length().is_some_and(|n| n > limit as u64) {
         return Err(too_large(limit));
     }
-    let mut stream = resp.bytes_stream();
+    let mut stream = resp.body;
     let mut body = Vec::new();
     loop {
         match timeout_at(deadline, stream.next()).await {
@@ -274,27 +273,12 @@ fn timeout_failure(hit_total: bool, started: Instant) -> AttemptFailure {
     }
 }
 
-/// Strips URLs from transport errors: they carry no secrets today, but keel never prints more
-/// of an upstream than its variant name.
-pub fn transport_error(e: reqwest::Error) -> AttemptFailure {
-    let connect = e.is_connect();
-    let e = e.without_url();
-    let mut msg = e.to_string();
-    let mut refused = false;
-    let mut src = std::error::Error::source(&e);
-    while let Some(s) = src {
-        msg = format!("{msg}: {s}");
-        refused |= s
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused);
-        src = s.source();
-    }
-    if connect && refused {
-        AttemptFailure::Refused(msg)
-    } else if connect {
-        AttemptFailure::Connect(msg)
-    } else {
-        AttemptFailure::Io(msg)
+/// What a transport error means for the attempt.
+pub fn transport_error(e: upstream::Error) -> AttemptFailure {
+    match e.kind {
+        upstream::ErrorKind::Refused => AttemptFailure::Refused(e.message),
+        upstream::ErrorKind::Connect => AttemptFailure::Connect(e.message),
+        upstream::ErrorKind::Io => AttemptFailure::Io(e.message),
     }
 }
 
@@ -361,28 +345,26 @@ async fn run(
     };
     let hit_total = |d: Instant| d >= ctx.deadline;
 
-    let send = upstream::request(
-        &pool.client,
+    let send = pool.client.send(upstream::request(
         variant,
         endpoint,
         &ctx.forwarded,
         traceparent,
         body,
-    )
-    .send();
+    ));
     let resp = match timeout_at(head_deadline, send).await {
         Err(_) => return Err(timeout_failure(hit_total(head_deadline), started)),
         Ok(Err(e)) => return Err(transport_error(e)),
         Ok(Ok(r)) => r,
     };
-    let status = resp.status();
-    let mut headers = kept_headers(resp.headers());
+    let status = resp.status;
+    let mut headers = kept_headers(&resp.headers);
     if let Some(v) = translation::fix_header(&fixes) {
         headers.insert(PROMPT_FIX_HEADER, v);
     }
 
     if !status.is_success() {
-        let h = resp.headers();
+        let h = &resp.headers;
         let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let retry_after_ms = parse_retry_after(
             get("retry-after-ms").as_deref(),
@@ -416,7 +398,7 @@ async fn run(
     }
 
     let content_type = resp
-        .headers()
+        .headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
@@ -471,7 +453,7 @@ async fn run(
 
     // Fused: the relay may ask again after the end (see `next_events`).
     let mut source = Source::new(
-        Box::pin(resp.bytes_stream().fuse()),
+        resp.body,
         SseDecoder::with_max_event_bytes(pool.limits.max_event_bytes),
         back.as_ref().map(|b| b.stream()),
     )

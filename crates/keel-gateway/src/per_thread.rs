@@ -2,7 +2,8 @@
 //! shared lock: each thread writes its own shard (its lock is uncontended), and the rare reader
 //! that needs the whole (a budget's decision, the monitor's judgement of a pool's colour) locks
 //! every shard in index order and combines them. Used by the retry budget, the hedge and probe
-//! budgets (`retry_budget`) and the safe-mode signal window (`safe_mode`).
+//! budgets (`retry_budget`), the safe-mode signal window (`safe_mode`) and the idle upstream
+//! connections (`upstream::direct`).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -58,6 +59,25 @@ impl<T> PerThread<T> {
     /// The calling thread's shard.
     pub fn own(&self) -> MutexGuard<'_, T> {
         lock(&self.shards[self.own_index()])
+    }
+
+    /// How many shards there are.
+    pub fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Shard `i` (`i < len()`), waiting for it.
+    pub fn shard(&self, i: usize) -> MutexGuard<'_, T> {
+        lock(&self.shards[i])
+    }
+
+    /// Shard `i`, unless another thread holds it at the moment.
+    pub fn try_shard(&self, i: usize) -> Option<MutexGuard<'_, T>> {
+        match self.shards[i].try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     /// Every shard, locked in index order (a thread holds at most its own shard otherwise, so

@@ -118,7 +118,7 @@ pub struct Pool {
     pub protocol: Protocol,
     pub variants: Vec<Variant>,
     /// Upstream HTTP client (connection pool) with this pool's connect timeout.
-    pub client: reqwest::Client,
+    pub client: crate::upstream::Client,
     /// Recent client TTFTs over the whole pool: the auto hedge delay before a variant has its
     /// own, the median assumed for a variant without samples. Recorded per thread (every
     /// attempt with a first token records one) and combined only when read, which is only for
@@ -275,7 +275,7 @@ impl Pool {
 
     pub fn new(
         cfg: PoolConfig,
-        client: reqwest::Client,
+        client: crate::upstream::Client,
         epoch: Instant,
         metrics: Arc<Metrics>,
         limits: UpstreamLimits,
@@ -943,7 +943,7 @@ mod tests {
         crate::install_crypto();
         Arc::new(Pool::new(
             cfg.pools[0].clone(),
-            reqwest::Client::new(),
+            crate::upstream::client(1_000),
             Instant::now(),
             Metrics::new(),
             UpstreamLimits {

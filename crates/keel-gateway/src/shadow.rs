@@ -193,15 +193,16 @@ async fn send(
 ) -> Result<(String, f64), String> {
     let started = Instant::now();
     let deadline = started + Duration::from_millis(pool.cfg.timeouts.total_ms);
-    let send =
-        crate::upstream::request(&pool.client, variant, endpoint, forwarded, None, body).send();
+    let send = pool.client.send(crate::upstream::request(
+        variant, endpoint, forwarded, None, body,
+    ));
     let resp = match tokio::time::timeout_at(deadline, send).await {
         Err(_) => return Err("timed out".into()),
         Ok(Err(e)) => return Err(format!("transport: {e}")),
         Ok(Ok(r)) => r,
     };
-    if !resp.status().is_success() {
-        return Err(format!("status {}", resp.status().as_u16()));
+    if !resp.status.is_success() {
+        return Err(format!("status {}", resp.status.as_u16()));
     }
     let bytes = crate::attempt::read_body(resp, pool.limits.max_body_bytes, deadline, started)
         .await

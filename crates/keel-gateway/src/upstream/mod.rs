@@ -1,10 +1,23 @@
-//! The upstream side: a pooled keep-alive HTTP client per pool (HTTP/1.1 and HTTP/2 over
-//! rustls, honouring HTTPS_PROXY / HTTP_PROXY / NO_PROXY), and how one upstream request is
-//! built for a variant: URL, credential, forwarded headers.
+//! The upstream side: how one upstream request is built for a variant (URL, credential,
+//! forwarded headers) and sent.
+//!
+//! Two transports sit behind [`Client`]. Plain `http://` variants (vLLM, SGLang, llama.cpp on
+//! the same network: the latency-critical case) go through keel's own keep-alive pool of
+//! hyper HTTP/1.1 connections, each driven by the task of the request using it ([`direct`]):
+//! no connection task, no hop between tasks per chunk, no shared lock, and a small read
+//! buffer. `https://` variants (hosted APIs, HTTP/2 by ALPN), URLs with credentials in them, and
+//! every variant when an HTTP proxy is configured (`HTTP_PROXY` / `ALL_PROXY`) go through
+//! reqwest (rustls, `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY`).
 
+mod direct;
+
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt, TryStreamExt};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use keel_core::protocol::{Endpoint, Protocol};
 
@@ -13,17 +26,162 @@ use crate::config::VariantConfig;
 /// The default `anthropic-version` when a client does not send one.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
+/// An upstream response's body, chunk by chunk; it keeps returning `None` after its end.
+pub type Body = Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>>;
+
+/// An upstream's answer: its head, and its body still to read.
+pub struct Response {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Body,
+}
+
+impl Response {
+    /// The body's declared length, when it has one.
+    pub fn content_length(&self) -> Option<u64> {
+        self.headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+    }
+}
+
+/// Why an upstream request failed below HTTP: connecting (refused, or anything else), or the
+/// connection failing later. Messages never carry the URL (keel prints no more of an upstream
+/// than its variant name).
+#[derive(Debug)]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The connection was refused: nothing listens (a restarting server).
+    Refused,
+    /// Connecting failed otherwise (timeout, unreachable, DNS).
+    Connect,
+    /// The connection failed after it was made.
+    Io,
+}
+
+impl Error {
+    fn new(kind: ErrorKind, e: &dyn std::error::Error) -> Error {
+        Error {
+            kind,
+            message: chain(e),
+        }
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// An error and its sources, as one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg = format!("{msg}: {s}");
+        src = s.source();
+    }
+    msg
+}
+
+/// Whether an io error (anywhere in `e`'s sources) is a refused connection.
+fn refused(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut src = Some(e);
+    while let Some(s) = src {
+        if s.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        src = s.source();
+    }
+    false
+}
+
+impl From<reqwest::Error> for Error {
+    fn from(e: reqwest::Error) -> Error {
+        let connect = e.is_connect();
+        let e = e.without_url();
+        let kind = match (connect, refused(&e)) {
+            (true, true) => ErrorKind::Refused,
+            (true, false) => ErrorKind::Connect,
+            _ => ErrorKind::Io,
+        };
+        Error::new(kind, &e)
+    }
+}
+
+/// One pool's upstream client: keel's own HTTP/1.1 pool for plain-HTTP variants, reqwest for
+/// the rest (and for the monitor's probes and scrapes).
+#[derive(Clone)]
+pub struct Client {
+    direct: Option<Arc<direct::Direct>>,
+    http: reqwest::Client,
+}
+
 /// Builds the upstream client for one pool.
-pub fn client(connect_ms: u64) -> reqwest::Client {
+pub fn client(connect_ms: u64) -> Client {
     crate::install_crypto();
-    reqwest::Client::builder()
-        .connect_timeout(Duration::from_millis(connect_ms))
-        .pool_idle_timeout(Duration::from_secs(90))
+    let connect = Duration::from_millis(connect_ms);
+    let http = reqwest::Client::builder()
+        .connect_timeout(connect)
+        .pool_idle_timeout(direct::IDLE_TIMEOUT)
         .pool_max_idle_per_host(256)
         .tcp_nodelay(true)
         .redirect(reqwest::redirect::Policy::none())
         .build()
-        .unwrap_or_else(|_| reqwest::Client::new())
+        .unwrap_or_else(|_| reqwest::Client::new());
+    // A proxy for plain HTTP applies to every `http://` variant: reqwest honours it (and
+    // NO_PROXY); keel's own pool connects only directly.
+    let proxied = ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
+        .iter()
+        .any(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()));
+    Client {
+        direct: (!proxied).then(|| Arc::new(direct::Direct::new(connect))),
+        http,
+    }
+}
+
+impl Client {
+    /// The reqwest client, for requests off the request path (the monitor's probes).
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// Sends one request and returns the response head; the body is read from the response.
+    pub async fn send(&self, req: Request) -> Result<Response, Error> {
+        if let Some(direct) = &self.direct {
+            if let Some(target) = direct::Target::of(&req.url) {
+                return direct.send(target, req.headers, req.body).await;
+            }
+        }
+        let resp = self
+            .http
+            .post(req.url)
+            .headers(req.headers)
+            .body(req.body)
+            .send()
+            .await?;
+        Ok(Response {
+            status: resp.status(),
+            headers: resp.headers().clone(),
+            body: Box::pin(resp.bytes_stream().map_err(Error::from).fuse()),
+        })
+    }
+}
+
+/// An upstream request, ready to send.
+pub struct Request {
+    pub url: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
 }
 
 /// Headers never forwarded upstream: hop-by-hop headers (RFC 9110 §7.6.1), framing that the
@@ -83,13 +241,12 @@ pub fn detached(v: &HeaderValue) -> HeaderValue {
 /// attempt span's W3C trace context and replaces the client's (which is forwarded unchanged
 /// when tracing is off).
 pub fn request(
-    client: &reqwest::Client,
     variant: &VariantConfig,
     endpoint: Endpoint,
     forwarded: &HeaderMap,
     traceparent: Option<HeaderValue>,
     body: Vec<u8>,
-) -> reqwest::RequestBuilder {
+) -> Request {
     let url = format!("{}{}", variant.url, endpoint.upstream_path());
     let mut headers = forwarded.clone();
     if let Some(tp) = traceparent {
@@ -122,7 +279,11 @@ pub fn request(
             HeaderValue::from_static(ANTHROPIC_VERSION),
         );
     }
-    client.post(url).headers(headers).body(body)
+    Request {
+        url,
+        headers,
+        body: Bytes::from(body),
+    }
 }
 
 #[cfg(test)]

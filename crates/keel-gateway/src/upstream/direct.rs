@@ -1,0 +1,417 @@
+//! keel's own keep-alive pool of HTTP/1.1 connections to plain-`http://` upstreams.
+//!
+//! Each connection is hyper's client connection, but nobody spawns a task for it: the request
+//! using it drives it. While the response head is awaited, the request's future polls the
+//! connection and the response together; while the body is read, [`DrivenBody`] polls the
+//! connection whenever the body has nothing ready. Compared with a pooled client whose
+//! connections run as tasks of their own (reqwest over hyper-util), a chunk is read from the
+//! socket by the task that relays it, with no wake-up of another task and no hand-over
+//! between threads; checking a connection out and in takes only the calling thread's shard
+//! of the idle list ([`PerThread`]), not a lock all requests share; and each connection's
+//! read buffer is [`READ_BUF`] bytes exactly instead of hyper's adaptive 8 KiB or more (a
+//! streamed chunk is a few hundred bytes, and a stream holds its buffer for its whole life).
+//!
+//! An idle connection is not watched by anyone. Before one is reused, its connection is
+//! polled once (with a no-op waker): that reads the socket, so a connection the server has
+//! closed meanwhile (a keep-alive timeout: uvicorn's is 5 s) is found closed and dropped.
+//! A request hyper could not start writing on a reused connection is sent again on a new one.
+
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::Stream;
+use http::{HeaderMap, HeaderValue, Method, Uri};
+use http_body_util::Full;
+use hyper::body::{Body as _, Incoming};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use super::{Error, ErrorKind, Response};
+use crate::per_thread::PerThread;
+
+/// How long an idle connection is kept.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Idle connections kept per thread's shard (over all upstreams of the pool).
+const MAX_IDLE_PER_SHARD: usize = 256;
+
+/// Bytes read from an upstream connection at a time. Holds a response head and a streamed
+/// event with room to spare; a larger body is read in several steps.
+pub const READ_BUF: usize = 4096;
+
+type Driver = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
+
+/// One connection: the handle requests are sent on, and the connection itself (a future that
+/// does its reading and writing when polled).
+struct Conn {
+    send: http1::SendRequest<Full<Bytes>>,
+    driver: Driver,
+}
+
+impl Conn {
+    /// Whether an idle connection can take a request: polling it reads the socket, so a close
+    /// by the server is seen here.
+    fn usable(&mut self) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        if Pin::new(&mut self.driver).poll(&mut cx).is_ready() {
+            return false;
+        }
+        self.send.is_ready()
+    }
+}
+
+struct Idle {
+    authority: Arc<str>,
+    conn: Conn,
+    since: Instant,
+}
+
+/// Where a plain-HTTP request goes: the address to connect to (`host:port`), and the request
+/// target and `Host` header.
+pub struct Target {
+    authority: Arc<str>,
+    host: HeaderValue,
+    path: Uri,
+}
+
+impl Target {
+    /// `url` as a direct target: plain `http://` without credentials in it, else `None`.
+    pub fn of(url: &str) -> Option<Target> {
+        let uri: Uri = url.parse().ok()?;
+        if uri.scheme_str() != Some("http") {
+            return None;
+        }
+        let auth = uri.authority()?;
+        if auth.as_str().contains('@') {
+            return None;
+        }
+        let authority: Arc<str> = match auth.port_u16() {
+            Some(_) => Arc::from(auth.as_str()),
+            None => Arc::from(format!("{}:80", auth.host())),
+        };
+        let host = HeaderValue::from_str(auth.as_str()).ok()?;
+        let path = uri.path_and_query().map_or_else(
+            || Uri::from_static("/"),
+            |p| Uri::try_from(p.as_str()).unwrap_or_else(|_| Uri::from_static("/")),
+        );
+        Some(Target {
+            authority,
+            host,
+            path,
+        })
+    }
+}
+
+/// The pool: idle connections per thread.
+pub struct Direct {
+    idle: PerThread<VecDeque<Idle>>,
+    connect_timeout: Duration,
+}
+
+impl Direct {
+    pub fn new(connect_timeout: Duration) -> Direct {
+        Direct {
+            idle: PerThread::new(VecDeque::new),
+            connect_timeout,
+        }
+    }
+
+    /// Sends a POST of `body` to `target`, on an idle connection when one is usable.
+    pub async fn send(
+        self: &Arc<Self>,
+        target: Target,
+        mut headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<Response, Error> {
+        headers.insert(http::header::HOST, target.host.clone());
+        let mut req = http::Request::new(Full::new(body));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = target.path.clone();
+        *req.headers_mut() = headers;
+        let mut fresh_only = false;
+        loop {
+            let reused = if fresh_only {
+                None
+            } else {
+                self.checkout(&target.authority)
+            };
+            let was_reused = reused.is_some();
+            let mut conn = match reused {
+                Some(c) => c,
+                None => self.connect(&target.authority).await?,
+            };
+            let sent = conn.send.try_send_request(req);
+            match drive(&mut conn.driver, sent).await {
+                Ok(resp) => {
+                    let (head, body) = resp.into_parts();
+                    return Ok(Response {
+                        status: head.status,
+                        headers: head.headers,
+                        body: Box::pin(DrivenBody {
+                            pool: Arc::clone(self),
+                            authority: target.authority,
+                            conn: Some(conn),
+                            body,
+                            driver_done: false,
+                            ended: false,
+                        }),
+                    });
+                }
+                // Not written at all: a reused connection that turned out closed. Once more,
+                // on a new connection.
+                Err(Sent::NotWritten(e, r)) if was_reused => {
+                    tracing::debug!(error = %e.message, "a reused upstream connection was closed; reconnecting");
+                    req = *r;
+                    fresh_only = true;
+                }
+                Err(Sent::NotWritten(e, _)) | Err(Sent::Failed(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// The newest usable idle connection to `authority`: the calling thread's shard first,
+    /// then any other shard not busy at the moment.
+    fn checkout(&self, authority: &str) -> Option<Conn> {
+        let n = self.idle.shards();
+        let own = self.idle.own_index();
+        for k in 0..n {
+            let i = (own + k) % n;
+            loop {
+                let taken = {
+                    let shard = if k == 0 {
+                        Some(self.idle.shard(i))
+                    } else {
+                        self.idle.try_shard(i)
+                    };
+                    let Some(mut q) = shard else { break };
+                    let Some(at) = q.iter().rposition(|c| &*c.authority == authority) else {
+                        break;
+                    };
+                    q.remove(at)
+                };
+                // Checked and dropped outside the shard's lock (both touch the socket).
+                let Some(mut idle) = taken else { break };
+                if idle.since.elapsed() < IDLE_TIMEOUT && idle.conn.usable() {
+                    return Some(idle.conn);
+                }
+            }
+        }
+        None
+    }
+
+    /// Keeps a connection whose response was read to its end for the next request.
+    fn checkin(&self, authority: Arc<str>, conn: Conn) {
+        let now = Instant::now();
+        let mut dropped = Vec::new();
+        {
+            let mut q = self.idle.own();
+            while q
+                .front()
+                .is_some_and(|c| now.duration_since(c.since) >= IDLE_TIMEOUT)
+                || q.len() >= MAX_IDLE_PER_SHARD
+            {
+                dropped.extend(q.pop_front());
+            }
+            q.push_back(Idle {
+                authority,
+                conn,
+                since: now,
+            });
+        }
+        drop(dropped);
+    }
+
+    async fn connect(&self, authority: &str) -> Result<Conn, Error> {
+        let stream =
+            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(authority)).await {
+                Err(_) => {
+                    return Err(Error {
+                        kind: ErrorKind::Connect,
+                        message: format!(
+                            "connecting timed out after {} ms",
+                            self.connect_timeout.as_millis()
+                        ),
+                    })
+                }
+                Ok(Err(e)) => {
+                    let kind = if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                        ErrorKind::Refused
+                    } else {
+                        ErrorKind::Connect
+                    };
+                    return Err(Error {
+                        kind,
+                        message: format!("error connecting: {e}"),
+                    });
+                }
+                Ok(Ok(s)) => s,
+            };
+        let _ = stream.set_nodelay(true);
+        let (send, driver) = http1::Builder::new()
+            .read_buf_exact_size(Some(READ_BUF))
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| Error::new(ErrorKind::Connect, &e))?;
+        Ok(Conn { send, driver })
+    }
+}
+
+/// How sending a request failed.
+enum Sent {
+    /// Before hyper wrote any of it: the request, to send elsewhere.
+    NotWritten(Error, Box<http::Request<Full<Bytes>>>),
+    Failed(Error),
+}
+
+/// Drives `driver` until the response head of `sent` is in.
+async fn drive<F>(driver: &mut Driver, sent: F) -> Result<http::Response<Incoming>, Sent>
+where
+    F: Future<
+        Output = Result<
+            http::Response<Incoming>,
+            hyper::client::conn::TrySendError<http::Request<Full<Bytes>>>,
+        >,
+    >,
+{
+    let mut sent = pin!(sent);
+    let mut closed: Option<Result<(), hyper::Error>> = None;
+    let out = poll_fn(|cx| {
+        if let Poll::Ready(r) = sent.as_mut().poll(cx) {
+            return Poll::Ready(Some(r));
+        }
+        if closed.is_none() {
+            if let Poll::Ready(r) = Pin::new(&mut *driver).poll(cx) {
+                closed = Some(r);
+                // The connection answers a request it could not complete when it ends.
+                return sent.as_mut().poll(cx).map(Some);
+            }
+            return Poll::Pending;
+        }
+        Poll::Ready(None)
+    })
+    .await;
+    match out {
+        Some(Ok(resp)) => Ok(resp),
+        Some(Err(mut e)) => {
+            let error = Error::new(ErrorKind::Io, e.error());
+            match e.take_message() {
+                Some(req) => Err(Sent::NotWritten(error, Box::new(req))),
+                None => Err(Sent::Failed(error)),
+            }
+        }
+        None => Err(Sent::Failed(match closed {
+            Some(Err(e)) => Error::new(ErrorKind::Io, &e),
+            _ => Error {
+                kind: ErrorKind::Io,
+                message: "the upstream connection closed before the response".into(),
+            },
+        })),
+    }
+}
+
+/// A response body that drives its connection, and gives the connection back to the pool
+/// when it was read to its end. Dropped before its end, it closes the connection (the
+/// upstream sees the client gone and stops generating).
+struct DrivenBody {
+    pool: Arc<Direct>,
+    authority: Arc<str>,
+    conn: Option<Conn>,
+    body: Incoming,
+    driver_done: bool,
+    ended: bool,
+}
+
+impl DrivenBody {
+    /// The next data frame, if the body has one ready (trailers are skipped).
+    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
+        loop {
+            return match Pin::new(&mut self.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) if !data.is_empty() => Poll::Ready(Some(Ok(data))),
+                    _ => continue,
+                },
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Error::new(ErrorKind::Io, &e)))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            };
+        }
+    }
+
+    /// The body ended: the connection goes back to the pool if it can take another request.
+    fn release(&mut self, cx: &mut Context<'_>) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        if self.driver_done {
+            return;
+        }
+        // One more turn lets the connection finish the response and ask for the next.
+        if Pin::new(&mut conn.driver).poll(cx).is_ready() {
+            return;
+        }
+        if conn.send.is_ready() {
+            self.pool.checkin(Arc::clone(&self.authority), conn);
+        }
+    }
+}
+
+impl Stream for DrivenBody {
+    type Item = Result<Bytes, Error>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        loop {
+            let next = match this.poll_body(cx) {
+                Poll::Pending => {
+                    // Nothing buffered: the connection reads (the body's request for more
+                    // was just made, so it does).
+                    let Some(conn) = this.conn.as_mut().filter(|_| !this.driver_done) else {
+                        // The connection ended and left the body unfinished.
+                        this.ended = true;
+                        this.conn = None;
+                        return Poll::Ready(Some(Err(Error {
+                            kind: ErrorKind::Io,
+                            message: "the upstream connection ended inside the body".into(),
+                        })));
+                    };
+                    match Pin::new(&mut conn.driver).poll(cx) {
+                        Poll::Ready(_) => {
+                            // Ended: whatever the body got before is still to be read.
+                            this.driver_done = true;
+                            continue;
+                        }
+                        Poll::Pending => match this.poll_body(cx) {
+                            Poll::Pending => return Poll::Pending,
+                            ready => ready,
+                        },
+                    }
+                }
+                Poll::Ready(next) => Poll::Ready(next),
+            };
+            match &next {
+                Poll::Ready(None) => {
+                    this.ended = true;
+                    this.release(cx);
+                }
+                Poll::Ready(Some(Err(_))) => {
+                    this.ended = true;
+                    this.conn = None;
+                }
+                _ => {}
+            }
+            return next;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

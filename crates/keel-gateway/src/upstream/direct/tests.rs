@@ -1,0 +1,275 @@
+//! The direct pool against plain TCP servers written here byte by byte, so that each test
+//! controls exactly when the server answers, streams and closes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures_util::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use super::*;
+
+/// What the test server does with one request on a connection.
+#[derive(Clone, Copy)]
+enum Answer {
+    /// A keep-alive response with a length.
+    Whole,
+    /// The same, then the server closes the connection without saying so.
+    WholeThenClose,
+    /// A chunked response: one chunk now, the next and the end when the test says.
+    Streamed,
+}
+
+struct Server {
+    url: String,
+    accepted: Arc<AtomicUsize>,
+    /// Each request's head, as received.
+    heads: mpsc::UnboundedReceiver<String>,
+    /// Releases the rest of a streamed response.
+    go_on: mpsc::UnboundedSender<()>,
+}
+
+async fn server(answer: Answer) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/v1/chat/completions",
+        listener.local_addr().unwrap()
+    );
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (heads_tx, heads) = mpsc::unbounded_channel();
+    let (go_on, go_rx) = mpsc::unbounded_channel::<()>();
+    let go_rx = Arc::new(tokio::sync::Mutex::new(go_rx));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        loop {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            count.fetch_add(1, Ordering::SeqCst);
+            let heads_tx = heads_tx.clone();
+            let go_rx = Arc::clone(&go_rx);
+            tokio::spawn(async move {
+                loop {
+                    let Some(head) = read_request(&mut sock).await else {
+                        return;
+                    };
+                    heads_tx.send(head).unwrap();
+                    let ok = match answer {
+                        Answer::Whole | Answer::WholeThenClose => sock
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello")
+                            .await
+                            .is_ok(),
+                        Answer::Streamed => {
+                            let first = sock
+                                .write_all(
+                                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n",
+                                )
+                                .await;
+                            go_rx.lock().await.recv().await;
+                            first.is_ok()
+                                && sock.write_all(b"6\r\nsecond\r\n0\r\n\r\n").await.is_ok()
+                        }
+                    };
+                    if matches!(answer, Answer::WholeThenClose) {
+                        // After the client has taken the response as a keep-alive one.
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        return;
+                    }
+                    if !ok {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Server {
+        url,
+        accepted,
+        heads,
+        go_on,
+    }
+}
+
+/// One request's head (its body, of the length it declares, is read and dropped); `None` when
+/// the client closed the connection.
+async fn read_request(sock: &mut TcpStream) -> Option<String> {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        if sock.read(&mut byte).await.ok()? == 0 {
+            return None;
+        }
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8(buf).unwrap();
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length: ")
+                .map(str::to_owned)
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    sock.read_exact(&mut body).await.ok()?;
+    Some(head)
+}
+
+fn pool() -> Arc<Direct> {
+    Arc::new(Direct::new(Duration::from_secs(2)))
+}
+
+async fn post(pool: &Arc<Direct>, url: &str) -> Result<Response, Error> {
+    pool.send(
+        Target::of(url).unwrap(),
+        HeaderMap::new(),
+        Bytes::from_static(b"{\"x\":1}"),
+    )
+    .await
+}
+
+async fn read_all(mut body: super::super::Body) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(c) = body.next().await {
+        out.extend_from_slice(&c.unwrap());
+    }
+    out
+}
+
+#[test]
+fn only_plain_http_without_credentials_is_direct() {
+    let t = Target::of("http://127.0.0.1:8000/v1/chat/completions").unwrap();
+    assert_eq!(&*t.authority, "127.0.0.1:8000");
+    assert_eq!(t.path, "/v1/chat/completions");
+    let t = Target::of("http://vllm.internal/v1/messages?beta=true").unwrap();
+    assert_eq!(&*t.authority, "vllm.internal:80");
+    assert_eq!(t.host, "vllm.internal");
+    assert_eq!(t.path, "/v1/messages?beta=true");
+    assert!(Target::of("https://api.openai.com/v1/chat/completions").is_none());
+    assert!(Target::of("http://user:secret@host:8000/v1").is_none());
+}
+
+#[tokio::test]
+async fn requests_read_to_their_end_share_one_connection() {
+    let mut s = server(Answer::Whole).await;
+    let pool = pool();
+    for _ in 0..5 {
+        let resp = post(&pool, &s.url).await.unwrap();
+        assert_eq!(resp.status, 200);
+        assert_eq!(read_all(resp.body).await, b"hello");
+        let head = s.heads.recv().await.unwrap();
+        assert!(
+            head.starts_with("POST /v1/chat/completions HTTP/1.1\r\n"),
+            "{head}"
+        );
+        let host = s.url.split('/').nth(2).unwrap();
+        assert!(
+            head.to_ascii_lowercase()
+                .contains(&format!("host: {host}\r\n")),
+            "{head}"
+        );
+        assert!(head.contains("content-length: 7\r\n"), "{head}");
+    }
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 1);
+}
+
+/// A connection the server closed while it sat idle (a keep-alive timeout) is found closed at
+/// checkout and the request goes on a new one, with no error.
+#[tokio::test]
+async fn a_connection_closed_while_idle_is_not_reused() {
+    let mut s = server(Answer::WholeThenClose).await;
+    let pool = pool();
+    for i in 1..=3 {
+        let resp = post(&pool, &s.url).await.unwrap();
+        assert_eq!(read_all(resp.body).await, b"hello");
+        s.heads.recv().await.unwrap();
+        assert_eq!(pool.idle.all().iter().map(|q| q.len()).sum::<usize>(), 1);
+        // Let the server's close arrive.
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        assert_eq!(s.accepted.load(Ordering::SeqCst), i);
+    }
+}
+
+/// A streamed body's chunks reach the reader as the server writes them, with no task driving
+/// the connection but the reader's.
+#[tokio::test]
+async fn streamed_chunks_arrive_before_the_end_and_the_connection_is_reused() {
+    let s = server(Answer::Streamed).await;
+    let pool = pool();
+    for round in 1..=2 {
+        let resp = post(&pool, &s.url).await.unwrap();
+        let mut body = resp.body;
+        let first = tokio::time::timeout(Duration::from_secs(5), body.next())
+            .await
+            .expect("the first chunk before the server's end")
+            .unwrap()
+            .unwrap();
+        assert_eq!(&first[..], b"first");
+        s.go_on.send(()).unwrap();
+        assert_eq!(read_all(body).await, b"second");
+        assert_eq!(s.accepted.load(Ordering::SeqCst), 1, "round {round}");
+    }
+}
+
+/// A body dropped before its end (the relay moved on) closes its connection: the upstream sees
+/// the client gone, and the next request opens a new connection.
+#[tokio::test]
+async fn a_body_dropped_before_its_end_closes_its_connection() {
+    let s = server(Answer::Streamed).await;
+    let pool = pool();
+    let resp = post(&pool, &s.url).await.unwrap();
+    let mut body = resp.body;
+    assert_eq!(&body.next().await.unwrap().unwrap()[..], b"first");
+    drop(body);
+    s.go_on.send(()).unwrap();
+    assert_eq!(pool.idle.all().iter().map(|q| q.len()).sum::<usize>(), 0);
+    let resp = post(&pool, &s.url).await.unwrap();
+    s.go_on.send(()).unwrap();
+    assert_eq!(read_all(resp.body).await, b"firstsecond");
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_reported_as_refused() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let e = post(
+        &pool(),
+        &format!("http://127.0.0.1:{port}/v1/chat/completions"),
+    )
+    .await
+    .err()
+    .expect("nothing listens");
+    assert_eq!(e.kind, ErrorKind::Refused, "{}", e.message);
+}
+
+/// A server that closes in the middle of a response: the reader gets an error, not a clean end.
+#[tokio::test]
+async fn a_body_cut_short_is_an_error() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        read_request(&mut sock).await.unwrap();
+        sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npart")
+            .await
+            .unwrap();
+    });
+    let resp = post(&pool(), &url).await.unwrap();
+    let mut body = resp.body;
+    let mut got = Vec::new();
+    let end = loop {
+        match body.next().await {
+            Some(Ok(c)) => got.extend_from_slice(&c),
+            Some(Err(e)) => break Some(e),
+            None => break None,
+        }
+    };
+    assert_eq!(got, b"part");
+    let e = end.expect("an error, not a clean end");
+    assert_eq!(e.kind, ErrorKind::Io);
+    assert!(body.next().await.is_none(), "fused after the error");
+}
