@@ -37,7 +37,7 @@ fn pool(variants: usize) -> Arc<Pool> {
     keel_gateway::install_crypto();
     let pool = Arc::new(Pool::new(
         cfg.pools[0].clone(),
-        keel_gateway::upstream::client(1_000),
+        keel_gateway::upstream::client(1_000, metrics::Counter::noop()),
         Instant::now(),
         Metrics::new(),
         UpstreamLimits {

@@ -131,7 +131,13 @@ impl Gateway {
             pools.push(live::carry::pool(old, p, limits, || {
                 Pool::new(
                     p.clone(),
-                    upstream::client(p.timeouts.connect_ms),
+                    upstream::client(
+                        p.timeouts.connect_ms,
+                        metrics.counter(
+                            "keel_upstream_connections_opened_total",
+                            &[("pool", &p.name)],
+                        ),
+                    ),
                     epoch,
                     metrics.clone(),
                     limits,

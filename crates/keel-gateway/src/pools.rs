@@ -943,7 +943,7 @@ mod tests {
         crate::install_crypto();
         Arc::new(Pool::new(
             cfg.pools[0].clone(),
-            crate::upstream::client(1_000),
+            crate::upstream::client(1_000, metrics::Counter::noop()),
             Instant::now(),
             Metrics::new(),
             UpstreamLimits {

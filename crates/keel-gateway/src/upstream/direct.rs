@@ -112,13 +112,17 @@ impl Target {
 pub struct Direct {
     idle: PerThread<VecDeque<Idle>>,
     connect_timeout: Duration,
+    /// Connections opened (`keel_upstream_connections_opened_total`): a count that grows with
+    /// the requests rather than with the concurrency means connections are not reused.
+    opened: metrics::Counter,
 }
 
 impl Direct {
-    pub fn new(connect_timeout: Duration) -> Direct {
+    pub fn new(connect_timeout: Duration, opened: metrics::Counter) -> Direct {
         Direct {
             idle: PerThread::new(VecDeque::new),
             connect_timeout,
+            opened,
         }
     }
 
@@ -153,14 +157,13 @@ impl Direct {
                     return Ok(Response {
                         status: head.status,
                         headers: head.headers,
-                        body: Box::pin(DrivenBody {
+                        body: Box::pin(DrivenBody(Some(Reading {
                             pool: Arc::clone(self),
                             authority: target.authority,
-                            conn: Some(conn),
+                            conn,
                             body,
                             driver_done: false,
-                            ended: false,
-                        }),
+                        }))),
                     });
                 }
                 // Not written at all: a reused connection that turned out closed. Once more,
@@ -258,6 +261,7 @@ impl Direct {
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| Error::new(ErrorKind::Connect, &e))?;
+        self.opened.increment(1);
         Ok(Conn { send, driver })
     }
 }
@@ -316,20 +320,37 @@ where
 }
 
 /// A response body that drives its connection, and gives the connection back to the pool
-/// when it was read to its end. Dropped before its end, it closes the connection (the
-/// upstream sees the client gone and stops generating).
-struct DrivenBody {
+/// when it was read to its end.
+///
+/// Dropped before its end (the relay stops at the stream's terminal event, a hedge's loser, a
+/// client gone, a stalled stream left for another variant), it finishes the response if the
+/// rest is at most [`DRAIN_MAX_BYTES`] and arrives within [`DRAIN_WAIT`]: what is already
+/// received is read at once, and only a response whose end is still on its way gets a small
+/// task to wait for it. A task of its own per connection would do the same implicitly; here
+/// it costs something only in that case. Otherwise the connection is closed (the upstream sees
+/// the client gone and stops generating).
+struct DrivenBody(Option<Reading>);
+
+/// Bytes read past the point a body was dropped, to reach its end and keep its connection.
+const DRAIN_MAX_BYTES: usize = 64 * 1024;
+
+/// How long a dropped body's end is waited for.
+const DRAIN_WAIT: Duration = Duration::from_millis(50);
+
+struct Reading {
     pool: Arc<Direct>,
     authority: Arc<str>,
-    conn: Option<Conn>,
+    conn: Conn,
     body: Incoming,
     driver_done: bool,
-    ended: bool,
 }
 
-impl DrivenBody {
+/// A body's next step.
+type Next = Poll<Option<Result<Bytes, Error>>>;
+
+impl Reading {
     /// The next data frame, if the body has one ready (trailers are skipped).
-    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
+    fn poll_body(&mut self, cx: &mut Context<'_>) -> Next {
         loop {
             return match Pin::new(&mut self.body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
@@ -343,20 +364,58 @@ impl DrivenBody {
         }
     }
 
+    /// The next chunk: the body's, driving the connection when the body has nothing ready.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Next {
+        loop {
+            if let Poll::Ready(next) = self.poll_body(cx) {
+                return Poll::Ready(next);
+            }
+            if self.driver_done {
+                // The connection ended and left the body unfinished.
+                return Poll::Ready(Some(Err(Error {
+                    kind: ErrorKind::Io,
+                    message: "the upstream connection ended inside the body".into(),
+                })));
+            }
+            // The body's request for more was just made, so the connection reads now.
+            match Pin::new(&mut self.conn.driver).poll(cx) {
+                // Ended: whatever the body got before is still to be read.
+                Poll::Ready(_) => self.driver_done = true,
+                Poll::Pending => return self.poll_body(cx),
+            }
+        }
+    }
+
     /// The body ended: the connection goes back to the pool if it can take another request.
-    fn release(&mut self, cx: &mut Context<'_>) {
-        let Some(mut conn) = self.conn.take() else {
-            return;
-        };
-        if self.driver_done {
-            return;
-        }
+    fn release(mut self, cx: &mut Context<'_>) {
         // One more turn lets the connection finish the response and ask for the next.
-        if Pin::new(&mut conn.driver).poll(cx).is_ready() {
+        if self.driver_done || Pin::new(&mut self.conn.driver).poll(cx).is_ready() {
             return;
         }
-        if conn.send.is_ready() {
-            self.pool.checkin(Arc::clone(&self.authority), conn);
+        if self.conn.send.is_ready() {
+            self.pool.checkin(self.authority, self.conn);
+        }
+    }
+
+    /// Reads on toward the end, discarding, within `budget` bytes: done (the connection
+    /// released at the end, or closed when the rest is too long or broken), or given back when
+    /// the rest is not here yet.
+    fn finish(
+        mut self: Box<Self>,
+        cx: &mut Context<'_>,
+        budget: &mut usize,
+    ) -> Result<(), Box<Self>> {
+        loop {
+            match self.poll_next(cx) {
+                Poll::Ready(Some(Ok(data))) if data.len() <= *budget => *budget -= data.len(),
+                // Too much left, or broken: closed.
+                Poll::Ready(Some(_)) => return Ok(()),
+                Poll::Ready(None) => {
+                    self.release(cx);
+                    return Ok(());
+                }
+                Poll::Pending => return Err(self),
+            }
         }
     }
 }
@@ -366,50 +425,54 @@ impl Stream for DrivenBody {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        if this.ended {
+        let Some(reading) = this.0.as_mut() else {
             return Poll::Ready(None);
-        }
-        loop {
-            let next = match this.poll_body(cx) {
-                Poll::Pending => {
-                    // Nothing buffered: the connection reads (the body's request for more
-                    // was just made, so it does).
-                    let Some(conn) = this.conn.as_mut().filter(|_| !this.driver_done) else {
-                        // The connection ended and left the body unfinished.
-                        this.ended = true;
-                        this.conn = None;
-                        return Poll::Ready(Some(Err(Error {
-                            kind: ErrorKind::Io,
-                            message: "the upstream connection ended inside the body".into(),
-                        })));
-                    };
-                    match Pin::new(&mut conn.driver).poll(cx) {
-                        Poll::Ready(_) => {
-                            // Ended: whatever the body got before is still to be read.
-                            this.driver_done = true;
-                            continue;
-                        }
-                        Poll::Pending => match this.poll_body(cx) {
-                            Poll::Pending => return Poll::Pending,
-                            ready => ready,
-                        },
-                    }
+        };
+        let next = reading.poll_next(cx);
+        match &next {
+            Poll::Ready(None) => {
+                if let Some(reading) = this.0.take() {
+                    reading.release(cx);
                 }
-                Poll::Ready(next) => Poll::Ready(next),
-            };
-            match &next {
-                Poll::Ready(None) => {
-                    this.ended = true;
-                    this.release(cx);
-                }
-                Poll::Ready(Some(Err(_))) => {
-                    this.ended = true;
-                    this.conn = None;
-                }
-                _ => {}
             }
-            return next;
+            // Fused after an error; the connection is closed.
+            Poll::Ready(Some(Err(_))) => this.0 = None,
+            _ => {}
         }
+        next
+    }
+}
+
+impl Drop for DrivenBody {
+    fn drop(&mut self) {
+        let Some(reading) = self.0.take() else {
+            return;
+        };
+        let mut budget = DRAIN_MAX_BYTES;
+        let mut cx = Context::from_waker(Waker::noop());
+        let Err(reading) = Box::new(reading).finish(&mut cx, &mut budget) else {
+            return;
+        };
+        // The end is on its way: a small task waits for it (none outside a runtime).
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            let mut reading = Some(reading);
+            let _ = tokio::time::timeout(
+                DRAIN_WAIT,
+                poll_fn(
+                    |cx| match reading.take().map(|r| r.finish(cx, &mut budget)) {
+                        Some(Err(r)) => {
+                            reading = Some(r);
+                            Poll::Pending
+                        }
+                        _ => Poll::Ready(()),
+                    },
+                ),
+            )
+            .await;
+        });
     }
 }
 

@@ -126,8 +126,9 @@ pub struct Client {
     http: reqwest::Client,
 }
 
-/// Builds the upstream client for one pool.
-pub fn client(connect_ms: u64) -> Client {
+/// Builds the upstream client for one pool; `opened` counts the connections keel's own pool
+/// opens.
+pub fn client(connect_ms: u64, opened: metrics::Counter) -> Client {
     crate::install_crypto();
     let connect = Duration::from_millis(connect_ms);
     let http = reqwest::Client::builder()
@@ -144,7 +145,7 @@ pub fn client(connect_ms: u64) -> Client {
         .iter()
         .any(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()));
     Client {
-        direct: (!proxied).then(|| Arc::new(direct::Direct::new(connect))),
+        direct: (!proxied).then(|| Arc::new(direct::Direct::new(connect, opened))),
         http,
     }
 }

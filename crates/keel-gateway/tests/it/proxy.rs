@@ -254,3 +254,31 @@ async fn count_tokens_on_an_openai_pool_is_estimated_locally() {
     );
     assert_eq!(h.server(0).state.stats().requests, 0);
 }
+
+/// Sequential requests, whole and streamed, share one keep-alive connection to the upstream:
+/// keel's own pool gives a connection back when its response was read (the relay stops at
+/// the stream's terminal event, before the transfer's own end).
+#[tokio::test]
+async fn sequential_requests_reuse_the_upstream_connection() {
+    let h = Harness::openai(1, 1, "", "").await;
+    for i in 0..10 {
+        let (status, _, _) = h.chat(&chat_body(&format!("whole {i}"))).await;
+        assert_eq!(status, 200);
+        let resp = h
+            .post(
+                "/v1/chat/completions",
+                &stream_body(&format!("streamed {i}")),
+            )
+            .await;
+        assert_eq!(resp.status(), 200);
+        let events = read_stream(resp).await;
+        assert!(!openai_stream_text(&events).is_empty());
+    }
+    let opened = h
+        .metric("keel_upstream_connections_opened_total", &[("pool", "p")])
+        .await;
+    assert!(
+        (1.0..=2.0).contains(&opened),
+        "20 requests one after the other opened {opened} connections"
+    );
+}
