@@ -19,6 +19,7 @@
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -42,7 +43,9 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const MAX_IDLE_PER_SHARD: usize = 256;
 
 /// Bytes read from an upstream connection at a time. Holds a response head and a streamed
-/// event with room to spare; a larger body is read in several steps.
+/// event with room to spare; a larger body is read in several steps. hyper also takes it as
+/// the largest response head it accepts: a pool whose upstream sends a larger one (a proxy in
+/// between adding headers) is switched to hyper's adaptive buffers, which grow as needed.
 pub const READ_BUF: usize = 4096;
 
 type Driver = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
@@ -115,6 +118,9 @@ pub struct Direct {
     /// Connections opened (`keel_upstream_connections_opened_total`): a count that grows with
     /// the requests rather than with the concurrency means connections are not reused.
     opened: metrics::Counter,
+    /// An upstream of this pool sent a response head over [`READ_BUF`]: new connections use
+    /// adaptive read buffers.
+    large_heads: AtomicBool,
 }
 
 impl Direct {
@@ -123,6 +129,7 @@ impl Direct {
             idle: PerThread::new(VecDeque::new),
             connect_timeout,
             opened,
+            large_heads: AtomicBool::new(false),
         }
     }
 
@@ -172,6 +179,27 @@ impl Direct {
                     tracing::debug!(error = %e.message, "a reused upstream connection was closed; reconnecting");
                     req = *r;
                     fresh_only = true;
+                }
+                Err(Sent::HeadTooLarge) => {
+                    // The request was written and its generation started: not sent again here
+                    // (the connection's close cancels it); the attempt fails, and keel's retry
+                    // finds connections that read the head.
+                    if !self.large_heads.swap(true, Ordering::Relaxed) {
+                        // Idle connections have the small buffer: not kept.
+                        drop(
+                            self.idle
+                                .all()
+                                .iter_mut()
+                                .map(|q| std::mem::take(&mut **q))
+                                .collect::<Vec<_>>(),
+                        );
+                    }
+                    return Err(Error {
+                        kind: ErrorKind::Io,
+                        message: format!(
+                            "the upstream's response head is larger than {READ_BUF} bytes; this pool's connections read larger heads from now on"
+                        ),
+                    });
                 }
                 Err(Sent::NotWritten(e, _)) | Err(Sent::Failed(e)) => return Err(e),
             }
@@ -256,8 +284,11 @@ impl Direct {
                 Ok(Ok(s)) => s,
             };
         let _ = stream.set_nodelay(true);
-        let (send, driver) = http1::Builder::new()
-            .read_buf_exact_size(Some(READ_BUF))
+        let mut builder = http1::Builder::new();
+        if !self.large_heads.load(Ordering::Relaxed) {
+            builder.read_buf_exact_size(Some(READ_BUF));
+        }
+        let (send, driver) = builder
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| Error::new(ErrorKind::Connect, &e))?;
@@ -270,6 +301,8 @@ impl Direct {
 enum Sent {
     /// Before hyper wrote any of it: the request, to send elsewhere.
     NotWritten(Error, Box<http::Request<Full<Bytes>>>),
+    /// The response head did not fit the read buffer.
+    HeadTooLarge,
     Failed(Error),
 }
 
@@ -302,6 +335,7 @@ where
     .await;
     match out {
         Some(Ok(resp)) => Ok(resp),
+        Some(Err(e)) if e.error().is_parse_too_large() => Err(Sent::HeadTooLarge),
         Some(Err(mut e)) => {
             let error = Error::new(ErrorKind::Io, e.error());
             match e.take_message() {

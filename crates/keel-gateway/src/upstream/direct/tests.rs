@@ -332,3 +332,43 @@ async fn a_body_cut_short_is_an_error() {
     assert_eq!(e.kind, ErrorKind::Io);
     assert!(body.next().await.is_none(), "fused after the error");
 }
+
+/// A response head larger than the read buffer fails that one attempt with a clear message,
+/// and the pool's next connections read it.
+#[tokio::test]
+async fn a_response_head_over_the_read_buffer_switches_the_pool_to_larger_buffers() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                while read_request(&mut sock).await.is_some() {
+                    let big = "x".repeat(READ_BUF * 2);
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nx-big: {big}\r\ncontent-length: 5\r\n\r\nhello"
+                    );
+                    if sock.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let pool = pool();
+    let e = post(&pool, &url)
+        .await
+        .err()
+        .expect("the first head does not fit");
+    assert_eq!(e.kind, ErrorKind::Io);
+    assert!(
+        e.message.contains("larger than 4096 bytes"),
+        "{}",
+        e.message
+    );
+    for _ in 0..2 {
+        let resp = post(&pool, &url).await.unwrap();
+        assert_eq!(resp.headers["x-big"].len(), READ_BUF * 2);
+        assert_eq!(read_all(resp.body).await, b"hello");
+    }
+}
