@@ -187,7 +187,8 @@ pub struct Request {
 
 /// Headers never forwarded upstream: hop-by-hop headers (RFC 9110 §7.6.1), framing that the
 /// client re-computes, the client's credentials (keel presents the variant's own), cookies,
-/// keel's own controls, and `accept-encoding` (keel parses the stream, so it asks for identity).
+/// keel's own controls, `accept-encoding` (keel parses the stream, so it asks for identity) and
+/// `expect` (keel has read the whole body already; curl sends `100-continue` with large ones).
 const NOT_FORWARDED: &[&str] = &[
     "connection",
     "keep-alive",
@@ -206,6 +207,7 @@ const NOT_FORWARDED: &[&str] = &[
     "cookie",
     "accept-encoding",
     "content-type",
+    "expect",
 ];
 
 /// The client's headers that travel upstream.
@@ -329,6 +331,7 @@ mod tests {
         );
         h.insert("x-trace", HeaderValue::from_static("1"));
         h.insert("x-keel-session", HeaderValue::from_static("s"));
+        h.insert("expect", HeaderValue::from_static("100-continue"));
         h.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
         h.insert("openai-beta", HeaderValue::from_static("assistants=v2"));
         let f = forwarded_headers(&h);
