@@ -142,7 +142,7 @@ impl Report {
         }
 
         // Resources: medians over the window after warm-up and the window at the end.
-        let warmup = (0.1 * o.duration.as_secs_f64()).clamp(10.0, 180.0);
+        let warmup = super::warmup_s(o.duration);
         let start = median_in(&samples, warmup, 2.0 * warmup);
         let end = median_in(&samples, arrivals_s - warmup, arrivals_s + 1.0);
         let long_run = o.duration >= RSS_JUDGED_FROM;
