@@ -66,7 +66,7 @@ impl<T> PerThread<T> {
         self.shards.len()
     }
 
-    /// Shard `i` (`i < len()`), waiting for it.
+    /// Shard `i` (`i < shards()`), waiting for it.
     pub fn shard(&self, i: usize) -> MutexGuard<'_, T> {
         lock(&self.shards[i])
     }

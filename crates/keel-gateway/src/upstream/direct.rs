@@ -186,13 +186,7 @@ impl Direct {
                     // finds connections that read the head.
                     if !self.large_heads.swap(true, Ordering::Relaxed) {
                         // Idle connections have the small buffer: not kept.
-                        drop(
-                            self.idle
-                                .all()
-                                .iter_mut()
-                                .map(|q| std::mem::take(&mut **q))
-                                .collect::<Vec<_>>(),
-                        );
+                        self.idle.all().iter_mut().for_each(|q| q.clear());
                     }
                     return Err(Error {
                         kind: ErrorKind::Io,
@@ -322,15 +316,16 @@ where
         if let Poll::Ready(r) = sent.as_mut().poll(cx) {
             return Poll::Ready(Some(r));
         }
-        if closed.is_none() {
-            if let Poll::Ready(r) = Pin::new(&mut *driver).poll(cx) {
-                closed = Some(r);
-                // The connection answers a request it could not complete when it ends.
-                return sent.as_mut().poll(cx).map(Some);
-            }
+        let Poll::Ready(end) = Pin::new(&mut *driver).poll(cx) else {
             return Poll::Pending;
-        }
-        Poll::Ready(None)
+        };
+        // The connection answers a request it could not complete when it ends; it is not
+        // polled again either way.
+        closed = Some(end);
+        Poll::Ready(match sent.as_mut().poll(cx) {
+            Poll::Ready(r) => Some(r),
+            Poll::Pending => None,
+        })
     })
     .await;
     match out {
@@ -421,9 +416,11 @@ impl Reading {
     }
 
     /// The body ended: the connection goes back to the pool if it can take another request.
-    fn release(mut self, cx: &mut Context<'_>) {
-        // One more turn lets the connection finish the response and ask for the next.
-        if self.driver_done || Pin::new(&mut self.conn.driver).poll(cx).is_ready() {
+    fn release(mut self) {
+        // One more turn lets the connection finish the response and ask for the next (with no
+        // waker: nobody waits on an idle connection; check-out polls it again).
+        let mut cx = Context::from_waker(Waker::noop());
+        if self.driver_done || Pin::new(&mut self.conn.driver).poll(&mut cx).is_ready() {
             return;
         }
         if self.conn.send.is_ready() {
@@ -431,24 +428,15 @@ impl Reading {
         }
     }
 
-    /// Reads on toward the end, discarding, within `budget` bytes: done (the connection
-    /// released at the end, or closed when the rest is too long or broken), or given back when
-    /// the rest is not here yet.
-    fn finish(
-        mut self: Box<Self>,
-        cx: &mut Context<'_>,
-        budget: &mut usize,
-    ) -> Result<(), Box<Self>> {
+    /// Reads on toward the end, discarding, within `budget` bytes: `true` at the end, `false`
+    /// when the rest is too long or broken; pending while the rest is not here yet.
+    fn drain(&mut self, cx: &mut Context<'_>, budget: &mut usize) -> Poll<bool> {
         loop {
             match self.poll_next(cx) {
                 Poll::Ready(Some(Ok(data))) if data.len() <= *budget => *budget -= data.len(),
-                // Too much left, or broken: closed.
-                Poll::Ready(Some(_)) => return Ok(()),
-                Poll::Ready(None) => {
-                    self.release(cx);
-                    return Ok(());
-                }
-                Poll::Pending => return Err(self),
+                Poll::Ready(Some(_)) => return Poll::Ready(false),
+                Poll::Ready(None) => return Poll::Ready(true),
+                Poll::Pending => return Poll::Pending,
             }
         }
     }
@@ -466,7 +454,7 @@ impl Stream for DrivenBody {
         match &next {
             Poll::Ready(None) => {
                 if let Some(reading) = this.0.take() {
-                    reading.release(cx);
+                    reading.release();
                 }
             }
             // Fused after an error; the connection is closed.
@@ -479,33 +467,26 @@ impl Stream for DrivenBody {
 
 impl Drop for DrivenBody {
     fn drop(&mut self) {
-        let Some(reading) = self.0.take() else {
+        let Some(mut reading) = self.0.take() else {
             return;
         };
         let mut budget = DRAIN_MAX_BYTES;
         let mut cx = Context::from_waker(Waker::noop());
-        let Err(reading) = Box::new(reading).finish(&mut cx, &mut budget) else {
-            return;
-        };
+        match reading.drain(&mut cx, &mut budget) {
+            Poll::Ready(true) => return reading.release(),
+            // Too much left, or broken: closed.
+            Poll::Ready(false) => return,
+            Poll::Pending => {}
+        }
         // The end is on its way: a small task waits for it (none outside a runtime).
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
         rt.spawn(async move {
-            let mut reading = Some(reading);
-            let _ = tokio::time::timeout(
-                DRAIN_WAIT,
-                poll_fn(
-                    |cx| match reading.take().map(|r| r.finish(cx, &mut budget)) {
-                        Some(Err(r)) => {
-                            reading = Some(r);
-                            Poll::Pending
-                        }
-                        _ => Poll::Ready(()),
-                    },
-                ),
-            )
-            .await;
+            let end = poll_fn(|cx| reading.drain(cx, &mut budget));
+            if let Ok(true) = tokio::time::timeout(DRAIN_WAIT, end).await {
+                reading.release();
+            }
         });
     }
 }
