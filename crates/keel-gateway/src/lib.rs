@@ -8,7 +8,7 @@
 //!                                                                         access_log
 //! ```
 //!
-//! [`server`] accepts connections and routes each request to [`server::handle_generation`],
+//! [`server`] accepts connections ([`connection`] serves each) and routes each request to [`server::handle_generation`],
 //! which calls the stages in that order. Every upstream attempt, whichever stage starts it,
 //! enters its variant and is settled through [`settlement`]; one on a variant of the other
 //! protocol than the client's is translated at the attempt's boundary ([`translation`]). State that outlives a request:
@@ -24,6 +24,7 @@ pub mod cache;
 pub mod canary;
 pub mod capacity;
 pub mod config;
+pub mod connection;
 pub mod consensus;
 pub mod context;
 pub mod context_fit;

@@ -1,5 +1,6 @@
-//! The HTTP server: accept loop (HTTP/1.1 and h2c), a header-read timeout so slow clients cannot
-//! hold connections, graceful shutdown with a drain deadline, and routing.
+//! The HTTP server: accept loop (each connection served by [`crate::connection`]: HTTP/1.1 and
+//! h2c, a header-read timeout so slow clients cannot hold connections), graceful shutdown with a
+//! drain deadline, and routing.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -10,7 +11,6 @@ use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -22,6 +22,7 @@ use crate::access_log::RequestLog;
 use crate::cache::{self, Lookup};
 use crate::capacity::{Throttle, ThrottleReason};
 use crate::config::KeyConfig;
+use crate::connection::Http;
 use crate::context::{ClientApi, Priority};
 use crate::decisions::Draft;
 use crate::delivery;
@@ -57,16 +58,9 @@ pub async fn serve_live(
 ) -> std::io::Result<()> {
     let first = live.current();
     let graceful = GracefulShutdown::new();
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(first.cfg.header_read_timeout_ms))
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(Duration::from_secs(30)));
+    let http = Arc::new(Http::new(Duration::from_millis(
+        first.cfg.header_read_timeout_ms,
+    )));
     tokio::pin!(shutdown);
     live.start_tasks();
     live.watch_source();
@@ -87,13 +81,10 @@ pub async fn serve_live(
         let live = live.clone();
         // Each request runs on the generation current at its start.
         let svc = hyper::service::service_fn(move |req| handle(live.current(), req));
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+        // Taken here, not in the task: a shutdown that starts while the connection's first
+        // bytes are awaited still waits for it (and tells it to close).
+        let watcher = graceful.watcher();
+        tokio::spawn(http.clone().serve(tcp, svc, watcher));
     }
     let process = first.process.clone();
     process.begin_drain();

@@ -181,6 +181,54 @@ async fn slow_clients_cannot_hold_a_connection() {
     );
 }
 
+/// A connection that never sends a byte is closed at the header-read timeout too (the HTTP
+/// version is decided from the first bytes, and that wait is bounded as hyper bounds a head's).
+#[tokio::test]
+async fn a_client_that_sends_nothing_is_closed() {
+    let h = Harness::openai(1, 1, "header_read_timeout_ms = 200", "").await;
+    let mut tcp = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let mut buf = Vec::new();
+    let read =
+        tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the gateway closed a silent connection");
+    assert!(buf.is_empty());
+}
+
+/// The version is told from bytes that may arrive one at a time: an HTTP/1.1 request written a
+/// byte at a time is answered, and an h2 preface split in two still starts HTTP/2 (the server's
+/// first frame is its SETTINGS).
+#[tokio::test]
+async fn requests_whose_first_bytes_trickle_in_are_served() {
+    let h = Harness::openai(1, 1, "", "").await;
+    let mut tcp = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let request = b"GET /keel/health HTTP/1.1\r\nhost: keel\r\nconnection: close\r\n\r\n";
+    for byte in request {
+        tcp.write_all(&[*byte]).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let mut buf = Vec::new();
+    tcp.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+
+    let mut tcp = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    tcp.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // The rest of the preface, then an empty SETTINGS frame.
+    tcp.write_all(b"\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let mut frame = [0u8; 9];
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        tcp.read_exact(&mut frame),
+    )
+    .await
+    .expect("the server's first frame")
+    .unwrap();
+    assert_eq!(frame[3], 0x4, "a SETTINGS frame: {frame:?}");
+}
+
 /// A client that declares a body over `max_body_bytes` and goes on uploading it gets the 413,
 /// not a connection closed under its upload (a broken pipe: what Node's fetch, and so both
 /// JavaScript SDKs, reported instead of the 413). Chunked bodies (no declared length) too.
