@@ -7,9 +7,8 @@
 //! The line (see [`AccessLog`] for where it goes) holds what keel decided and measured, never
 //! a secret: no header values, no key, no prompt or output, only the key's id and tenant.
 
-use std::fs::{File, OpenOptions};
-use std::io::{LineWriter, Write};
-use std::sync::{Arc, Mutex};
+use std::fs::OpenOptions;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Map, Value};
@@ -17,31 +16,25 @@ use tokio::time::Instant;
 
 use crate::config::{AccessLogTarget, LogConfig, LogFormat, VariantConfig};
 use crate::keys::meter::Meter;
+use crate::log_writer::{self, Dest};
 use crate::settlement::{AttemptKind, Attempts};
 use crate::telemetry::{RequestEnd, RequestSpan};
 use crate::Gateway;
 
-/// Where access lines are written, and how.
+/// Where access lines are written, and how: by the log writer's thread ([`crate::log_writer`]),
+/// never by the request's task.
 pub struct AccessLog {
     format: LogFormat,
-    out: Out,
-}
-
-enum Out {
-    Off,
-    Stdout,
-    Stderr,
-    /// Appended to; flushed at every line.
-    File(Mutex<LineWriter<File>>),
+    out: Option<Dest>,
 }
 
 impl AccessLog {
     /// Opens the configured destination (a file is created if needed and appended to).
     pub fn open(cfg: &LogConfig) -> std::io::Result<AccessLog> {
         let out = match &cfg.access {
-            AccessLogTarget::Off => Out::Off,
-            AccessLogTarget::Stdout => Out::Stdout,
-            AccessLogTarget::Stderr => Out::Stderr,
+            AccessLogTarget::Off => None,
+            AccessLogTarget::Stdout => Some(Dest::Stdout),
+            AccessLogTarget::Stderr => Some(Dest::Stderr),
             AccessLogTarget::File(path) => {
                 let f = OpenOptions::new()
                     .create(true)
@@ -50,7 +43,7 @@ impl AccessLog {
                     .map_err(|e| {
                         std::io::Error::new(e.kind(), format!("access log {}: {e}", path.display()))
                     })?;
-                Out::File(Mutex::new(LineWriter::new(f)))
+                Some(Dest::File(Arc::new(f)))
             }
         };
         Ok(AccessLog {
@@ -63,31 +56,24 @@ impl AccessLog {
     pub fn off() -> AccessLog {
         AccessLog {
             format: LogFormat::Json,
-            out: Out::Off,
+            out: None,
         }
     }
 
     fn enabled(&self) -> bool {
-        !matches!(self.out, Out::Off)
+        self.out.is_some()
     }
 
-    /// Writes one line (a failed write is dropped: a full disk must not fail requests).
+    /// Queues one line (see [`crate::log_writer`]: never blocks; a line the full queue cannot
+    /// take is dropped and counted).
     fn write(&self, fields: &Map<String, Value>) {
+        let Some(out) = &self.out else { return };
         let mut line = match self.format {
-            LogFormat::Json => Value::Object(fields.clone()).to_string(),
+            LogFormat::Json => serde_json::to_string(fields).unwrap_or_default(),
             LogFormat::Text => text_line(fields),
         };
         line.push('\n');
-        // One write per line, so that concurrent requests never interleave within a line.
-        let _ = match &self.out {
-            Out::Off => Ok(()),
-            Out::Stdout => std::io::stdout().lock().write_all(line.as_bytes()),
-            Out::Stderr => std::io::stderr().lock().write_all(line.as_bytes()),
-            Out::File(f) => f
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .write_all(line.as_bytes()),
-        };
+        log_writer::write(out, line.into_bytes());
     }
 }
 

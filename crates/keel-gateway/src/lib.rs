@@ -39,6 +39,7 @@ pub mod fuzzing;
 pub mod hooks;
 pub mod keys;
 pub mod live;
+pub mod log_writer;
 pub mod metrics;
 pub mod monitor;
 pub mod openapi;

@@ -27,6 +27,7 @@
 //! | `keel_quota_store_errors_total` | op | shared quota store (Redis) calls that failed or timed out (`take`, `adjust`, `reserve`, `settle`, `acquire`, `release`, `renew`, `usage`; see `[quota] fail_mode`) |
 //! | `keel_signals_published_total` | kind | variant signals this replica published to the others through Redis (`eject`, `cooldown`, `limit`, `recovered`; see `signals`) |
 //! | `keel_signals_applied_total` | kind | other replicas' signals this replica applied |
+//! | `keel_log_lines_dropped_total` | — | access-log and log lines dropped because the log writer's queue was full (stdout or the log file stopped taking lines); the process's count, as of the scrape |
 //! | `keel_upstream_connections_opened_total` | pool | connections keel's own HTTP/1.1 pool opened to the pool's plain-`http://` variants (see `upstream`); growing with requests rather than with concurrency means connections are not reused |
 //! | `keel_maintenance_requests_total` | pool, variant, kind, outcome | keel's own requests to a variant: kind = `probe`, `warmup`, `refresh`, `health` |
 //! | `keel_resume_learned_total` | pool, variant | variants found to refuse assistant prefill (they continue in `instruction` mode from then on) |

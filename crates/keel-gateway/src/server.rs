@@ -245,11 +245,17 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
                 .to_response(Protocol::OpenAi),
             }
         }
-        Resolved::Route(Target::Metrics, _) => full_body(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            Bytes::from(gw.metrics.render()),
-        ),
+        Resolved::Route(Target::Metrics, _) => {
+            // Process-wide, counted where lines are queued (see `log_writer`).
+            gw.metrics
+                .counter("keel_log_lines_dropped_total", &[])
+                .absolute(crate::log_writer::dropped());
+            full_body(
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                Bytes::from(gw.metrics.render()),
+            )
+        }
         Resolved::Route(Target::OpenApi, _) => json(openapi::document_text()),
         Resolved::Route(Target::Events, _) => crate::events::subscribe(&gw),
         Resolved::Route(Target::Dashboard, _) => crate::events::dashboard(),

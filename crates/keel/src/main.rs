@@ -128,13 +128,16 @@ pub fn parse_log_format(s: &str) -> Result<LogFormat, String> {
 }
 
 /// keel's own log lines (not the access log, which the gateway writes itself): on stdout, as
-/// JSON objects or text, coloured only when stdout is a terminal.
+/// JSON objects or text, coloured only when stdout is a terminal; written by the log writer's
+/// thread like the access log (`keel_gateway::log_writer`), so that a stdout nobody reads never
+/// stalls a request.
 fn init_tracing(format: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_writer(|| keel_gateway::log_writer::Stdout)
         .with_target(false);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
@@ -184,7 +187,7 @@ fn main() -> ExitCode {
         }
     };
     let result = rt.block_on(async move {
-        match cli.command {
+        let result = match cli.command {
             Command::Serve {
                 config,
                 listen,
@@ -220,7 +223,13 @@ fn main() -> ExitCode {
                 }
                 bench::run(which).await
             }
-        }
+        };
+        // Log lines still queued (see `log_writer`) go out before exit.
+        let _ = tokio::task::spawn_blocking(|| {
+            keel_gateway::log_writer::flush(std::time::Duration::from_secs(2))
+        })
+        .await;
+        result
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
