@@ -206,7 +206,13 @@ fn main() -> ExitCode {
                             }
                         }),
                     };
-                    serve(cfg, source).await
+                    // On a worker, not on this (the main) thread: the accept loop spawns each
+                    // connection's task, and a task spawned from outside the workers is handed
+                    // to one through the shared queue with a wake-up, one more thread switch
+                    // for every new connection.
+                    tokio::spawn(serve(cfg, source))
+                        .await
+                        .unwrap_or_else(|e| Err(format!("the server task failed: {e}")))
                 }
                 None => Err("no configuration".into()),
             },
