@@ -20,6 +20,10 @@ use std::time::{Duration, Instant};
 /// Lines that may wait for the writer (≈ 7 MiB of 450-byte access lines).
 pub const QUEUE_LINES: usize = 16_384;
 
+/// How long the writer lets lines gather before writing them: log lines appear at most this
+/// late.
+const BATCH_WAIT: Duration = Duration::from_millis(5);
+
 /// The most bytes written in one system call.
 const BATCH_BYTES: usize = 64 << 10;
 
@@ -126,6 +130,11 @@ fn run(rx: Receiver<Msg>) {
         batch.clear();
     }
     while let Ok(first) = rx.recv() {
+        // Let lines gather: the thread then wakes at most every BATCH_WAIT, not for every
+        // line, and a request's task only queues (a sender wakes the thread only while it
+        // waits in `recv`). On a core shared with the runtime's worker, a wake-up a line was a
+        // thread switch a request.
+        std::thread::sleep(BATCH_WAIT);
         let mut next = Some(first);
         while let Some(msg) = next {
             match msg {
