@@ -17,7 +17,7 @@ const KEY: &str = "sk-keel-replicas-test-0123456789abcdefghijklmnopqrstuv";
 const KEY_HASH: &str = "sha256:733076a957ad299132f1f1d55e5363eb8b3d866809ab6ddbe49176ef8d153fb0";
 
 mod support;
-use support::{free_port, wait_listening, Proc};
+use support::{free_port, keel_serve, wait_listening, Proc};
 
 fn scratch(name: &str, text: &str) -> PathBuf {
     let dir =
@@ -99,15 +99,7 @@ fn replica_with(
 /// `keel serve` on `port` with the config `text`.
 fn serve(port: u16, text: &str) -> Proc {
     let cfg = scratch(&format!("keel-{port}.toml"), text);
-    let child = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(["serve", "--config", cfg.to_str().unwrap()])
-        .env("KEEL_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start keel serve");
-    wait_listening(port, "keel serve");
-    Proc(child)
+    keel_serve(&cfg, port, "warn", Stdio::null())
 }
 
 fn chat(stream: bool, max_tokens: u32) -> serde_json::Value {

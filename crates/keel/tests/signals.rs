@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 mod support;
-use support::{free_port, wait_listening, Proc};
+use support::{free_port, keel_serve, wait_listening, Proc};
 
 fn scratch(name: &str) -> PathBuf {
     let dir =
@@ -71,15 +71,7 @@ fn pools(name: &str, port: u16) -> String {
 }
 
 fn serve(cfg: &Path, port: u16) -> Proc {
-    let child = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(["serve", "--config", cfg.to_str().unwrap()])
-        .env("KEEL_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start keel serve");
-    wait_listening(port, "keel serve");
-    Proc(child)
+    keel_serve(cfg, port, "warn", Stdio::null())
 }
 
 fn signal(p: &Proc, sig: &str) {

@@ -3,13 +3,13 @@
 //! request. Before the log writer, the access-log write that filled the pipe blocked the runtime
 //! worker it ran on, and every request behind it.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::json;
 
 mod support;
-use support::{free_port, wait_listening, Proc};
+use support::{free_port, keel_serve};
 
 #[tokio::test]
 async fn a_stdout_nobody_reads_never_stalls_requests() {
@@ -31,15 +31,7 @@ async fn a_stdout_nobody_reads_never_stalls_requests() {
     )
     .unwrap();
     // stdout is a pipe whose reading end this test holds and never reads: it fills at 64 KiB.
-    let child = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(["serve", "--config", cfg.to_str().unwrap()])
-        .env("KEEL_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start keel serve");
-    let keel = Proc(child);
-    wait_listening(port, "keel serve");
+    let keel = keel_serve(&cfg, port, "info", Stdio::piped());
     let client = keel_sim::http_client();
     let body = json!({"model": "p", "max_tokens": 8,
                       "messages": [{"role": "user", "content": "a line in the log"}]});

@@ -2,7 +2,8 @@
 //! ports, and waiting for a port to listen.
 
 use std::net::{TcpListener, TcpStream};
-use std::process::Child;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A child process killed when dropped.
@@ -31,4 +32,18 @@ pub fn wait_listening(port: u16, what: &str) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `keel serve --config cfg`, logging at `KEEL_LOG=log`, its stdout to `stdout` and its stderr
+/// nowhere; returns once it listens on `port`.
+pub fn keel_serve(cfg: &Path, port: u16, log: &str, stdout: Stdio) -> Proc {
+    let child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["serve", "--config", cfg.to_str().unwrap()])
+        .env("KEEL_LOG", log)
+        .stdout(stdout)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start keel serve");
+    wait_listening(port, "keel serve");
+    Proc(child)
 }
