@@ -277,9 +277,12 @@ pub fn rename_model_member(json: &[u8], encoded: &str) -> Option<Vec<u8>> {
     const KEY: &[u8] = b"\"model\"";
     let is_ws = |b: u8| b == b' ' || b == b'\t';
     let mut from = 0;
-    // memchr's substring search: every chunk of every renamed stream passes through here twice
-    // (its data and its raw bytes), and a window-by-window compare was 2% of keel's CPU.
-    while let Some(at) = memchr::memmem::find(&json[from..], KEY) {
+    // memchr's substring search, its searcher built once: every chunk of every renamed stream
+    // passes through here twice (its data and its raw bytes), and a window-by-window compare
+    // was 2% of keel's CPU.
+    static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(KEY));
+    while let Some(at) = FINDER.find(&json[from..]) {
         let key_end = from + at + KEY.len();
         from = key_end;
         let mut i = key_end;

@@ -5,8 +5,9 @@
 //! estimate of the prompt. Each attempt is priced at its own variant's prices, so a migrated
 //! stream pays each segment where it ran.
 
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
+use memchr::memmem;
 use serde_json::Value;
 
 use keel_core::sse::SseEvent;
@@ -65,7 +66,11 @@ fn read_usage(usage: &Value) -> (Option<u64>, Option<u64>) {
 /// second occurrence means a second member to look at: then the event is parsed.
 fn may_carry_usage(data: &str) -> bool {
     const KEY: &str = "\"usage\"";
-    let mut at = data.match_indices(KEY).map(|(i, _)| i);
+    // A searcher built once: `str::match_indices` builds one for every call, and this runs
+    // for every event of every stream (2% of keel's CPU on whole answers, in the profile).
+    static FINDER: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(KEY.as_bytes()));
+    let mut at = FINDER.find_iter(data.as_bytes());
     let Some(first) = at.next() else {
         return false;
     };
