@@ -86,6 +86,7 @@ impl Http {
 /// before sending any.
 async fn sniff(tcp: &TcpStream) -> std::io::Result<Option<Version>> {
     let mut first = [0u8; H2_PREFACE.len()];
+    let mut wait = Duration::from_millis(1);
     loop {
         let n = tcp.peek(&mut first).await?;
         match version_of(&first[..n]) {
@@ -93,8 +94,13 @@ async fn sniff(tcp: &TcpStream) -> std::io::Result<Option<Version>> {
             None if n == 0 => return Ok(None),
             // A strict beginning of the preface (a client that splits it across packets):
             // the socket stays readable with those bytes in it, so waiting for readiness
-            // would spin. Look again shortly; the caller's timeout bounds the wait.
-            None => tokio::time::sleep(Duration::from_millis(1)).await,
+            // would spin. Look again shortly, less often the longer it takes (a client that
+            // stops there costs a few wake-ups, not one a millisecond); the caller's timeout
+            // bounds the wait.
+            None => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_millis(50));
+            }
         }
     }
 }

@@ -161,8 +161,10 @@ fn run(rx: Receiver<Msg>) {
     }
 }
 
+/// Started by the first line written, not before: a process that logs nothing has no thread.
+static WRITER: OnceLock<Writer> = OnceLock::new();
+
 fn writer() -> &'static Writer {
-    static WRITER: OnceLock<Writer> = OnceLock::new();
     WRITER.get_or_init(|| Writer::start(QUEUE_LINES))
 }
 
@@ -173,13 +175,15 @@ pub fn write(dest: &Dest, line: Vec<u8>) {
 
 /// Lines dropped because the queue was full, since the process started.
 pub fn dropped() -> u64 {
-    writer().dropped.load(Ordering::Relaxed)
+    WRITER
+        .get()
+        .map_or(0, |w| w.dropped.load(Ordering::Relaxed))
 }
 
 /// Waits, at most `timeout`, until every line queued so far is written (at exit); false when it
 /// could not.
 pub fn flush(timeout: Duration) -> bool {
-    writer().flush(timeout)
+    WRITER.get().is_none_or(|w| w.flush(timeout))
 }
 
 /// keel's own log lines (`tracing`'s formatter), on stdout through the same queue: each event
