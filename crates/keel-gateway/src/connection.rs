@@ -108,7 +108,7 @@ async fn sniff(tcp: &TcpStream) -> std::io::Result<Option<Version>> {
 /// The version that `seen`, a connection's first bytes, show; `None` while they could still
 /// be either (nothing yet, or a strict beginning of the h2 preface).
 fn version_of(seen: &[u8]) -> Option<Version> {
-    if seen.len() == H2_PREFACE.len() && seen == H2_PREFACE {
+    if seen == H2_PREFACE {
         Some(Version::H2)
     } else if seen.is_empty() || H2_PREFACE.starts_with(seen) {
         None
