@@ -82,7 +82,7 @@ macro_rules! script {
     };
 }
 
-/// The scripts, hashed once.
+/// The scripts, hashed once (and loaded into Redis at start, see [`Inner::warm_up`]).
 struct Scripts {
     take: Script,
     adjust: Script,
@@ -94,6 +94,18 @@ struct Scripts {
 }
 
 impl Scripts {
+    fn all(&self) -> [&Script; 7] {
+        [
+            &self.take,
+            &self.adjust,
+            &self.reserve,
+            &self.settle,
+            &self.acquire,
+            &self.renew,
+            &self.usage,
+        ]
+    }
+
     fn new() -> Self {
         Scripts {
             take: script!("take.lua"),
@@ -377,6 +389,20 @@ impl Redis {
 }
 
 impl Inner {
+    /// Connects and loads every script once, when the store starts: otherwise a fresh
+    /// replica's first requests paid the connection and a script load (a `NOSCRIPT` answer,
+    /// then the script sent whole) within [`STORE_TIMEOUT`], and under load a fail-closed
+    /// replica refused them with 503. Failures are left to the requests (Redis may be down:
+    /// the fail mode applies then, as at any time).
+    async fn warm_up(&self) {
+        let mut conn = self.conn.clone();
+        for script in self.scripts.all() {
+            if script.load_async(&mut conn).await.is_err() {
+                return;
+            }
+        }
+    }
+
     fn rate_key(&self, key: &str, limit: Limit) -> String {
         format!("{}{{{key}}}:rate:{}", self.prefix, limit.as_str())
     }
@@ -472,6 +498,7 @@ impl Inner {
 /// Keeps this replica's slots alive until released (aborted when the store is dropped).
 async fn renew_slots(inner: Arc<Inner>, wake: Arc<Notify>) {
     use tokio::time::{sleep_until, Instant};
+    inner.warm_up().await;
     let mut next = Instant::now() + inner.renewal_period();
     loop {
         tokio::select! {
