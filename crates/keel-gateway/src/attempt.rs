@@ -159,6 +159,13 @@ impl Source {
         self
     }
 
+    /// The stream's terminal event was read: what is left upstream is only the transfer's end,
+    /// worth reading to keep the connection (see [`upstream::BodyStream`]). A source dropped
+    /// without this is given up, and its upstream connection closed at once.
+    pub fn reached_end(&mut self) {
+        self.upstream.as_mut().reached_end();
+    }
+
     /// A source with nothing more to read.
     pub fn empty() -> Source {
         Source::new(

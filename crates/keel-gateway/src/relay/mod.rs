@@ -247,6 +247,7 @@ impl Relay {
             }
             let failure = match end {
                 SegmentEnd::Complete => {
+                    seg.start.source.reached_end();
                     let gaps_ms = std::mem::take(&mut seg.watch.gaps);
                     self.attempts
                         .settle_end(seg.committed, StreamEnd::Complete { gaps_ms });
@@ -261,6 +262,7 @@ impl Relay {
                     break Ending::Complete;
                 }
                 SegmentEnd::LengthStop(held) => {
+                    seg.start.source.reached_end();
                     let from = seg.committed.vi;
                     let truncation = seg.watch.truncation.take();
                     let facts = (

@@ -33,7 +33,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::{Error, ErrorKind, Response};
+use super::{BodyStream, Error, ErrorKind, Response};
 use crate::per_thread::PerThread;
 
 /// How long an idle connection is kept.
@@ -164,13 +164,16 @@ impl Direct {
                     return Ok(Response {
                         status: head.status,
                         headers: head.headers,
-                        body: Box::pin(DrivenBody(Some(Reading {
-                            pool: Arc::clone(self),
-                            authority: target.authority,
-                            conn,
-                            body,
-                            driver_done: false,
-                        }))),
+                        body: Box::pin(DrivenBody {
+                            reading: Some(Reading {
+                                pool: Arc::clone(self),
+                                authority: target.authority,
+                                conn,
+                                body,
+                                driver_done: false,
+                            }),
+                            at_end: false,
+                        }),
                     });
                 }
                 // Not written at all: a reused connection that turned out closed. Once more,
@@ -351,14 +354,19 @@ where
 /// A response body that drives its connection, and gives the connection back to the pool
 /// when it was read to its end.
 ///
-/// Dropped before its end (the relay stops at the stream's terminal event, a hedge's loser, a
-/// client gone, a stalled stream left for another variant), it finishes the response if the
-/// rest is at most [`DRAIN_MAX_BYTES`] and arrives within [`DRAIN_WAIT`]: what is already
-/// received is read at once, and only a response whose end is still on its way gets a small
-/// task to wait for it. A task of its own per connection would do the same implicitly; here
-/// it costs something only in that case. Otherwise the connection is closed (the upstream sees
-/// the client gone and stops generating).
-struct DrivenBody(Option<Reading>);
+/// Dropped before its end, it first reads what is already received (at most
+/// [`DRAIN_MAX_BYTES`]): if that holds the end, the connection is kept. Otherwise it depends on
+/// why it was dropped ([`BodyStream::reached_end`]). After the stream's terminal event (the
+/// relay stops there, usually before the transfer's own end is read), the rest is waited for in
+/// a small task, at most [`DRAIN_WAIT`], to keep the connection; a task of its own per
+/// connection would do the same implicitly, here it costs something only in that case. A body
+/// given up (a client gone, a stalled stream left for another variant, a hedge's loser) closes
+/// its connection at once: the upstream sees it and stops generating.
+struct DrivenBody {
+    reading: Option<Reading>,
+    /// The reader saw the response's last event.
+    at_end: bool,
+}
 
 /// Bytes read past the point a body was dropped, to reach its end and keep its connection.
 const DRAIN_MAX_BYTES: usize = 64 * 1024;
@@ -447,27 +455,33 @@ impl Stream for DrivenBody {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        let Some(reading) = this.0.as_mut() else {
+        let Some(reading) = this.reading.as_mut() else {
             return Poll::Ready(None);
         };
         let next = reading.poll_next(cx);
         match &next {
             Poll::Ready(None) => {
-                if let Some(reading) = this.0.take() {
+                if let Some(reading) = this.reading.take() {
                     reading.release();
                 }
             }
             // Fused after an error; the connection is closed.
-            Poll::Ready(Some(Err(_))) => this.0 = None,
+            Poll::Ready(Some(Err(_))) => this.reading = None,
             _ => {}
         }
         next
     }
 }
 
+impl BodyStream for DrivenBody {
+    fn reached_end(self: Pin<&mut Self>) {
+        self.get_mut().at_end = true;
+    }
+}
+
 impl Drop for DrivenBody {
     fn drop(&mut self) {
-        let Some(mut reading) = self.0.take() else {
+        let Some(mut reading) = self.reading.take() else {
             return;
         };
         let mut budget = DRAIN_MAX_BYTES;
@@ -477,6 +491,10 @@ impl Drop for DrivenBody {
             // Too much left, or broken: closed.
             Poll::Ready(false) => return,
             Poll::Pending => {}
+        }
+        if !self.at_end {
+            // Given up mid-response: closed now, so the upstream stops generating.
+            return;
         }
         // The end is on its way: a small task waits for it (none outside a runtime).
         let Ok(rt) = tokio::runtime::Handle::try_current() else {

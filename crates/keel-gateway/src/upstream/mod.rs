@@ -27,7 +27,26 @@ use crate::config::VariantConfig;
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// An upstream response's body, chunk by chunk; it keeps returning `None` after its end.
-pub type Body = Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>>;
+pub type Body = Pin<Box<dyn BodyStream>>;
+
+/// A response body's chunks, and whether their reader saw the response's last event.
+///
+/// A body dropped before its end means one of two things. Its reader saw the stream's terminal
+/// event (`[DONE]`, `message_stop`) and only the transfer's own end is still to come: reading
+/// on to it keeps the connection for the next request. Or its reader gave the response up (a
+/// client gone, a stall left for another variant, a hedge's loser): the upstream should see
+/// the connection close at once and stop generating. [`BodyStream::reached_end`] says the
+/// first; without it a dropped body is given up.
+pub trait BodyStream: Stream<Item = Result<Bytes, Error>> + Send {
+    /// The reader saw the response's last event; nothing it needs is left to read.
+    fn reached_end(self: Pin<&mut Self>) {}
+}
+
+/// reqwest's bodies: its connection pool finishes or closes a dropped body itself.
+impl<S: Stream<Item = Result<Bytes, Error>> + Send> BodyStream for futures_util::stream::Fuse<S> {}
+
+/// A body with nothing in it.
+impl BodyStream for futures_util::stream::Empty<Result<Bytes, Error>> {}
 
 /// An upstream's answer: its head, and its body still to read.
 pub struct Response {

@@ -158,8 +158,8 @@ async fn a_client_that_leaves_mid_stream_is_logged_cancelled_and_frees_its_slot(
             .await
             == 1.0
     );
-    // The upstream sees the connection closed once keel's wait for the response's end (a
-    // dropped body's, `upstream::direct`) has passed: within 50 ms.
+    // The upstream sees the connection closed: a body given up mid-response closes it at once
+    // (`upstream::direct`).
     wait_for!(
         "the upstream to see the client gone",
         h.server(0).state.stats().cancelled == 1

@@ -246,13 +246,15 @@ async fn a_body_dropped_with_its_end_received_keeps_its_connection() {
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
 }
 
-/// Dropped while its end is still on its way, a body waits a moment for it.
+/// Dropped after its reader saw the last event, while the transfer's end is still on its way,
+/// a body waits a moment for it.
 #[tokio::test]
 async fn a_body_dropped_just_before_its_end_keeps_its_connection() {
     let s = server(Answer::Streamed).await;
     let pool = pool();
     let mut body = post(&pool, &s.url).await.unwrap().body;
     assert_eq!(&body.next().await.unwrap().unwrap()[..], b"first");
+    body.as_mut().reached_end();
     drop(body);
     assert_eq!(idle(&pool), 0);
     s.go_on.send(()).unwrap();
@@ -278,6 +280,27 @@ async fn a_body_dropped_far_from_its_end_closes_its_connection() {
     tokio::time::sleep(DRAIN_WAIT * 2).await;
     s.go_on.send(()).unwrap();
     assert_eq!(idle(&pool), 0);
+    let resp = post(&pool, &s.url).await.unwrap();
+    s.go_on.send(()).unwrap();
+    assert_eq!(read_all(resp.body).await, b"firstsecond");
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 2);
+}
+
+/// A body given up mid-response (its reader never saw the last event: a client gone, a hedge's
+/// loser) closes its connection at once rather than waiting for the end: the upstream stops
+/// generating now. Here the end comes right after the drop; a body that waited for it would
+/// keep the connection (the test above), this one must not.
+#[tokio::test]
+async fn a_body_given_up_closes_its_connection_without_waiting_for_the_end() {
+    let s = server(Answer::Streamed).await;
+    let pool = pool();
+    let mut body = post(&pool, &s.url).await.unwrap().body;
+    assert_eq!(&body.next().await.unwrap().unwrap()[..], b"first");
+    drop(body);
+    s.go_on.send(()).unwrap();
+    // Longer than a waiting body would need to see the end arrive and keep the connection.
+    tokio::time::sleep(DRAIN_WAIT).await;
+    assert_eq!(idle(&pool), 0, "the connection of a body given up was kept");
     let resp = post(&pool, &s.url).await.unwrap();
     s.go_on.send(()).unwrap();
     assert_eq!(read_all(resp.body).await, b"firstsecond");
