@@ -15,6 +15,9 @@
 //! polled once (with a no-op waker): that reads the socket, so a connection the server has
 //! closed meanwhile (a keep-alive timeout: uvicorn's is 5 s) is found closed and dropped.
 //! A request hyper could not start writing on a reused connection is sent again on a new one.
+//! A small task looks at every idle connection the same way every [`SWEEP_EVERY`], so a
+//! connection its server closed does not wait in `CLOSE_WAIT`, holding a descriptor, until
+//! the next request or [`IDLE_TIMEOUT`].
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -41,6 +44,10 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Idle connections kept per thread's shard (over all upstreams of the pool).
 const MAX_IDLE_PER_SHARD: usize = 256;
+
+/// How often idle connections are looked at for a close by their server (uvicorn closes an
+/// idle connection after 5 s).
+pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// Bytes read from an upstream connection at a time. Holds a response head and a streamed
 /// event with room to spare; a larger body is read in several steps. hyper also takes it as
@@ -121,15 +128,29 @@ pub struct Direct {
     /// An upstream of this pool sent a response head over [`READ_BUF`]: new connections use
     /// adaptive read buffers.
     large_heads: AtomicBool,
+    /// How often idle connections are swept, and whether the sweeping task is started (by the
+    /// first check-in, which runs on the runtime).
+    sweep_every: Duration,
+    sweeping: AtomicBool,
 }
 
 impl Direct {
     pub fn new(connect_timeout: Duration, opened: metrics::Counter) -> Direct {
+        Direct::sweeping_every(connect_timeout, opened, SWEEP_EVERY)
+    }
+
+    pub fn sweeping_every(
+        connect_timeout: Duration,
+        opened: metrics::Counter,
+        sweep_every: Duration,
+    ) -> Direct {
         Direct {
             idle: PerThread::new(VecDeque::new),
             connect_timeout,
             opened,
             large_heads: AtomicBool::new(false),
+            sweep_every,
+            sweeping: AtomicBool::new(false),
         }
     }
 
@@ -234,7 +255,10 @@ impl Direct {
     }
 
     /// Keeps a connection whose response was read to its end for the next request.
-    fn checkin(&self, authority: Arc<str>, conn: Conn) {
+    fn checkin(self: &Arc<Self>, authority: Arc<str>, conn: Conn) {
+        if !self.sweeping.swap(true, Ordering::Relaxed) {
+            self.start_sweeping();
+        }
         let now = Instant::now();
         let mut dropped = Vec::new();
         {
@@ -253,6 +277,49 @@ impl Direct {
             });
         }
         drop(dropped);
+    }
+
+    /// Starts the task that sweeps idle connections; it ends with the pool.
+    fn start_sweeping(self: &Arc<Self>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = Arc::downgrade(self);
+        let every = self.sweep_every;
+        rt.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(pool) = pool.upgrade() else { return };
+                pool.sweep();
+            }
+        });
+    }
+
+    /// Drops the idle connections their servers closed (or that are past [`IDLE_TIMEOUT`]).
+    /// Each shard's list is taken out under its lock and checked outside it (a check reads the
+    /// socket), and what is still usable goes back in front of anything checked in meanwhile
+    /// (it is older).
+    fn sweep(&self) {
+        let now = Instant::now();
+        for i in 0..self.idle.shards() {
+            let Some(mut q) = self.idle.try_shard(i) else {
+                continue;
+            };
+            if q.is_empty() {
+                continue;
+            }
+            let mut taken = std::mem::take(&mut *q);
+            drop(q);
+            taken.retain_mut(|c| now.duration_since(c.since) < IDLE_TIMEOUT && c.conn.usable());
+            let mut q = self.idle.shard(i);
+            let kept = taken;
+            for c in kept.into_iter().rev() {
+                q.push_front(c);
+            }
+        }
     }
 
     async fn connect(&self, authority: &str) -> Result<Conn, Error> {

@@ -307,6 +307,37 @@ async fn a_body_given_up_closes_its_connection_without_waiting_for_the_end() {
     assert_eq!(s.accepted.load(Ordering::SeqCst), 2);
 }
 
+/// An idle connection its server closes (a keep-alive timeout) is dropped by the sweep, not
+/// kept in `CLOSE_WAIT` until the next request; one the server keeps open stays.
+#[tokio::test]
+async fn idle_connections_their_servers_closed_are_swept() {
+    let pool = Arc::new(Direct::sweeping_every(
+        Duration::from_secs(2),
+        metrics::Counter::noop(),
+        Duration::from_millis(10),
+    ));
+    let open = server(Answer::Whole).await;
+    let closing = server(Answer::WholeThenClose).await;
+    for url in [&open.url, &closing.url] {
+        let resp = post(&pool, url).await.unwrap();
+        assert_eq!(read_all(resp.body).await, b"hello");
+    }
+    assert_eq!(idle(&pool), 2);
+    for _ in 0..500 {
+        if idle(&pool) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(idle(&pool), 1, "the closed connection was not swept");
+    // Several sweeps later the open one is still there, and reused.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(idle(&pool), 1);
+    let resp = post(&pool, &open.url).await.unwrap();
+    assert_eq!(read_all(resp.body).await, b"hello");
+    assert_eq!(open.accepted.load(Ordering::SeqCst), 1);
+}
+
 fn idle(pool: &Direct) -> usize {
     pool.idle.all().iter().map(|q| q.len()).sum()
 }
