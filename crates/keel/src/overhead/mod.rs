@@ -306,11 +306,16 @@ async fn ramp_step(client: &reqwest::Client, t: &Target, rps: f64, stream: bool)
     for tries in 1..=2 {
         let r = load(client, t, rps, RAMP_SECONDS, stream).await;
         eprintln!(
-            "  {:<8} {:<6} {rps:>6} req/s: achieved {:.0}, errors {}, p99 {:.1} ms{}",
+            "  {:<8} {:<6} {rps:>6} req/s: achieved {:.0}, errors {}{}, p99 {:.1} ms{}",
             t.name,
             mode_name(stream),
             r.achieved_rps,
             r.errors,
+            if r.error_kinds.is_empty() {
+                String::new()
+            } else {
+                format!(" {:?}", r.error_kinds)
+            },
             r.total.p99_ms,
             if tries == 2 { " (again)" } else { "" }
         );
