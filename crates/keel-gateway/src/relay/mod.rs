@@ -28,6 +28,7 @@ mod segment;
 mod sink;
 mod speculation;
 
+use std::future::Future;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
@@ -175,158 +176,72 @@ impl Relay {
     /// lives as long as its stream, so with them inline every live stream carried 13.4 KB of
     /// state for branches most streams never take; boxed, 6.8 KB (bench/RESULTS.md, issue 16,
     /// memory per stream). They allocate only when taken.
-    pub async fn run(
+    pub fn run(
         mut self,
         committed: Committed,
         start: StreamStart,
         mut log: RequestLog,
-    ) -> Summary {
+    ) -> impl Future<Output = Summary> + Send {
         let mut stitcher = Stitcher::new(self.protocol);
         let mut tried = vec![committed.vi];
         let mut seg = Segment::new(committed, start);
-        // Migrations for failures (stall, error) and for slowness are counted apart, so that
-        // slowness never spends what a failure needs (see MAX_SLOW_MIGRATIONS).
-        let (mut migrations, mut slow_migrations) = (0u32, 0u32);
-        let mut trim = false;
-        let ending = loop {
-            // Read at each turn: a pool that enters safe mode mid-stream stops migrating.
-            let max_migrations = self.pool.max_migrations();
-            // Slowness alone is only worth a migration when there is somewhere to go: a slow
-            // stream beats an error. The same goes for racing a quiet stream.
-            let now = self.pool.now_ms();
-            let elsewhere = self
-                .order
-                .iter()
-                .any(|i| !tried.contains(i) && self.pool.can_take(*i, now));
-            let slow_allowed =
-                elsewhere && max_migrations > 0 && slow_migrations < MAX_SLOW_MIGRATIONS;
-            let quiet = (elsewhere && migrations < max_migrations && !seg.raced)
-                .then(|| self.pool.quiet_threshold_ms(seg.committed.vi))
-                .flatten();
-            let mut end = self
-                .segment(&mut seg, &mut stitcher, &mut trim, slow_allowed, quiet)
-                .await;
-            if let SegmentEnd::Quiet = end {
-                seg.raced = true;
-                let silent_ms = seg.silent_ms();
-                let (next, mode, failure) =
-                    match Box::pin(self.speculate(&mut seg, &stitcher, &mut tried)).await {
-                        Speculated::NotRaced | Speculated::Resumed => continue,
-                        Speculated::Ended(e) => {
-                            end = e;
-                            (None, ResumeMode::None, None)
-                        }
-                        Speculated::Won(next, mode) => {
-                            (Some(next), mode, Some(AttemptFailure::Stall { silent_ms }))
-                        }
-                        Speculated::Rescued(f, next, mode) => (Some(next), mode, Some(f)),
-                    };
-                if let (Some(next), Some(failure)) = (next, failure) {
-                    // The race was won elsewhere: the original is retired as stalled (or as
-                    // the failure it met meanwhile) and the continuation spliced in.
-                    let seam = Seam::new(&self.pool.variants[seg.committed.vi].cfg.name, &failure);
-                    migrations += 1;
-                    let spliced = Box::pin(self.switch(
-                        &mut seg,
-                        next,
-                        failure,
-                        &seam,
-                        mode,
-                        &mut stitcher,
-                        &mut trim,
-                        &mut log,
-                    ))
+        // The state is made here and captured by the async block, not passed to an async fn:
+        // an async fn keeps its by-value arguments twice in its state (as arguments, and as the
+        // locals they are moved into), ≈ 1.9 KB more for every live stream.
+        async move {
+            // Migrations for failures (stall, error) and for slowness are counted apart, so that
+            // slowness never spends what a failure needs (see MAX_SLOW_MIGRATIONS).
+            let (mut migrations, mut slow_migrations) = (0u32, 0u32);
+            let mut trim = false;
+            let ending = loop {
+                // Read at each turn: a pool that enters safe mode mid-stream stops migrating.
+                let max_migrations = self.pool.max_migrations();
+                // Slowness alone is only worth a migration when there is somewhere to go: a slow
+                // stream beats an error. The same goes for racing a quiet stream.
+                let now = self.pool.now_ms();
+                let elsewhere = self
+                    .order
+                    .iter()
+                    .any(|i| !tried.contains(i) && self.pool.can_take(*i, now));
+                let slow_allowed =
+                    elsewhere && max_migrations > 0 && slow_migrations < MAX_SLOW_MIGRATIONS;
+                let quiet = (elsewhere && migrations < max_migrations && !seg.raced)
+                    .then(|| self.pool.quiet_threshold_ms(seg.committed.vi))
+                    .flatten();
+                let mut end = self
+                    .segment(&mut seg, &mut stitcher, &mut trim, slow_allowed, quiet)
                     .await;
-                    if !spliced {
-                        self.attempts
-                            .settle_end(seg.committed, StreamEnd::ClientGone);
-                        break Ending::ClientGone;
-                    }
-                    continue;
-                }
-            }
-            let failure = match end {
-                SegmentEnd::Complete => {
-                    seg.start.source.reached_end();
-                    let gaps_ms = std::mem::take(&mut seg.watch.gaps);
-                    self.attempts
-                        .settle_end(seg.committed, StreamEnd::Complete { gaps_ms });
-                    if let Some(retry) = Box::pin(self.check_json(&stitcher, &mut log)).await {
-                        // A whole answer that is not the JSON asked for: once more, afresh.
-                        tried = vec![retry.committed.vi];
-                        seg = retry;
-                        stitcher = Stitcher::new(self.protocol);
-                        trim = false;
-                        continue;
-                    }
-                    break Ending::Complete;
-                }
-                SegmentEnd::LengthStop(held) => {
-                    seg.start.source.reached_end();
-                    let from = seg.committed.vi;
-                    let truncation = seg.watch.truncation.take();
-                    let facts = (
-                        truncation.as_ref().and_then(|t| t.reported_output()),
-                        seg.watch.tokens_before,
-                        truncation.as_ref().is_some_and(|t| t.saw_tool_call()),
-                    );
-                    let gaps_ms = std::mem::take(&mut seg.watch.gaps);
-                    self.attempts
-                        .settle_end(seg.committed, StreamEnd::Complete { gaps_ms });
-                    match Box::pin(self.after_length_stop(
-                        from,
-                        held,
-                        facts,
-                        &mut stitcher,
-                        &mut trim,
-                        &mut log,
-                    ))
-                    .await
-                    {
-                        integrity::AfterLength::Continued(next) => {
-                            seg = *next;
-                            continue;
-                        }
-                        integrity::AfterLength::ClientGone => break Ending::ClientGone,
-                        integrity::AfterLength::Ended => {
-                            if let Some(retry) =
-                                Box::pin(self.check_json(&stitcher, &mut log)).await
-                            {
-                                tried = vec![retry.committed.vi];
-                                seg = retry;
-                                stitcher = Stitcher::new(self.protocol);
-                                trim = false;
-                                continue;
+                if let SegmentEnd::Quiet = end {
+                    seg.raced = true;
+                    let silent_ms = seg.silent_ms();
+                    // A won race's segment is boxed: values held across an await take room in
+                    // this future's state, which every live stream holds (a `Segment` inline
+                    // made every stream's state 1.2 KB larger for a branch few take).
+                    let (next, mode, failure) =
+                        match Box::pin(self.speculate(&mut seg, &stitcher, &mut tried)).await {
+                            Speculated::NotRaced | Speculated::Resumed => continue,
+                            Speculated::Ended(e) => {
+                                end = e;
+                                (None, ResumeMode::None, None)
                             }
-                            break Ending::Complete;
-                        }
-                    }
-                }
-                SegmentEnd::ClientGone => {
-                    self.attempts
-                        .settle_end(seg.committed, StreamEnd::ClientGone);
-                    break Ending::ClientGone;
-                }
-                SegmentEnd::Deadline => {
-                    self.attempts.settle_end(seg.committed, StreamEnd::Deadline);
-                    break Ending::GiveUp("the request's total deadline was reached".into());
-                }
-                SegmentEnd::Failed(f) => f,
-                // Only a speculation sees these, and it has turned them into one of the above.
-                SegmentEnd::Quiet | SegmentEnd::Resumed => continue,
-            };
-            let seam = Seam::new(&self.pool.variants[seg.committed.vi].cfg.name, &failure);
-            // Slowness was only detected while a slow migration was allowed.
-            let slow = matches!(failure, AttemptFailure::Slow(_));
-            if slow {
-                // A slow stream is still a stream: it is retired only once a continuation
-                // has its first token; if none can be had, it goes on where it is.
-                match Box::pin(self.migrate(&stitcher, &mut tried, false)).await {
-                    Ok((next, mode)) => {
-                        slow_migrations += 1;
+                            Speculated::Won(next, mode) => (
+                                Some(Box::new(next)),
+                                mode,
+                                Some(AttemptFailure::Stall { silent_ms }),
+                            ),
+                            Speculated::Rescued(f, next, mode) => {
+                                (Some(Box::new(next)), mode, Some(f))
+                            }
+                        };
+                    if let (Some(next), Some(failure)) = (next, failure) {
+                        // The race was won elsewhere: the original is retired as stalled (or as
+                        // the failure it met meanwhile) and the continuation spliced in.
+                        let seam =
+                            Seam::new(&self.pool.variants[seg.committed.vi].cfg.name, &failure);
+                        migrations += 1;
                         let spliced = Box::pin(self.switch(
                             &mut seg,
-                            next,
+                            *next,
                             failure,
                             &seam,
                             mode,
@@ -340,52 +255,175 @@ impl Relay {
                                 .settle_end(seg.committed, StreamEnd::ClientGone);
                             break Ending::ClientGone;
                         }
-                    }
-                    Err(_) => {
-                        self.count_migration(seam.reason, "failed");
-                        slow_migrations = MAX_SLOW_MIGRATIONS;
-                        seg.watch.slow = None;
-                        // The time spent looking elsewhere was not the stream's silence.
-                        seg.watch.last_output = tokio::time::Instant::now();
-                        seg.watch.last_token = None;
+                        continue;
                     }
                 }
-                continue;
-            }
-            self.attempts
-                .settle_end(seg.committed, StreamEnd::Failed(failure));
-            if self.pool.safety.active() {
-                break Ending::GiveUp(format!(
-                    "{}; pool `{}` is in safe mode (no migration)",
-                    seam.detail, self.pool.cfg.name
-                ));
-            }
-            if migrations >= max_migrations {
-                break Ending::GiveUp(format!(
-                    "{}; no migration left (max_migrations = {max_migrations})",
-                    seam.detail
-                ));
-            }
-            match Box::pin(self.migrate(&stitcher, &mut tried, true)).await {
-                Ok((next, mode)) => {
-                    migrations += 1;
-                    seg = next;
-                    let to = seg.committed.vi;
-                    let spliced =
-                        Box::pin(self.splice(to, &seam, mode, &mut stitcher, &mut trim, &mut log))
-                            .await;
-                    if !spliced {
+                let failure = match end {
+                    SegmentEnd::Complete => {
+                        seg.start.source.reached_end();
+                        let gaps_ms = std::mem::take(&mut seg.watch.gaps);
+                        self.attempts
+                            .settle_end(seg.committed, StreamEnd::Complete { gaps_ms });
+                        if let Some(retry) = Box::pin(self.check_json(&stitcher, &mut log)).await {
+                            // A whole answer that is not the JSON asked for: once more, afresh.
+                            tried = vec![retry.committed.vi];
+                            seg = retry;
+                            stitcher = Stitcher::new(self.protocol);
+                            trim = false;
+                            continue;
+                        }
+                        break Ending::Complete;
+                    }
+                    SegmentEnd::LengthStop(held) => {
+                        seg.start.source.reached_end();
+                        let from = seg.committed.vi;
+                        let truncation = seg.watch.truncation.take();
+                        let facts = (
+                            truncation.as_ref().and_then(|t| t.reported_output()),
+                            seg.watch.tokens_before,
+                            truncation.as_ref().is_some_and(|t| t.saw_tool_call()),
+                        );
+                        let gaps_ms = std::mem::take(&mut seg.watch.gaps);
+                        self.attempts
+                            .settle_end(seg.committed, StreamEnd::Complete { gaps_ms });
+                        match Box::pin(self.after_length_stop(
+                            from,
+                            held,
+                            facts,
+                            &mut stitcher,
+                            &mut trim,
+                            &mut log,
+                        ))
+                        .await
+                        {
+                            integrity::AfterLength::Continued(next) => {
+                                seg = *next;
+                                continue;
+                            }
+                            integrity::AfterLength::ClientGone => break Ending::ClientGone,
+                            integrity::AfterLength::Ended => {
+                                if let Some(retry) =
+                                    Box::pin(self.check_json(&stitcher, &mut log)).await
+                                {
+                                    tried = vec![retry.committed.vi];
+                                    seg = retry;
+                                    stitcher = Stitcher::new(self.protocol);
+                                    trim = false;
+                                    continue;
+                                }
+                                break Ending::Complete;
+                            }
+                        }
+                    }
+                    SegmentEnd::ClientGone => {
                         self.attempts
                             .settle_end(seg.committed, StreamEnd::ClientGone);
                         break Ending::ClientGone;
                     }
+                    SegmentEnd::Deadline => {
+                        self.attempts.settle_end(seg.committed, StreamEnd::Deadline);
+                        break Ending::GiveUp("the request's total deadline was reached".into());
+                    }
+                    SegmentEnd::Failed(f) => f,
+                    // Only a speculation sees these, and it has turned them into one of the above.
+                    SegmentEnd::Quiet | SegmentEnd::Resumed => continue,
+                };
+                let seam = Seam::new(&self.pool.variants[seg.committed.vi].cfg.name, &failure);
+                // Slowness was only detected while a slow migration was allowed.
+                let slow = matches!(failure, AttemptFailure::Slow(_));
+                if slow {
+                    // A slow stream is still a stream: it is retired only once a continuation
+                    // has its first token; if none can be had, it goes on where it is.
+                    // Boxed for the reason given at the race above.
+                    let migrated = Box::pin(self.migrate(&stitcher, &mut tried, false))
+                        .await
+                        .map(|(next, mode)| (Box::new(next), mode));
+                    match migrated {
+                        Ok((next, mode)) => {
+                            slow_migrations += 1;
+                            let spliced = Box::pin(self.switch(
+                                &mut seg,
+                                *next,
+                                failure,
+                                &seam,
+                                mode,
+                                &mut stitcher,
+                                &mut trim,
+                                &mut log,
+                            ))
+                            .await;
+                            if !spliced {
+                                self.attempts
+                                    .settle_end(seg.committed, StreamEnd::ClientGone);
+                                break Ending::ClientGone;
+                            }
+                        }
+                        Err(_) => {
+                            self.count_migration(seam.reason, "failed");
+                            slow_migrations = MAX_SLOW_MIGRATIONS;
+                            seg.watch.slow = None;
+                            // The time spent looking elsewhere was not the stream's silence.
+                            seg.watch.last_output = tokio::time::Instant::now();
+                            seg.watch.last_token = None;
+                        }
+                    }
+                    continue;
                 }
-                Err(why) => {
-                    self.count_migration(seam.reason, "failed");
-                    break Ending::GiveUp(format!("{}; migration impossible: {why}", seam.detail));
+                self.attempts
+                    .settle_end(seg.committed, StreamEnd::Failed(failure));
+                if self.pool.safety.active() {
+                    break Ending::GiveUp(format!(
+                        "{}; pool `{}` is in safe mode (no migration)",
+                        seam.detail, self.pool.cfg.name
+                    ));
                 }
-            }
-        };
+                if migrations >= max_migrations {
+                    break Ending::GiveUp(format!(
+                        "{}; no migration left (max_migrations = {max_migrations})",
+                        seam.detail
+                    ));
+                }
+                let migrated = Box::pin(self.migrate(&stitcher, &mut tried, true))
+                    .await
+                    .map(|(next, mode)| (Box::new(next), mode));
+                match migrated {
+                    Ok((next, mode)) => {
+                        migrations += 1;
+                        seg = *next;
+                        let to = seg.committed.vi;
+                        let spliced = Box::pin(self.splice(
+                            to,
+                            &seam,
+                            mode,
+                            &mut stitcher,
+                            &mut trim,
+                            &mut log,
+                        ))
+                        .await;
+                        if !spliced {
+                            self.attempts
+                                .settle_end(seg.committed, StreamEnd::ClientGone);
+                            break Ending::ClientGone;
+                        }
+                    }
+                    Err(why) => {
+                        self.count_migration(seam.reason, "failed");
+                        break Ending::GiveUp(format!(
+                            "{}; migration impossible: {why}",
+                            seam.detail
+                        ));
+                    }
+                }
+            };
+            // The ending runs boxed: its locals would otherwise take room in this future's
+            // state, which every live stream holds (see `close`).
+            Box::pin(self.close(ending, stitcher, log)).await
+        }
+    }
+
+    /// How a stream that has ended is accounted for and closed: the access line and the
+    /// summary, the shadow comparison, and the client's end (a clean one, or an error event).
+    async fn close(self, ending: Ending, mut stitcher: Stitcher, mut log: RequestLog) -> Summary {
         log.note_attempts(&self.attempts);
         let summary = Summary {
             route: log.route,
