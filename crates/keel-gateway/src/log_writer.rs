@@ -1,14 +1,14 @@
 //! Log lines — the access log and keel's own — written by a thread of their own, never by a
 //! request's task.
 //!
-//! A write to stdout blocks once the pipe behind it is full (a log shipper that pauses, a
-//! container runtime's reader that falls behind), and a write to a file blocks when the disk
-//! does. Written from the runtime's workers, such a write stalled every request on that worker:
-//! a `keel serve` whose stdout pipe nobody read answered 143 requests (the pipe's 64 KiB of
-//! lines) and then none. Here a line is queued (at most [`QUEUE_LINES`]) and the writer thread,
-//! every few milliseconds, writes whatever has queued in one system call per destination. When the queue is full the line is dropped and
-//! counted ([`dropped`], `keel_log_lines_dropped_total`): losing log lines is the lesser harm
-//! than stalling requests, and the count says that it happened.
+//! A write to stdout blocks once the pipe behind it is full (a log shipper that pauses, a container
+//! runtime's reader that falls behind), and a write to a file blocks when the disk does. Written
+//! from the runtime's workers, such a write stalled every request on that worker: a `keel serve`
+//! whose stdout pipe nobody read answered 143 requests (the pipe's 64 KiB of lines) and then none.
+//! Here a line is queued (at most [`QUEUE_LINES`]) and the writer thread, every few milliseconds,
+//! writes whatever has queued in one system call per destination. When the queue is full the line
+//! is dropped and counted ([`dropped`], `keel_log_lines_dropped_total`): losing log lines is the
+//! lesser harm than stalling requests, and the count says that it happened.
 
 use std::fs::File;
 use std::io::Write;

@@ -115,7 +115,7 @@ impl Relay {
                         .settle_end(next.committed, crate::settlement::StreamEnd::ClientGone);
                     return AfterLength::ClientGone;
                 }
-                return AfterLength::Continued(Box::new(next));
+                return AfterLength::Continued(next);
             }
         }
         if truncated {

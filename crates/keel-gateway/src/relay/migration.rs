@@ -205,12 +205,14 @@ impl Relay {
         stitcher: &Stitcher,
         tried: &mut Vec<usize>,
         wait_for_fleet: bool,
-    ) -> Result<(Segment, ResumeMode), String> {
+    ) -> Result<(Box<Segment>, ResumeMode), String> {
         let mut transport_rounds = 0;
         loop {
             let before = self.attempts.failure_marks();
             let (why, stopped) = match self.migrate_once(stitcher, tried).await {
-                Ok(next) => return Ok(next),
+                // Boxed: the relay holds it across an await, and its future lives as long as
+                // the stream (a `Segment` inline made every live stream's state 1.2 KB larger).
+                Ok((next, mode)) => return Ok((Box::new(next), mode)),
                 Err(e) => e,
             };
             let after = self.attempts.failure_marks();

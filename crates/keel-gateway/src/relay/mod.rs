@@ -216,9 +216,6 @@ impl Relay {
                 if let SegmentEnd::Quiet = end {
                     seg.raced = true;
                     let silent_ms = seg.silent_ms();
-                    // A won race's segment is boxed: values held across an await take room in
-                    // this future's state, which every live stream holds (a `Segment` inline
-                    // made every stream's state 1.2 KB larger for a branch few take).
                     let (next, mode, failure) =
                         match Box::pin(self.speculate(&mut seg, &stitcher, &mut tried)).await {
                             Speculated::NotRaced | Speculated::Resumed => continue,
@@ -226,14 +223,10 @@ impl Relay {
                                 end = e;
                                 (None, ResumeMode::None, None)
                             }
-                            Speculated::Won(next, mode) => (
-                                Some(Box::new(next)),
-                                mode,
-                                Some(AttemptFailure::Stall { silent_ms }),
-                            ),
-                            Speculated::Rescued(f, next, mode) => {
-                                (Some(Box::new(next)), mode, Some(f))
+                            Speculated::Won(next, mode) => {
+                                (Some(next), mode, Some(AttemptFailure::Stall { silent_ms }))
                             }
+                            Speculated::Rescued(f, next, mode) => (Some(next), mode, Some(f)),
                         };
                     if let (Some(next), Some(failure)) = (next, failure) {
                         // The race was won elsewhere: the original is retired as stalled (or as
@@ -243,7 +236,7 @@ impl Relay {
                         migrations += 1;
                         let spliced = Box::pin(self.switch(
                             &mut seg,
-                            *next,
+                            next,
                             failure,
                             &seam,
                             mode,
@@ -336,16 +329,12 @@ impl Relay {
                 if slow {
                     // A slow stream is still a stream: it is retired only once a continuation
                     // has its first token; if none can be had, it goes on where it is.
-                    // Boxed for the reason given at the race above.
-                    let migrated = Box::pin(self.migrate(&stitcher, &mut tried, false))
-                        .await
-                        .map(|(next, mode)| (Box::new(next), mode));
-                    match migrated {
+                    match Box::pin(self.migrate(&stitcher, &mut tried, false)).await {
                         Ok((next, mode)) => {
                             slow_migrations += 1;
                             let spliced = Box::pin(self.switch(
                                 &mut seg,
-                                *next,
+                                next,
                                 failure,
                                 &seam,
                                 mode,
@@ -385,10 +374,7 @@ impl Relay {
                         seam.detail
                     ));
                 }
-                let migrated = Box::pin(self.migrate(&stitcher, &mut tried, true))
-                    .await
-                    .map(|(next, mode)| (Box::new(next), mode));
-                match migrated {
+                match Box::pin(self.migrate(&stitcher, &mut tried, true)).await {
                     Ok((next, mode)) => {
                         migrations += 1;
                         seg = *next;
@@ -494,7 +480,7 @@ impl Relay {
     async fn switch(
         &mut self,
         seg: &mut Segment,
-        next: Segment,
+        next: Box<Segment>,
         failure: AttemptFailure,
         seam: &Seam,
         mode: ResumeMode,
@@ -502,7 +488,7 @@ impl Relay {
         trim: &mut bool,
         log: &mut RequestLog,
     ) -> bool {
-        let old = std::mem::replace(seg, next);
+        let old = std::mem::replace(seg, *next);
         self.attempts
             .settle_end(old.committed, StreamEnd::Failed(failure));
         let to = seg.committed.vi;

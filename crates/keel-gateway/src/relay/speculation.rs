@@ -25,10 +25,11 @@ pub(super) enum Speculated {
     NotRaced,
     /// The original produced more first; the continuation was cancelled.
     Resumed,
-    /// The continuation produced its first token first: switch to it.
-    Won(Segment, ResumeMode),
+    /// The continuation produced its first token first: switch to it. (Segments come boxed:
+    /// the relay holds this across an await, and its future lives as long as the stream.)
+    Won(Box<Segment>, ResumeMode),
     /// The original failed while the continuation was under way, and the continuation serves.
-    Rescued(AttemptFailure, Segment, ResumeMode),
+    Rescued(AttemptFailure, Box<Segment>, ResumeMode),
     /// The original ended (a failure nothing rescued, the client gone, the deadline).
     Ended(SegmentEnd),
 }
@@ -80,7 +81,7 @@ impl Relay {
             First::Continuation(result) => {
                 tried.push(vi);
                 match self.finish(stitcher, c, *result).await {
-                    (Ok(next), resume) => Speculated::Won(next, resume),
+                    (Ok(next), resume) => Speculated::Won(Box::new(next), resume),
                     (Err(_), _) => Speculated::NotRaced,
                 }
             }
@@ -89,7 +90,7 @@ impl Relay {
                 tried.push(vi);
                 let result = cont.await;
                 match self.finish(stitcher, c, result).await {
-                    (Ok(next), resume) => Speculated::Rescued(f, next, resume),
+                    (Ok(next), resume) => Speculated::Rescued(f, Box::new(next), resume),
                     (Err(_), _) => Speculated::Ended(SegmentEnd::Failed(f)),
                 }
             }

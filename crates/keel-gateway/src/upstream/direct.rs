@@ -82,6 +82,13 @@ struct Idle {
     since: Instant,
 }
 
+impl Idle {
+    /// Whether it may still be reused at `now`: not idle too long, and not closed by its server.
+    fn reusable(&mut self, now: Instant) -> bool {
+        now.duration_since(self.since) < IDLE_TIMEOUT && self.conn.usable()
+    }
+}
+
 /// Where a plain-HTTP request goes: the address to connect to (`host:port`), and the request
 /// target and `Host` header.
 pub struct Target {
@@ -246,7 +253,7 @@ impl Direct {
                 };
                 // Checked and dropped outside the shard's lock (both touch the socket).
                 let Some(mut idle) = taken else { break };
-                if idle.since.elapsed() < IDLE_TIMEOUT && idle.conn.usable() {
+                if idle.reusable(Instant::now()) {
                     return Some(idle.conn);
                 }
             }
@@ -256,7 +263,8 @@ impl Direct {
 
     /// Keeps a connection whose response was read to its end for the next request.
     fn checkin(self: &Arc<Self>, authority: Arc<str>, conn: Conn) {
-        if !self.sweeping.swap(true, Ordering::Relaxed) {
+        // A plain load first: every check-in passes here, and only the first needs the swap.
+        if !self.sweeping.load(Ordering::Relaxed) && !self.sweeping.swap(true, Ordering::Relaxed) {
             self.start_sweeping();
         }
         let now = Instant::now();
@@ -313,10 +321,9 @@ impl Direct {
             }
             let mut taken = std::mem::take(&mut *q);
             drop(q);
-            taken.retain_mut(|c| now.duration_since(c.since) < IDLE_TIMEOUT && c.conn.usable());
+            taken.retain_mut(|c| c.reusable(now));
             let mut q = self.idle.shard(i);
-            let kept = taken;
-            for c in kept.into_iter().rev() {
+            for c in taken.into_iter().rev() {
                 q.push_front(c);
             }
         }

@@ -6,13 +6,14 @@
 //! test is pinned to the last core and the bench process (load generator and upstream) to the
 //! others (`taskset`), so that they do not preempt each other; the report says so.
 //!
-//! For each contender and mode (whole responses, streams): the highest sustainable rate (a
-//! doubling ramp of short runs, then the gap to the first rate missed halved three times; a run
-//! sustains its rate with no errors, at least 95% of it achieved and P99 total under 100 ms on a
-//! zero-latency upstream, and a miss counts only when it repeats), then at each fixed rate it sustains, rounds alternating direct and through the
-//! gateway (so both see the same machine state); figures are medians across rounds of each
-//! round's percentiles, and "added" is gateway − direct. Peak memory is the high-water resident
-//! set of the gateway's processes over the fixed-rate runs (a fresh process after the ramp).
+//! For each contender and mode (whole responses, streams): the highest sustainable rate (a doubling
+//! ramp of short runs, then the gap to the first rate missed halved three times; a run sustains its
+//! rate with no errors, at least 95% of it achieved and P99 total under 100 ms on a zero-latency
+//! upstream, and a miss counts only when it repeats), then at each fixed rate it sustains, rounds
+//! alternating direct and through the gateway (so both see the same machine state); figures are
+//! medians across rounds of each round's percentiles, and "added" is gateway − direct. Peak memory
+//! is the high-water resident set of the gateway's processes over the fixed-rate runs (a fresh
+//! process after the ramp).
 //!
 //! `--translated` measures instead what cross-protocol translation adds: see [`translated`];
 //! `--event-subscribers N` what open dashboards cost: see [`subscribers`]; `--streams N,…` what
@@ -322,7 +323,9 @@ async fn ramp_step(client: &reqwest::Client, t: &Target, rps: f64, stream: bool)
         if sustained(&r, rps) {
             return true;
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        if tries == 1 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     }
     false
 }
