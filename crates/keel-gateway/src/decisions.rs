@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -335,7 +335,8 @@ impl OverheadStamp {
             )
             .record(overhead.as_secs_f64());
         let us = overhead.as_micros() as u64;
-        h.insert(OVERHEAD_HEADER, HeaderValue::from(us));
+        const NAME: HeaderName = HeaderName::from_static(OVERHEAD_HEADER);
+        h.insert(NAME, HeaderValue::from(us));
         if let Some(d) = &self.decision {
             let fixes: Vec<String> = h
                 .get(PROMPT_FIX_HEADER)

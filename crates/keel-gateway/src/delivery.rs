@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 use keel_core::protocol::{ErrorKind, Protocol};
 use keel_core::request::CanonicalRequest;
@@ -32,15 +32,20 @@ pub(crate) fn keel_headers(
     variant: &str,
     attempts: usize,
 ) {
-    let put = |h: &mut HeaderMap, name: &'static str, v: &str| {
+    // Names made once, at compile time: inserting by `&str` validates the name every call.
+    const REQUEST_ID: HeaderName = HeaderName::from_static("x-keel-request-id");
+    const ROUTE: HeaderName = HeaderName::from_static("x-keel-route");
+    const VARIANT: HeaderName = HeaderName::from_static("x-keel-variant");
+    const ATTEMPTS: HeaderName = HeaderName::from_static("x-keel-attempts");
+    let put = |h: &mut HeaderMap, name: HeaderName, v: &str| {
         if let Ok(v) = HeaderValue::from_str(v) {
             h.insert(name, v);
         }
     };
-    put(h, "x-keel-request-id", id);
-    put(h, "x-keel-route", route);
-    put(h, "x-keel-variant", variant);
-    put(h, "x-keel-attempts", &attempts.to_string());
+    put(h, REQUEST_ID, id);
+    put(h, ROUTE, route);
+    put(h, VARIANT, variant);
+    h.insert(ATTEMPTS, HeaderValue::from(attempts));
 }
 
 fn log_headers(h: &mut HeaderMap, log: &RequestLog) {
