@@ -1,4 +1,4 @@
-//! keel's global allocator and its one setting.
+//! keel's global allocator and its two settings.
 //!
 //! mimalloc instead of the system allocator: a request makes many small, short-lived
 //! allocations (events, headers, JSON), and glibc's malloc spent a quarter of keel's CPU on them
@@ -28,6 +28,26 @@ pub fn tune() {
     unsafe {
         libmimalloc_sys::mi_option_set_default(PURGE_DELAY, 0);
     }
+    no_transparent_huge_pages();
+}
+
+/// Turns transparent huge pages off for the process (unless `MIMALLOC_ALLOW_THP=1` asks for
+/// them). mimalloc reserves its arenas in large aligned regions and advises the kernel to back
+/// them with huge pages, so memory became resident 2 MiB at a time: 14 MiB of huge pages in an
+/// idle keel, and ≈ 17 KiB more a live stream (bench/RESULTS.md, issue 16), with no measurable
+/// CPU gain. mimalloc's own switch for this (`allow_thp`) is read when it starts, before
+/// `main`; the kernel's per-process flag applies to every later page fault, so it is set here.
+fn no_transparent_huge_pages() {
+    if std::env::var("MIMALLOC_ALLOW_THP").is_ok_and(|v| v == "1") {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    #[allow(unsafe_code)]
+    // SAFETY: prctl with plain integer arguments; PR_SET_THP_DISABLE only sets a flag of the
+    // process's memory map (an error, e.g. on a kernel without THP, leaves things as they were).
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
 }
 
 #[cfg(all(test, not(feature = "system-allocator")))]
@@ -54,5 +74,19 @@ mod tests {
             }
             Some(v) => assert_eq!(purge_delay().to_string(), v),
         }
+    }
+
+    /// After `tune`, the kernel gives the process no transparent huge pages.
+    #[cfg(target_os = "linux")]
+    #[test]
+    #[allow(unsafe_code)]
+    fn tune_turns_transparent_huge_pages_off() {
+        if std::env::var("MIMALLOC_ALLOW_THP").is_ok_and(|v| v == "1") {
+            return;
+        }
+        tune();
+        // SAFETY: reads the process's flag.
+        let disabled = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+        assert_eq!(disabled, 1);
     }
 }
