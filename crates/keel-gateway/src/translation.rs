@@ -257,7 +257,7 @@ impl ModelRename {
         if !carries || ev.comment_only {
             return;
         }
-        // Both spans found first, then the raw bytes replaced in place and the data rebuilt
+        // Both spans found first, then the raw bytes spliced in place and the data rebuilt
         // from its slices (a span starts and ends at a quote, so they are whole characters);
         // `String::replace_range` moved the bytes one at a time, at 1% of keel's CPU.
         if let (Some(in_data), Some(in_raw)) = (
@@ -269,27 +269,15 @@ impl ModelRename {
             data.push_str(&self.encoded);
             data.push_str(&ev.data[in_data.end..]);
             ev.data = data;
-            replace_span(&mut ev.raw, in_raw, self.encoded.as_bytes());
+            ev.raw.splice(in_raw, self.encoded.bytes());
         }
     }
 }
 
-/// `bytes` with `span` replaced by `with`, in place: the tail moved once.
-fn replace_span(bytes: &mut Vec<u8>, span: std::ops::Range<usize>, with: &[u8]) {
-    let (old_len, tail) = (bytes.len(), span.end);
-    let to = span.start + with.len();
-    if to > tail {
-        bytes.resize(old_len + (to - tail), 0);
-    }
-    bytes.copy_within(tail..old_len, to);
-    bytes.truncate(old_len - tail + to);
-    bytes[span.start..to].copy_from_slice(with);
-}
-
 /// Where the string of the first `"model": "<string>"` member of a JSON text lies (quotes
 /// included), for replacing it with `encoded` (a JSON string, quotes included); `None` when
-/// there is none or it already holds that string. A literal `"` inside a JSON string is always escaped, so the bytes `"model"`
-/// followed by `:` can only be an object key.
+/// there is none or it already holds that string. A literal `"` inside a JSON string is always
+/// escaped, so the bytes `"model"` followed by `:` can only be an object key.
 pub fn model_member(json: &[u8], encoded: &str) -> Option<std::ops::Range<usize>> {
     const KEY: &[u8] = b"\"model\"";
     let is_ws = |b: u8| b == b' ' || b == b'\t';
@@ -342,25 +330,8 @@ mod tests {
     fn rename_model_member(json: &[u8], encoded: &str) -> Option<Vec<u8>> {
         let span = model_member(json, encoded)?;
         let mut out = json.to_vec();
-        replace_span(&mut out, span, encoded.as_bytes());
+        out.splice(span, encoded.bytes());
         Some(out)
-    }
-
-    #[test]
-    fn a_span_is_replaced_by_longer_shorter_and_equal_bytes() {
-        for (with, want) in [
-            (&b"XYZW"[..], &b"abXYZWef"[..]),
-            (b"X", b"abXef"),
-            (b"XY", b"abXYef"),
-            (b"", b"abef"),
-        ] {
-            let mut bytes = b"abcdef".to_vec();
-            replace_span(&mut bytes, 2..4, with);
-            assert_eq!(bytes, want);
-        }
-        let mut bytes = b"abc".to_vec();
-        replace_span(&mut bytes, 1..3, b"long tail");
-        assert_eq!(bytes, b"along tail");
     }
 
     #[test]
