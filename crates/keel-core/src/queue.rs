@@ -211,15 +211,30 @@ impl DrainRate {
         parts: &mut [D],
         now_ms: u64,
     ) -> Option<f64> {
+        Self::combined(parts, now_ms).map(|m| m.per_sec())
+    }
+
+    /// What the window holds, over several counts of one line's frees taken together. `None`
+    /// with fewer than two frees in the window.
+    pub fn combined<D: std::ops::DerefMut<Target = DrainRate>>(
+        parts: &mut [D],
+        now_ms: u64,
+    ) -> Option<Measured> {
         let (mut frees, mut oldest) = (0usize, u64::MAX);
         for d in parts.iter_mut() {
             d.expire(now_ms);
             frees += d.frees.len();
             oldest = oldest.min(d.frees.front().copied().unwrap_or(u64::MAX));
         }
-        let span = now_ms.saturating_sub(oldest);
-        // Two frees or more: `oldest` is one of them.
-        (frees >= 2 && span > 0).then(|| (frees - 1) as f64 * 1000.0 / span as f64)
+        let span_ms = now_ms.saturating_sub(oldest);
+        // Two frees or more: `oldest` is one of them, and the rate counts those after it.
+        if frees < 2 || span_ms == 0 {
+            return None;
+        }
+        Some(Measured {
+            counted: frees - 1,
+            span_ms,
+        })
     }
 
     /// Expected wait (ms) at `rate` frees a second for a place with `ahead` requests before
@@ -232,6 +247,29 @@ impl DrainRate {
     /// slots have freed. `None` without a measured rate.
     pub fn expected_wait_ms(&mut self, ahead: usize, now_ms: u64) -> Option<u64> {
         Some(Self::wait_at(self.per_sec(now_ms)?, ahead))
+    }
+}
+
+/// A drain rate as measured: `counted` frees in the `span_ms` since the oldest one kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Measured {
+    pub counted: usize,
+    pub span_ms: u64,
+}
+
+impl Measured {
+    /// The measured rate, frees a second.
+    pub fn per_sec(self) -> f64 {
+        self.counted as f64 * 1000.0 / self.span_ms as f64
+    }
+
+    /// The fastest rate this measurement leaves plausible: frees arrive at random, so a count
+    /// of `n` in a window is the true rate's give or take about √n; two of those above the
+    /// count. A thin measurement (a few frees, a stall that just began) leaves a wide margin;
+    /// a busy line's hundreds of frees leave a narrow one.
+    pub fn fastest_per_sec(self) -> f64 {
+        let n = self.counted as f64;
+        (n + 2.0 * n.sqrt()) * 1000.0 / self.span_ms as f64
     }
 }
 
@@ -340,6 +378,29 @@ mod tests {
         // Beyond the window, the old frees are gone.
         assert_eq!(d.per_sec(10_000), None);
         assert_eq!(d.expected_wait_ms(0, 10_000), None);
+    }
+
+    #[test]
+    fn the_fastest_plausible_rate_is_wide_for_few_frees_and_narrow_for_many() {
+        // 4 frees in 400 ms: 10 a second measured, 20 plausible (4 + 2·2 over 0.4 s).
+        let few = Measured {
+            counted: 4,
+            span_ms: 400,
+        };
+        assert_eq!(few.per_sec(), 10.0);
+        assert_eq!(few.fastest_per_sec(), 20.0);
+        // 400 frees in 40 s: the same 10 a second, but at most 11 plausible.
+        let many = Measured {
+            counted: 400,
+            span_ms: 40_000,
+        };
+        assert_eq!(many.per_sec(), 10.0);
+        assert_eq!(many.fastest_per_sec(), 11.0);
+        let mut d = DrainRate::new(2000);
+        for i in 0..=4 {
+            d.record(1000 + 100 * i);
+        }
+        assert_eq!(DrainRate::combined(&mut [&mut d], 1400), Some(few));
     }
 
     #[test]

@@ -16,8 +16,10 @@
 //! `keel_core::queue`: priority (`x-keel-priority`), then deadline, then arrival. Each freed
 //! slot goes to the first in line. A request is refused at once, never after a useless wait,
 //! with `retry-after` from the measured drain rate (how fast slots free up): with 429 when the
-//! line (`queue_max`) is full of requests that rank before it, with 503 when its expected wait
-//! is longer than it may wait. A request waiting at the back is displaced by a higher-ranked
+//! line (`queue_max`) is full of requests that rank before it, with 503 when its wait is longer
+//! than it may wait even at the fastest drain rate the measurement leaves plausible (a few
+//! frees, or a stall that just began, measure a rate too thin to turn a request away on; it
+//! waits, up to what it may). A request waiting at the back is displaced by a higher-ranked
 //! newcomer when the line is full, and refused with 429 and retry-after.
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -162,6 +164,14 @@ pub struct WaitLine {
     waiting: AtomicU32,
 }
 
+/// A place's wait in line (ms): as expected from the measured drain rate, and the soonest the
+/// measurement leaves plausible.
+#[derive(Debug, Clone, Copy)]
+struct Estimate {
+    expected_ms: u64,
+    soonest_ms: u64,
+}
+
 /// Weight of the newest sample in the slot-holding time average.
 const HOLD_ALPHA: f64 = 0.05;
 
@@ -266,11 +276,25 @@ impl WaitLine {
     }
 
     fn expected(&self, ahead: usize, running: u32, now: u64) -> Option<u64> {
-        let rate = self.drain_rate(now);
-        rate.map(|r| DrainRate::wait_at(r, ahead)).or_else(|| {
-            let hold_ms = f64::from_bits(self.hold_us.load(Ordering::Relaxed)) / 1000.0;
-            (hold_ms > 0.0)
-                .then(|| ((ahead as f64 + 1.0) * hold_ms / running.max(1) as f64).ceil() as u64)
+        self.estimate(ahead, running, now).map(|w| w.expected_ms)
+    }
+
+    /// The wait for a place with `ahead` requests before it: as expected, and the soonest the
+    /// measurement leaves plausible (see [`keel_core::queue::Measured::fastest_per_sec`]).
+    fn estimate(&self, ahead: usize, running: u32, now: u64) -> Option<Estimate> {
+        if let Some(m) = DrainRate::combined(&mut self.drain.all(), now) {
+            return Some(Estimate {
+                expected_ms: DrainRate::wait_at(m.per_sec(), ahead),
+                soonest_ms: DrainRate::wait_at(m.fastest_per_sec(), ahead),
+            });
+        }
+        let hold_ms = f64::from_bits(self.hold_us.load(Ordering::Relaxed)) / 1000.0;
+        (hold_ms > 0.0).then(|| {
+            let ms = ((ahead as f64 + 1.0) * hold_ms / running.max(1) as f64).ceil() as u64;
+            Estimate {
+                expected_ms: ms,
+                soonest_ms: ms,
+            }
         })
     }
 
@@ -310,18 +334,21 @@ impl WaitLine {
         let mut inner = self.lock();
         let place = inner.line.place(priority, self.ms(deadline));
         let ahead = inner.line.ahead(&place);
-        let expected = self.expected(ahead, running, now_ms);
+        let estimate = self.estimate(ahead, running, now_ms);
         let refuse = |reason, ahead| Throttle {
             reason,
             priority,
-            retry_after_ms: expected.unwrap_or(1000).max(1),
+            retry_after_ms: estimate.map_or(1000, |w| w.expected_ms).max(1),
             ahead,
         };
         if !inner.line.has_room_for(&place) {
             return Err(refuse(ThrottleReason::Full, ahead));
         }
+        // Refused at once only when even the soonest plausible wait is too long: a thin
+        // measurement (a few frees, a stall that just began) is no reason to turn away a
+        // request that a wait may serve; the wait itself is still bounded by `wait_until`.
         // Unknown rate (nothing served yet): wait and see rather than refuse blind.
-        if expected.is_some_and(|ms| now + Duration::from_millis(ms) > wait_until) {
+        if estimate.is_some_and(|w| now + Duration::from_millis(w.soonest_ms) > wait_until) {
             return Err(refuse(ThrottleReason::Deadline, ahead));
         }
         let ticket = Ticket {
@@ -499,6 +526,36 @@ mod tests {
         drop(normal);
         drop(low);
         assert_eq!(line.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_thin_measurement_lets_a_request_wait_that_the_expected_rate_would_refuse() {
+        let mut line = WaitLine::new(32, None);
+        line.epoch = Instant::now() - Duration::from_secs(10);
+        let now_ms = line.ms(Instant::now());
+        // Five frees 100 ms apart just now: 10 a second measured, 20 plausible.
+        for i in 0..5 {
+            line.drain.own().record(now_ms - 400 + 100 * i);
+        }
+        let ahead: Vec<_> = (0..9)
+            .map(|_| line.join(Priority::Normal, far(), far(), 1).unwrap())
+            .collect();
+        // Nine ahead: ten frees, expected in about 1 s, plausibly in 0.5 s.
+        let ms = |d| Instant::now() + Duration::from_millis(d);
+        let patient = line.join(Priority::Normal, far(), ms(750), 1);
+        assert!(patient.is_ok(), "refused although it may be served in time");
+        drop(patient);
+        // Even at the fastest plausible rate 300 ms is too short: refused at once, with the
+        // expected wait as retry-after.
+        let hurried = line.join(Priority::Normal, far(), ms(300), 1).err().unwrap();
+        assert_eq!(hurried.reason, ThrottleReason::Deadline);
+        assert_eq!(hurried.ahead, 9);
+        assert!(
+            (1000..1400).contains(&hurried.retry_after_ms),
+            "{}",
+            hurried.retry_after_ms
+        );
+        drop(ahead);
     }
 
     #[tokio::test]
