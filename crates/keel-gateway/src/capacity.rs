@@ -547,7 +547,10 @@ mod tests {
         drop(patient);
         // Even at the fastest plausible rate 300 ms is too short: refused at once, with the
         // expected wait as retry-after.
-        let hurried = line.join(Priority::Normal, far(), ms(300), 1).err().unwrap();
+        let hurried = line
+            .join(Priority::Normal, far(), ms(300), 1)
+            .err()
+            .unwrap();
         assert_eq!(hurried.reason, ThrottleReason::Deadline);
         assert_eq!(hurried.ahead, 9);
         assert!(

@@ -30,6 +30,7 @@ use crate::attempt::{attempt, AttemptResult, Served};
 use crate::context::RequestCtx;
 use crate::errors::GatewayError;
 use crate::pools::Pool;
+use crate::selection::COOLDOWN_WAIT_MAX_MS;
 use crate::settlement::{AttemptKind, Attempts, Committed, Entered, Refused, Settled};
 use crate::translation;
 
@@ -169,7 +170,14 @@ pub async fn execute(
             }
         }
         if !tried_this_round {
-            break;
+            // Every variant of the plan refused the round (cooling down after a failure, or
+            // full): wait for the first one back from a short cooldown, as selection does
+            // before the first attempt — a one-variant pool whose connection timed out once
+            // would otherwise answer 502 while its server is healthy.
+            match back_soon(pool, order, ctx.deadline, pool.now_ms()) {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => break,
+            }
         }
         round += 1;
     }
@@ -178,6 +186,18 @@ pub async fn execute(
         attempts,
         route: None,
     }
+}
+
+/// When the first of `order` cooling down after a failure comes back, if that is within a
+/// short cooldown ([`COOLDOWN_WAIT_MAX_MS`]) and before `deadline`; `None` when none will (none
+/// is cooling: the variants are full, ejected or warming; or out for longer).
+fn back_soon(pool: &Pool, order: &[usize], deadline: Instant, now_ms: u64) -> Option<Instant> {
+    let ms = order
+        .iter()
+        .filter_map(|&vi| pool.cooling_for_ms(vi, now_ms))
+        .min()?;
+    let at = Instant::now() + Duration::from_millis(ms);
+    (ms <= COOLDOWN_WAIT_MAX_MS && at < deadline).then_some(at)
 }
 
 /// What a hedge race left: finished attempts in the order they finished, whether a hedge won

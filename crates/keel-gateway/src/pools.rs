@@ -428,6 +428,18 @@ impl Pool {
         self.live(index).availability.available(now_ms)
     }
 
+    /// Milliseconds until a variant cooling down after a failure may be tried again; `None`
+    /// when it is not cooling down, or is ejected or warming (probes and warm-ups, not a
+    /// client's retry, find out when those are back).
+    pub fn cooling_for_ms(&self, index: usize, now_ms: u64) -> Option<u64> {
+        let live = self.live(index);
+        let ms = live.availability.available_in_ms(now_ms);
+        let out = live.est.loading
+            || live.availability.shared_ejected(now_ms)
+            || matches!(live.est.state, State::Ejected { .. });
+        (ms > 0 && !out).then_some(ms)
+    }
+
     /// Notes a request's priority: high-priority traffic reserves its share of capacity.
     pub fn note_priority(&self, priority: Priority, now_ms: u64) {
         if priority == Priority::High {

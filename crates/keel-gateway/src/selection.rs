@@ -419,7 +419,7 @@ impl Pool {
 const LOADING_POLL: Duration = Duration::from_millis(50);
 
 /// Longest wait for a cooling-down pool before answering 503 with retry-after.
-const COOLDOWN_WAIT_MAX_MS: u64 = 2_000;
+pub(crate) const COOLDOWN_WAIT_MAX_MS: u64 = 2_000;
 
 /// Selects, waiting when that helps: for the first variant back from a short cooldown (the
 /// client would have to wait that long anyway), or in the pool's line while every variant is

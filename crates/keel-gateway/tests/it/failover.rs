@@ -220,6 +220,31 @@ async fn retry_after_sets_an_exact_cooldown() {
 }
 
 #[tokio::test]
+async fn a_lone_variant_is_tried_again_after_its_short_cooldown() {
+    // One variant; its first answer is a 429 asking for 1 s: a cooldown. With nothing else to
+    // try, the request waits it out and is served (not answered 503: the server is healthy).
+    let h = Harness::openai(1, 1, "", "").await;
+    add_fault(
+        h.server(0),
+        json!({"kind": "error", "status": 429, "retry_after_s": 1, "count": 1}),
+    )
+    .await;
+    let (status, headers, body) = h.chat(&chat_body("x")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&headers, "x-keel-attempts"), "2");
+    assert_eq!(h.server(0).state.stats().requests, 2);
+    // A cooldown longer than keel waits for is the client's to wait: 503 with retry-after.
+    add_fault(
+        h.server(0),
+        json!({"kind": "error", "status": 429, "retry_after_s": 3, "count": 1}),
+    )
+    .await;
+    let (status, headers, _) = h.chat(&chat_body("x")).await;
+    assert_eq!(status, 503);
+    assert_eq!(header(&headers, "retry-after"), "3");
+}
+
+#[tokio::test]
 async fn everything_failing_gives_a_precise_error_in_each_protocol() {
     let h = Harness::openai(2, 1, "", "").await;
     for s in &h.fleet.servers {
