@@ -161,8 +161,14 @@ impl Ewma {
     /// fades even when the variant gets little traffic (as it does when its weight is low).
     pub fn relaxed(&self, now_ms: u64, target: f64, decay_ms: f64) -> Option<f64> {
         let v = self.value?;
-        let dt = now_ms.saturating_sub(self.at_ms) as f64;
-        Some(target + (v - target) * (-dt / decay_ms.max(1.0)).exp())
+        let dt = now_ms.saturating_sub(self.at_ms);
+        if dt == 0 {
+            // Nothing to relax (the usual case: a sample within the grace). The same value the
+            // formula gives with exp(0) = 1, without the exp, which was a routing decision's
+            // largest single cost at 256 variants (four per candidate).
+            return Some(target + (v - target));
+        }
+        Some(target + (v - target) * (-(dt as f64) / decay_ms.max(1.0)).exp())
     }
 }
 
@@ -392,11 +398,40 @@ impl Estimates {
         }
     }
 
+    /// The last moment (inclusive) up to which [`Estimates::factors`], [`Estimates::weight`]
+    /// and [`Estimates::predicted_ttft_ms`] give exactly what they give now, if `now_ms` is
+    /// within it: while every estimate's last sample is within the grace, nothing relaxes, so
+    /// the figures do not depend on the time. `None` during slow start, whose ramp moves with
+    /// the time. Lets a reader compute them once per update instead of once per read.
+    pub fn steady_until_ms(&self, cfg: &HealthConfig) -> Option<u64> {
+        if matches!(self.state, State::SlowStart { .. }) && cfg.slow_start_ms > 0 {
+            return None;
+        }
+        let grace = STALE_GRACE * cfg.refresh_after_ms;
+        // The estimates `factors` and `predicted_ttft_ms` relax (see `relax_clock`).
+        [&self.ttft_ms, &self.tgsv_ms, &self.error_rate]
+            .iter()
+            .map(|e| match e.value {
+                Some(_) => e.at_ms.saturating_add(grace),
+                None => u64::MAX,
+            })
+            .min()
+    }
+
     /// The selection weight in 0..=1 (0 while warming or ejected).
     pub fn weight(&self, now_ms: u64, cfg: &HealthConfig) -> f64 {
         match self.state {
             State::Warming { .. } | State::Ejected { .. } => 0.0,
-            _ => self.factors(now_ms, cfg).product().max(FLOOR * FLOOR),
+            _ => self.weight_of(&self.factors(now_ms, cfg)),
+        }
+    }
+
+    /// [`Estimates::weight`] from factors already computed for the same moment (a routing
+    /// decision computes them once and also records them).
+    pub fn weight_of(&self, factors: &Factors) -> f64 {
+        match self.state {
+            State::Warming { .. } | State::Ejected { .. } => 0.0,
+            _ => factors.product().max(FLOOR * FLOOR),
         }
     }
 
@@ -753,6 +788,48 @@ mod tests {
             h.record_outcome(t * 100, true, c);
         }
         h
+    }
+
+    #[test]
+    fn steady_figures_do_not_move_until_an_estimate_would_relax() {
+        let c = HealthConfig {
+            slow_start_ms: 0,
+            ..cfg()
+        };
+        let mut h = healthy_with_baseline(&c);
+        // A slower spell and a few errors, so that every factor is off 1 and relaxing matters.
+        for t in 50..60 {
+            h.record_ttft(t * 100, 260.0, &c);
+            h.record_outcome(t * 100, t % 3 != 0, &c);
+            h.record_stream_gaps(t * 100, &[30.0, 32.0, 29.0], &c);
+        }
+        let est = h.est;
+        let published = 6_000;
+        let until = est.steady_until_ms(&c).expect("steady outside slow start");
+        assert!(until >= published, "a fresh sample is within the grace");
+        let figures = |now: u64| {
+            let f = est.factors(now, &c);
+            (f, est.weight(now, &c), est.predicted_ttft_ms(now, &c))
+        };
+        let at_publication = figures(published);
+        for now in [published, published + 1, (published + until) / 2, until] {
+            assert_eq!(figures(now), at_publication, "at {now} ms");
+        }
+        // One millisecond later the oldest estimate relaxes, and the figures move.
+        assert_ne!(figures(until + 1), at_publication);
+
+        // Slow start ramps with the time: never steady.
+        let ramping = Estimates {
+            state: State::SlowStart {
+                since_ms: published,
+            },
+            ..est
+        };
+        let slow = HealthConfig {
+            slow_start_ms: 30_000,
+            ..c
+        };
+        assert_eq!(ramping.steady_until_ms(&slow), None);
     }
 
     #[test]

@@ -128,10 +128,19 @@ impl PowerOfTwo {
                 continue;
             };
             let sample = c.in_flight as f64;
+            let next = |bits: u64| {
+                let v = f64::from_bits(bits);
+                (v + LOAD_SMOOTHING * (sample - v)).to_bits()
+            };
+            // A settled average (an idle variant's, mostly) is not written again: the same
+            // value, without an atomic read-modify-write per variant per decision.
+            let bits = l.load(Ordering::Relaxed);
+            if next(bits) == bits {
+                continue;
+            }
             // Always `Some`: the update cannot fail, only retry when another decision wrote.
             let _ = l.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                let v = f64::from_bits(bits);
-                Some((v + LOAD_SMOOTHING * (sample - v)).to_bits())
+                Some(next(bits))
             });
         }
     }
@@ -160,8 +169,33 @@ pub fn cost(c: &Candidate, pref: Preference) -> f64 {
     }
 }
 
-fn by_cost(a: &(usize, f64), b: &(usize, f64)) -> std::cmp::Ordering {
-    a.1.total_cmp(&b.1).then(a.0.cmp(&b.0))
+/// The fallbacks' order as one integer per candidate: its cost in `f64::total_cmp`'s order in
+/// the high half, its index in the low half (ties broken by index). Sorting these integers
+/// orders exactly as comparing (cost, index) pairs, in about half the time at 256 variants.
+fn cost_key(index: usize, cost: f64) -> u128 {
+    (u128::from(total_order_bits(cost)) << 64) | index as u128
+}
+
+/// `x` as an unsigned integer that orders as `f64::total_cmp` orders the values.
+pub fn total_order_bits(x: f64) -> u64 {
+    // As `f64::total_cmp` does: flip the magnitude bits of negative values, so that the bits
+    // compare as a signed integer; then flip the sign bit, so that they compare unsigned.
+    let bits = x.to_bits() as i64;
+    let ordered = bits ^ ((((bits >> 63) as u64) >> 1) as i64);
+    (ordered as u64) ^ (1 << 63)
+}
+
+/// Appends `indices` to `order` by cost, then index (`keys`: a buffer to sort in).
+fn extend_by_cost(
+    order: &mut Vec<usize>,
+    keys: &mut Vec<u128>,
+    indices: impl Iterator<Item = usize>,
+    cost_of: impl Fn(usize) -> f64,
+) {
+    keys.clear();
+    keys.extend(indices.map(|i| cost_key(i, cost_of(i))));
+    keys.sort_unstable();
+    order.extend(keys.iter().map(|k| *k as u64 as usize));
 }
 
 fn unit(h: u64) -> f64 {
@@ -195,10 +229,10 @@ impl Selector for PowerOfTwo {
         };
         let (inside, outside): (Vec<&Candidate>, Vec<&Candidate>) =
             eligible.iter().copied().partition(within_slo);
-        let (pick_from, outside_only) = if inside.is_empty() {
-            (outside.clone(), true)
+        let (pick_from, outside_only): (&[&Candidate], bool) = if inside.is_empty() {
+            (&outside, true)
         } else {
-            (inside.clone(), false)
+            (&inside, false)
         };
         let costs: Vec<(usize, f64)> = eligible
             .iter()
@@ -273,22 +307,13 @@ impl Selector for PowerOfTwo {
         };
 
         // Fallbacks: within-SLO by cost, then outside-SLO by cost.
-        let mut first: Vec<(usize, f64)> = inside
-            .iter()
-            .filter(|c| c.index != primary)
-            .map(|c| (c.index, cost_of(c.index)))
-            .collect();
-        let mut second: Vec<(usize, f64)> = outside
-            .iter()
-            .filter(|c| c.index != primary)
-            .map(|c| (c.index, cost_of(c.index)))
-            .collect();
-        // `by_cost` is a total order (the index breaks ties): the unstable sort orders the same.
-        first.sort_unstable_by(by_cost);
-        second.sort_unstable_by(by_cost);
         let mut order = Vec::with_capacity(eligible.len());
         order.push(primary);
-        order.extend(first.iter().chain(second.iter()).map(|x| x.0));
+        let mut keys = Vec::with_capacity(eligible.len());
+        for side in [&inside, &outside] {
+            let others = side.iter().map(|c| c.index).filter(|&i| i != primary);
+            extend_by_cost(&mut order, &mut keys, others, cost_of);
+        }
         Plan {
             order,
             reason,
@@ -302,6 +327,42 @@ mod tests {
     use super::*;
     use crate::rng::Rng;
     use proptest::prelude::{prop_assert, proptest};
+
+    #[test]
+    fn cost_keys_order_as_costs_then_indices() {
+        let costs = [
+            3.5,
+            -0.0,
+            0.0,
+            f64::INFINITY,
+            -2.0,
+            1e-300,
+            f64::NAN,
+            3.5,
+            f64::MAX,
+            -f64::INFINITY,
+            7.25,
+            0.0,
+        ];
+        let mut rng = Rng::new(11);
+        for _ in 0..200 {
+            // A shuffled draw of the costs above at shuffled indices.
+            let n = 1 + (rng.next_u64() % costs.len() as u64) as usize;
+            let pairs: Vec<(usize, f64)> = (0..n)
+                .map(|_| {
+                    let c = costs[(rng.next_u64() % costs.len() as u64) as usize];
+                    ((rng.next_u64() % 1_000) as usize, c)
+                })
+                .collect();
+            let mut expected = pairs.clone();
+            expected.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+            let mut keyed: Vec<u128> = pairs.iter().map(|&(i, c)| cost_key(i, c)).collect();
+            keyed.sort_unstable();
+            let got: Vec<usize> = keyed.iter().map(|k| *k as u64 as usize).collect();
+            let want: Vec<usize> = expected.iter().map(|p| p.0).collect();
+            assert_eq!(got, want, "{pairs:?}");
+        }
+    }
 
     fn cands(n: usize) -> Vec<Candidate> {
         (0..n).map(|i| Candidate::plain(i, 1, true)).collect()

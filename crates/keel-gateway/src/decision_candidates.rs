@@ -51,28 +51,29 @@ pub(crate) fn kept_candidates(
             kept.push(p);
         }
     }
-    // The cheapest of the rest: a partial selection, not a sort of the whole pool.
-    let cost = |p: usize| {
-        cost_by_index
-            .get(candidates[p].index)
+    // The cheapest of the rest: a partial selection, not a sort of the whole pool, over one
+    // integer per candidate that orders as (eligible first, cost, position) would.
+    let key = |p: usize| {
+        let c = &candidates[p];
+        let cost = cost_by_index
+            .get(c.index)
             .copied()
             .flatten()
-            .unwrap_or(f64::INFINITY)
+            .unwrap_or(f64::INFINITY);
+        (u128::from(!c.available) << 96)
+            | (u128::from(keel_core::p2c::total_order_bits(cost)) << 32)
+            | p as u128
     };
-    let mut rest: Vec<usize> = (0..candidates.len())
+    let mut rest: Vec<u128> = (0..candidates.len())
         .filter(|p| !kept.contains(p))
+        .map(key)
         .collect();
     let room = CANDIDATES_KEPT - kept.len();
     if rest.len() > room {
-        rest.select_nth_unstable_by(room, |a, b| {
-            candidates[*b]
-                .available
-                .cmp(&candidates[*a].available)
-                .then(cost(*a).total_cmp(&cost(*b)))
-                .then(a.cmp(b))
-        });
+        rest.select_nth_unstable(room);
         rest.truncate(room);
     }
+    let rest = rest.into_iter().map(|k| k as u32 as usize);
     kept.extend(rest);
     kept.sort_unstable();
     kept
@@ -92,8 +93,11 @@ pub(crate) fn omitted_summary(
         plan_tail: plan_len.saturating_sub(CANDIDATES_KEPT) as u32,
         ..Default::default()
     };
-    // `kept` is sorted: walk it alongside the positions.
+    // `kept` is sorted: walk it alongside the positions. Neighbours mostly share a state, so
+    // a run of one state is counted before it goes into the map (one map entry per run, not
+    // per candidate: at 256 variants the map was a few µs of the decision).
     let mut next_kept = kept.iter().peekable();
+    let mut run: Option<(&'static str, u32)> = None;
     for (p, c) in candidates.iter().enumerate() {
         if next_kept.peek() == Some(&&p) {
             next_kept.next();
@@ -101,7 +105,19 @@ pub(crate) fn omitted_summary(
         }
         omitted.count += 1;
         omitted.eligible += u32::from(c.available);
-        *omitted.by_state.entry(state_of(c.index)).or_default() += 1;
+        let state = state_of(c.index);
+        match &mut run {
+            // The names are static: the same name is mostly the same pointer.
+            Some((s, n)) if std::ptr::eq(*s, state) || *s == state => *n += 1,
+            _ => {
+                if let Some((s, n)) = run.replace((state, 1)) {
+                    *omitted.by_state.entry(s).or_default() += n;
+                }
+            }
+        }
+    }
+    if let Some((s, n)) = run {
+        *omitted.by_state.entry(s).or_default() += n;
     }
     Some(Box::new(omitted))
 }

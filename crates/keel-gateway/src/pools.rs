@@ -27,7 +27,7 @@ use crate::per_thread::PerThread;
 use crate::retry_budget::ShardedBudget;
 use keel_core::budget::RetryBudgetConfig;
 use keel_core::continuation::ResumeMode;
-use keel_core::health::{Estimates, State, TtftWindow, VariantHealth};
+use keel_core::health::{Estimates, HealthConfig, State, TtftWindow, VariantHealth};
 use keel_core::protocol::Protocol;
 use keel_core::queue::Priority;
 use keel_core::request::CanonicalRequest;
@@ -70,19 +70,47 @@ pub(crate) struct Live {
     pub(crate) hedge_ttft_ms: Option<f64>,
     /// Refusing connections within its restart grace (see [`Pool::mark_restarting`]).
     pub(crate) restarting: bool,
+    /// The health figures selection reads, computed at publication, while they do not depend
+    /// on the time (see [`Estimates::steady_until_ms`]).
+    pub(crate) steady: Option<Steady>,
+}
+
+/// A variant's health factors, weight and predicted TTFT, the same at any `now_ms` up to
+/// `until_ms`: a routing decision reads them instead of computing them for every variant
+/// (at 256 variants that computation was the largest part of a decision).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Steady {
+    pub(crate) factors: keel_core::health::Factors,
+    pub(crate) weight: f64,
+    pub(crate) predicted_ttft_ms: f64,
+    pub(crate) until_ms: u64,
 }
 
 impl Live {
-    /// The view of a variant's state; `hedge_q` is its pool's [`hedge_quantile`].
-    fn of(st: &VariantState, hedge_q: f64) -> Live {
+    /// The view of a variant's state at `now_ms`; `hedge_q` is its pool's [`hedge_quantile`].
+    fn of(st: &VariantState, hedge_q: f64, hc: &HealthConfig, now_ms: u64) -> Live {
         let h = &st.health;
+        let est = h.est;
+        let steady = est
+            .steady_until_ms(hc)
+            .filter(|until| now_ms <= *until)
+            .map(|until_ms| {
+                let factors = est.factors(now_ms, hc);
+                Steady {
+                    factors,
+                    weight: est.weight_of(&factors),
+                    predicted_ttft_ms: est.predicted_ttft_ms(now_ms, hc),
+                    until_ms,
+                }
+            });
         Live {
-            est: h.est,
+            est,
             availability: st.availability,
             p50_ttft_ms: h.ttft_quantile_ms(0.5),
             p95_ttft_ms: h.p95_ttft_ms(),
             hedge_ttft_ms: h.ttft_quantile_ms(hedge_q),
             restarting: st.restarting_since.is_some(),
+            steady,
         }
     }
 }
@@ -132,7 +160,7 @@ pub struct Pool {
     /// Refresh probes may add at most `probe_budget` of the pool's requests (10 s window).
     probes: ShardedBudget,
     /// The gateway's clock origin: `now_ms` is milliseconds since then.
-    epoch: Instant,
+    pub(crate) epoch: Instant,
     /// Requests waiting for a slot while every variant is at its concurrency limit.
     pub line: WaitLine,
     /// The gateway's metrics registry.
@@ -302,7 +330,12 @@ impl Pool {
                     limit: Arc::default(),
                     prefill_refused: AtomicBool::new(false),
                     name_hash: hash_bytes(0x6e61_6d65, v.name.as_bytes()),
-                    live: ArcSwap::from_pointee(Live::of(&state, hedge_quantile(&cfg))),
+                    live: ArcSwap::from_pointee(Live::of(
+                        &state,
+                        hedge_quantile(&cfg),
+                        &cfg.health,
+                        epoch.elapsed().as_millis() as u64,
+                    )),
                     state: Mutex::new(state),
                 }
             })
@@ -402,13 +435,23 @@ impl Pool {
     }
 
     fn publish(&self, st: &VariantState, index: usize) {
-        let live = Live::of(st, hedge_quantile(&self.cfg));
+        let live = Live::of(
+            st,
+            hedge_quantile(&self.cfg),
+            &self.cfg.health,
+            self.now_ms(),
+        );
         self.variants[index].live.store(Arc::new(live));
     }
 
     /// Variant `index`'s published view.
     pub(crate) fn live(&self, index: usize) -> Live {
         **self.variants[index].live.load()
+    }
+
+    /// A variant's published view without copying it (a guard: hold it briefly).
+    pub(crate) fn live_view(&self, index: usize) -> arc_swap::Guard<Arc<Live>> {
+        self.variants[index].live.load()
     }
 
     /// The affinity key of a request under this pool's affinity mode.
