@@ -445,12 +445,8 @@ impl Pool {
     }
 
     /// Variant `index`'s published view.
-    pub(crate) fn live(&self, index: usize) -> Live {
-        **self.variants[index].live.load()
-    }
-
-    /// A variant's published view without copying it (a guard: hold it briefly).
-    pub(crate) fn live_view(&self, index: usize) -> arc_swap::Guard<Arc<Live>> {
+    /// (A guard, not a copy of the view: hold it briefly.)
+    pub(crate) fn live(&self, index: usize) -> arc_swap::Guard<Arc<Live>> {
         self.variants[index].live.load()
     }
 

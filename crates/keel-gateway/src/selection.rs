@@ -237,7 +237,7 @@ impl Pool {
         // guard on each, was a tenth of a decision at 256 variants).
         let hc = self.cfg.health;
         let seen: Vec<Seen> = (0..self.variants.len())
-            .map(|i| Seen::of(&self.live_view(i), now_ms, &hc))
+            .map(|i| Seen::of(&self.live(i), now_ms, &hc))
             .collect();
         // `last_resort`: variants still warming, and ejected ones, may serve too.
         let build = |last_resort: bool| -> Vec<Candidate> {
