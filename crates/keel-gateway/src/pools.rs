@@ -72,18 +72,35 @@ pub(crate) struct Live {
     pub(crate) restarting: bool,
     /// The health figures selection reads, computed at publication, while they do not depend
     /// on the time (see [`Estimates::steady_until_ms`]).
-    pub(crate) steady: Option<Steady>,
+    steady: Option<Steady>,
 }
 
-/// A variant's health factors, weight and predicted TTFT, the same at any `now_ms` up to
-/// `until_ms`: a routing decision reads them instead of computing them for every variant
-/// (at 256 variants that computation was the largest part of a decision).
+/// A variant's health factors, weight and predicted TTFT at one moment.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Steady {
+pub(crate) struct HealthNow {
     pub(crate) factors: keel_core::health::Factors,
     pub(crate) weight: f64,
     pub(crate) predicted_ttft_ms: f64,
-    pub(crate) until_ms: u64,
+}
+
+impl HealthNow {
+    fn of(est: &Estimates, now_ms: u64, hc: &HealthConfig) -> HealthNow {
+        let factors = est.factors(now_ms, hc);
+        HealthNow {
+            factors,
+            weight: est.weight_of(&factors),
+            predicted_ttft_ms: est.predicted_ttft_ms(now_ms, hc),
+        }
+    }
+}
+
+/// [`HealthNow`] as it stays at any `now_ms` up to `until_ms`: a routing decision reads it
+/// instead of computing it for every variant (at 256 variants that computation was the
+/// largest part of a decision).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Steady {
+    figures: HealthNow,
+    until_ms: u64,
 }
 
 impl Live {
@@ -94,14 +111,9 @@ impl Live {
         let steady = est
             .steady_until_ms(hc)
             .filter(|until| now_ms <= *until)
-            .map(|until_ms| {
-                let factors = est.factors(now_ms, hc);
-                Steady {
-                    factors,
-                    weight: est.weight_of(&factors),
-                    predicted_ttft_ms: est.predicted_ttft_ms(now_ms, hc),
-                    until_ms,
-                }
+            .map(|until_ms| Steady {
+                figures: HealthNow::of(&est, now_ms, hc),
+                until_ms,
             });
         Live {
             est,
@@ -111,6 +123,15 @@ impl Live {
             hedge_ttft_ms: h.ttft_quantile_ms(hedge_q),
             restarting: st.restarting_since.is_some(),
             steady,
+        }
+    }
+
+    /// The health figures at `now_ms`: those computed at publication while they still hold,
+    /// else computed now.
+    pub(crate) fn health_at(&self, now_ms: u64, hc: &HealthConfig) -> HealthNow {
+        match self.steady {
+            Some(s) if now_ms <= s.until_ms => s.figures,
+            _ => HealthNow::of(&self.est, now_ms, hc),
         }
     }
 }

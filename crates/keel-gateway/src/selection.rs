@@ -443,22 +443,16 @@ struct Seen {
 impl Seen {
     fn of(live: &Live, now_ms: u64, hc: &keel_core::health::HealthConfig) -> Seen {
         let est = &live.est;
-        let (factors, weight, predicted_ttft_ms) = match live.steady {
-            Some(s) if now_ms <= s.until_ms => (s.factors, s.weight, s.predicted_ttft_ms),
-            _ => {
-                let f = est.factors(now_ms, hc);
-                (f, est.weight_of(&f), est.predicted_ttft_ms(now_ms, hc))
-            }
-        };
+        let health = live.health_at(now_ms, hc);
         Seen {
             state: est.state,
             loading: est.loading,
             shared_ejected: live.availability.shared_ejected(now_ms),
             available: live.availability.available(now_ms),
             available_in_ms: live.availability.available_in_ms(now_ms),
-            weight,
-            factors,
-            predicted_ttft_ms,
+            weight: health.weight,
+            factors: health.factors,
+            predicted_ttft_ms: health.predicted_ttft_ms,
             p95_ttft_ms: live.p95_ttft_ms,
             tgsv_ms: est.tgsv_ms.get(),
             error_rate: est.error_rate.get(),
