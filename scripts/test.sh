@@ -88,7 +88,12 @@ echo "== benchmark smoke test (every scenario, keel only, a few seconds each)"
 "$KEEL" bench overhead --sequential --contenders keel --duration 0.5 --rounds 1 --out bench/out/smoke/sequential > /dev/null
 
 echo "== soak smoke test (60 s of random faults; every answer byte-exact, no errors, no fd growth)"
-"$KEEL" bench soak --duration 60s --rps 10 --out bench/out/soak-smoke
+if ! "$KEEL" bench soak --duration 60s --rps 10 --out bench/out/soak-smoke; then
+  # The CI log keeps stdout only: the gateway's account of the answers that went wrong.
+  echo "-- gateway log: answers not ok, warnings and errors (first 60)"
+  grep -v '"outcome":"ok"' bench/out/soak-smoke/gateway.log | grep -v '"level":"INFO"' | head -60 | cut -c1-1200
+  exit 1
+fi
 
 echo "== contract test (schemathesis against /keel/openapi.json; keel in front of a fault-free keel-sim)"
 tests/contract/run.sh "$KEEL" .venv/bin/schemathesis

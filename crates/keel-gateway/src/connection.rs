@@ -7,17 +7,32 @@
 //! 16 KiB, for the connection's life: 8 KiB more for every client connection, a live stream's
 //! included (bench/RESULTS.md, issue 16). Here the version is decided by *peeking* (the bytes
 //! stay in the socket), and hyper gets the socket itself.
+//!
+//! Between requests a keep-alive connection may sit idle for `idle_timeout_ms`; once the next
+//! request's first byte arrives, its head must be in within `header_read_timeout_ms` (nginx's
+//! `keepalive_timeout` and `client_header_timeout`). hyper has one setting for both: it starts
+//! the header-read timer as soon as a connection goes idle, so with it alone keel closed every
+//! keep-alive connection after 10 s of quiet, and a client whose pool keeps connections longer
+//! (reqwest's and Go's 90 s, a load balancer's 60 s) raced the close: a request written as the
+//! connection closed failed without a response. [`HeadTimer`] gives hyper's timer both meanings.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use http::{Request, Response};
 use hyper::body::Incoming;
+use hyper::rt::{Sleep, Timer};
 use hyper::server::conn::{http1, http2};
 use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::Watcher;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::Body;
@@ -29,9 +44,11 @@ const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 pub struct Http {
     h1: http1::Builder,
     h2: http2::Builder<TokioExecutor>,
-    /// How long a connection may take to send its first bytes (`header_read_timeout_ms`, which
-    /// hyper applies to every HTTP/1.1 request head after that).
-    first_bytes: Duration,
+    /// How long a connection may take to send its first bytes, and a request head to arrive
+    /// from its first byte (`header_read_timeout_ms`).
+    head: Duration,
+    /// How long an HTTP/1.1 connection may wait idle for its next request (`idle_timeout_ms`).
+    idle: Duration,
 }
 
 /// HTTP/1.1 or h2c.
@@ -42,18 +59,19 @@ enum Version {
 }
 
 impl Http {
-    pub fn new(header_read_timeout: Duration) -> Http {
+    pub fn new(header_read_timeout: Duration, idle_timeout: Duration) -> Http {
         let mut h1 = http1::Builder::new();
-        h1.timer(TokioTimer::new())
-            .header_read_timeout(header_read_timeout)
-            .keep_alive(true);
+        // hyper's deadline for a head, which [`HeadTimer`] (set per connection) stretches to
+        // the idle timeout until a byte arrives.
+        h1.header_read_timeout(header_read_timeout).keep_alive(true);
         let mut h2 = http2::Builder::new(TokioExecutor::new());
         h2.timer(TokioTimer::new())
             .keep_alive_interval(Some(Duration::from_secs(30)));
         Http {
             h1,
             h2,
-            first_bytes: header_read_timeout,
+            head: header_read_timeout,
+            idle: idle_timeout,
         }
     }
 
@@ -67,18 +85,142 @@ impl Http {
             + 'static,
         S::Future: Send + 'static,
     {
-        let version = match tokio::time::timeout(self.first_bytes, sniff(&tcp)).await {
+        let version = match tokio::time::timeout(self.head, sniff(&tcp)).await {
             Ok(Ok(Some(v))) => v,
             // Closed before a byte, a socket error, or silent too long.
             _ => return,
         };
-        let io = TokioIo::new(tcp);
         // Errors here are the connection's (a reset, a malformed head hyper answered itself):
         // nothing is left to tell its client.
         let _ = match version {
-            Version::H1 => watcher.watch(self.h1.serve_connection(io, svc)).await,
-            Version::H2 => watcher.watch(self.h2.serve_connection(io, svc)).await,
+            Version::H1 => {
+                let reads = Arc::new(AtomicU64::new(0));
+                let mut h1 = self.h1.clone();
+                h1.timer(HeadTimer {
+                    reads: reads.clone(),
+                    head: self.head,
+                    idle: self.idle,
+                });
+                let io = TokioIo::new(Counted { tcp, reads });
+                watcher.watch(h1.serve_connection(io, svc)).await
+            }
+            Version::H2 => {
+                let io = TokioIo::new(tcp);
+                watcher.watch(self.h2.serve_connection(io, svc)).await
+            }
         };
+    }
+}
+
+/// hyper's timer for one HTTP/1.1 connection. hyper asks it for one deadline only, the
+/// header-read timeout's, which it starts whenever it waits for a request head: when the
+/// connection opens and as soon as each response is done. The sleep it gets back lasts
+/// `idle` while no byte arrives, and ends `head` after the first byte that does.
+struct HeadTimer {
+    /// Reads that returned bytes on the connection, counted by [`Counted`].
+    reads: Arc<AtomicU64>,
+    head: Duration,
+    idle: Duration,
+}
+
+impl Timer for HeadTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Sleep>> {
+        self.sleep_until(Instant::now() + duration)
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Sleep>> {
+        // hyper's deadline is its start plus `head`: the wait began at `deadline - head`.
+        let began = deadline.checked_sub(self.head).unwrap_or(deadline);
+        let idle_until = began.checked_add(self.idle).unwrap_or(deadline);
+        Box::pin(HeadSleep {
+            reads: self.reads.clone(),
+            reads_at_start: self.reads.load(Ordering::Relaxed),
+            head: self.head,
+            byte_seen: false,
+            sleep: tokio::time::sleep_until(idle_until.into()),
+        })
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The wait for one request head (see [`HeadTimer`]). hyper polls it each time the
+    /// connection wakes while the head is incomplete, a read included, so the first byte is
+    /// noticed on the poll right after the read that brought it.
+    struct HeadSleep {
+        reads: Arc<AtomicU64>,
+        reads_at_start: u64,
+        head: Duration,
+        byte_seen: bool,
+        #[pin]
+        sleep: tokio::time::Sleep,
+    }
+}
+
+impl Future for HeadSleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut this = self.project();
+        if !*this.byte_seen && this.reads.load(Ordering::Relaxed) != *this.reads_at_start {
+            *this.byte_seen = true;
+            let until = tokio::time::Instant::now() + *this.head;
+            this.sleep.as_mut().reset(until);
+        }
+        this.sleep.poll(cx)
+    }
+}
+
+impl Sleep for HeadSleep {}
+
+/// A client's socket that counts the reads that brought bytes (for [`HeadTimer`]); the rest
+/// passes straight through.
+struct Counted {
+    tcp: TcpStream,
+    reads: Arc<AtomicU64>,
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.tcp).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
     }
 }
 

@@ -58,9 +58,10 @@ pub async fn serve_live(
 ) -> std::io::Result<()> {
     let first = live.current();
     let graceful = GracefulShutdown::new();
-    let http = Arc::new(Http::new(Duration::from_millis(
-        first.cfg.header_read_timeout_ms,
-    )));
+    let http = Arc::new(Http::new(
+        Duration::from_millis(first.cfg.header_read_timeout_ms),
+        Duration::from_millis(first.cfg.idle_timeout_ms),
+    ));
     tokio::pin!(shutdown);
     live.start_tasks();
     live.watch_source();

@@ -57,12 +57,19 @@ pub use variant::VariantConfig;
 use read::{Issues, Kind, Table, Val};
 use timeouts::TimeoutLayer;
 
+/// How long a keep-alive client connection may wait idle by default: longer than the pool idle
+/// timeouts of common clients and load balancers (reqwest and Go 90 s, AWS ALB 60 s), so the
+/// client closes an idle connection, never keel while the client may be writing on it.
+const DEFAULT_IDLE_TIMEOUT_MS: u64 = 300_000;
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
     pub max_body_bytes: usize,
     pub header_read_timeout_ms: u64,
+    /// How long a keep-alive client connection may wait idle for its next request.
+    pub idle_timeout_ms: u64,
     /// The whole request body must arrive within this (slow bodies get 408).
     pub body_read_timeout_ms: u64,
     /// Largest whole (non-streamed) upstream response body; more is a `malformed` failure.
@@ -267,6 +274,9 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
             .value("max_body_bytes", issues)
             .unwrap_or(10 * 1024 * 1024),
         header_read_timeout_ms: t.value("header_read_timeout_ms", issues).unwrap_or(10_000),
+        idle_timeout_ms: t
+            .value("idle_timeout_ms", issues)
+            .unwrap_or(DEFAULT_IDLE_TIMEOUT_MS),
         body_read_timeout_ms: t.value("body_read_timeout_ms", issues).unwrap_or(30_000),
         max_upstream_body_bytes: t
             .value("max_upstream_body_bytes", issues)

@@ -229,6 +229,9 @@ impl Live {
         if cfg.header_read_timeout_ms != old.cfg.header_read_timeout_ms {
             restart_only.push("header_read_timeout_ms");
         }
+        if cfg.idle_timeout_ms != old.cfg.idle_timeout_ms {
+            restart_only.push("idle_timeout_ms");
+        }
         for w in &cfg.warnings {
             tracing::warn!("{w}");
         }

@@ -12,6 +12,8 @@ use super::{percentiles_ms, Options, FD_SLACK, POOLS, RSS_JUDGED_FROM};
 
 /// Failures listed one by one (the counts cover them all).
 const LISTED_FAILURES: usize = 100;
+/// Of those, printed with the summary.
+const PRINTED_FAILURES: usize = 10;
 
 /// The gateway's resident memory and open descriptors at one instant of the run.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -329,6 +331,30 @@ impl Report {
             t.push_str(&format!(
                 "{:<wn$}  {:<wg$}  {:<wm$}  {met}\n",
                 g.name, g.goal, g.measured
+            ));
+        }
+        // The first failures one by one: a CI log keeps stdout only, and a soak failure on
+        // another machine is timing that may not come again.
+        let failures = d["failures"].as_array().map_or(&[][..], Vec::as_slice);
+        for f in failures.iter().take(PRINTED_FAILURES) {
+            t.push_str(&format!(
+                "not intact: request {} ({}, {}, sent at {} s): {} — {}; route {:?}, variant {:?}, request id {:?}; faults in its pool when sent: {}\n",
+                f["request"],
+                f["pool"].as_str().unwrap_or(""),
+                if f["stream"] == true { "stream" } else { "whole" },
+                f["sent_at_s"],
+                f["verdict"].as_str().unwrap_or(""),
+                f["detail"].as_str().unwrap_or(""),
+                f["route"].as_str().unwrap_or(""),
+                f["variant"].as_str().unwrap_or(""),
+                f["request_id"].as_str().unwrap_or(""),
+                f["faults_in_pool_at_send"],
+            ));
+        }
+        if failures.len() > PRINTED_FAILURES {
+            t.push_str(&format!(
+                "… {} more in soak.json under `failures`\n",
+                failures.len() - PRINTED_FAILURES
             ));
         }
         t

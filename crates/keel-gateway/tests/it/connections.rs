@@ -1,0 +1,123 @@
+//! Client connections between requests: a keep-alive connection may wait idle for
+//! `idle_timeout_ms`, and once its next request starts, the head must arrive within
+//! `header_read_timeout_ms` of its first byte.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::harness::*;
+
+const HEALTH: &[u8] = b"GET /keel/health HTTP/1.1\r\nhost: keel\r\n\r\n";
+
+/// Reads one response (head and a `content-length` body) from `tcp`; its status line.
+async fn response(tcp: &mut TcpStream) -> String {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut chunk))
+            .await
+            .expect("an answer within 5 s")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed mid-answer: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let Some(end) = text.find("\r\n\r\n") else {
+            continue;
+        };
+        let length: usize = text[..end]
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().ok())?
+            })
+            .expect("a content-length");
+        if buf.len() >= end + 4 + length {
+            assert_eq!(buf.len(), end + 4 + length, "nothing after the answer");
+            return text.lines().next().unwrap_or("").to_owned();
+        }
+    }
+}
+
+/// Waits for the gateway to close `tcp` (EOF, or a reset); `false` if it is still open after
+/// `within`.
+async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
+    let mut rest = Vec::new();
+    match tokio::time::timeout(within, tcp.read_to_end(&mut rest)).await {
+        Ok(_) => {
+            assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// The header-read timeout is not an idle timeout: a pooled connection that sat idle for
+/// several header-read timeouts still serves its next request (a client pool reusing it must
+/// never race keel closing it).
+#[tokio::test]
+async fn an_idle_keep_alive_connection_outlives_the_header_read_timeout() {
+    let h = Harness::openai(
+        1,
+        1,
+        "header_read_timeout_ms = 200\nidle_timeout_ms = 30000",
+        "",
+    )
+    .await;
+    let mut tcp = TcpStream::connect(h.addr).await.unwrap();
+    tcp.write_all(HEALTH).await.unwrap();
+    assert_eq!(response(&mut tcp).await, "HTTP/1.1 200 OK");
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    tcp.write_all(HEALTH).await.unwrap();
+    assert_eq!(response(&mut tcp).await, "HTTP/1.1 200 OK");
+}
+
+/// An idle keep-alive connection is closed at the idle timeout.
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_at_the_idle_timeout() {
+    let h = Harness::openai(
+        1,
+        1,
+        "header_read_timeout_ms = 30000\nidle_timeout_ms = 300",
+        "",
+    )
+    .await;
+    let mut tcp = TcpStream::connect(h.addr).await.unwrap();
+    tcp.write_all(HEALTH).await.unwrap();
+    assert_eq!(response(&mut tcp).await, "HTTP/1.1 200 OK");
+    assert!(
+        closed_within(&mut tcp, Duration::from_secs(10)).await,
+        "an idle connection outlived the idle timeout (300 ms) by 10 s"
+    );
+}
+
+/// Once a request's first byte is in, the long idle timeout no longer applies: a head that
+/// trickles in after an idle wait is cut at the header-read timeout from its first byte.
+#[tokio::test]
+async fn a_head_begun_after_an_idle_wait_must_arrive_within_the_header_read_timeout() {
+    let h = Harness::openai(
+        1,
+        1,
+        "header_read_timeout_ms = 200\nidle_timeout_ms = 60000",
+        "",
+    )
+    .await;
+    let mut tcp = TcpStream::connect(h.addr).await.unwrap();
+    tcp.write_all(HEALTH).await.unwrap();
+    assert_eq!(response(&mut tcp).await, "HTTP/1.1 200 OK");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tcp.write_all(b"GET /keel/health HTTP/1.1\r\nhost: ")
+        .await
+        .unwrap();
+    assert!(
+        closed_within(&mut tcp, Duration::from_secs(10)).await,
+        "a head begun after an idle wait held the connection 10 s (header-read timeout 200 ms, \
+         idle timeout 60 s)"
+    );
+}
