@@ -16,9 +16,13 @@
 //!
 //! The ratios are judged only once the window holds `min_requests` requests (one failed request
 //! of two is no evidence about a pool), decision latency once it holds as many selections;
-//! capacity is judged always. The colour is the worst of
-//! the signals', and every signal at yellow or red gives one reason naming its value and the
-//! threshold it crossed.
+//! capacity is judged always. A ratio is judged by what its requests show with confidence: the
+//! lower end of its one-sided 95% Wilson interval ([`at_least`]). Four migrated streams among a
+//! window's first 20 requests are a ratio of 0.2, which 20 requests cannot tell from 0.09: judged
+//! as the ratio itself, that sample turned a pool red, and its safe mode then ended the next
+//! streams whose upstream failed with an error instead of migrating them (`keel bench soak`,
+//! bench/RESULTS.md). The colour is the worst of the signals', and every signal at yellow or red
+//! gives one reason naming its value, the bound it was judged on, and the threshold crossed.
 
 use serde::Serialize;
 
@@ -209,18 +213,30 @@ pub struct Verdict {
 /// `capacity`.
 pub fn evaluate(c: &Counters, capacity: f64, t: &Thresholds) -> Verdict {
     let mut judged: Vec<(Colour, String)> = Vec::new();
-    let mut judge = |name: &str, value: f64, limits: Limits, higher_is_worse: bool, unit: &str| {
+    // `value` is what the reason shows; `judged_on`, what is compared (a ratio's confident
+    // lower bound, else the value itself).
+    let mut judge = |name: &str,
+                     value: f64,
+                     judged_on: f64,
+                     limits: Limits,
+                     higher_is_worse: bool,
+                     unit: &str| {
         let colour = if higher_is_worse {
-            limits.above(value)
+            limits.above(judged_on)
         } else {
-            limits.below(value)
+            limits.below(judged_on)
         };
         if colour != Colour::Green {
             let cmp = if higher_is_worse { ">=" } else { "<=" };
+            let bound = if judged_on == value {
+                String::new()
+            } else {
+                format!(" (at least {} with 95% confidence)", fmt(judged_on))
+            };
             judged.push((
                 colour,
                 format!(
-                    "{name} {} {cmp} {} threshold {}{unit}",
+                    "{name} {}{bound} {cmp} {} threshold {}{unit}",
                     fmt(value),
                     colour.as_str(),
                     fmt(limits.at(colour))
@@ -230,27 +246,21 @@ pub fn evaluate(c: &Counters, capacity: f64, t: &Thresholds) -> Verdict {
     };
     if c.requests >= t.min_requests && c.requests > 0 {
         let over = format!(" (over {} requests)", c.requests);
-        judge(
-            "fallback ratio",
-            c.fallback_ratio(),
-            t.fallback_ratio,
-            true,
-            &over,
-        );
-        judge(
-            "migration ratio",
-            c.migration_ratio(),
-            t.migration_ratio,
-            true,
-            &over,
-        );
-        judge("error rate", c.error_rate(), t.error_rate, true, &over);
+        for (name, k, limits) in [
+            ("fallback ratio", c.fallbacks, t.fallback_ratio),
+            ("migration ratio", c.migrations, t.migration_ratio),
+            ("error rate", c.errors, t.error_rate),
+        ] {
+            let bound = at_least(k, c.requests);
+            judge(name, c.ratio(k), bound, limits, true, &over);
+        }
     }
     // Also judged over enough samples only: one selection preempted on a busy machine is not
     // a slow selector.
     if c.decisions >= t.min_requests && c.decisions > 0 {
         judge(
             "decision latency",
+            c.decision_ms(),
             c.decision_ms(),
             t.decision_ms,
             true,
@@ -259,6 +269,7 @@ pub fn evaluate(c: &Counters, capacity: f64, t: &Thresholds) -> Verdict {
     }
     judge(
         "eligible capacity",
+        capacity,
         capacity,
         t.eligible_capacity,
         false,
@@ -270,6 +281,24 @@ pub fn evaluate(c: &Counters, capacity: f64, t: &Thresholds) -> Verdict {
         colour: judged.first().map_or(Colour::Green, |(c, _)| *c),
         reasons: judged.into_iter().map(|(_, r)| r).collect(),
     }
+}
+
+/// The one-sided 95% normal quantile of [`at_least`].
+const CONFIDENCE_Z: f64 = 1.645;
+
+/// The ratio `k / n` is at least this with 95% confidence: the lower end of its one-sided Wilson
+/// score interval (which, unlike the normal approximation, stays within 0–1 and is sound for
+/// small `n` and ratios near 0 or 1). 0 when `n` is 0.
+pub fn at_least(k: u64, n: u64) -> f64 {
+    if n == 0 {
+        return 0.0;
+    }
+    let (k, n) = (k.min(n) as f64, n as f64);
+    let p = k / n;
+    let z2 = CONFIDENCE_Z * CONFIDENCE_Z;
+    let centre = p + z2 / (2.0 * n);
+    let spread = CONFIDENCE_Z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
+    ((centre - spread) / (1.0 + z2 / n)).max(0.0)
 }
 
 /// A number as a reason shows it: at most three decimals, no trailing zeros.
@@ -445,23 +474,29 @@ mod tests {
     #[test]
     fn each_signal_turns_yellow_then_red_at_its_thresholds() {
         let t = Thresholds::default();
-        // Exactly at the yellow threshold: yellow.
-        let v = evaluate(&counters(100, 10, 0, 0), 1.0, &t);
+        // A ratio is judged on what its requests show with 95% confidence: 17 fallbacks in
+        // 100 requests are at least 0.117, past the yellow threshold (0.1).
+        let v = evaluate(&counters(100, 17, 0, 0), 1.0, &t);
         assert_eq!(v.colour, Colour::Yellow);
         assert_eq!(
             v.reasons,
-            ["fallback ratio 0.1 >= yellow threshold 0.1 (over 100 requests)"]
+            ["fallback ratio 0.17 (at least 0.117 with 95% confidence) >= yellow threshold 0.1 (over 100 requests)"]
         );
-        let v = evaluate(&counters(100, 0, 20, 0), 1.0, &t);
+        let v = evaluate(&counters(100, 0, 30, 0), 1.0, &t);
         assert_eq!(v.colour, Colour::Red);
         assert_eq!(
             v.reasons,
-            ["migration ratio 0.2 >= red threshold 0.2 (over 100 requests)"]
+            ["migration ratio 0.3 (at least 0.231 with 95% confidence) >= red threshold 0.2 (over 100 requests)"]
         );
-        let v = evaluate(&counters(40, 0, 0, 3), 1.0, &t);
+        // A ratio at the red threshold over 100 requests may be a little below it: yellow.
+        assert_eq!(
+            evaluate(&counters(100, 0, 20, 0), 1.0, &t).colour,
+            Colour::Yellow
+        );
+        let v = evaluate(&counters(40, 0, 0, 8), 1.0, &t);
         assert_eq!(
             v.reasons,
-            ["error rate 0.075 >= yellow threshold 0.05 (over 40 requests)"]
+            ["error rate 0.2 (at least 0.117 with 95% confidence) >= yellow threshold 0.05 (over 40 requests)"]
         );
         let slow = Counters {
             decisions: 20,
@@ -505,16 +540,55 @@ mod tests {
             evaluate(&counters(19, 19, 0, 19), 1.0, &t).colour,
             Colour::Green
         );
-        let v = evaluate(&counters(20, 3, 0, 6), 0.7, &t);
+        let v = evaluate(&counters(20, 6, 0, 12), 0.7, &t);
         assert_eq!(v.colour, Colour::Red);
         assert_eq!(
             v.reasons,
             [
-                "error rate 0.3 >= red threshold 0.25 (over 20 requests)",
-                "fallback ratio 0.15 >= yellow threshold 0.1 (over 20 requests)",
+                "error rate 0.6 (at least 0.419 with 95% confidence) >= red threshold 0.25 (over 20 requests)",
+                "fallback ratio 0.3 (at least 0.164 with 95% confidence) >= yellow threshold 0.1 (over 20 requests)",
                 "eligible capacity 0.7 <= yellow threshold 0.75 (share of configured weight able to serve)",
             ]
         );
+    }
+
+    /// The sample that turned a soak's pool red ten seconds in: 4 migrated streams among the
+    /// window's first 20 requests, a ratio of 0.2 that 20 requests cannot tell from 0.09. It is
+    /// yellow; the same ratio over 1,000 requests is red only once it is clearly past 0.2, and a
+    /// pool whose every request fails is red as soon as the window holds `min_requests`.
+    #[test]
+    fn a_small_sample_is_judged_by_what_it_shows_with_confidence() {
+        let t = Thresholds::default();
+        let v = evaluate(&counters(20, 0, 4, 0), 1.0, &t);
+        assert_eq!(v.colour, Colour::Yellow, "{:?}", v.reasons);
+        assert_eq!(
+            evaluate(&counters(1000, 0, 200, 0), 1.0, &t).colour,
+            Colour::Yellow
+        );
+        assert_eq!(
+            evaluate(&counters(1000, 0, 250, 0), 1.0, &t).colour,
+            Colour::Red
+        );
+        assert_eq!(
+            evaluate(&counters(20, 0, 0, 20), 1.0, &t).colour,
+            Colour::Red
+        );
+    }
+
+    #[test]
+    fn the_confident_lower_bound_is_below_the_ratio_and_closes_in_as_requests_grow() {
+        assert_eq!(at_least(0, 0), 0.0);
+        assert_eq!(at_least(0, 50), 0.0);
+        let mut last = 0.0;
+        for n in [20, 100, 1_000, 100_000] {
+            let b = at_least(n / 5, n);
+            assert!(b < 0.2 && b > last, "n {n}: {b}");
+            last = b;
+        }
+        assert!(last > 0.197, "{last}");
+        // All of them: at least 1 − z²/(n + z²).
+        let all = at_least(20, 20);
+        assert!((all - 20.0 / (20.0 + CONFIDENCE_Z * CONFIDENCE_Z)).abs() < 1e-12);
     }
 
     #[test]
