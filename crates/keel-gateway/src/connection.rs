@@ -131,7 +131,11 @@ impl Timer for HeadTimer {
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Sleep>> {
         // hyper's deadline is its start plus `head`: the wait began at `deadline - head`.
         let began = deadline.checked_sub(self.head).unwrap_or(deadline);
-        let idle_until = began.checked_add(self.idle).unwrap_or(deadline);
+        // An idle timeout too long for the clock waits a year (in effect, for ever).
+        let idle_until = began
+            .checked_add(self.idle)
+            .or_else(|| began.checked_add(Duration::from_secs(365 * 86_400)))
+            .unwrap_or(deadline);
         Box::pin(HeadSleep {
             reads: self.reads.clone(),
             reads_at_start: self.reads.load(Ordering::Relaxed),
