@@ -215,10 +215,14 @@ impl Selector for PowerOfTwo {
     }
 
     fn plan(&self, candidates: &[Candidate], signals: &RequestSignals) -> Plan {
-        let eligible: Vec<&Candidate> = candidates
-            .iter()
-            .filter(|c| c.available && c.weight > 0 && c.health > 0.0)
-            .collect();
+        // Vectors sized up front: grown from a filter, they were reallocated and copied several
+        // times per decision at 256 variants.
+        let mut eligible: Vec<&Candidate> = Vec::with_capacity(candidates.len());
+        eligible.extend(
+            candidates
+                .iter()
+                .filter(|c| c.available && c.weight > 0 && c.health > 0.0),
+        );
         if eligible.is_empty() {
             return Plan::default();
         }
@@ -227,8 +231,15 @@ impl Selector for PowerOfTwo {
             (Some(slo), Some(p95)) => p95 <= slo,
             _ => true,
         };
-        let (inside, outside): (Vec<&Candidate>, Vec<&Candidate>) =
-            eligible.iter().copied().partition(within_slo);
+        let mut inside: Vec<&Candidate> = Vec::with_capacity(eligible.len());
+        let mut outside: Vec<&Candidate> = Vec::new();
+        for c in &eligible {
+            if within_slo(c) {
+                inside.push(c);
+            } else {
+                outside.push(c);
+            }
+        }
         let (pick_from, outside_only): (&[&Candidate], bool) = if inside.is_empty() {
             (&outside, true)
         } else {
@@ -271,11 +282,14 @@ impl Selector for PowerOfTwo {
                 .iter()
                 .map(|c| cost_of(c.index))
                 .fold(f64::INFINITY, f64::min);
-            let pick_from: Vec<&Candidate> = pick_from
-                .iter()
-                .copied()
-                .filter(|c| cost_of(c.index) <= cheapest * COMPETITIVE)
-                .collect();
+            let mut competitive: Vec<&Candidate> = Vec::with_capacity(pick_from.len());
+            competitive.extend(
+                pick_from
+                    .iter()
+                    .copied()
+                    .filter(|c| cost_of(c.index) <= cheapest * COMPETITIVE),
+            );
+            let pick_from = competitive;
             if pick_from.len() == 1 {
                 (pick_from[0].index, Reason::PowerOfTwo)
             } else {

@@ -64,10 +64,8 @@ pub(crate) fn kept_candidates(
             | (u128::from(keel_core::p2c::total_order_bits(cost)) << 32)
             | p as u128
     };
-    let mut rest: Vec<u128> = (0..candidates.len())
-        .filter(|p| !kept.contains(p))
-        .map(key)
-        .collect();
+    let mut rest: Vec<u128> = Vec::with_capacity(candidates.len());
+    rest.extend((0..candidates.len()).filter(|p| !kept.contains(p)).map(key));
     let room = CANDIDATES_KEPT - kept.len();
     if rest.len() > room {
         rest.select_nth_unstable(room);
