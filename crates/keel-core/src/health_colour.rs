@@ -213,14 +213,15 @@ pub struct Verdict {
 /// `capacity`.
 pub fn evaluate(c: &Counters, capacity: f64, t: &Thresholds) -> Verdict {
     let mut judged: Vec<(Colour, String)> = Vec::new();
-    // `value` is what the reason shows; `judged_on`, what is compared (a ratio's confident
-    // lower bound, else the value itself).
+    // `value` is what the reason shows; a ratio is compared by its confident lower `bound`,
+    // any other signal by its value.
     let mut judge = |name: &str,
                      value: f64,
-                     judged_on: f64,
+                     bound: Option<f64>,
                      limits: Limits,
                      higher_is_worse: bool,
                      unit: &str| {
+        let judged_on = bound.unwrap_or(value);
         let colour = if higher_is_worse {
             limits.above(judged_on)
         } else {
@@ -228,11 +229,9 @@ pub fn evaluate(c: &Counters, capacity: f64, t: &Thresholds) -> Verdict {
         };
         if colour != Colour::Green {
             let cmp = if higher_is_worse { ">=" } else { "<=" };
-            let bound = if judged_on == value {
-                String::new()
-            } else {
-                format!(" (at least {} with 95% confidence)", fmt(judged_on))
-            };
+            let bound = bound
+                .map(|b| format!(" (at least {} with 95% confidence)", fmt(b)))
+                .unwrap_or_default();
             judged.push((
                 colour,
                 format!(
@@ -251,7 +250,7 @@ pub fn evaluate(c: &Counters, capacity: f64, t: &Thresholds) -> Verdict {
             ("migration ratio", c.migrations, t.migration_ratio),
             ("error rate", c.errors, t.error_rate),
         ] {
-            let bound = at_least(k, c.requests);
+            let bound = Some(at_least(k, c.requests));
             judge(name, c.ratio(k), bound, limits, true, &over);
         }
     }
@@ -261,7 +260,7 @@ pub fn evaluate(c: &Counters, capacity: f64, t: &Thresholds) -> Verdict {
         judge(
             "decision latency",
             c.decision_ms(),
-            c.decision_ms(),
+            None,
             t.decision_ms,
             true,
             " ms (mean selection time)",
@@ -270,7 +269,7 @@ pub fn evaluate(c: &Counters, capacity: f64, t: &Thresholds) -> Verdict {
     judge(
         "eligible capacity",
         capacity,
-        capacity,
+        None,
         t.eligible_capacity,
         false,
         " (share of configured weight able to serve)",

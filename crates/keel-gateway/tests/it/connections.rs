@@ -58,21 +58,23 @@ async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
     }
 }
 
+/// keel with `config` and a keep-alive connection to it that has had one request answered
+/// (the harness is returned to keep keel running).
+async fn answered_once(config: &str) -> (Harness, TcpStream) {
+    let h = Harness::openai(1, 1, config, "").await;
+    let mut tcp = TcpStream::connect(h.addr).await.unwrap();
+    tcp.write_all(HEALTH).await.unwrap();
+    assert_eq!(response(&mut tcp).await, "HTTP/1.1 200 OK");
+    (h, tcp)
+}
+
 /// The header-read timeout is not an idle timeout: a pooled connection that sat idle for
 /// several header-read timeouts still serves its next request (a client pool reusing it must
 /// never race keel closing it).
 #[tokio::test]
 async fn an_idle_keep_alive_connection_outlives_the_header_read_timeout() {
-    let h = Harness::openai(
-        1,
-        1,
-        "header_read_timeout_ms = 200\nidle_timeout_ms = 30000",
-        "",
-    )
-    .await;
-    let mut tcp = TcpStream::connect(h.addr).await.unwrap();
-    tcp.write_all(HEALTH).await.unwrap();
-    assert_eq!(response(&mut tcp).await, "HTTP/1.1 200 OK");
+    let (_keel, mut tcp) =
+        answered_once("header_read_timeout_ms = 200\nidle_timeout_ms = 30000").await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     tcp.write_all(HEALTH).await.unwrap();
     assert_eq!(response(&mut tcp).await, "HTTP/1.1 200 OK");
@@ -81,16 +83,8 @@ async fn an_idle_keep_alive_connection_outlives_the_header_read_timeout() {
 /// An idle keep-alive connection is closed at the idle timeout.
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_at_the_idle_timeout() {
-    let h = Harness::openai(
-        1,
-        1,
-        "header_read_timeout_ms = 30000\nidle_timeout_ms = 300",
-        "",
-    )
-    .await;
-    let mut tcp = TcpStream::connect(h.addr).await.unwrap();
-    tcp.write_all(HEALTH).await.unwrap();
-    assert_eq!(response(&mut tcp).await, "HTTP/1.1 200 OK");
+    let (_keel, mut tcp) =
+        answered_once("header_read_timeout_ms = 30000\nidle_timeout_ms = 300").await;
     assert!(
         closed_within(&mut tcp, Duration::from_secs(10)).await,
         "an idle connection outlived the idle timeout (300 ms) by 10 s"
@@ -101,16 +95,8 @@ async fn an_idle_keep_alive_connection_is_closed_at_the_idle_timeout() {
 /// trickles in after an idle wait is cut at the header-read timeout from its first byte.
 #[tokio::test]
 async fn a_head_begun_after_an_idle_wait_must_arrive_within_the_header_read_timeout() {
-    let h = Harness::openai(
-        1,
-        1,
-        "header_read_timeout_ms = 200\nidle_timeout_ms = 60000",
-        "",
-    )
-    .await;
-    let mut tcp = TcpStream::connect(h.addr).await.unwrap();
-    tcp.write_all(HEALTH).await.unwrap();
-    assert_eq!(response(&mut tcp).await, "HTTP/1.1 200 OK");
+    let (_keel, mut tcp) =
+        answered_once("header_read_timeout_ms = 200\nidle_timeout_ms = 60000").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     tcp.write_all(b"GET /keel/health HTTP/1.1\r\nhost: ")
         .await
