@@ -363,6 +363,18 @@ impl Estimates {
             .unwrap_or(100.0)
     }
 
+    /// The slow-start factor at `now_ms`: from [`FLOOR`] to 1 over `slow_start_ms` after slow
+    /// start began, 1 in any other state.
+    pub fn ramp(&self, now_ms: u64, cfg: &HealthConfig) -> f64 {
+        match self.state {
+            State::SlowStart { since_ms } if cfg.slow_start_ms > 0 => {
+                (now_ms.saturating_sub(since_ms) as f64 / cfg.slow_start_ms as f64)
+                    .clamp(FLOOR, 1.0)
+            }
+            _ => 1.0,
+        }
+    }
+
     pub fn factors(&self, now_ms: u64, cfg: &HealthConfig) -> Factors {
         let relax_now = self.relax_clock(now_ms, cfg);
         let ratio = |e: &Ewma, b: &Ewma, decay: f64| match b.get() {
@@ -377,13 +389,7 @@ impl Estimates {
             .error_rate
             .relaxed(relax_now, 0.0, cfg.decay_ms)
             .unwrap_or(0.0);
-        let ramp = match self.state {
-            State::SlowStart { since_ms } if cfg.slow_start_ms > 0 => {
-                (now_ms.saturating_sub(since_ms) as f64 / cfg.slow_start_ms as f64)
-                    .clamp(FLOOR, 1.0)
-            }
-            _ => 1.0,
-        };
+        let ramp = self.ramp(now_ms, cfg);
         Factors {
             ttft: cfg
                 .ttft_ratio
@@ -398,15 +404,13 @@ impl Estimates {
         }
     }
 
-    /// The last moment (inclusive) up to which [`Estimates::factors`], [`Estimates::weight`]
-    /// and [`Estimates::predicted_ttft_ms`] give exactly what they give now, if `now_ms` is
-    /// within it: while every estimate's last sample is within the grace, nothing relaxes, so
-    /// the figures do not depend on the time. `None` during slow start, whose ramp moves with
-    /// the time. Lets a reader compute them once per update instead of once per read.
+    /// The last moment (inclusive) up to which [`Estimates::predicted_ttft_ms`] and every
+    /// factor of [`Estimates::factors`] but the slow-start ramp give exactly what they give now,
+    /// if `now_ms` is within it: while every estimate's last sample is within the grace, nothing
+    /// relaxes, so those figures do not depend on the time. Lets a reader compute them once per
+    /// update instead of once per read, and only the ramp ([`Estimates::ramp`], one division)
+    /// per read during slow start.
     pub fn steady_until_ms(&self, cfg: &HealthConfig) -> Option<u64> {
-        if matches!(self.state, State::SlowStart { .. }) && cfg.slow_start_ms > 0 {
-            return None;
-        }
         let grace = STALE_GRACE * cfg.refresh_after_ms;
         // The estimates `factors` and `predicted_ttft_ms` relax (see `relax_clock`).
         [&self.ttft_ms, &self.tgsv_ms, &self.error_rate]
@@ -818,7 +822,8 @@ mod tests {
         // One millisecond later the oldest estimate relaxes, and the figures move.
         assert_ne!(figures(until + 1), at_publication);
 
-        // Slow start ramps with the time: never steady.
+        // Slow start ramps with the time: every factor but the ramp stays, and the ramp is
+        // what `ramp` says at each moment.
         let ramping = Estimates {
             state: State::SlowStart {
                 since_ms: published,
@@ -829,7 +834,24 @@ mod tests {
             slow_start_ms: 30_000,
             ..c
         };
-        assert_eq!(ramping.steady_until_ms(&slow), None);
+        assert_eq!(ramping.steady_until_ms(&slow), Some(until));
+        let steady = ramping.factors(published, &slow);
+        let mut ramps = Vec::new();
+        for now in [published, published + 1, (published + until) / 2, until] {
+            let f = ramping.factors(now, &slow);
+            assert_eq!(
+                f,
+                Factors {
+                    ramp: ramping.ramp(now, &slow),
+                    ..steady
+                },
+                "at {now} ms"
+            );
+            ramps.push(f.ramp);
+        }
+        // (It starts at the floor and has risen off it by the last moment.)
+        assert!(ramps.windows(2).all(|w| w[0] <= w[1]), "{ramps:?}");
+        assert!(ramps[0] < ramps[3], "{ramps:?}");
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub(crate) struct Live {
 }
 
 /// A variant's health factors, weight and predicted TTFT at one moment.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct HealthNow {
     pub(crate) factors: keel_core::health::Factors,
     pub(crate) weight: f64,
@@ -127,10 +127,19 @@ impl Live {
     }
 
     /// The health figures at `now_ms`: those computed at publication while they still hold,
-    /// else computed now.
+    /// else computed now. In slow start only the ramp moves with the time (a fleet just
+    /// deployed is all in slow start: computing every figure per read made its decisions
+    /// cost half as much again at 256 variants).
     pub(crate) fn health_at(&self, now_ms: u64, hc: &HealthConfig) -> HealthNow {
         match self.steady {
-            Some(s) if now_ms <= s.until_ms => s.figures,
+            Some(s) if now_ms <= s.until_ms => {
+                let mut figures = s.figures;
+                if matches!(self.est.state, State::SlowStart { .. }) {
+                    figures.factors.ramp = self.est.ramp(now_ms, hc);
+                    figures.weight = self.est.weight_of(&figures.factors);
+                }
+                figures
+            }
             _ => HealthNow::of(&self.est, now_ms, hc),
         }
     }
@@ -1061,6 +1070,38 @@ mod tests {
         assert_eq!(live.restarting, st.restarting_since.is_some());
         assert_eq!(live.p50_ttft_ms, st.health.ttft_quantile_ms(0.5));
         assert_eq!(live.p95_ttft_ms, st.health.p95_ttft_ms());
+    }
+
+    /// A view published during slow start reads, at every later moment, exactly the figures
+    /// computed afresh from its estimates then (the ramp is the only figure that moves).
+    #[test]
+    fn a_slow_start_view_reads_the_figures_computed_afresh() {
+        let p = pool(4);
+        let hc = HealthConfig {
+            slow_start_ms: 10_000,
+            ..p.cfg.health
+        };
+        let mut st = p.variant_state(0).clone();
+        for t in 0..20 {
+            st.health.record_ttft(t * 50, 100.0 + t as f64, &hc);
+            st.health.record_outcome(t * 50, t % 7 != 0, &hc);
+        }
+        st.health.est.state = State::SlowStart { since_ms: 1_000 };
+        let live = Live::of(&st, 0.9, &hc, 1_000);
+        assert!(
+            live.steady.is_some(),
+            "fresh estimates publish steady figures"
+        );
+        let mut weights = Vec::new();
+        for now in (1_000..=12_000).step_by(500) {
+            let afresh = HealthNow::of(&live.est, now, &hc);
+            assert_eq!(live.health_at(now, &hc), afresh, "at {now} ms");
+            weights.push(afresh.weight);
+        }
+        assert!(
+            weights.first() < weights.last(),
+            "the ramp moved: {weights:?}"
+        );
     }
 
     /// Requests read the published views, never the state: every kind of update must publish.
