@@ -19,7 +19,7 @@ use crate::context::Priority;
 use crate::decision_candidates::{
     kept_candidates, omitted_summary, OmittedCandidates, CANDIDATES_KEPT,
 };
-use crate::pools::{Live, Pool, Variant};
+use crate::pools::{Pool, Variant};
 use crate::settlement::AttemptRecord;
 
 /// What selection produced.
@@ -231,46 +231,45 @@ impl Pool {
             preference: controls.preference,
             slo_ttft_p95_ms: self.cfg.slo_ttft_p95_ms,
         };
-        // The variants' published views (see `pools`): no lock is taken, and every figure
-        // below, the decision record's included, comes from what this one pass read of them
-        // (a guard held for one variant at a time: copying every 296-byte view, or holding a
-        // guard on each, was a tenth of a decision at 256 variants).
+        // The variants' published views (see `pools`), as this thread's cache of them holds
+        // them now: no lock shared with another thread is taken, and every figure below, the
+        // decision record's included, comes from these same views.
         let hc = self.cfg.health;
-        let seen: Vec<Seen> = (0..self.variants.len())
-            .map(|i| Seen::of(&self.live(i), now_ms, &hc))
-            .collect();
+        let mut cache = self.views();
+        let views = crate::pools::current(&mut cache);
         // `last_resort`: variants still warming, and ejected ones, may serve too.
         let build = |last_resort: bool| -> Vec<Candidate> {
             self.variants
                 .iter()
+                .zip(&views)
                 .enumerate()
-                .map(|(i, v)| {
-                    let view = &seen[i];
+                .map(|(i, (v, view))| {
+                    let state = view.est.state;
                     // Not yet (or no longer) measured as healthy: the lowest weight there is.
-                    let warming =
-                        matches!(view.state, State::Warming { .. } | State::Ejected { .. });
-                    let live = match view.state {
+                    let warming = matches!(state, State::Warming { .. } | State::Ejected { .. });
+                    let live = match state {
                         State::Ejected { .. } => last_resort,
                         // A variant still loading its model gets no client request at all.
-                        State::Warming { .. } => last_resort && !view.loading,
+                        State::Warming { .. } => last_resort && !view.est.loading,
                         // Ejected by another replica (see `signals`): a last resort here too.
-                        _ => last_resort || !view.shared_ejected,
+                        _ => last_resort || !view.availability.shared_ejected(now_ms),
                     };
                     let in_flight = v.in_flight.load(Ordering::Relaxed);
+                    let health = view.health_at(now_ms, &hc);
                     Candidate {
                         index: i,
                         weight: v.cfg.weight,
                         available: live
                             && fits(v)
                             && at_tier(v)
-                            && view.available
+                            && view.availability.available(now_ms)
                             && in_flight < self.limit_for(i, controls.priority, now_ms),
                         health: if warming {
                             keel_core::health::FLOOR
                         } else {
-                            view.weight
+                            health.weight
                         },
-                        predicted_ttft_ms: view.predicted_ttft_ms,
+                        predicted_ttft_ms: health.predicted_ttft_ms,
                         in_flight,
                         tier: v.cfg.tier,
                         price: v.cfg.price,
@@ -293,20 +292,20 @@ impl Pool {
         let full = |(i, v): (usize, &Variant)| {
             fits(v)
                 && at_tier(v)
-                && seen[i].available
+                && views[i].availability.available(now_ms)
                 && v.in_flight.load(Ordering::Relaxed)
                     >= self.limit_for(i, controls.priority, now_ms)
         };
         // `None`: the plan itself, moved into the selection once the record has read it.
         let refusal = if plan.order.is_empty() && self.variants.iter().enumerate().any(full) {
             Some(Selection::Full)
-        } else if plan.order.is_empty() && seen.iter().any(|s| s.loading) {
+        } else if plan.order.is_empty() && views.iter().any(|v| v.est.loading) {
             Some(Selection::Loading)
         } else if plan.order.is_empty() {
-            // The views read again, for the Retry-After only: the soonest a variant's cooldown
-            // ends (kept out of the one pass above, which every decision pays for).
-            let wait = (0..self.variants.len())
-                .map(|i| self.live(i).availability.available_in_ms(now_ms))
+            // The soonest a variant's cooldown ends, for the Retry-After.
+            let wait = views
+                .iter()
+                .map(|v| v.availability.available_in_ms(now_ms))
                 .filter(|ms| *ms > 0)
                 .min()
                 .unwrap_or(hc.probe_interval_ms.max(1000));
@@ -325,13 +324,14 @@ impl Pool {
         }
         let kept = kept_candidates(&candidates, &plan.order, &cost_by_index);
         let omitted = omitted_summary(&candidates, &kept, plan.order.len(), |i| {
-            seen[i].state.name()
+            views[i].est.state.name()
         });
         let inputs: Vec<_> = kept
             .iter()
             .map(|&k| {
-                let h = &seen[candidates[k].index];
-                let f = &h.factors;
+                // The same figures the candidate was built from: the same view, the same time.
+                let view = views[candidates[k].index];
+                let f = &view.health_at(now_ms, &hc).factors;
                 let factors = HealthFactors {
                     ttft: f.ttft,
                     tgsv: f.tgsv,
@@ -341,12 +341,12 @@ impl Pool {
                     ramp: f.ramp,
                 };
                 (
-                    h.state.name(),
+                    view.est.state.name(),
                     factors,
-                    h.tgsv_ms,
-                    h.error_rate,
-                    h.kv_usage,
-                    h.waiting,
+                    view.est.tgsv_ms.get(),
+                    view.est.error_rate.get(),
+                    view.est.kv_usage,
+                    view.est.waiting,
                 )
             })
             .collect();
@@ -418,51 +418,6 @@ impl Pool {
             (None, None) => Selection::Plan(plan.order),
         };
         (selection, Some(record))
-    }
-}
-
-/// What a routing decision reads of one variant's published view ([`Live`]), taken in one
-/// pass: the figures the policy and the decision record use, for the same `now_ms`.
-struct Seen {
-    state: State,
-    loading: bool,
-    /// Ejected by another replica (see `signals`).
-    shared_ejected: bool,
-    /// Not cooling down, credential not refused.
-    available: bool,
-    /// Health factors, computed once: the weight is their product, and the decision record
-    /// lists them for the candidates it keeps.
-    factors: keel_core::health::Factors,
-    weight: f64,
-    predicted_ttft_ms: f64,
-    p95_ttft_ms: Option<f64>,
-    tgsv_ms: Option<f64>,
-    error_rate: Option<f64>,
-    kv_usage: Option<f64>,
-    waiting: Option<f64>,
-}
-
-impl Seen {
-    // Inlined so the collect writes each view in place (called, it built one on the stack and
-    // copied it: a tenth of a 256-variant decision in `memcpy`).
-    #[inline]
-    fn of(live: &Live, now_ms: u64, hc: &keel_core::health::HealthConfig) -> Seen {
-        let est = &live.est;
-        let health = live.health_at(now_ms, hc);
-        Seen {
-            state: est.state,
-            loading: est.loading,
-            shared_ejected: live.availability.shared_ejected(now_ms),
-            available: live.availability.available(now_ms),
-            weight: health.weight,
-            factors: health.factors,
-            predicted_ttft_ms: health.predicted_ttft_ms,
-            p95_ttft_ms: live.p95_ttft_ms,
-            tgsv_ms: est.tgsv_ms.get(),
-            error_rate: est.error_rate.get(),
-            kv_usage: est.kv_usage,
-            waiting: est.waiting,
-        }
     }
 }
 
