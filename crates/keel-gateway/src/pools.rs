@@ -139,9 +139,9 @@ impl Live {
     }
 
     /// The health figures at `now_ms`: those computed at publication while they still hold,
-    /// else computed now. In slow start only the ramp moves with the time (a fleet just
-    /// deployed is all in slow start: computing every figure per read made its decisions
-    /// cost half as much again at 256 variants).
+    /// else computed now. In slow start only the ramp moves with the time, so only the ramp
+    /// is computed per read (a fleet just deployed is all in slow start, and computing every
+    /// figure took exponentials per variant per decision).
     pub(crate) fn health_at(&self, now_ms: u64, hc: &HealthConfig) -> HealthNow {
         match self.steady {
             Some(s) if now_ms <= s.until_ms => {
