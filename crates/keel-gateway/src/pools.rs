@@ -1228,4 +1228,41 @@ mod tests {
             assert_published(&p, i);
         }
     }
+
+    /// A thread's cached views are brought up to date by its next decision: a variant cooled
+    /// down by another thread after this one last decided is out of this one's next plan, and
+    /// back in it once the cooldown is lifted.
+    #[test]
+    fn a_decision_reads_views_published_since_its_thread_last_decided() {
+        let p = pool_of(3, 1_000);
+        let req = keel_core::request::parse(
+            keel_core::protocol::Endpoint::ChatCompletions,
+            br#"{"model":"p","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap();
+        let plan = || match p.select(&req, crate::selection::Controls::default(), "t").0 {
+            crate::selection::Selection::Plan(order) => order,
+            other => panic!("no plan: {other:?}"),
+        };
+        assert_eq!(
+            plan().len(),
+            3,
+            "this thread's cache filled with every variant"
+        );
+        std::thread::scope(|s| {
+            s.spawn(|| p.cool_down(1, p.now_ms(), 60_000));
+        });
+        for _ in 0..20 {
+            let order = plan();
+            assert!(!order.contains(&1), "a stale view of variant 1: {order:?}");
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| p.variant_state(1).availability = Availability::default());
+        });
+        // Lifting a cooldown by hand publishes nothing; an update of the variant does.
+        std::thread::scope(|s| {
+            s.spawn(|| p.record_success(1));
+        });
+        assert_eq!(plan().len(), 3, "variant 1 back after its view changed");
+    }
 }
