@@ -62,10 +62,22 @@ pub struct Variant {
 /// One thread's copies of a pool's published views, one per variant (see [`Pool::views`]).
 pub(crate) type ViewCache = Vec<arc_swap::Cache<Arc<ArcSwap<Live>>, Arc<Live>>>;
 
-/// The views in a cache brought up to date, by variant: each stays as read for as long as the
-/// cache's guard is held.
-pub(crate) fn current(cache: &mut ViewCache) -> Vec<&Live> {
-    cache.iter_mut().map(|view| &**view.load()).collect()
+/// Every variant's view, held for one reader of all of them (see [`Pool::views`]).
+pub(crate) enum Views<'a> {
+    /// The calling thread's cache of the views.
+    Cached(MutexGuard<'a, ViewCache>),
+    /// Loaded one by one, because another thread sharing the cache's shard holds it.
+    Loaded(Vec<Arc<Live>>),
+}
+
+impl Views<'_> {
+    /// The views as of now, by variant: each stays as read while `self` lives.
+    pub(crate) fn current(&mut self) -> Vec<&Live> {
+        match self {
+            Views::Cached(cache) => cache.iter_mut().map(|view| &**view.load()).collect(),
+            Views::Loaded(views) => views.iter().map(|view| &**view).collect(),
+        }
+    }
 }
 
 /// What the request path reads of a variant, published by every update of its health or
@@ -502,15 +514,19 @@ impl Pool {
         self.variants[index].live.load()
     }
 
-    /// The calling thread's cache of the variants' views, for a reader of all of them (the
-    /// routing decision; read them with [`current`]): a view that has not changed since this
-    /// thread last read it costs one load of a pointer, and each stays as read while the
-    /// guard lives (every figure a decision takes from the views comes from the same views). At 256 variants `arc-swap`'s protected load
+    /// Every variant's view, for a reader of all of them (the routing decision; read them with
+    /// [`Views::current`]), through the calling thread's cache of the views: a view that has
+    /// not changed since this thread last read it costs one load of a pointer, and each stays
+    /// as read while the guard lives (every figure a decision takes from the views comes from
+    /// the same views). At 256 variants `arc-swap`'s protected load
     /// per view, and a copy of what the decision read of each, were a third of a decision.
-    /// Hold the guard only for one decision: a thread sharing this thread's shard (beyond
-    /// the number of cores) waits for it.
-    pub(crate) fn views(&self) -> MutexGuard<'_, ViewCache> {
-        self.views.own()
+    /// A thread whose shard another thread holds (threads beyond the number of cores share
+    /// shards) does not wait: it loads each view, as the cache would when every view changed.
+    pub(crate) fn views(&self) -> Views<'_> {
+        match self.views.try_shard(self.views.own_index()) {
+            Some(cache) => Views::Cached(cache),
+            None => Views::Loaded(self.variants.iter().map(|v| v.live.load_full()).collect()),
+        }
     }
 
     /// The affinity key of a request under this pool's affinity mode.
@@ -1264,5 +1280,20 @@ mod tests {
             s.spawn(|| p.record_success(1));
         });
         assert_eq!(plan().len(), 3, "variant 1 back after its view changed");
+
+        // While another holder has this thread's shard of the cache, a decision loads the
+        // views instead of waiting (here the holder is this thread itself: waiting would never
+        // end), and reads them as current.
+        let shard = p.views.own();
+        p.cool_down(2, p.now_ms(), 60_000);
+        let sorted = |mut order: Vec<usize>| {
+            order.sort_unstable();
+            order
+        };
+        assert!(matches!(p.views(), Views::Loaded(_)));
+        assert_eq!(sorted(plan()), [0, 1]);
+        drop(shard);
+        assert!(matches!(p.views(), Views::Cached(_)));
+        assert_eq!(sorted(plan()), [0, 1]);
     }
 }

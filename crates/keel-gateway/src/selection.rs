@@ -231,12 +231,11 @@ impl Pool {
             preference: controls.preference,
             slo_ttft_p95_ms: self.cfg.slo_ttft_p95_ms,
         };
-        // The variants' published views (see `pools`), as this thread's cache of them holds
-        // them now: no lock shared with another thread is taken, and every figure below, the
-        // decision record's included, comes from these same views.
+        // The variants' published views (see `Pool::views`), read without waiting for any
+        // lock: every figure below, the decision record's included, comes from these views.
         let hc = self.cfg.health;
-        let mut cache = self.views();
-        let views = crate::pools::current(&mut cache);
+        let mut held = self.views();
+        let views = held.current();
         // `last_resort`: variants still warming, and ejected ones, may serve too.
         let build = |last_resort: bool| -> Vec<Candidate> {
             self.variants
