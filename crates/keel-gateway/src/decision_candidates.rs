@@ -53,9 +53,7 @@ pub(crate) fn kept_candidates(
     }
     // The cheapest of the rest: a partial selection, not a sort of the whole pool, over one
     // 64-bit integer per candidate that orders as (eligible first, cost, position) would.
-    let cost_mask = u64::MAX
-        .checked_shl(keel_core::p2c::index_bits(candidates.len()))
-        .unwrap_or(0);
+    let position_mask = keel_core::p2c::index_mask(keel_core::p2c::index_bits(candidates.len()));
     let key = |p: usize| {
         let c = &candidates[p];
         let cost = cost_by_index
@@ -67,7 +65,7 @@ pub(crate) fn kept_candidates(
         // costs that close order by position, which only decides which of two near-equal
         // candidates a full record lists.
         ((u64::from(!c.available)) << 63)
-            | ((keel_core::p2c::total_order_bits(cost) >> 1) & cost_mask)
+            | ((keel_core::p2c::total_order_bits(cost) >> 1) & !position_mask)
             | p as u64
     };
     // The head's positions as bits (a search of the head for each candidate was 2,000
@@ -87,7 +85,7 @@ pub(crate) fn kept_candidates(
         rest.select_nth_unstable(room);
         rest.truncate(room);
     }
-    let rest = rest.into_iter().map(|k| (k & !cost_mask) as usize);
+    let rest = rest.into_iter().map(|k| (k & position_mask) as usize);
     kept.extend(rest);
     kept.sort_unstable();
     kept

@@ -11,10 +11,10 @@
 //! before each attempt, the hedge delay and target, the stall thresholds) reads those views and
 //! never waits for a lock. The routing decision, which reads every variant's view, reads them
 //! through a per-thread cache of the views ([`Pool::views`]): one plain load per variant while
-//! its view has not changed, instead of `arc-swap`'s protected load. In-flight counts and slot admission are atomics, the policy's own
-//! state is atomic (`keel_core::p2c`), and what every request counts into the whole pool (the
-//! hedge and probe budgets, the pool's TTFT window, the wait line's drain rate) is counted per
-//! thread ([`PerThread`]). `benches/pool.rs` measures a request's work on the pool from one and
+//! its view has not changed, instead of `arc-swap`'s protected load. In-flight counts and slot
+//! admission are atomics, the policy's own state is atomic (`keel_core::p2c`), and what every
+//! request counts into the whole pool (the hedge and probe budgets, the pool's TTFT window, the
+//! wait line's drain rate) is counted per thread ([`PerThread`]). `benches/pool.rs` measures a request's work on the pool from one and
 //! from two threads at once.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -518,8 +518,8 @@ impl Pool {
     /// [`Views::current`]), through the calling thread's cache of the views: a view that has
     /// not changed since this thread last read it costs one load of a pointer, and each stays
     /// as read while the guard lives (every figure a decision takes from the views comes from
-    /// the same views). At 256 variants `arc-swap`'s protected load
-    /// per view, and a copy of what the decision read of each, were a third of a decision.
+    /// the same views). At 256 variants `arc-swap`'s protected load per view, and a copy of
+    /// what the decision read of each, were a quarter of a decision.
     /// A thread whose shard another thread holds (threads beyond the number of cores share
     /// shards) does not wait: it loads each view, as the cache would when every view changed.
     pub(crate) fn views(&self) -> Views<'_> {
@@ -1208,16 +1208,21 @@ mod tests {
         }
     }
 
+    /// A request for pool `p`.
+    fn request() -> CanonicalRequest {
+        keel_core::request::parse(
+            keel_core::protocol::Endpoint::ChatCompletions,
+            br#"{"model":"p","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap()
+    }
+
     /// Decisions and updates from many threads at once: the views end as the states say (an
     /// update publishes before it lets go of its variant, so the last one published wins).
     #[test]
     fn concurrent_updates_leave_every_view_current() {
         let p = pool_of(4, 1_000);
-        let req = keel_core::request::parse(
-            keel_core::protocol::Endpoint::ChatCompletions,
-            br#"{"model":"p","messages":[{"role":"user","content":"hi"}]}"#,
-        )
-        .unwrap();
+        let req = request();
         std::thread::scope(|s| {
             for t in 0..4u32 {
                 let (p, req) = (&p, &req);
@@ -1251,11 +1256,7 @@ mod tests {
     #[test]
     fn a_decision_reads_views_published_since_its_thread_last_decided() {
         let p = pool_of(3, 1_000);
-        let req = keel_core::request::parse(
-            keel_core::protocol::Endpoint::ChatCompletions,
-            br#"{"model":"p","messages":[{"role":"user","content":"hi"}]}"#,
-        )
-        .unwrap();
+        let req = request();
         let plan = || match p.select(&req, crate::selection::Controls::default(), "t").0 {
             crate::selection::Selection::Plan(order) => order,
             other => panic!("no plan: {other:?}"),
