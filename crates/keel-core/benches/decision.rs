@@ -49,6 +49,7 @@ fn decide(
             tier: 1,
             price: 1.0,
             p95_ttft_ms: h.p95_ttft_ms(),
+            queued: false,
             name_hash: mix(i as u64),
         })
         .collect();

@@ -8,8 +8,15 @@
 //! multiplies by 1000^(tier−1), which orders by tier first (tier 1 = best); `low-cost` multiplies
 //! by the variant's `price`.
 //!
-//! **SLO.** With a pool `slo_ttft_p95_ms`, variants whose recent P95 TTFT exceeds it are used only
-//! when nothing within the SLO is eligible (and then come last as fallbacks).
+//! **SLO and queues.** With a pool `slo_ttft_p95_ms`, variants whose recent P95 TTFT exceeds it
+//! are used only when nothing within the SLO is eligible (and then come last as fallbacks). So
+//! are variants whose server reports a queue in the severe band (`waiting_severe`, scraped): a
+//! request sent there waits for a slot behind the queue, for as long as the generations ahead
+//! take, which no TTFT estimate shows (requests that reach the server by other paths queue it
+//! without a sample reaching keel) and a health weight cannot price, since the wait is not a
+//! multiple of a TTFT. A variant answering slower than its own baseline but without a queue is
+//! the better choice (the Gateway API inference extension filters on queue length first for
+//! the same reason).
 //!
 //! **Power of two choices** (Mitzenmacher, 2001): draw two distinct eligible candidates at
 //! random and take the cheaper; ties go to the lower index, so a seeded run is exact. Two random
@@ -249,7 +256,7 @@ impl Selector for PowerOfTwo {
         let mut inside: Vec<&Candidate> = Vec::with_capacity(eligible.len());
         let mut outside: Vec<&Candidate> = Vec::new();
         for c in &eligible {
-            if within_slo(c) {
+            if within_slo(c) && !c.queued {
                 inside.push(c);
             } else {
                 outside.push(c);
@@ -329,13 +336,14 @@ impl Selector for PowerOfTwo {
                 (pick_from[pick].index, Reason::PowerOfTwo)
             }
         };
-        let reason = if outside_only {
-            Reason::OutsideSlo
-        } else {
-            reason
+        // Out of the draw for its queue alone, or (also) for the SLO.
+        let reason = match outside.iter().find(|c| c.index == primary) {
+            Some(c) if outside_only && within_slo(c) => Reason::Queued,
+            Some(_) if outside_only => Reason::OutsideSlo,
+            _ => reason,
         };
 
-        // Fallbacks: within-SLO by cost, then outside-SLO by cost.
+        // Fallbacks: within the SLO without a full queue by cost, then the rest by cost.
         let mut order = Vec::with_capacity(eligible.len());
         order.push(primary);
         let mut keys = Vec::with_capacity(eligible.len());
@@ -545,6 +553,54 @@ mod tests {
         c[1].p95_ttft_ms = Some(900.0);
         c[2].p95_ttft_ms = Some(900.0);
         assert_eq!(p.plan(&c, &s).reason, Reason::OutsideSlo);
+    }
+
+    #[test]
+    fn a_full_queue_takes_a_variant_out_of_the_draw_unless_every_one_has_one() {
+        // As met with two llama.cpp servers: `a` has a queue (its waiting factor floors its
+        // weight) but a TTFT estimate from before it (its queue came from other clients);
+        // `b` has just restarted, answers 6× slower than its own baseline (floored too) and
+        // has no queue. On cost alone `a` is cheaper (61 / 0.1 against 377 / 0.1).
+        let mut c = cands(2);
+        c[0].health = 0.1;
+        c[0].predicted_ttft_ms = 61.0;
+        c[0].queued = true;
+        c[1].health = 0.1;
+        c[1].predicted_ttft_ms = 377.0;
+        assert!(cost(&c[0], Preference::LowLatency) < cost(&c[1], Preference::LowLatency));
+        let p = PowerOfTwo::new(Rng::new(3), 64);
+        let keyed = RequestSignals {
+            affinity_key: Some(mix(42)),
+            ..Default::default()
+        };
+        for s in [RequestSignals::default(), keyed] {
+            for _ in 0..50 {
+                let plan = p.plan(&c, &s);
+                assert_eq!(
+                    plan.order,
+                    vec![1, 0],
+                    "the queued one is the last fallback"
+                );
+                assert_ne!(plan.reason, Reason::Queued);
+            }
+        }
+        // Every variant queued: chosen by cost among them, and the record says why.
+        c[1].queued = true;
+        let plan = p.plan(&c, &RequestSignals::default());
+        assert_eq!((plan.order[0], plan.reason), (0, Reason::Queued));
+        // One queued, the other outside the SLO: both out of the draw, chosen by cost, and
+        // the reason names what kept the chosen one out.
+        c[1].queued = false;
+        c[1].p95_ttft_ms = Some(900.0);
+        let slo = RequestSignals {
+            slo_ttft_p95_ms: Some(500.0),
+            ..Default::default()
+        };
+        let plan = p.plan(&c, &slo);
+        assert_eq!((plan.order[0], plan.reason), (0, Reason::Queued));
+        c[0].predicted_ttft_ms = 1_000.0;
+        let plan = p.plan(&c, &slo);
+        assert_eq!((plan.order[0], plan.reason), (1, Reason::OutsideSlo));
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub struct Candidate {
     pub price: f64,
     /// Recent P95 of TTFT, when known.
     pub p95_ttft_ms: Option<f64>,
+    /// Its server reports a queue in the severe band (scraped waiting requests at or past
+    /// `waiting_severe`): a new request would wait behind them for a slot.
+    pub queued: bool,
     /// A stable hash of the variant's name (for rendezvous hashing).
     pub name_hash: u64,
 }
@@ -54,6 +57,7 @@ impl Candidate {
             tier: 1,
             price: 1.0,
             p95_ttft_ms: None,
+            queued: false,
             name_hash: crate::rng::mix(index as u64 + 1),
         }
     }
@@ -104,6 +108,8 @@ pub enum Reason {
     AffinityOverflow,
     /// Nothing within the SLO: chosen among those outside it.
     OutsideSlo,
+    /// Every variant within the SLO reports a full queue: chosen among those that do.
+    Queued,
 }
 
 impl Reason {
@@ -115,6 +121,7 @@ impl Reason {
             Reason::Affinity => "affinity",
             Reason::AffinityOverflow => "affinity_overflow",
             Reason::OutsideSlo => "outside_slo",
+            Reason::Queued => "queued",
         }
     }
 }

@@ -149,6 +149,7 @@ mod tests {
             tier: 1,
             price: 0.0,
             p95_ttft_ms: None,
+            queued: false,
             name_hash: index as u64,
         }
     }

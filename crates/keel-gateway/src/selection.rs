@@ -273,6 +273,7 @@ impl Pool {
                         tier: v.cfg.tier,
                         price: v.cfg.price,
                         p95_ttft_ms: view.p95_ttft_ms,
+                        queued: view.est.waiting.is_some_and(|w| hc.waiting.is_severe(w)),
                         name_hash: v.name_hash,
                     }
                 })
