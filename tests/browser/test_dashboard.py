@@ -185,6 +185,12 @@ def test_fifty_variants_stay_readable(browser, tmp_path):
         os.makedirs(OUT, exist_ok=True)
         page.screenshot(path=os.path.join(OUT, "dashboard-50.png"), full_page=True)
         page.close()
+    except BaseException:
+        # What keel and the simulator said (warnings and errors): a request that took the
+        # client's whole timeout, once in CI, left nothing else to go on.
+        log.seek(0)
+        print(log.read()[-20_000:].decode(errors="replace"))
+        raise
     finally:
         for p in (keel, sim):
             p.terminate()
