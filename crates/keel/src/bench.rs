@@ -22,7 +22,9 @@ pub enum BenchCommand {
         /// Seconds per measured round.
         #[arg(long, default_value_t = 5.0)]
         duration: f64,
-        /// Rounds per rate and mode (alternating direct / gateway).
+        /// Rounds per rate and mode (alternating direct / gateway), and of the ramp to the
+        /// highest sustainable rate (alternating contenders; the median is reported, with each
+        /// peer's ratio to keel round by round).
         #[arg(long, default_value_t = 3)]
         rounds: usize,
         /// Gateways to measure: keel, nginx, litellm, portkey (peers via bench/peers/*.sh).

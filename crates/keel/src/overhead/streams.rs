@@ -19,8 +19,9 @@ use serde_json::{json, Value};
 use keel_sim::load::{LoadConfig, LoadReport};
 use keel_sim::{Fleet, FleetConfig, GenerationConfig, ServerConfig};
 
-use super::translated::{cpu_ticks, ticks_per_s};
-use super::{cpu_plan, pin, pinning, start_target, stop_target, Options, Target};
+use super::{
+    cpu_plan, cpu_ticks, pin, pinning, start_target, stop_target, ticks_per_s, Options, Target,
+};
 
 /// Gap between two tokens of a simulated stream, and tokens per stream.
 const GAP_MS: f64 = 100.0;

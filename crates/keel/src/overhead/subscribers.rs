@@ -16,10 +16,9 @@ use std::time::Duration;
 use keel_sim::load::LoadReport;
 use serde_json::{json, Value};
 
-use super::translated::{cpu_ticks, ticks_per_s};
 use super::{
-    cpu_plan, http_client, load, median_or_null, mode_name, pin, pinning, row,
-    zero_latency_upstream, Options, Target,
+    cpu_plan, http_client, load, measure, median_or_null, mode_name, pin, pinning, row,
+    zero_latency_upstream, Options, Run, Target,
 };
 use crate::keel_process::KeelProcess;
 
@@ -68,32 +67,10 @@ impl Drop for Pages {
     }
 }
 
-/// One run's report and keel's CPU per request in it.
-struct Run {
-    report: LoadReport,
-    cpu_us_per_request: Option<f64>,
-}
-
-async fn measure(client: &reqwest::Client, t: &Target, rps: f64, secs: f64, stream: bool) -> Run {
-    let before = t.pid.and_then(cpu_ticks);
-    let report = load(client, t, rps, secs, stream).await;
-    let after = t.pid.and_then(cpu_ticks);
-    let cpu_us_per_request = match (before, after) {
-        (Some(b), Some(a)) if report.sent > 0 => {
-            Some(a.saturating_sub(b) as f64 / ticks_per_s() * 1e6 / report.sent as f64)
-        }
-        _ => None,
-    };
-    Run {
-        report,
-        cpu_us_per_request,
-    }
-}
-
 fn summarize(runs: &[Run]) -> Value {
     let reports: Vec<LoadReport> = runs.iter().map(|r| r.report.clone()).collect();
     let mut v = row(&reports);
-    let cpu: Vec<f64> = runs.iter().filter_map(|r| r.cpu_us_per_request).collect();
+    let cpu: Vec<f64> = runs.iter().filter_map(Run::cpu_us_per_request).collect();
     v["cpu_us_per_request"] = median_or_null(cpu);
     v
 }

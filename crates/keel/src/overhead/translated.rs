@@ -18,8 +18,8 @@ use keel_sim::load::LoadReport;
 use serde_json::{json, Value};
 
 use super::{
-    cpu_plan, descendants, http_client, load, median_or_null, pin, pinning, row,
-    zero_latency_upstream, Options, Target,
+    cpu_plan, http_client, load, measure, median_or_null, pin, pinning, row, zero_latency_upstream,
+    Options, Run, Target,
 };
 use crate::keel_process::KeelProcess;
 use crate::scenario::pool_toml_of;
@@ -36,33 +36,6 @@ fn other(p: Protocol) -> Protocol {
         Protocol::OpenAi => Protocol::Anthropic,
         Protocol::Anthropic => Protocol::OpenAi,
     }
-}
-
-/// CPU time (clock ticks, user + system) of `pid` and its descendants so far.
-pub(super) fn cpu_ticks(pid: u32) -> Option<u64> {
-    std::iter::once(pid)
-        .chain(descendants(pid))
-        .map(|p| stat_cpu_ticks(&std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?))
-        .sum()
-}
-
-/// utime + stime of one `/proc/<pid>/stat` line. The fields are counted after the command
-/// name, which is in parentheses and may hold spaces and parentheses itself: state is field 3,
-/// utime 14, stime 15.
-fn stat_cpu_ticks(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-}
-
-/// Clock ticks per second of `/proc`'s times (`getconf CLK_TCK`; 100 on Linux where unknown).
-pub(super) fn ticks_per_s() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse::<f64>().ok())
-        .unwrap_or(100.0)
 }
 
 /// The three targets for a client speaking `client`'s protocol.
@@ -98,33 +71,11 @@ fn targets(client: Protocol, sim: &keel_sim::ServerHandle, keel: &KeelProcess) -
     ]
 }
 
-/// One run's report and keel's CPU per token in it (none for `direct`).
-struct Run {
-    report: LoadReport,
-    cpu_us_per_token: Option<f64>,
-}
-
-async fn measure(client: &reqwest::Client, t: &Target, rps: f64, secs: f64, tck: f64) -> Run {
-    let before = t.pid.and_then(cpu_ticks);
-    let report = load(client, t, rps, secs, true).await;
-    let after = t.pid.and_then(cpu_ticks);
-    let cpu_us_per_token = match (before, after) {
-        (Some(b), Some(a)) if report.tokens > 0 => {
-            Some(a.saturating_sub(b) as f64 / tck * 1e6 / report.tokens as f64)
-        }
-        _ => None,
-    };
-    Run {
-        report,
-        cpu_us_per_token,
-    }
-}
-
 /// [`row`] of the runs, with CPU per token and tokens per request.
 fn summarize(runs: &[Run]) -> Value {
     let reports: Vec<LoadReport> = runs.iter().map(|r| r.report.clone()).collect();
     let mut v = row(&reports);
-    let cpu: Vec<f64> = runs.iter().filter_map(|r| r.cpu_us_per_token).collect();
+    let cpu: Vec<f64> = runs.iter().filter_map(Run::cpu_us_per_token).collect();
     v["cpu_us_per_token"] = median_or_null(cpu);
     v["tokens"] = json!(reports.iter().map(|r| r.tokens).sum::<u64>());
     v
@@ -183,7 +134,6 @@ pub async fn run(o: Options) -> Result<(), String> {
             load(&client, t, 50.0, 1.0, true).await;
         }
     }
-    let tck = ticks_per_s();
     let intro = format!(
         "keel bench overhead --translated: one zero-latency simulated upstream behind an OpenAI- and an Anthropic-protocol pool; {}; streams of 16 tokens; rates {:?} req/s, {} s × {} rounds; keel worker threads: {}\n",
         pinning(pinned, &gw_cpu, "load generator and upstream", &bench_cpus),
@@ -202,7 +152,7 @@ pub async fn run(o: Options) -> Result<(), String> {
             for (ci, (_, ts)) in clients.iter().enumerate() {
                 let order = if round % 2 == 0 { [0, 1, 2] } else { [0, 2, 1] };
                 for pi in order {
-                    runs[ci][pi].push(measure(&client, &ts[pi], rps, o.duration, tck).await);
+                    runs[ci][pi].push(measure(&client, &ts[pi], rps, o.duration, true).await);
                 }
             }
         }
@@ -255,20 +205,4 @@ pub async fn run(o: Options) -> Result<(), String> {
         println!("written {} and translated.txt", path.display());
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_time_is_read_after_the_command_name() {
-        let stat = "4242 (keel (serve) x) S 1 4242 4242 0 -1 4194560 900 0 0 0 1234 56 0 0 20 0 9 0 100 0 0";
-        assert_eq!(stat_cpu_ticks(stat), Some(1234 + 56));
-        assert_eq!(stat_cpu_ticks("4242 (keel) S 1"), None);
-        assert_eq!(stat_cpu_ticks("garbage"), None);
-        // This process has used some CPU by now, and the count never goes back.
-        let a = cpu_ticks(std::process::id()).expect("readable /proc");
-        assert!(cpu_ticks(std::process::id()).expect("readable /proc") >= a);
-    }
 }
