@@ -190,6 +190,8 @@ const MIN_TICKS: u64 = 20;
 /// One load run and the CPU time the target's processes spent in it.
 struct Run {
     report: LoadReport,
+    /// How long the run took, the last answers included (an overloaded gateway drains for
+    /// seconds past the load's duration).
     secs: f64,
     /// Clock ticks of CPU (user + system, every thread and child process); none for `direct`.
     ticks: Option<u64>,
@@ -223,11 +225,12 @@ impl Run {
 /// [`load`], with the CPU time `t`'s processes spent over it.
 async fn measure(client: &reqwest::Client, t: &Target, rps: f64, secs: f64, stream: bool) -> Run {
     let before = t.pid.and_then(cpu_ticks);
+    let started = std::time::Instant::now();
     let report = load(client, t, rps, secs, stream).await;
     let after = t.pid.and_then(cpu_ticks);
     Run {
         report,
-        secs,
+        secs: started.elapsed().as_secs_f64(),
         ticks: before.zip(after).map(|(b, a)| a.saturating_sub(b)),
     }
 }
