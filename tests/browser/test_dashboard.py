@@ -153,7 +153,10 @@ def test_fifty_variants_stay_readable(browser, tmp_path):
     (tmp_path / "sim.toml").write_text(
         '[[servers]]\nname = "s"\nreplicas = %d\nttft_ms = 5\ngap_ms = 1\ncapacity = 64\n' % servers
     )
+    # The simulator takes the ports from sim_base up: keel's must not be one of them.
     port = free_port()
+    while sim_base <= port < sim_base + servers:
+        port = free_port()
     (tmp_path / "keel.toml").write_text(_fifty_variant_config(port, sim_base, servers))
     env = dict(os.environ, KEEL_LOG="warn")
     log = tempfile.TemporaryFile()
