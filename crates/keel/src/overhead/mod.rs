@@ -364,36 +364,47 @@ fn sustained(r: &LoadReport, rps: f64) -> bool {
 /// eighth of the gap.
 const REFINE_STEPS: usize = 3;
 
-/// The highest rate `t` sustains, or 0; and the lowest rate found that it does not (none when
-/// the whole ramp was sustained): the ramp's rates in order until one is not sustained, then
-/// that gap halved [`REFINE_STEPS`] times.
-async fn max_rate(client: &reqwest::Client, t: &Target, stream: bool) -> (f64, Option<f64>) {
-    let mut best = 0.0;
-    let mut failed = None;
+/// What one ramp found in one mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Reach {
+    /// The highest rate sustained (0: none).
+    best: f64,
+    /// The lowest rate found not sustained (none: the whole ramp was), and the share of a core
+    /// the gateway used at it: well below 1, the gateway was not what saturated.
+    missed: Option<(f64, Option<f64>)>,
+}
+
+/// The share of its core at which a gateway that missed a rate counts as saturated.
+const SATURATED: f64 = 0.9;
+
+/// How far `t` goes: the ramp's rates in order until one is not sustained, then that gap
+/// halved [`REFINE_STEPS`] times.
+async fn max_rate(client: &reqwest::Client, t: &Target, stream: bool) -> Reach {
+    let mut reach = Reach::default();
     for rps in RAMP {
-        if !ramp_step(client, t, rps, stream).await {
-            failed = Some(rps);
-            break;
-        }
-        best = rps;
-    }
-    if best > 0.0 {
-        for _ in 0..REFINE_STEPS {
-            let Some(hi) = failed else { break };
-            let mid = ((best + hi) / 2.0).round();
-            if ramp_step(client, t, mid, stream).await {
-                best = mid;
-            } else {
-                failed = Some(mid);
+        match ramp_step(client, t, rps, stream).await {
+            Ok(()) => reach.best = rps,
+            Err(cores) => {
+                reach.missed = Some((rps, cores));
+                break;
             }
         }
     }
-    (best, failed)
+    if reach.best > 0.0 {
+        for _ in 0..REFINE_STEPS {
+            let Some((hi, _)) = reach.missed else { break };
+            let mid = ((reach.best + hi) / 2.0).round();
+            match ramp_step(client, t, mid, stream).await {
+                Ok(()) => reach.best = mid,
+                Err(cores) => reach.missed = Some((mid, cores)),
+            }
+        }
+    }
+    reach
 }
 
-/// One ramp of one contender: the highest sustainable rate and the first missed, whole
-/// responses then streams.
-type Ramp = [(f64, Option<f64>); 2];
+/// One ramp of one contender: whole responses, then streams.
+type Ramp = [Reach; 2];
 
 /// What the ramps need besides the options: the upstream, the client, the baseline and where
 /// the gateway runs.
@@ -424,14 +435,14 @@ async fn ramp_rounds(
                 continue;
             };
             prepare(b.client, b.direct, &target, b.gw_cpu).await;
-            let mut ramp: Ramp = [(0.0, None); 2];
+            let mut ramp: Ramp = Default::default();
             for (i, stream) in [false, true].into_iter().enumerate() {
                 ramp[i] = max_rate(b.client, &target, stream).await;
             }
             stop_target(&mut target);
             eprintln!(
                 "  round {round} of {}: {name} sustains whole {} req/s, stream {} req/s",
-                o.rounds, ramp[0].0, ramp[1].0
+                o.rounds, ramp[0].best, ramp[1].best
             );
             ramps[c].push(ramp);
         }
@@ -440,13 +451,18 @@ async fn ramp_rounds(
 }
 
 /// A mode's figures over the rounds: the median of the highest sustainable rates (and of the
-/// first rates missed, where every round missed one), and each round's.
+/// first rates missed, where every round missed one), each round's, and the median share of a
+/// core the gateway used where it missed, with whether that is saturation ([`SATURATED`]).
 fn sustained_over_rounds(mode: &str, rounds: &[Ramp], i: usize) -> Value {
-    let best: Vec<f64> = rounds.iter().map(|r| r[i].0).collect();
-    let failed: Option<Vec<f64>> = rounds.iter().map(|r| r[i].1).collect();
+    let best: Vec<f64> = rounds.iter().map(|r| r[i].best).collect();
+    let failed: Option<Vec<f64>> = rounds.iter().map(|r| r[i].missed.map(|m| m.0)).collect();
+    let cores: Vec<f64> = rounds.iter().filter_map(|r| r[i].missed?.1).collect();
+    let cores = (!cores.is_empty()).then(|| median(cores));
     json!({"mode": mode, "max_sustainable_rps": (!best.is_empty()).then(|| median(best.clone())),
         "first_unsustained_rps": failed.filter(|f| !f.is_empty()).map(median),
-        "rounds_rps": best})
+        "rounds_rps": best,
+        "gateway_cores_where_missed": cores,
+        "gateway_saturated": cores.map(|c| c >= SATURATED)})
 }
 
 /// Per peer and mode, keel's highest sustainable rate over the peer's in the same round, each
@@ -467,8 +483,8 @@ fn ratios_to_keel(o: &Options, ramps: &[Vec<Ramp>]) -> Vec<(String, Value)> {
                 let per_round: Vec<f64> = ramps[k]
                     .iter()
                     .zip(&ramps[c])
-                    .filter(|(_, p)| p[i].0 > 0.0)
-                    .map(|(kr, p)| kr[i].0 / p[i].0)
+                    .filter(|(_, p)| p[i].best > 0.0)
+                    .map(|(kr, p)| kr[i].best / p[i].best)
                     .collect();
                 json!({"mode": mode_name(stream), "keel_over_peer_per_round": per_round,
                     "median": (!per_round.is_empty()).then(|| median(per_round.clone()))})
@@ -479,10 +495,16 @@ fn ratios_to_keel(o: &Options, ramps: &[Vec<Ramp>]) -> Vec<(String, Value)> {
     out
 }
 
-/// Whether `t` sustains `rps` for one ramp step. A step that is not sustained is run once more
-/// after a pause, and only a second miss counts: in a 2-s step at a low rate one slow request
-/// is the P99, and a step right after an overload can meet the backlog it left.
-async fn ramp_step(client: &reqwest::Client, t: &Target, rps: f64, stream: bool) -> bool {
+/// Whether `t` sustains `rps` for one ramp step; if not, the share of a core it used on the
+/// second try. A step that is not sustained is run once more after a pause, and only a second
+/// miss counts: in a 2-s step at a low rate one slow request is the P99, and a step right after
+/// an overload can meet the backlog it left.
+async fn ramp_step(
+    client: &reqwest::Client,
+    t: &Target,
+    rps: f64,
+    stream: bool,
+) -> Result<(), Option<f64>> {
     for tries in 1..=2 {
         let run = measure(client, t, rps, RAMP_SECONDS, stream).await;
         let r = &run.report;
@@ -503,13 +525,14 @@ async fn ramp_step(client: &reqwest::Client, t: &Target, rps: f64, stream: bool)
             if tries == 2 { " (again)" } else { "" }
         );
         if sustained(r, rps) {
-            return true;
+            return Ok(());
         }
-        if tries == 1 {
-            tokio::time::sleep(Duration::from_secs(1)).await;
+        if tries == 2 {
+            return Err(run.cores());
         }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    false
+    Err(None)
 }
 
 fn row(reps: &[LoadReport]) -> Value {
@@ -674,9 +697,20 @@ pub async fn run(mut o: Options) -> Result<(), String> {
         }
         let peak = target.pid.and_then(peak_rss_mib);
         let max = |i: usize| {
-            let failed = sustainable[i]["first_unsustained_rps"]
+            let s = &sustainable[i];
+            let cores = s["gateway_cores_where_missed"]
                 .as_f64()
-                .map_or(String::new(), |f| format!(" ({f} not)"));
+                .map_or(String::new(), |c| {
+                    let what = if c >= SATURATED {
+                        "saturated"
+                    } else {
+                        "not saturated: the limit was elsewhere"
+                    };
+                    format!(", the gateway at {c:.2} of its core there, {what}")
+                });
+            let failed = s["first_unsustained_rps"]
+                .as_f64()
+                .map_or(String::new(), |f| format!(" ({f} not{cores})"));
             let each = sustainable[i]["rounds_rps"]
                 .as_array()
                 .filter(|r| r.len() > 1)
@@ -860,16 +894,21 @@ mod tests {
     fn ramp_rounds_report_medians_and_each_rounds_ratio_to_keel() {
         // nginx first in the list: the ratios are keel's over the peer's whatever the order.
         let o = options(&["nginx", "keel", "portkey"]);
+        // Where a rate was missed, the gateway used 0.6 of its core there.
+        let reach = |best: f64, missed: Option<f64>| Reach {
+            best,
+            missed: missed.map(|m| (m, Some(0.6))),
+        };
         let ramps = vec![
             vec![
-                [(5500.0, Some(6000.0)), (4000.0, Some(4500.0))],
-                [(7500.0, None), (3000.0, Some(3500.0))],
-                [(6000.0, Some(6500.0)), (3500.0, Some(4000.0))],
+                [reach(5500.0, Some(6000.0)), reach(4000.0, Some(4500.0))],
+                [reach(7500.0, None), reach(3000.0, Some(3500.0))],
+                [reach(6000.0, Some(6500.0)), reach(3500.0, Some(4000.0))],
             ],
             vec![
-                [(5500.0, Some(6000.0)), (2750.0, Some(3000.0))],
-                [(5500.0, Some(6000.0)), (3000.0, Some(3500.0))],
-                [(6000.0, Some(6500.0)), (2500.0, Some(2750.0))],
+                [reach(5500.0, Some(6000.0)), reach(2750.0, Some(3000.0))],
+                [reach(5500.0, Some(6000.0)), reach(3000.0, Some(3500.0))],
+                [reach(6000.0, Some(6500.0)), reach(2500.0, Some(2750.0))],
             ],
             Vec::new(), // could not start
         ];
@@ -881,6 +920,8 @@ mod tests {
         let stream = sustained_over_rounds("stream", &ramps[1], 1);
         assert_eq!(stream["max_sustainable_rps"], 2750.0);
         assert_eq!(stream["first_unsustained_rps"], 3000.0);
+        assert_eq!(stream["gateway_cores_where_missed"], 0.6);
+        assert_eq!(stream["gateway_saturated"], false);
         let ratios = ratios_to_keel(&o, &ramps);
         assert_eq!(ratios.len(), 1, "only peers that ran: {ratios:?}");
         let (peer, modes) = &ratios[0];
