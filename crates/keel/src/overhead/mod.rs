@@ -711,14 +711,19 @@ pub async fn run(mut o: Options) -> Result<(), String> {
             let failed = s["first_unsustained_rps"]
                 .as_f64()
                 .map_or(String::new(), |f| format!(" ({f} not{cores})"));
-            let each = sustainable[i]["rounds_rps"]
-                .as_array()
-                .filter(|r| r.len() > 1)
-                .map_or(String::new(), |r| {
-                    let r: Vec<String> = r.iter().map(|v| v.to_string()).collect();
-                    format!(" [rounds {}]", r.join(", "))
-                });
-            sustainable[i]["max_sustainable_rps"]
+            let each =
+                s["rounds_rps"]
+                    .as_array()
+                    .filter(|r| r.len() > 1)
+                    .map_or(String::new(), |r| {
+                        let r: Vec<String> = r
+                            .iter()
+                            .filter_map(Value::as_f64)
+                            .map(|v| format!("{v:.0}"))
+                            .collect();
+                        format!(" [rounds {}]", r.join(", "))
+                    });
+            s["max_sustainable_rps"]
                 .as_f64()
                 .map_or("not measured".into(), |m| {
                     format!("{m} req/s{failed}{each}")
