@@ -316,9 +316,10 @@ def test_sigkill_mid_stream_migrates_and_the_dead_server_is_avoided(fleet):
 
 
 def test_a_loaded_server_gets_less_traffic(fleet):
-    # b may have just restarted (the test before kills it): its first answers are slower than its own baseline, so
-    # its health weight is floored as a's is for the queue, and on cost alone a (with a TTFT
-    # estimate from before its queue) would win. A full queue takes a out of the draw.
+    # b may have just restarted (the test before kills it): its first answers are slower than
+    # its own baseline, so its health weight is floored as a's is for the queue, and on cost
+    # alone a (with a TTFT estimate from before its queue) would win. A full queue takes a out
+    # of the draw.
     a = fleet["servers"]["a"]
     direct = f"http://127.0.0.1:{a.port}/v1/chat/completions"
     hogs = [subprocess.Popen([sys.executable, "-c",

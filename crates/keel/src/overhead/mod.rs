@@ -16,9 +16,9 @@
 //! met as much as the gateways. Then at each fixed rate it sustains, rounds alternating direct
 //! and through the gateway (so both see the same machine state); figures are medians across
 //! rounds of each round's percentiles, and "added" is gateway − direct; beside them the
-//! gateway's CPU time per request (all its threads and processes, from `/proc`), and keel's
-//! requests per core-second over each peer's computed from it, which compares the gateways'
-//! cost where the ramp compares whatever saturates first. Peak memory is the high-water resident
+//! gateway's CPU time per request (all its threads and processes, from `/proc`), and each
+//! peer's over keel's, which compares the gateways' cost where the ramp compares whatever
+//! saturates first. Peak memory is the high-water resident
 //! set of the gateway's processes over the fixed-rate runs (a fresh process after the ramps).
 //!
 //! `--translated` measures instead what cross-protocol translation adds: see [`translated`];
@@ -183,8 +183,8 @@ fn ticks_per_s() -> f64 {
     })
 }
 
-/// The fewest clock ticks a run's CPU figures are given from: a tick is 10 ms, so fewer would
-/// be a figure off by more than 5% (at 10 req/s, 5 s of an idle gateway is a handful).
+/// The fewest clock ticks a run's CPU figures are given from: a figure from fewer is off by
+/// more than 5% (at 10 req/s, 5 s of a near-idle gateway is a handful of ticks).
 const MIN_TICKS: u64 = 20;
 
 /// One load run and the CPU time the target's processes spent in it.
@@ -794,15 +794,14 @@ fn cpu_ratios(report: &[Value]) -> Vec<String> {
     };
     let mut out = Vec::new();
     for peer in report.iter().filter(|c| c["contender"] != "keel") {
+        let name = peer["contender"].as_str().unwrap_or("?");
         for r in keel["rates"].as_array().into_iter().flatten() {
             let (rps, mode) = (&r["rps"], &r["mode"]);
             if let (Some(k), Some(p)) = (cpu_of(keel, rps, mode), cpu_of(peer, rps, mode)) {
                 out.push(format!(
-                    "CPU per request at {rps} req/s, {}'s over keel's, {}: {:.2}× (keel {k:.0} µs, {} {p:.0} µs a request)\n",
-                    peer["contender"].as_str().unwrap_or("?"),
+                    "CPU per request at {rps} req/s, {name}'s over keel's, {}: {:.2}× (keel {k:.0} µs, {name} {p:.0} µs a request)\n",
                     mode.as_str().unwrap_or("?"),
                     p / k,
-                    peer["contender"].as_str().unwrap_or("?"),
                 ));
             }
         }
