@@ -258,25 +258,98 @@ pub fn event_role(protocol: Protocol, ev: &SseEvent) -> EventRole {
 /// The parts of an OpenAI stream chunk keel reads on every event, deserialized without building
 /// a JSON tree (unknown fields are skipped, strings borrowed where unescaped). Parsing each
 /// chunk into a `Value` was the relay's largest cost per token; this view is several times
-/// cheaper. `None` fields were absent or `null`.
+/// cheaper, and reading one allocates nothing unless a string holds an escape. `None` fields
+/// were absent or `null`.
 #[derive(Debug, Default, serde::Deserialize)]
 pub struct ChunkView<'a> {
     #[serde(default)]
     error: Option<serde::de::IgnoredAny>,
     #[serde(default, borrow)]
-    choices: Option<Vec<MapOnly<ChoiceView<'a>>>>,
+    choices: Option<Choices<'a>>,
     #[serde(default)]
     usage: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
 struct ChoiceView<'a> {
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "borrowed_text")]
     text: Option<Cow<'a, str>>,
     #[serde(default)]
     finish_reason: Option<serde::de::IgnoredAny>,
     #[serde(default, borrow)]
     delta: Option<MapOnly<DeltaView<'a>>>,
+}
+
+/// A chunk's `choices` as keel reads them: the first choice, how many there were, and whether
+/// any after the first carries output. Every element is read as a choice (an element of another
+/// shape fails the view, as it would fail a vector of choices), but only the first is kept:
+/// a chunk almost always has exactly one, and a vector for it was an allocation an event.
+#[derive(Debug, Default)]
+struct Choices<'a> {
+    first: Option<ChoiceView<'a>>,
+    count: usize,
+    rest_have_output: bool,
+}
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Choices<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Choices<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array of choices")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut choices = Choices::default();
+                while let Some(MapOnly(c)) = seq.next_element::<MapOnly<ChoiceView<'a>>>()? {
+                    choices.count += 1;
+                    if choices.first.is_none() {
+                        choices.first = Some(c);
+                    } else {
+                        choices.rest_have_output |= c.has_output();
+                    }
+                }
+                Ok(choices)
+            }
+        }
+        d.deserialize_seq(Visit(std::marker::PhantomData))
+    }
+}
+
+/// An optional string borrowed from the chunk where it holds no escape. serde reads a plain
+/// `Option<Cow<str>>` field as an owned string whatever `borrow` says: an allocation a token.
+fn borrowed_text<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Cow<'a, str>>, D::Error> {
+    struct Text<'a>(std::marker::PhantomData<&'a ()>);
+    impl<'de: 'a, 'a> serde::de::Visitor<'de> for Text<'a> {
+        type Value = Option<Cow<'a, str>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a string or null")
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_str(self)
+        }
+        fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Borrowed(s)))
+        }
+        fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Owned(s.to_owned())))
+        }
+        fn visit_string<E>(self, s: String) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Owned(s)))
+        }
+    }
+    d.deserialize_option(Text(std::marker::PhantomData))
 }
 
 /// A struct read only from a JSON object. serde's derived structs also accept an array of their
@@ -306,11 +379,11 @@ impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
 
 #[derive(Debug, Default, serde::Deserialize)]
 struct DeltaView<'a> {
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "borrowed_text")]
     content: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "borrowed_text")]
     refusal: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "borrowed_text")]
     reasoning_content: Option<Cow<'a, str>>,
     #[serde(default)]
     tool_calls: Option<serde::de::IgnoredAny>,
@@ -331,7 +404,7 @@ impl<'a> ChunkView<'a> {
     }
 
     fn first(&self) -> Option<&ChoiceView<'a>> {
-        self.choices.as_ref()?.first().map(|c| &c.0)
+        self.choices.as_ref()?.first.as_ref()
     }
 
     /// Generated text of the first choice (chat `delta.content` or completions `text`).
@@ -341,6 +414,13 @@ impl<'a> ChunkView<'a> {
             .as_ref()
             .and_then(|d| d.0.content.as_deref())
             .or(c.text.as_deref())
+    }
+
+    /// [`ChunkView::text`], taken out of the view: borrowed from the chunk unless it holds an
+    /// escape.
+    pub fn into_text(self) -> Option<Cow<'a, str>> {
+        let c = self.choices?.first?;
+        c.delta.and_then(|d| d.0.content).or(c.text)
     }
 
     pub fn starts_tool_call(&self) -> bool {
@@ -358,7 +438,7 @@ impl<'a> ChunkView<'a> {
     pub fn is_plain_text(&self) -> bool {
         self.usage.is_none()
             && self.error.is_none()
-            && self.choices.as_ref().is_some_and(|c| c.len() == 1)
+            && self.choices.as_ref().is_some_and(|c| c.count == 1)
             && !self.finished()
             && self.first().is_some_and(|c| {
                 c.delta
@@ -373,21 +453,26 @@ impl<'a> ChunkView<'a> {
         let Some(choices) = &self.choices else {
             return false;
         };
-        if choices.is_empty() {
-            return self.usage.is_some();
+        match &choices.first {
+            None => self.usage.is_some(),
+            Some(first) => first.has_output() || choices.rest_have_output,
         }
+    }
+}
+
+impl ChoiceView<'_> {
+    /// Content, tool calls, a refusal, reasoning, completion text or a finish reason.
+    fn has_output(&self) -> bool {
         let non_empty = |x: &Option<Cow<str>>| x.as_deref().is_some_and(|s| !s.is_empty());
-        choices.iter().map(|c| &c.0).any(|c| {
-            non_empty(&c.text)
-                || c.finish_reason.is_some()
-                || c.delta.as_ref().map(|d| &d.0).is_some_and(|d| {
-                    non_empty(&d.content)
-                        || non_empty(&d.refusal)
-                        || non_empty(&d.reasoning_content)
-                        || d.tool_calls.is_some()
-                        || d.function_call.is_some()
-                })
-        })
+        non_empty(&self.text)
+            || self.finish_reason.is_some()
+            || self.delta.as_ref().map(|d| &d.0).is_some_and(|d| {
+                non_empty(&d.content)
+                    || non_empty(&d.refusal)
+                    || non_empty(&d.reasoning_content)
+                    || d.tool_calls.is_some()
+                    || d.function_call.is_some()
+            })
     }
 }
 
@@ -505,6 +590,13 @@ mod tests {
             r#"{"id":"a","choices":[{"index":0,"text":"completion text"}]}"#,
             r#"{"id":"a","error":null,"choices":[{"index":0,"delta":{"refusal":"no"}}]}"#,
             r#"{"id":"a"}"#,
+            r#"{"id":"a","choices":null}"#,
+            r#"{"id":"a","choices":[{"index":0,"delta":{"content":null}}]}"#,
+            // Several choices: the first's text, output from any of them.
+            r#"{"id":"a","choices":[{"index":0,"delta":{}},{"index":1,"delta":{"content":"b"}}]}"#,
+            r#"{"id":"a","choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{}}]}"#,
+            r#"{"id":"a","choices":[{"index":0,"delta":{}},{"index":1,"finish_reason":"stop"}]}"#,
+            r#"{"id":"a","choices":[{"index":0,"delta":{}},{"index":1,"delta":{}}]}"#,
         ];
         for c in chunks {
             let view = ChunkView::parse(c).expect(c);
@@ -524,6 +616,8 @@ mod tests {
             r#"[null,[{"text":"x"}]]"#,
             r#"{"choices":[["hi"]]}"#,
             r#"{"choices":[{"delta":["hi"]}]}"#,
+            r#"{"choices":[{"delta":{}},["hi"]]}"#,
+            r#"{"choices":[{"delta":{"content":7}}]}"#,
         ] {
             assert!(ChunkView::parse(c).is_none(), "{c}");
             assert_eq!(
@@ -532,6 +626,19 @@ mod tests {
                 "{c}"
             );
         }
+        // Only a chunk of exactly one choice is plain text.
+        let two = r#"{"choices":[{"delta":{"content":"a"}},{"delta":{"content":"b"}}]}"#;
+        assert!(!ChunkView::parse(two).unwrap().is_plain_text());
+        let one = r#"{"choices":[{"delta":{"content":"a"}}]}"#;
+        assert!(ChunkView::parse(one).unwrap().is_plain_text());
+        // Text is borrowed from the chunk unless it holds an escape (then it is unescaped).
+        let plain = ChunkView::parse(r#"{"choices":[{"delta":{"content":"Hello"}}]}"#);
+        assert!(matches!(
+            plain.unwrap().into_text(),
+            Some(Cow::Borrowed("Hello"))
+        ));
+        let escaped = ChunkView::parse(r#"{"choices":[{"text":"a\nb"}]}"#);
+        assert!(matches!(escaped.unwrap().into_text(), Some(Cow::Owned(t)) if t == "a\nb"));
         // An error chunk is not read by the view: callers take the tree for its message.
         assert!(ChunkView::parse(r#"{"error":{"message":"boom"}}"#)
             .unwrap()

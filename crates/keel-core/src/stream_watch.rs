@@ -8,6 +8,8 @@
 //! * [`SlowRate`]: whether the token rate has fallen far enough below the variant's baseline,
 //!   for long enough, to be worth a migration.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 
 use crate::protocol::{event_role, ChunkView, EventRole, Protocol};
@@ -165,30 +167,33 @@ pub fn carries_tokens(protocol: Protocol, ev: &SseEvent) -> bool {
 /// `None` unless it is output). An OpenAI chunk, the common case, is parsed once for all three;
 /// reading them separately parsed every chunk three times.
 #[derive(Debug, Clone, PartialEq)]
-pub struct EventFacts {
+pub struct EventFacts<'a> {
     pub role: EventRole,
     pub tokens: bool,
-    pub text: Option<String>,
+    /// Borrowed from the event's data unless the chunk escaped a character in it.
+    pub text: Option<Cow<'a, str>>,
     /// An OpenAI chunk of one choice whose only content is text (`ChunkView::is_plain_text`):
     /// an assembler may append `text` without reading the chunk again.
     pub plain: bool,
 }
 
 /// Reads an event's [`EventFacts`].
-pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts {
+pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts<'_> {
     if protocol == Protocol::OpenAi && !ev.comment_only && ev.data != "[DONE]" {
         if let Some(view) = ChunkView::parse(&ev.data).filter(|v| !v.has_error()) {
             let output = view.has_output();
-            let text = view.text();
+            let tokens =
+                output && (view.text().is_some_and(|t| !t.is_empty()) || view.starts_tool_call());
+            let plain = view.is_plain_text();
             return EventFacts {
                 role: if output {
                     EventRole::Output
                 } else {
                     EventRole::Preamble
                 },
-                tokens: output && (text.is_some_and(|t| !t.is_empty()) || view.starts_tool_call()),
-                text: text.filter(|_| output).map(str::to_owned),
-                plain: view.is_plain_text(),
+                tokens,
+                text: view.into_text().filter(|_| output),
+                plain,
             };
         }
     }
@@ -198,7 +203,8 @@ pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts {
         tokens: output && carries_tokens(protocol, ev),
         text: output
             .then(|| crate::continuation::event_text(protocol, ev))
-            .flatten(),
+            .flatten()
+            .map(Cow::Owned),
         role,
         plain: false,
     }
@@ -327,7 +333,8 @@ mod tests {
                 tokens: output && carries_tokens(p, &ev),
                 text: output
                     .then(|| crate::continuation::event_text(p, &ev))
-                    .flatten(),
+                    .flatten()
+                    .map(Cow::Owned),
                 role,
                 plain,
             };

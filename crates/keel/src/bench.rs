@@ -27,7 +27,8 @@ pub enum BenchCommand {
         /// peer's ratio to keel round by round).
         #[arg(long, default_value_t = 3)]
         rounds: usize,
-        /// Gateways to measure: keel, nginx, litellm, portkey (peers via bench/peers/*.sh).
+        /// Gateways to measure: keel, nginx, litellm, portkey (peers via bench/peers/*.sh), and
+        /// hyper: the floor, a plain proxy on keel's HTTP stack (`keel bench plain-proxy`).
         #[arg(long, value_delimiter = ',', default_value = "keel")]
         contenders: Vec<String>,
         /// Directory for overhead.json and overhead.txt.
@@ -77,6 +78,20 @@ pub enum BenchCommand {
         variants: usize,
         #[arg(long, default_value_t = 200_000)]
         iterations: usize,
+    },
+    /// The floor contender of `bench overhead` (`--contenders hyper`): a plain reverse proxy on
+    /// keel's HTTP stack (tokio, hyper's server and pooled client) and nothing else, round robin
+    /// over `upstreams`. Runs until killed.
+    #[command(hide = true)]
+    PlainProxy {
+        #[arg(long)]
+        port: u16,
+        /// The runtime's worker threads (as keel's `worker_threads`).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Upstream base URLs (`http://host:port/...`; the path is the client's).
+        #[arg(required = true)]
+        upstreams: Vec<String>,
     },
     /// A seed scenario from bench/scenarios (or `all`): `keel bench heavy-tail [--quick]
     /// [--duration S] [--seed N] [--out DIR] [--contenders keel,nginx]`.
@@ -178,6 +193,9 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             variants,
             iterations,
         } => decision(variants.max(2), iterations.max(1000)),
+        BenchCommand::PlainProxy {
+            port, upstreams, ..
+        } => crate::overhead::plain_proxy::serve(port, &upstreams).await,
         BenchCommand::Routing {
             rps,
             duration,

@@ -176,7 +176,13 @@ fn main() -> ExitCode {
         }
     }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = serve_cfg.as_ref().and_then(|c| c.worker_threads) {
+    let threads = match &cli.command {
+        Command::Bench {
+            which: bench::BenchCommand::PlainProxy { threads, .. },
+        } => *threads,
+        _ => serve_cfg.as_ref().and_then(|c| c.worker_threads),
+    };
+    if let Some(n) = threads {
         builder.worker_threads(n);
     }
     let rt = match builder.enable_all().build() {

@@ -288,6 +288,8 @@ impl Relay {
             }
             return self.after_forwarding(slow, terminal);
         }
+        // What was read of the event borrows it; from here on the event itself moves.
+        drop(text);
         let release = if self.pool.cfg.hold_tool_calls {
             match w.hold.push(
                 self.protocol,

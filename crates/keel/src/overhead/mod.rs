@@ -28,6 +28,7 @@
 //! [`sequential`].
 
 mod bounds;
+pub mod plain_proxy;
 mod sequential;
 mod streams;
 mod subscribers;
@@ -43,7 +44,7 @@ use keel_sim::load::{LoadConfig, LoadReport};
 use keel_sim::{Fleet, ServerConfig};
 
 use crate::keel_process::KeelProcess;
-use crate::scenario::{start_peer, Running};
+use crate::scenario::{answers, start_peer, Running};
 
 /// What to run.
 pub struct Options {
@@ -281,7 +282,52 @@ async fn start_keel(fleet: &Fleet, o: &Options) -> Result<Target, String> {
     })
 }
 
-/// Starts keel or a peer; `None` (with the reason in `lines`) when a peer cannot start.
+/// The floor contender, `hyper` ([`plain_proxy`]): the current executable as `keel bench
+/// plain-proxy` over `fleet`, with keel's worker threads.
+async fn start_plain_proxy(fleet: &Fleet, o: &Options) -> Result<Target, String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["bench", "plain-proxy", "--port", &port.to_string()]);
+    if let Some(n) = o.keel_threads {
+        cmd.args(["--threads", &n.to_string()]);
+    }
+    let mut child = cmd
+        .args(fleet.servers.iter().map(|s| s.openai_base()))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start keel bench plain-proxy: {e}"))?;
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let probe = reqwest::Client::new();
+    for _ in 0..800 {
+        if answers(&probe, &format!("{base}/chat/completions"), &[]).await {
+            return Ok(Target {
+                name: "hyper".into(),
+                base,
+                model: "bench".into(),
+                endpoint: Endpoint::ChatCompletions,
+                headers: Vec::new(),
+                pid: Some(child.id()),
+                stop: Some(Box::new(move || {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                })),
+            });
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("keel bench plain-proxy exited at start: {status}"));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let _ = child.kill();
+    Err("keel bench plain-proxy did not answer within 20 s".into())
+}
+
+/// Starts keel, the floor proxy or a peer; `None` (with the reason in `lines`) when a peer
+/// cannot start.
 async fn start_target(
     name: &str,
     fleet: &Fleet,
@@ -291,6 +337,7 @@ async fn start_target(
 ) -> Result<Option<Target>, String> {
     Ok(Some(match name {
         "keel" => start_keel(fleet, o).await?,
+        "hyper" => start_plain_proxy(fleet, o).await?,
         peer => match start_peer(peer, fleet, peers_dir).await {
             Ok(r) => peer_target(peer, r),
             Err(e) => {

@@ -24,6 +24,19 @@ pub struct Running {
     pub stop: Box<dyn FnOnce() + Send>,
 }
 
+/// Whether the contender at `url` answers a one-token chat request with a success.
+pub async fn answers(client: &reqwest::Client, url: &str, headers: &[(String, String)]) -> bool {
+    let probe = json!({"model": "bench", "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
+    let mut req = client.post(url).json(&probe);
+    for (k, v) in headers {
+        req = req.header(k, v);
+    }
+    req.send()
+        .await
+        .map(|r| r.status().is_success())
+        .unwrap_or(false)
+}
+
 /// A pool table named `name` (`extra` lines in it) with one OpenAI variant per simulated server.
 pub fn pool_toml(fleet: &Fleet, name: &str, extra: &str) -> String {
     pool_toml_of(&fleet.servers, Protocol::OpenAi, name, extra)
@@ -175,18 +188,8 @@ pub async fn start_peer(name: &str, fleet: &Fleet, out: &Path) -> Result<Running
     // Ready when it answers a request (LiteLLM takes seconds to start).
     let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
     let client = reqwest::Client::new();
-    let probe = json!({"model": "bench", "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
     for _ in 0..600 {
-        let mut req = client.post(&url).json(&probe);
-        for (k, v) in &headers {
-            req = req.header(k, v);
-        }
-        if req
-            .send()
-            .await
-            .map(|r| r.status().is_success())
-            .unwrap_or(false)
-        {
+        if answers(&client, &url, &headers).await {
             let pid = std::fs::read_to_string(dir.join(format!("{name}.pid")))
                 .ok()
                 .and_then(|p| p.trim().parse().ok());
