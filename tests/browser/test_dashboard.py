@@ -10,8 +10,10 @@ map still fits the window. Screenshots go to bench/out/ (ignored; docs/dashboard
 """
 import json
 import os
+import socket
 import subprocess
 import tempfile
+import time
 import urllib.request
 
 import httpx
@@ -19,7 +21,7 @@ import pytest
 # scripts/test.sh installs it (pip install playwright); the browser is Debian's.
 from playwright import sync_api as playwright
 
-from keel_demo import KEEL, ROOT, free_port, start_demo, _wait_until_up
+from keel_demo import KEEL, ROOT, free_port, start_demo, _ports_free, _wait_until_up
 
 CHROMIUM = "/usr/bin/chromium"
 OUT = os.path.join(ROOT, "bench", "out")
@@ -146,22 +148,49 @@ def _fifty_variant_config(port: int, sim_base: int, servers: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _start_sim(config, servers, env, log, tries=10):
+    """`keel sim` on `servers` consecutive free ports, up (every port accepts) before it returns.
+    A port of the block can be taken between the probe and the start; the simulator then exits
+    ("Address already in use") and another block is tried. Once in CI the simulator did not
+    start, and keel waited out the fleet's restart grace while the client timed out."""
+    for _ in range(tries):
+        base = free_port()
+        if not _ports_free(base, servers):
+            continue
+        sim = subprocess.Popen([KEEL, "sim", "--config", str(config), "--base-port", str(base)],
+                               stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 30
+        while sim.poll() is None and time.time() < deadline:
+            if all(_accepts(p) for p in range(base, base + servers)):
+                return sim, base
+            time.sleep(0.1)
+        sim.terminate()
+        sim.wait(timeout=30)
+    raise AssertionError("keel sim did not start on a free block of ports")
+
+
+def _accepts(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def test_fifty_variants_stay_readable(browser, tmp_path):
     servers = 5
-    sim_base = free_port()
     # Five fast simulated servers behind fifty variants (ten each) in three pools.
     (tmp_path / "sim.toml").write_text(
         '[[servers]]\nname = "s"\nreplicas = %d\nttft_ms = 5\ngap_ms = 1\ncapacity = 64\n' % servers
     )
-    # The simulator takes the ports from sim_base up: keel's must not be one of them.
+    env = dict(os.environ, KEEL_LOG="warn")
+    log = tempfile.TemporaryFile()
+    sim, sim_base = _start_sim(tmp_path / "sim.toml", servers, env, log)
+    # The simulator holds the ports from sim_base up: keel's must not be one of them.
     port = free_port()
     while sim_base <= port < sim_base + servers:
         port = free_port()
     (tmp_path / "keel.toml").write_text(_fifty_variant_config(port, sim_base, servers))
-    env = dict(os.environ, KEEL_LOG="warn")
-    log = tempfile.TemporaryFile()
-    sim = subprocess.Popen([KEEL, "sim", "--config", str(tmp_path / "sim.toml"), "--base-port", str(sim_base)],
-                           stdout=log, stderr=subprocess.STDOUT, env=env)
     keel = subprocess.Popen([KEEL, "serve", "--config", str(tmp_path / "keel.toml")],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
