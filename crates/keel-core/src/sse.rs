@@ -163,7 +163,9 @@ impl SseDecoder {
                     self.dispatch(out);
                 }
             }
-            let Some(at) = bytes.iter().position(|b| *b == b'\n' || *b == b'\r') else {
+            // memchr's vectorized search: a byte-at-a-time scan for the line ending was the
+            // decoder's largest cost (callgrind, bench/RESULTS.md, issue 16).
+            let Some(at) = memchr::memchr2(b'\n', b'\r', bytes) else {
                 // No line ending yet: keep the partial line for the next read.
                 self.reserve_within_limit(bytes.len())?;
                 self.block.extend_from_slice(bytes);

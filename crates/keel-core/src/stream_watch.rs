@@ -15,11 +15,20 @@ use serde_json::Value;
 use crate::protocol::{event_role, ChunkView, EventRole, Protocol};
 use crate::sse::SseEvent;
 
+/// Whether an OpenAI chunk's text names `tool_calls` at all: most chunks are text, and this
+/// rules them out without parsing. memchr's searcher, built once: `str::contains` on every
+/// event, twice, was 2% of keel's instructions a streamed request (callgrind, issue 16).
+fn mentions_tool_calls(data: &str) -> bool {
+    static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new("tool_calls"));
+    FINDER.find(data.as_bytes()).is_some()
+}
+
 /// Is this event the start of a tool call?
 pub fn starts_tool_call(protocol: Protocol, ev: &SseEvent) -> bool {
     // Most events are text: a substring or the event's name rules them out without parsing.
     let possible = match protocol {
-        Protocol::OpenAi => ev.data.contains("tool_calls"),
+        Protocol::OpenAi => mentions_tool_calls(&ev.data),
         Protocol::Anthropic => ev.event.as_deref() == Some("content_block_start"),
     };
     if !possible {
@@ -125,7 +134,7 @@ pub fn oversized_index(protocol: Protocol, ev: &SseEvent) -> Option<u64> {
     let over = |i: Option<u64>| i.filter(|i| *i > MAX_OUTPUT_INDEX);
     match protocol {
         Protocol::OpenAi => {
-            if !ev.data.contains("tool_calls") {
+            if !mentions_tool_calls(&ev.data) {
                 return None;
             }
             let v: Value = serde_json::from_str(&ev.data).ok()?;
@@ -208,6 +217,79 @@ pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts<'_> {
         role,
         plain: false,
     }
+}
+
+/// The bytes around the text of a stream's plain chunks. An upstream writes every text chunk of
+/// one stream alike — the same id, creation time, model and shape; only the text differs — so
+/// once one plain chunk has been parsed, a later chunk whose bytes before and after its text are
+/// the same is the same JSON with only that string changed. Where that string has nothing to
+/// unescape, [`read_event_in`] reads it by comparing those bytes instead of parsing the chunk:
+/// the chunk view's parse was a fifth of keel's instructions per streamed request (callgrind,
+/// bench/RESULTS.md, issue 16). Kept per segment (a continuation's upstream writes its own).
+#[derive(Debug, Default, Clone)]
+pub struct ChunkTemplate {
+    /// The chunk up to its text's opening quote, included.
+    before: String,
+    /// From its text's closing quote, included, to the end.
+    after: String,
+}
+
+impl ChunkTemplate {
+    /// Learns the template from `data`, a chunk read as plain output whose `text` the view
+    /// borrowed from it (nothing unescaped): it must lie within `data`.
+    fn learn(&mut self, data: &str, text: &str) {
+        let start = (text.as_ptr() as usize).wrapping_sub(data.as_ptr() as usize);
+        let Some(end) = start.checked_add(text.len()).filter(|e| *e <= data.len()) else {
+            return;
+        };
+        self.before.clear();
+        self.before.push_str(&data[..start]);
+        self.after.clear();
+        self.after.push_str(&data[end..]);
+    }
+
+    /// The text of a chunk shaped like the template; `None` (parse it) when it is not, or its
+    /// text is empty or holds anything a JSON string would escape (`"`, `\`, control
+    /// characters).
+    fn text<'a>(&self, data: &'a str) -> Option<&'a str> {
+        if self.before.is_empty() {
+            return None;
+        }
+        let text = data
+            .strip_prefix(self.before.as_str())?
+            .strip_suffix(self.after.as_str())?;
+        let plain = |b: u8| b != b'"' && b != b'\\' && b >= 0x20;
+        (!text.is_empty() && text.bytes().all(plain)).then_some(text)
+    }
+}
+
+/// [`read_event`] for the events of one upstream stream, in order: a chunk shaped like the last
+/// plain chunk read ([`ChunkTemplate`]) is read without parsing it; any other is parsed, and a
+/// plain one becomes the template.
+pub fn read_event_in<'a>(
+    protocol: Protocol,
+    ev: &'a SseEvent,
+    template: &mut ChunkTemplate,
+) -> EventFacts<'a> {
+    if protocol == Protocol::OpenAi && !ev.comment_only {
+        if let Some(text) = template.text(&ev.data) {
+            return EventFacts {
+                role: EventRole::Output,
+                tokens: true,
+                text: Some(Cow::Borrowed(text)),
+                plain: true,
+            };
+        }
+    }
+    let facts = read_event(protocol, ev);
+    if let (true, EventRole::Output, Some(Cow::Borrowed(text))) =
+        (facts.plain, &facts.role, &facts.text)
+    {
+        if protocol == Protocol::OpenAi && !text.is_empty() {
+            template.learn(&ev.data, text);
+        }
+    }
+    facts
 }
 
 /// Consecutive slow checks (of [`SlowRate::WINDOW`] tokens each) that count as a slowdown.
@@ -499,6 +581,70 @@ mod tests {
         let g = [4.0; 30];
         for n in 1..=g.len() {
             assert!(!tiny.check(&g[..n]));
+        }
+    }
+
+    /// An OpenAI chunk of stream `id` whose first choice's delta is `delta` (JSON).
+    fn chunk_with(id: &str, delta: &str, finish: &str) -> SseEvent {
+        SseEvent::new(
+            None,
+            &format!(
+                r#"{{"id":"{id}","object":"chat.completion.chunk","created":7,"model":"m","choices":[{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":{finish}}}]}}"#
+            ),
+        )
+    }
+
+    fn text_chunk(text: &str) -> SseEvent {
+        let delta = format!(r#"{{"content":{}}}"#, serde_json::to_string(text).unwrap());
+        chunk_with("c1", &delta, "null")
+    }
+
+    #[test]
+    fn a_chunk_shaped_like_the_last_plain_one_is_read_without_parsing() {
+        let mut t = ChunkTemplate::default();
+        let first = text_chunk("Hello");
+        assert_eq!(
+            read_event_in(Protocol::OpenAi, &first, &mut t),
+            read_event(Protocol::OpenAi, &first)
+        );
+        // Learned: the next text chunk is read by its template, the text borrowed from it.
+        let next = text_chunk(" world");
+        assert_eq!(t.text(&next.data), Some(" world"));
+        let facts = read_event_in(Protocol::OpenAi, &next, &mut t);
+        assert_eq!(facts, read_event(Protocol::OpenAi, &next));
+        assert!(matches!(facts.text, Some(Cow::Borrowed(" world"))));
+        // Anything the template cannot read exactly is parsed: an escape, an empty text,
+        // another stream's id, a finish.
+        for ev in [
+            text_chunk("a \"quote\""),
+            text_chunk("line\nbreak"),
+            text_chunk(""),
+            chunk_with("c2", r#"{"content":"x"}"#, "null"),
+            chunk_with("c1", r#"{"content":"x"}"#, r#""stop""#),
+        ] {
+            assert_eq!(t.text(&ev.data), None, "{}", ev.data);
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever a stream's chunks are, reading them through a template gives what parsing
+        /// each gives.
+        #[test]
+        fn reading_through_a_template_agrees_with_parsing(
+            steps in proptest::collection::vec((0u8..8, "\\PC{0,6}|[\"\\\\\n\t]{1,3}|.{0,4}"), 1..24)
+        ) {
+            let mut t = ChunkTemplate::default();
+            for (kind, text) in &steps {
+                let ev = match kind {
+                    0..=3 => text_chunk(text),
+                    4 => chunk_with("c1", r#"{"role":"assistant","content":""}"#, "null"),
+                    5 => chunk_with("c1", r#"{}"#, r#""length""#),
+                    6 => chunk_with("c9", &format!(r#"{{"content":{}}}"#, serde_json::to_string(text).unwrap()), "null"),
+                    _ => chunk_with("c1", r#"{"tool_calls":[{"index":0,"id":"t","function":{"name":"f","arguments":""}}]}"#, "null"),
+                };
+                let parsed = read_event(Protocol::OpenAi, &ev);
+                proptest::prop_assert_eq!(read_event_in(Protocol::OpenAi, &ev, &mut t), parsed);
+            }
         }
     }
 }

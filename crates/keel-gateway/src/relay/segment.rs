@@ -11,8 +11,8 @@ use keel_core::outcome::AttemptFailure;
 use keel_core::protocol::{event_role, EventRole};
 use keel_core::sse::SseEvent;
 use keel_core::stream_watch::{
-    oversized_index, read_event, EventFacts, Hold, SlowRate, ToolCallHold, MAX_OUTPUT_INDEX,
-    SLOW_CHECKS, SLOW_RATE,
+    oversized_index, read_event_in, ChunkTemplate, EventFacts, Hold, SlowRate, ToolCallHold,
+    MAX_OUTPUT_INDEX, SLOW_CHECKS, SLOW_RATE,
 };
 
 use super::{Relay, Segment, SegmentEnd, Sent};
@@ -27,6 +27,8 @@ pub(super) struct Watch {
     /// segment's first).
     pub(super) last_token: Option<Instant>,
     hold: ToolCallHold,
+    /// The shape of this segment's plain chunks, which are then read without parsing them.
+    template: ChunkTemplate,
     pub(super) slow: Option<SlowRate>,
     slow_checked: bool,
     /// Gaps between outputs (the first is the time to the first token).
@@ -45,6 +47,7 @@ impl Segment {
                 last_output: start.first_token_at,
                 last_token: None,
                 hold: ToolCallHold::default(),
+                template: ChunkTemplate::default(),
                 slow: None,
                 slow_checked: false,
                 gaps: Vec::new(),
@@ -228,7 +231,7 @@ impl Relay {
             tokens,
             text,
             plain,
-        } = read_event(self.protocol, &ev);
+        } = read_event_in(self.protocol, &ev, &mut w.template);
         // The request's usage, per attempt: the access log's and the trace's tokens, and a
         // keyed request's reconciliation (see `keys`).
         self.ctx
