@@ -239,13 +239,15 @@ impl ChunkTemplate {
     /// borrowed from it (nothing unescaped): it must lie within `data`.
     fn learn(&mut self, data: &str, text: &str) {
         let start = (text.as_ptr() as usize).wrapping_sub(data.as_ptr() as usize);
-        let Some(end) = start.checked_add(text.len()).filter(|e| *e <= data.len()) else {
+        let end = start.saturating_add(text.len());
+        // Checked, not indexed: a text from anywhere else leaves the template as it was.
+        let (Some(before), Some(after)) = (data.get(..start), data.get(end..)) else {
             return;
         };
         self.before.clear();
-        self.before.push_str(&data[..start]);
+        self.before.push_str(before);
         self.after.clear();
-        self.after.push_str(&data[end..]);
+        self.after.push_str(after);
     }
 
     /// The text of a chunk shaped like the template; `None` (parse it) when it is not, or its
