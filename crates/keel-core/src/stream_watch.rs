@@ -596,9 +596,14 @@ mod tests {
         )
     }
 
-    fn text_chunk(text: &str) -> SseEvent {
+    /// A chunk of stream `id` carrying `text`.
+    fn text_chunk_of(id: &str, text: &str) -> SseEvent {
         let delta = format!(r#"{{"content":{}}}"#, serde_json::to_string(text).unwrap());
-        chunk_with("c1", &delta, "null")
+        chunk_with(id, &delta, "null")
+    }
+
+    fn text_chunk(text: &str) -> SseEvent {
+        text_chunk_of("c1", text)
     }
 
     #[test]
@@ -621,7 +626,7 @@ mod tests {
             text_chunk("a \"quote\""),
             text_chunk("line\nbreak"),
             text_chunk(""),
-            chunk_with("c2", r#"{"content":"x"}"#, "null"),
+            text_chunk_of("c2", "x"),
             chunk_with("c1", r#"{"content":"x"}"#, r#""stop""#),
         ] {
             assert_eq!(t.text(&ev.data), None, "{}", ev.data);
@@ -641,7 +646,7 @@ mod tests {
                     0..=3 => text_chunk(text),
                     4 => chunk_with("c1", r#"{"role":"assistant","content":""}"#, "null"),
                     5 => chunk_with("c1", r#"{}"#, r#""length""#),
-                    6 => chunk_with("c9", &format!(r#"{{"content":{}}}"#, serde_json::to_string(text).unwrap()), "null"),
+                    6 => text_chunk_of("c9", text),
                     _ => chunk_with("c1", r#"{"tool_calls":[{"index":0,"id":"t","function":{"name":"f","arguments":""}}]}"#, "null"),
                 };
                 let parsed = read_event(Protocol::OpenAi, &ev);
