@@ -14,9 +14,13 @@
 //! [`MAX_ASSEMBLED_BYTES`]. Exceeding a bound makes [`Assembler::push`] return `Err` with the
 //! message of a `malformed` upstream failure, which fails over or migrates like any other.
 
+mod chunk;
+
 use serde_json::{json, Map, Value};
 
-use crate::protocol::{Endpoint, Protocol};
+use chunk::Chunk;
+
+use crate::protocol::{Endpoint, MapOnly, Protocol};
 use crate::sse::SseEvent;
 
 /// Highest number of tool calls in one OpenAI response (`index` 0..=255). Real responses carry a
@@ -37,7 +41,10 @@ pub const MAX_ASSEMBLED_BYTES: usize = 64 * 1024 * 1024;
 /// Builds one body from events.
 #[derive(Debug, Clone, Default)]
 pub struct Assembler {
-    first: Option<Value>,
+    /// The OpenAI answer's identity (`id`, `created`, `model`), from its first chunk.
+    identity: Option<Identity>,
+    /// The Anthropic `message` of `message_start`.
+    message: Option<Value>,
     text: String,
     /// OpenAI tool calls by index: (id, name, arguments).
     tool_calls: Vec<(Value, String, String)>,
@@ -55,9 +62,21 @@ pub struct Assembler {
     accumulated: usize,
 }
 
+#[derive(Debug, Clone, Default)]
+struct Identity {
+    id: Value,
+    created: Value,
+    model: Value,
+}
+
 /// An upstream-supplied index, if it is within `max` slots.
 fn bounded_index(v: &Value, max: usize, what: &str) -> Result<usize, String> {
-    let i = v.get("index").and_then(Value::as_u64).unwrap_or(0);
+    bounded(v.get("index").and_then(Value::as_u64), max, what)
+}
+
+/// An index (0 when absent), if it is within `max` slots.
+fn bounded(i: Option<u64>, max: usize, what: &str) -> Result<usize, String> {
+    let i = i.unwrap_or(0);
     match usize::try_from(i) {
         Ok(i) if i < max => Ok(i),
         _ => Err(format!(
@@ -89,25 +108,20 @@ impl Assembler {
         if ev.comment_only || ev.data == "[DONE]" {
             return Ok(());
         }
-        // Most chunks carry one piece of text and nothing else: take it without a JSON tree.
-        if protocol == Protocol::OpenAi && self.first.is_some() {
-            if let Some(view) = crate::protocol::ChunkView::parse(&ev.data) {
-                if view.is_plain_text() {
-                    return self.append(view.text().unwrap_or(""));
-                }
-            }
-        }
-        let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
-            return Ok(());
-        };
         match protocol {
-            Protocol::OpenAi => self.push_openai(v),
-            Protocol::Anthropic => self.push_anthropic(ev.event.as_deref().unwrap_or(""), v),
+            Protocol::OpenAi => self.push_openai(&ev.data),
+            Protocol::Anthropic => {
+                let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
+                    return Ok(());
+                };
+                self.push_anthropic(ev.event.as_deref().unwrap_or(""), v)
+            }
         }
     }
 
     /// [`Assembler::push`] for an event already read (`stream_watch::read_event`): a plain
-    /// text chunk (`plain`, its `text`) after the first is appended without parsing it again.
+    /// text chunk (`plain`, its `text`) after the first is appended without parsing it again,
+    /// and any other chunk is read whole without first looking for plain text.
     pub fn push_read(
         &mut self,
         protocol: Protocol,
@@ -115,10 +129,13 @@ impl Assembler {
         plain: bool,
         text: Option<&str>,
     ) -> Result<(), String> {
-        if protocol == Protocol::OpenAi && plain && self.first.is_some() {
-            return self.append(text.unwrap_or(""));
+        if protocol != Protocol::OpenAi || ev.comment_only || ev.data == "[DONE]" {
+            return self.push(protocol, ev);
         }
-        self.push(protocol, ev)
+        match (plain, &self.identity) {
+            (true, Some(_)) => self.append(text.unwrap_or("")),
+            _ => self.read_chunk(&ev.data),
+        }
     }
 
     /// Appends a plain chunk's text.
@@ -128,54 +145,84 @@ impl Assembler {
         Ok(())
     }
 
-    fn push_openai(&mut self, v: Value) -> Result<(), String> {
-        self.read_openai(&v)?;
-        // The first chunk gives the answer its identity (`id`, `created`, `model`); kept after
-        // reading it, so it is moved rather than copied.
-        if self.first.is_none() {
-            self.first = Some(v);
+    fn push_openai(&mut self, data: &str) -> Result<(), String> {
+        // Most chunks carry one piece of text and nothing else: take it without reading the rest.
+        if self.identity.is_some() {
+            if let Some(view) = crate::protocol::ChunkView::parse(data) {
+                if view.is_plain_text() {
+                    return self.append(view.text().unwrap_or(""));
+                }
+            }
         }
-        Ok(())
+        self.read_chunk(data)
     }
 
-    fn read_openai(&mut self, v: &Value) -> Result<(), String> {
-        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-            self.usage = u.clone();
+    /// Reads an OpenAI chunk: without a JSON tree where it has the expected shape (see
+    /// [`chunk`]); data that is not JSON is skipped.
+    fn read_chunk(&mut self, data: &str) -> Result<(), String> {
+        match Chunk::parse(data) {
+            Ok(chunk) => self.read_openai(chunk),
+            Err(_) => match serde_json::from_str::<Value>(data) {
+                Ok(tree) => self.read_openai(Chunk::from_tree(&tree)),
+                Err(_) => Ok(()),
+            },
         }
-        let Some(c) = v.get("choices").and_then(|c| c.get(0)) else {
+    }
+
+    fn read_openai(&mut self, chunk: Chunk<'_>) -> Result<(), String> {
+        let Chunk {
+            id,
+            created,
+            model,
+            usage,
+            choices,
+        } = chunk;
+        // The first chunk gives the answer its identity.
+        if self.identity.is_none() {
+            self.identity = Some(Identity {
+                id: id.unwrap_or_default(),
+                created: created.unwrap_or_default(),
+                model: model.unwrap_or_default(),
+            });
+        }
+        if let Some(u) = usage {
+            self.usage = u;
+        }
+        let Some(c) = choices.and_then(|c| c.0) else {
             return Ok(());
         };
-        if let Some(t) = crate::protocol::openai_choice_text(c) {
+        if let Some(t) = c.text() {
             self.grow(t.len())?;
             self.text.push_str(t);
         }
-        if let Some(calls) = c.pointer("/delta/tool_calls").and_then(Value::as_array) {
-            for call in calls {
-                let i = bounded_index(call, MAX_TOOL_CALLS, "tool call")?;
-                let name = call.pointer("/function/name").and_then(Value::as_str);
-                let args = call.pointer("/function/arguments").and_then(Value::as_str);
-                self.grow(name.map_or(0, str::len) + args.map_or(0, str::len))?;
-                if self.tool_calls.len() <= i {
-                    self.tool_calls
-                        .resize(i + 1, (Value::Null, String::new(), String::new()));
-                }
-                let slot = &mut self.tool_calls[i];
-                if let Some(id) = call.get("id").filter(|id| !id.is_null()) {
-                    slot.0 = id.clone();
-                }
-                slot.1.push_str(name.unwrap_or(""));
-                slot.2.push_str(args.unwrap_or(""));
+        for MapOnly(call) in c.calls() {
+            let i = bounded(call.index, MAX_TOOL_CALLS, "tool call")?;
+            let f = call.function.as_ref().map(|f| &f.0);
+            let name = f.and_then(|f| f.name.as_deref());
+            let args = f.and_then(|f| f.arguments.as_deref());
+            self.grow(name.map_or(0, str::len) + args.map_or(0, str::len))?;
+            if self.tool_calls.len() <= i {
+                self.tool_calls
+                    .resize(i + 1, (Value::Null, String::new(), String::new()));
             }
+            let slot = &mut self.tool_calls[i];
+            if let Some(id) = &call.id {
+                slot.0 = id.clone();
+            }
+            slot.1.push_str(name.unwrap_or(""));
+            slot.2.push_str(args.unwrap_or(""));
         }
-        if let Some(f) = c.get("finish_reason").filter(|f| !f.is_null()) {
-            self.finish_reason = f.clone();
+        if let Some(f) = c.finish_reason {
+            self.finish_reason = f;
         }
         Ok(())
     }
 
     fn push_anthropic(&mut self, name: &str, v: Value) -> Result<(), String> {
         match name {
-            "message_start" => self.first = Some(v.get("message").cloned().unwrap_or(Value::Null)),
+            "message_start" => {
+                self.message = Some(v.get("message").cloned().unwrap_or(Value::Null))
+            }
             "content_block_start" => {
                 let i = bounded_index(&v, MAX_CONTENT_BLOCKS, "content block")?;
                 if self.blocks.len() <= i {
@@ -225,9 +272,9 @@ impl Assembler {
 
     /// The whole response body.
     pub fn finish(mut self, endpoint: Endpoint) -> Value {
-        let first = self.first.take().unwrap_or(Value::Null);
         match endpoint {
             Endpoint::Messages => {
+                let first = self.message.take().unwrap_or(Value::Null);
                 let content: Vec<Value> = self
                     .blocks
                     .into_iter()
@@ -262,7 +309,8 @@ impl Assembler {
                     "stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence, "usage": usage})
             }
             Endpoint::Completions => {
-                json!({"id": first["id"], "object": "text_completion", "created": first["created"], "model": first["model"],
+                let first = self.identity.take().unwrap_or_default();
+                json!({"id": first.id, "object": "text_completion", "created": first.created, "model": first.model,
                 "choices": [{"index": 0, "text": self.text, "logprobs": null, "finish_reason": self.finish_reason}], "usage": self.usage})
             }
             _ => {
@@ -285,7 +333,8 @@ impl Assembler {
                         .collect();
                     message.insert("tool_calls".into(), Value::Array(calls));
                 }
-                json!({"id": first["id"], "object": "chat.completion", "created": first["created"], "model": first["model"],
+                let first = self.identity.take().unwrap_or_default();
+                json!({"id": first.id, "object": "chat.completion", "created": first.created, "model": first.model,
                     "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": self.finish_reason}], "usage": self.usage})
             }
         }

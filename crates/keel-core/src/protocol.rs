@@ -321,7 +321,7 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for Choices<'a> {
 
 /// An optional string borrowed from the chunk where it holds no escape. serde reads a plain
 /// `Option<Cow<str>>` field as an owned string whatever `borrow` says: an allocation a token.
-fn borrowed_text<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+pub(crate) fn borrowed_text<'de: 'a, 'a, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Cow<'a, str>>, D::Error> {
     struct Text<'a>(std::marker::PhantomData<&'a ()>);
@@ -355,8 +355,8 @@ fn borrowed_text<'de: 'a, 'a, D: serde::Deserializer<'de>>(
 /// A struct read only from a JSON object. serde's derived structs also accept an array of their
 /// fields in order (`{"choices":[["hi"]]}` would read as a choice with text "hi"), which the
 /// `Value` path rightly does not see as a chunk: the view must read exactly what the tree reads.
-#[derive(Debug, Default)]
-struct MapOnly<T>(T);
+#[derive(Debug, Default, PartialEq)]
+pub struct MapOnly<T>(pub T);
 
 impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
