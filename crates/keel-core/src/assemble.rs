@@ -14,10 +14,12 @@
 //! [`MAX_ASSEMBLED_BYTES`]. Exceeding a bound makes [`Assembler::push`] return `Err` with the
 //! message of a `malformed` upstream failure, which fails over or migrates like any other.
 
+mod answer;
 mod chunk;
 
 use serde_json::{json, Map, Value};
 
+pub use answer::Answer;
 use chunk::Chunk;
 
 use crate::protocol::{Endpoint, MapOnly, Protocol};
@@ -271,7 +273,7 @@ impl Assembler {
     }
 
     /// The whole response body.
-    pub fn finish(mut self, endpoint: Endpoint) -> Value {
+    pub fn finish(mut self, endpoint: Endpoint) -> Answer {
         match endpoint {
             Endpoint::Messages => {
                 let first = self.message.take().unwrap_or(Value::Null);
@@ -305,37 +307,64 @@ impl Assembler {
                 if !self.output_tokens.is_null() {
                     usage.insert("output_tokens".into(), self.output_tokens);
                 }
-                json!({"id": first["id"], "type": "message", "role": "assistant", "model": first["model"], "content": content,
-                    "stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence, "usage": usage})
+                let member = |key: &str| first.get(key).cloned().unwrap_or_default();
+                Answer::Message(answer::Message {
+                    id: member("id"),
+                    kind: "message",
+                    role: "assistant",
+                    model: member("model"),
+                    content,
+                    stop_reason: self.stop_reason,
+                    stop_sequence: self.stop_sequence,
+                    usage,
+                })
             }
             Endpoint::Completions => {
                 let first = self.identity.take().unwrap_or_default();
-                json!({"id": first.id, "object": "text_completion", "created": first.created, "model": first.model,
-                "choices": [{"index": 0, "text": self.text, "logprobs": null, "finish_reason": self.finish_reason}], "usage": self.usage})
+                Answer::Completion(answer::Completion {
+                    id: first.id,
+                    object: "text_completion",
+                    created: first.created,
+                    model: first.model,
+                    choices: [answer::CompletionChoice {
+                        index: 0,
+                        text: self.text,
+                        logprobs: (),
+                        finish_reason: self.finish_reason,
+                    }],
+                    usage: self.usage,
+                })
             }
             _ => {
-                let mut message = Map::new();
-                message.insert("role".into(), json!("assistant"));
-                message.insert(
-                    "content".into(),
-                    if self.text.is_empty() && !self.tool_calls.is_empty() {
-                        Value::Null
-                    } else {
-                        Value::String(self.text)
-                    },
-                );
-                message.insert("refusal".into(), Value::Null);
-                if !self.tool_calls.is_empty() {
-                    let calls: Vec<Value> = self
-                        .tool_calls
-                        .into_iter()
-                        .map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}))
-                        .collect();
-                    message.insert("tool_calls".into(), Value::Array(calls));
-                }
                 let first = self.identity.take().unwrap_or_default();
-                json!({"id": first.id, "object": "chat.completion", "created": first.created, "model": first.model,
-                    "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": self.finish_reason}], "usage": self.usage})
+                let only_calls = self.text.is_empty() && !self.tool_calls.is_empty();
+                let tool_calls = self
+                    .tool_calls
+                    .into_iter()
+                    .map(|(id, name, arguments)| answer::ToolCall {
+                        id,
+                        kind: "function",
+                        function: answer::Function { name, arguments },
+                    })
+                    .collect();
+                Answer::Chat(answer::Chat {
+                    id: first.id,
+                    object: "chat.completion",
+                    created: first.created,
+                    model: first.model,
+                    choices: [answer::ChatChoice {
+                        index: 0,
+                        message: answer::ChatMessage {
+                            role: "assistant",
+                            content: (!only_calls).then_some(self.text),
+                            refusal: (),
+                            tool_calls,
+                        },
+                        logprobs: (),
+                        finish_reason: self.finish_reason,
+                    }],
+                    usage: self.usage,
+                })
             }
         }
     }
@@ -353,7 +382,7 @@ mod tests {
         a.push(Protocol::OpenAi, &ev(json!({"id": "x", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\":1}"}}]}, "finish_reason": null}]}))).unwrap();
         a.push(Protocol::OpenAi, &ev(json!({"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}))).unwrap();
         a.push(Protocol::OpenAi, &ev(json!({"id": "x", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}))).unwrap();
-        let body = a.finish(Endpoint::ChatCompletions);
+        let body = a.finish(Endpoint::ChatCompletions).to_value();
         assert_eq!(body["object"], "chat.completion");
         assert_eq!(body["choices"][0]["message"]["content"], Value::Null);
         assert_eq!(
@@ -394,7 +423,7 @@ mod tests {
         )
         .unwrap();
         a.push(Protocol::Anthropic, &ev("message_delta", json!({"delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 2}}))).unwrap();
-        let body = a.finish(Endpoint::Messages);
+        let body = a.finish(Endpoint::Messages).to_value();
         assert_eq!(
             body["content"],
             json!([{"type": "text", "text": "Hi there"}])
@@ -507,7 +536,7 @@ mod tests {
                 Endpoint::Messages,
                 Endpoint::CountTokens,
             ] {
-                let _ = a.clone().finish(endpoint).to_string();
+                let _ = a.clone().finish(endpoint).to_bytes();
             }
         }
     }

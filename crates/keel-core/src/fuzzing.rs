@@ -171,7 +171,7 @@ pub fn assemble(data: &[u8]) {
         }
         // `CountTokens` has no body to assemble: `finish` treats it as chat completions.
         for endpoint in &ENDPOINTS[..3] {
-            let body = a.clone().finish(*endpoint).to_string();
+            let body = a.clone().finish(*endpoint).to_bytes();
             let bound = 4 * data.len() + 64 * 1024;
             assert!(
                 body.len() <= bound,

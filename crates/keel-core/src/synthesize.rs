@@ -207,7 +207,7 @@ mod tests {
         for ev in &events {
             a.push(protocol, ev).unwrap();
         }
-        a.finish(endpoint)
+        a.finish(endpoint).to_value()
     }
 
     #[test]

@@ -304,12 +304,12 @@ pub async fn deliver(
                 match capture {
                     Some(c) if summary.complete => {
                         let took = start_at.elapsed();
-                        stored = c.store(&answer, &summary.variant, &ctx.id, took);
+                        stored = c.store(&answer.to_value(), &summary.variant, &ctx.id, took);
                     }
                     Some(c) => c.incomplete(),
                     None => {}
                 }
-                let body = bytes::Bytes::from(answer.to_string());
+                let body = bytes::Bytes::from(answer.to_bytes());
                 full_body(
                     StatusCode::OK,
                     "application/json",
@@ -383,7 +383,7 @@ pub async fn deliver(
                     (a.failure.take(), std::mem::take(&mut a.body))
                 };
                 if summary.complete && failure.is_none() {
-                    let answer = body.finish(endpoint);
+                    let answer = body.finish(endpoint).to_value();
                     c.store(&answer, &summary.variant, &id, first.elapsed());
                 } else {
                     c.incomplete();

@@ -260,10 +260,14 @@ impl ModelRename {
         // Both spans found first, then the raw bytes spliced in place and the data rebuilt
         // from its slices (a span starts and ends at a quote, so they are whole characters);
         // `String::replace_range` moved the bytes one at a time, at 1% of keel's CPU.
-        if let (Some(in_data), Some(in_raw)) = (
-            model_member(ev.data.as_bytes(), &self.encoded),
-            model_member(&ev.raw, &self.encoded),
-        ) {
+        let Some(in_data) = model_member(ev.data.as_bytes(), &self.encoded) else {
+            return;
+        };
+        let in_raw = match data_offset(&ev.raw, &ev.data) {
+            Some(at) => Some(in_data.start + at..in_data.end + at),
+            None => model_member(&ev.raw, &self.encoded),
+        };
+        if let Some(in_raw) = in_raw {
             let mut data = String::with_capacity(ev.data.len() + self.encoded.len());
             data.push_str(&ev.data[..in_data.start]);
             data.push_str(&self.encoded);
@@ -274,6 +278,28 @@ impl ModelRename {
     }
 }
 
+/// `"model"`, searched for with a searcher built once: every chunk of every renamed stream
+/// passes through here, and a window-by-window compare was 2% of keel's CPU.
+static MODEL_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"model\""));
+
+/// Where an event's `data` starts in its `raw` bytes, when the event ends with one `data:` line
+/// holding all of it (nearly every event) and nothing before that line names `"model"`: then
+/// [`model_member`] finds in `raw` what it finds in `data`, that far along, and the second
+/// search is not needed.
+fn data_offset(raw: &[u8], data: &str) -> Option<usize> {
+    let line = raw.strip_suffix(b"\n\n")?;
+    let at = line.len().checked_sub(data.len())?;
+    let before = &line[..at];
+    let starts_line = [&b"data:"[..], b"data: "].iter().any(|field| {
+        before
+            .strip_suffix(*field)
+            .is_some_and(|b| b.is_empty() || b.ends_with(b"\n"))
+    });
+    let whole = starts_line && &line[at..] == data.as_bytes() && !data.contains('\n');
+    (whole && MODEL_KEY.find(before).is_none()).then_some(at)
+}
+
 /// Where the string of the first `"model": "<string>"` member of a JSON text lies (quotes
 /// included), for replacing it with `encoded` (a JSON string, quotes included); `None` when
 /// there is none or it already holds that string. A literal `"` inside a JSON string is always
@@ -282,12 +308,7 @@ pub fn model_member(json: &[u8], encoded: &str) -> Option<std::ops::Range<usize>
     const KEY: &[u8] = b"\"model\"";
     let is_ws = |b: u8| b == b' ' || b == b'\t';
     let mut from = 0;
-    // memchr's substring search, its searcher built once: every chunk of every renamed stream
-    // passes through here twice (its data and its raw bytes), and a window-by-window compare
-    // was 2% of keel's CPU.
-    static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(KEY));
-    while let Some(at) = FINDER.find(&json[from..]) {
+    while let Some(at) = MODEL_KEY.find(&json[from..]) {
         let key_end = from + at + KEY.len();
         from = key_end;
         let mut i = key_end;
@@ -349,6 +370,40 @@ mod tests {
         assert!(rename_model_member(br#"{"model":"pub\"lic"}"#, &enc).is_none());
         assert!(rename_model_member(br#"{"model":null}"#, &enc).is_none());
         assert!(rename_model_member(br#"{"model":"unterminated"#, &enc).is_none());
+    }
+
+    proptest::proptest! {
+        /// Whatever an event's lines are, its raw bytes are renamed where a search of them
+        /// would rename them, whether or not the second search was skipped.
+        #[test]
+        fn renaming_raw_bytes_agrees_with_searching_them(
+            fields in proptest::collection::vec(0usize..4, 0..3),
+            space in proptest::bool::ANY,
+            pieces in proptest::collection::vec(0usize..7, 0..6),
+            end in 0usize..3,
+        ) {
+            const FIELDS: [&str; 4] = ["event: message_start\n", "id: \"model\":\"x\"\n", ": \"model\"\n", "data: {\"model\":\"first\"}\n"];
+            const PIECES: [&str; 7] = [r#""model":"sim""#, r#""model" : "gpt""#, r#""x":1"#, r#""t":"say \"model\": \"no\"""#, r#""model":null"#, "\"m\u{e9}\":\"\u{e9}\"", r#""model":"si\"m""#];
+            const ENDS: [&str; 3] = ["\n\n", "\r\n\r\n", "\n\r\n"];
+            let data = format!("{{{}}}", pieces.iter().map(|i| PIECES[*i]).collect::<Vec<_>>().join(","));
+            let mut raw = fields.iter().map(|i| FIELDS[*i]).collect::<String>();
+            raw.push_str(if space { "data: " } else { "data:" });
+            raw.push_str(&data);
+            raw.push_str(ENDS[end]);
+            let Ok(mut evs) = keel_core::sse::decode_all(raw.as_bytes()) else {
+                return Ok(());
+            };
+            let Some(mut ev) = evs.pop() else {
+                return Ok(());
+            };
+            let r = ModelRename::new(Protocol::OpenAi, "pub");
+            let expected = model_member(ev.data.as_bytes(), &r.encoded).and_then(|_| {
+                rename_model_member(&ev.raw, &r.encoded)
+            });
+            let before = ev.raw.clone();
+            r.event(&mut ev);
+            proptest::prop_assert_eq!(ev.raw, expected.unwrap_or(before));
+        }
     }
 
     #[test]

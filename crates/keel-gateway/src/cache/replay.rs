@@ -273,7 +273,7 @@ mod tests {
             for ev in &split {
                 a.push(protocol, ev).unwrap();
             }
-            let out = a.finish(endpoint);
+            let out = a.finish(endpoint).to_value();
             match protocol {
                 Protocol::OpenAi => {
                     assert_eq!(out["choices"][0]["message"]["content"], text);

@@ -468,7 +468,7 @@ proptest! {
         for e in &events {
             a.push(Protocol::OpenAi, e).unwrap();
         }
-        let whole = chat_completion_to_response(&a.finish(Endpoint::ChatCompletions), &ResponsesContext::default(), &ids());
+        let whole = chat_completion_to_response(&a.finish(Endpoint::ChatCompletions).to_value(), &ResponsesContext::default(), &ids());
         let out = translate(&events);
         let (output, last) = replay(&out);
         prop_assert_eq!(&last, &whole);

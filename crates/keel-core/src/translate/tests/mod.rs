@@ -60,7 +60,7 @@ fn assemble(protocol: Protocol, endpoint: Endpoint, events: &[SseEvent]) -> Valu
     for e in events {
         a.push(protocol, e).unwrap();
     }
-    a.finish(endpoint)
+    a.finish(endpoint).to_value()
 }
 
 fn assemble_openai(s: &mut AnthropicToChatStream, events: &[SseEvent]) -> Value {
