@@ -20,10 +20,10 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::time::{timeout_at, Instant};
 
 use keel_core::outcome::{parse_retry_after, AttemptFailure, Verdict};
-use keel_core::protocol::{error_message, event_role, Endpoint, EventRole};
+use keel_core::protocol::{error_message, event_role, Endpoint, EventRole, Protocol};
 use keel_core::request::CanonicalRequest;
 use keel_core::sse::{SseDecoder, SseError, SseEvent};
-use keel_core::stream_watch::{oversized_index, MAX_OUTPUT_INDEX};
+use keel_core::stream_watch::{oversized_index, read_event_in, ChunkTemplate, MAX_OUTPUT_INDEX};
 use keel_core::synthesize::stream_from_whole;
 
 use crate::config::ResponseModel;
@@ -51,9 +51,16 @@ pub struct StreamStart {
     pub headers: HeaderMap,
     /// When the first output arrived.
     pub first_token_at: Instant,
+    /// The shape of the stream's plain chunks, learned from its first text at the commit
+    /// point, so that the relay reads that chunk again without parsing it (see
+    /// `stream_watch::ChunkTemplate`).
+    pub template: ChunkTemplate,
 }
 
 /// What the client gets.
+// A stream's start is several times a whole answer's size; it is moved a few times per request,
+// where a box would be one more allocation per stream.
+#[allow(clippy::large_enum_variant)]
 pub enum Served {
     Whole {
         status: StatusCode,
@@ -455,6 +462,7 @@ async fn run(
             source: Source::empty(),
             headers,
             first_token_at: Instant::now(),
+            template: ChunkTemplate::default(),
         })));
     }
 
@@ -467,6 +475,7 @@ async fn run(
     .renaming(rename);
     let mut head = Vec::new();
     let mut events = Vec::new();
+    let mut template = ChunkTemplate::default();
     loop {
         if let Err(end) = source.next(head_deadline, &mut events).await {
             return Err(match end {
@@ -481,7 +490,13 @@ async fn run(
                     "an index of {i} (more than {MAX_OUTPUT_INDEX})"
                 )));
             }
-            match event_role(protocol, &ev) {
+            // An OpenAI chunk is read as the relay reads it, and the first text chunk teaches
+            // the template the relay starts from.
+            let role = match protocol {
+                Protocol::OpenAi => read_event_in(protocol, &ev, &mut template).role,
+                Protocol::Anthropic => event_role(protocol, &ev),
+            };
+            match role {
                 // Keep-alives while a server queues the request are forwarded once it answers,
                 // but not without bound; a preamble that never ends is broken.
                 EventRole::KeepAlive if head.len() >= MAX_PREAMBLE_EVENTS => {}
@@ -501,6 +516,7 @@ async fn run(
                         source,
                         headers,
                         first_token_at: Instant::now(),
+                        template,
                     })));
                 }
                 EventRole::Error(m) => {

@@ -296,7 +296,9 @@ fn data_offset(raw: &[u8], data: &str) -> Option<usize> {
             .strip_suffix(*field)
             .is_some_and(|b| b.is_empty() || b.ends_with(b"\n"))
     });
-    let whole = starts_line && &line[at..] == data.as_bytes() && !data.contains('\n');
+    let whole = starts_line
+        && &line[at..] == data.as_bytes()
+        && memchr::memchr(b'\n', data.as_bytes()).is_none();
     (whole && MODEL_KEY.find(before).is_none()).then_some(at)
 }
 

@@ -41,13 +41,14 @@ pub(super) struct Watch {
 }
 
 impl Segment {
-    pub(super) fn new(committed: Committed, start: StreamStart) -> Segment {
+    pub(super) fn new(committed: Committed, mut start: StreamStart) -> Segment {
+        let template = std::mem::take(&mut start.template);
         Segment {
             watch: Watch {
                 last_output: start.first_token_at,
                 last_token: None,
                 hold: ToolCallHold::default(),
-                template: ChunkTemplate::default(),
+                template,
                 slow: None,
                 slow_checked: false,
                 gaps: Vec::new(),
