@@ -11,7 +11,9 @@
 # calls, no kernel), and a `rep movsb` copy counts one instruction a byte, so large memcpys
 # weigh more here than on the CPU.
 #
-#   bench/instructions-per-request.sh <keel binary> <out dir> [N=400] [tokens=16] [who="keel hyper nginx"]
+#   [PROTOCOL=anthropic] bench/instructions-per-request.sh <keel binary> <out dir> [N=400] [tokens=16] [who="keel hyper nginx"]
+#
+# PROTOCOL=anthropic: clients and the upstream speak Anthropic's Messages API instead of OpenAI's.
 #
 # Prints "<gateway> <stream|whole> <instructions a request>"; the callgrind files stay in <out
 # dir> for `callgrind_annotate` (per function, with --inclusive=yes or --tree=caller).
@@ -25,7 +27,9 @@ zero_latency_configs
 taskset -c 0 "$K" sim --config sim.toml > sim.log 2>&1 & SP=$!
 trap 'kill $SP 2>/dev/null' EXIT
 sleep 1
-load() { taskset -c 0 "$K" sim load --url "http://127.0.0.1:$1/v1" --model bench --max-tokens "$T" --rps "$2" --duration "$3" $4 2>&1 | head -1; }
+api=(--url "http://127.0.0.1:PORT/v1"); upstream=http://127.0.0.1:19401/v1
+[ "${PROTOCOL:-openai}" = anthropic ] && api=(--url "http://127.0.0.1:PORT" --endpoint messages) && upstream=http://127.0.0.1:19401
+load() { taskset -c 0 "$K" sim load "${api[@]/PORT/$1}" --model bench --max-tokens "$T" --rps "$2" --duration "$3" $4 2>&1 | head -1; }
 measure() { # name port command...
   local name=$1 port=$2; shift 2
   rm -f "cg.$name".*
@@ -48,9 +52,9 @@ measure() { # name port command...
 for who in $WHO; do
   case $who in
     keel) measure keel 19400 "$K" serve --config keel.toml ;;
-    hyper) measure hyper 19403 "$K" bench plain-proxy --port 19403 --threads 1 http://127.0.0.1:19401/v1 ;;
+    hyper) measure hyper 19403 "$K" bench plain-proxy --port 19403 --threads 1 "$upstream" ;;
     nginx)
-      bash "$here/peers/nginx.sh" "$O/nginx" 19404 http://127.0.0.1:19401/v1 && kill "$(cat "$O/nginx/nginx.pid")"
+      bash "$here/peers/nginx.sh" "$O/nginx" 19404 "$upstream" && kill "$(cat "$O/nginx/nginx.pid")"
       sleep 1
       measure nginx 19404 nginx -c "$O/nginx/nginx.conf" -p "$O/nginx" -g "daemon off; master_process off;" ;;
   esac

@@ -1,8 +1,11 @@
 # Sourced by the CPU-per-request scripts: writes keel.toml (one worker thread, access log off,
 # pool `bench` on 127.0.0.1:19400) and sim.toml (one zero-latency keel-sim server on 19401) into
-# the current directory.
+# the current directory. With PROTOCOL=anthropic the variant speaks Anthropic's Messages API
+# (clients then use `--endpoint messages` and the base URL without `/v1`).
 zero_latency_configs() {
-  cat > keel.toml <<'TOML'
+  local url=http://127.0.0.1:19401/v1
+  [ "${PROTOCOL:-openai}" = anthropic ] && url=http://127.0.0.1:19401
+  cat > keel.toml <<TOML
 worker_threads = 1
 listen = "127.0.0.1:19400"
 [log]
@@ -11,8 +14,8 @@ access = "off"
 name = "bench"
 [[pools.variants]]
 name = "fast"
-url = "http://127.0.0.1:19401/v1"
-protocol = "openai"
+url = "$url"
+protocol = "${PROTOCOL:-openai}"
 upstream_model = "sim"
 TOML
   cat > sim.toml <<'TOML'

@@ -20,7 +20,7 @@ mod chunk;
 use serde_json::{json, Map, Value};
 
 pub use answer::Answer;
-use chunk::Chunk;
+use chunk::{BlockDelta, Chunk};
 
 use crate::protocol::{Endpoint, MapOnly, Protocol};
 use crate::sse::SseEvent;
@@ -113,10 +113,17 @@ impl Assembler {
         match protocol {
             Protocol::OpenAi => self.push_openai(&ev.data),
             Protocol::Anthropic => {
+                let name = ev.event.as_deref().unwrap_or("");
+                // Most events are text deltas: read without a JSON tree.
+                if name == "content_block_delta" {
+                    if let Ok(delta) = BlockDelta::parse(&ev.data) {
+                        return self.read_block_delta(&delta);
+                    }
+                }
                 let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
                     return Ok(());
                 };
-                self.push_anthropic(ev.event.as_deref().unwrap_or(""), v)
+                self.push_anthropic(name, v)
             }
         }
     }
@@ -236,23 +243,7 @@ impl Assembler {
                 self.block_text[i].clear();
                 self.partial_json[i].clear();
             }
-            "content_block_delta" => {
-                // A delta for a block that never started has nowhere to go (dropped, as before).
-                let Some(i) = bounded_index(&v, MAX_CONTENT_BLOCKS, "content block")
-                    .ok()
-                    .filter(|&i| i < self.blocks.len())
-                else {
-                    return Ok(());
-                };
-                if let Some(t) = v.pointer("/delta/text").and_then(Value::as_str) {
-                    self.grow(t.len())?;
-                    self.block_text[i].push_str(t);
-                }
-                if let Some(p) = v.pointer("/delta/partial_json").and_then(Value::as_str) {
-                    self.grow(p.len())?;
-                    self.partial_json[i].push_str(p);
-                }
-            }
+            "content_block_delta" => self.read_block_delta(&BlockDelta::from_tree(&v))?,
             "message_delta" => {
                 self.stop_reason = v
                     .pointer("/delta/stop_reason")
@@ -268,6 +259,27 @@ impl Assembler {
                     .unwrap_or(Value::Null);
             }
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// Adds a content block delta's text or tool-input JSON to its block.
+    fn read_block_delta(&mut self, delta: &BlockDelta<'_>) -> Result<(), String> {
+        // A delta for a block that never started has nowhere to go (dropped, as before).
+        let Some(i) = bounded(delta.index, MAX_CONTENT_BLOCKS, "content block")
+            .ok()
+            .filter(|&i| i < self.blocks.len())
+        else {
+            return Ok(());
+        };
+        let (text, json) = delta.pieces();
+        if let Some(t) = text {
+            self.grow(t.len())?;
+            self.block_text[i].push_str(t);
+        }
+        if let Some(p) = json {
+            self.grow(p.len())?;
+            self.partial_json[i].push_str(p);
         }
         Ok(())
     }

@@ -319,6 +319,51 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for Choices<'a> {
     }
 }
 
+/// The parts of an Anthropic stream event keel reads on every event, deserialized without a
+/// JSON tree: its `type`, its content block's `index` and its delta's `text`. Each event was
+/// parsed into a tree three times (its role, its index, its text), half of what an Anthropic
+/// stream cost keel. An event of another shape (a member of an unexpected type, a duplicated
+/// member) is not read by this view; callers read its tree as before.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct EventView<'a> {
+    #[serde(default, borrow, rename = "type", deserialize_with = "borrowed_text")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default, borrow)]
+    delta: Option<MapOnly<DeltaTextView<'a>>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct DeltaTextView<'a> {
+    #[serde(default, borrow, deserialize_with = "borrowed_text")]
+    text: Option<Cow<'a, str>>,
+}
+
+impl<'a> EventView<'a> {
+    /// `None` when the data is not a JSON object of the expected shape.
+    pub fn parse(data: &'a str) -> Option<Self> {
+        serde_json::from_str::<MapOnly<Self>>(data)
+            .ok()
+            .map(|m| m.0)
+    }
+
+    /// An error event by its `type` (its message is read from the tree).
+    pub fn is_error(&self) -> bool {
+        self.kind.as_deref() == Some("error")
+    }
+
+    /// The content block's index.
+    pub fn index(&self) -> Option<u64> {
+        self.index
+    }
+
+    /// The delta's text, borrowed from the event unless it holds an escape.
+    pub fn into_text(self) -> Option<Cow<'a, str>> {
+        self.delta.and_then(|d| d.0.text)
+    }
+}
+
 /// An optional string borrowed from the chunk where it holds no escape. serde reads a plain
 /// `Option<Cow<str>>` field as an owned string whatever `borrow` says: an allocation a token.
 pub(crate) fn borrowed_text<'de: 'a, 'a, D: serde::Deserializer<'de>>(

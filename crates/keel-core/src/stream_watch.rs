@@ -12,7 +12,7 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
-use crate::protocol::{event_role, ChunkView, EventRole, Protocol};
+use crate::protocol::{event_role, ChunkView, EventRole, EventView, Protocol};
 use crate::sse::SseEvent;
 
 /// Whether an OpenAI chunk's text names `tool_calls` at all: most chunks are text, and this
@@ -184,6 +184,8 @@ pub struct EventFacts<'a> {
     /// An OpenAI chunk of one choice whose only content is text (`ChunkView::is_plain_text`):
     /// an assembler may append `text` without reading the chunk again.
     pub plain: bool,
+    /// The first index above [`MAX_OUTPUT_INDEX`] ([`oversized_index`]).
+    pub oversized: Option<u64>,
 }
 
 /// Reads an event's [`EventFacts`].
@@ -203,7 +205,13 @@ pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts<'_> {
                 tokens,
                 text: view.into_text().filter(|_| output),
                 plain,
+                oversized: oversized_index(protocol, ev),
             };
+        }
+    }
+    if protocol == Protocol::Anthropic && !ev.comment_only {
+        if let Some(facts) = read_anthropic(ev) {
+            return facts;
         }
     }
     let role = event_role(protocol, ev);
@@ -216,7 +224,37 @@ pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts<'_> {
             .map(Cow::Owned),
         role,
         plain: false,
+        oversized: oversized_index(protocol, ev),
     }
+}
+
+/// [`read_event`] for an Anthropic event, read once through [`EventView`]; `None` for the events
+/// it leaves to the tree: keep-alives and ends (read by name, not parsed), errors (their message
+/// is read from the tree), and data the view cannot read.
+fn read_anthropic(ev: &SseEvent) -> Option<EventFacts<'_>> {
+    let name = ev.event.as_deref().unwrap_or("");
+    if matches!(name, "ping" | "message_stop" | "error") {
+        return None;
+    }
+    let view = EventView::parse(&ev.data).filter(|v| !v.is_error())?;
+    let output = matches!(name, "content_block_delta" | "message_delta");
+    let delta = name == "content_block_delta";
+    let oversized = name
+        .starts_with("content_block")
+        .then(|| view.index())
+        .flatten()
+        .filter(|i| *i > MAX_OUTPUT_INDEX);
+    Some(EventFacts {
+        role: if output {
+            EventRole::Output
+        } else {
+            EventRole::Preamble
+        },
+        tokens: delta,
+        text: if delta { view.into_text() } else { None },
+        plain: false,
+        oversized,
+    })
 }
 
 /// The bytes around the text of a stream's plain chunks. An upstream writes every text chunk of
@@ -225,7 +263,8 @@ pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts<'_> {
 /// the same is the same JSON with only that string changed. Where that string has nothing to
 /// unescape, [`read_event_in`] reads it by comparing those bytes instead of parsing the chunk:
 /// the chunk view's parse was a fifth of keel's instructions per streamed request (callgrind,
-/// bench/RESULTS.md, issue 16). Kept per segment (a continuation's upstream writes its own).
+/// bench/RESULTS.md, issue 16). Anthropic text deltas are written alike too (the same type,
+/// index and delta type). Kept per segment (a continuation's upstream writes its own).
 #[derive(Debug, Default, Clone)]
 pub struct ChunkTemplate {
     /// The chunk up to its text's opening quote, included.
@@ -267,27 +306,43 @@ impl ChunkTemplate {
 
 /// [`read_event`] for the events of one upstream stream, in order: a chunk shaped like the last
 /// plain chunk read ([`ChunkTemplate`]) is read without parsing it; any other is parsed, and a
-/// plain one becomes the template.
+/// plain one becomes the template. For Anthropic the same holds of `content_block_delta` text
+/// events (by name too: the template compares only the data).
 pub fn read_event_in<'a>(
     protocol: Protocol,
     ev: &'a SseEvent,
     template: &mut ChunkTemplate,
 ) -> EventFacts<'a> {
-    if protocol == Protocol::OpenAi && !ev.comment_only {
+    let alike = !ev.comment_only
+        && match protocol {
+            Protocol::OpenAi => true,
+            Protocol::Anthropic => ev.event.as_deref() == Some("content_block_delta"),
+        };
+    if alike {
         if let Some(text) = template.text(&ev.data) {
             return EventFacts {
                 role: EventRole::Output,
                 tokens: true,
                 text: Some(Cow::Borrowed(text)),
-                plain: true,
+                plain: protocol == Protocol::OpenAi,
+                // An Anthropic delta's index is the one the template was learned from, which
+                // was within bounds.
+                oversized: match protocol {
+                    Protocol::OpenAi => oversized_index(protocol, ev),
+                    Protocol::Anthropic => None,
+                },
             };
         }
     }
     let facts = read_event(protocol, ev);
+    let teaches = match protocol {
+        Protocol::OpenAi => facts.plain,
+        Protocol::Anthropic => alike && facts.tokens && facts.oversized.is_none(),
+    };
     if let (true, EventRole::Output, Some(Cow::Borrowed(text))) =
-        (facts.plain, &facts.role, &facts.text)
+        (teaches, &facts.role, &facts.text)
     {
-        if protocol == Protocol::OpenAi && !text.is_empty() {
+        if !text.is_empty() {
             template.learn(&ev.data, text);
         }
     }
@@ -409,20 +464,55 @@ mod tests {
             ),
         ];
         for (p, ev) in events {
-            let role = event_role(p, &ev);
-            let output = role == EventRole::Output;
-            let plain = p == Protocol::OpenAi
-                && ChunkView::parse(&ev.data).is_some_and(|v| !v.has_error() && v.is_plain_text());
-            let expected = EventFacts {
-                tokens: output && carries_tokens(p, &ev),
-                text: output
-                    .then(|| crate::continuation::event_text(p, &ev))
-                    .flatten()
-                    .map(Cow::Owned),
-                role,
-                plain,
-            };
-            assert_eq!(read_event(p, &ev), expected, "{:?}", ev.data);
+            assert_eq!(read_event(p, &ev), separately(p, &ev), "{:?}", ev.data);
+        }
+    }
+
+    /// An event's facts, each read by its own reader from the event's tree.
+    fn separately(p: Protocol, ev: &SseEvent) -> EventFacts<'static> {
+        let role = event_role(p, ev);
+        let output = role == EventRole::Output;
+        let plain = p == Protocol::OpenAi
+            && ChunkView::parse(&ev.data).is_some_and(|v| !v.has_error() && v.is_plain_text());
+        EventFacts {
+            tokens: output && carries_tokens(p, ev),
+            text: output
+                .then(|| crate::continuation::event_text(p, ev))
+                .flatten()
+                .map(Cow::Owned),
+            role,
+            plain,
+            oversized: oversized_index(p, ev),
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever an Anthropic event's name and members, reading it once gives what each
+        /// reader gives from its tree.
+        #[test]
+        fn an_anthropic_event_read_once_agrees_with_the_separate_readings(
+            name in 0usize..9,
+            members in proptest::collection::vec((0usize..4, 0usize..10), 0..4),
+        ) {
+            const NAMES: [Option<&str>; 9] = [
+                None, Some("message_start"), Some("content_block_start"), Some("content_block_delta"),
+                Some("content_block_stop"), Some("message_delta"), Some("message_stop"), Some("ping"), Some("error"),
+            ];
+            const KEYS: [&str; 4] = ["type", "index", "delta", "other"];
+            const VALUES: [&str; 10] = [
+                "null", "3", "1023", "1024", "-1", r#""error""#, r#""content_block_delta""#,
+                r#"{"type":"text_delta","text":"h\u00e9 \"x\""}"#, r#"{"text":7}"#, r#"[{"text":"x"}]"#,
+            ];
+            let data = format!(
+                "{{{}}}",
+                members
+                    .iter()
+                    .map(|(k, v)| format!("\"{}\":{}", KEYS[*k], VALUES[*v]))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            let ev = SseEvent::new(NAMES[name], &data);
+            proptest::prop_assert_eq!(read_event(Protocol::Anthropic, &ev), separately(Protocol::Anthropic, &ev));
         }
     }
 
@@ -634,6 +724,34 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// Whatever an Anthropic stream's events are, reading them through a template gives
+        /// what parsing each gives: text deltas of any text, of another block, tool-input
+        /// deltas, and other events whose data is a text delta's.
+        #[test]
+        fn reading_anthropic_deltas_through_a_template_agrees_with_parsing(
+            steps in proptest::collection::vec((0u8..8, "\\PC{0,6}|[\"\\\\\n\t]{1,3}|.{0,4}"), 1..24)
+        ) {
+            let delta = |index: u32, text: &str| {
+                let data = serde_json::json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}});
+                data.to_string()
+            };
+            let mut t = ChunkTemplate::default();
+            for (kind, text) in &steps {
+                let ev = match kind {
+                    0..=3 => SseEvent::new(Some("content_block_delta"), &delta(0, text)),
+                    4 => SseEvent::new(Some("content_block_delta"), &delta(1024, text)),
+                    5 => SseEvent::new(Some("message_delta"), &delta(0, text)),
+                    6 => SseEvent::new(None, &delta(0, text)),
+                    _ => SseEvent::new(
+                        Some("content_block_delta"),
+                        r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{"}}"#,
+                    ),
+                };
+                let parsed = read_event(Protocol::Anthropic, &ev);
+                proptest::prop_assert_eq!(read_event_in(Protocol::Anthropic, &ev, &mut t), parsed);
+            }
+        }
+
         /// Whatever a stream's chunks are, reading them through a template gives what parsing
         /// each gives.
         #[test]

@@ -20,7 +20,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::time::{timeout_at, Instant};
 
 use keel_core::outcome::{parse_retry_after, AttemptFailure, Verdict};
-use keel_core::protocol::{error_message, event_role, Endpoint, EventRole, Protocol};
+use keel_core::protocol::{error_message, Endpoint, EventRole};
 use keel_core::request::CanonicalRequest;
 use keel_core::sse::{SseDecoder, SseError, SseEvent};
 use keel_core::stream_watch::{oversized_index, read_event_in, ChunkTemplate, MAX_OUTPUT_INDEX};
@@ -485,17 +485,17 @@ async fn run(
         }
         let mut drained = events.drain(..);
         for ev in drained.by_ref() {
-            if let Some(i) = oversized_index(protocol, &ev) {
+            // Read as the relay reads events, once; an OpenAI stream's first text chunk
+            // teaches the template the relay starts from.
+            let (role, oversized) = {
+                let facts = read_event_in(protocol, &ev, &mut template);
+                (facts.role, facts.oversized)
+            };
+            if let Some(i) = oversized {
                 return Err(AttemptFailure::Malformed(format!(
                     "an index of {i} (more than {MAX_OUTPUT_INDEX})"
                 )));
             }
-            // An OpenAI chunk is read as the relay reads it, and the first text chunk teaches
-            // the template the relay starts from.
-            let role = match protocol {
-                Protocol::OpenAi => read_event_in(protocol, &ev, &mut template).role,
-                Protocol::Anthropic => event_role(protocol, &ev),
-            };
             match role {
                 // Keep-alives while a server queues the request are forwarded once it answers,
                 // but not without bound; a preamble that never ends is broken.

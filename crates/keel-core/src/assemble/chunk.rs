@@ -1,5 +1,6 @@
-//! An OpenAI stream chunk as the assembler reads it: the answer's identity, usage, and the first
-//! choice's text, tool-call pieces and finish reason.
+//! An OpenAI stream chunk as the assembler reads it (the answer's identity, usage, and the first
+//! choice's text, tool-call pieces and finish reason), and an Anthropic `content_block_delta`
+//! (its block's index, the text or tool-input JSON it adds).
 //!
 //! A chunk is deserialized straight into [`Chunk`] (strings borrowed where unescaped, unknown
 //! fields skipped): a JSON tree for each role, finish and usage chunk was most of what assembling
@@ -155,6 +156,52 @@ impl<'a> Choice<'a> {
     }
 }
 
+/// An Anthropic `content_block_delta`, read as [`Chunk`] is: without a tree where it has the
+/// expected shape, else from its tree by [`BlockDelta::from_tree`].
+#[derive(Debug, Default, PartialEq, Deserialize)]
+pub(super) struct BlockDelta<'a> {
+    #[serde(default)]
+    pub index: Option<u64>,
+    #[serde(default, borrow)]
+    pub delta: Option<MapOnly<DeltaPieces<'a>>>,
+}
+
+#[derive(Debug, Default, PartialEq, Deserialize)]
+pub(super) struct DeltaPieces<'a> {
+    #[serde(default, borrow, deserialize_with = "borrowed_text")]
+    pub text: Option<Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "borrowed_text")]
+    pub partial_json: Option<Cow<'a, str>>,
+}
+
+impl<'a> BlockDelta<'a> {
+    pub fn parse(data: &'a str) -> serde_json::Result<Self> {
+        serde_json::from_str::<MapOnly<Self>>(data).map(|m| m.0)
+    }
+
+    pub fn from_tree(v: &'a Value) -> Self {
+        let text = |d: &'a Value, key: &str| d.get(key).and_then(Value::as_str).map(Cow::Borrowed);
+        BlockDelta {
+            index: v.get("index").and_then(Value::as_u64),
+            delta: v.get("delta").filter(|d| d.is_object()).map(|d| {
+                MapOnly(DeltaPieces {
+                    text: text(d, "text"),
+                    partial_json: text(d, "partial_json"),
+                })
+            }),
+        }
+    }
+
+    /// The text and the tool-input JSON the delta adds.
+    pub fn pieces(&self) -> (Option<&str>, Option<&str>) {
+        let d = self.delta.as_ref().map(|d| &d.0);
+        (
+            d.and_then(|d| d.text.as_deref()),
+            d.and_then(|d| d.partial_json.as_deref()),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,6 +301,33 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// Whatever a content block delta holds, reading it without a tree, where that
+        /// succeeds, gives what reading its tree gives.
+        #[test]
+        fn a_block_delta_read_without_a_tree_agrees_with_the_tree(
+            members in proptest::collection::vec((0usize..4, 0usize..8), 0..4),
+        ) {
+            const KEYS: [&str; 4] = ["index", "delta", "type", "other"];
+            const VALUES: [&str; 8] = [
+                "null", "2", "-1", r#""x""#, r#"{"type":"text_delta","text":"a\"b"}"#,
+                r#"{"partial_json":"{\"k\":","text":null}"#, r#"{"text":5}"#, "[1]",
+            ];
+            let mut seen = std::collections::HashSet::new();
+            let data = format!(
+                "{{{}}}",
+                members
+                    .iter()
+                    .filter(|(k, _)| seen.insert(*k))
+                    .map(|(k, v)| format!("\"{}\":{}", KEYS[*k], VALUES[*v]))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            let tree: Value = serde_json::from_str(&data).unwrap();
+            if let Ok(direct) = BlockDelta::parse(&data) {
+                proptest::prop_assert_eq!(direct, BlockDelta::from_tree(&tree));
+            }
+        }
+
         /// Whatever a chunk holds, reading it without a tree, where that succeeds, gives what
         /// reading its tree gives.
         #[test]

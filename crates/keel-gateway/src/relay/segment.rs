@@ -11,8 +11,8 @@ use keel_core::outcome::AttemptFailure;
 use keel_core::protocol::{event_role, EventRole};
 use keel_core::sse::SseEvent;
 use keel_core::stream_watch::{
-    oversized_index, read_event_in, ChunkTemplate, EventFacts, Hold, SlowRate, ToolCallHold,
-    MAX_OUTPUT_INDEX, SLOW_CHECKS, SLOW_RATE,
+    read_event_in, ChunkTemplate, EventFacts, Hold, SlowRate, ToolCallHold, MAX_OUTPUT_INDEX,
+    SLOW_CHECKS, SLOW_RATE,
 };
 
 use super::{Relay, Segment, SegmentEnd, Sent};
@@ -232,6 +232,7 @@ impl Relay {
             tokens,
             text,
             plain,
+            oversized,
         } = read_event_in(self.protocol, &ev, &mut w.template);
         // The request's usage, per attempt: the access log's and the trace's tokens, and a
         // keyed request's reconciliation (see `keys`).
@@ -260,7 +261,7 @@ impl Relay {
             }
             _ => {}
         }
-        if let Some(i) = oversized_index(self.protocol, &ev) {
+        if let Some(i) = oversized {
             return Some(SegmentEnd::Failed(AttemptFailure::Malformed(format!(
                 "an index of {i} (more than {MAX_OUTPUT_INDEX})"
             ))));
