@@ -5,7 +5,7 @@
 # load (so all of them meet the machine's fast and slow spells alike). Ticks are summed over
 # every thread of the gateway (/proc/PID/task/*/stat).
 #
-#   [TOK=16] [ROUNDS=3] [MODES="stream whole"] [RPS=1000] bench/cpu-split.sh <workdir> <gateway>...
+#   [TOK=16] [ROUNDS=3] [MODES="stream whole"] [RPS=1000] [PROTOCOL=anthropic] bench/cpu-split.sh <workdir> <gateway>...
 #
 # A gateway is `keel:<keel binary>` (label it with `keel@label:<binary>` to compare two builds),
 # `hyper:<keel binary>` (the floor, `keel bench plain-proxy`) or `nginx`. Prints, a line a round:
@@ -25,6 +25,9 @@ mkdir -p "$W"; cd "$W"
 source "$here/scripts/zero-latency.sh"
 zero_latency_configs
 TOK=${TOK:-16}; ROUNDS=${ROUNDS:-3}; MODES=${MODES:-stream whole}; RPS=${RPS:-1000}
+# PROTOCOL=anthropic: clients and the upstream speak Anthropic's Messages API.
+api=(--url "http://127.0.0.1:PORT/v1"); upstream=http://127.0.0.1:19401/v1
+[ "${PROTOCOL:-openai}" = anthropic ] && api=(--url "http://127.0.0.1:PORT" --endpoint messages) && upstream=http://127.0.0.1:19401
 # The load generator and the simulator: the first keel binary named.
 for g in "$@"; do case $g in keel*:*|hyper:*) K=${g#*:}; break ;; esac; done
 : "${K:?name at least one keel or hyper gateway (its binary runs the load generator)}"
@@ -41,10 +44,10 @@ for g in "$@"; do
     hyper:*)
       label=hyper
       taskset -c 1 "${g#*:}" bench plain-proxy --port "$port" --threads 1 \
-        http://127.0.0.1:19401/v1 > "hyper-$port.log" 2>&1 & gp=$! ;;
+        "$upstream" > "hyper-$port.log" 2>&1 & gp=$! ;;
     nginx)
       label=nginx
-      bash "$here/peers/nginx.sh" "$W/nginx" "$port" http://127.0.0.1:19401/v1
+      bash "$here/peers/nginx.sh" "$W/nginx" "$port" "$upstream"
       sleep 1
       gp=$(pgrep -P "$(cat "$W/nginx/nginx.pid")" | head -1)
       taskset -pc 1 "$gp" > /dev/null
@@ -57,7 +60,7 @@ trap 'kill "${pids[@]}" 2>/dev/null' EXIT
 sleep 1.5
 tk=$(getconf CLK_TCK)
 ticks() { local u=0 s=0 a; for t in /proc/$1/task/*/stat; do read -r -a a < "$t"; u=$((u + a[13])); s=$((s + a[14])); done; echo "$u $s"; }
-load() { taskset -c 0 "$K" sim load --url "http://127.0.0.1:$1/v1" --model bench --max-tokens "$TOK" --rps "$2" --duration "$3" $4 2>&1; }
+load() { taskset -c 0 "$K" sim load "${api[@]/PORT/$1}" --model bench --max-tokens "$TOK" --rps "$2" --duration "$3" $4 2>&1; }
 for i in "${!ports[@]}"; do load "${ports[$i]}" 200 2 --stream > /dev/null; done
 for r in $(seq 1 "$ROUNDS"); do
   for mode in $MODES; do
