@@ -152,8 +152,16 @@ pub fn oversized_index(protocol: Protocol, ev: &SseEvent) -> Option<u64> {
             if !ev.event.as_deref()?.starts_with("content_block") {
                 return None;
             }
-            let v: Value = serde_json::from_str(&ev.data).ok()?;
-            over(v.get("index").and_then(Value::as_u64))
+            // Without a tree where the event view can read the event (a translated stream's
+            // every upstream event comes here).
+            let index = match EventView::parse(&ev.data) {
+                Some(view) => view.index(),
+                None => serde_json::from_str::<Value>(&ev.data)
+                    .ok()?
+                    .get("index")
+                    .and_then(Value::as_u64),
+            };
+            over(index)
         }
     }
 }
@@ -482,8 +490,22 @@ mod tests {
                 .map(Cow::Owned),
             role,
             plain,
-            oversized: oversized_index(p, ev),
+            oversized: oversized_from_tree(p, ev),
         }
+    }
+
+    /// [`oversized_index`] read from the event's tree only.
+    fn oversized_from_tree(p: Protocol, ev: &SseEvent) -> Option<u64> {
+        if p == Protocol::OpenAi {
+            return oversized_index(p, ev);
+        }
+        if !ev.event.as_deref()?.starts_with("content_block") {
+            return None;
+        }
+        let v: Value = serde_json::from_str(&ev.data).ok()?;
+        v.get("index")
+            .and_then(Value::as_u64)
+            .filter(|i| *i > MAX_OUTPUT_INDEX)
     }
 
     proptest::proptest! {
@@ -512,6 +534,10 @@ mod tests {
                     .join(",")
             );
             let ev = SseEvent::new(NAMES[name], &data);
+            proptest::prop_assert_eq!(
+                oversized_index(Protocol::Anthropic, &ev),
+                oversized_from_tree(Protocol::Anthropic, &ev)
+            );
             proptest::prop_assert_eq!(read_event(Protocol::Anthropic, &ev), separately(Protocol::Anthropic, &ev));
         }
     }

@@ -178,13 +178,8 @@ impl AnthropicToChatStream {
                     self.finished = true;
                 }
                 if self.ctx.include_usage {
-                    let mut chunk = self.base();
-                    chunk.insert("choices".into(), json!([]));
-                    chunk.insert(
-                        "usage".into(),
-                        usage_to_openai(&Value::Object(self.usage.clone())),
-                    );
-                    out.push(SseEvent::new(None, &Value::Object(chunk).to_string()));
+                    let usage = usage_to_openai(&Value::Object(self.usage.clone()));
+                    out.push(self.write(&[], Some(usage)));
                 }
                 out.push(SseEvent::new(None, "[DONE]"));
                 self.done = true;
@@ -228,26 +223,51 @@ impl AnthropicToChatStream {
         }
     }
 
-    fn base(&self) -> Map<String, Value> {
-        let mut m = Map::new();
-        m.insert("id".into(), self.id.clone());
-        m.insert("object".into(), "chat.completion.chunk".into());
-        m.insert("created".into(), self.created_s.into());
-        m.insert("model".into(), self.model.as_str().into());
-        m
+    /// A chunk of one choice; `"usage": null` on each when the client asked for usage.
+    fn chunk(&self, delta: Value, finish: Value) -> SseEvent {
+        let choice = ChoiceOut {
+            index: 0,
+            delta,
+            logprobs: (),
+            finish_reason: finish,
+        };
+        self.write(&[choice], self.ctx.include_usage.then_some(Value::Null))
     }
 
-    fn chunk(&self, delta: Value, finish: Value) -> SseEvent {
-        let mut m = self.base();
-        m.insert(
-            "choices".into(),
-            json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]),
-        );
-        if self.ctx.include_usage {
-            m.insert("usage".into(), Value::Null);
-        }
-        SseEvent::new(None, &Value::Object(m).to_string())
+    /// A chunk serialized straight from its parts: a tree built for each chunk, then
+    /// serialized, was most of what translating a stream cost.
+    fn write(&self, choices: &[ChoiceOut], usage: Option<Value>) -> SseEvent {
+        let chunk = ChunkOut {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created_s,
+            model: &self.model,
+            choices,
+            usage,
+        };
+        // Cannot fail: every map key is a string.
+        SseEvent::new(None, &serde_json::to_string(&chunk).unwrap_or_default())
     }
+}
+
+/// A `chat.completion.chunk`, in the order of its members on the wire.
+#[derive(serde::Serialize)]
+struct ChunkOut<'a> {
+    id: &'a Value,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: &'a [ChoiceOut],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Value>,
+}
+
+#[derive(serde::Serialize)]
+struct ChoiceOut {
+    index: u32,
+    delta: Value,
+    logprobs: (),
+    finish_reason: Value,
 }
 
 fn block_index(v: &Value) -> Result<usize, String> {
