@@ -11,9 +11,11 @@
 # calls, no kernel), and a `rep movsb` copy counts one instruction a byte, so large memcpys
 # weigh more here than on the CPU.
 #
-#   [PROTOCOL=anthropic] bench/instructions-per-request.sh <keel binary> <out dir> [N=400] [tokens=16] [who="keel hyper nginx"]
+#   [PROTOCOL=anthropic] [CLIENT=openai] bench/instructions-per-request.sh <keel binary> <out dir> [N=400] [tokens=16] [who="keel hyper nginx"]
 #
 # PROTOCOL=anthropic: clients and the upstream speak Anthropic's Messages API instead of OpenAI's.
+# CLIENT=openai|anthropic: the clients' protocol, when it differs from the upstream's (keel
+# translates; only keel can run that).
 #
 # Prints "<gateway> <stream|whole> <instructions a request>"; the callgrind files stay in <out
 # dir> for `callgrind_annotate` (per function, with --inclusive=yes or --tree=caller).
@@ -28,7 +30,8 @@ taskset -c 0 "$K" sim --config sim.toml > sim.log 2>&1 & SP=$!
 trap 'kill $SP 2>/dev/null' EXIT
 sleep 1
 api=(--url "http://127.0.0.1:PORT/v1"); upstream=http://127.0.0.1:19401/v1
-[ "${PROTOCOL:-openai}" = anthropic ] && api=(--url "http://127.0.0.1:PORT" --endpoint messages) && upstream=http://127.0.0.1:19401
+[ "${PROTOCOL:-openai}" = anthropic ] && upstream=http://127.0.0.1:19401
+[ "${CLIENT:-${PROTOCOL:-openai}}" = anthropic ] && api=(--url "http://127.0.0.1:PORT" --endpoint messages)
 load() { taskset -c 0 "$K" sim load "${api[@]/PORT/$1}" --model bench --max-tokens "$T" --rps "$2" --duration "$3" $4 2>&1 | head -1; }
 measure() { # name port command...
   local name=$1 port=$2; shift 2
