@@ -15,7 +15,7 @@
 //! message of a `malformed` upstream failure, which fails over or migrates like any other.
 
 mod answer;
-mod chunk;
+pub(crate) mod chunk;
 
 use serde_json::{json, Map, Value};
 
@@ -185,6 +185,7 @@ impl Assembler {
             model,
             usage,
             choices,
+            ..
         } = chunk;
         // The first chunk gives the answer its identity.
         if self.identity.is_none() {

@@ -18,7 +18,10 @@ use serde_json::Value;
 use crate::protocol::{borrowed_text, MapOnly};
 
 #[derive(Debug, Default, PartialEq, Deserialize)]
-pub(super) struct Chunk<'a> {
+pub(crate) struct Chunk<'a> {
+    /// An upstream's error, present and not `null` (its message is read from the tree).
+    #[serde(default)]
+    pub error: Option<serde::de::IgnoredAny>,
     #[serde(default)]
     pub id: Option<Value>,
     #[serde(default)]
@@ -32,7 +35,7 @@ pub(super) struct Chunk<'a> {
 }
 
 #[derive(Debug, Default, PartialEq, Deserialize)]
-pub(super) struct Choice<'a> {
+pub(crate) struct Choice<'a> {
     #[serde(default, borrow, deserialize_with = "borrowed_text")]
     pub text: Option<Cow<'a, str>>,
     #[serde(default)]
@@ -42,15 +45,21 @@ pub(super) struct Choice<'a> {
 }
 
 #[derive(Debug, Default, PartialEq, Deserialize)]
-pub(super) struct Delta<'a> {
+pub(crate) struct Delta<'a> {
     #[serde(default, borrow, deserialize_with = "borrowed_text")]
     pub content: Option<Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "borrowed_text")]
+    pub refusal: Option<Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "borrowed_text")]
+    pub reasoning_content: Option<Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "borrowed_text")]
+    pub reasoning: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     pub tool_calls: Option<Vec<MapOnly<Call<'a>>>>,
 }
 
 #[derive(Debug, Default, PartialEq, Deserialize)]
-pub(super) struct Call<'a> {
+pub(crate) struct Call<'a> {
     #[serde(default)]
     pub index: Option<u64>,
     #[serde(default)]
@@ -60,7 +69,7 @@ pub(super) struct Call<'a> {
 }
 
 #[derive(Debug, Default, PartialEq, Deserialize)]
-pub(super) struct Function<'a> {
+pub(crate) struct Function<'a> {
     #[serde(default, borrow, deserialize_with = "borrowed_text")]
     pub name: Option<Cow<'a, str>>,
     #[serde(default, borrow, deserialize_with = "borrowed_text")]
@@ -70,7 +79,7 @@ pub(super) struct Function<'a> {
 /// The first element of `choices` (the assembler builds one choice); the rest are skipped
 /// without being read, as the tree reading skips them.
 #[derive(Debug, Default, PartialEq)]
-pub(super) struct FirstChoice<'a>(pub Option<Choice<'a>>);
+pub(crate) struct FirstChoice<'a>(pub Option<Choice<'a>>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for FirstChoice<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -117,6 +126,9 @@ impl<'a> Chunk<'a> {
         };
         let delta = |d: &'a Value| Delta {
             content: text(d, "content"),
+            refusal: text(d, "refusal"),
+            reasoning_content: text(d, "reasoning_content"),
+            reasoning: text(d, "reasoning"),
             tool_calls: d
                 .get("tool_calls")
                 .and_then(Value::as_array)
@@ -130,6 +142,10 @@ impl<'a> Chunk<'a> {
             }))
         });
         Chunk {
+            error: v
+                .get("error")
+                .filter(|e| !e.is_null())
+                .map(|_| serde::de::IgnoredAny),
             id: some(v, "id"),
             created: some(v, "created"),
             model: some(v, "model"),
@@ -148,6 +164,11 @@ impl<'a> Choice<'a> {
             .or(self.text.as_deref())
     }
 
+    /// The delta, if the choice has one.
+    pub fn delta(&self) -> Option<&Delta<'a>> {
+        self.delta.as_ref().map(|d| &d.0)
+    }
+
     pub fn calls(&self) -> &[MapOnly<Call<'a>>] {
         self.delta
             .as_ref()
@@ -159,7 +180,7 @@ impl<'a> Choice<'a> {
 /// An Anthropic `content_block_delta`, read as [`Chunk`] is: without a tree where it has the
 /// expected shape, else from its tree by [`BlockDelta::from_tree`].
 #[derive(Debug, Default, PartialEq, Deserialize)]
-pub(super) struct BlockDelta<'a> {
+pub(crate) struct BlockDelta<'a> {
     #[serde(default)]
     pub index: Option<u64>,
     #[serde(default, borrow)]
@@ -167,7 +188,7 @@ pub(super) struct BlockDelta<'a> {
 }
 
 #[derive(Debug, Default, PartialEq, Deserialize)]
-pub(super) struct DeltaPieces<'a> {
+pub(crate) struct DeltaPieces<'a> {
     #[serde(default, borrow, deserialize_with = "borrowed_text")]
     pub text: Option<Cow<'a, str>>,
     #[serde(default, borrow, deserialize_with = "borrowed_text")]
@@ -254,7 +275,12 @@ mod tests {
         ]
         .boxed();
         let delta = prop_oneof![
-            6 => object(vec![field("content", text.clone()).boxed(), field("tool_calls", calls).boxed()]),
+            6 => object(vec![
+                field("content", text.clone()).boxed(),
+                field("refusal", text.clone()).boxed(),
+                field("reasoning_content", text.clone()).boxed(),
+                field("tool_calls", calls).boxed(),
+            ]),
             1 => s.clone()
         ]
         .boxed();
@@ -273,6 +299,7 @@ mod tests {
         ]
         .boxed();
         object(vec![
+            field("error", s.clone()).boxed(),
             field("id", s.clone()).boxed(),
             field("created", s.clone()).boxed(),
             field("model", s.clone()).boxed(),

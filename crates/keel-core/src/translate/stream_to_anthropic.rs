@@ -7,10 +7,14 @@
 //! name are held until it does), and the `message_delta` that carries the stop reason and usage
 //! goes out at `[DONE]`, because OpenAI sends the usage chunk after the finish reason.
 
+use std::borrow::Cow;
+
 use serde_json::{json, Value};
 
 use super::{stop_reason_of, usage_to_anthropic};
+use crate::assemble::chunk::{Call, Chunk};
 use crate::assemble::{MAX_ASSEMBLED_BYTES, MAX_TOOL_CALLS};
+use crate::protocol::MapOnly;
 use crate::protocol::{error_message, stream_error_event, Protocol};
 use crate::sse::SseEvent;
 use crate::translate::error_kind_of;
@@ -84,53 +88,62 @@ impl ChatToAnthropicStream {
             self.finish(out);
             return Ok(());
         }
-        let v: Value = serde_json::from_str(&ev.data)
-            .map_err(|e| format!("invalid JSON in an OpenAI stream chunk: {e}"))?;
-        if v.get("error").is_some_and(|e| !e.is_null()) {
-            let kind = error_kind_of(&v, None);
-            out.push(stream_error_event(
-                Protocol::Anthropic,
-                kind,
-                &error_message(&v),
-            ));
-            self.done = true;
-            return Ok(());
-        }
+        // Read without a JSON tree where the chunk has the expected shape (see
+        // `assemble::chunk`); an error, or any other shape, is read from its tree.
+        let tree: Value;
+        let chunk = match Chunk::parse(&ev.data) {
+            Ok(chunk) if chunk.error.is_none() => chunk,
+            _ => {
+                tree = serde_json::from_str(&ev.data)
+                    .map_err(|e| format!("invalid JSON in an OpenAI stream chunk: {e}"))?;
+                if tree.get("error").is_some_and(|e| !e.is_null()) {
+                    let kind = error_kind_of(&tree, None);
+                    out.push(stream_error_event(
+                        Protocol::Anthropic,
+                        kind,
+                        &error_message(&tree),
+                    ));
+                    self.done = true;
+                    return Ok(());
+                }
+                Chunk::from_tree(&tree)
+            }
+        };
         if self.id.is_null() {
-            self.id = v.get("id").cloned().unwrap_or(Value::Null);
+            self.id = chunk.id.clone().unwrap_or(Value::Null);
         }
         self.start(out);
-        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+        if let Some(u) = chunk.usage.as_ref().filter(|u| u.is_object()) {
             self.usage = Some(usage_to_anthropic(u));
         }
-        let Some(choice) = v.get("choices").and_then(|c| c.get(0)) else {
+        let Some(choice) = chunk.choices.as_ref().and_then(|c| c.0.as_ref()) else {
             return Ok(());
         };
-        let delta = choice.get("delta").unwrap_or(&Value::Null);
-        let text = |k: &str| {
-            delta
-                .get(k)
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-        };
-        if let Some(r) = text("reasoning_content").or_else(|| text("reasoning")) {
+        let delta = choice.delta();
+        let reasoning =
+            delta.and_then(|d| non_empty(&d.reasoning_content).or_else(|| non_empty(&d.reasoning)));
+        if let Some(r) = reasoning {
             let block = json!({"type": "thinking", "thinking": "", "signature": ""});
             self.open_block(Open::Thinking, block, out);
             self.block_delta(DeltaOut::Thinking { thinking: r }, out);
         }
-        for (k, refusal) in [("content", false), ("refusal", true)] {
-            if let Some(t) = text(k) {
+        let texts = delta.map(|d| {
+            [
+                (non_empty(&d.content), false),
+                (non_empty(&d.refusal), true),
+            ]
+        });
+        for (t, refusal) in texts.into_iter().flatten() {
+            if let Some(t) = t {
                 self.refused |= refusal;
                 self.open_block(Open::Text, json!({"type": "text", "text": ""}), out);
                 self.block_delta(DeltaOut::Text { text: t }, out);
             }
         }
-        if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
-            for call in calls {
-                self.tool_call(call, out)?;
-            }
+        for MapOnly(call) in choice.calls() {
+            self.tool_call(call, out)?;
         }
-        if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
+        if let Some(f) = choice.finish_reason.as_ref().and_then(Value::as_str) {
             self.close_block(out);
             self.stop_reason = Some(if self.refused {
                 "refusal"
@@ -141,10 +154,9 @@ impl ChatToAnthropicStream {
         Ok(())
     }
 
-    fn tool_call(&mut self, call: &Value, out: &mut Vec<SseEvent>) -> Result<(), String> {
+    fn tool_call(&mut self, call: &Call<'_>, out: &mut Vec<SseEvent>) -> Result<(), String> {
         let i = call
-            .get("index")
-            .and_then(Value::as_u64)
+            .index
             .and_then(|i| usize::try_from(i).ok())
             .filter(|&i| i < MAX_TOOL_CALLS)
             .ok_or_else(|| {
@@ -153,10 +165,8 @@ impl ChatToAnthropicStream {
         if self.tools.len() <= i {
             self.tools.resize(i + 1, ToolCall::default());
         }
-        let args = call
-            .pointer("/function/arguments")
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let function = call.function.as_ref().map(|f| &f.0);
+        let args = function.and_then(|f| f.arguments.as_deref()).unwrap_or("");
         if self.tools[i].started {
             if !matches!(self.open, Some((Open::Tool(j), _)) if j == i) {
                 return Err(format!("tool call {i} resumed after another block began"));
@@ -167,10 +177,10 @@ impl ChatToAnthropicStream {
             return Ok(());
         }
         let slot = &mut self.tools[i];
-        if let Some(id) = call.get("id").and_then(Value::as_str) {
+        if let Some(id) = call.id.as_ref().and_then(Value::as_str) {
             slot.id = Some(id.to_owned());
         }
-        if let Some(n) = call.pointer("/function/name").and_then(Value::as_str) {
+        if let Some(n) = function.and_then(|f| f.name.as_deref()) {
             slot.name.push_str(n);
         }
         slot.pending.push_str(args);
@@ -272,6 +282,11 @@ impl ChatToAnthropicStream {
         out.push(named("message_stop", json!({"type": "message_stop"})));
         self.done = true;
     }
+}
+
+/// A delta's text, unless it is empty.
+fn non_empty<'s>(t: &'s Option<Cow<'_, str>>) -> Option<&'s str> {
+    t.as_deref().filter(|s| !s.is_empty())
 }
 
 /// A `content_block_delta` event, in the order of its members on the wire.
