@@ -189,8 +189,13 @@ pub(crate) struct BlockDelta<'a> {
 
 #[derive(Debug, Default, PartialEq, Deserialize)]
 pub(crate) struct DeltaPieces<'a> {
+    /// The delta's `type` (`text_delta`, `thinking_delta`, `input_json_delta`, …).
+    #[serde(default, borrow, rename = "type", deserialize_with = "borrowed_text")]
+    pub kind: Option<Cow<'a, str>>,
     #[serde(default, borrow, deserialize_with = "borrowed_text")]
     pub text: Option<Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "borrowed_text")]
+    pub thinking: Option<Cow<'a, str>>,
     #[serde(default, borrow, deserialize_with = "borrowed_text")]
     pub partial_json: Option<Cow<'a, str>>,
 }
@@ -206,7 +211,9 @@ impl<'a> BlockDelta<'a> {
             index: v.get("index").and_then(Value::as_u64),
             delta: v.get("delta").filter(|d| d.is_object()).map(|d| {
                 MapOnly(DeltaPieces {
+                    kind: text(d, "type"),
                     text: text(d, "text"),
+                    thinking: text(d, "thinking"),
                     partial_json: text(d, "partial_json"),
                 })
             }),
@@ -332,12 +339,13 @@ mod tests {
         /// succeeds, gives what reading its tree gives.
         #[test]
         fn a_block_delta_read_without_a_tree_agrees_with_the_tree(
-            members in proptest::collection::vec((0usize..4, 0usize..8), 0..4),
+            members in proptest::collection::vec((0usize..4, 0usize..9), 0..4),
         ) {
             const KEYS: [&str; 4] = ["index", "delta", "type", "other"];
-            const VALUES: [&str; 8] = [
+            const VALUES: [&str; 9] = [
                 "null", "2", "-1", r#""x""#, r#"{"type":"text_delta","text":"a\"b"}"#,
                 r#"{"partial_json":"{\"k\":","text":null}"#, r#"{"text":5}"#, "[1]",
+                r#"{"type":"thinking_delta","thinking":"hm"}"#,
             ];
             let mut seen = std::collections::HashSet::new();
             let data = format!(

@@ -7,6 +7,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{finish_reason_of, usage_to_openai, ResponseContext};
+use crate::assemble::chunk::BlockDelta;
 use crate::assemble::MAX_CONTENT_BLOCKS;
 use crate::protocol::{error_message, stream_error_event, Protocol};
 use crate::sse::SseEvent;
@@ -75,6 +76,13 @@ impl AnthropicToChatStream {
             out.push(ev.clone());
             return Ok(());
         }
+        // Text deltas, nearly every event, are read without a JSON tree where they have the
+        // expected shape (see `assemble::chunk`).
+        if ev.event.as_deref() == Some("content_block_delta") {
+            if let Ok(delta) = BlockDelta::parse(&ev.data) {
+                return self.block_delta(&delta, out);
+            }
+        }
         let v: Value = serde_json::from_str(&ev.data)
             .map_err(|e| format!("invalid JSON in an Anthropic stream event: {e}"))?;
         let name = ev
@@ -92,7 +100,7 @@ impl AnthropicToChatStream {
             }
             "content_block_start" => {
                 self.start(out);
-                let i = block_index(&v)?;
+                let i = block_index(v.get("index").and_then(Value::as_u64))?;
                 let block = v.get("content_block").unwrap_or(&Value::Null);
                 let kind = match block.get("type").and_then(Value::as_str).unwrap_or("") {
                     "text" => {
@@ -122,41 +130,7 @@ impl AnthropicToChatStream {
                 }
                 self.blocks[i] = Some(kind);
             }
-            "content_block_delta" => {
-                let i = block_index(&v)?;
-                let Some(kind) = self.blocks.get(i).copied().flatten() else {
-                    return Err(format!(
-                        "a delta for content block {i}, which never started"
-                    ));
-                };
-                let delta = v.get("delta").unwrap_or(&Value::Null);
-                let text = |k: &str| delta.get(k).and_then(Value::as_str).unwrap_or("");
-                match (
-                    kind,
-                    delta.get("type").and_then(Value::as_str).unwrap_or(""),
-                ) {
-                    (Block::Text, "text_delta") => {
-                        self.emit_delta(json!({"content": text("text")}), text("text"), out)
-                    }
-                    (Block::Thinking, "thinking_delta") => self.emit_delta(
-                        json!({"reasoning_content": text("thinking")}),
-                        text("thinking"),
-                        out,
-                    ),
-                    (Block::JsonAnswer, "input_json_delta") => self.emit_delta(
-                        json!({"content": text("partial_json")}),
-                        text("partial_json"),
-                        out,
-                    ),
-                    (Block::Tool(k), "input_json_delta") => {
-                        let part = text("partial_json");
-                        let call = json!({"index": k, "function": {"arguments": part}});
-                        self.emit_delta(json!({"tool_calls": [call]}), part, out);
-                    }
-                    // Signatures, citations and whatever comes next: no Chat form.
-                    _ => {}
-                }
-            }
+            "content_block_delta" => self.block_delta(&BlockDelta::from_tree(&v), out)?,
             "message_delta" => {
                 self.start(out);
                 self.merge_usage(v.get("usage"));
@@ -205,6 +179,38 @@ impl AnthropicToChatStream {
             self.started = true;
             out.push(self.chunk(json!({"role": "assistant", "content": ""}), Value::Null));
         }
+    }
+
+    /// A content block delta: text, reasoning, the JSON answer's text, or a tool call's
+    /// arguments.
+    fn block_delta(&self, d: &BlockDelta<'_>, out: &mut Vec<SseEvent>) -> Result<(), String> {
+        let i = block_index(d.index)?;
+        let Some(kind) = self.blocks.get(i).copied().flatten() else {
+            return Err(format!(
+                "a delta for content block {i}, which never started"
+            ));
+        };
+        let p = d.delta.as_ref().map(|p| &p.0);
+        let delta_type = p.and_then(|p| p.kind.as_deref()).unwrap_or("");
+        let text = p.and_then(|p| p.text.as_deref()).unwrap_or("");
+        let thinking = p.and_then(|p| p.thinking.as_deref()).unwrap_or("");
+        let partial_json = p.and_then(|p| p.partial_json.as_deref()).unwrap_or("");
+        match (kind, delta_type) {
+            (Block::Text, "text_delta") => self.emit_delta(json!({"content": text}), text, out),
+            (Block::Thinking, "thinking_delta") => {
+                self.emit_delta(json!({"reasoning_content": thinking}), thinking, out)
+            }
+            (Block::JsonAnswer, "input_json_delta") => {
+                self.emit_delta(json!({"content": partial_json}), partial_json, out)
+            }
+            (Block::Tool(k), "input_json_delta") => {
+                let call = json!({"index": k, "function": {"arguments": partial_json}});
+                self.emit_delta(json!({"tool_calls": [call]}), partial_json, out);
+            }
+            // Signatures, citations and whatever comes next: no Chat form.
+            _ => {}
+        }
+        Ok(())
     }
 
     fn emit_delta(&self, delta: Value, payload: &str, out: &mut Vec<SseEvent>) {
@@ -270,11 +276,8 @@ struct ChoiceOut {
     finish_reason: Value,
 }
 
-fn block_index(v: &Value) -> Result<usize, String> {
-    let i = v
-        .get("index")
-        .and_then(Value::as_u64)
-        .ok_or("a content block event without an index")?;
+fn block_index(index: Option<u64>) -> Result<usize, String> {
+    let i = index.ok_or("a content block event without an index")?;
     usize::try_from(i)
         .ok()
         .filter(|&i| i < MAX_CONTENT_BLOCKS)
