@@ -105,7 +105,7 @@ impl AnthropicToChatStream {
                 let kind = match block.get("type").and_then(Value::as_str).unwrap_or("") {
                     "text" => {
                         let t = block.get("text").and_then(Value::as_str).unwrap_or("");
-                        self.emit_delta(json!({"content": t}), t, out);
+                        self.emit_delta(ChatDelta::Content { content: t }, t, out);
                         Block::Text
                     }
                     "thinking" => Block::Thinking,
@@ -119,7 +119,10 @@ impl AnthropicToChatStream {
                             self.tool_calls += 1;
                             let call = json!({"index": k, "id": block.get("id").cloned().unwrap_or(Value::Null),
                                 "type": "function", "function": {"name": name, "arguments": ""}});
-                            out.push(self.chunk(json!({"tool_calls": [call]}), Value::Null));
+                            out.push(self.chunk(
+                                ChatDelta::Tree(json!({"tool_calls": [call]})),
+                                Value::Null,
+                            ));
                             Block::Tool(k)
                         }
                     }
@@ -140,7 +143,7 @@ impl AnthropicToChatStream {
                     } else {
                         finish_reason_of(stop)
                     };
-                    out.push(self.chunk(json!({}), json!(finish)));
+                    out.push(self.chunk(ChatDelta::Tree(json!({})), json!(finish)));
                     self.finished = true;
                 }
             }
@@ -148,7 +151,7 @@ impl AnthropicToChatStream {
                 self.start(out);
                 if !self.finished {
                     // Chat clients expect a finish reason; the upstream gave none.
-                    out.push(self.chunk(json!({}), json!("stop")));
+                    out.push(self.chunk(ChatDelta::Tree(json!({})), json!("stop")));
                     self.finished = true;
                 }
                 if self.ctx.include_usage {
@@ -177,7 +180,10 @@ impl AnthropicToChatStream {
     fn start(&mut self, out: &mut Vec<SseEvent>) {
         if !self.started {
             self.started = true;
-            out.push(self.chunk(json!({"role": "assistant", "content": ""}), Value::Null));
+            out.push(self.chunk(
+                ChatDelta::Tree(json!({"role": "assistant", "content": ""})),
+                Value::Null,
+            ));
         }
     }
 
@@ -196,16 +202,30 @@ impl AnthropicToChatStream {
         let thinking = p.and_then(|p| p.thinking.as_deref()).unwrap_or("");
         let partial_json = p.and_then(|p| p.partial_json.as_deref()).unwrap_or("");
         match (kind, delta_type) {
-            (Block::Text, "text_delta") => self.emit_delta(json!({"content": text}), text, out),
-            (Block::Thinking, "thinking_delta") => {
-                self.emit_delta(json!({"reasoning_content": thinking}), thinking, out)
+            (Block::Text, "text_delta") => {
+                self.emit_delta(ChatDelta::Content { content: text }, text, out)
             }
-            (Block::JsonAnswer, "input_json_delta") => {
-                self.emit_delta(json!({"content": partial_json}), partial_json, out)
-            }
+            (Block::Thinking, "thinking_delta") => self.emit_delta(
+                ChatDelta::Reasoning {
+                    reasoning_content: thinking,
+                },
+                thinking,
+                out,
+            ),
+            (Block::JsonAnswer, "input_json_delta") => self.emit_delta(
+                ChatDelta::Content {
+                    content: partial_json,
+                },
+                partial_json,
+                out,
+            ),
             (Block::Tool(k), "input_json_delta") => {
                 let call = json!({"index": k, "function": {"arguments": partial_json}});
-                self.emit_delta(json!({"tool_calls": [call]}), partial_json, out);
+                self.emit_delta(
+                    ChatDelta::Tree(json!({"tool_calls": [call]})),
+                    partial_json,
+                    out,
+                );
             }
             // Signatures, citations and whatever comes next: no Chat form.
             _ => {}
@@ -213,7 +233,7 @@ impl AnthropicToChatStream {
         Ok(())
     }
 
-    fn emit_delta(&self, delta: Value, payload: &str, out: &mut Vec<SseEvent>) {
+    fn emit_delta(&self, delta: ChatDelta<'_>, payload: &str, out: &mut Vec<SseEvent>) {
         if !payload.is_empty() {
             out.push(self.chunk(delta, Value::Null));
         }
@@ -230,7 +250,7 @@ impl AnthropicToChatStream {
     }
 
     /// A chunk of one choice; `"usage": null` on each when the client asked for usage.
-    fn chunk(&self, delta: Value, finish: Value) -> SseEvent {
+    fn chunk(&self, delta: ChatDelta<'_>, finish: Value) -> SseEvent {
         let choice = ChoiceOut {
             index: 0,
             delta,
@@ -242,7 +262,7 @@ impl AnthropicToChatStream {
 
     /// A chunk serialized straight from its parts: a tree built for each chunk, then
     /// serialized, was most of what translating a stream cost.
-    fn write(&self, choices: &[ChoiceOut], usage: Option<Value>) -> SseEvent {
+    fn write(&self, choices: &[ChoiceOut<'_>], usage: Option<Value>) -> SseEvent {
         let chunk = ChunkOut {
             id: &self.id,
             object: "chat.completion.chunk",
@@ -263,15 +283,15 @@ struct ChunkOut<'a> {
     object: &'static str,
     created: u64,
     model: &'a str,
-    choices: &'a [ChoiceOut],
+    choices: &'a [ChoiceOut<'a>],
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<Value>,
 }
 
 #[derive(serde::Serialize)]
-struct ChoiceOut {
+struct ChoiceOut<'a> {
     index: u32,
-    delta: Value,
+    delta: ChatDelta<'a>,
     logprobs: (),
     finish_reason: Value,
 }
@@ -291,4 +311,14 @@ fn comment(text: &str) -> SseEvent {
         comment_only: true,
         raw: SseEvent::comment(text),
     }
+}
+
+/// A chunk's `delta`: text and reasoning written straight from their text (nearly every
+/// chunk), anything else from a tree.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum ChatDelta<'a> {
+    Content { content: &'a str },
+    Reasoning { reasoning_content: &'a str },
+    Tree(Value),
 }

@@ -487,3 +487,41 @@ fn a_stream_without_a_stop_reason_still_finishes() {
     let names: Vec<&str> = out.iter().map(|e| e.event.as_deref().unwrap()).collect();
     assert_eq!(names, ["message_start", "message_delta", "message_stop"]);
 }
+
+#[test]
+fn a_streamed_anthropic_thinking_block_becomes_reasoning_content() {
+    let mut s = AnthropicToChatStream::new(ResponseContext::default(), "pub", 1);
+    let evs = vec![
+        ev(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 1}}}),
+        ),
+        ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+        ),
+        ev(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "thinking_delta", "thinking": "Hm \"so\"."}}),
+        ),
+        ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        ev(
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                "usage": {"output_tokens": 2}}),
+        ),
+        ev("message_stop", json!({"type": "message_stop"})),
+    ];
+    let out = translate_to_openai(&mut s, &evs);
+    let reasoning: Vec<Value> = out
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
+        .filter_map(|c| c.pointer("/choices/0/delta/reasoning_content").cloned())
+        .collect();
+    assert_eq!(reasoning, vec![json!("Hm \"so\".")]);
+}
