@@ -7,8 +7,9 @@
 //! a whole answer cost. A chunk this cannot read (a field of an unexpected type, a duplicated
 //! field) is parsed into a tree and read into the same struct by [`Chunk::from_tree`], which
 //! reads a field of the wrong type as absent. The two agree on every chunk the first can read
-//! (a property test below checks it), so the assembler has one reading, whichever way the chunk
-//! came.
+//! (a property test below checks it), so the assembler, and the translators that read the same
+//! events (`translate::stream_to_anthropic`, `translate::stream_to_openai`), have one reading
+//! whichever way the chunk came.
 
 use std::borrow::Cow;
 
