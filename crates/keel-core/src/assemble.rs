@@ -71,6 +71,20 @@ struct Identity {
     model: Value,
 }
 
+impl Identity {
+    /// An OpenAI answer of this identity.
+    fn answer<C>(self, object: &'static str, choice: C, usage: Value) -> answer::OpenAiAnswer<C> {
+        answer::OpenAiAnswer {
+            id: self.id,
+            object,
+            created: self.created,
+            model: self.model,
+            choices: [choice],
+            usage,
+        }
+    }
+}
+
 /// An upstream-supplied index, if it is within `max` slots.
 fn bounded_index(v: &Value, max: usize, what: &str) -> Result<usize, String> {
     bounded(v.get("index").and_then(Value::as_u64), max, what)
@@ -333,23 +347,17 @@ impl Assembler {
                 })
             }
             Endpoint::Completions => {
-                let first = self.identity.take().unwrap_or_default();
-                Answer::Completion(answer::Completion {
-                    id: first.id,
-                    object: "text_completion",
-                    created: first.created,
-                    model: first.model,
-                    choices: [answer::CompletionChoice {
-                        index: 0,
-                        text: self.text,
-                        logprobs: (),
-                        finish_reason: self.finish_reason,
-                    }],
-                    usage: self.usage,
-                })
+                let choice = answer::CompletionChoice {
+                    index: 0,
+                    text: self.text,
+                    logprobs: (),
+                    finish_reason: self.finish_reason,
+                };
+                let first = self.identity.unwrap_or_default();
+                Answer::Completion(first.answer("text_completion", choice, self.usage))
             }
             _ => {
-                let first = self.identity.take().unwrap_or_default();
+                let first = self.identity.unwrap_or_default();
                 let only_calls = self.text.is_empty() && !self.tool_calls.is_empty();
                 let tool_calls = self
                     .tool_calls
@@ -360,24 +368,18 @@ impl Assembler {
                         function: answer::Function { name, arguments },
                     })
                     .collect();
-                Answer::Chat(answer::Chat {
-                    id: first.id,
-                    object: "chat.completion",
-                    created: first.created,
-                    model: first.model,
-                    choices: [answer::ChatChoice {
-                        index: 0,
-                        message: answer::ChatMessage {
-                            role: "assistant",
-                            content: (!only_calls).then_some(self.text),
-                            refusal: (),
-                            tool_calls,
-                        },
-                        logprobs: (),
-                        finish_reason: self.finish_reason,
-                    }],
-                    usage: self.usage,
-                })
+                let choice = answer::ChatChoice {
+                    index: 0,
+                    message: answer::ChatMessage {
+                        role: "assistant",
+                        content: (!only_calls).then_some(self.text),
+                        refusal: (),
+                        tool_calls,
+                    },
+                    logprobs: (),
+                    finish_reason: self.finish_reason,
+                };
+                Answer::Chat(first.answer("chat.completion", choice, self.usage))
             }
         }
     }

@@ -343,9 +343,7 @@ struct DeltaTextView<'a> {
 impl<'a> EventView<'a> {
     /// `None` when the data is not a JSON object of the expected shape.
     pub fn parse(data: &'a str) -> Option<Self> {
-        serde_json::from_str::<MapOnly<Self>>(data)
-            .ok()
-            .map(|m| m.0)
+        MapOnly::parse(data).ok()
     }
 
     /// An error event by its `type` (its message is read from the tree).
@@ -403,6 +401,13 @@ pub(crate) fn borrowed_text<'de: 'a, 'a, D: serde::Deserializer<'de>>(
 #[derive(Debug, Default, PartialEq)]
 pub struct MapOnly<T>(pub T);
 
+impl<'de, T: serde::Deserialize<'de>> MapOnly<T> {
+    /// `T` read from JSON text that must be an object.
+    pub fn parse(data: &'de str) -> serde_json::Result<T> {
+        serde_json::from_str::<Self>(data).map(|m| m.0)
+    }
+}
+
 impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Visit<T>(std::marker::PhantomData<T>);
@@ -439,9 +444,7 @@ struct DeltaView<'a> {
 impl<'a> ChunkView<'a> {
     /// `None` when the data is not JSON of the expected shape (callers fall back to `Value`).
     pub fn parse(data: &'a str) -> Option<Self> {
-        serde_json::from_str::<MapOnly<Self>>(data)
-            .ok()
-            .map(|m| m.0)
+        MapOnly::parse(data).ok()
     }
 
     pub fn has_error(&self) -> bool {

@@ -11,8 +11,8 @@ use serde_json::{Map, Value};
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum Answer {
-    Chat(Chat),
-    Completion(Completion),
+    Chat(OpenAiAnswer<ChatChoice>),
+    Completion(OpenAiAnswer<CompletionChoice>),
     Message(Message),
 }
 
@@ -29,19 +29,20 @@ impl Answer {
     }
 }
 
-/// OpenAI `chat.completion`.
+/// OpenAI `chat.completion` (one [`ChatChoice`]) or `text_completion` (one
+/// [`CompletionChoice`]).
 #[derive(Debug, Serialize)]
-pub struct Chat {
+pub struct OpenAiAnswer<C> {
     pub(super) id: Value,
     pub(super) object: &'static str,
     pub(super) created: Value,
     pub(super) model: Value,
-    pub(super) choices: [ChatChoice; 1],
+    pub(super) choices: [C; 1],
     pub(super) usage: Value,
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct ChatChoice {
+pub struct ChatChoice {
     pub(super) index: u32,
     pub(super) message: ChatMessage,
     pub(super) logprobs: (),
@@ -72,19 +73,8 @@ pub(super) struct Function {
     pub(super) arguments: String,
 }
 
-/// OpenAI `text_completion`.
 #[derive(Debug, Serialize)]
-pub struct Completion {
-    pub(super) id: Value,
-    pub(super) object: &'static str,
-    pub(super) created: Value,
-    pub(super) model: Value,
-    pub(super) choices: [CompletionChoice; 1],
-    pub(super) usage: Value,
-}
-
-#[derive(Debug, Serialize)]
-pub(super) struct CompletionChoice {
+pub struct CompletionChoice {
     pub(super) index: u32,
     pub(super) text: String,
     pub(super) logprobs: (),

@@ -106,7 +106,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for FirstChoice<'a> {
 impl<'a> Chunk<'a> {
     /// The chunk read from its data, without a tree; `Err` when it has a shape this cannot read.
     pub fn parse(data: &'a str) -> serde_json::Result<Self> {
-        serde_json::from_str::<MapOnly<Self>>(data).map(|m| m.0)
+        MapOnly::parse(data)
     }
 
     /// The chunk read from its JSON tree: a field of the wrong type, or a part that is not an
@@ -203,7 +203,7 @@ pub(crate) struct DeltaPieces<'a> {
 
 impl<'a> BlockDelta<'a> {
     pub fn parse(data: &'a str) -> serde_json::Result<Self> {
-        serde_json::from_str::<MapOnly<Self>>(data).map(|m| m.0)
+        MapOnly::parse(data)
     }
 
     pub fn from_tree(v: &'a Value) -> Self {

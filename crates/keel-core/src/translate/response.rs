@@ -213,6 +213,12 @@ pub fn error_kind_of(body: &Value, status: Option<u16>) -> ErrorKind {
     }
 }
 
+/// An upstream's in-stream error (either protocol's shape) as the `to` protocol's stream error
+/// event, keeping the message and the kind.
+pub(crate) fn error_event_to_protocol(body: &Value, to: Protocol) -> crate::sse::SseEvent {
+    crate::protocol::stream_error_event(to, error_kind_of(body, None), &error_message(body))
+}
+
 /// An upstream error body (either protocol's shape) in the `to` protocol's shape, keeping the
 /// message and the kind.
 pub fn error_body_to_protocol(body: &Value, status: Option<u16>, to: Protocol) -> Value {

@@ -15,9 +15,9 @@ use super::{stop_reason_of, usage_to_anthropic};
 use crate::assemble::chunk::{Call, Chunk};
 use crate::assemble::{MAX_ASSEMBLED_BYTES, MAX_TOOL_CALLS};
 use crate::protocol::MapOnly;
-use crate::protocol::{error_message, stream_error_event, Protocol};
+use crate::protocol::Protocol;
 use crate::sse::SseEvent;
-use crate::translate::error_kind_of;
+use crate::translate::response::error_event_to_protocol;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Open {
@@ -97,12 +97,7 @@ impl ChatToAnthropicStream {
                 tree = serde_json::from_str(&ev.data)
                     .map_err(|e| format!("invalid JSON in an OpenAI stream chunk: {e}"))?;
                 if tree.get("error").is_some_and(|e| !e.is_null()) {
-                    let kind = error_kind_of(&tree, None);
-                    out.push(stream_error_event(
-                        Protocol::Anthropic,
-                        kind,
-                        &error_message(&tree),
-                    ));
+                    out.push(error_event_to_protocol(&tree, Protocol::Anthropic));
                     self.done = true;
                     return Ok(());
                 }

@@ -9,9 +9,9 @@ use serde_json::{json, Map, Value};
 use super::{finish_reason_of, usage_to_openai, ResponseContext};
 use crate::assemble::chunk::BlockDelta;
 use crate::assemble::MAX_CONTENT_BLOCKS;
-use crate::protocol::{error_message, stream_error_event, Protocol};
+use crate::protocol::Protocol;
 use crate::sse::SseEvent;
-use crate::translate::error_kind_of;
+use crate::translate::response::error_event_to_protocol;
 
 /// What an Anthropic content block becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,12 +162,7 @@ impl AnthropicToChatStream {
                 self.done = true;
             }
             "error" => {
-                let kind = error_kind_of(&v, None);
-                out.push(stream_error_event(
-                    Protocol::OpenAi,
-                    kind,
-                    &error_message(&v),
-                ));
+                out.push(error_event_to_protocol(&v, Protocol::OpenAi));
                 self.done = true;
             }
             // content_block_stop, and event types newer than this code.
