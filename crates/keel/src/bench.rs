@@ -71,6 +71,11 @@ pub enum BenchCommand {
         /// P50/P90/P99 and the requests per second one client completes. No ramp.
         #[arg(long)]
         sequential: bool,
+        /// Run N busy loops on the gateway's core (every core with --no-pin) for the whole run,
+        /// as a compile or a noisy neighbour would: how each gateway's latency holds up when it
+        /// shares its CPU. Works with every mode.
+        #[arg(long, default_value_t = 0)]
+        contend: usize,
     },
     /// Duration of one routing decision (stage 1) over an N-variant pool: P50/P99/P99.9.
     Decision {
@@ -170,6 +175,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             streams,
             tail_bounds,
             sequential,
+            contend,
         } => {
             crate::overhead::run(crate::overhead::Options {
                 rates,
@@ -186,6 +192,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
                 streams,
                 tail_bounds,
                 sequential,
+                contend,
             })
             .await
         }

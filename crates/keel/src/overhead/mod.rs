@@ -67,6 +67,65 @@ pub struct Options {
     pub tail_bounds: bool,
     /// One client's closed loop (a request as soon as the last answer is read).
     pub sequential: bool,
+    /// Busy loops sharing the gateway's core for the whole run.
+    pub contend: usize,
+}
+
+/// `--contend N`: N busy loops (`sh` spinning, a process each, as a compiler's jobs are) on the
+/// gateway's core, or unpinned when nothing is pinned; stopped when dropped.
+struct Contention(Vec<std::process::Child>);
+
+/// The busy loops' process ids: [`pin`] leaves them where they were started (they are this
+/// process's children, which it otherwise pins with it).
+static BUSY_LOOPS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+fn is_busy_loop(pid: u32) -> bool {
+    BUSY_LOOPS.lock().is_ok_and(|l| l.contains(&pid))
+}
+
+impl Contention {
+    fn start(n: usize, pinned: bool, gw_cpu: &str) -> Result<Contention, String> {
+        let mut loops = Contention(Vec::new());
+        for _ in 0..n {
+            let mut cmd = if pinned {
+                let mut c = std::process::Command::new("taskset");
+                c.args(["-c", gw_cpu, "sh"]);
+                c
+            } else {
+                std::process::Command::new("sh")
+            };
+            let child = cmd
+                .args(["-c", "while :; do :; done"])
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| format!("cannot start a busy loop (--contend): {e}"))?;
+            if let Ok(mut l) = BUSY_LOOPS.lock() {
+                l.push(child.id());
+            }
+            loops.0.push(child);
+        }
+        if n > 0 {
+            let place = if pinned {
+                format!("on CPU {gw_cpu}, the gateway's")
+            } else {
+                "unpinned".into()
+            };
+            println!("--contend: {n} busy loop(s) {place}, for the whole run");
+        }
+        Ok(loops)
+    }
+}
+
+impl Drop for Contention {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Ok(mut l) = BUSY_LOOPS.lock() {
+            l.retain(|pid| !self.0.iter().any(|c| c.id() == *pid));
+        }
+    }
 }
 
 /// Rates tried, in order, for the highest sustainable one. Past the stretch goal (10,000 whole
@@ -108,6 +167,9 @@ fn cores() -> usize {
 /// Pins `pid` and every thread and child process of it to `cpus` (a taskset list).
 fn pin(pid: u32, cpus: &str) {
     for p in std::iter::once(pid).chain(descendants(pid)) {
+        if is_busy_loop(p) {
+            continue;
+        }
         let _ = std::process::Command::new("taskset")
             .args(["-a", "-cp", cpus, &p.to_string()])
             .stdout(std::process::Stdio::null())
@@ -629,6 +691,8 @@ pub async fn run(mut o: Options) -> Result<(), String> {
     if cpu_plan(o.pin).0 && o.keel_threads.is_none() {
         o.keel_threads = Some(1);
     }
+    let (pinned, gw_cpu, _) = cpu_plan(o.pin);
+    let _contention = Contention::start(o.contend, pinned, &gw_cpu)?;
     if o.translated {
         return translated::run(o).await;
     }
@@ -868,7 +932,8 @@ fn write_rows(
 ) -> Result<PathBuf, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join(format!("{name}.json"));
-    let doc = json!({"duration_s": o.duration, "rounds": o.rounds, "pinned": pinned, "rows": rows});
+    let doc = json!({"duration_s": o.duration, "rounds": o.rounds, "pinned": pinned,
+        "contend": o.contend, "rows": rows});
     std::fs::write(
         &path,
         serde_json::to_string_pretty(&doc).unwrap_or_default(),
@@ -889,7 +954,7 @@ fn write_out(
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join("overhead.json");
     let doc = json!({"rates": o.rates, "duration_s": o.duration, "rounds": o.rounds,
-        "keel_worker_threads": o.keel_threads, "pinned": pinned, "contenders": report,
+        "keel_worker_threads": o.keel_threads, "pinned": pinned, "contend": o.contend, "contenders": report,
         "sustainable_rate_keel_over_peer": ratios});
     std::fs::write(
         &path,
@@ -938,6 +1003,35 @@ mod tests {
             streams: Vec::new(),
             tail_bounds: false,
             sequential: false,
+            contend: 0,
+        }
+    }
+
+    /// `--contend`: the busy loops run while the guard lives, [`pin`] leaves them alone, and
+    /// dropping the guard stops and reaps them.
+    #[test]
+    fn busy_loops_run_until_dropped_and_are_never_pinned_with_the_bench() {
+        let loops = Contention::start(2, false, "0").expect("sh starts");
+        let pids: Vec<u32> = loops.0.iter().map(|c| c.id()).collect();
+        assert_eq!(pids.len(), 2);
+        for pid in &pids {
+            assert!(is_busy_loop(*pid));
+            // Until the child has exec'd, /proc shows this process's command line.
+            let spinning = (0..500).any(|_| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let found = String::from_utf8_lossy(&cmdline).contains("while :; do :; done");
+                if !found {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                found
+            });
+            assert!(spinning, "busy loop {pid} never ran");
+        }
+        assert!(!is_busy_loop(std::process::id()));
+        drop(loops);
+        for pid in &pids {
+            assert!(!is_busy_loop(*pid));
+            assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
         }
     }
 
