@@ -153,10 +153,15 @@ fn median_or_null(v: Vec<f64>) -> Value {
 /// How the processes share the CPUs, for a report's first line; `bench` names what runs beside
 /// the load generator (upstream, pages…).
 fn pinning(pinned: bool, gw_cpu: &str, bench: &str, bench_cpus: &str) -> String {
-    if pinned {
+    let place = if pinned {
         format!("gateway pinned to CPU {gw_cpu}, {bench} to CPU {bench_cpus}")
     } else {
         "no CPU pinning (one core, or --no-pin)".into()
+    };
+    match BUSY_LOOPS.lock().map_or(0, |l| l.len()) {
+        0 => place,
+        n if pinned => format!("{place}; {n} busy loop(s) on CPU {gw_cpu} (--contend)"),
+        n => format!("{place}; {n} busy loop(s), unpinned (--contend)"),
     }
 }
 
@@ -1028,7 +1033,15 @@ mod tests {
             assert!(spinning, "busy loop {pid} never ran");
         }
         assert!(!is_busy_loop(std::process::id()));
+        // Every report's first line says the gateway shared its core.
+        assert!(
+            pinning(false, "1", "bench", "0").ends_with("; 2 busy loop(s), unpinned (--contend)")
+        );
         drop(loops);
+        assert_eq!(
+            pinning(false, "1", "bench", "0"),
+            "no CPU pinning (one core, or --no-pin)"
+        );
         for pid in &pids {
             assert!(!is_busy_loop(*pid));
             assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
