@@ -104,14 +104,7 @@ impl Contention {
             }
             loops.0.push(child);
         }
-        if n > 0 {
-            let place = if pinned {
-                format!("on CPU {gw_cpu}, the gateway's")
-            } else {
-                "unpinned".into()
-            };
-            println!("--contend: {n} busy loop(s) {place}, for the whole run");
-        }
+        // Every mode's report says so in its first line (`pinning`).
         Ok(loops)
     }
 }
