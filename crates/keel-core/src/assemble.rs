@@ -62,6 +62,8 @@ pub struct Assembler {
     output_tokens: Value,
     /// Bytes accumulated so far (see [`MAX_ASSEMBLED_BYTES`]).
     accumulated: usize,
+    /// The `model` the answer is given, whatever its events said ([`Assembler::answering_as`]).
+    model: Option<Value>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -72,6 +74,15 @@ struct Identity {
 }
 
 impl Identity {
+    /// The identity of the first chunk, if any, with `model` in place of its name.
+    fn named(first: Option<Identity>, model: Option<Value>) -> Identity {
+        let mut identity = first.unwrap_or_default();
+        if let Some(m) = model {
+            identity.model = m;
+        }
+        identity
+    }
+
     /// An OpenAI answer of this identity.
     fn answer<C>(self, object: &'static str, choice: C, usage: Value) -> answer::OpenAiAnswer<C> {
         answer::OpenAiAnswer {
@@ -104,6 +115,16 @@ fn bounded(i: Option<u64>, max: usize, what: &str) -> Result<usize, String> {
 impl Assembler {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An assembler whose answer names `model`, whatever its events say: a gateway that
+    /// answers with the name its client asked for gives it to the whole answer once, instead
+    /// of renaming every event only it reads.
+    pub fn answering_as(model: &str) -> Self {
+        Assembler {
+            model: Some(Value::String(model.to_owned())),
+            ..Self::default()
+        }
     }
 
     /// Counts `n` more accumulated bytes against [`MAX_ASSEMBLED_BYTES`].
@@ -339,7 +360,7 @@ impl Assembler {
                     id: member("id"),
                     kind: "message",
                     role: "assistant",
-                    model: member("model"),
+                    model: self.model.unwrap_or_else(|| member("model")),
                     content,
                     stop_reason: self.stop_reason,
                     stop_sequence: self.stop_sequence,
@@ -353,11 +374,11 @@ impl Assembler {
                     logprobs: (),
                     finish_reason: self.finish_reason,
                 };
-                let first = self.identity.unwrap_or_default();
+                let first = Identity::named(self.identity, self.model);
                 Answer::Completion(first.answer("text_completion", choice, self.usage))
             }
             _ => {
-                let first = self.identity.unwrap_or_default();
+                let first = Identity::named(self.identity, self.model);
                 let only_calls = self.text.is_empty() && !self.tool_calls.is_empty();
                 let tool_calls = self
                     .tool_calls
@@ -406,6 +427,53 @@ mod tests {
         );
         assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
         assert_eq!(body["usage"]["total_tokens"], 7);
+    }
+
+    #[test]
+    fn an_answer_named_by_its_gateway_keeps_the_name_whatever_its_events_say() {
+        let chat = [
+            json!({"id": "x", "created": 5, "model": "upstream-7b", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"}, "finish_reason": null}]}),
+            json!({"id": "x", "created": 5, "model": "upstream-7b", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        ];
+        for (endpoint, named) in [
+            (Endpoint::ChatCompletions, Some("public")),
+            (Endpoint::ChatCompletions, None),
+            (Endpoint::Completions, Some("public")),
+        ] {
+            let mut a = named.map_or_else(Assembler::new, Assembler::answering_as);
+            for c in &chat {
+                a.push(Protocol::OpenAi, &SseEvent::new(None, &c.to_string()))
+                    .unwrap();
+            }
+            let body = a.finish(endpoint).to_value();
+            assert_eq!(
+                body["model"],
+                named.unwrap_or("upstream-7b"),
+                "{endpoint:?}"
+            );
+            assert_eq!(
+                (body["id"].as_str(), body["created"].as_u64()),
+                (Some("x"), Some(5))
+            );
+        }
+        // No chunk at all still answers with the name.
+        let body = Assembler::answering_as("public")
+            .finish(Endpoint::ChatCompletions)
+            .to_value();
+        assert_eq!(body["model"], "public");
+        let mut a = Assembler::answering_as("public");
+        let start =
+            json!({"message": {"id": "msg", "model": "upstream-7b", "usage": {"input_tokens": 9}}});
+        a.push(
+            Protocol::Anthropic,
+            &SseEvent::new(Some("message_start"), &start.to_string()),
+        )
+        .unwrap();
+        let body = a.finish(Endpoint::Messages).to_value();
+        assert_eq!(
+            (body["model"].as_str(), body["id"].as_str()),
+            (Some("public"), Some("msg"))
+        );
     }
 
     #[test]

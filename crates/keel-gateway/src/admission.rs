@@ -286,6 +286,7 @@ pub async fn admit(
         forwarded: upstream::forwarded_headers(&parts.headers),
         deadline: started + total,
         client_stream: req.stream,
+        assembled: !req.stream,
         force_variant,
         responses,
         prompt_fixes,

@@ -472,7 +472,8 @@ async fn run(
         SseDecoder::with_max_event_bytes(pool.limits.max_event_bytes),
         back.as_ref().map(|b| b.stream()),
     )
-    .renaming(rename);
+    // An assembled answer is given its name once, by the assembler (see `RequestCtx::assembled`).
+    .renaming(rename.filter(|_| !ctx.assembled));
     let mut head = Vec::new();
     let mut events = Vec::new();
     let mut template = ChunkTemplate::default();

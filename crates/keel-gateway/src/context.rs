@@ -48,6 +48,11 @@ pub struct RequestCtx {
     pub deadline: Instant,
     /// Whether the client asked for a stream (keel may stream upstream either way).
     pub client_stream: bool,
+    /// The client asked for a whole answer, which keel assembles from the events it streams
+    /// upstream: only keel reads them, so what is done to each event for the client's eyes
+    /// (its `model` renamed) is done once to the assembled answer instead. Unlike
+    /// `client_stream`, continuations and retries leave it as the client set it.
+    pub assembled: bool,
     pub force_variant: Option<String>,
     pub preference: Preference,
     pub min_tier: Option<u8>,

@@ -9,13 +9,15 @@ use std::sync::{Arc, Mutex};
 
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
+use keel_core::assemble::Assembler;
 use keel_core::protocol::{ErrorKind, Protocol};
 use keel_core::request::CanonicalRequest;
 
 use crate::access_log::RequestLog;
 use crate::attempt::Served;
-use crate::body::{driven, full_body, Body};
+use crate::body::{driven, full_body, response_headers, Body};
 use crate::cache::{self, Capture};
+use crate::config::ResponseModel;
 use crate::context::RequestCtx;
 use crate::errors::GatewayError;
 use crate::execution::{Executed, Outcome};
@@ -273,6 +275,9 @@ pub async fn deliver(
     };
     log.status = 200;
     log.ttft = Some(start.first_token_at.duration_since(log.started));
+    // The assembled answer's `model`: the name the client asked for, unless the pool keeps
+    // the upstream's (its events are not renamed, see `RequestCtx::assembled`).
+    let answer_as = (pool.cfg.response_model == ResponseModel::Public).then(|| req.model.clone());
     let relay = |sink| Relay::new(gw, sink, protocol, pool, req, ctx, order, attempts);
     if !ctx.client_stream {
         let fixes = start.headers.get(PROMPT_FIX_HEADER).cloned();
@@ -283,7 +288,12 @@ pub async fn deliver(
         front_fixes(&mut fixed, ctx);
         log.prompt_fixes = fix_codes(&fixed);
         let stamp = log.overhead_stamp();
-        let assembled = Arc::new(Mutex::new(Assembled::default()));
+        let assembled = Arc::new(Mutex::new(Assembled {
+            body: answer_as
+                .as_deref()
+                .map_or_else(Assembler::new, Assembler::answering_as),
+            ..Assembled::default()
+        }));
         let start_at = start.first_token_at;
         let relay = relay(Sink::Assemble(assembled.clone()));
         let summary: Summary = relay.run(committed, start, log).await;
@@ -335,7 +345,7 @@ pub async fn deliver(
         }
         return resp;
     }
-    let mut headers = HeaderMap::new();
+    let mut headers = response_headers();
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream; charset=utf-8"),

@@ -114,6 +114,7 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         forwarded: http::HeaderMap::new(),
         deadline: started + PROBE_TIMEOUT,
         client_stream: false,
+        assembled: false,
         force_variant: None,
         preference: Default::default(),
         min_tier: None,

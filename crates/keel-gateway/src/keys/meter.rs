@@ -179,9 +179,10 @@ impl Meter {
 
     /// A relayed stream event (in the client's protocol) from an attempt on `variant`;
     /// `tokens`: it carries generated tokens (`stream_watch::carries_tokens`, which the relay
-    /// has read already).
-    pub fn event(&self, variant: &VariantConfig, ev: &SseEvent, tokens: bool) {
-        let usage = may_carry_usage(&ev.data)
+    /// has read already); `plain`: it was read as a plain text chunk (`EventFacts::plain`),
+    /// which has no usage, so its data is not searched for one.
+    pub fn event(&self, variant: &VariantConfig, ev: &SseEvent, tokens: bool, plain: bool) {
+        let usage = (!plain && may_carry_usage(&ev.data))
             .then(|| usage_of(ev.data.as_bytes()).ok().flatten())
             .flatten();
         if !tokens && usage.is_none() {
@@ -231,11 +232,12 @@ impl Meter {
 mod tests {
     use super::*;
     use keel_core::protocol::Protocol;
-    use keel_core::stream_watch::carries_tokens;
+    use keel_core::stream_watch::read_event;
 
-    /// An event as the relay meters it.
+    /// An event as the relay meters it: with the facts the relay read from it.
     fn feed(m: &Meter, v: &VariantConfig, p: Protocol, ev: &SseEvent) {
-        m.event(v, ev, carries_tokens(p, ev));
+        let facts = read_event(p, ev);
+        m.event(v, ev, facts.tokens, facts.plain);
     }
 
     #[test]
@@ -331,6 +333,22 @@ mod tests {
         let t = m.totals(5);
         assert_eq!((t.input, t.output), (12, 5));
         assert_eq!(t.spend_micros, 7 * 2 + 3 * 10 + 5 + 2);
+    }
+
+    /// vLLM's `continuous_usage_stats` puts usage on every text chunk: such a chunk is not
+    /// read as plain text, so its usage is not skipped.
+    #[test]
+    fn usage_on_a_text_chunk_is_read() {
+        let a = variant("a", 0.0, 0.0);
+        let m = Meter::default();
+        for (text, done) in [("a", 1), ("b", 2), ("c", 3)] {
+            let data = format!(
+                r#"{{"id":"c","choices":[{{"index":0,"delta":{{"content":"{text}"}}}}],"usage":{{"prompt_tokens":7,"completion_tokens":{done}}}}}"#
+            );
+            feed(&m, &a, Protocol::OpenAi, &SseEvent::new(None, &data));
+        }
+        let t = m.totals(99);
+        assert_eq!((t.input, t.output), (7, 3));
     }
 
     #[test]

@@ -238,7 +238,7 @@ impl Relay {
         // keyed request's reconciliation (see `keys`).
         self.ctx
             .meter
-            .event(&self.pool.variants[vi].cfg, &ev, tokens);
+            .event(&self.pool.variants[vi].cfg, &ev, tokens, plain);
         // Checked now, acted on once this event is forwarded: whether the stream moves or
         // goes on where it is, its text reaches the client exactly once.
         let mut slow = false;
