@@ -45,6 +45,22 @@ pub async fn serve(
     serve_live(Live::new(gw, None), listener, shutdown).await
 }
 
+/// A listening socket on `addr` whose kernel queue holds `backlog` connections not yet
+/// accepted (see `Config::listen_backlog`): a burst of new connections waits there while the
+/// workers are busy, instead of having its SYNs dropped and retried a second or more later.
+pub fn listen(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As the runtime's own `bind` does: a restart may bind while the last process's
+    // connections linger in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
 /// How long streams cut at the drain deadline get to send their error event before exit.
 const CUT_FLUSH: Duration = Duration::from_secs(2);
 

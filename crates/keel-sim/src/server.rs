@@ -976,13 +976,26 @@ impl Drop for ServerHandle {
     }
 }
 
+/// Connections a simulated server's kernel queue holds before it accepts them: uvicorn's
+/// default, which vLLM and SGLang serve with. The runtime's own `bind` gives 128, which a
+/// burst of new connections from a gateway overflowed (dropped SYNs, retried a second later).
+const BACKLOG: u32 = 2048;
+
+/// Listens on `addr` with [`BACKLOG`].
+fn listen(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
 /// Starts one server on 127.0.0.1 (`cfg.port`, 0 for any free port).
 ///
 /// A `refuse` fault acts out a process restart: the listener closes and every open connection
 /// is dropped (so connecting gets ECONNREFUSED), and when it ends the server listens again on
 /// the same address.
 pub async fn start(cfg: ServerConfig, generation: GenerationConfig) -> io::Result<ServerHandle> {
-    let listener = TcpListener::bind(("127.0.0.1", cfg.port)).await?;
+    let listener = listen(std::net::SocketAddr::from(([127, 0, 0, 1], cfg.port)))?;
     let addr = listener.local_addr()?;
     let name = cfg.name.clone();
     let state = SimServer::new(cfg, generation);
@@ -1003,7 +1016,7 @@ pub async fn start(cfg: ServerConfig, generation: GenerationConfig) -> io::Resul
                             _ = stop.changed() => return,
                         }
                     }
-                    None => match TcpListener::bind(addr).await {
+                    None => match listen(addr) {
                         Ok(l) => listener = Some(l),
                         Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
                     },

@@ -350,8 +350,7 @@ async fn serve(cfg: Config, source: keel_gateway::live::ConfigSource) -> Result<
     }
     // An access log that cannot be written is a configuration error: say so before starting.
     keel_gateway::access_log::AccessLog::open(&cfg.log).map_err(|e| e.to_string())?;
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
+    let listener = keel_gateway::server::listen(cfg.listen, cfg.listen_backlog)
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let live = keel_gateway::live::Live::new(Gateway::new(cfg), Some(source));

@@ -62,10 +62,21 @@ use timeouts::TimeoutLayer;
 /// client closes an idle connection, never keel while the client may be writing on it.
 const DEFAULT_IDLE_TIMEOUT_MS: u64 = 300_000;
 
+/// Connections waiting to be accepted, by default. The runtime's own default (128, the libc
+/// `SOMAXCONN`) overflowed under a burst of new connections: a load generator opening
+/// connections at 16,000 requests a second while keel's one worker was busy had 3,949 of its
+/// SYNs dropped, each retried after 1, 3, 7 s, and the burst's median answer took 6.8 s
+/// (bench/RESULTS.md, issue 16, nineteenth stop). nginx listens with 511; Linux caps the
+/// backlog at `net.core.somaxconn`, 4096 by default since 5.4.
+const DEFAULT_LISTEN_BACKLOG: u32 = 4096;
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// Connections the kernel may hold for keel before it accepts them (`listen(2)`'s
+    /// backlog; the kernel caps it at `net.core.somaxconn`).
+    pub listen_backlog: u32,
     pub max_body_bytes: usize,
     pub header_read_timeout_ms: u64,
     /// How long a keep-alive client connection may wait idle for its next request.
@@ -228,6 +239,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         }),
         None => default_listen,
     };
+    let listen_backlog = at_least_one(t.get::<u32>("listen_backlog", issues), issues);
     let max_attempts = at_least_one(t.get::<u32>("max_attempts", issues), issues).unwrap_or(3);
     let worker_threads = at_least_one(t.get::<usize>("worker_threads", issues), issues);
     let decisions_kept = at_least_one(t.get::<usize>("decisions_kept", issues), issues);
@@ -270,6 +282,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         log,
         telemetry,
         listen,
+        listen_backlog: listen_backlog.unwrap_or(DEFAULT_LISTEN_BACKLOG),
         max_body_bytes: t
             .value("max_body_bytes", issues)
             .unwrap_or(10 * 1024 * 1024),

@@ -69,6 +69,7 @@ fn defaults_are_the_documented_ones() {
     let minimal = "[[pools]]\nname = \"m\"\n[[pools.variants]]\nname = \"a\"\nurl = \"http://x\"\nprotocol = \"openai\"\nupstream_model = \"m\"\n";
     let c = Config::parse(minimal, "k.toml", &HashMap::new()).unwrap();
     assert_eq!(c.listen, SocketAddr::from(([127, 0, 0, 1], 8080)));
+    assert_eq!(c.listen_backlog, 4096);
     assert_eq!(c.max_body_bytes, 10_485_760);
     assert_eq!(c.header_read_timeout_ms, 10_000);
     assert_eq!(c.idle_timeout_ms, 300_000);
@@ -451,6 +452,11 @@ fn other_values_are_precise() {
     assert_eq!(
         one_issue(&text),
         issue(1, 18, "worker_threads", "must be at least 1")
+    );
+    let text = GOOD.replace("listen = \"127.0.0.1:9000\"", "listen_backlog = 0");
+    assert_eq!(
+        one_issue(&text),
+        issue(1, 18, "listen_backlog", "must be at least 1")
     );
     let text = GOOD.replace("params = { max_tokens = 100 }", "params = 5");
     assert_eq!(

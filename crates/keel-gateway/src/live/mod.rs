@@ -226,6 +226,9 @@ impl Live {
         if cfg.worker_threads != old.cfg.worker_threads {
             restart_only.push("worker_threads");
         }
+        if cfg.listen_backlog != old.cfg.listen_backlog {
+            restart_only.push("listen_backlog");
+        }
         if cfg.header_read_timeout_ms != old.cfg.header_read_timeout_ms {
             restart_only.push("header_read_timeout_ms");
         }

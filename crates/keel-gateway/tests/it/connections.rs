@@ -107,3 +107,30 @@ async fn a_head_begun_after_an_idle_wait_must_arrive_within_the_header_read_time
          idle timeout 60 s)"
     );
 }
+
+/// A burst of connections larger than the runtime's default backlog (128) waits in the
+/// kernel's queue of a listener made by `server::listen` until keel accepts it: every
+/// handshake completes at once, where with the default the connections past the queue had
+/// their SYNs dropped and retried a second later.
+#[tokio::test]
+async fn a_burst_of_connections_waits_in_the_listen_queue() {
+    // The kernel caps any backlog at `net.core.somaxconn`.
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(4096);
+    let burst = somaxconn.min(400) as usize;
+    let listener =
+        keel_gateway::server::listen("127.0.0.1:0".parse().unwrap(), burst as u32 + 1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Nobody accepts: every connection must be held by the queue alone.
+    let connects = (0..burst)
+        .map(|_| tokio::time::timeout(Duration::from_millis(800), TcpStream::connect(addr)));
+    let results = futures_util::future::join_all(connects).await;
+    let held = results
+        .into_iter()
+        .filter(|r| matches!(r, Ok(Ok(_))))
+        .count();
+    assert_eq!(held, burst, "of {burst} connections, {held} completed");
+    drop(listener);
+}
