@@ -40,6 +40,10 @@ pub struct LoadConfig {
     pub headers: Vec<(String, String)>,
     /// Prompts used in rotation.
     pub prompts: Vec<String>,
+    /// How long one request may take, from its send to its last byte; one that takes longer
+    /// is abandoned and counted as a `timeout` error. Without it a request that never ends
+    /// (a connection the pool handed out and nobody answers on) would hold the whole run.
+    pub request_timeout: Duration,
 }
 
 impl LoadConfig {
@@ -55,6 +59,7 @@ impl LoadConfig {
             max_tokens: 32,
             headers: Vec::new(),
             prompts: vec!["Say something about routing.".into()],
+            request_timeout: Duration::from_secs(60),
         }
     }
 
@@ -220,7 +225,10 @@ pub async fn run_with_client(cfg: LoadConfig, client: reqwest::Client) -> LoadRe
         let (client, cfg, rec, in_flight) =
             (client.clone(), cfg.clone(), rec.clone(), in_flight.clone());
         tasks.push(tokio::spawn(async move {
-            let result = one(&client, &cfg, i, dispatched).await;
+            let result =
+                tokio::time::timeout(cfg.request_timeout, one(&client, &cfg, i, dispatched))
+                    .await
+                    .unwrap_or_else(|_| Err("timeout".to_owned()));
             in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             let mut r = rec.lock().unwrap_or_else(|e| e.into_inner());
             match result {

@@ -683,6 +683,36 @@ async fn load_generator_reports_open_loop_figures() {
 }
 
 #[tokio::test]
+async fn load_generator_abandons_a_request_nobody_answers() {
+    // A server that accepts connections and never writes a byte: without a deadline each
+    // request would wait for ever and so would the run.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((sock, _)) = listener.accept().await {
+            open.push(sock);
+        }
+    });
+    let mut cfg = keel_sim::load::LoadConfig::new(&format!("http://{addr}/v1"), "sim");
+    cfg.rps = 20.0;
+    cfg.duration = Duration::from_millis(200);
+    cfg.stream = true;
+    cfg.request_timeout = Duration::from_millis(300);
+    let report = keel_sim::load::run(cfg).await;
+    assert_eq!(report.sent, 4);
+    assert_eq!(report.ok, 0);
+    assert_eq!(report.errors, 4, "{}", report.table());
+    assert_eq!(
+        report.error_kinds.get("timeout"),
+        Some(&4),
+        "{}",
+        report.table()
+    );
+    held.abort();
+}
+
+#[tokio::test]
 async fn load_generator_counts_the_same_tokens_in_either_protocol() {
     let fleet = Fleet::start_n(1, ServerConfig::fast("a")).await.unwrap();
     let mut tokens = Vec::new();

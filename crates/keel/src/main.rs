@@ -117,6 +117,10 @@ struct LoadArgs {
     concurrency_limit: Option<usize>,
     #[arg(long, default_value_t = 32)]
     max_tokens: u64,
+    /// Seconds one request may take to its last byte before it is abandoned and counted as a
+    /// `timeout` error.
+    #[arg(long, default_value_t = 60.0)]
+    timeout: f64,
     /// Write the report as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -429,6 +433,9 @@ async fn load(l: LoadArgs) -> Result<(), String> {
     if !(l.rps > 0.0 && l.rps.is_finite()) {
         return Err("--rps must be a positive number".into());
     }
+    if !(l.timeout > 0.0 && l.timeout.is_finite()) {
+        return Err("--timeout must be a positive number of seconds".into());
+    }
     let mut cfg = keel_sim::load::LoadConfig::new(&l.url, &l.model);
     cfg.endpoint = endpoint;
     cfg.rps = l.rps;
@@ -436,6 +443,7 @@ async fn load(l: LoadArgs) -> Result<(), String> {
     cfg.stream = l.stream;
     cfg.concurrency_limit = l.concurrency_limit;
     cfg.max_tokens = l.max_tokens;
+    cfg.request_timeout = Duration::from_secs_f64(l.timeout);
     let report = keel_sim::load::run(cfg).await;
     print!("{}", report.table());
     if let Some(p) = l.json {
