@@ -84,6 +84,15 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 200_000)]
         iterations: usize,
     },
+    /// Draws `bounds.svg` (added P99 against offered rate) again from a `bounds.json` that
+    /// `bench overhead --tail-bounds` wrote, e.g. one kept under bench/data.
+    PlotBounds {
+        /// The saved bounds.json.
+        json: PathBuf,
+        /// Where to write the SVG (default: bounds.svg beside the JSON).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// The floor contender of `bench overhead` (`--contenders hyper`): a plain reverse proxy on
     /// keel's HTTP stack (tokio, hyper's server and pooled client) and nothing else, round robin
     /// over `upstreams`. Runs until killed.
@@ -200,6 +209,16 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             variants,
             iterations,
         } => decision(variants.max(2), iterations.max(1000)),
+        BenchCommand::PlotBounds { json, out } => {
+            let text =
+                std::fs::read_to_string(&json).map_err(|e| format!("{}: {e}", json.display()))?;
+            let svg = crate::overhead::bounds::replot(&text)
+                .map_err(|e| format!("{}: {e}", json.display()))?;
+            let out = out.unwrap_or_else(|| json.with_file_name("bounds.svg"));
+            std::fs::write(&out, svg).map_err(|e| format!("{}: {e}", out.display()))?;
+            println!("written {}", out.display());
+            Ok(())
+        }
         BenchCommand::PlainProxy {
             port, upstreams, ..
         } => crate::overhead::plain_proxy::serve(port, &upstreams).await,

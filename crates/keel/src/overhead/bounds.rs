@@ -128,8 +128,40 @@ pub async fn run(o: Options) -> Result<(), String> {
     Ok(())
 }
 
+/// Draws `bounds.svg` again from a saved `bounds.json` (`keel bench plot-bounds`): a result
+/// kept in the repository can be re-drawn without measuring it again.
+pub fn replot(json: &str) -> Result<String, String> {
+    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    let rows = v["rows"]
+        .as_array()
+        .ok_or("no `rows` array: not a bounds.json")?;
+    let mut curves = Vec::new();
+    for r in rows {
+        let (Some(name), Some(mode), Some(curve)) = (
+            r["contender"].as_str(),
+            r["mode"].as_str(),
+            r["curve"].as_array(),
+        ) else {
+            return Err("a row without contender, mode and curve".into());
+        };
+        let points = curve
+            .iter()
+            .map(|p| {
+                Some(Point {
+                    rps: p["rps"].as_f64()?,
+                    added_p99_ms: p["added_p99_ms"].as_f64()?,
+                    kept_up: p["kept_up"].as_bool()?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or("a curve point without rps, added_p99_ms and kept_up")?;
+        curves.push((format!("{name} {mode}"), points));
+    }
+    Ok(plot(&curves))
+}
+
 /// An SVG line chart: offered rate (log scale) against added P99 (ms, clipped at 20), one
-/// polyline per curve, the bounds as dashed lines.
+/// polyline per curve (a colour per gateway, streams dashed), the bounds as dashed grey lines.
 fn plot(curves: &[(String, Vec<Point>)]) -> String {
     let (w, h, left, bottom, top, right) = (720.0, 420.0, 60.0, 40.0, 20.0, 180.0);
     let (x0, x1) = (RAMP[0].log10(), RAMP[RAMP.len() - 1].log10());
@@ -139,6 +171,9 @@ fn plot(curves: &[(String, Vec<Point>)]) -> String {
     let colours = [
         "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     ];
+    // One colour per gateway (in the order they first appear), its streams dashed: a plot of
+    // five gateways in two modes must not give two of them the same line.
+    let mut gateways: Vec<&str> = Vec::new();
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     );
@@ -170,17 +205,105 @@ fn plot(curves: &[(String, Vec<Point>)]) -> String {
         );
     }
     for (i, (label, points)) in curves.iter().enumerate() {
-        let colour = colours[i % colours.len()];
+        let (gateway, mode) = label.split_once(' ').unwrap_or((label.as_str(), ""));
+        let g = gateways
+            .iter()
+            .position(|n| *n == gateway)
+            .unwrap_or_else(|| {
+                gateways.push(gateway);
+                gateways.len() - 1
+            });
+        let colour = colours[g % colours.len()];
+        let dash = if mode == "stream" {
+            " stroke-dasharray=\"6 3\""
+        } else {
+            ""
+        };
         let pts: Vec<String> = points
             .iter()
             .map(|p| format!("{:.1},{:.1}", x(p.rps), y(p.added_p99_ms)))
             .collect();
         s += &format!(
-            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>\n<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{colour}\">{label}</text>\n",
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\"{dash} points=\"{}\"/>\n<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{colour}\">{label}</text>\n",
             pts.join(" "),
             w - right + 10.0,
             top + 15.0 * (i as f64 + 1.0)
         );
     }
     s + "</svg>\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(rps: f64, ms: f64) -> Point {
+        Point {
+            rps,
+            added_p99_ms: ms,
+            kept_up: true,
+        }
+    }
+
+    /// Each polyline's stroke and dash, in order.
+    fn styles(svg: &str) -> Vec<(String, bool)> {
+        svg.lines()
+            .filter(|l| l.starts_with("<polyline"))
+            .map(|l| {
+                let stroke = l.split("stroke=\"").nth(1).unwrap();
+                (stroke[..7].to_owned(), l.contains("stroke-dasharray"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_curve_of_many_gateways_has_a_line_of_its_own() {
+        let names = ["keel", "hyper", "nginx", "litellm", "portkey"];
+        let curves: Vec<_> = names
+            .iter()
+            .flat_map(|n| ["whole", "stream"].map(|m| (format!("{n} {m}"), vec![point(10.0, 0.5)])))
+            .collect();
+        let s = styles(&plot(&curves));
+        assert_eq!(s.len(), 10);
+        for (i, a) in s.iter().enumerate() {
+            assert_eq!(a.1, i % 2 == 1, "streams dashed, whole answers not");
+            for b in &s[i + 1..] {
+                assert_ne!(a, b, "two curves drawn alike");
+            }
+        }
+        // A gateway's two modes share its colour.
+        assert_eq!(s[0].0, s[1].0);
+    }
+
+    #[test]
+    fn a_saved_result_is_drawn_as_the_run_drew_it() {
+        let curves = vec![
+            (
+                "keel whole".to_owned(),
+                vec![point(10.0, 0.4), point(25.0, 0.6)],
+            ),
+            (
+                "nginx stream".to_owned(),
+                vec![
+                    point(10.0, 0.2),
+                    Point {
+                        rps: 25.0,
+                        added_p99_ms: 30.0,
+                        kept_up: false,
+                    },
+                ],
+            ),
+        ];
+        let saved = serde_json::json!({"rows": curves.iter().map(|(label, pts)| {
+            let (c, m) = label.split_once(' ').unwrap();
+            serde_json::json!({"contender": c, "mode": m, "curve": pts.iter().map(|p| serde_json::json!({
+                "rps": p.rps, "added_p99_ms": p.added_p99_ms, "kept_up": p.kept_up})).collect::<Vec<_>>()})
+        }).collect::<Vec<_>>()});
+        assert_eq!(replot(&saved.to_string()).unwrap(), plot(&curves));
+        assert!(replot("{}").unwrap_err().contains("bounds.json"));
+        assert!(
+            replot(r#"{"rows":[{"contender":"keel","mode":"whole","curve":[{"rps":10}]}]}"#)
+                .is_err()
+        );
+    }
 }

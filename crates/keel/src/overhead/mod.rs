@@ -27,7 +27,7 @@
 //! tail-latency bounds: see [`bounds`]; `--sequential` one client's closed loop: see
 //! [`sequential`].
 
-mod bounds;
+pub mod bounds;
 pub mod plain_proxy;
 mod sequential;
 mod streams;
