@@ -1,6 +1,6 @@
 # Sourced by the CPU-per-request scripts: writes keel.toml (one worker thread, access log off,
 # pool `bench` on 127.0.0.1:19400) and sim.toml (one zero-latency keel-sim server on 19401) into
-# the current directory. With PROTOCOL=anthropic the variant speaks Anthropic's Messages API
+# the current directory. GAP_MS sets the server's gap between tokens (default 0: zero latency). With PROTOCOL=anthropic the variant speaks Anthropic's Messages API
 # (clients then use `--endpoint messages` and the base URL without `/v1`).
 zero_latency_configs() {
   local url=http://127.0.0.1:19401/v1
@@ -18,14 +18,14 @@ url = "$url"
 protocol = "${PROTOCOL:-openai}"
 upstream_model = "sim"
 TOML
-  cat > sim.toml <<'TOML'
+  cat > sim.toml <<TOML
 [[servers]]
 name = "fast"
 port = 19401
 ttft_ms = 0.0
 ttft_sigma = 0.0
 prefill_us_per_token = 0.0
-gap_ms = 0.0
+gap_ms = ${GAP_MS:-0.0}
 gap_sigma = 0.0
 capacity = 100000
 TOML

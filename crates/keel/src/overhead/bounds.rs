@@ -7,6 +7,7 @@
 //! fails. A plot of added P99 against offered rate, one line per gateway and mode, is written
 //! beside the table (`bounds.svg`).
 
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{
@@ -17,8 +18,9 @@ use super::{
 /// The tail bounds reported, ms of added P99.
 const BOUNDS_MS: [f64; 3] = [1.0, 5.0, 10.0];
 
-/// One point of a curve: offered rate, added P99 (ms), whether the gateway kept up.
-#[derive(Clone, Copy)]
+/// One point of a curve: offered rate, added P99 (ms), whether the gateway kept up. Written
+/// into `bounds.json` as it is here and read back from it by [`replot`].
+#[derive(Clone, Copy, Serialize, Deserialize)]
 struct Point {
     rps: f64,
     added_p99_ms: f64,
@@ -93,7 +95,7 @@ pub async fn run(o: Options) -> Result<(), String> {
     );
     print!("{intro}{HEADER}");
     let mut lines = String::new();
-    let mut curves: Vec<(String, Vec<Point>)> = Vec::new();
+    let mut curves: Vec<Curve> = Vec::new();
     let mut rows = Vec::new();
     for name in &o.contenders {
         let Some(mut target) = start_target(name, &fleet, &o, &peers_dir, &mut lines).await? else {
@@ -113,9 +115,13 @@ pub async fn run(o: Options) -> Result<(), String> {
             rows.push(json!({
                 "contender": name, "mode": mode,
                 "rps_under_ms": BOUNDS_MS.iter().zip(&under).map(|(b, r)| json!({"bound_ms": b, "rps": r})).collect::<Vec<_>>(),
-                "curve": points.iter().map(|p| json!({"rps": p.rps, "added_p99_ms": p.added_p99_ms, "kept_up": p.kept_up})).collect::<Vec<_>>(),
+                "curve": points,
             }));
-            curves.push((format!("{name} {mode}"), points));
+            curves.push(Curve {
+                contender: name.clone(),
+                mode: mode.to_owned(),
+                curve: points,
+            });
         }
         stop_target(&mut target);
     }
@@ -128,41 +134,29 @@ pub async fn run(o: Options) -> Result<(), String> {
     Ok(())
 }
 
+/// One gateway's curve in one mode, as `bounds.json` keeps it (its rows carry more fields,
+/// which the plot does not read).
+#[derive(Deserialize)]
+struct Curve {
+    contender: String,
+    mode: String,
+    curve: Vec<Point>,
+}
+
 /// Draws `bounds.svg` again from a saved `bounds.json` (`keel bench plot-bounds`): a result
 /// kept in the repository can be re-drawn without measuring it again.
 pub fn replot(json: &str) -> Result<String, String> {
-    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
-    let rows = v["rows"]
-        .as_array()
-        .ok_or("no `rows` array: not a bounds.json")?;
-    let mut curves = Vec::new();
-    for r in rows {
-        let (Some(name), Some(mode), Some(curve)) = (
-            r["contender"].as_str(),
-            r["mode"].as_str(),
-            r["curve"].as_array(),
-        ) else {
-            return Err("a row without contender, mode and curve".into());
-        };
-        let points = curve
-            .iter()
-            .map(|p| {
-                Some(Point {
-                    rps: p["rps"].as_f64()?,
-                    added_p99_ms: p["added_p99_ms"].as_f64()?,
-                    kept_up: p["kept_up"].as_bool()?,
-                })
-            })
-            .collect::<Option<Vec<_>>>()
-            .ok_or("a curve point without rps, added_p99_ms and kept_up")?;
-        curves.push((format!("{name} {mode}"), points));
+    #[derive(Deserialize)]
+    struct Saved {
+        rows: Vec<Curve>,
     }
-    Ok(plot(&curves))
+    let saved: Saved = serde_json::from_str(json).map_err(|e| format!("not a bounds.json: {e}"))?;
+    Ok(plot(&saved.rows))
 }
 
 /// An SVG line chart: offered rate (log scale) against added P99 (ms, clipped at 20), one
 /// polyline per curve (a colour per gateway, streams dashed), the bounds as dashed grey lines.
-fn plot(curves: &[(String, Vec<Point>)]) -> String {
+fn plot(curves: &[Curve]) -> String {
     let (w, h, left, bottom, top, right) = (720.0, 420.0, 60.0, 40.0, 20.0, 180.0);
     let (x0, x1) = (RAMP[0].log10(), RAMP[RAMP.len() - 1].log10());
     let y_max = 20.0;
@@ -204,30 +198,32 @@ fn plot(curves: &[(String, Vec<Point>)]) -> String {
             y(ms) + 4.0
         );
     }
-    for (i, (label, points)) in curves.iter().enumerate() {
-        let (gateway, mode) = label.split_once(' ').unwrap_or((label.as_str(), ""));
+    for (i, c) in curves.iter().enumerate() {
         let g = gateways
             .iter()
-            .position(|n| *n == gateway)
+            .position(|n| *n == c.contender)
             .unwrap_or_else(|| {
-                gateways.push(gateway);
+                gateways.push(&c.contender);
                 gateways.len() - 1
             });
         let colour = colours[g % colours.len()];
-        let dash = if mode == "stream" {
+        let dash = if c.mode == "stream" {
             " stroke-dasharray=\"6 3\""
         } else {
             ""
         };
-        let pts: Vec<String> = points
+        let pts: Vec<String> = c
+            .curve
             .iter()
             .map(|p| format!("{:.1},{:.1}", x(p.rps), y(p.added_p99_ms)))
             .collect();
         s += &format!(
-            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\"{dash} points=\"{}\"/>\n<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{colour}\">{label}</text>\n",
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\"{dash} points=\"{}\"/>\n<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{colour}\">{} {}</text>\n",
             pts.join(" "),
             w - right + 10.0,
-            top + 15.0 * (i as f64 + 1.0)
+            top + 15.0 * (i as f64 + 1.0),
+            c.contender,
+            c.mode
         );
     }
     s + "</svg>\n"
@@ -242,6 +238,14 @@ mod tests {
             rps,
             added_p99_ms: ms,
             kept_up: true,
+        }
+    }
+
+    fn curve(contender: &str, mode: &str, curve: Vec<Point>) -> Curve {
+        Curve {
+            contender: contender.into(),
+            mode: mode.into(),
+            curve,
         }
     }
 
@@ -261,7 +265,7 @@ mod tests {
         let names = ["keel", "hyper", "nginx", "litellm", "portkey"];
         let curves: Vec<_> = names
             .iter()
-            .flat_map(|n| ["whole", "stream"].map(|m| (format!("{n} {m}"), vec![point(10.0, 0.5)])))
+            .flat_map(|n| ["whole", "stream"].map(|m| curve(n, m, vec![point(10.0, 0.5)])))
             .collect();
         let s = styles(&plot(&curves));
         assert_eq!(s.len(), 10);
@@ -278,12 +282,10 @@ mod tests {
     #[test]
     fn a_saved_result_is_drawn_as_the_run_drew_it() {
         let curves = vec![
-            (
-                "keel whole".to_owned(),
-                vec![point(10.0, 0.4), point(25.0, 0.6)],
-            ),
-            (
-                "nginx stream".to_owned(),
+            curve("keel", "whole", vec![point(10.0, 0.4), point(25.0, 0.6)]),
+            curve(
+                "nginx",
+                "stream",
                 vec![
                     point(10.0, 0.2),
                     Point {
@@ -294,11 +296,10 @@ mod tests {
                 ],
             ),
         ];
-        let saved = serde_json::json!({"rows": curves.iter().map(|(label, pts)| {
-            let (c, m) = label.split_once(' ').unwrap();
-            serde_json::json!({"contender": c, "mode": m, "curve": pts.iter().map(|p| serde_json::json!({
-                "rps": p.rps, "added_p99_ms": p.added_p99_ms, "kept_up": p.kept_up})).collect::<Vec<_>>()})
-        }).collect::<Vec<_>>()});
+        // As `run` writes a row: more fields than the plot reads.
+        let saved = serde_json::json!({"rows": curves.iter().map(|c| serde_json::json!({
+            "contender": c.contender, "mode": c.mode, "rps_under_ms": [], "curve": c.curve,
+        })).collect::<Vec<_>>()});
         assert_eq!(replot(&saved.to_string()).unwrap(), plot(&curves));
         assert!(replot("{}").unwrap_err().contains("bounds.json"));
         assert!(
