@@ -227,3 +227,64 @@ def test_fifty_variants_stay_readable(browser, tmp_path):
         for p in (keel, sim):
             p.terminate()
             p.wait(timeout=30)
+
+
+def test_with_keys_the_dashboard_asks_for_a_key_and_keeps_it_out_of_urls(browser, tmp_path):
+    """With keys configured, the page shows no data until it is given the admin key (or an ops
+    key); a tenant's key is refused; the key never appears in a URL the page requests."""
+    import hashlib
+
+    def sha(k):
+        return "sha256:" + hashlib.sha256(k.encode()).hexdigest()
+
+    admin, tenant = "sk-keel-browser-admin-0123456789abcdef", "sk-keel-browser-tenant-0123456789abcd"
+    (tmp_path / "sim.toml").write_text('[[servers]]\nname = "s"\nreplicas = 1\nttft_ms = 5\ngap_ms = 1\n')
+    env = dict(os.environ, KEEL_LOG="warn")
+    log = tempfile.TemporaryFile()
+    sim, sim_base = _start_sim(tmp_path / "sim.toml", 1, env, log)
+    port = free_port()
+    while port == sim_base:
+        port = free_port()
+    (tmp_path / "keel.toml").write_text(
+        f'listen = "127.0.0.1:{port}"\n[admin]\nkey_hash = "{sha(admin)}"\n'
+        f'[[keys]]\nid = "tenant"\nhash = "{sha(tenant)}"\n'
+        f'[[pools]]\nname = "p"\n[[pools.variants]]\nname = "v"\nurl = "http://127.0.0.1:{sim_base}/v1"\n'
+        'protocol = "openai"\nupstream_model = "sim"\n'
+    )
+    keel = subprocess.Popen([KEEL, "serve", "--config", str(tmp_path / "keel.toml")],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert _wait_until_up(keel, url), "keel serve did not start"
+        with httpx.Client(base_url=url, timeout=30) as client:
+            r = client.post("/v1/chat/completions", headers={"authorization": f"Bearer {tenant}"},
+                            json={"model": "p", "messages": [{"role": "user", "content": "x"}]})
+            assert r.status_code == 200, r.text
+            assert client.get("/keel/events").status_code == 401
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        requested = []
+        page.on("request", lambda req: requested.append(req.url))
+        page.goto(url + "/keel/dashboard")
+        page.wait_for_selector("#login:not([hidden])", timeout=WAIT_MS)
+        assert page.locator("tr[data-variant]").count() == 0
+        # A tenant's key may not read the operations plane.
+        page.fill("#login-key", tenant)
+        page.click("#login button")
+        page.wait_for_function(
+            "document.getElementById('login-error').textContent.includes('may not')", timeout=WAIT_MS)
+        assert page.locator("tr[data-variant]").count() == 0
+        # The admin key shows the fleet.
+        page.fill("#login-key", admin)
+        page.click("#login button")
+        page.wait_for_function("document.querySelectorAll('tr[data-variant]').length === 1", timeout=WAIT_MS)
+        assert page.locator("#login").is_hidden()
+        assert not any(admin in u or tenant in u for u in requested), requested
+        page.close()
+    except BaseException:
+        log.seek(0)
+        print(log.read()[-20_000:].decode(errors="replace"))
+        raise
+    finally:
+        for p in (keel, sim):
+            p.terminate()
+            p.wait(timeout=30)

@@ -4,7 +4,9 @@
 #      (kubernetes-validate from PyPI, whose schemas ship in the package: no network needed),
 #      and a deliberately broken copy does not (so a validator that accepts anything fails here);
 #   2. the manifests agree with each other and with keel.toml (tests/deploy/k8s_check.py);
-#   3. `keel check` accepts the ConfigMap's keel.toml, with the Secret's values as environment.
+#   3. `keel check` refuses the ConfigMap's keel.toml as shipped (its keys' secrets are published
+#      in the Secret example) and accepts it with fresh keys, with the Secret's values as
+#      environment.
 #
 # usage: tests/deploy/k8s.sh KEEL_BINARY PYTHON   (PYTHON: a venv with kubernetes-validate, PyYAML)
 set -euo pipefail
@@ -35,7 +37,28 @@ echo "-- consistency between the manifests and keel.toml"
 echo "-- keel check on the ConfigMap's keel.toml (environment: the Secret's values)"
 env_args=()
 while IFS= read -r line; do env_args+=("$line"); done < "$tmp/env"
-env "${env_args[@]}" "$keel" check --config "$tmp/keel.toml" 2>&1 | tee "$tmp/check.out"
+# The example's keys are published beside it (deploy/k8s/secret.yaml): keel must refuse to
+# start with them, naming each, so that nobody deploys the example as it is.
+if env "${env_args[@]}" "$keel" check --config "$tmp/keel.toml" > "$tmp/check.out" 2>&1; then
+  echo "FAIL: keel check accepted the example's published keys" >&2
+  cat "$tmp/check.out" >&2
+  exit 1
+fi
+refused=$(grep -c 'published in keel' "$tmp/check.out" || true)
+if [ "$refused" != 3 ]; then
+  echo "FAIL: expected the 3 example keys refused as published, got $refused:" >&2
+  cat "$tmp/check.out" >&2
+  exit 1
+fi
+echo "   the example's published keys are refused ($refused of 3)"
+# With fresh keys in their place (as deploy/k8s/secret.yaml tells the operator to make), the
+# ConfigMap is a complete, valid config.
+cp "$tmp/keel.toml" "$tmp/fresh.toml"
+for old in $(grep -o 'sha256:[0-9a-f]\{64\}' "$tmp/keel.toml"); do
+  new=$("$keel" keys new --id fresh | grep -o 'sha256:[0-9a-f]\{64\}')
+  sed -i "s/$old/$new/" "$tmp/fresh.toml"
+done
+env "${env_args[@]}" "$keel" check --config "$tmp/fresh.toml" 2>&1 | tee "$tmp/check.out"
 # An example config should teach nothing keel warns about.
 if grep -q 'warning' "$tmp/check.out"; then
   echo "FAIL: keel check warns about the ConfigMap's keel.toml" >&2

@@ -85,7 +85,7 @@ def _wait_until_up(proc: subprocess.Popen, url: str) -> bool:
     deadline = time.time() + 30
     while proc.poll() is None and time.time() < deadline:
         try:
-            with urllib.request.urlopen(url + "/keel/health", timeout=1) as r:
+            with urllib.request.urlopen(url + "/keel/ready", timeout=1) as r:
                 json.load(r)
             return True
         except Exception:

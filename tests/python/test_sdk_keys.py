@@ -63,7 +63,7 @@ def keyed():
         subprocess.Popen([KEEL, "serve", "--config", cfg], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
     ]
     url = f"http://127.0.0.1:{port}"
-    wait_up(url + "/keel/health")
+    wait_up(url + "/keel/ready")
     yield url
     for p in procs:
         p.kill()

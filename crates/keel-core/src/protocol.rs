@@ -200,7 +200,7 @@ pub enum EventRole {
     KeepAlive,
     /// The protocol's clean end: OpenAI `data: [DONE]`, Anthropic `message_stop`.
     Terminal,
-    /// The upstream reported an error inside the stream.
+    /// The upstream reported an error inside the stream (its summary: see [`error_summary`]).
     Error(String),
     /// The event is not valid for the protocol (bad JSON).
     Malformed(String),
@@ -225,7 +225,7 @@ pub fn event_role(protocol: Protocol, ev: &SseEvent) -> EventRole {
             }
             match serde_json::from_str::<Value>(&ev.data) {
                 Ok(v) => match v.get("error") {
-                    Some(e) if !e.is_null() => EventRole::Error(error_message(&v)),
+                    Some(e) if !e.is_null() => EventRole::Error(error_summary(&v)),
                     _ if openai_chunk_has_output(&v) => EventRole::Output,
                     _ => EventRole::Preamble,
                 },
@@ -242,7 +242,7 @@ pub fn event_role(protocol: Protocol, ev: &SseEvent) -> EventRole {
                         if name == "error"
                             || v.get("type").and_then(Value::as_str) == Some("error") =>
                     {
-                        EventRole::Error(error_message(&v))
+                        EventRole::Error(error_summary(&v))
                     }
                     Ok(_) if matches!(name, "content_block_delta" | "message_delta") => {
                         EventRole::Output
@@ -565,9 +565,61 @@ pub fn error_message(v: &Value) -> String {
         .unwrap_or_else(|| v.to_string())
 }
 
+/// An upstream's error in a few words keel may repeat: its `type` and `code` (identifiers,
+/// not prose), and `loading model` where its message says the server is still loading one
+/// (llama.cpp, TGI: warming, not failing). The message itself is never repeated: it may name
+/// the upstream account, an organisation or a fragment of a credential ("Incorrect API key
+/// provided: sk-…"), and it would reach a client or a log beside other tenants' traffic.
+pub fn error_summary(v: &Value) -> String {
+    let error = v.get("error").filter(|e| e.is_object()).unwrap_or(v);
+    let mut parts = Vec::new();
+    for field in ["type", "code"] {
+        let value = match error.get(field) {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Number(n)) => n.to_string(),
+            _ => continue,
+        };
+        if let Some(word) = identifier(&value) {
+            parts.push(format!("{field} {word}"));
+        }
+    }
+    if error_message(v).to_ascii_lowercase().contains("loading") {
+        parts.push("loading model".to_owned());
+    }
+    parts.join(", ")
+}
+
+/// `s` when it reads as an identifier (`invalid_api_key`, `rate_limit_error`, `503`), short.
+fn identifier(s: &str) -> Option<&str> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    ok.then_some(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_summaries_keep_identifiers_never_prose() {
+        let openai = serde_json::json!({"error": {"message": "Incorrect API key provided: sk-proj-abc***wxyz. You can find your API key at https://platform.openai.com/account/api-keys.", "type": "invalid_request_error", "code": "invalid_api_key"}});
+        assert_eq!(
+            error_summary(&openai),
+            "type invalid_request_error, code invalid_api_key"
+        );
+        let org = serde_json::json!({"error": {"message": "No such organization: org-1234.", "type": "invalid_request_error", "code": "invalid organization org-1234"}});
+        assert_eq!(error_summary(&org), "type invalid_request_error");
+        let anthropic = serde_json::json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}});
+        assert_eq!(error_summary(&anthropic), "type authentication_error");
+        let llama = serde_json::json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}});
+        assert_eq!(
+            error_summary(&llama),
+            "type unavailable_error, code 503, loading model"
+        );
+        assert_eq!(error_summary(&serde_json::json!("secret text")), "");
+    }
 
     #[test]
     fn classifies_openai_events() {
@@ -592,7 +644,7 @@ mod tests {
         let err = stream_error_event(Protocol::OpenAi, ErrorKind::BadGateway, "boom");
         assert_eq!(
             event_role(Protocol::OpenAi, &err),
-            EventRole::Error("boom".into())
+            EventRole::Error(format!("type {}", ErrorKind::BadGateway.openai_type()))
         );
     }
 
@@ -612,7 +664,7 @@ mod tests {
         let err = stream_error_event(Protocol::Anthropic, ErrorKind::Overloaded, "busy");
         assert_eq!(
             event_role(Protocol::Anthropic, &err),
-            EventRole::Error("busy".into())
+            EventRole::Error("type overloaded_error".into())
         );
     }
 

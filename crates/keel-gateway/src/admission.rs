@@ -149,12 +149,22 @@ pub async fn admit(
         req.session = Some(s.to_owned());
     }
     let pool = gw.pool(&req.model).ok_or_else(|| {
+        // Only the models this caller may use: the others' names are not its business.
+        let usable: Vec<&str> = gw
+            .model_names()
+            .into_iter()
+            .filter(|m| key.as_ref().is_none_or(|k| k.allows(m)))
+            .collect();
         GatewayError::new(
             ErrorKind::NotFound,
             format!(
-                "model `{}` is not served here; known models: {}",
+                "model `{}` is not served here; models you may use: {}",
                 req.model,
-                gw.model_names().join(", ")
+                if usable.is_empty() {
+                    "none".to_owned()
+                } else {
+                    usable.join(", ")
+                }
             ),
         )
     })?;

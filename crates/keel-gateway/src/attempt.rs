@@ -20,7 +20,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::time::{timeout_at, Instant};
 
 use keel_core::outcome::{parse_retry_after, AttemptFailure, Verdict};
-use keel_core::protocol::{error_message, Endpoint, EventRole};
+use keel_core::protocol::{error_summary, Endpoint, EventRole};
 use keel_core::request::CanonicalRequest;
 use keel_core::sse::{SseDecoder, SseError, SseEvent};
 use keel_core::stream_watch::{oversized_index, read_event_in, ChunkTemplate, MAX_OUTPUT_INDEX};
@@ -389,10 +389,11 @@ async fn run(
         let body = read_body(resp, MAX_ERROR_BODY_BYTES, read_until, started)
             .await
             .unwrap_or_default();
+        // Identifiers only (see `error_summary`): the text reaches the client's give-up
+        // message, logs and decision records.
         let message = serde_json::from_slice(&body)
-            .map(|v| error_message(&v))
+            .map(|v| error_summary(&v))
             .unwrap_or_default();
-        let message: String = message.chars().take(300).collect();
         let failure = AttemptFailure::Status {
             status: status.as_u16(),
             retry_after_ms,

@@ -9,7 +9,8 @@
 //! | `keel_ttft_seconds` | pool, endpoint | entry to the first byte of a successful response |
 //! | `keel_attempts_total` | pool, variant, kind, outcome | every upstream attempt, once, when it ends (`ok`, `status_503`, `connect_error`, `stall`, …); kind = `first`, `fallback`, `hedge`, `continuation`, `probe`, `warmup` |
 //! | `keel_retry_budget_exhausted_total` | pool | retries (fallbacks, continuations) refused by the fleet-wide budget |
-//! | `keel_variant_credential_broken_total` | pool, variant | upstream 401/403 answers |
+//! | `keel_variant_credential_broken_total` | pool, variant | upstream 401/403 answers to keel's own requests (the credential marked broken) |
+//! | `keel_variant_credential_unconfirmed_total` | pool, variant | upstream 401/403 answers to client requests (failed over; keel's own request confirms or clears) |
 //! | `keel_migrations_total` | pool, reason, outcome | continuations after the first byte |
 //! | `keel_hedges_total` | pool, outcome | hedges started (`won`, `lost`, `failed`) |
 //! | `keel_queue_wait_seconds` | pool | time a served request waited in the line of a full pool |
@@ -29,7 +30,7 @@
 //! | `keel_signals_applied_total` | kind | other replicas' signals this replica applied |
 //! | `keel_log_lines_dropped_total` | — | access-log and log lines dropped because the log writer's queue was full (stdout or the log file stopped taking lines); the process's count, as of the scrape |
 //! | `keel_upstream_connections_opened_total` | pool | connections keel's own HTTP/1.1 pool opened to the pool's plain-`http://` variants (see `upstream`); growing with requests rather than with concurrency means connections are not reused |
-//! | `keel_maintenance_requests_total` | pool, variant, kind, outcome | keel's own requests to a variant: kind = `probe`, `warmup`, `refresh`, `health` |
+//! | `keel_maintenance_requests_total` | pool, variant, kind, outcome | keel's own requests to a variant: kind = `probe`, `warmup`, `refresh`, `health`, `confirm` |
 //! | `keel_resume_learned_total` | pool, variant | variants found to refuse assistant prefill (they continue in `instruction` mode from then on) |
 //! | `keel_variant_weight` | pool, variant | the variant's routing weight now (health × configured weight) |
 //! | `keel_variant_ttft_seconds` | pool, variant | its smoothed TTFT estimate |

@@ -83,6 +83,7 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         Maintenance::WarmUp(i) => (i, AttemptKind::WarmUp, "warmup"),
         Maintenance::Refresh(i) => (i, AttemptKind::Probe, "refresh"),
         Maintenance::Ready(i) => (i, AttemptKind::WarmUp, "warmup"),
+        Maintenance::Confirm(i) => (i, AttemptKind::Probe, "confirm"),
     };
     // Readiness first, where the variant has a health endpoint: a loading or restarting one
     // warms up only once it answers 200 (then at once, in this task), an ejected one is

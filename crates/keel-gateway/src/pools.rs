@@ -186,6 +186,9 @@ pub(crate) struct VariantState {
     pub(crate) ready: bool,
     /// Since when the variant has been refusing connections (a restart), if it is.
     pub(crate) restarting_since: Option<u64>,
+    /// A client's request met a refusal that keel's own request must confirm
+    /// ([`Maintenance::Confirm`]) before it counts against the variant.
+    pub(crate) confirm: bool,
 }
 
 /// Client TTFT samples in a pool's window (the hedge delay's quantile), over all its shards.
@@ -281,6 +284,10 @@ pub enum Maintenance {
     Refresh(usize),
     /// A readiness check on the variant's health endpoint (no generation), before warm-ups.
     Ready(usize),
+    /// A client's request met a refusal that the client may have caused (a 401/403, a long
+    /// `retry-after`): a request of keel's own, carrying nothing of any client's, decides
+    /// whether the variant is marked for everyone (see `settlement`).
+    Confirm(usize),
 }
 
 impl Maintenance {
@@ -288,7 +295,8 @@ impl Maintenance {
         let (Maintenance::Probe(i)
         | Maintenance::WarmUp(i)
         | Maintenance::Refresh(i)
-        | Maintenance::Ready(i)) = self;
+        | Maintenance::Ready(i)
+        | Maintenance::Confirm(i)) = self;
         i
     }
 }
@@ -380,6 +388,7 @@ impl Pool {
                     maintenance_busy: false,
                     ready: false,
                     restarting_since: None,
+                    confirm: false,
                 };
                 Variant {
                     cfg: v.clone(),
@@ -810,7 +819,13 @@ impl Pool {
                 if st.maintenance_busy {
                     return;
                 }
-                if st.health.take_probe(now, &hc) {
+                if st.confirm {
+                    // Once the variant may be entered (a short cooldown may hold it out).
+                    if st.availability.available(now) {
+                        st.maintenance_busy = true;
+                        out.push(Maintenance::Confirm(i));
+                    }
+                } else if st.health.take_probe(now, &hc) {
                     st.maintenance_busy = true;
                     out.push(Maintenance::Probe(i));
                 } else if matches!(st.health.est.state, State::Warming { .. }) {
@@ -889,7 +904,18 @@ impl Pool {
                 st.maintenance_busy = false;
                 st.health.refresh_result(now, ttft_ms.filter(|_| ok), &hc);
             }
+            // Its outcome was settled as evidence of keel's own (see `settlement`).
+            Maintenance::Confirm(_) => {
+                st.maintenance_busy = false;
+                st.confirm = false;
+            }
         }
+    }
+
+    /// A client's request met a refusal it may have caused: keel's own request confirms it
+    /// (the monitor sends one at its next tick) before the variant is marked for everyone.
+    pub fn to_confirm(&self, index: usize) {
+        self.variant_state(index).confirm = true;
     }
 
     pub fn snapshot(&self) -> Vec<VariantSnapshot> {

@@ -2,8 +2,9 @@
 //!
 //! - `GET /keel/shadow/{pool}`: the pool's shadow comparisons, per shadow variant.
 //! - `POST /keel/admin/canary/{pool}/promote` and `…/rollback`: an operator moves the pool's
-//!   canary to 100 % or to 0 %. The admin key is required when keys or `[admin] key_hash` are
-//!   configured (as for `POST /keel/admin/safe-mode`); a gateway with neither runs open.
+//!   canary to 100 % or to 0 %.
+//!
+//! Who may call each is checked before (`routes::Target::access`).
 
 use std::sync::Arc;
 
@@ -36,15 +37,7 @@ pub fn shadow(gw: &Gateway, name: &str) -> Result<Value, GatewayError> {
 }
 
 /// `POST /keel/admin/canary/{pool}/promote` (`promote`) or `…/rollback`.
-pub fn canary_order(
-    gw: &Gateway,
-    headers: &http::HeaderMap,
-    name: &str,
-    promote: bool,
-) -> Result<Value, GatewayError> {
-    if gw.keys.enabled() || gw.cfg.admin_key_hash.is_some() {
-        gw.keys.authenticate_admin(headers)?;
-    }
+pub fn canary_order(gw: &Gateway, name: &str, promote: bool) -> Result<Value, GatewayError> {
     let pool = find(gw, name)?;
     let canary = pool.canary.as_ref().ok_or_else(|| {
         GatewayError::new(

@@ -70,6 +70,38 @@ pub enum Target {
     Dashboard,
 }
 
+/// Who may use a route. The server checks it once, before the route's handler runs
+/// (`server::route`), so a handler never answers an outsider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Anyone who reaches the port: liveness and readiness, which load balancers and kubelets
+    /// ask without a key and which say nothing about tenants or the fleet's members; and the
+    /// dashboard's page, which holds no data (it asks for the admin key and reads
+    /// `/keel/events` with it).
+    Anyone,
+    /// A tenant: any configured key (checked by admission and the models handlers, which also
+    /// need to know which key it is); anyone when keel runs open.
+    Tenant,
+    /// The operations plane's reads (every tenant's traffic, keys' usage, the fleet): the admin
+    /// key or a key with the `ops` role, whenever keys or an admin key are configured.
+    Ops,
+    /// Changes to the running gateway: the admin key whenever keys or an admin key are
+    /// configured; with neither, a JSON request from no foreign web origin (so that a page
+    /// open in a developer's browser cannot post to a keel on localhost).
+    Admin,
+}
+
+/// Which listener serves a route when `admin_listen` gives the operations plane its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plane {
+    /// `/v1/*`: the main listener only.
+    Data,
+    /// `/keel/*` and `/metrics`: the admin listener only (when there is one).
+    Ops,
+    /// Liveness and readiness: both, so probes work whichever port they are pointed at.
+    Both,
+}
+
 /// One served route. A path ending in `{model_id}` matches any non-empty remainder (a model id
 /// may hold `/`); a parameter inside a path (`{key_id}`) matches one non-empty segment.
 #[derive(Debug, Clone, Copy)]
@@ -81,6 +113,36 @@ pub struct Route {
 
 const fn route(verb: Verb, path: &'static str, target: Target) -> Route {
     Route { verb, path, target }
+}
+
+impl Target {
+    /// Who may use the route.
+    pub fn access(self) -> Access {
+        match self {
+            Target::Generation(_) | Target::Models | Target::Model => Access::Tenant,
+            Target::Ready | Target::Live | Target::Dashboard => Access::Anyone,
+            Target::SafeMode | Target::CanaryPromote | Target::CanaryRollback | Target::Reload => {
+                Access::Admin
+            }
+            Target::Health
+            | Target::Decisions
+            | Target::Decision
+            | Target::Metrics
+            | Target::OpenApi
+            | Target::KeyUsage
+            | Target::Shadow
+            | Target::Events => Access::Ops,
+        }
+    }
+
+    /// Which listener serves the route.
+    pub fn plane(self) -> Plane {
+        match self {
+            Target::Generation(_) | Target::Models | Target::Model => Plane::Data,
+            Target::Ready | Target::Live => Plane::Both,
+            _ => Plane::Ops,
+        }
+    }
 }
 
 /// Every route keel serves, in the order the OpenAPI document lists them.

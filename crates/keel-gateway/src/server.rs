@@ -30,7 +30,7 @@ use crate::errors::GatewayError;
 use crate::execution::Outcome;
 use crate::live::Live;
 use crate::pools::Pool;
-use crate::routes::{self, Resolved, Target};
+use crate::routes::{self, Plane, Resolved, Target};
 use crate::selection::{select_or_wait, Controls, DecisionRecord, Selection};
 use crate::settlement::Attempts;
 use crate::{admission, execution, full_body, openapi, Body, Gateway};
@@ -43,6 +43,50 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     serve_live(Live::new(gw, None), listener, shutdown).await
+}
+
+/// The sockets keel serves: the main one and, with `admin_listen`, the operations plane's own.
+pub struct Listeners {
+    pub main: TcpListener,
+    /// When set, `/keel/*` and `/metrics` are served here only, and `/v1/*` only on `main`.
+    pub admin: Option<TcpListener>,
+}
+
+impl From<TcpListener> for Listeners {
+    fn from(main: TcpListener) -> Listeners {
+        Listeners { main, admin: None }
+    }
+}
+
+/// Which routes a listener serves (see `routes::Plane`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Serves {
+    /// Every route: keel has one listener.
+    All,
+    /// The data plane, beside an admin listener.
+    Data,
+    /// The operations plane (`admin_listen`).
+    Ops,
+}
+
+impl Serves {
+    fn serves(self, plane: Plane) -> bool {
+        match (self, plane) {
+            (Serves::All, _) | (_, Plane::Both) => true,
+            (Serves::Data, p) => p == Plane::Data,
+            (Serves::Ops, p) => p == Plane::Ops,
+        }
+    }
+}
+
+/// The next connection on `listener`, or never when there is none.
+async fn accept_on(
+    listener: Option<&TcpListener>,
+) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    match listener {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A listening socket on `addr` whose kernel queue holds `backlog` connections not yet
@@ -69,9 +113,18 @@ const CUT_FLUSH: Duration = Duration::from_secs(2);
 /// `drain_ms`, then ends the streams still running with an explicit error event (see `live`).
 pub async fn serve_live(
     live: Arc<Live>,
-    listener: TcpListener,
+    listeners: impl Into<Listeners>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    let Listeners {
+        main: listener,
+        admin,
+    } = listeners.into();
+    let main_serves = if admin.is_some() {
+        Serves::Data
+    } else {
+        Serves::All
+    };
     let first = live.current();
     let graceful = GracefulShutdown::new();
     let http = Arc::new(Http::new(
@@ -82,22 +135,24 @@ pub async fn serve_live(
     live.start_tasks();
     live.watch_source();
     loop {
-        let (tcp, _) = tokio::select! {
-            a = listener.accept() => match a {
-                Ok(x) => x,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        let (accepted, serves) = tokio::select! {
+            a = listener.accept() => (a, main_serves),
+            a = accept_on(admin.as_ref()) => (a, Serves::Ops),
             _ = &mut shutdown => break,
+        };
+        let tcp = match accepted {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
         let _ = tcp.set_nodelay(true);
         let live = live.clone();
         // Each request runs on the generation current at its start.
-        let svc = hyper::service::service_fn(move |req| handle(live.current(), req));
+        let svc = hyper::service::service_fn(move |req| handle(live.current(), req, serves));
         // Taken here, not in the task: a shutdown that starts while the connection's first
         // bytes are awaited still waits for it (and tells it to close).
         let watcher = graceful.watcher();
@@ -106,6 +161,7 @@ pub async fn serve_live(
     let process = first.process.clone();
     process.begin_drain();
     drop(listener);
+    drop(admin);
     live.stop_tasks();
     let drain_ms = live.current().cfg.drain_ms;
     tracing::info!(drain_ms, "shutting down: draining in-flight requests");
@@ -129,6 +185,7 @@ pub async fn serve_live(
 pub async fn handle(
     gw: Arc<Gateway>,
     req: Request<Incoming>,
+    serves: Serves,
 ) -> Result<Response<Body>, Infallible> {
     let protocol = client_protocol(&req);
     // Boxed: hyper keeps one allocation of the service future's size per connection for as
@@ -136,7 +193,7 @@ pub async fn handle(
     // Inline, the four stages made that 18 KB a connection; boxed, it is this 0.5 KB frame
     // and the stages' memory is freed once the response head is out (bench/RESULTS.md,
     // issue 16, memory per stream).
-    let handled = std::panic::AssertUnwindSafe(Box::pin(route(gw, req)))
+    let handled = std::panic::AssertUnwindSafe(Box::pin(route(gw, req, serves)))
         .catch_unwind()
         .await;
     Ok(handled.unwrap_or_else(|_| {
@@ -161,13 +218,25 @@ fn client_protocol(req: &Request<Incoming>) -> Protocol {
         })
 }
 
-async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+async fn route(gw: Arc<Gateway>, req: Request<Incoming>, serves: Serves) -> Response<Body> {
     let started = Instant::now();
     let path = req.uri().path().to_owned();
     let anthropic_client = req.headers().contains_key("anthropic-version");
     let protocol = client_protocol(&req);
     let json = |body: String| full_body(StatusCode::OK, "application/json", Bytes::from(body));
-    let resolved = routes::resolve(req.method(), &path);
+    let resolved = match routes::resolve(req.method(), &path) {
+        // The other listener's routes do not exist on this one.
+        Resolved::Route(t, _) if !serves.serves(t.plane()) => Resolved::NotFound,
+        r => r,
+    };
+    if let Resolved::Route(target, _) = resolved {
+        if let Err(e) = gw.keys.authorize(target.access(), req.headers(), req.uri()) {
+            let mut resp = e.to_response(protocol);
+            let id = crate::request_id::new();
+            delivery::keel_headers(resp.headers_mut(), &id, "rejected", "none", 0);
+            return resp;
+        }
+    }
     if let Resolved::Route(Target::Generation(api), _) = resolved {
         if gw.process.draining() {
             // A request on a connection still open after shutdown began.
@@ -199,7 +268,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
             Err(e) => e.to_response(protocol),
         },
         Resolved::Route(Target::KeyUsage, id) => {
-            match crate::keys::admin::usage(&gw, req.headers(), id.unwrap_or_default()).await {
+            match crate::keys::admin::usage(&gw, id.unwrap_or_default()).await {
                 Ok(doc) => json(doc.to_string()),
                 Err(e) => e.to_response(protocol),
             }
@@ -217,17 +286,14 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
                 Err(e) => e.to_response(protocol),
             }
         }
-        Resolved::Route(Target::Reload, _) => {
-            let (parts, _) = req.into_parts();
-            match crate::live::admin::reload(&gw, &parts).await {
-                Ok(doc) => json(doc.to_string()),
-                Err(e) => e.to_response(protocol),
-            }
-        }
+        Resolved::Route(Target::Reload, _) => match crate::live::admin::reload(&gw).await {
+            Ok(doc) => json(doc.to_string()),
+            Err(e) => e.to_response(protocol),
+        },
         Resolved::Route(t @ (Target::CanaryPromote | Target::CanaryRollback), pool) => {
             let name = percent_decode(pool.unwrap_or_default());
             let promote = t == Target::CanaryPromote;
-            match crate::rollout_api::canary_order(&gw, req.headers(), &name, promote) {
+            match crate::rollout_api::canary_order(&gw, &name, promote) {
                 Ok(doc) => json(doc.to_string()),
                 Err(e) => e.to_response(protocol),
             }

@@ -18,8 +18,9 @@
 //! retryable failures feed health and honour `retry-after` as a cooldown (a refused connection
 //! gets a short one); a server still loading its model, or refusing connections within its
 //! restart grace (a restart), is warming instead: no error sample, no cooldown, no client
-//! request until the monitor finds it ready; 401/403 mark the variant's credential; a deadline says nothing about the
-//! variant. A success feeds the TTFT sample, closes any open cooldown and grows the learned
+//! request until the monitor finds it ready; 401/403 mark the variant's credential, but only
+//! when keel's own request earned them (a client's may be of its own making: it fails over and
+//! keel confirms, see `classify`); a deadline says nothing about the variant. A success feeds the TTFT sample, closes any open cooldown and grows the learned
 //! limit. Every attempt is counted once in `keel_attempts_total` (a stream when it ends, so a
 //! stream that stalls after its first token counts as `stall`, not `ok`) and listed, with its
 //! kind and outcome, in the request's decision record.
@@ -54,6 +55,9 @@ pub const MAX_COOLDOWN_MS: u64 = 300_000;
 pub const LOADING_RETRY_AFTER_MS: u64 = 1_000;
 /// A refused connection is very likely refused again: keep the variant out briefly.
 const CONNECT_COOLDOWN_MS: u64 = 1_000;
+/// The longest a client's request alone may hold a variant out (its `retry-after` may be of
+/// the client's own making); keel's own request confirms a longer one (see `classify`).
+pub const CLIENT_EVIDENCE_COOLDOWN_MS: u64 = 1_000;
 /// Longest retry-after a "full" 429 may carry: capacity frees within a second or two, while
 /// a rate-limit quota (hosted APIs) asks for longer, and is honoured as a cooldown.
 const FULL_RETRY_AFTER_MAX_MS: u64 = 2_000;
@@ -626,10 +630,19 @@ impl Attempts {
         self.failures.push((name, f));
     }
 
-    /// What a failure means for its variant; `health_sample` is false for probes and warm-ups,
-    /// whose samples drive the variant's lifecycle instead. True when it left the variant
+    /// What a failure means for its variant. `client` is true for a client's request, false
+    /// for keel's own (probes and warm-ups, whose samples drive the variant's lifecycle
+    /// instead, and which carry nothing of any client's). True when it left the variant
     /// warming (still loading its model, or restarting).
-    fn classify(&mut self, vi: usize, f: &AttemptFailure, health_sample: bool) -> bool {
+    ///
+    /// A client's request can earn refusals of its own making: a 401/403 for a header the
+    /// operator forwards or a body field the upstream authorizes on, a 429 with a long
+    /// `retry-after` for a prompt past the account's per-minute tokens. Such a refusal fails
+    /// this request over, and only keel's own request ([`crate::pools::Maintenance::Confirm`],
+    /// sent at the monitor's next tick) can mark the credential broken or hold the variant out
+    /// for longer than [`CLIENT_EVIDENCE_COOLDOWN_MS`], for this replica and, through shared
+    /// signals, the others.
+    fn classify(&mut self, vi: usize, f: &AttemptFailure, client: bool) -> bool {
         let pool = self.pool.clone();
         let variant = &pool.variants[vi].cfg;
         let now_ms = self.gw.now_ms();
@@ -645,7 +658,7 @@ impl Attempts {
             return true;
         }
         let sample = |ok| {
-            if health_sample {
+            if client {
                 pool.record_attempt(vi, ok, None);
             }
         };
@@ -659,11 +672,15 @@ impl Attempts {
             }
             Verdict::Retry { cooldown_ms } => {
                 sample(false);
-                let cool = cooldown_ms.or(matches!(
+                let mut cool = cooldown_ms.or(matches!(
                     f,
                     AttemptFailure::Connect(_) | AttemptFailure::Refused(_)
                 )
                 .then_some(CONNECT_COOLDOWN_MS));
+                if client && cool.is_some_and(|ms| ms > CLIENT_EVIDENCE_COOLDOWN_MS) {
+                    cool = Some(CLIENT_EVIDENCE_COOLDOWN_MS);
+                    pool.to_confirm(vi);
+                }
                 if let Some(ms) = cool {
                     pool.cool_down(vi, now_ms, ms.min(MAX_COOLDOWN_MS));
                 }
@@ -671,8 +688,17 @@ impl Attempts {
                     self.retry_after_ms = cooldown_ms;
                 }
             }
+            Verdict::BrokenCredential if client => {
+                pool.to_confirm(vi);
+                pool.metrics
+                    .counter(
+                        "keel_variant_credential_unconfirmed_total",
+                        &[("pool", &pool.cfg.name), ("variant", &variant.name)],
+                    )
+                    .increment(1);
+                tracing::warn!(pool = %pool.cfg.name, variant = %variant.name, "upstream refused a client's request with 401/403; the request fails over and keel's own request checks the variant's credential");
+            }
             Verdict::BrokenCredential => {
-                sample(false);
                 pool.mark_credential_broken(vi, now_ms);
                 pool.metrics
                     .counter(
@@ -680,7 +706,7 @@ impl Attempts {
                         &[("pool", &pool.cfg.name), ("variant", &variant.name)],
                     )
                     .increment(1);
-                tracing::error!(pool = %pool.cfg.name, variant = %variant.name, "upstream refused the variant's credential; variant marked broken and skipped for 60 s");
+                tracing::error!(pool = %pool.cfg.name, variant = %variant.name, "upstream refused the variant's credential to keel's own request; variant marked broken and skipped for 60 s");
             }
             // Running out of the request's own time says nothing about the variant.
             Verdict::ReturnToClient | Verdict::GiveUp => {}

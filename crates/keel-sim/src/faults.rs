@@ -44,8 +44,9 @@ pub enum FaultKind {
     Refuse,
     /// Answer a streamed request with the whole JSON body, as servers that ignore `stream` do.
     IgnoreStream,
-    /// Answer 200 with exactly `body` (content type `content_type`, default
-    /// `application/json`): a broken or hostile upstream, byte for byte.
+    /// Answer with exactly `body` (status `status`, default 200; content type
+    /// `content_type`, default `application/json`): a broken or hostile upstream, byte for
+    /// byte, or a provider's own error answer.
     Raw,
     /// End the reply after `after_tokens` tokens with `finish_reason: "length"` (Anthropic
     /// `stop_reason: "max_tokens"`), whatever the request's `max_tokens`: an upstream that cuts
@@ -170,8 +171,8 @@ pub struct RequestFaults {
     pub extra_ttft_ms: u64,
     pub ignore_stream: bool,
     pub loading: bool,
-    /// (content type, body) answered verbatim.
-    pub raw: Option<(String, String)>,
+    /// (status, content type, body) answered verbatim.
+    pub raw: Option<(u16, String, String)>,
     /// End the reply for length after this many tokens.
     pub truncate_after: Option<u64>,
     pub invalid_json: bool,
@@ -285,6 +286,7 @@ impl FaultSet {
                 FaultKind::Raw => {
                     let ct = f.content_type.clone();
                     out.raw = Some((
+                        f.status.unwrap_or(200),
                         ct.unwrap_or_else(|| "application/json".into()),
                         f.body.clone().unwrap_or_default(),
                     ));

@@ -543,9 +543,9 @@ impl SimServer {
             }
             return Some(Ok(resp));
         }
-        if let Some((content_type, body)) = faults.raw.take() {
+        if let Some((status, content_type, body)) = faults.raw.take() {
             return Some(Ok(bytes_response(
-                StatusCode::OK,
+                StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
                 &content_type,
                 Bytes::from(body),
             )));

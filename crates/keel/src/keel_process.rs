@@ -61,7 +61,7 @@ impl KeelProcess {
             cfg_path,
         };
         let probe = reqwest::Client::new();
-        let url = format!("http://127.0.0.1:{port}/keel/health");
+        let url = format!("http://127.0.0.1:{port}/keel/ready");
         // A debug build on a loaded machine can take seconds to come up.
         for _ in 0..800 {
             if probe.get(&url).send().await.is_ok() {

@@ -36,6 +36,9 @@ pub struct KeyConfig {
     /// Prompt normalization for the key's requests (`normalize`), over the pool's mode; a
     /// request's `x-keel-normalize` still wins.
     pub normalize: Option<keel_core::normalize::Mode>,
+    /// `roles = ["ops"]`: the key may also read the operations plane (`/keel/*` reads and
+    /// `/metrics`: every tenant's traffic). Changing the gateway still needs the admin key.
+    pub ops: bool,
 }
 
 impl KeyConfig {
@@ -86,11 +89,61 @@ pub fn parse_hash(s: &str) -> Result<[u8; 32], String> {
     Ok(out)
 }
 
-/// A hash field: `key = "sha256:…"`, reported where it is written when malformed.
+/// SHA-256 hashes of the example keys published in keel's repository (their secrets are public
+/// beside them), with where. A deployment copied from an example must not start with a key that
+/// anybody can present: `keel check` and startup refuse them (a test keeps this list equal to
+/// the hashes the repository's examples hold).
+pub const PUBLISHED_EXAMPLE_HASHES: &[(&str, &str)] = &[
+    (
+        "a89fe531231b61f60c3796aba78129756bdb8f1fbe3a128d346ae9c5ccab9b01",
+        "deploy/k8s/secret.yaml (admin)",
+    ),
+    (
+        "a22da5424debdce056f0bd1907316a922d67cdc7754661c879e91106a4e6008b",
+        "deploy/k8s/secret.yaml (checkout)",
+    ),
+    (
+        "13b544883bbe88b0f1b675d5fd7f8f137891a5f0fae6335730b857942a499203",
+        "deploy/k8s/secret.yaml (support)",
+    ),
+];
+
+/// Secrets anyone would try first; a key whose hash is one of theirs is refused as well.
+const GUESSABLE_SECRETS: &[&str] = &[
+    "", "test", "secret", "password", "changeme", "admin", "keel", "sk-keel", "sk-test", "1234",
+    "12345678",
+];
+
+/// Why a key with this hash must not be accepted, if it is a published or guessable one.
+pub fn known_secret(hash: &[u8; 32]) -> Option<String> {
+    let hex = crate::keys::hash_text(hash);
+    let hex = hex.trim_start_matches("sha256:");
+    if let Some((_, at)) = PUBLISHED_EXAMPLE_HASHES.iter().find(|(h, _)| *h == hex) {
+        return Some(format!(
+            "this is the hash of an example key whose secret is published in keel's repository ({at}): anyone could present it; make a fresh key with `keel keys new`"
+        ));
+    }
+    GUESSABLE_SECRETS
+        .iter()
+        .any(|s| crate::keys::hash_secret(s) == *hash)
+        .then(|| {
+            "this is the hash of a guessable secret; make a fresh key with `keel keys new`"
+                .to_owned()
+        })
+}
+
+/// A hash field: `key = "sha256:…"`, reported where it is written when malformed or when it
+/// is the hash of a published or guessable secret.
 fn hash_field(v: Option<Val<String>>, issues: &mut Issues) -> Option<[u8; 32]> {
     let v = v?;
     match parse_hash(&v.value) {
-        Ok(h) => Some(h),
+        Ok(h) => {
+            if let Some(why) = known_secret(&h) {
+                issues.report(v.at, &v.path, why);
+                return None;
+            }
+            Some(h)
+        }
         Err(m) => {
             issues.report(v.at, &v.path, m);
             None
@@ -174,6 +227,17 @@ pub(super) fn read_keys(
         let normalize = t
             .choice("normalize", &super::pool::NORMALIZE_MODES, issues)
             .map(|v| v.value);
+        let mut ops = false;
+        for role in t.strings("roles", issues) {
+            match role.value.as_str() {
+                "ops" => ops = true,
+                other => issues.report(
+                    role.at,
+                    &role.path,
+                    format!("unknown role `{other}`; the roles are: ops"),
+                ),
+            }
+        }
         let key = KeyConfig {
             id: String::new(),
             hash: [0; 32],
@@ -189,6 +253,7 @@ pub(super) fn read_keys(
             min_tier,
             priority,
             normalize,
+            ops,
         };
         t.finish(issues);
         let (Some(id), Some(hash)) = (id, hash) else {

@@ -19,6 +19,7 @@
 
 mod budget;
 pub mod cache;
+mod forward;
 mod health;
 mod integrity;
 mod keys;
@@ -74,6 +75,13 @@ const DEFAULT_LISTEN_BACKLOG: u32 = 4096;
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// `admin_listen`: the operations plane's own address. When set, `/keel/*` and `/metrics`
+    /// are served there only (and `/v1/*` only on `listen`), so that a firewall or a Service
+    /// can keep them off the tenants' network; liveness and readiness answer on both.
+    pub admin_listen: Option<SocketAddr>,
+    /// `auth = "open"`: the operator runs keel without keys on purpose. A reload that would drop
+    /// every key or the admin key is refused unless the new file says so.
+    pub auth_open: bool,
     /// Connections the kernel may hold for keel before it accepts them (`listen(2)`'s
     /// backlog; the kernel caps it at `net.core.somaxconn`).
     pub listen_backlog: u32,
@@ -91,7 +99,8 @@ pub struct Config {
     /// Decision records kept for `/keel/decisions` (a ring: the oldest goes first).
     pub decisions_kept: usize,
     /// Decision records show what prompt normalization changed, as the text around each change
-    /// before and after (`prompt_edits`); false keeps no prompt text in records.
+    /// before and after (`prompt_edits`); false (the default) keeps no prompt text in records:
+    /// whoever reads the operations plane would read fragments of tenants' prompts.
     pub decision_prompt_edits: bool,
     pub allow_force_variant: bool,
     /// Runtime worker threads for `keel serve` (default: one per core).
@@ -225,19 +234,31 @@ impl Config {
 /// The top-level keys, then each section.
 fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) -> Config {
     let default_listen = SocketAddr::from(([127, 0, 0, 1], 8080));
-    let listen = match t.get::<String>("listen", issues) {
-        Some(l) => l.value.parse().unwrap_or_else(|_| {
+    let listen = address(&mut t, "listen", issues).unwrap_or(default_listen);
+    let admin_listen = address(&mut t, "admin_listen", issues);
+    if admin_listen.is_some_and(|a| a == listen && a.port() != 0) {
+        if let Some(v) = t.raw("admin_listen") {
             issues.report(
-                l.at,
-                &l.path,
+                v.span().start,
+                "admin_listen",
+                "must differ from `listen`: the operations plane gets an address of its own",
+            );
+        }
+    }
+    let auth_open = match t.get::<String>("auth", issues) {
+        None => false,
+        Some(v) if v.value == "open" => true,
+        Some(v) => {
+            issues.report(
+                v.at,
+                &v.path,
                 format!(
-                    "expected an address such as \"127.0.0.1:8080\", got {:?}",
-                    l.value
+                    "expected \"open\" (keel runs without keys on purpose), got {:?}",
+                    v.value
                 ),
             );
-            default_listen
-        }),
-        None => default_listen,
+            false
+        }
     };
     let listen_backlog = at_least_one(t.get::<u32>("listen_backlog", issues), issues);
     let max_attempts = at_least_one(t.get::<u32>("max_attempts", issues), issues).unwrap_or(3);
@@ -278,10 +299,21 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         r.finish(issues);
         watch
     });
+    if auth_open && !keys.is_empty() {
+        if let Some(v) = t.raw("auth") {
+            issues.report(
+                v.span().start,
+                "auth",
+                "auth = \"open\" says keel runs without keys, but [[keys]] are configured: remove one or the other",
+            );
+        }
+    }
     let config = Config {
         log,
         telemetry,
         listen,
+        admin_listen,
+        auth_open,
         listen_backlog: listen_backlog.unwrap_or(DEFAULT_LISTEN_BACKLOG),
         max_body_bytes: t
             .value("max_body_bytes", issues)
@@ -299,7 +331,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
             .unwrap_or(4 * 1024 * 1024),
         drain_ms: t.value("drain_ms", issues).unwrap_or(30_000),
         decisions_kept: decisions_kept.unwrap_or(10_000),
-        decision_prompt_edits: t.value("decision_prompt_edits", issues).unwrap_or(true),
+        decision_prompt_edits: t.value("decision_prompt_edits", issues).unwrap_or(false),
         allow_force_variant: t.value("allow_force_variant", issues).unwrap_or(false),
         worker_threads,
         retry_budget,
@@ -316,6 +348,25 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
     };
     t.finish(issues);
     config
+}
+
+/// A socket address, reported where it is written when malformed.
+fn address(t: &mut Table, key: &'static str, issues: &mut Issues) -> Option<SocketAddr> {
+    let v = t.get::<String>(key, issues)?;
+    match v.value.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            issues.report(
+                v.at,
+                &v.path,
+                format!(
+                    "expected an address such as \"127.0.0.1:8080\", got {:?}",
+                    v.value
+                ),
+            );
+            None
+        }
+    }
 }
 
 /// A semantic cache's `embeddings_pool` must name a pool (checked once every pool is read).

@@ -368,6 +368,7 @@ fn read_variants(
         }
         return Vec::new();
     }
+    let pool_forward = super::forward::read(t, issues);
     let wanted = tables.len();
     let mut parsed: Vec<variant::ParsedVariant> = Vec::new();
     let mut taken = Vec::new();
@@ -384,5 +385,15 @@ fn read_variants(
             "every variant has weight 0; at least one must take traffic",
         );
     }
-    parsed.into_iter().map(|v| v.cfg).collect()
+    parsed
+        .into_iter()
+        .map(|v| {
+            let forward = v.forward.or_else(|| pool_forward.clone());
+            VariantConfig {
+                forward_headers: forward
+                    .unwrap_or_else(|| super::forward::defaults(v.cfg.protocol)),
+                ..v.cfg
+            }
+        })
+        .collect()
 }

@@ -48,13 +48,17 @@ pub struct VariantConfig {
     /// `max_tokens` for a Chat Completions request without one translated for this
     /// Anthropic-protocol variant (Anthropic requires it).
     pub default_max_tokens: u32,
+    /// The client's headers this variant's requests carry (`forward_headers`: the variant's,
+    /// else its pool's, else the defaults of `config::forward`); no other client header
+    /// reaches the upstream.
+    pub forward_headers: Vec<http::HeaderName>,
 }
 
 impl fmt::Debug for VariantConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VariantConfig")
             .field("name", &self.name)
-            .field("url", &self.url)
+            .field("url", &super::redact_url(&self.url))
             .field("protocol", &self.protocol)
             .field("upstream_model", &self.upstream_model)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
@@ -84,6 +88,8 @@ pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 /// A variant as read.
 pub(super) struct ParsedVariant {
     pub(super) cfg: VariantConfig,
+    /// Its own `forward_headers`, if written (the pool's applies otherwise).
+    pub(super) forward: Option<Vec<http::HeaderName>>,
 }
 
 /// Reads one variant; `taken` holds the names of the pool's earlier variants (this one's is
@@ -165,6 +171,7 @@ pub(super) fn read(
         Some(v) => v.value,
         None => DEFAULT_MAX_TOKENS,
     };
+    let forward = super::forward::read(&mut t, issues);
     let resume_path = t.field_path("resume");
     t.finish(issues);
 
@@ -190,6 +197,7 @@ pub(super) fn read(
         health_url,
         continuation_fields,
         default_max_tokens,
+        forward_headers: Vec::new(),
     };
     if let Some(why) = resume_misfit(&cfg) {
         warnings.push(format!(
@@ -198,7 +206,7 @@ pub(super) fn read(
             resume_name(cfg.resume)
         ));
     }
-    Some(ParsedVariant { cfg })
+    Some(ParsedVariant { cfg, forward })
 }
 
 /// The base URL without a trailing slash; an Anthropic base URL loses a `/v1` (with a warning).

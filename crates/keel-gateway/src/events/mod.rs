@@ -244,6 +244,8 @@ mod tests {
         for needle in ["http://", "https://", "<script src", "<link"] {
             assert!(!DASHBOARD_HTML.contains(needle), "{needle}");
         }
-        assert!(DASHBOARD_HTML.contains("new EventSource(\"/keel/events\")"));
+        // The feed is read with the key as a bearer header (EventSource cannot send one).
+        assert!(DASHBOARD_HTML.contains("fetch(\"/keel/events\", { headers: authHeaders()"));
+        assert!(!DASHBOARD_HTML.contains("new EventSource"));
     }
 }

@@ -25,6 +25,7 @@ use keel_core::protocol::ErrorKind;
 
 use crate::config::{Config, KeyConfig};
 use crate::errors::GatewayError;
+use crate::routes::Access;
 
 pub use limits::Grant;
 
@@ -138,6 +139,55 @@ impl Keys {
             .ok_or_else(|| GatewayError::new(ErrorKind::Authentication, "invalid API key"))
     }
 
+    /// Whether the operations plane is closed to outsiders: keys or an admin key are
+    /// configured. With neither, keel runs open (a local or fully trusted deployment).
+    pub fn secured(&self) -> bool {
+        self.enabled() || self.admin.is_some()
+    }
+
+    /// Whether the request may use a route of `access` (see `routes::Access`); the error to
+    /// answer otherwise. Tenant routes are checked by their handlers, which need the key.
+    pub fn authorize(
+        &self,
+        access: Access,
+        headers: &HeaderMap,
+        uri: &http::Uri,
+    ) -> Result<(), GatewayError> {
+        match access {
+            Access::Anyone | Access::Tenant => Ok(()),
+            Access::Ops if self.secured() => self.authenticate_ops(headers),
+            Access::Admin if self.secured() => self.authenticate_admin(headers),
+            Access::Ops => Ok(()),
+            Access::Admin => same_site_json(headers, uri),
+        }
+    }
+
+    /// The admin key, or a key with the `ops` role: 401 when missing or unknown, 403 for a
+    /// tenant's key without the role.
+    fn authenticate_ops(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
+        let secret = presented(headers).ok_or_else(|| {
+            GatewayError::new(
+                ErrorKind::Authentication,
+                "missing key: the operations plane needs the admin key or a key with the `ops` role, as `Authorization: Bearer <key>`",
+            )
+        })?;
+        let hash = hash_secret(secret);
+        if self.admin.as_ref().is_some_and(|a| ct_eq(a, &hash)) {
+            return Ok(());
+        }
+        match self.find(secret) {
+            Some(k) if k.ops => Ok(()),
+            Some(k) => Err(GatewayError::new(
+                ErrorKind::Permission,
+                format!(
+                    "key `{}` may not read the operations plane (it needs roles = [\"ops\"], or the admin key)",
+                    k.id
+                ),
+            )),
+            None => Err(GatewayError::new(ErrorKind::Authentication, "invalid key")),
+        }
+    }
+
     /// Checks the admin key: 401 when missing, 403 when not the admin's (or none is set).
     pub fn authenticate_admin(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
         let secret = presented(headers).ok_or_else(|| {
@@ -168,6 +218,44 @@ impl Keys {
                 .last_store_log
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
+    }
+}
+
+/// An admin change on a gateway without keys must come as JSON and from no foreign web origin.
+/// A web page can make a browser send a cross-site POST with a form's content types and no
+/// preflight, but not `application/json`; and a browser always names the page's origin in
+/// `Origin`, which must then be keel's own (the host the request was sent to: `Host`, or
+/// HTTP/2's `:authority`).
+fn same_site_json(headers: &HeaderMap, uri: &http::Uri) -> Result<(), GatewayError> {
+    let json = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return Err(GatewayError::new(
+            ErrorKind::UnsupportedMediaType,
+            "admin requests must be sent with `content-type: application/json` (a web page cannot send that across sites)",
+        ));
+    }
+    let Some(origin) = headers.get(http::header::ORIGIN) else {
+        return Ok(());
+    };
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| uri.authority().map(|a| a.as_str()));
+    let origin_host = origin
+        .to_str()
+        .ok()
+        .and_then(|o| o.split_once("://"))
+        .map(|(_, rest)| rest.trim_end_matches('/'));
+    match (origin_host, host) {
+        (Some(o), Some(h)) if o.eq_ignore_ascii_case(h.trim()) => Ok(()),
+        _ => Err(GatewayError::new(
+            ErrorKind::Permission,
+            "admin requests from a web page of another origin are refused",
+        )),
     }
 }
 

@@ -7,7 +7,6 @@
 //! with `retry-after`) for a load balancer's bare 503. The answer still says, per pool, how many
 //! variants could serve now, for whoever looks.
 
-use http::request::Parts;
 use http::StatusCode;
 use keel_core::protocol::ErrorKind;
 use serde_json::{json, Value};
@@ -15,12 +14,8 @@ use serde_json::{json, Value};
 use crate::errors::GatewayError;
 use crate::Gateway;
 
-/// `POST /keel/admin/reload`: re-reads the config file now. The admin key is required when keys
-/// or `[admin] key_hash` are configured (as for `/keel/admin/safe-mode`).
-pub async fn reload(gw: &Gateway, parts: &Parts) -> Result<Value, GatewayError> {
-    if gw.keys.enabled() || gw.cfg.admin_key_hash.is_some() {
-        gw.keys.authenticate_admin(&parts.headers)?;
-    }
+/// `POST /keel/admin/reload`: re-reads the config file now (who may: `routes::Access::Admin`).
+pub async fn reload(gw: &Gateway) -> Result<Value, GatewayError> {
     let Some(live) = gw.process.live() else {
         return Err(GatewayError::new(
             ErrorKind::InvalidRequest,

@@ -41,6 +41,9 @@ use crate::{Body, Config, Gateway};
 pub const CUT_MESSAGE: &str =
     "keel is shutting down and the drain deadline passed: the response is incomplete; retry it";
 
+/// How often `[reload] watch` looks at the config file.
+const WATCH_POLL: Duration = Duration::from_secs(1);
+
 /// State of the process that every generation shares.
 pub struct Process {
     draining: AtomicBool,
@@ -215,6 +218,13 @@ impl Live {
                 ),
             });
         }
+        if cfg.admin_listen != old.cfg.admin_listen {
+            return Err(ReloadError {
+                outcome: "refused",
+                message: "admin_listen: changing the operations plane's address needs a restart; nothing was reloaded".into(),
+            });
+        }
+        guard_auth(&old.cfg, &cfg)?;
         if cfg.log != old.cfg.log {
             // Found now, not after the swap: a destination that cannot be written is an error.
             crate::access_log::AccessLog::open(&cfg.log).map_err(|e| ReloadError {
@@ -279,31 +289,71 @@ impl Live {
             .increment(1);
     }
 
-    /// With a config file: reloads when its modification time changes while the current
-    /// config has `[reload] watch = true` (polled every second; turning it on or off in the
-    /// file takes effect at the next reload). Runs until the handle is dropped.
+    /// With a config file: reloads when it changes while the current config has
+    /// `[reload] watch = true` (polled every second; turning it on or off in the file takes
+    /// effect at the next reload). Runs until the handle is dropped.
+    ///
+    /// Only a complete file is read: a change is acted on once the file's modification time
+    /// and length have stayed the same for a whole poll (an editor or a config manager
+    /// writing in place is done by then; one that renames a finished file into place is seen
+    /// complete at once, and also waits one poll). A file caught half written anyway fails to
+    /// parse, or, if it parses without its keys, is refused by the rule of [`guard_auth`].
     pub fn watch_source(self: &Arc<Self>) {
         let Some(path) = self.source.as_ref().map(|s| s.path.clone()) else {
             return;
         };
-        let modified = move || std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+        let stamp = move || {
+            std::fs::metadata(&path)
+                .ok()
+                .map(|m| (m.modified().ok(), m.len()))
+        };
         let live = Arc::downgrade(self);
         tokio::spawn(async move {
-            let mut seen: Option<SystemTime> = modified();
+            let mut applied: Option<(Option<SystemTime>, u64)> = stamp();
+            let mut changing: Option<Option<(Option<SystemTime>, u64)>> = None;
             loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(WATCH_POLL).await;
                 let Some(live) = live.upgrade() else { return };
-                let now = modified();
-                if now == seen || !live.current().cfg.reload_watch {
-                    seen = now;
+                let now = stamp();
+                if now == applied || !live.current().cfg.reload_watch {
+                    applied = now;
+                    changing = None;
                     continue;
                 }
-                seen = now;
+                if changing != Some(now) {
+                    // Changed since the last poll: wait until it stays the same for one.
+                    changing = Some(now);
+                    continue;
+                }
+                applied = now;
+                changing = None;
                 tracing::info!("config file changed: reloading");
                 let _ = live.reload();
             }
         });
     }
+}
+
+/// A reload must not turn authentication off by accident (a file half written, a section
+/// lost in a merge): dropping every key, or the admin key, needs `auth = "open"` in the new
+/// file.
+fn guard_auth(old: &Config, new: &Config) -> Result<(), ReloadError> {
+    if new.auth_open {
+        return Ok(());
+    }
+    let lost = if !old.keys.is_empty() && new.keys.is_empty() {
+        "every [[keys]] entry"
+    } else if old.admin_key_hash.is_some() && new.admin_key_hash.is_none() {
+        "the admin key ([admin] key_hash)"
+    } else {
+        return Ok(());
+    };
+    Err(ReloadError {
+        outcome: "refused",
+        message: format!(
+            "the new config removes {lost}, which would open keel to anyone who reaches it; if that is meant, say so with auth = \"open\" in the file; nothing was reloaded"
+        ),
+    })
 }
 
 /// The monitor and events tasks of `gw`, and the tokenizers its pools count with parsed off

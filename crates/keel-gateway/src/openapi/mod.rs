@@ -49,7 +49,8 @@ pub fn document() -> Value {
             "parameters": schemas::parameters(),
             "headers": schemas::headers(),
             "securitySchemes": {
-                "adminKey": {"type": "http", "scheme": "bearer", "description": "The admin key whose SHA-256 is `[admin] key_hash`."}
+                "adminKey": {"type": "http", "scheme": "bearer", "description": "The admin key whose SHA-256 is `[admin] key_hash`."},
+                "opsKey": {"type": "http", "scheme": "bearer", "description": "A virtual key with `roles = [\"ops\"]`: reads the operations plane, changes nothing."}
             },
         },
     })

@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 mod process;
 
 use crate::context::ClientApi;
-use crate::routes::{Route, Target};
+use crate::routes::{Access, Route, Target};
 
 fn schema_ref(name: &str) -> Value {
     json!({"$ref": format!("#/components/schemas/{name}")})
@@ -360,7 +360,7 @@ fn text_ok(description: &str, content_type: &str) -> Value {
 fn key_usage() -> Value {
     let mut op = keel_get(
         "keyUsage",
-        "A virtual key's limits, budgets and in-flight count (admin key required)",
+        "A virtual key's limits, budgets and in-flight count",
         "keel",
         ok_response(
             "The key's usage now.",
@@ -386,17 +386,8 @@ fn key_usage() -> Value {
         "description": "The key's `id` in `[[keys]]`.",
         "schema": {"type": "string", "minLength": 1, "pattern": "^[^/]+$"}
     }]);
-    op["security"] = json!([{"adminKey": []}]);
-    for (status, why) in [
-        ("401", "No admin key was sent."),
-        (
-            "403",
-            "The key sent is not the admin key (or none is configured).",
-        ),
-        ("404", "No key has this id."),
-    ] {
-        op["responses"][status] = error_response(why, Some(Protocol::OpenAi), json!({}));
-    }
+    op["responses"]["404"] =
+        error_response("No key has this id.", Some(Protocol::OpenAi), json!({}));
     op
 }
 
@@ -500,14 +491,8 @@ fn safe_mode() -> Value {
             "example": {"pool": null, "mode": "auto"}
         }}
     });
-    op["security"] = json!([{"adminKey": []}, {}]);
     for (status, why) in [
         ("400", "The body is not `{\"pool\": …, \"mode\": …}`."),
-        ("401", "Keys are configured and no admin key was sent."),
-        (
-            "403",
-            "The key sent is not the admin key (or none is configured).",
-        ),
         ("404", "No pool has this name."),
         (
             "408",
@@ -539,8 +524,39 @@ fn events() -> Value {
     op
 }
 
-/// The operation documenting one served route.
+/// The operation documenting one served route, with who may call it (`routes::Access`).
 pub fn for_route(r: &Route) -> Value {
+    let mut op = operation(r);
+    let (security, unauthorized, forbidden) = match r.target.access() {
+        Access::Anyone | Access::Tenant => return op,
+        Access::Ops => (
+            json!([{"adminKey": []}, {"opsKey": []}, {}]),
+            "Keys or an admin key are configured, and no key (or an unknown one) was sent.",
+            "The key sent is a tenant's key without the `ops` role.",
+        ),
+        Access::Admin => (
+            json!([{"adminKey": []}, {}]),
+            "Keys or an admin key are configured, and no admin key was sent.",
+            "The key sent is not the admin key (or none is configured); or, on a gateway without keys, the request came from a web page of another origin.",
+        ),
+    };
+    op["security"] = security;
+    let mut errors = vec![("401", unauthorized), ("403", forbidden)];
+    if r.target.access() == Access::Admin {
+        errors.push((
+            "415",
+            "On a gateway without keys, the request was not sent as `application/json`.",
+        ));
+    }
+    for (status, why) in errors {
+        if op["responses"].get(status).is_none() {
+            op["responses"][status] = error_response(why, Some(Protocol::OpenAi), json!({}));
+        }
+    }
+    op
+}
+
+fn operation(r: &Route) -> Value {
     match r.target {
         Target::Generation(ClientApi::Endpoint(Endpoint::Embeddings)) => embeddings(),
         Target::Generation(ClientApi::Endpoint(ep)) => generation_endpoint(ep),

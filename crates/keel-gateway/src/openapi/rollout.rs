@@ -102,20 +102,12 @@ pub(super) fn canary(promote: bool) -> Value {
         ),
     );
     op["parameters"] = pool_param();
-    op["security"] = json!([{"adminKey": []}, {}]);
     errors(
         &mut op,
-        &[
-            ("401", "Keys are configured and no admin key was sent."),
-            (
-                "403",
-                "The key sent is not the admin key (or none is configured).",
-            ),
-            (
-                "404",
-                "No pool has this name, or it has no `[pools.canary]`.",
-            ),
-        ],
+        &[(
+            "404",
+            "No pool has this name, or it has no `[pools.canary]`.",
+        )],
     );
     op
 }

@@ -47,8 +47,11 @@ impl ExportClient {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        // Never follow a redirect: it would carry the exporter's headers (a collector's
+        // credentials) to wherever the answer points.
         let client = reqwest::Client::builder()
             .timeout(EXPORT_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(std::io::Error::other)?;
         Ok(ExportClient {

@@ -212,7 +212,7 @@ impl RequestSpan {
                 KeyValue::new("gen_ai.request.model", variant.upstream_model.clone()),
                 KeyValue::new("gen_ai.provider.name", provider_name(variant)),
                 KeyValue::new("gen_ai.system", provider_name(variant)),
-                KeyValue::new("server.address", variant.url.clone()),
+                KeyValue::new("server.address", server_address(&variant.url)),
                 KeyValue::new("keel.pool", pool.to_owned()),
                 KeyValue::new("keel.variant", variant.name.clone()),
                 KeyValue::new("keel.attempt.kind", kind),
@@ -301,4 +301,13 @@ impl AttemptSpan {
         }
         self.span.end();
     }
+}
+
+/// The host of a variant's URL, as OpenTelemetry's `server.address` means it: never the
+/// scheme, path or any `user:password@` the URL holds.
+fn server_address(url: &str) -> String {
+    reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_owned))
+        .unwrap_or_default()
 }

@@ -155,9 +155,19 @@ pub fn client(connect_ms: u64, opened: metrics::Counter) -> Client {
         .pool_idle_timeout(direct::IDLE_TIMEOUT)
         .pool_max_idle_per_host(256)
         .tcp_nodelay(true)
+        // Never follow a redirect: it would carry the variant's credential elsewhere.
         .redirect(reqwest::redirect::Policy::none())
         .build()
-        .unwrap_or_else(|_| reqwest::Client::new());
+        .unwrap_or_else(|e| {
+            // A proxy setting from the environment that reqwest cannot read, most likely.
+            tracing::error!(error = %e, "cannot build the upstream HTTP client as configured; using one without proxies");
+            reqwest::Client::builder()
+                .connect_timeout(connect)
+                .redirect(reqwest::redirect::Policy::none())
+                .no_proxy()
+                .build()
+                .unwrap_or_default()
+        });
     // A proxy for plain HTTP applies to every `http://` variant: reqwest honours it (and
     // NO_PROXY); keel's own pool connects only directly.
     let proxied = ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
@@ -259,9 +269,10 @@ pub fn detached(v: &HeaderValue) -> HeaderValue {
     out
 }
 
-/// Builds the upstream request for one variant. `traceparent`, when tracing is on, is the
+/// Builds the upstream request for one variant: of the client's headers (`forwarded`), only
+/// those the variant's `forward_headers` lists. `traceparent`, when tracing is on, is the
 /// attempt span's W3C trace context and replaces the client's (which is forwarded unchanged
-/// when tracing is off).
+/// when tracing is off and the list has it).
 pub fn request(
     variant: &VariantConfig,
     endpoint: Endpoint,
@@ -270,7 +281,12 @@ pub fn request(
     body: Vec<u8>,
 ) -> Request {
     let url = format!("{}{}", variant.url, endpoint.upstream_path());
-    let mut headers = forwarded.clone();
+    let mut headers = HeaderMap::with_capacity(variant.forward_headers.len() + 4);
+    for name in &variant.forward_headers {
+        for v in forwarded.get_all(name) {
+            headers.append(name.clone(), v.clone());
+        }
+    }
     if let Some(tp) = traceparent {
         headers.insert(HeaderName::from_static("traceparent"), tp);
     }

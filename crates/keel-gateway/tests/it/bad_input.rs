@@ -71,7 +71,7 @@ async fn bad_requests_get_precise_errors() {
         v["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("known models: p"),
+            .contains("models you may use: p"),
         "{v}"
     );
 

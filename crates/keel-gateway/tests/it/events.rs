@@ -130,6 +130,6 @@ async fn the_dashboard_page_is_served_from_the_binary() {
         "text/html; charset=utf-8"
     );
     let page = r.text().await.unwrap();
-    assert!(page.contains("new EventSource(\"/keel/events\")"));
+    assert!(page.contains("fetch(\"/keel/events\""));
     assert!(page.contains("id=\"heatmap\""));
 }

@@ -175,6 +175,11 @@ async fn broken_credential_fails_over_and_marks_the_variant() {
     let (status, headers, _) = h.chat(&chat_body("x")).await;
     assert_eq!(status, 200);
     assert_eq!(header(&headers, "x-keel-variant"), "good-key");
+    // A client's 401 is confirmed by keel's own request before the variant is marked.
+    wait_for!(
+        "keel's own request to confirm the refused credential",
+        h.get_json("/keel/health").await["pools"][0]["variants"][0]["credential_broken"] == true
+    );
     let health: Value = h.get_json("/keel/health").await;
     let v = &health["pools"][0]["variants"][0];
     assert_eq!(v["credential_broken"], true);
@@ -233,15 +238,17 @@ async fn a_lone_variant_is_tried_again_after_its_short_cooldown() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(header(&headers, "x-keel-attempts"), "2");
     assert_eq!(h.server(0).state.stats().requests, 2);
-    // A cooldown longer than keel waits for is the client's to wait: 503 with retry-after.
+    // A longer retry-after earned by a client's request holds the variant out for a second
+    // at most until keel's own request confirms it (see `settlement::classify`): this one
+    // expires before the confirmation, so the request waits the second and is served.
     add_fault(
         h.server(0),
         json!({"kind": "error", "status": 429, "retry_after_s": 3, "count": 1}),
     )
     .await;
-    let (status, headers, _) = h.chat(&chat_body("x")).await;
-    assert_eq!(status, 503);
-    assert_eq!(header(&headers, "retry-after"), "3");
+    let (status, headers, body) = h.chat(&chat_body("x")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&headers, "x-keel-attempts"), "2");
 }
 
 #[tokio::test]

@@ -16,6 +16,8 @@ pub struct Harness {
     pub addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     pub task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// The admin or an ops key, for reading the operations plane of a gateway with keys.
+    pub ops_key: Option<String>,
 }
 
 /// One `[[pools.variants]]` table.
@@ -83,6 +85,7 @@ impl Harness {
             addr,
             stop: Some(stop),
             task: Some(task),
+            ops_key: None,
         }
     }
 
@@ -134,9 +137,17 @@ impl Harness {
     }
 
     /// A GET whose answer is JSON.
+    /// A GET as an operator: with [`Harness::ops_key`] where the test set one.
+    pub fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        let req = keel_sim::http_client().get(self.url(path));
+        match &self.ops_key {
+            Some(k) => req.bearer_auth(k),
+            None => req,
+        }
+    }
+
     pub async fn get_json(&self, path: &str) -> Value {
-        keel_sim::http_client()
-            .get(self.url(path))
+        self.get(path)
             .send()
             .await
             .expect("gateway reachable")
@@ -164,8 +175,7 @@ impl Harness {
     }
 
     pub async fn metrics(&self) -> String {
-        keel_sim::http_client()
-            .get(self.url("/metrics"))
+        self.get("/metrics")
             .send()
             .await
             .unwrap()

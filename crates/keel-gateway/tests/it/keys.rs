@@ -30,7 +30,9 @@ async fn keyed(server: ServerConfig, a_limits: &str) -> Harness {
         pool_over(&fleet, "p", "openai", 1, ""),
         pool_over(&fleet, "q", "openai", 1, ""),
     );
-    Harness::start(fleet, &cfg).await
+    let mut h = Harness::start(fleet, &cfg).await;
+    h.ops_key = Some(ADMIN.into());
+    h
 }
 
 fn bearer(key: &str) -> String {

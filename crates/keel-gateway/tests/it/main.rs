@@ -34,6 +34,7 @@ mod rollout;
 mod routing;
 mod safe_mode;
 mod safeguards;
+mod security;
 mod speculation;
 mod streams;
 mod tracing;

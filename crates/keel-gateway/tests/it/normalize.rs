@@ -187,16 +187,16 @@ async fn a_keys_normalize_mode_applies_to_its_requests_only() {
     assert_eq!(sent, MESSY, "the request's header wins over the key");
 }
 
-/// The decision record shows what normalization changed: the text around each change, before
-/// and after, with invisible characters written out; `decision_prompt_edits = false` keeps no
-/// prompt text there.
+/// With `decision_prompt_edits = true`, the decision record shows what normalization changed:
+/// the text around each change, before and after, with invisible characters written out; by
+/// default it keeps no prompt text there.
 #[tokio::test]
 async fn the_decision_record_shows_the_prompts_edits() {
     for keep in [true, false] {
         let top = if keep {
-            ""
+            "decision_prompt_edits = true\n"
         } else {
-            "decision_prompt_edits = false\n"
+            ""
         };
         let h = Harness::openai(1, 1, top, "hedge = \"off\"\nnormalize = \"syntax\"\n").await;
         let r = h.post("/v1/chat/completions", &body(MESSY)).await;

@@ -162,9 +162,9 @@ async fn credentials_are_the_variants_and_never_leak() {
         "client's x-api-key is not forwarded"
     );
     assert!(!seen.keys().any(|k| k.starts_with("x-keel-")));
-    assert_eq!(
-        seen["openai-beta"], "x",
-        "other client headers pass through"
+    assert!(
+        !seen.contains_key("openai-beta"),
+        "other client headers pass only when forward_headers lists them"
     );
     assert_eq!(
         h.server(0).state.last_body()["max_tokens"],

@@ -308,7 +308,10 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 async fn admin_reload(addr: std::net::SocketAddr, key: Option<&str>) -> (u16, Value) {
-    let mut req = keel_sim::http_client().post(format!("http://{addr}/keel/admin/reload"));
+    // As an operator's tool sends it (a gateway without keys wants JSON: see `routes::Access`).
+    let mut req = keel_sim::http_client()
+        .post(format!("http://{addr}/keel/admin/reload"))
+        .header("content-type", "application/json");
     if let Some(k) = key {
         req = req.header("authorization", format!("Bearer {k}"));
     }
@@ -388,6 +391,7 @@ async fn the_admin_reload_refuses_a_bad_config_and_keeps_the_running_one() {
 
     let metrics = keel_sim::http_client()
         .get(format!("http://{addr}/metrics"))
+        .bearer_auth(admin)
         .send()
         .await
         .unwrap()
@@ -418,16 +422,19 @@ async fn the_file_watch_reloads_a_changed_file() {
     let path = scratch("watched.toml");
     std::fs::write(&path, &text).unwrap();
     let (_addr, live, _stop) = start_from_file(path.clone()).await;
-    // Modification times may be coarse: change the file until the watch has seen a change.
+    // The watch acts on a file that stayed the same for a whole poll (a second). Its first
+    // look may come after a write (the task starts on its own time), so write again if
+    // nothing happened within a few polls; the length changes too, so that a coarse
+    // modification time cannot hide a change.
     let mut n = 0;
     wait_for!("the watch to reload the file", {
         n += 1;
-        std::fs::write(
-            &path,
-            text.replace("name = \"p\"", &format!("name = \"p{n}\"")),
-        )
-        .unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let name = format!("name = \"p-watched-{}\"", "x".repeat(n));
+        std::fs::write(&path, text.replace("name = \"p\"", &name)).unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(4);
+        while live.current().generation == 1 && std::time::Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
         live.current().generation > 1
     });
     assert!(live.current().pool("p").is_none());
@@ -529,4 +536,66 @@ async fn a_request_on_a_connection_open_during_the_drain_is_refused_in_its_proto
         .unwrap();
     assert_eq!(r.status(), 503);
     assert_eq!(h.get_json("/keel/live").await["draining"], true);
+}
+
+#[tokio::test]
+async fn a_reload_that_would_drop_every_key_is_refused_unless_the_file_says_auth_open() {
+    let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
+    let admin = "sk-keel-test-reload-admin-0123456";
+    let tenant = "sk-keel-test-reload-tenant-012345";
+    let hash = |k: &str| keel_gateway::keys::hash_text(&keel_gateway::keys::hash_secret(k));
+    let pool = pool_over(&fleet, "p", "openai", 1, "");
+    let keyed = format!(
+        "[admin]\nkey_hash = \"{}\"\n[[keys]]\nid = \"t\"\nhash = \"{}\"\n{pool}",
+        hash(admin),
+        hash(tenant)
+    );
+    let path = scratch("auth.toml");
+    std::fs::write(&path, &keyed).unwrap();
+    let (addr, live, _stop) = start_from_file(path.clone()).await;
+    let chat_status = || async move {
+        keel_sim::http_client()
+            .post(format!("http://{addr}/v1/chat/completions"))
+            .json(&json!({"model": "p", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(chat_status().await, 401);
+
+    // A file that lost its keys (half written, a section dropped in a merge): refused.
+    std::fs::write(
+        &path,
+        format!("[admin]\nkey_hash = \"{}\"\n{pool}", hash(admin)),
+    )
+    .unwrap();
+    let (status, body) = admin_reload(addr, Some(admin)).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "refused", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("auth = \"open\""),
+        "{body}"
+    );
+    // The admin key alone may not go either.
+    std::fs::write(
+        &path,
+        keyed.replace(&format!("[admin]\nkey_hash = \"{}\"\n", hash(admin)), ""),
+    )
+    .unwrap();
+    let (status, body) = admin_reload(addr, Some(admin)).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(live.current().generation, 1);
+    assert_eq!(chat_status().await, 401, "authentication stays on");
+
+    // Said on purpose: keel runs open.
+    std::fs::write(&path, format!("auth = \"open\"\n{pool}")).unwrap();
+    let (status, body) = admin_reload(addr, Some(admin)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(chat_status().await, 200);
+    drop(fleet);
 }

@@ -306,7 +306,8 @@ async fn the_safe_mode_endpoint_needs_the_admin_key_when_keys_are_configured() {
         hash("sk-keel-test-key-a"),
         pool_over(&fleet, "p", "openai", 1, ""),
     );
-    let h = Harness::start(fleet, &cfg).await;
+    let mut h = Harness::start(fleet, &cfg).await;
+    h.ops_key = Some(admin.into());
     let order = json!({"pool": "p", "mode": "on"});
     assert_eq!(set_safe_mode(&h, None, order.clone()).await.status(), 401);
     for wrong in ["sk-keel-test-key-a", "sk-wrong"] {

@@ -38,14 +38,11 @@ pub(super) fn reload() -> Value {
             json!({}),
         ),
     );
-    op["security"] = json!([{"adminKey": []}, {}]);
-    for (status, why) in [
-        ("400", "The reload was refused and the running config stays: `error.code` is `invalid` (the file cannot be read or has errors, listed in the message as `keel check` prints them), `refused` (a change that needs a restart, such as `listen`) or `unavailable` (keel was not started from a file)."),
-        ("401", "An admin key is required and none was sent."),
-        ("403", "The key sent is not the admin key."),
-    ] {
-        op["responses"][status] = error_response(why, Some(Protocol::OpenAi), json!({}));
-    }
+    op["responses"]["400"] = error_response(
+        "The reload was refused and the running config stays: `error.code` is `invalid` (the file cannot be read or has errors, listed in the message as `keel check` prints them), `refused` (a change that needs a restart, such as `listen` or `admin_listen`, or one that would remove every key or the admin key without `auth = \"open\"`) or `unavailable` (keel was not started from a file).",
+        Some(Protocol::OpenAi),
+        json!({}),
+    );
     op
 }
 
