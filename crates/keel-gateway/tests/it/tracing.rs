@@ -225,3 +225,92 @@ async fn without_an_endpoint_nothing_is_traced_and_traceparent_passes_through() 
     assert_eq!(r.status(), 200);
     assert_eq!(upstream_traceparent(&h, 0), traceparent);
 }
+
+/// A server that answers every request with a redirect to `to`, counting them.
+async fn redirector(to: String) -> (SocketAddr, Arc<Mutex<usize>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count: Arc<Mutex<usize>> = Arc::default();
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let seen = seen.clone();
+            let to = to.clone();
+            let svc = service_fn(move |_req: hyper::Request<hyper::body::Incoming>| {
+                *seen.lock().unwrap() += 1;
+                let resp = hyper::Response::builder()
+                    .status(307)
+                    .header("location", to.clone())
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc),
+            );
+        }
+    });
+    (addr, count)
+}
+
+#[tokio::test]
+async fn the_exporter_follows_no_redirect_and_spans_name_no_credentials() {
+    let (otlp, received) = receiver().await;
+    let (redirecting, asked) = redirector(format!("http://{otlp}/v1/traces")).await;
+    let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
+    // A variant URL carrying credentials (reached through reqwest, which sends them as basic
+    // auth); the collector's address carries some too.
+    let url = fleet
+        .get(0)
+        .openai_base()
+        .replace("http://", "http://user:hunter2@");
+    let cfg = format!(
+        "[telemetry]\notlp_endpoint = \"http://collector:pw@{redirecting}\"\n[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n{}",
+        variant("a", &url, "openai", 1)
+    );
+    let h = Harness::start(fleet, &cfg).await;
+    let (status, _, body) = h.chat(&chat_body("x")).await;
+    assert_eq!(status, 200, "{body}");
+    let gw = h.gw.clone();
+    tokio::task::spawn_blocking(move || gw.telemetry.flush())
+        .await
+        .unwrap();
+    wait_for!(
+        "the export to reach the redirecting address",
+        *asked.lock().unwrap() >= 1
+    );
+    // Redirects are not followed: the spans (and the credentials with them) never reach
+    // the address the redirect names.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(received.lock().unwrap().is_empty());
+    drop(h);
+
+    // Exported where it is received: the attempt span names the upstream's host only.
+    let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
+    let url = fleet
+        .get(0)
+        .openai_base()
+        .replace("http://", "http://user:hunter2@");
+    let cfg = format!(
+        "[telemetry]\notlp_endpoint = \"http://{otlp}\"\n[[pools]]\nname = \"p\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n{}",
+        variant("a", &url, "openai", 1)
+    );
+    let h = Harness::start(fleet, &cfg).await;
+    let (status, _, body) = h.chat(&chat_body("x")).await;
+    assert_eq!(status, 200, "{body}");
+    let gw = h.gw.clone();
+    tokio::task::spawn_blocking(move || gw.telemetry.flush())
+        .await
+        .unwrap();
+    wait_for!("two spans", received.lock().unwrap().len() >= 2);
+    let spans = received.lock().unwrap().clone();
+    let attempt = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Client as i32)
+        .expect("an attempt span");
+    assert_eq!(attrs(attempt)["server.address"], "127.0.0.1");
+    for s in &spans {
+        assert!(!format!("{:?}", attrs(s)).contains("hunter2"), "{s:?}");
+    }
+    assert!(!format!("{:?}", h.gw.cfg.pools[0].variants[0]).contains("hunter2"));
+}
