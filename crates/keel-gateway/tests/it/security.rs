@@ -144,16 +144,21 @@ async fn with_keys_the_operations_plane_answers_only_the_admin_and_ops_keys() {
 
 #[tokio::test]
 async fn decision_records_hold_no_prompt_text_by_default() {
-    let h = Harness::openai(1, 1, "", "normalize = \"syntax\"").await;
-    let body = json!({"model": "p", "messages": [{"role": "user", "content": "secret-project-name   \n\n\n\nplease   "}]});
-    let (status, headers, _) = h.chat(&body).await;
-    assert_eq!(status, 200);
-    let id = header(&headers, "x-keel-request-id").to_owned();
-    let record = h.get_json(&format!("/keel/decisions/{id}")).await;
-    assert!(
-        !record.to_string().contains("secret-project-name"),
-        "{record}"
-    );
+    // Turned on, the record shows the text around each normalization edit (the control that
+    // this prompt's edit does show it); by default it shows none.
+    for (top, shown) in [("decision_prompt_edits = true", true), ("", false)] {
+        let h = Harness::openai(1, 1, top, "normalize = \"syntax\"").await;
+        let body = json!({"model": "p", "messages": [{"role": "user", "content": "secret-project-name   \n\n\n\nplease   "}]});
+        let (status, headers, _) = h.chat(&body).await;
+        assert_eq!(status, 200);
+        let id = header(&headers, "x-keel-request-id").to_owned();
+        let record = h.get_json(&format!("/keel/decisions/{id}")).await;
+        assert_eq!(
+            record.to_string().contains("project-name"),
+            shown,
+            "`{top}`: {record}"
+        );
+    }
 }
 
 /// A gateway whose operations plane listens on an address of its own.
