@@ -6,13 +6,13 @@
 #      same flags — into a root filesystem, and checks with `file` and `ldd` that the binary is
 #      statically linked;
 #   2. runs that binary: `keel --version`; `keel serve` in front of a simulated model server
-#      addressed by name (`keel sim`): GET /keel/health 200, a chat completion, SIGTERM ends it
+#      addressed by name (`keel sim`): GET /keel/ready 200, a chat completion, SIGTERM ends it
 #      cleanly (exit 0).
 # Then, where podman can build and run containers here:
 #   3. builds the Containerfile's final stage (FROM scratch) with podman, taking the build
 #      stage's output from step 1 (`--build-context build=...`: no base image is pulled, so
 #      this works offline), runs the image read-only with every capability dropped: on the
-#      Kubernetes ConfigMap's keel.toml it runs as the non-root user, answers /keel/health and
+#      Kubernetes ConfigMap's keel.toml it runs as the non-root user, answers /keel/ready and
 #      stops cleanly on SIGTERM; and a chat completion goes through it to the simulated server.
 #   Where podman cannot, the test says precisely why (podman's own error) and passes on steps 1–2.
 #
@@ -46,11 +46,12 @@ free_port() {
   "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
-# GET /keel/health on PORT until it answers 200 (up to 30 s).
+# GET /keel/ready on PORT until it answers 200 (up to 30 s): readiness needs no key, the
+# ConfigMap's config has keys.
 wait_health() {
   local port=$1 i
   for i in $(seq 1 300); do
-    if curl -fsS -o "$tmp/health.json" "http://127.0.0.1:$port/keel/health" 2>/dev/null; then
+    if curl -fsS -o "$tmp/health.json" "http://127.0.0.1:$port/keel/ready" 2>/dev/null; then
       return 0
     fi
     sleep 0.1
@@ -86,6 +87,12 @@ echo "-- 2. the static binary runs and serves"
 # image below; and a small config in front of a simulated model server (keel's own `keel sim`)
 # reached by a host *name*, so that a request exercises name resolution in the static binary.
 "$python" tests/deploy/k8s_check.py deploy/k8s "$tmp" > /dev/null
+# The example's keys are published in the repository, and keel refuses them (tests/deploy/k8s.sh
+# checks that): fresh ones in their place, as an operator deploying it makes.
+for old in $(grep -o 'sha256:[0-9a-f]\{64\}' "$tmp/keel.toml"); do
+  new=$("$bin" keys new --id fresh | grep -o 'sha256:[0-9a-f]\{64\}')
+  sed -i "s/$old/$new/" "$tmp/keel.toml"
+done
 sim_port="$(free_port)"
 printf '[[servers]]\nname = "sim"\nport = %s\nttft_ms = 5\ngap_ms = 1\n' "$sim_port" > "$tmp/sim.toml"
 "$bin" sim --config "$tmp/sim.toml" > "$tmp/sim.log" 2>&1 &
@@ -112,8 +119,8 @@ chat() {
 
 "$bin" serve --config "$tmp/traffic.toml" > "$tmp/serve.log" 2>&1 &
 serve_pid=$!
-wait_health "$port" || { cat "$tmp/serve.log" >&2; fail "keel serve (static) did not answer /keel/health"; }
-echo "   keel serve answered GET /keel/health: $(head -c 100 "$tmp/health.json")"
+wait_health "$port" || { cat "$tmp/serve.log" >&2; fail "keel serve (static) did not answer /keel/ready"; }
+echo "   keel serve answered GET /keel/ready: $(head -c 100 "$tmp/health.json")"
 chat "$port" || { cat "$tmp/serve.log" "$tmp/chat.json" >&2; fail "no completion through the static keel"; }
 echo "   a chat completion through it (upstream http://localhost:$sim_port): $(head -c 100 "$tmp/chat.json")"
 kill -TERM "$serve_pid"
@@ -166,8 +173,8 @@ podman run -d --name "$container" "${run_flags[@]}" --read-only --cap-drop=ALL \
   --security-opt=no-new-privileges -p "127.0.0.1:$port:8080" \
   -v "$tmp/keel.toml:/etc/keel/keel.toml:ro" --env-file "$tmp/env" "$image" > /dev/null \
   || fail "podman run of the image"
-wait_health "$port" || { podman logs "$container" >&2; fail "the container did not answer /keel/health"; }
-echo "   the container (ConfigMap config) answered GET /keel/health: $(head -c 100 "$tmp/health.json")"
+wait_health "$port" || { podman logs "$container" >&2; fail "the container did not answer /keel/ready"; }
+echo "   the container (ConfigMap config) answered GET /keel/ready: $(head -c 100 "$tmp/health.json")"
 # The process's real uid, read from the host (`podman top` would need ps inside the image).
 pid="$(podman inspect --format '{{.State.Pid}}' "$container")"
 uid="$(awk '/^Uid:/ { print $2 }' "/proc/$pid/status")"
@@ -186,7 +193,7 @@ traffic_config "127.0.0.1:$port" > "$tmp/traffic.toml"
 podman run -d --name "$container" "${run_flags[@]}" --read-only --cap-drop=ALL --network host \
   -v "$tmp/traffic.toml:/etc/keel/keel.toml:ro" "$image" > /dev/null \
   || fail "podman run of the image on the host's network"
-wait_health "$port" || { podman logs "$container" >&2; fail "the container (host network) did not answer /keel/health"; }
+wait_health "$port" || { podman logs "$container" >&2; fail "the container (host network) did not answer /keel/ready"; }
 chat "$port" || { podman logs "$container" >&2; cat "$tmp/chat.json" >&2; fail "no completion through the container"; }
 echo "   a chat completion through the container: $(head -c 100 "$tmp/chat.json")"
 podman stop -t 40 "$container" > /dev/null
