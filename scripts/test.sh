@@ -58,6 +58,14 @@ if ! command -v podman >/dev/null 2>&1; then
     || echo "warning: podman not installable: the container test will say so and skip the image"
 fi
 
+echo "== dependency policy (cargo deny: bans, licenses, sources; deny.toml says what is allowed)"
+# Compiled once per machine (~5 CPU-minutes) when absent. The advisory check needs the RustSec
+# database from GitHub, which these machines cannot reach: README says where to run it.
+if ! cargo deny --version >/dev/null 2>&1; then
+  cargo install --locked cargo-deny@0.20.2
+fi
+cargo deny check bans licenses sources
+
 echo "== build"
 # One build for the binaries and every test: built together, they share one feature resolution
 # (the tests' dev-dependencies turn on features of serde and others, and keel-gateway's test
