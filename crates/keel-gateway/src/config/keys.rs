@@ -34,8 +34,11 @@ pub struct KeyConfig {
     pub min_tier: Option<u8>,
     pub priority: Priority,
     /// Prompt normalization for the key's requests (`normalize`), over the pool's mode; a
-    /// request's `x-keel-normalize` still wins.
+    /// request's `x-keel-normalize` still wins where `client_normalize` allows it.
     pub normalize: Option<keel_core::normalize::Mode>,
+    /// The modes the key's clients may choose with `x-keel-normalize` (`client_normalize`);
+    /// replaces the pool's list when written.
+    pub client_normalize: Option<Vec<keel_core::normalize::Mode>>,
 }
 
 impl KeyConfig {
@@ -174,6 +177,7 @@ pub(super) fn read_keys(
         let normalize = t
             .choice("normalize", &super::pool::NORMALIZE_MODES, issues)
             .map(|v| v.value);
+        let client_normalize = super::normalize::read_client_modes(&mut t, issues);
         let key = KeyConfig {
             id: String::new(),
             hash: [0; 32],
@@ -189,6 +193,7 @@ pub(super) fn read_keys(
             min_tier,
             priority,
             normalize,
+            client_normalize,
         };
         t.finish(issues);
         let (Some(id), Some(hash)) = (id, hash) else {
