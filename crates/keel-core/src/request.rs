@@ -205,9 +205,10 @@ pub fn from_object(
 fn count_param(body: &Map<String, Value>, name: &str) -> Result<u64, RequestError> {
     match body.get(name) {
         None | Some(Value::Null) => Ok(1),
-        Some(v) => v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
-            RequestError::invalid(format!("`{name}` must be a positive integer"))
-        }),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| RequestError::invalid(format!("`{name}` must be a positive integer"))),
     }
 }
 

@@ -80,11 +80,9 @@ pub fn apply(pool: &Pool, req: &mut CanonicalRequest) -> usize {
     let est = estimate(&req.body, &tokenizers, cap);
     set(req, est);
     let output = req.max_tokens.unwrap_or(0);
-    let Some(window) =
-        window.filter(|w| {
-            pool.cfg.middle_out && !pool.safety.active() && est.tokens.saturating_add(output) > *w
-        })
-    else {
+    let Some(window) = window.filter(|w| {
+        pool.cfg.middle_out && !pool.safety.active() && est.tokens.saturating_add(output) > *w
+    }) else {
         return 0;
     };
     let trimmed = middle_out(req, &tokenizers, window.saturating_sub(output));

@@ -470,7 +470,10 @@ mod tests {
         let (closers, positions) = closers_and_positions(&text["Reply like ".len()..]).unwrap();
         assert_eq!((closers.len(), positions.len()), (2, 64));
         let unbounded: u64 = 2 * 64 * 65 / 2 * (text.len() as u64 - 9);
-        assert!(unbounded > 60 << 20, "the search alone would parse {unbounded} bytes");
+        assert!(
+            unbounded > 60 << 20,
+            "the search alone would parse {unbounded} bytes"
+        );
 
         let mut budget = RepairBudget::default();
         assert_eq!(repair_examples(&text, false, &mut budget), None);
@@ -493,7 +496,10 @@ mod tests {
         let text = "Like {\"a\": 1\n\nor like {\"b\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16\n";
         let fixed = repair_examples(text, false, &mut budget).unwrap();
         assert!(fixed.starts_with("Like {\"a\": 1}\n"), "{fixed:?}");
-        assert!(fixed.ends_with("16\n"), "the second example is left as it was: {fixed:?}");
+        assert!(
+            fixed.ends_with("16\n"),
+            "the second example is left as it was: {fixed:?}"
+        );
         assert!(budget.exhausted() && budget.used_bytes() <= 200);
     }
 }

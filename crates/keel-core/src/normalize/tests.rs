@@ -190,7 +190,10 @@ fn json_repair_work_is_bounded_per_request() {
     );
     assert!(budget.exhausted());
     assert!(budget.used_bytes() <= RepairBudget::DEFAULT_BYTES);
-    assert!(!codes.iter().any(|c| c == "schema_brace_recovered"), "{codes:?}");
+    assert!(
+        !codes.iter().any(|c| c == "schema_brace_recovered"),
+        "{codes:?}"
+    );
     for m in body["messages"].as_array().unwrap() {
         assert_eq!(m["content"], example, "each example is left as it was");
     }

@@ -162,16 +162,22 @@ mod tests {
         let plain = Config::parse(&pool(""), "k.toml", &HashMap::new()).unwrap();
         assert_eq!(plain.pools[0].client_normalize, super::DEFAULT_CLIENT_MODES);
         let keyed = format!(
-            "{}client_normalize = [\"syntax\", \"full\"]\n[[keys]]\nid = \"k\"\nhash = \"sha256:{}\"\nclient_normalize = []\n",
-            pool(""),
+            "{HEAD}client_normalize = [\"syntax\", \"full\"]\n{VARIANT}[[keys]]\nid = \"k\"\nhash = \"sha256:{}\"\nclient_normalize = []\n",
             "ab".repeat(32)
         );
         let c = Config::parse(&keyed, "k.toml", &HashMap::new()).unwrap();
         assert_eq!(c.pools[0].client_normalize, [Mode::Syntax, Mode::Full]);
         assert_eq!(c.keys[0].client_normalize.as_deref(), Some(&[][..]));
-        let got = issues("client_normalize = [\"ful\"]\n");
-        assert_eq!(got[0].1, "pools[0].client_normalize[0]");
-        assert!(got[0].2.contains("did you mean `full`"), "{}", got[0].2);
+        let e = Config::parse(
+            &format!("{HEAD}client_normalize = [\"ful\"]\n{VARIANT}"),
+            "k.toml",
+            &HashMap::new(),
+        )
+        .unwrap_err();
+        let got: Vec<(String, String)> =
+            e.issues.into_iter().map(|i| (i.field, i.message)).collect();
+        assert_eq!(got[0].0, "pools[0].client_normalize[0]");
+        assert!(got[0].1.contains("did you mean `full`"), "{}", got[0].1);
     }
 
     #[test]

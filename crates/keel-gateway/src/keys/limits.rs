@@ -341,13 +341,7 @@ fn store_failed(gw: &Gateway, key: &KeyConfig, e: StoreError) -> Result<(), Gate
 }
 
 /// 400 for a request that exceeds a whole limit; `answers`: how many it asks for.
-fn never_fits(
-    key: &KeyConfig,
-    what: &str,
-    needed: u64,
-    limit: &str,
-    answers: u64,
-) -> GatewayError {
+fn never_fits(key: &KeyConfig, what: &str, needed: u64, limit: &str, answers: u64) -> GatewayError {
     let (counted, lower) = match answers {
         1 => ("estimated prompt + max_tokens".to_owned(), "max_tokens"),
         n => (
@@ -525,8 +519,16 @@ async fn take_rate(
             grant.views.push(view(limit, max, &d));
             if let Decision::Denied { retry_after_ns, .. } = d {
                 let (kind, what) = match limit {
-                    Limit::Requests => ("requests", format!("rpm limit of {max} requests per minute")),
-                    Limit::Tokens => ("tokens", format!("tpm limit of {max} tokens per minute (this request reserves {units})")),
+                    Limit::Requests => (
+                        "requests",
+                        format!("rpm limit of {max} requests per minute"),
+                    ),
+                    Limit::Tokens => (
+                        "tokens",
+                        format!(
+                            "tpm limit of {max} tokens per minute (this request reserves {units})"
+                        ),
+                    ),
                 };
                 return Err(refuse(
                     gw,
@@ -611,7 +613,10 @@ mod tests {
         assert_eq!(r.tokens, 128_000);
         assert_eq!(r.spend_micros, 1_000 * 2 + 127_000 * 10);
         let r = reservation(&windowed, true, 200_000, Some(u64::MAX), 1);
-        assert_eq!(r.tokens, 200_000, "a prompt past every window reserves itself");
+        assert_eq!(
+            r.tokens, 200_000,
+            "a prompt past every window reserves itself"
+        );
         // A smaller max_tokens is kept as asked.
         assert_eq!(
             reservation(&windowed, true, 1_000, Some(500), 1).tokens,

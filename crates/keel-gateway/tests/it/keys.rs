@@ -376,12 +376,19 @@ async fn a_key_at_its_rpm_is_refused_before_costly_normalization() {
     .await;
     let body = chat_body("Reply like {\"ok\": true");
     let auth = bearer(KEY_A);
-    let headers = [("authorization", auth.as_str()), ("x-keel-normalize", "full")];
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("x-keel-normalize", "full"),
+    ];
     let full = || h.post_with("/v1/chat/completions", &headers, &body);
     let fixes = || async {
         let text = h.metrics().await;
         (
-            parse_metric(&text, "keel_prompt_fixes_total", &[("fix", "schema_brace_recovered")]),
+            parse_metric(
+                &text,
+                "keel_prompt_fixes_total",
+                &[("fix", "schema_brace_recovered")],
+            ),
             parse_metric(&text, "keel_prompt_repair_bytes_total", &[("pool", "p")]),
         )
     };
@@ -400,10 +407,11 @@ async fn a_key_at_its_rpm_is_refused_before_costly_normalization() {
 }
 
 /// A `max_tokens` of 2^64 − 1 never wraps to a small reservation: with a tpm or a token budget
-/// it can never fit (400 naming the limit), and nothing reaches the upstream.
+/// it can never fit (400 naming the limit), and nothing reaches the upstream. (Spend, with
+/// prices, is `limits::tests`'.)
 #[tokio::test]
 async fn a_huge_max_tokens_never_wraps_past_tpm_or_budgets() {
-    for limits in ["tpm = 1000", "daily_tokens = 5000", "daily_spend_usd = 1.0"] {
+    for limits in ["tpm = 1000", "daily_tokens = 5000"] {
         let h = keyed(ServerConfig::fast("s"), limits).await;
         let mut body = chat_body("x");
         body["max_tokens"] = json!(u64::MAX);
@@ -416,7 +424,8 @@ async fn a_huge_max_tokens_never_wraps_past_tpm_or_budgets() {
         assert!(msg.contains(limit), "{limits}: {msg}");
         assert_eq!(h.server(0).state.stats().requests, 0);
         // The key's limits are untouched: a normal request still fits.
-        assert_eq!(chat_as(&h, KEY_A, &chat_body("x")).await.status(), 200);
+        body["max_tokens"] = json!(32);
+        assert_eq!(chat_as(&h, KEY_A, &body).await.status(), 200);
     }
 }
 
@@ -435,13 +444,14 @@ async fn n_answers_reserve_n_times_max_tokens() {
     let b: Value = r.json().await.unwrap();
     let msg = b["error"]["message"].as_str().unwrap();
     assert!(
-        msg.contains("tpm limit is 1000") && msg.contains("128 answers") && msg.contains("needs 128"),
+        msg.contains("tpm limit is 1000")
+            && msg.contains("128 answers")
+            && msg.contains("needs 128"),
         "{msg}"
     );
     assert_eq!(h.server(0).state.stats().requests, 1);
-    // Ten answers of 100 and the prompt never fit in 1000; nine may (once tokens come back).
+    // Ten answers of 100 and the prompt never fit in 1000 either (keel-sim serves n = 1 only,
+    // so the boundary itself is `limits::tests`').
     body["n"] = json!(10);
     assert_eq!(chat_as(&h, KEY_A, &body).await.status(), 400);
-    body["n"] = json!(9);
-    assert_ne!(chat_as(&h, KEY_A, &body).await.status(), 400);
 }

@@ -145,7 +145,10 @@ async fn x_keel_normalize_full_applies_the_built_in_rules_on_a_syntax_pool() {
 /// `client_normalize` lists it; the mode that applies anyway is always accepted.
 #[tokio::test]
 async fn a_client_may_choose_full_only_where_the_operator_allows_it() {
-    let (plain, trusted) = ("sk-normalize-plain-0123456789", "sk-normalize-trusted-0123456789");
+    let (plain, trusted) = (
+        "sk-normalize-plain-0123456789",
+        "sk-normalize-trusted-0123456789",
+    );
     let hash = |k: &str| hash_text(&hash_secret(k));
     let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
     let cfg = format!(
@@ -185,8 +188,11 @@ async fn a_client_may_choose_full_only_where_the_operator_allows_it() {
         );
     }
     assert_eq!(
-        h.metric("keel_prompt_fixes_total", &[("fix", "schema_brace_recovered")])
-            .await,
+        h.metric(
+            "keel_prompt_fixes_total",
+            &[("fix", "schema_brace_recovered")]
+        )
+        .await,
         0.0,
         "no full normalization ran"
     );
@@ -205,7 +211,10 @@ async fn a_client_may_choose_full_only_where_the_operator_allows_it() {
     let b: serde_json::Value = r.json().await.unwrap();
     assert_eq!(b["type"], "error");
     assert!(
-        b["error"]["message"].as_str().unwrap().contains("key `trusted`"),
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("key `trusted`"),
         "{b}"
     );
     // Where the pool lists it, or the key does.
@@ -218,7 +227,11 @@ async fn a_client_may_choose_full_only_where_the_operator_allows_it() {
             "Reply like {\"ok\": true}"
         );
     }
-    assert!(h.metric("keel_prompt_repair_bytes_total", &[("pool", "q")]).await > 0.0);
+    assert!(
+        h.metric("keel_prompt_repair_bytes_total", &[("pool", "q")])
+            .await
+            > 0.0
+    );
 }
 
 /// A key's `normalize` applies to its requests on a pool without one; another key's requests go
