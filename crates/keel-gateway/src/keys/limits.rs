@@ -21,9 +21,9 @@
 //! `output` the request's `max_tokens` (else the pool's largest `default_max_tokens`), bounded by
 //! what the pool's largest context window leaves after the prompt when every variant has one (no
 //! variant can produce more; a request asking more reserves at most that). Counts come from
-//! clients, so every sum and product saturates: a `max_tokens` of 2^64 − 1 reserves 2^64 − 1
-//! (never fitting a limit), it never wraps to a small number. Spend is computed in `f64` and
-//! converted with Rust's saturating cast.
+//! clients, so every sum and product saturates: a `max_tokens` of 2^64 − 1 reserves what the
+//! window leaves, or 2^64 − 1 where no window bounds it (which fits no limit); it never wraps to
+//! a small number. Spend is computed in `f64` and converted with Rust's saturating cast.
 //!
 //! All of it is held in a [`Grant`] that travels in the request's context. When the last
 //! context is dropped (the answer has ended, whole or stream, on any path) the grant
