@@ -41,7 +41,8 @@ pub struct CanonicalRequest {
     pub max_tokens: Option<u64>,
     /// How many answers the upstream generates, each up to `max_tokens`: OpenAI's `n` (Chat
     /// Completions and Completions), or Completions' `best_of` when larger (the server
-    /// generates `best_of` and returns the best `n`); 1 otherwise. Quotas reserve for all.
+    /// generates `best_of` and returns the best `n`); 1 otherwise. Quotas reserve for all (the
+    /// gateway multiplies it for a consensus of several variants).
     pub answers: u64,
     /// Input tokens by keel's tokenizer rule (see [`crate::tokens`]); the gateway replaces it
     /// with the estimate by its pool's tokenizers (see [`crate::fit`]).

@@ -261,6 +261,10 @@ pub async fn admit(
         (a, k) => a.or(k).unwrap_or_default(),
     };
     let consensus = crate::consensus::requested(&parts.headers, pool, endpoint, &req)?;
+    // A consensus asks `n` variants for an answer each: the key's limits reserve every one.
+    if let Some(n) = consensus {
+        req.answers = req.answers.saturating_mul(n as u64);
+    }
     // The key's request limits (a slot, one request) before the costly work on the prompt,
     // its token limits after, once the estimate is known (see `prompt_work`).
     let protocol = endpoint.protocol();

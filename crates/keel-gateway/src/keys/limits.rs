@@ -17,7 +17,8 @@
 //! takes nothing, and with its prompt in phase 2.
 //!
 //! **What a request reserves** ([`reservation`]): its estimated prompt plus every answer it may
-//! generate, `answers × output`: `answers` is OpenAI's `n` (or `best_of`, when larger), and
+//! generate, `answers × output`: `answers` is OpenAI's `n` (or `best_of`, when larger), times
+//! the variants asked by `x-keel-consensus`, and
 //! `output` the request's `max_tokens` (else the pool's largest `default_max_tokens`), bounded by
 //! what the pool's largest context window leaves after the prompt when every variant has one (no
 //! variant can produce more; a request asking more reserves at most that). Counts come from

@@ -455,3 +455,36 @@ async fn n_answers_reserve_n_times_max_tokens() {
     body["n"] = json!(10);
     assert_eq!(chat_as(&h, KEY_A, &body).await.status(), 400);
 }
+
+/// A consensus asks several variants for an answer each: the key reserves every answer.
+#[tokio::test]
+async fn a_consensus_reserves_an_answer_per_variant() {
+    let fleet = Fleet::start_n(3, ServerConfig::fast("s")).await.unwrap();
+    let cfg = format!(
+        "[[keys]]\nid = \"a\"\nhash = \"{}\"\ntpm = 1000\n\n{}",
+        hash(KEY_A),
+        pool_over(&fleet, "p", "openai", 1, "hedge = \"off\"\n"),
+    );
+    let h = Harness::start(fleet, &cfg).await;
+    let body = json!({"model": "p", "max_tokens": 400, "response_format": {"type": "json_object"},
+        "messages": [{"role": "user", "content": "x"}]});
+    let auth = bearer(KEY_A);
+    let r = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("authorization", auth.as_str()), ("x-keel-consensus", "3")],
+            &body,
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let b: Value = r.json().await.unwrap();
+    let msg = b["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("tpm limit is 1000") && msg.contains("3 answers"),
+        "{msg}"
+    );
+    let sent: u64 = (0..3).map(|i| h.server(i).state.stats().requests).sum();
+    assert_eq!(sent, 0);
+    // One answer of 400 fits.
+    assert_eq!(chat_as(&h, KEY_A, &body).await.status(), 200);
+}
