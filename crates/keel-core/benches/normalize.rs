@@ -7,13 +7,17 @@
 //! format instructions the rules rewrite.
 //! `normalize_request` runs a whole request of eight such messages, with and without the
 //! decision record's edits.
+//! `json_repair_budget` runs `full` mode on a hostile request: four messages, each a 16 KB JSON
+//! example with two closers missing and 64 places for them (4,160 candidate parses each), with
+//! the default per-request repair budget and with none.
 //! `cargo bench -p keel-core --bench normalize`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 
 use keel_core::normalize::{
-    normalize_prompt_text, normalize_request_with, normalize_text, Edits, Fixes, FullConfig, Mode,
+    normalize_prompt_text, normalize_request_with, normalize_request_within, normalize_text, Edits,
+    Fixes, FullConfig, Mode, RepairBudget,
 };
 use keel_core::protocol::Endpoint;
 
@@ -134,5 +138,48 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// A request of four messages, each a 16 KB example whose completion search has 4,160
+/// candidates of which only the last parses.
+fn hostile_request() -> serde_json::Map<String, serde_json::Value> {
+    let value = "x".repeat(500);
+    let members: Vec<String> = (0..31).map(|i| format!("\"k{i}\": \"{value}\"")).collect();
+    let example = format!("Reply like [{{{}", members.join(", "));
+    serde_json::from_value(serde_json::json!({"model": "m", "messages": (0..4)
+        .map(|_| serde_json::json!({"role": "user", "content": example}))
+        .collect::<Vec<_>>()}))
+    .expect("an object")
+}
+
+fn bench_repair_budget(c: &mut Criterion) {
+    let request = hostile_request();
+    let cfg = FullConfig::default();
+    let mut group = c.benchmark_group("json_repair_budget");
+    group.sample_size(10);
+    for (name, limit) in [
+        ("default_budget", RepairBudget::DEFAULT_BYTES),
+        ("unbounded", u64::MAX),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || request.clone(),
+                |mut body| {
+                    let mut budget = RepairBudget::new(limit);
+                    black_box(normalize_request_within(
+                        Endpoint::ChatCompletions,
+                        &mut body,
+                        Mode::Full,
+                        &cfg,
+                        &mut Edits::default(),
+                        &mut budget,
+                    ));
+                    black_box(budget.used_bytes())
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_repair_budget);
 criterion_main!(benches);

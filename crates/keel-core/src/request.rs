@@ -39,6 +39,11 @@ pub struct CanonicalRequest {
     pub session: Option<String>,
     /// The client's output limit, if it gave one.
     pub max_tokens: Option<u64>,
+    /// How many answers the upstream generates, each up to `max_tokens`: OpenAI's `n` (Chat
+    /// Completions and Completions), or Completions' `best_of` when larger (the server
+    /// generates `best_of` and returns the best `n`); 1 otherwise. Quotas reserve for all (the
+    /// gateway multiplies it for a consensus of several variants).
+    pub answers: u64,
     /// Input tokens by keel's tokenizer rule (see [`crate::tokens`]); the gateway replaces it
     /// with the estimate by its pool's tokenizers (see [`crate::fit`]).
     pub estimated_input_tokens: u64,
@@ -168,6 +173,12 @@ pub fn from_object(
         }
     };
 
+    let answers = match endpoint {
+        Endpoint::ChatCompletions => count_param(&body, "n")?,
+        Endpoint::Completions => count_param(&body, "n")?.max(count_param(&body, "best_of")?),
+        _ => 1,
+    };
+
     let session = body
         .get("user")
         .and_then(Value::as_str)
@@ -184,10 +195,22 @@ pub fn from_object(
         stream,
         session,
         max_tokens,
-        estimated_input_tokens: tokens::count(&input_text) as u64 + counted_tokens,
+        answers,
+        estimated_input_tokens: (tokens::count(&input_text) as u64).saturating_add(counted_tokens),
         estimate_is_lower_bound: false,
         body,
     })
+}
+
+/// A count of answers (`n`, `best_of`): a positive integer; 1 when absent or null.
+fn count_param(body: &Map<String, Value>, name: &str) -> Result<u64, RequestError> {
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(1),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| RequestError::invalid(format!("`{name}` must be a positive integer"))),
+    }
 }
 
 /// Appends the text of a message `content` (a string, or an array of typed parts).
@@ -382,6 +405,41 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.message.contains("line 3 column 3"), "{}", e.message);
+    }
+
+    #[test]
+    fn answers_count_n_and_best_of() {
+        let chat = |extra: &str| {
+            parse(
+                Endpoint::ChatCompletions,
+                format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}]{extra}}}"#)
+                    .as_bytes(),
+            )
+        };
+        assert_eq!(chat("").unwrap().answers, 1);
+        assert_eq!(chat(r#","n":null"#).unwrap().answers, 1);
+        assert_eq!(chat(r#","n":128"#).unwrap().answers, 128);
+        // best_of is Completions' alone.
+        assert_eq!(chat(r#","best_of":4"#).unwrap().answers, 1);
+        for bad in [r#","n":0"#, r#","n":-1"#, r#","n":"2""#, r#","n":1.5"#] {
+            let e = chat(bad).unwrap_err();
+            assert_eq!(e.message, "`n` must be a positive integer", "{bad}");
+        }
+        let completion = |extra: &str| {
+            parse(
+                Endpoint::Completions,
+                format!(r#"{{"model":"m","prompt":"hi"{extra}}}"#).as_bytes(),
+            )
+        };
+        assert_eq!(completion(r#","n":2,"best_of":5"#).unwrap().answers, 5);
+        assert_eq!(completion(r#","n":3"#).unwrap().answers, 3);
+        assert!(completion(r#","best_of":0"#).is_err());
+        let m = parse(
+            Endpoint::Messages,
+            br#"{"model":"m","max_tokens":5,"n":9,"messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.answers, 1, "Messages has no n");
     }
 
     #[test]

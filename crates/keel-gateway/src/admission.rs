@@ -1,6 +1,11 @@
 //! Stage 0, admission: bounded body read (size and time), parsing and validation (a precise 4xx in the client's
 //! protocol for every kind of bad input), resolution of the public model name to a pool, and the
 //! request controls (`x-keel-timeout-ms`, `x-keel-session`, `x-keel-force-variant`).
+//!
+//! The order matters: every cheap check first (a bad request costs the key nothing), then the
+//! key's request limits (concurrency slot, rpm), then the costly work on the prompt
+//! (normalization, token estimate, context fit: `prompt_work`, which explains the phases), then
+//! the key's token limits (tpm, budgets), which need the estimate.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +15,6 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use keel_core::normalize::Edit;
 use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 use keel_core::request::{self, CanonicalRequest};
 use keel_core::selection::Preference;
@@ -195,14 +199,8 @@ pub async fn admit(
             ),
         ));
     }
-    let key_mode = key.as_ref().and_then(|k| k.normalize);
-    let (mut prompt_fixes, prompt_edits) =
-        normalize(gw, pool, key_mode, parts, endpoint, &mut req)?;
-    // Context fit: the estimate by the pool's tokenizers, and middle-out where configured.
-    let (req, trimmed) = crate::context_fit::apply_async(pool, req, bytes.len()).await?;
-    if trimmed > 0 {
-        prompt_fixes.push(crate::context_fit::MIDDLE_OUT_FIX.to_owned());
-    }
+    // Every header is read before the key's limits: a bad request costs the key nothing.
+    let plan = crate::prompt_work::plan(gw, pool, key.as_deref(), parts)?;
     let mut total = Duration::from_millis(pool.cfg.timeouts.total_ms);
     if let Some(v) = header(parts, "x-keel-timeout-ms") {
         let ms: u64 = v.trim().parse().ok().filter(|ms| *ms > 0).ok_or_else(|| {
@@ -273,10 +271,22 @@ pub async fn admit(
         (a, k) => a.or(k).unwrap_or_default(),
     };
     let consensus = crate::consensus::requested(&parts.headers, pool, endpoint, &req)?;
-    // Limits last, once the request is known valid: a bad request costs the key nothing.
-    let grant = match &key {
-        Some(key) => Some(Arc::new(
-            crate::keys::limits::admit(gw, key, pool, &req, endpoint.protocol()).await?,
+    // A consensus asks `n` variants for an answer each: the key's limits reserve every one.
+    if let Some(n) = consensus {
+        req.answers = req.answers.saturating_mul(n as u64);
+    }
+    // The key's request limits (a slot, one request) before the costly work on the prompt,
+    // its token limits after, once the estimate is known (see `prompt_work`).
+    let protocol = endpoint.protocol();
+    let pending = match &key {
+        Some(key) => Some(crate::keys::limits::admit_request(gw, key, pool, &req, protocol).await?),
+        None => None,
+    };
+    let prepared = crate::prompt_work::prepare(pool, plan, endpoint, req, bytes.len()).await?;
+    let req = prepared.req;
+    let grant = match pending {
+        Some(p) => Some(Arc::new(
+            crate::keys::limits::admit_tokens(gw, p, pool, &req, protocol).await?,
         )),
         None => None,
     };
@@ -299,9 +309,9 @@ pub async fn admit(
         assembled: !req.stream,
         force_variant,
         responses,
-        prompt_fixes,
-        prompt_edits,
-        trimmed_messages: trimmed,
+        prompt_fixes: prepared.fixes,
+        prompt_edits: prepared.edits,
+        trimmed_messages: prepared.trimmed,
         consensus,
     };
     Ok(Admitted {
@@ -309,49 +319,4 @@ pub async fn admit(
         pool: pool.clone(),
         ctx,
     })
-}
-
-/// Prompt normalization (`keel_core::normalize`): the request's `x-keel-normalize`, else the
-/// key's `normalize`, else the pool's; a first line `#keel-no-normalize` opts out (and is removed before
-/// forwarding). Never in safe mode. Returns the fix codes, each counted in
-/// `keel_prompt_fixes_total{pool,fix}`, and the edits for the decision record.
-fn normalize(
-    gw: &Gateway,
-    pool: &Pool,
-    key_mode: Option<keel_core::normalize::Mode>,
-    parts: &Parts,
-    endpoint: Endpoint,
-    req: &mut CanonicalRequest,
-) -> Result<(Vec<String>, Vec<Edit>), GatewayError> {
-    use keel_core::normalize::{normalize_request_with, take_opt_out, Edits, Mode};
-    let mode = match header(parts, "x-keel-normalize") {
-        None => key_mode.unwrap_or(pool.cfg.normalize),
-        Some(v) => Mode::parse(v.trim()).ok_or_else(|| {
-            GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!("x-keel-normalize must be off, syntax or full, got `{v}`"),
-            )
-        })?,
-    };
-    let mut edits = match gw.cfg.decision_prompt_edits {
-        true => Edits::kept(),
-        false => Edits::default(),
-    };
-    let codes: Vec<String> = if take_opt_out(endpoint, &mut req.body) {
-        vec!["opt_out".to_owned()]
-    } else if pool.safety.active() {
-        Vec::new()
-    } else {
-        let full = &pool.cfg.normalize_full;
-        normalize_request_with(endpoint, &mut req.body, mode, full, &mut edits)
-    };
-    for code in &codes {
-        pool.metrics
-            .counter(
-                "keel_prompt_fixes_total",
-                &[("pool", &pool.cfg.name), ("fix", code)],
-            )
-            .increment(1);
-    }
-    Ok((codes, edits.into_list()))
 }

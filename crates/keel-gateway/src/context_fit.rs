@@ -12,20 +12,16 @@
 //!
 //! **Bounded work.** Counting stops once the count passes the largest context window when every
 //! variant has one (a 9 MB prompt is refused after reading about as much text as the window
-//! holds, or at once from its byte length), else past [`ESTIMATE_CAP_TOKENS`]. Prompts larger
-//! than [`BLOCKING_BYTES`] are counted on tokio's blocking pool so that the count does not hold
-//! up other requests' IO.
-
-use std::sync::Arc;
+//! holds, or at once from its byte length), else past [`ESTIMATE_CAP_TOKENS`]. Admission runs
+//! it with normalization (`prompt_work`), after the key's request limits, on tokio's blocking
+//! pool for bodies larger than [`BLOCKING_BYTES`] so that the count does not hold up other
+//! requests' IO.
 
 use keel_core::fit;
 use keel_core::request::CanonicalRequest;
 use keel_core::tokens::{Estimate, Tokenizer};
 use serde_json::Value;
 
-use keel_core::protocol::ErrorKind;
-
-use crate::errors::GatewayError;
 use crate::pools::Pool;
 
 /// Where counting stops when some variant has no configured window (the estimate is then a
@@ -84,9 +80,9 @@ pub fn apply(pool: &Pool, req: &mut CanonicalRequest) -> usize {
     let est = estimate(&req.body, &tokenizers, cap);
     set(req, est);
     let output = req.max_tokens.unwrap_or(0);
-    let Some(window) =
-        window.filter(|w| pool.cfg.middle_out && !pool.safety.active() && est.tokens + output > *w)
-    else {
+    let Some(window) = window.filter(|w| {
+        pool.cfg.middle_out && !pool.safety.active() && est.tokens.saturating_add(output) > *w
+    }) else {
         return 0;
     };
     let trimmed = middle_out(req, &tokenizers, window.saturating_sub(output));
@@ -131,28 +127,4 @@ fn middle_out(req: &mut CanonicalRequest, tokenizers: &[Tokenizer], budget: u64)
         }
         _ => 0,
     }
-}
-
-/// [`apply`], on the blocking pool for a large prompt.
-pub async fn apply_async(
-    pool: &Arc<Pool>,
-    mut req: CanonicalRequest,
-    body_bytes: usize,
-) -> Result<(CanonicalRequest, usize), GatewayError> {
-    if body_bytes <= BLOCKING_BYTES {
-        let n = apply(pool, &mut req);
-        return Ok((req, n));
-    }
-    let pool = pool.clone();
-    tokio::task::spawn_blocking(move || {
-        let n = apply(&pool, &mut req);
-        (req, n)
-    })
-    .await
-    .map_err(|_| {
-        GatewayError::new(
-            ErrorKind::Internal,
-            "keel: counting the prompt's tokens failed",
-        )
-    })
 }

@@ -45,6 +45,7 @@ pub mod monitor;
 pub mod openapi;
 pub mod per_thread;
 pub mod pools;
+pub mod prompt_work;
 pub mod quota;
 pub mod relay;
 pub mod request_id;

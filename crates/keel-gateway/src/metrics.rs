@@ -18,6 +18,8 @@
 //! | `keel_queue_depth` | pool, priority | requests waiting in the line now, by `x-keel-priority` |
 //! | `keel_decision_duration_seconds` | pool | one selection |
 //! | `keel_prompt_fixes_total` | pool, fix | prompt normalization's fixes, by code (`quotes_ascii`, `invisible_removed`, …, `opt_out`) |
+//! | `keel_prompt_repair_bytes_total` | pool | bytes `full` normalization's JSON-example repair examined (its work, counted against a budget per request) |
+//! | `keel_prompt_repair_exhausted_total` | pool | requests whose JSON-example repair ran out of its budget (the examples left were forwarded as sent) |
 //! | `keel_overhead_seconds` | pool, endpoint | keel's own time per generation request: arrival to response head, upstream waits excluded (`x-keel-overhead-us`) |
 //! | `keel_health_state` | pool | the pool's health colour: 0 green, 1 yellow, 2 red (see `safe_mode`) |
 //! | `keel_safe_mode` | pool | 1 while the pool is in safe mode |

@@ -20,7 +20,7 @@
 use std::fmt;
 
 use super::intent::Intent;
-use super::json_repair::{self, repair_examples};
+use super::json_repair::{self, repair_examples, RepairBudget};
 use super::rules::{self, rewrite_prose, RuleSpec, Rules};
 use super::text::{is_json, normalize_text, split_code, Segment};
 use super::Fixes;
@@ -139,8 +139,20 @@ fn prepare_constraint(
 
 /// `syntax`, then `full`'s per-text steps, on one prompt text (a system, developer or user
 /// text); `None` when nothing changed. Intent completion is per request: see
-/// [`super::normalize_request`].
+/// [`super::normalize_request`]. JSON-example repair works within a fresh default
+/// [`RepairBudget`]; see [`normalize_prompt_text_within`] to share one.
 pub fn normalize_prompt_text(text: &str, cfg: &FullConfig, fixes: &mut Fixes) -> Option<String> {
+    normalize_prompt_text_within(text, cfg, fixes, &mut RepairBudget::default())
+}
+
+/// [`normalize_prompt_text`], with JSON-example repair within `budget` (shared by the texts
+/// of one request).
+pub fn normalize_prompt_text_within(
+    text: &str,
+    cfg: &FullConfig,
+    fixes: &mut Fixes,
+    budget: &mut RepairBudget,
+) -> Option<String> {
     let synced = normalize_text(text, fixes);
     let cur = synced.as_deref().unwrap_or(text);
     if is_json(cur) || !needs_full(cur, cfg) {
@@ -159,7 +171,7 @@ pub fn normalize_prompt_text(text: &str, cfg: &FullConfig, fixes: &mut Fixes) ->
             }
             Segment::Prose(p) => *p,
         };
-        let repaired = repair_examples(prose, seen_text);
+        let repaired = repair_examples(prose, seen_text, budget);
         if repaired.is_some() {
             fixes.add(json_repair::CODE);
         }

@@ -19,6 +19,18 @@
 //! parses: `{"a": {"b": 1, "c": 2}` is left alone, because `{"a": {"b": 1}, "c": 2}` and
 //! `{"a": {"b": 1, "c": 2}}` are both valid. Examples over 16 KB or with more candidate
 //! positions than the search allows are left alone.
+//!
+//! **A bound per request.** The search is bounded per example (size and positions), but an
+//! example of 16 KB with two missing closers still means thousands of candidate parses (64
+//! positions give 4,160 candidates of 16 KB: some 68 MB parsed), and a request may hold many
+//! examples. So the work is also bounded per request by a [`RepairBudget`]: every byte of an
+//! example scanned for positions and every byte of a candidate parsed is counted (counted, not
+//! timed, so the same prompt always gets the same answer on any machine and under any load).
+//! A candidate that would pass the budget is not parsed: repair stops there, the example it
+//! belonged to is left as it was, and so is every later example of the request. The default,
+//! [`RepairBudget::DEFAULT_BYTES`] (1 MiB), is some sixty times what a typical request's
+//! examples need (a 300-byte example with one closer missing and 20 positions: 6 KB) and caps a
+//! request's repair at a few milliseconds of parsing.
 
 /// Fix code for a repaired example.
 pub(super) const CODE: &str = "schema_brace_recovered";
@@ -27,6 +39,61 @@ const MAX_EXAMPLE: usize = 16 * 1024;
 /// Candidate positions tried for one missing closer, and for two (pairs grow quadratically).
 const MAX_POSITIONS_ONE: usize = 1024;
 const MAX_POSITIONS_TWO: usize = 64;
+
+/// The work JSON-example repair may still do for one request, in bytes examined (see the
+/// module doc). One budget is shared by every text of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RepairBudget {
+    limit_bytes: u64,
+    used_bytes: u64,
+    exhausted: bool,
+}
+
+impl RepairBudget {
+    /// The default bound per request: 1 MiB examined.
+    pub const DEFAULT_BYTES: u64 = 1 << 20;
+
+    /// A budget of `limit_bytes` examined.
+    pub fn new(limit_bytes: u64) -> RepairBudget {
+        RepairBudget {
+            limit_bytes,
+            used_bytes: 0,
+            exhausted: false,
+        }
+    }
+
+    /// The bytes examined so far (never more than the limit).
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes
+    }
+
+    pub fn limit_bytes(&self) -> u64 {
+        self.limit_bytes
+    }
+
+    /// Whether some work was refused: an example was left alone for want of budget.
+    pub fn exhausted(&self) -> bool {
+        self.exhausted
+    }
+
+    /// Takes `bytes` of work if the budget has them; otherwise takes nothing, marks the budget
+    /// exhausted (no later work is allowed) and says no.
+    fn spend(&mut self, bytes: usize) -> bool {
+        let bytes = bytes as u64;
+        if self.exhausted || self.used_bytes.saturating_add(bytes) > self.limit_bytes {
+            self.exhausted = true;
+            return false;
+        }
+        self.used_bytes += bytes;
+        true
+    }
+}
+
+impl Default for RepairBudget {
+    fn default() -> RepairBudget {
+        RepairBudget::new(RepairBudget::DEFAULT_BYTES)
+    }
+}
 
 /// How a block opened at some `{` / `[` ended.
 enum Block {
@@ -38,9 +105,13 @@ enum Block {
     Open(usize),
 }
 
-/// Repairs the open JSON examples of one prose segment. `after_prose`: some non-blank text
-/// precedes the segment in its text. `None` when nothing was repaired.
-pub(super) fn repair_examples(prose: &str, after_prose: bool) -> Option<String> {
+/// Repairs the open JSON examples of one prose segment within `budget`. `after_prose`: some
+/// non-blank text precedes the segment in its text. `None` when nothing was repaired.
+pub(super) fn repair_examples(
+    prose: &str,
+    after_prose: bool,
+    budget: &mut RepairBudget,
+) -> Option<String> {
     let b = prose.as_bytes();
     let mut seen_prose = after_prose;
     let (mut out, mut copied) = (String::new(), 0);
@@ -56,7 +127,7 @@ pub(super) fn repair_examples(prose: &str, after_prose: bool) -> Option<String> 
             Block::Invalid(at) => i = at + 1,
             Block::Open(end) => {
                 if seen_prose {
-                    if let Some((example_end, fixed)) = complete(&prose[i..end]) {
+                    if let Some((example_end, fixed)) = complete(&prose[i..end], budget) {
                         out.push_str(&prose[copied..i]);
                         out.push_str(&fixed);
                         copied = i + example_end;
@@ -180,16 +251,21 @@ fn blank_line_follows(rest: &[u8]) -> bool {
     rest[..line_end].iter().all(|c| matches!(c, b' ' | b'\t'))
 }
 
-/// For an open block: the example's end (within `block`) and its one valid completion.
-fn complete(block: &str) -> Option<(usize, String)> {
+/// For an open block: the example's end (within `block`) and its one valid completion, found
+/// within `budget` (`None` when the budget runs out before the search ends).
+fn complete(block: &str, budget: &mut RepairBudget) -> Option<(usize, String)> {
     let end = example_end(block)?;
     let example = &block[..end];
-    if example.len() > MAX_EXAMPLE {
+    if example.len() > MAX_EXAMPLE || !budget.spend(example.len()) {
         return None;
     }
     let (closers, positions) = closers_and_positions(example)?;
     let mut found: Option<String> = None;
+    // `false`: stop, and leave the example alone (a second valid completion, or no budget).
     let mut try_text = |text: String| -> bool {
+        if !budget.spend(text.len()) {
+            return false;
+        }
         if serde_json::from_str::<serde::de::IgnoredAny>(&text).is_err() {
             return true;
         }
@@ -328,7 +404,7 @@ mod tests {
     use super::*;
 
     fn fix(s: &str) -> Option<String> {
-        repair_examples(s, false)
+        repair_examples(s, false, &mut RepairBudget::default())
     }
 
     #[test]
@@ -373,8 +449,57 @@ mod tests {
     #[test]
     fn after_prose_counts_earlier_segments() {
         assert_eq!(
-            repair_examples("{\"a\": 1", true).as_deref(),
+            repair_examples("{\"a\": 1", true, &mut RepairBudget::default()).as_deref(),
             Some("{\"a\": 1}")
         );
+    }
+
+    /// An example of about 16 KB with two different closers missing and 64 positions for them,
+    /// where only the completion at the very end parses: every one of the 4,160 candidates
+    /// would be parsed, some 68 MB.
+    fn pathological_example() -> String {
+        let value = "x".repeat(500);
+        let members: Vec<String> = (0..31).map(|i| format!("\"k{i}\": \"{value}\"")).collect();
+        format!("Reply like [{{{}", members.join(", "))
+    }
+
+    #[test]
+    fn a_pathological_example_does_at_most_the_budget_of_work() {
+        let text = pathological_example();
+        assert!(text.len() > 15_000 && text.len() <= MAX_EXAMPLE + 16);
+        let (closers, positions) = closers_and_positions(&text["Reply like ".len()..]).unwrap();
+        assert_eq!((closers.len(), positions.len()), (2, 64));
+        let unbounded: u64 = 2 * 64 * 65 / 2 * (text.len() as u64 - 9);
+        assert!(
+            unbounded > 60 << 20,
+            "the search alone would parse {unbounded} bytes"
+        );
+
+        let mut budget = RepairBudget::default();
+        assert_eq!(repair_examples(&text, false, &mut budget), None);
+        assert!(budget.exhausted());
+        assert!(budget.used_bytes() <= RepairBudget::DEFAULT_BYTES);
+        // Once spent, a later example, however small, is left alone too.
+        assert_eq!(repair_examples("Like {\"a\": 1", false, &mut budget), None);
+
+        // With room for it, the same example is repaired: the budget is what stopped it.
+        let mut roomy = RepairBudget::new(u64::MAX);
+        let fixed = repair_examples(&text, false, &mut roomy).unwrap();
+        assert!(fixed.ends_with("\"}]"));
+        assert!(!roomy.exhausted());
+        assert!(roomy.used_bytes() > RepairBudget::DEFAULT_BYTES);
+    }
+
+    #[test]
+    fn examples_before_the_budget_runs_out_are_repaired() {
+        let mut budget = RepairBudget::new(200);
+        let text = "Like {\"a\": 1\n\nor like {\"b\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16\n";
+        let fixed = repair_examples(text, false, &mut budget).unwrap();
+        assert!(fixed.starts_with("Like {\"a\": 1}\n"), "{fixed:?}");
+        assert!(
+            fixed.ends_with("16\n"),
+            "the second example is left as it was: {fixed:?}"
+        );
+        assert!(budget.exhausted() && budget.used_bytes() <= 200);
     }
 }

@@ -11,6 +11,13 @@
 //! assistant's turns, which are the model's own words): JSON-example repair ([`json_repair`]),
 //! rewrite rules for vague format instructions ([`rules`]), and intent completion ([`intent`]).
 //! What they may change, and why a second pass changes nothing, is in [`full`].
+//!
+//! **Bounded work.** `syntax` is linear in the text. `full`'s rules and intent completion are
+//! linear too; JSON-example repair searches for a completion by parsing candidates, so its
+//! work is bounded per request by a [`RepairBudget`] of bytes examined, counted rather than
+//! timed (see [`json_repair`]): the same prompt gets the same answer on any machine. The
+//! gateway shares one budget across a request's texts ([`normalize_request_within`]) and, since
+//! this module reads no clock and spawns nothing, decides itself where the work runs.
 
 mod edits;
 mod full;
@@ -26,8 +33,11 @@ use serde_json::{Map, Value};
 
 use crate::protocol::Endpoint;
 pub use edits::{Edit, Edits};
-pub use full::{normalize_prompt_text, ErrorAt, FullConfig, FullConfigError};
+pub use full::{
+    normalize_prompt_text, normalize_prompt_text_within, ErrorAt, FullConfig, FullConfigError,
+};
 pub use intent::Intent;
+pub use json_repair::RepairBudget;
 pub use rules::RuleSpec;
 pub use text::normalize_text;
 
@@ -102,6 +112,20 @@ pub fn normalize_request_with(
     full: &FullConfig,
     edits: &mut Edits,
 ) -> Vec<String> {
+    let mut budget = RepairBudget::default();
+    normalize_request_within(endpoint, body, mode, full, edits, &mut budget)
+}
+
+/// [`normalize_request_with`], with `full` mode's JSON-example repair within `budget` for the
+/// whole request; afterwards `budget` says how much work was done and whether it ran out.
+pub fn normalize_request_within(
+    endpoint: Endpoint,
+    body: &mut Map<String, Value>,
+    mode: Mode,
+    full: &FullConfig,
+    edits: &mut Edits,
+    budget: &mut RepairBudget,
+) -> Vec<String> {
     let mut fixes = Fixes::default();
     if mode == Mode::Off {
         return Vec::new();
@@ -118,20 +142,21 @@ pub fn normalize_request_with(
                 let prompt = full.filter(|_| is_prompt_role(role));
                 if let Some(content) = msg.get_mut("content") {
                     let at = || format!("messages[{i}]");
-                    normalize_content(content, prompt, &mut fixes, edits, at);
+                    normalize_content(content, prompt, &mut fixes, edits, budget, at);
                 }
             }
         }
         Endpoint::Messages | Endpoint::CountTokens => {
             if let Some(system) = body.get_mut("system") {
-                normalize_content(system, full, &mut fixes, edits, || "system".to_owned());
+                let at = || "system".to_owned();
+                normalize_content(system, full, &mut fixes, edits, budget, at);
             }
             for (i, msg) in messages(body).enumerate() {
                 let prompt =
                     full.filter(|_| is_prompt_role(msg.get("role").and_then(Value::as_str)));
                 if let Some(content) = msg.get_mut("content") {
                     let at = || format!("messages[{i}]");
-                    normalize_content(content, prompt, &mut fixes, edits, at);
+                    normalize_content(content, prompt, &mut fixes, edits, budget, at);
                 }
             }
         }
@@ -235,12 +260,13 @@ fn normalize_content(
     full: Option<&FullConfig>,
     fixes: &mut Fixes,
     edits: &mut Edits,
+    budget: &mut RepairBudget,
     at: impl Fn() -> String,
 ) {
     let parts = content.is_array();
     for (k, s) in texts_mut(content).into_iter().enumerate() {
         let new = match full {
-            Some(cfg) => full::normalize_prompt_text(s, cfg, fixes),
+            Some(cfg) => full::normalize_prompt_text_within(s, cfg, fixes, budget),
             None => normalize_text(s, fixes),
         };
         if let Some(new) = new {

@@ -167,3 +167,34 @@ fn opt_out_line_is_taken_out() {
         assert_eq!(body["messages"][0]["content"], text);
     }
 }
+
+/// One repair budget spans the whole request: four messages, each with a 16 KB example whose
+/// search alone would parse some 68 MB, together examine at most the budget.
+#[test]
+fn json_repair_work_is_bounded_per_request() {
+    let value = "x".repeat(500);
+    let members: Vec<String> = (0..31).map(|i| format!("\"k{i}\": \"{value}\"")).collect();
+    let example = format!("Reply like [{{{}", members.join(", "));
+    let mut body = json!({
+        "model": "m",
+        "messages": (0..4).map(|_| json!({"role": "user", "content": example})).collect::<Vec<_>>(),
+    });
+    let mut budget = RepairBudget::default();
+    let codes = normalize_request_within(
+        Endpoint::ChatCompletions,
+        body.as_object_mut().unwrap(),
+        Mode::Full,
+        &FullConfig::new(Some(&[]), &[]).unwrap(),
+        &mut Edits::default(),
+        &mut budget,
+    );
+    assert!(budget.exhausted());
+    assert!(budget.used_bytes() <= RepairBudget::DEFAULT_BYTES);
+    assert!(
+        !codes.iter().any(|c| c == "schema_brace_recovered"),
+        "{codes:?}"
+    );
+    for m in body["messages"].as_array().unwrap() {
+        assert_eq!(m["content"], example, "each example is left as it was");
+    }
+}

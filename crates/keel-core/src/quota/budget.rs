@@ -77,7 +77,7 @@ impl Account {
                 retry_after_secs: end - now_unix,
             });
         }
-        self.reserved += amount;
+        self.reserved = self.reserved.saturating_add(amount);
         Ok(())
     }
 

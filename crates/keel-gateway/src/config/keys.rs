@@ -34,11 +34,14 @@ pub struct KeyConfig {
     pub min_tier: Option<u8>,
     pub priority: Priority,
     /// Prompt normalization for the key's requests (`normalize`), over the pool's mode; a
-    /// request's `x-keel-normalize` still wins.
+    /// request's `x-keel-normalize` still wins where `client_normalize` allows it.
     pub normalize: Option<keel_core::normalize::Mode>,
     /// `roles = ["ops"]`: the key may also read the operations plane (`/keel/*` reads and
     /// `/metrics`: every tenant's traffic). Changing the gateway still needs the admin key.
     pub ops: bool,
+    /// The modes the key's clients may choose with `x-keel-normalize` (`client_normalize`);
+    /// replaces the pool's list when written.
+    pub client_normalize: Option<Vec<keel_core::normalize::Mode>>,
 }
 
 impl KeyConfig {
@@ -238,6 +241,7 @@ pub(super) fn read_keys(
                 ),
             }
         }
+        let client_normalize = super::normalize::read_client_modes(&mut t, issues);
         let key = KeyConfig {
             id: String::new(),
             hash: [0; 32],
@@ -254,6 +258,7 @@ pub(super) fn read_keys(
             priority,
             normalize,
             ops,
+            client_normalize,
         };
         t.finish(issues);
         let (Some(id), Some(hash)) = (id, hash) else {

@@ -3,12 +3,50 @@
 //! constraint; an empty string turns the intent off). Both are checked here, at load, by
 //! building the [`FullConfig`] they describe: a bad pattern or replacement is a config error at
 //! the rule that has it.
+//!
+//! Also `client_normalize` (on a pool and on a key): the modes a client may choose with
+//! `x-keel-normalize`. `full` costs far more CPU than `syntax` (JSON-example repair parses
+//! candidates, up to a budget per request), so a client may ask for it only where the operator
+//! lists it; by default a client may choose `off` or `syntax`.
 
 use std::sync::Arc;
 
-use keel_core::normalize::{ErrorAt, FullConfig, Intent, RuleSpec};
+use keel_core::normalize::{ErrorAt, FullConfig, Intent, Mode, RuleSpec};
 
-use super::read::{Issues, Table, Val};
+use super::read::{did_you_mean, one_of, Issues, Table, Val};
+
+/// The modes a client may choose with `x-keel-normalize` where neither its key nor its pool
+/// says: the cheap, linear ones.
+pub const DEFAULT_CLIENT_MODES: [Mode; 2] = [Mode::Off, Mode::Syntax];
+
+/// `client_normalize = ["off", "syntax", "full"]`: the modes a client may choose with
+/// `x-keel-normalize`; `None` when not written (an empty list is written: no header accepted).
+pub(super) fn read_client_modes(t: &mut Table, issues: &mut Issues) -> Option<Vec<Mode>> {
+    const KEY: &str = "client_normalize";
+    t.raw(KEY)?;
+    let names = || super::pool::NORMALIZE_MODES.iter().map(|(n, _)| *n);
+    let mut modes = Vec::new();
+    for v in t.strings(KEY, issues) {
+        match super::pool::NORMALIZE_MODES
+            .iter()
+            .find(|(n, _)| *n == v.value)
+        {
+            Some((_, m)) if !modes.contains(m) => modes.push(*m),
+            Some(_) => {}
+            None => {
+                let hint = did_you_mean(&v.value, names())
+                    .map(|m| format!("; did you mean `{m}`?"))
+                    .unwrap_or_default();
+                issues.report(
+                    v.at,
+                    &v.path,
+                    format!("expected {}, got `{}`{hint}", one_of(names()), v.value),
+                );
+            }
+        }
+    }
+    Some(modes)
+}
 
 /// Reads the two keys from a pool table; the built-in config when neither is written (or when
 /// they have errors, which are in `issues`).
@@ -117,6 +155,29 @@ mod tests {
             .into_iter()
             .map(|i| (i.at.map_or(0, |a| a.line), i.field, i.message))
             .collect()
+    }
+
+    #[test]
+    fn client_normalize_on_pools_and_keys() {
+        let plain = Config::parse(&pool(""), "k.toml", &HashMap::new()).unwrap();
+        assert_eq!(plain.pools[0].client_normalize, super::DEFAULT_CLIENT_MODES);
+        let keyed = format!(
+            "{HEAD}client_normalize = [\"syntax\", \"full\"]\n{VARIANT}[[keys]]\nid = \"k\"\nhash = \"sha256:{}\"\nclient_normalize = []\n",
+            "ab".repeat(32)
+        );
+        let c = Config::parse(&keyed, "k.toml", &HashMap::new()).unwrap();
+        assert_eq!(c.pools[0].client_normalize, [Mode::Syntax, Mode::Full]);
+        assert_eq!(c.keys[0].client_normalize.as_deref(), Some(&[][..]));
+        let e = Config::parse(
+            &format!("{HEAD}client_normalize = [\"ful\"]\n{VARIANT}"),
+            "k.toml",
+            &HashMap::new(),
+        )
+        .unwrap_err();
+        let got: Vec<(String, String)> =
+            e.issues.into_iter().map(|i| (i.field, i.message)).collect();
+        assert_eq!(got[0].0, "pools[0].client_normalize[0]");
+        assert!(got[0].1.contains("did you mean `full`"), "{}", got[0].1);
     }
 
     #[test]

@@ -87,6 +87,10 @@ pub struct PoolConfig {
     /// whenever a request of this pool is normalized in `full` mode, whether the pool, the key
     /// or the request's `x-keel-normalize` asked for it.
     pub normalize_full: std::sync::Arc<keel_core::normalize::FullConfig>,
+    /// The modes a client may choose with `x-keel-normalize` (`client_normalize`; default
+    /// `off` and `syntax`: `full` costs far more CPU and only the operator may offer it). A
+    /// key's own list replaces this one.
+    pub client_normalize: Vec<keel_core::normalize::Mode>,
     pub hold_tool_calls: bool,
     pub assemble_non_streaming: bool,
     pub health: HealthConfig,
@@ -199,6 +203,8 @@ pub(super) fn read(
     };
 
     let normalize_full = super::normalize::read(&mut t, issues);
+    let client_normalize = super::normalize::read_client_modes(&mut t, issues)
+        .unwrap_or_else(|| super::normalize::DEFAULT_CLIENT_MODES.to_vec());
     let pool = PoolConfig {
         name,
         aliases,
@@ -223,6 +229,7 @@ pub(super) fn read(
             .map(|m| m.value)
             .unwrap_or(keel_core::normalize::Mode::Off),
         normalize_full,
+        client_normalize,
         hold_tool_calls: t.value::<bool>("hold_tool_calls", issues).unwrap_or(true),
         assemble_non_streaming: t
             .value::<bool>("assemble_non_streaming", issues)

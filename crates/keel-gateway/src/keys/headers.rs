@@ -89,7 +89,7 @@ pub fn apply(h: &mut HeaderMap, protocol: Protocol, views: &[RateView], now_unix
                     format!("anthropic-ratelimit-{what}-remaining"),
                     v.remaining.to_string(),
                 );
-                let at = now_unix_ms + v.reset_ns.div_ceil(1_000_000);
+                let at = now_unix_ms.saturating_add(v.reset_ns.div_ceil(1_000_000));
                 put(h, format!("anthropic-ratelimit-{what}-reset"), rfc3339(at));
             }
         }

@@ -219,10 +219,11 @@ impl Meter {
             let output = u.output.unwrap_or(u.counted);
             // USD per million tokens = micro-dollars per token.
             let spend = input as f64 * u.price_in + output as f64 * u.price_out;
+            // Counts come from upstreams: sums saturate (a cast from f64 does too).
             Totals {
-                input: t.input + input,
-                output: t.output + output,
-                spend_micros: t.spend_micros + spend.ceil() as u64,
+                input: t.input.saturating_add(input),
+                output: t.output.saturating_add(output),
+                spend_micros: t.spend_micros.saturating_add(spend.ceil() as u64),
             }
         })
     }
@@ -349,6 +350,20 @@ mod tests {
         }
         let t = m.totals(99);
         assert_eq!((t.input, t.output), (7, 3));
+    }
+
+    /// Usage comes from upstreams: whatever they report, totals saturate and never wrap.
+    #[test]
+    fn totals_saturate() {
+        let a = variant("a", 1.0, 1.0);
+        let b = variant("b", 1.0, 1.0);
+        let m = Meter::default();
+        let max = u64::MAX;
+        let body = format!(r#"{{"usage":{{"prompt_tokens":{max},"completion_tokens":{max}}}}}"#);
+        m.whole(&a, body.as_bytes());
+        m.whole(&b, body.as_bytes());
+        let t = m.totals(0);
+        assert_eq!((t.input, t.output, t.spend_micros), (max, max, max));
     }
 
     #[test]

@@ -190,6 +190,7 @@ fn generation(g: Generation) -> Value {
             param_ref("Preference"),
             param_ref("MinTier"),
             param_ref("Priority"),
+            param_ref("Normalize"),
             param_ref("Cache"),
         ],
         "requestBody": {

@@ -42,6 +42,11 @@ fn token_limit(description: &str) -> Value {
     json!({"type": ["integer", "null"], "minimum": 0, "description": description})
 }
 
+/// A count of answers (`n`, `best_of`): a positive integer (400 otherwise), 1 when absent.
+fn answers(description: &str) -> Value {
+    json!({"type": ["integer", "null"], "minimum": 1, "default": 1, "description": description})
+}
+
 /// `messages`, as keel reads it: a non-empty array of objects that each have a string `role`
 /// (the roles the protocol defines) and a `content` of text or typed parts.
 fn messages_field(roles: &[&str], content_nullable: bool) -> Value {
@@ -80,6 +85,7 @@ fn openai_requests() -> [(&'static str, Value); 4] {
                     "stream": stream_field(),
                     "max_completion_tokens": token_limit("Output limit (preferred over `max_tokens`)."),
                     "max_tokens": token_limit("Output limit."),
+                    "n": answers("How many answers to generate; a key's tpm and token budgets reserve `max_tokens` for each."),
                     "user": user.clone(),
                 }),
             ),
@@ -93,6 +99,8 @@ fn openai_requests() -> [(&'static str, Value); 4] {
                     "prompt": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
                     "stream": stream_field(),
                     "max_tokens": token_limit("Output limit."),
+                    "n": answers("How many answers to return; a key's tpm and token budgets reserve `max_tokens` for each of `n` or `best_of`, whichever is larger."),
+                    "best_of": answers("How many answers the server generates to return the best `n`."),
                     "user": user.clone(),
                 }),
             ),
@@ -521,6 +529,9 @@ pub fn parameters() -> Value {
         "Priority": header_param("x-keel-priority",
             "Rank in the wait line of a full pool (then the deadline, then arrival). With no virtual keys configured it is taken as sent; a key's priority caps it (a client may only lower its own).",
             json!({"enum": ["high", "normal", "low"], "default": "normal"})),
+        "Normalize": header_param("x-keel-normalize",
+            "Prompt normalization for this request, over the key's and the pool's `normalize`. Only the modes the key's (else the pool's) `client_normalize` lists may be chosen (default `off` and `syntax`), or the mode that applies anyway; another is a 400 naming the allowed modes.",
+            json!({"enum": ["off", "syntax", "full"]})),
         "Cache": header_param("x-keel-cache",
             "The response cache for this request (pools with `[pools.cache]`): `no-cache` skips the lookup (the fresh answer is stored), `no-store` never stores the answer, `off` does neither, `on` is the default. `cache-control: no-cache` / `no-store` are honoured too.",
             json!({"enum": ["on", "off", "no-cache", "no-store"]})),

@@ -21,6 +21,10 @@
 //!   every third of their TTL, so a long stream keeps its slot while a replica that dies stops
 //!   renewing and its slots come back after the TTL.
 //!
+//! Amounts come from clients and upstreams and may be absurd (a usage of 2^64 − 1 tokens):
+//! the scripts saturate sums and products at 2^53, as `keel_core::quota` saturates at 2^64, so
+//! such a key is simply out of tokens or budget, and no reply or expiry time overflows.
+//!
 //! Keys: `{prefix}{{key id}}:rate:requests`, `…:rate:tokens`, `…:budget:{unit}:{window}`,
 //! `…:slots`; the braces make a key's state one Redis Cluster hash slot.
 //!

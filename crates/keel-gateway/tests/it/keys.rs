@@ -365,3 +365,128 @@ async fn admin_usage_needs_the_admin_key_and_shows_limits_and_budgets() {
     assert_eq!(u["budgets"][1]["unit"], "usd");
     assert_eq!(u["budgets"][1]["limit"], 2.5);
 }
+
+/// A key at its rpm is refused before keel spends CPU on its prompt: the second request asks
+/// for `full` normalization of a JSON example and gets a 429 with no normalization run (no fix
+/// counted, no repair work counted).
+#[tokio::test]
+async fn a_key_at_its_rpm_is_refused_before_costly_normalization() {
+    let h = keyed(
+        ServerConfig::fast("s"),
+        "rpm = 1\nclient_normalize = [\"syntax\", \"full\"]",
+    )
+    .await;
+    let body = chat_body("Reply like {\"ok\": true");
+    let auth = bearer(KEY_A);
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("x-keel-normalize", "full"),
+    ];
+    let full = || h.post_with("/v1/chat/completions", &headers, &body);
+    let fixes = || async {
+        let text = h.metrics().await;
+        (
+            parse_metric(
+                &text,
+                "keel_prompt_fixes_total",
+                &[("fix", "schema_brace_recovered")],
+            ),
+            parse_metric(&text, "keel_prompt_repair_bytes_total", &[("pool", "p")]),
+        )
+    };
+    let r = full().await;
+    assert_eq!(r.status(), 200);
+    assert!(header(r.headers(), "x-keel-prompt-fix").contains("schema_brace_recovered"));
+    let (fixed, work) = fixes().await;
+    assert_eq!(fixed, 1.0);
+    assert!(work > 0.0);
+
+    let r = full().await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["x-ratelimit-remaining-requests"], "0");
+    assert_eq!(fixes().await, (fixed, work), "normalization did not run");
+    assert_eq!(h.server(0).state.stats().requests, 1);
+}
+
+/// A `max_tokens` of 2^64 − 1 never wraps to a small reservation: with a tpm or a token budget
+/// it can never fit (400 naming the limit), and nothing reaches the upstream. (Spend, with
+/// prices, is `limits::tests`'.)
+#[tokio::test]
+async fn a_huge_max_tokens_never_wraps_past_tpm_or_budgets() {
+    for limits in ["tpm = 1000", "daily_tokens = 5000"] {
+        let h = keyed(ServerConfig::fast("s"), limits).await;
+        let mut body = chat_body("x");
+        body["max_tokens"] = json!(u64::MAX);
+        let r = chat_as(&h, KEY_A, &body).await;
+        assert_eq!(r.status(), 400, "{limits}");
+        let b: Value = r.json().await.unwrap();
+        let msg = b["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("can never fit"), "{limits}: {msg}");
+        let limit = limits.split(' ').next().unwrap();
+        assert!(msg.contains(limit), "{limits}: {msg}");
+        assert_eq!(h.server(0).state.stats().requests, 0);
+        // The key's limits are untouched: a normal request still fits.
+        body["max_tokens"] = json!(32);
+        assert_eq!(chat_as(&h, KEY_A, &body).await.status(), 200);
+    }
+}
+
+/// `n` answers are reserved `n` times: a tpm that fits one answer refuses `n = 128` with the
+/// limit named.
+#[tokio::test]
+async fn n_answers_reserve_n_times_max_tokens() {
+    let h = keyed(ServerConfig::fast("s"), "tpm = 1000").await;
+    let mut body = chat_body("x");
+    body["max_tokens"] = json!(100);
+    body["n"] = json!(1);
+    assert_eq!(chat_as(&h, KEY_A, &body).await.status(), 200);
+    body["n"] = json!(128);
+    let r = chat_as(&h, KEY_A, &body).await;
+    assert_eq!(r.status(), 400);
+    let b: Value = r.json().await.unwrap();
+    let msg = b["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("tpm limit is 1000")
+            && msg.contains("128 answers")
+            && msg.contains("needs 128"),
+        "{msg}"
+    );
+    assert_eq!(h.server(0).state.stats().requests, 1);
+    // Ten answers of 100 and the prompt never fit in 1000 either (keel-sim serves n = 1 only,
+    // so the boundary itself is `limits::tests`').
+    body["n"] = json!(10);
+    assert_eq!(chat_as(&h, KEY_A, &body).await.status(), 400);
+}
+
+/// A consensus asks several variants for an answer each: the key reserves every answer.
+#[tokio::test]
+async fn a_consensus_reserves_an_answer_per_variant() {
+    let fleet = Fleet::start_n(3, ServerConfig::fast("s")).await.unwrap();
+    let cfg = format!(
+        "[[keys]]\nid = \"a\"\nhash = \"{}\"\ntpm = 1000\n\n{}",
+        hash(KEY_A),
+        pool_over(&fleet, "p", "openai", 1, "hedge = \"off\"\n"),
+    );
+    let h = Harness::start(fleet, &cfg).await;
+    let body = json!({"model": "p", "max_tokens": 400, "response_format": {"type": "json_object"},
+        "messages": [{"role": "user", "content": "x"}]});
+    let auth = bearer(KEY_A);
+    let r = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("authorization", auth.as_str()), ("x-keel-consensus", "3")],
+            &body,
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let b: Value = r.json().await.unwrap();
+    let msg = b["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("tpm limit is 1000") && msg.contains("3 answers"),
+        "{msg}"
+    );
+    let sent: u64 = (0..3).map(|i| h.server(i).state.stats().requests).sum();
+    assert_eq!(sent, 0);
+    // One answer of 400 fits.
+    assert_eq!(chat_as(&h, KEY_A, &body).await.status(), 200);
+}

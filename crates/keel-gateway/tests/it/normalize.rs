@@ -116,7 +116,8 @@ async fn full_mode_uses_the_pool_rules_and_repairs_a_json_example() {
 
 #[tokio::test]
 async fn x_keel_normalize_full_applies_the_built_in_rules_on_a_syntax_pool() {
-    let h = Harness::openai(1, 1, "", "hedge = \"off\"\nnormalize = \"syntax\"\n").await;
+    let pool = "hedge = \"off\"\nnormalize = \"syntax\"\nclient_normalize = [\"off\", \"syntax\", \"full\"]\n";
+    let h = Harness::openai(1, 1, "", pool).await;
     let prompt = "Summarize this.  Don't use markdown.";
     let r = h.post("/v1/chat/completions", &body(prompt)).await;
     assert_eq!(r.status(), 200);
@@ -136,6 +137,100 @@ async fn x_keel_normalize_full_applies_the_built_in_rules_on_a_syntax_pool() {
     assert_eq!(
         h.server(0).state.last_body()["messages"][0]["content"],
         "Summarize this. Output plain text only, with no formatting characters."
+    );
+}
+
+/// `x-keel-normalize: full` is the operator's to offer: refused by default (400 in the
+/// client's protocol, naming the modes allowed), accepted where the pool's or the key's
+/// `client_normalize` lists it; the mode that applies anyway is always accepted.
+#[tokio::test]
+async fn a_client_may_choose_full_only_where_the_operator_allows_it() {
+    let (plain, trusted) = (
+        "sk-normalize-plain-0123456789",
+        "sk-normalize-trusted-0123456789",
+    );
+    let hash = |k: &str| hash_text(&hash_secret(k));
+    let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
+    let cfg = format!(
+        "[[keys]]\nid = \"plain\"\nhash = \"{}\"\nrpm = 3\n\n[[keys]]\nid = \"trusted\"\nhash = \"{}\"\nclient_normalize = [\"full\"]\n\n{}\n{}",
+        hash(plain),
+        hash(trusted),
+        pool_over(&fleet, "p", "openai", 1, "hedge = \"off\"\n"),
+        pool_over(&fleet, "q", "openai", 1, "hedge = \"off\"\nclient_normalize = [\"syntax\", \"full\"]\n"),
+    );
+    let h = Harness::start(fleet, &cfg).await;
+    let example = "Reply like {\"ok\": true";
+    let ask = |key: &'static str, model: &'static str, mode: &'static str| {
+        let h = &h;
+        async move {
+            let auth = format!("Bearer {key}");
+            let mut b = body(example);
+            b["model"] = json!(model);
+            h.post_with(
+                "/v1/chat/completions",
+                &[("authorization", auth.as_str()), ("x-keel-normalize", mode)],
+                &b,
+            )
+            .await
+        }
+    };
+    // By default: off and syntax, not full.
+    assert_eq!(ask(plain, "p", "syntax").await.status(), 200);
+    assert_eq!(ask(plain, "p", "off").await.status(), 200);
+    for _ in 0..3 {
+        let r = ask(plain, "p", "full").await;
+        assert_eq!(r.status(), 400, "refused before the key's limits, not 429");
+        let b: serde_json::Value = r.json().await.unwrap();
+        let msg = b["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("full is not allowed") && msg.contains("allowed: off, syntax"),
+            "{msg}"
+        );
+    }
+    assert_eq!(
+        h.metric(
+            "keel_prompt_fixes_total",
+            &[("fix", "schema_brace_recovered")]
+        )
+        .await,
+        0.0,
+        "no full normalization ran"
+    );
+    // In the client's protocol.
+    let r = h
+        .post_with(
+            "/v1/messages",
+            &[
+                ("authorization", &format!("Bearer {trusted}")),
+                ("x-keel-normalize", "syntax"),
+            ],
+            &json!({"model": "p", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let b: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(b["type"], "error");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("key `trusted`"),
+        "{b}"
+    );
+    // Where the pool lists it, or the key does.
+    for (key, model) in [(plain, "q"), (trusted, "p")] {
+        let r = ask(key, model, "full").await;
+        assert_eq!(r.status(), 200, "{key} on {model}");
+        assert!(header(r.headers(), "x-keel-prompt-fix").contains("schema_brace_recovered"));
+        assert_eq!(
+            h.server(0).state.last_body()["messages"][0]["content"],
+            "Reply like {\"ok\": true}"
+        );
+    }
+    assert!(
+        h.metric("keel_prompt_repair_bytes_total", &[("pool", "q")])
+            .await
+            > 0.0
     );
 }
 

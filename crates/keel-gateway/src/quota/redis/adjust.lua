@@ -6,7 +6,7 @@ local t = interval(num(ARGV[2]), num(ARGV[3]))
 local units = num(ARGV[5])
 local tat = num(redis.call('GET', KEYS[1]))
 if ARGV[4] == 'charge' then
-  tat = math.max(tat, now) + units * t
+  tat = sat(math.max(tat, now) + units * t)
 else
   tat = math.max(tat - units * t, 0)
 end

@@ -5,6 +5,14 @@
 -- slot expiries integer milliseconds. Both stay far below 2^53 (about 9.0e15; now is about
 -- 1.8e15 us), where Lua's numbers, which are doubles, hold every integer exactly.
 
+-- Amounts and times come from requests and upstreams (a usage of 2^64 - 1 tokens): sums and
+-- products saturate here, 2^53 being far beyond any limit or instant and still exact. Unclamped,
+-- they would overflow Redis's integer replies and its expiry times.
+local MAX_EXACT = 9007199254740992
+local function sat(v)
+  return math.min(v, MAX_EXACT)
+end
+
 -- Redis's clock, so that replicas with skewed clocks agree. Only the tests pass a time.
 local function clock(given)
   if given ~= nil and given ~= '' then

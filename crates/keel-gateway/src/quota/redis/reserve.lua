@@ -7,6 +7,6 @@ local used = a.spent + a.reserved
 if used + amount > limit then
   return { 0, math.max(limit - used, 0) }
 end
-a.reserved = a.reserved + amount
+a.reserved = sat(a.reserved + amount)
 save_account(KEYS[1], a, num(ARGV[3]), num(ARGV[5]))
 return { 1, 0 }

@@ -3,6 +3,6 @@
 -- actual, grace (s).
 local a = account(KEYS[1], num(ARGV[1]))
 a.reserved = math.max(a.reserved - num(ARGV[3]), 0)
-a.spent = a.spent + num(ARGV[4])
+a.spent = sat(a.spent + num(ARGV[4]))
 save_account(KEYS[1], a, num(ARGV[2]), num(ARGV[5]))
 return 1

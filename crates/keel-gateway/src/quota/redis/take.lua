@@ -5,7 +5,7 @@ local now = clock(ARGV[1])
 local period, cost = num(ARGV[2]), num(ARGV[4])
 local t = interval(period, num(ARGV[3]))
 local base = math.max(num(redis.call('GET', KEYS[1])), now)
-local new_tat = base + cost * t
+local new_tat = sat(base + cost * t)
 local allow_at = math.max(new_tat - period, 0)
 if allow_at > now then
   return { 0, allow_at - now, base - now }

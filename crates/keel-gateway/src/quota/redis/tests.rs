@@ -213,6 +213,51 @@ async fn the_same_answers_as_the_local_store() {
     assert_eq!(answers[0], answers[1]);
 }
 
+/// Usage reported by an upstream may be absurd (2^64 − 1 tokens): both stores saturate, keep
+/// answering, and the key is then out of tokens and budget.
+#[tokio::test]
+async fn absurd_usage_saturates_in_both_stores() {
+    let server = RedisServer::start();
+    let config = RedisConfig {
+        url: server.url(),
+        key_prefix: "keel:".to_owned(),
+        share_signals: false,
+        signal_ttl_ms: 5_000,
+    };
+    let stores = [
+        Store::from_config(None, Metrics::new()).unwrap(),
+        Store::from_config(Some(&config), Metrics::new()).unwrap(),
+    ];
+    let tph = Rate {
+        limit: 1_000,
+        period_ns: 3_600_000_000_000,
+    };
+    for store in &stores {
+        assert!(matches!(
+            store.take("k", Limit::Tokens, tph, 100).await.unwrap(),
+            Decision::Allowed { .. }
+        ));
+        store
+            .adjust("k", Limit::Tokens, tph, i64::MAX)
+            .await
+            .unwrap();
+        assert!(matches!(
+            store.take("k", Limit::Tokens, tph, 1).await.unwrap(),
+            Decision::Denied { .. }
+        ));
+        store.reserve("k", DAY, noon(), 100).await.unwrap().unwrap();
+        store.settle("k", DAY, noon(), 100, u64::MAX).await.unwrap();
+        store.settle("k", DAY, noon(), 0, u64::MAX).await.unwrap();
+        assert!(store.reserve("k", DAY, noon(), 1).await.unwrap().is_err());
+        let u = store
+            .usage("k", &[(Limit::Tokens, tph)], &[DAY], noon())
+            .await
+            .unwrap();
+        assert_eq!(u.rates[0].1, 0, "no tokens left");
+        assert_eq!((u.budgets[0].1, u.budgets[0].2), (DAY.limit, 0));
+    }
+}
+
 /// A decision without its times (which depend on each store's clock).
 fn summary(d: Decision) -> String {
     match d {
