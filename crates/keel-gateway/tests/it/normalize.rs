@@ -152,13 +152,16 @@ async fn a_client_may_choose_full_only_where_the_operator_allows_it() {
     let hash = |k: &str| hash_text(&hash_secret(k));
     let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
     let cfg = format!(
-        "[[keys]]\nid = \"plain\"\nhash = \"{}\"\nrpm = 3\n\n[[keys]]\nid = \"trusted\"\nhash = \"{}\"\nclient_normalize = [\"full\"]\n\n{}\n{}",
+        "[[keys]]\nid = \"plain\"\nhash = \"{}\"\nrpm = 3\n\n[[keys]]\nid = \"trusted\"\nhash = \"{}\"\nclient_normalize = [\"full\"]\n\n[[keys]]\nid = \"ops\"\nhash = \"{}\"\nroles = [\"ops\"]\n\n{}\n{}",
         hash(plain),
         hash(trusted),
+        hash("sk-normalize-ops-reader-0123456"),
         pool_over(&fleet, "p", "openai", 1, "hedge = \"off\"\n"),
         pool_over(&fleet, "q", "openai", 1, "hedge = \"off\"\nclient_normalize = [\"syntax\", \"full\"]\n"),
     );
-    let h = Harness::start(fleet, &cfg).await;
+    let mut h = Harness::start(fleet, &cfg).await;
+    h.ops_key = Some("sk-normalize-ops-reader-0123456".into());
+    let h = h;
     let example = "Reply like {\"ok\": true";
     let ask = |key: &'static str, model: &'static str, mode: &'static str| {
         let h = &h;

@@ -253,8 +253,11 @@ async fn unchanged_variants_keep_their_live_state_across_a_reload() {
             .as_bool()
             .unwrap()
     };
-    let health = h.get_json("/keel/health").await;
-    assert!(broken(&health, "b") && broken(&health, "c"), "{health}");
+    // Marked once keel's own request confirms the refusal (a client's alone does not).
+    wait_for!("both credentials confirmed broken", {
+        let health = h.get_json("/keel/health").await;
+        broken(&health, "b") && broken(&health, "c")
+    });
 
     // `c` redefined (its weight), a variant `d` added: the pool changed, `b` did not.
     let d = format!(
