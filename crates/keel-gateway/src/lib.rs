@@ -59,6 +59,7 @@ pub mod settlement;
 pub mod shadow;
 pub mod signals;
 pub mod telemetry;
+pub mod tls;
 pub mod translation;
 pub mod upstream;
 
@@ -139,6 +140,7 @@ impl Gateway {
                             "keel_upstream_connections_opened_total",
                             &[("pool", &p.name)],
                         ),
+                        &p.variants,
                     ),
                     epoch,
                     metrics.clone(),

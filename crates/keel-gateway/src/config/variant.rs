@@ -48,6 +48,8 @@ pub struct VariantConfig {
     /// `max_tokens` for a Chat Completions request without one translated for this
     /// Anthropic-protocol variant (Anthropic requires it).
     pub default_max_tokens: u32,
+    /// A private CA and/or a client certificate for this variant's https:// upstream.
+    pub tls: Option<super::UpstreamTls>,
 }
 
 impl fmt::Debug for VariantConfig {
@@ -62,6 +64,7 @@ impl fmt::Debug for VariantConfig {
             .field("context_window", &self.context_window)
             .field("tokenizer", &self.tokenizer)
             .field("weight", &self.weight)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -165,6 +168,7 @@ pub(super) fn read(
         Some(v) => v.value,
         None => DEFAULT_MAX_TOKENS,
     };
+    let tls = super::tls::read_upstream(&mut t, url.as_deref(), issues);
     let resume_path = t.field_path("resume");
     t.finish(issues);
 
@@ -190,6 +194,7 @@ pub(super) fn read(
         health_url,
         continuation_fields,
         default_max_tokens,
+        tls,
     };
     if let Some(why) = resume_misfit(&cfg) {
         warnings.push(format!(

@@ -8,7 +8,9 @@
 //! A reload (`SIGHUP`, `POST /keel/admin/reload`, or the `[reload] watch` file watch) reads and
 //! validates the whole file first; on any error the current generation stays, and the error is
 //! logged, answered to the admin call and counted (`keel_config_reloads_total{outcome}`). A
-//! change of `listen` is refused (the socket is bound once). A valid config becomes the next
+//! change of `listen` is refused (the socket is bound once), and so is turning `[tls]` on or
+//! off; its certificate files are read again, and connections accepted after the reload get
+//! the new certificate. A valid config becomes the next
 //! generation, built with the lasting state of the current one (see [`carry`]), and the
 //! background tasks (monitor, events) move to it.
 //!
@@ -212,6 +214,19 @@ impl Live {
                 message: format!(
                     "listen: changing the listen address ({} to {}) needs a restart; nothing was reloaded",
                     old.cfg.listen, cfg.listen
+                ),
+            });
+        }
+        if cfg.tls.is_some() != old.cfg.tls.is_some() {
+            let (from, to) = if cfg.tls.is_some() {
+                ("plain HTTP", "TLS")
+            } else {
+                ("TLS", "plain HTTP")
+            };
+            return Err(ReloadError {
+                outcome: "refused",
+                message: format!(
+                    "tls: switching the listener from {from} to {to} needs a restart (its clients would all fail at once); nothing was reloaded"
                 ),
             });
         }

@@ -36,5 +36,6 @@ mod safe_mode;
 mod safeguards;
 mod speculation;
 mod streams;
+mod tls;
 mod tracing;
 mod translation;

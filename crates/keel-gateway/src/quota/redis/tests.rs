@@ -21,6 +21,7 @@ fn replica(server: &RedisServer) -> Redis {
 fn replica_with(server: &RedisServer, metrics: Arc<Metrics>) -> Redis {
     let config = RedisConfig {
         url: server.url(),
+        ca_pem: None,
         key_prefix: "test:".to_owned(),
         share_signals: false,
         signal_ttl_ms: 5_000,
@@ -142,6 +143,7 @@ async fn the_same_answers_as_the_local_store() {
     let server = RedisServer::start();
     let config = RedisConfig {
         url: server.url(),
+        ca_pem: None,
         key_prefix: "keel:".to_owned(),
         share_signals: false,
         signal_ttl_ms: 5_000,
