@@ -361,13 +361,7 @@ async fn run(
 
     let send = pool.client.send(
         &variant.name,
-        upstream::request(
-        variant,
-        endpoint,
-        &ctx.forwarded,
-        traceparent,
-        body,
-    ),
+        upstream::request(variant, endpoint, &ctx.forwarded, traceparent, body),
     );
     let resp = match timeout_at(head_deadline, send).await {
         Err(_) => return Err(timeout_failure(hit_total(head_deadline), started)),

@@ -160,7 +160,8 @@ async fn check_ready(pool: &Pool, vi: usize, warming: bool) -> bool {
     let Some(url) = v.health_url.as_deref() else {
         return true;
     };
-    let answer = tokio::time::timeout(READY_TIMEOUT, pool.client.http(&v.name).get(url).send()).await;
+    let answer =
+        tokio::time::timeout(READY_TIMEOUT, pool.client.http(&v.name).get(url).send()).await;
     let (ready, outcome) = match answer {
         Ok(Ok(r)) if r.status() == http::StatusCode::OK => (true, "ok"),
         Ok(Ok(r)) if matches!(r.status().as_u16(), 404 | 405) => {

@@ -117,12 +117,12 @@ fn certified(
         .map_err(|e| FileError::new(key_key, format!("{key_file}: unusable private key: {e}")))?;
     match CertifiedKey::new(chain.clone(), signing).keys_match() {
         Ok(()) => Ok((chain, key)),
-        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {
-            Ok((chain, key))
-        }
+        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => Ok((chain, key)),
         Err(e) => Err(FileError::new(
             key_key,
-            format!("{key_file}: the private key does not match the certificate in {cert_file} ({e})"),
+            format!(
+                "{key_file}: the private key does not match the certificate in {cert_file} ({e})"
+            ),
         )),
     }
 }

@@ -178,7 +178,11 @@ async fn mutual_tls_refuses_a_client_without_a_certificate_from_the_ca() {
     let ca = pki.ca_file();
 
     let none = curl_chat(h.addr, &ca, &[]).await;
-    assert_ne!(none.code, 0, "served without a client certificate: {}", none.out);
+    assert_ne!(
+        none.code, 0,
+        "served without a client certificate: {}",
+        none.out
+    );
     assert!(!none.out.starts_with("200"), "{}", none.out);
     let wrong = curl_chat(
         h.addr,
@@ -186,15 +190,30 @@ async fn mutual_tls_refuses_a_client_without_a_certificate_from_the_ca() {
         &["--cert", path(&stranger.cert), "--key", path(&stranger.key)],
     )
     .await;
-    assert_ne!(wrong.code, 0, "served a certificate from another CA: {}", wrong.out);
+    assert_ne!(
+        wrong.code, 0,
+        "served a certificate from another CA: {}",
+        wrong.out
+    );
     for version in ["--http1.1", "--http2"] {
         let ok = curl_chat(
             h.addr,
             &ca,
-            &["--cert", path(&client.cert), "--key", path(&client.key), version],
+            &[
+                "--cert",
+                path(&client.cert),
+                "--key",
+                path(&client.key),
+                version,
+            ],
         )
         .await;
-        assert!(ok.out.starts_with("200 "), "{version}: {} {}", ok.out, ok.err);
+        assert!(
+            ok.out.starts_with("200 "),
+            "{version}: {} {}",
+            ok.out,
+            ok.err
+        );
     }
     assert_eq!(h.server(0).state.stats().requests, 2);
 }
@@ -371,7 +390,11 @@ async fn tls_front(leaf: &Leaf, client_ca: Option<&Path>, upstream: SocketAddr) 
 /// A chat through a pool `p` of one variant, an https upstream (keel-sim behind a TLS front
 /// with `front_cert`, asking for a client certificate from `client_ca` when given), with
 /// `keys` (the variant's TLS settings): the status, the body, and the requests keel-sim saw.
-async fn chat_through(front_cert: &Leaf, client_ca: Option<&Path>, keys: &str) -> (u16, Value, u64) {
+async fn chat_through(
+    front_cert: &Leaf,
+    client_ca: Option<&Path>,
+    keys: &str,
+) -> (u16, Value, u64) {
     let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
     let front = tls_front(front_cert, client_ca, fleet.get(0).addr).await;
     let url = format!("https://127.0.0.1:{}/v1", front.port());
@@ -399,7 +422,10 @@ async fn an_https_upstream_with_a_private_ca_and_a_client_certificate() {
 
     // A server certificate from a private CA: not trusted without `ca_file`, served with it.
     let (status, body, served) = chat_through(&front, None, "").await;
-    assert_ne!(status, 200, "a private CA's certificate was trusted: {body}");
+    assert_ne!(
+        status, 200,
+        "a private CA's certificate was trusted: {body}"
+    );
     assert!(body.to_string().contains("UnknownIssuer"), "{body}");
     assert_eq!(served, 0);
     let (status, body, served) = chat_through(&front, None, &with_ca).await;
