@@ -394,7 +394,7 @@ zzz = 1
         known.contains(&"weight") && known.contains(&"upstream_model"),
         "{known:?}"
     );
-    assert_eq!(known.len(), 20, "{known:?}");
+    assert_eq!(known.len(), 23, "{known:?}");
 }
 
 #[test]
