@@ -25,10 +25,12 @@ mkdir -p "$W"; cd "$W"; W=$(pwd)
 source "$here/scripts/zero-latency.sh"
 zero_latency_configs
 
+# Command prefixes (arrays, not functions: a function run in the background is a subshell
+# whose pid is not the server's).
 if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
-  gw() { taskset -c 0 "$@"; }; bench() { taskset -c 1 "$@"; }; pinning="gateways on CPU 0, keel-sim and load on CPU 1"
+  GW=(taskset -c 0); BENCH=(taskset -c 1); pinning="gateways on CPU 0, keel-sim and load on CPU 1"
 else
-  gw() { "$@"; }; bench() { "$@"; }; pinning="unpinned"
+  GW=(); BENCH=(); pinning="unpinned"
 fi
 
 # A test CA and a server certificate for 127.0.0.1 it signed.
@@ -71,13 +73,27 @@ http {
 }
 NGINX
 
-cleanup() { kill $SP $KP $TP 2>/dev/null; [ -f nginx/nginx.pid ] && kill "$(cat nginx/nginx.pid)" 2>/dev/null; wait 2>/dev/null; }
+SP=; KP=; TP=
+cleanup() {
+  set +e
+  for p in $SP $KP $TP; do kill "$p" 2>/dev/null; done
+  [ -f "$W/nginx/nginx.pid" ] && kill "$(cat "$W/nginx/nginx.pid")" 2>/dev/null
+  wait 2>/dev/null
+}
 trap cleanup EXIT
-bench "$K" sim --config sim.toml > sim.log 2>&1 & SP=$!
-gw "$K" serve --config keel.toml > keel.log 2>&1 & KP=$!
-gw "$K" serve --config keel-tls.toml > keel-tls.log 2>&1 & TP=$!
-gw nginx -c "$W/nginx/nginx.conf" -p "$W/nginx"
+for port in 19400 19401 19402 19403; do
+  if (echo > "/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "port $port is taken: another run still going?" >&2; exit 1
+  fi
+done
+"${BENCH[@]}" "$K" sim --config sim.toml > sim.log 2>&1 & SP=$!
+"${GW[@]}" "$K" serve --config keel.toml > keel.log 2>&1 & KP=$!
+"${GW[@]}" "$K" serve --config keel-tls.toml > keel-tls.log 2>&1 & TP=$!
+"${GW[@]}" nginx -c "$W/nginx/nginx.conf" -p "$W/nginx"
 sleep 2
+for p in $SP $KP $TP; do
+  kill -0 "$p" 2>/dev/null || { echo "a server exited at start: see $W/*.log" >&2; exit 1; }
+done
 
 # target name, base URL, extra load flags
 targets=(
@@ -91,7 +107,7 @@ run() { # name url flags... -> runs/<round>-<name>.json
   local name=$1 url=$2; shift 2
   local model=sim
   [ "${1:-}" = --model ] && { model=$2; shift 2; }
-  bench "$K" sim load --url "$url" --model "$model" --max-tokens 16 --rps "$RPS" \
+  "${BENCH[@]}" "$K" sim load --url "$url" --model "$model" --max-tokens 16 --rps "$RPS" \
     --duration "$DUR" --json "runs/$round-$name.json" "$@" > "runs/$round-$name.txt" 2>&1
 }
 mkdir -p runs
@@ -120,4 +136,9 @@ for n in names:
     a99 = statistics.median(pct(r, n, "p99") - pct(r, "direct", "p99") for r in range(1, rounds + 1))
     errs = sum(errors(r, n) for r in range(1, rounds + 1))
     print(f"{n:<12} {p50:>8.3f} {p99:>8.3f} {a50:>10.3f} {a99:>10.3f} {errs:>7}")
+def paired(a, b, q):
+    return statistics.median(pct(r, a, q) - pct(r, b, q) for r in range(1, rounds + 1))
+print("round by round (median of the differences):")
+for a, b in [("keel-tls", "keel-http"), ("keel-tls-h2", "keel-http"), ("keel-tls", "nginx-tls")]:
+    print(f"  {a} - {b}: P50 {paired(a, b, 'p50'):+.3f} ms, P99 {paired(a, b, 'p99'):+.3f} ms")
 PY

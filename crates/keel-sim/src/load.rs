@@ -199,7 +199,9 @@ pub async fn run(cfg: LoadConfig) -> LoadReport {
     if let Some(pem) = &cfg.ca_pem {
         match reqwest::Certificate::from_pem_bundle(pem) {
             Ok(certs) => builder = builder.tls_certs_merge(certs),
-            Err(e) => eprintln!("the CA bundle is unusable ({e}): only the system's roots are trusted"),
+            Err(e) => {
+                eprintln!("the CA bundle is unusable ({e}): only the system's roots are trusted")
+            }
         }
     }
     let client = builder.build().unwrap_or_else(|_| reqwest::Client::new());
