@@ -37,7 +37,7 @@ fn pool(variants: usize) -> Arc<Pool> {
     keel_gateway::install_crypto();
     let pool = Arc::new(Pool::new(
         cfg.pools[0].clone(),
-        keel_gateway::upstream::client(1_000, metrics::Counter::noop()),
+        keel_gateway::upstream::client(1_000, metrics::Counter::noop(), &cfg.pools[0].variants),
         Instant::now(),
         Metrics::new(),
         UpstreamLimits {

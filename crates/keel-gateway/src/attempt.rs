@@ -359,13 +359,10 @@ async fn run(
     };
     let hit_total = |d: Instant| d >= ctx.deadline;
 
-    let send = pool.client.send(upstream::request(
-        variant,
-        endpoint,
-        &ctx.forwarded,
-        traceparent,
-        body,
-    ));
+    let send = pool.client.send(
+        &variant.name,
+        upstream::request(variant, endpoint, &ctx.forwarded, traceparent, body),
+    );
     let resp = match timeout_at(head_deadline, send).await {
         Err(_) => return Err(timeout_failure(hit_total(head_deadline), started)),
         Ok(Err(e)) => return Err(transport_error(e)),

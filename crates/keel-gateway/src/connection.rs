@@ -1,5 +1,7 @@
 //! One client connection, from accept to close: which HTTP version it speaks (HTTP/1.1, or h2c
 //! with prior knowledge), decided from its first bytes, and hyper's server connection for it.
+//! A TLS connection's version is decided by ALPN instead (see `tls`), and served here by
+//! [`Http::serve_as`] over the decrypted stream.
 //!
 //! hyper-util's `auto` builder decides the version by *reading* the first 24 bytes and handing
 //! hyper a wrapper that replays them. hyper's first read then returns only those 24 bytes, its
@@ -51,9 +53,9 @@ pub struct Http {
     idle: Duration,
 }
 
-/// HTTP/1.1 or h2c.
-#[derive(Debug, PartialEq, Eq)]
-enum Version {
+/// HTTP/1.1, or HTTP/2 (h2c by prior knowledge, or h2 by ALPN over TLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
     H1,
     H2,
 }
@@ -75,6 +77,11 @@ impl Http {
         }
     }
 
+    /// How long a connection may take to send its first bytes (a TLS handshake included).
+    pub fn header_read_timeout(&self) -> Duration {
+        self.head
+    }
+
     /// Serves `tcp` until it closes (or, once `watcher`'s shutdown starts, until its requests
     /// in flight are done). A connection that sends nothing within the header-read timeout is
     /// closed without a word, as hyper closes one whose request head is late.
@@ -90,6 +97,20 @@ impl Http {
             // Closed before a byte, a socket error, or silent too long.
             _ => return,
         };
+        self.serve_as(tcp, version, svc, watcher).await
+    }
+
+    /// Serves `io`, which speaks `version` (decided by the caller: sniffed from a plain
+    /// socket's first bytes, or negotiated by ALPN), until it closes or `watcher`'s shutdown
+    /// has let its requests in flight finish.
+    pub async fn serve_as<I, S>(self: Arc<Self>, io: I, version: Version, svc: S, watcher: Watcher)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+    {
         // Errors here are the connection's (a reset, a malformed head hyper answered itself):
         // nothing is left to tell its client.
         let _ = match version {
@@ -101,11 +122,11 @@ impl Http {
                     head: self.head,
                     idle: self.idle,
                 });
-                let io = TokioIo::new(Counted { tcp, reads });
+                let io = TokioIo::new(Counted { io, reads });
                 watcher.watch(h1.serve_connection(io, svc)).await
             }
             Version::H2 => {
-                let io = TokioIo::new(tcp);
+                let io = TokioIo::new(io);
                 watcher.watch(self.h2.serve_connection(io, svc)).await
             }
         };
@@ -178,19 +199,19 @@ impl Sleep for HeadSleep {}
 
 /// A client's socket that counts the reads that brought bytes (for [`HeadTimer`]); the rest
 /// passes straight through.
-struct Counted {
-    tcp: TcpStream,
+struct Counted<I> {
+    io: I,
     reads: Arc<AtomicU64>,
 }
 
-impl AsyncRead for Counted {
+impl<I: AsyncRead + Unpin> AsyncRead for Counted<I> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
-        let polled = Pin::new(&mut self.tcp).poll_read(cx, buf);
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         if buf.filled().len() > before {
             self.reads.fetch_add(1, Ordering::Relaxed);
         }
@@ -198,13 +219,13 @@ impl AsyncRead for Counted {
     }
 }
 
-impl AsyncWrite for Counted {
+impl<I: AsyncWrite + Unpin> AsyncWrite for Counted<I> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write(cx, buf)
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -212,19 +233,19 @@ impl AsyncWrite for Counted {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.tcp.is_write_vectored()
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_flush(cx)
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_shutdown(cx)
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 

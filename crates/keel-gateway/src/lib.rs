@@ -60,6 +60,7 @@ pub mod settlement;
 pub mod shadow;
 pub mod signals;
 pub mod telemetry;
+pub mod tls;
 pub mod translation;
 pub mod upstream;
 
@@ -140,6 +141,7 @@ impl Gateway {
                             "keel_upstream_connections_opened_total",
                             &[("pool", &p.name)],
                         ),
+                        &p.variants,
                     ),
                     epoch,
                     metrics.clone(),

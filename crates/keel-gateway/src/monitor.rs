@@ -161,7 +161,8 @@ async fn check_ready(pool: &Pool, vi: usize, warming: bool) -> bool {
     let Some(url) = v.health_url.as_deref() else {
         return true;
     };
-    let answer = tokio::time::timeout(READY_TIMEOUT, pool.client.http().get(url).send()).await;
+    let answer =
+        tokio::time::timeout(READY_TIMEOUT, pool.client.http(&v.name).get(url).send()).await;
     let (ready, outcome) = match answer {
         Ok(Ok(r)) if r.status() == http::StatusCode::OK => (true, "ok"),
         Ok(Ok(r)) if matches!(r.status().as_u16(), 404 | 405) => {
@@ -237,7 +238,7 @@ pub fn parse_load_metrics(text: &str) -> (Option<f64>, Option<f64>) {
 async fn scrape(pool: Arc<Pool>, vi: usize, url: String) {
     let r = tokio::time::timeout(Duration::from_secs(2), async {
         pool.client
-            .http()
+            .http(&pool.variants[vi].cfg.name)
             .get(&url)
             .send()
             .await?

@@ -1,6 +1,6 @@
 //! The HTTP server: accept loop (each connection served by [`crate::connection`]: HTTP/1.1 and
-//! h2c, a header-read timeout so slow clients cannot hold connections), graceful shutdown with a
-//! drain deadline, and routing.
+//! h2c, or HTTPS through [`crate::tls`] with `[tls]`; a header-read timeout so slow clients
+//! cannot hold connections), graceful shutdown with a drain deadline, and routing.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -150,13 +150,19 @@ pub async fn serve_live(
             }
         };
         let _ = tcp.set_nodelay(true);
+        // The certificate of the generation current at accept (a reload rotates it for the
+        // connections that follow).
+        let tls = live.current().cfg.tls.as_ref().map(|t| t.acceptor.clone());
         let live = live.clone();
         // Each request runs on the generation current at its start.
         let svc = hyper::service::service_fn(move |req| handle(live.current(), req, serves));
         // Taken here, not in the task: a shutdown that starts while the connection's first
         // bytes are awaited still waits for it (and tells it to close).
         let watcher = graceful.watcher();
-        tokio::spawn(http.clone().serve(tcp, svc, watcher));
+        match tls {
+            Some(tls) => tokio::spawn(crate::tls::serve(http.clone(), tls, tcp, svc, watcher)),
+            None => tokio::spawn(http.clone().serve(tcp, svc, watcher)),
+        };
     }
     let process = first.process.clone();
     process.begin_drain();

@@ -193,9 +193,10 @@ async fn send(
 ) -> Result<(String, f64), String> {
     let started = Instant::now();
     let deadline = started + Duration::from_millis(pool.cfg.timeouts.total_ms);
-    let send = pool.client.send(crate::upstream::request(
-        variant, endpoint, forwarded, None, body,
-    ));
+    let send = pool.client.send(
+        &variant.name,
+        crate::upstream::request(variant, endpoint, forwarded, None, body),
+    );
     let resp = match tokio::time::timeout_at(deadline, send).await {
         Err(_) => return Err("timed out".into()),
         Ok(Err(e)) => return Err(format!("transport: {e}")),

@@ -44,6 +44,12 @@ pub struct LoadConfig {
     /// is abandoned and counted as a `timeout` error. Without it a request that never ends
     /// (a connection the pool handed out and nobody answers on) would hold the whole run.
     pub request_timeout: Duration,
+    /// Speak HTTP/1.1 only, over TLS too (where ALPN would pick HTTP/2): to compare a TLS
+    /// gateway with a plain one on the same protocol.
+    pub http1_only: bool,
+    /// A CA bundle (PEM) trusted besides the system's roots, for an https target whose
+    /// certificate a private CA signed.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 impl LoadConfig {
@@ -60,6 +66,8 @@ impl LoadConfig {
             headers: Vec::new(),
             prompts: vec!["Say something about routing.".into()],
             request_timeout: Duration::from_secs(60),
+            http1_only: false,
+            ca_pem: None,
         }
     }
 
@@ -182,11 +190,21 @@ fn hist() -> Histogram<u64> {
 /// Runs the load and returns the report.
 pub async fn run(cfg: LoadConfig) -> LoadReport {
     crate::install_crypto();
-    let client = reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
-        .tcp_nodelay(true)
-        .build()
-        .unwrap_or_else(|_| reqwest::Client::new());
+        .tcp_nodelay(true);
+    if cfg.http1_only {
+        builder = builder.http1_only();
+    }
+    if let Some(pem) = &cfg.ca_pem {
+        match reqwest::Certificate::from_pem_bundle(pem) {
+            Ok(certs) => builder = builder.tls_certs_merge(certs),
+            Err(e) => {
+                eprintln!("the CA bundle is unusable ({e}): only the system's roots are trusted")
+            }
+        }
+    }
+    let client = builder.build().unwrap_or_else(|_| reqwest::Client::new());
     run_with_client(cfg, client).await
 }
 

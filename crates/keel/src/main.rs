@@ -121,6 +121,13 @@ struct LoadArgs {
     /// `timeout` error.
     #[arg(long, default_value_t = 60.0)]
     timeout: f64,
+    /// HTTP/1.1 only, over https:// too (where ALPN would choose HTTP/2).
+    #[arg(long)]
+    http1: bool,
+    /// A PEM CA bundle to trust besides the system's roots (an https:// gateway whose
+    /// certificate a private CA signed).
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
     /// Write the report as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -444,6 +451,10 @@ async fn load(l: LoadArgs) -> Result<(), String> {
     cfg.concurrency_limit = l.concurrency_limit;
     cfg.max_tokens = l.max_tokens;
     cfg.request_timeout = Duration::from_secs_f64(l.timeout);
+    cfg.http1_only = l.http1;
+    if let Some(p) = &l.ca_file {
+        cfg.ca_pem = Some(std::fs::read(p).map_err(|e| format!("--ca-file {}: {e}", p.display()))?);
+    }
     let report = keel_sim::load::run(cfg).await;
     print!("{}", report.table());
     if let Some(p) = l.json {

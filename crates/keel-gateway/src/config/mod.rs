@@ -31,6 +31,7 @@ mod redis;
 mod rollout;
 mod safe_mode;
 mod timeouts;
+mod tls;
 mod variant;
 
 #[cfg(test)]
@@ -53,6 +54,7 @@ pub use observability::{AccessLogTarget, LogConfig, LogFormat, TelemetryConfig};
 pub use pool::{Affinity, Hedge, PoolConfig, ResponseModel};
 pub use rollout::{CanaryPoolConfig, Identity, ShadowConfig};
 pub use timeouts::Timeouts;
+pub use tls::{TlsConfig, UpstreamTls};
 pub use variant::VariantConfig;
 
 use read::{Issues, Kind, Table, Val};
@@ -85,6 +87,9 @@ pub struct Config {
     /// Connections the kernel may hold for keel before it accepts them (`listen(2)`'s
     /// backlog; the kernel caps it at `net.core.somaxconn`).
     pub listen_backlog: u32,
+    /// `[tls]`: the listener speaks HTTPS (HTTP/2 or HTTP/1.1 by ALPN); `None`: plain HTTP
+    /// and h2c.
+    pub tls: Option<TlsConfig>,
     pub max_body_bytes: usize,
     pub header_read_timeout_ms: u64,
     /// How long a keep-alive client connection may wait idle for its next request.
@@ -277,6 +282,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         self::redis::read(section, env, issues)
     };
     let cache = cache::read_global(t.table("cache", issues), issues);
+    let tls = tls::read(t.table("tls", issues), issues);
     let mut warnings = Vec::new();
     let pools = read_pools(&mut t, max_attempts, timeouts, env, &mut warnings, issues);
     check_semantic_pools(&pools, issues);
@@ -315,6 +321,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         admin_listen,
         auth_open,
         listen_backlog: listen_backlog.unwrap_or(DEFAULT_LISTEN_BACKLOG),
+        tls,
         max_body_bytes: t
             .value("max_body_bytes", issues)
             .unwrap_or(10 * 1024 * 1024),

@@ -3,7 +3,8 @@
 //!
 //! ```toml
 //! [redis]
-//! url = "redis://127.0.0.1:6379"   # `${VAR}` allowed, e.g. for a password
+//! url = "redis://127.0.0.1:6379"   # `${VAR}` allowed, e.g. for a password; rediss:// for TLS
+//! ca_file = "/etc/keel/redis-ca.pem"  # rediss:// only: the CA that signed the server's certificate
 //! key_prefix = "keel:"             # every key keel writes starts with it
 //! share_signals = true             # publish/apply ejections, cooldowns, learned limits
 //! signal_ttl_ms = 5000             # the longest a replica trusts another's signal
@@ -20,8 +21,12 @@ use super::variant::interpolate;
 /// A Redis server shared by all replicas.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
-    /// `redis://[user:password@]host[:port][/db]`, environment variables substituted.
+    /// `redis://[user:password@]host[:port][/db]` (or `rediss://` for TLS), environment
+    /// variables substituted.
     pub url: String,
+    /// `ca_file`: the CA bundle (PEM, as read) that a `rediss://` server's certificate must
+    /// chain to, instead of the system's roots (a private CA).
+    pub ca_pem: Option<Vec<u8>>,
     pub key_prefix: String,
     /// Replicas tell each other which variants they ejected, cooled down or found full, on
     /// the channel `{key_prefix}signals` (see `signals`).
@@ -39,6 +44,7 @@ impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisConfig")
             .field("url", &redact(&self.url))
+            .field("ca_pem", &self.ca_pem.as_ref().map(|p| p.len()))
             .field("key_prefix", &self.key_prefix)
             .field("share_signals", &self.share_signals)
             .field("signal_ttl_ms", &self.signal_ttl_ms)
@@ -64,15 +70,16 @@ pub(super) fn read(
         .required::<String>("url", "a URL such as \"redis://127.0.0.1:6379\"", issues)
         .and_then(|u| {
             let url = interpolate(&u, env, issues)?;
-            // Only plain TCP is compiled in (no TLS, no unix sockets): say so here rather than
-            // at the first request.
-            let valid = url.starts_with("redis://") && url.as_str().into_connection_info().is_ok();
+            // TCP and TLS only (no unix sockets): say so here rather than at the first
+            // request.
+            let valid = (url.starts_with("redis://") || url.starts_with("rediss://"))
+                && url.as_str().into_connection_info().is_ok();
             if !valid {
                 issues.report(
                     u.at,
                     &u.path,
                     format!(
-                        "expected a URL such as \"redis://127.0.0.1:6379\", got {:?}",
+                        "expected a URL such as \"redis://127.0.0.1:6379\" or \"rediss://redis.internal:6380\", got {:?}",
                         redact(&u.value)
                     ),
                 );
@@ -80,6 +87,19 @@ pub(super) fn read(
             }
             Some(url)
         });
+    let ca_pem = t.get::<String>("ca_file", issues).and_then(|c| {
+        if url.as_ref().is_some_and(|u| !u.starts_with("rediss://")) {
+            issues.report(
+                c.at,
+                &c.path,
+                "ca_file needs a rediss:// url (TLS); this one is plain redis://",
+            );
+            return None;
+        }
+        crate::tls::ca_bundle(&c.value)
+            .map_err(|m| issues.report(c.at, &c.path, m))
+            .ok()
+    });
     let key_prefix = t
         .value::<String>("key_prefix", issues)
         .unwrap_or_else(|| "keel:".to_owned());
@@ -103,6 +123,7 @@ pub(super) fn read(
     t.finish(issues);
     Some(RedisConfig {
         url: url?,
+        ca_pem,
         key_prefix,
         share_signals,
         signal_ttl_ms: signal_ttl_ms?,

@@ -394,7 +394,7 @@ zzz = 1
         known.contains(&"weight") && known.contains(&"upstream_model"),
         "{known:?}"
     );
-    assert_eq!(known.len(), 21, "{known:?}");
+    assert_eq!(known.len(), 24, "{known:?}");
 }
 
 #[test]
@@ -608,7 +608,7 @@ fn redis_mistakes_are_named() {
             line,
             7,
             "redis.url",
-            "expected a URL such as \"redis://127.0.0.1:6379\", got \"http://127.0.0.1:6379\""
+            "expected a URL such as \"redis://127.0.0.1:6379\" or \"rediss://redis.internal:6380\", got \"http://127.0.0.1:6379\""
         )
     );
     let (l, _, field, message) = one_issue(&format!("{GOOD}[redis]\nkey_prefix = \"k:\"\n"));
@@ -738,4 +738,141 @@ fn integrity_table_is_optional_with_defaults_and_its_mistakes_are_named() {
     let (_, _, field, message) = one_issue(&text);
     assert_eq!(field, "pools[0].integrity.auto_continu");
     assert!(message.contains("auto_continue"), "{message}");
+}
+
+/// A test CA's `ca.pem`, and two server certificates it signed with their keys (`a.pem`,
+/// `a.key`, `b.pem`, `b.key`), in a directory of their own.
+fn tls_files(name: &str) -> std::path::PathBuf {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let dir = std::env::temp_dir().join(format!("keel-config-tls-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    for stem in ["a", "b"] {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        std::fs::write(dir.join(format!("{stem}.pem")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{stem}.key")), key.serialize_pem()).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn tls_files_are_read_and_each_problem_names_its_field_and_file() {
+    let dir = tls_files("listener");
+    let f = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+    let section = |cert: &str, key: &str, extra: &str| {
+        format!("{GOOD}[tls]\ncert_file = \"{cert}\"\nkey_file = \"{key}\"\n{extra}")
+    };
+    let c = Config::parse(&section(&f("a.pem"), &f("a.key"), ""), "k", &env()).unwrap();
+    let tls = c.tls.expect("[tls]");
+    assert_eq!(tls.cert_file, f("a.pem"));
+    assert!(tls.client_ca_file.is_none());
+    let with_ca = format!("client_ca_file = \"{}\"\n", f("ca.pem"));
+    let c = Config::parse(&section(&f("a.pem"), &f("a.key"), &with_ca), "k", &env()).unwrap();
+    assert_eq!(c.tls.unwrap().client_ca_file, Some(f("ca.pem")));
+
+    let line = GOOD.lines().count() + 2;
+    let (l, _, field, message) = one_issue(&section(&f("none.pem"), &f("a.key"), ""));
+    assert_eq!((l, field.as_str()), (line, "tls.cert_file"));
+    assert!(
+        message.starts_with(&format!("cannot read {}", f("none.pem"))),
+        "{message}"
+    );
+    let (l, _, field, message) = one_issue(&section(&f("a.pem"), &f("b.key"), ""));
+    assert_eq!((l, field.as_str()), (line + 1, "tls.key_file"));
+    assert!(
+        message.contains(&f("b.key")) && message.contains("does not match the certificate"),
+        "{message}"
+    );
+    // A certificate where the key should be, and a key where the CA should be.
+    let (_, _, field, message) = one_issue(&section(&f("a.pem"), &f("a.pem"), ""));
+    assert_eq!(field, "tls.key_file");
+    assert!(
+        message.starts_with(&format!("{}: no usable private key", f("a.pem"))),
+        "{message}"
+    );
+    let bad_ca = format!("client_ca_file = \"{}\"\n", f("a.key"));
+    let (_, _, field, message) = one_issue(&section(&f("a.pem"), &f("a.key"), &bad_ca));
+    assert_eq!(field, "tls.client_ca_file");
+    assert!(
+        message.starts_with(&format!("{}: no certificate", f("a.key"))),
+        "{message}"
+    );
+    let (_, _, field, message) = one_issue(&format!("{GOOD}[tls]\ncert_file = \"x\"\n"));
+    assert_eq!(field, "tls.key_file");
+    assert!(message.starts_with("missing; expected"), "{message}");
+}
+
+#[test]
+fn a_variants_tls_files_are_read_and_checked() {
+    let dir = tls_files("variant");
+    let f = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+    let https = GOOD.replace("http://127.0.0.1:8000", "https://10.0.0.7:8000");
+    let ca = format!("ca_file = \"{}\"\n", f("ca.pem"));
+    let c = Config::parse(&format!("{https}{ca}"), "k", &env()).unwrap();
+    let tls = c.pools[0].variants[0].tls.clone().expect("TLS settings");
+    assert_eq!(tls.ca_file, Some(f("ca.pem")));
+    assert!(tls.ca_pem.is_some() && tls.identity_pem.is_none());
+    let identity = format!(
+        "client_cert_file = \"{}\"\nclient_key_file = \"{}\"\n",
+        f("a.pem"),
+        f("a.key")
+    );
+    let c = Config::parse(&format!("{https}{ca}{identity}"), "k", &env()).unwrap();
+    let tls = c.pools[0].variants[0].tls.clone().unwrap();
+    assert!(tls.identity_pem.is_some());
+    assert!(!format!("{:?}", c.pools[0].variants[0]).contains("PRIVATE KEY"));
+    assert!(
+        Config::parse(GOOD, "k", &env()).unwrap().pools[0].variants[0]
+            .tls
+            .is_none()
+    );
+
+    let (_, _, field, message) = one_issue(&format!("{GOOD}{ca}"));
+    assert_eq!(field, "pools[0].variants[0].ca_file");
+    assert!(message.contains("need an https:// url"), "{message}");
+    let missing = format!("ca_file = \"{}\"\n", f("nope.pem"));
+    let (_, _, field, message) = one_issue(&format!("{https}{missing}"));
+    assert_eq!(field, "pools[0].variants[0].ca_file");
+    assert!(
+        message.starts_with(&format!("cannot read {}", f("nope.pem"))),
+        "{message}"
+    );
+    let alone = format!("client_cert_file = \"{}\"\n", f("a.pem"));
+    let (_, _, field, message) = one_issue(&format!("{https}{alone}"));
+    assert_eq!(field, "pools[0].variants[0].client_cert_file");
+    assert!(message.contains("together"), "{message}");
+    let mismatched = format!(
+        "client_cert_file = \"{}\"\nclient_key_file = \"{}\"\n",
+        f("a.pem"),
+        f("b.key")
+    );
+    let (_, _, field, message) = one_issue(&format!("{https}{mismatched}"));
+    assert_eq!(field, "pools[0].variants[0].client_key_file");
+    assert!(message.contains("does not match"), "{message}");
+}
+
+#[test]
+fn rediss_urls_are_accepted_with_an_optional_ca() {
+    let dir = tls_files("redis");
+    let ca = dir.join("ca.pem").to_str().unwrap().to_owned();
+    let text = format!("{GOOD}[redis]\nurl = \"rediss://redis.internal:6380\"\n");
+    let r = Config::parse(&text, "k", &env()).unwrap().redis.unwrap();
+    assert_eq!(
+        (r.url.as_str(), r.ca_pem.is_none()),
+        ("rediss://redis.internal:6380", true)
+    );
+    let text = format!("{GOOD}[redis]\nurl = \"rediss://h:6380\"\nca_file = \"{ca}\"\n");
+    let r = Config::parse(&text, "k", &env()).unwrap().redis.unwrap();
+    assert!(r.ca_pem.is_some());
+    let text = format!("{GOOD}[redis]\nurl = \"redis://h\"\nca_file = \"{ca}\"\n");
+    let (_, _, field, message) = one_issue(&text);
+    assert_eq!(field, "redis.ca_file");
+    assert!(message.contains("needs a rediss:// url"), "{message}");
 }

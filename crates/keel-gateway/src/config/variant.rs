@@ -52,6 +52,8 @@ pub struct VariantConfig {
     /// else its pool's, else the defaults of `config::forward`); no other client header
     /// reaches the upstream.
     pub forward_headers: Vec<http::HeaderName>,
+    /// A private CA and/or a client certificate for this variant's https:// upstream.
+    pub tls: Option<super::UpstreamTls>,
 }
 
 impl fmt::Debug for VariantConfig {
@@ -66,6 +68,7 @@ impl fmt::Debug for VariantConfig {
             .field("context_window", &self.context_window)
             .field("tokenizer", &self.tokenizer)
             .field("weight", &self.weight)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -172,6 +175,7 @@ pub(super) fn read(
         None => DEFAULT_MAX_TOKENS,
     };
     let forward = super::forward::read(&mut t, issues);
+    let tls = super::tls::read_upstream(&mut t, url.as_deref(), issues);
     let resume_path = t.field_path("resume");
     t.finish(issues);
 
@@ -198,6 +202,7 @@ pub(super) fn read(
         continuation_fields,
         default_max_tokens,
         forward_headers: Vec::new(),
+        tls,
     };
     if let Some(why) = resume_misfit(&cfg) {
         warnings.push(format!(

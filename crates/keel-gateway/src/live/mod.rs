@@ -8,7 +8,9 @@
 //! A reload (`SIGHUP`, `POST /keel/admin/reload`, or the `[reload] watch` file watch) reads and
 //! validates the whole file first; on any error the current generation stays, and the error is
 //! logged, answered to the admin call and counted (`keel_config_reloads_total{outcome}`). A
-//! change of `listen` is refused (the socket is bound once). A valid config becomes the next
+//! change of `listen` is refused (the socket is bound once), and so is turning `[tls]` on or
+//! off; its certificate files are read again, and connections accepted after the reload get
+//! the new certificate. A valid config becomes the next
 //! generation, built with the lasting state of the current one (see [`carry`]), and the
 //! background tasks (monitor, events) move to it.
 //!
@@ -225,6 +227,19 @@ impl Live {
             });
         }
         guard_auth(&old.cfg, &cfg)?;
+        if cfg.tls.is_some() != old.cfg.tls.is_some() {
+            let (from, to) = if cfg.tls.is_some() {
+                ("plain HTTP", "TLS")
+            } else {
+                ("TLS", "plain HTTP")
+            };
+            return Err(ReloadError {
+                outcome: "refused",
+                message: format!(
+                    "tls: switching the listener from {from} to {to} needs a restart (its clients would all fail at once); nothing was reloaded"
+                ),
+            });
+        }
         if cfg.log != old.cfg.log {
             // Found now, not after the swap: a destination that cannot be written is an error.
             crate::access_log::AccessLog::open(&cfg.log).map_err(|e| ReloadError {

@@ -65,9 +65,22 @@ const LOG_EVERY_MS: u64 = 10_000;
 /// A client for `config.url` and a connection manager on it that connects on first use and
 /// reconnects by itself (1 s connect and response timeouts, 10–500 ms between tries). Shared
 /// with `signals`, which publishes through the manager and subscribes through the client.
+/// A `rediss://` URL connects over TLS (rustls), trusting `ca_file` when set, else the
+/// system's roots.
 pub(crate) fn connect_lazily(config: &RedisConfig) -> Result<(Client, ConnectionManager), String> {
     let named = |e: ::redis::RedisError| format!("redis {}: {e}", redact_url(&config.url));
-    let client = Client::open(config.url.as_str()).map_err(named)?;
+    crate::install_crypto();
+    let client = match &config.ca_pem {
+        Some(ca) => Client::build_with_tls(
+            config.url.as_str(),
+            ::redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.clone()),
+            },
+        ),
+        None => Client::open(config.url.as_str()),
+    }
+    .map_err(named)?;
     let manager = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(1)))
         .set_response_timeout(Some(Duration::from_secs(1)))

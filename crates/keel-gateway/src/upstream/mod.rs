@@ -7,7 +7,8 @@
 //! no connection task, no hop between tasks per chunk, no shared lock, and a small read
 //! buffer. `https://` variants (hosted APIs, HTTP/2 by ALPN), URLs with credentials in them, and
 //! every variant when an HTTP proxy is configured (`HTTP_PROXY` / `ALL_PROXY`) go through
-//! reqwest (rustls, `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY`).
+//! reqwest (rustls, `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY`). A variant with a private CA
+//! or a client certificate of its own gets its own reqwest client (see [`Client`]).
 
 mod direct;
 
@@ -138,25 +139,61 @@ impl From<reqwest::Error> for Error {
 }
 
 /// One pool's upstream client: keel's own HTTP/1.1 pool for plain-HTTP variants, reqwest for
-/// the rest (and for the monitor's probes and scrapes).
+/// the rest (and for the monitor's probes and scrapes). A variant with TLS settings of its own
+/// (a private CA, a client certificate) has a reqwest client of its own, built with the pool.
 #[derive(Clone)]
 pub struct Client {
     direct: Option<Arc<direct::Direct>>,
     http: reqwest::Client,
+    /// By variant name; empty unless some variant sets `ca_file` or a client certificate.
+    own: Arc<[(String, reqwest::Client)]>,
 }
 
-/// Builds the upstream client for one pool; `opened` counts the connections keel's own pool
-/// opens.
-pub fn client(connect_ms: u64, opened: metrics::Counter) -> Client {
-    crate::install_crypto();
-    let connect = Duration::from_millis(connect_ms);
-    let http = reqwest::Client::builder()
+/// reqwest's settings for every upstream client of a pool.
+fn reqwest_builder(connect: Duration) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
         .connect_timeout(connect)
         .pool_idle_timeout(direct::IDLE_TIMEOUT)
         .pool_max_idle_per_host(256)
         .tcp_nodelay(true)
         // Never follow a redirect: it would carry the variant's credential elsewhere.
         .redirect(reqwest::redirect::Policy::none())
+}
+
+/// The client of a variant with TLS settings: its CA bundle trusted besides the system's
+/// roots, its client certificate presented when the server asks for one. The files were read
+/// and checked with the config, so a failure here is unexpected: logged, and the variant uses
+/// the pool's client (its requests then fail the server's verification, visibly).
+fn variant_client(
+    connect: Duration,
+    variant: &VariantConfig,
+    tls: &crate::config::UpstreamTls,
+) -> Option<reqwest::Client> {
+    let mut builder = reqwest_builder(connect);
+    let built = (|| {
+        if let Some(pem) = &tls.ca_pem {
+            builder = builder.tls_certs_merge(reqwest::Certificate::from_pem_bundle(pem)?);
+        }
+        if let Some(pem) = &tls.identity_pem {
+            builder = builder.identity(reqwest::Identity::from_pem(pem)?);
+        }
+        builder.build()
+    })();
+    match built {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::error!(variant = %variant.name, error = %chain(&e), "the variant's TLS settings are unusable: it uses the pool's client");
+            None
+        }
+    }
+}
+
+/// Builds the upstream client for one pool of `variants`; `opened` counts the connections
+/// keel's own pool opens.
+pub fn client(connect_ms: u64, opened: metrics::Counter, variants: &[VariantConfig]) -> Client {
+    crate::install_crypto();
+    let connect = Duration::from_millis(connect_ms);
+    let http = reqwest_builder(connect)
         .build()
         .unwrap_or_else(|e| {
             // A proxy setting from the environment that reqwest cannot read, most likely.
@@ -168,6 +205,13 @@ pub fn client(connect_ms: u64, opened: metrics::Counter) -> Client {
                 .build()
                 .unwrap_or_default()
         });
+    let own = variants
+        .iter()
+        .filter_map(|v| {
+            let tls = v.tls.as_ref()?;
+            Some((v.name.clone(), variant_client(connect, v, tls)?))
+        })
+        .collect();
     // A proxy for plain HTTP applies to every `http://` variant: reqwest honours it (and
     // NO_PROXY); keel's own pool connects only directly.
     let proxied = ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
@@ -176,24 +220,30 @@ pub fn client(connect_ms: u64, opened: metrics::Counter) -> Client {
     Client {
         direct: (!proxied).then(|| Arc::new(direct::Direct::new(connect, opened))),
         http,
+        own,
     }
 }
 
 impl Client {
-    /// The reqwest client, for requests off the request path (the monitor's probes).
-    pub fn http(&self) -> &reqwest::Client {
-        &self.http
+    /// The reqwest client for `variant`'s requests off the request path (the monitor's
+    /// probes and scrapes).
+    pub fn http(&self, variant: &str) -> &reqwest::Client {
+        self.own
+            .iter()
+            .find(|(name, _)| name == variant)
+            .map_or(&self.http, |(_, c)| c)
     }
 
-    /// Sends one request and returns the response head; the body is read from the response.
-    pub async fn send(&self, req: Request) -> Result<Response, Error> {
+    /// Sends one request to `variant` and returns the response head; the body is read from
+    /// the response.
+    pub async fn send(&self, variant: &str, req: Request) -> Result<Response, Error> {
         if let Some(direct) = &self.direct {
             if let Some(target) = direct::Target::of(&req.url) {
                 return direct.send(target, req.headers, req.body).await;
             }
         }
         let resp = self
-            .http
+            .http(variant)
             .post(req.url)
             .headers(req.headers)
             .body(req.body)

@@ -37,5 +37,6 @@ mod safeguards;
 mod security;
 mod speculation;
 mod streams;
+mod tls;
 mod tracing;
 mod translation;

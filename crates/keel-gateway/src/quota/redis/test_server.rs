@@ -1,14 +1,18 @@
 //! A real `redis-server` for the tests: a child process on a free loopback port, with no
-//! persistence, killed when dropped. A missing binary fails the test (it must not pass by
-//! skipping): `scripts/test.sh` installs it.
+//! persistence, killed when dropped; plain, or TLS only (`rediss://`) with a certificate from
+//! a test CA made here. A missing binary fails the test (it must not pass by skipping):
+//! `scripts/test.sh` installs it.
 
 use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
+    /// TLS only: the directory of `ca.pem`, `server.pem` and `server.key`.
+    tls: Option<PathBuf>,
 }
 
 impl RedisServer {
@@ -18,13 +22,58 @@ impl RedisServer {
             .and_then(|l| l.local_addr())
             .expect("a free loopback port")
             .port();
-        let mut server = RedisServer { port, child: None };
+        let mut server = RedisServer {
+            port,
+            child: None,
+            tls: None,
+        };
+        server.restart();
+        server
+    }
+
+    /// A server that speaks only TLS, with a certificate for 127.0.0.1 from a CA made here
+    /// (see [`RedisServer::ca_pem`]); clients need no certificate.
+    pub fn start_tls() -> RedisServer {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let dir = std::env::temp_dir().join(format!("keel-rediss-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+        std::fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+        let mut server = RedisServer {
+            port,
+            child: None,
+            tls: Some(dir),
+        };
         server.restart();
         server
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// The test CA's certificate (PEM) of a TLS server.
+    pub fn ca_pem(&self) -> Option<Vec<u8>> {
+        let dir = self.tls.as_ref()?;
+        Some(std::fs::read(dir.join("ca.pem")).unwrap())
     }
 
     /// Kills the server (its state is lost: nothing is saved).
@@ -38,8 +87,22 @@ impl RedisServer {
     /// Starts the server (again) on the same port and waits until it accepts connections.
     pub fn restart(&mut self) {
         self.kill();
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+        let port = self.port.to_string();
+        let mut command = Command::new("redis-server");
+        match &self.tls {
+            None => command.args(["--port", &port]),
+            Some(dir) => {
+                let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
+                command
+                    .args(["--port", "0", "--tls-port", &port])
+                    .args(["--tls-cert-file", &file("server.pem")])
+                    .args(["--tls-key-file", &file("server.key")])
+                    .args(["--tls-ca-cert-file", &file("ca.pem")])
+                    .args(["--tls-auth-clients", "no"])
+            }
+        };
+        let child = command
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())

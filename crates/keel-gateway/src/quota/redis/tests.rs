@@ -21,6 +21,7 @@ fn replica(server: &RedisServer) -> Redis {
 fn replica_with(server: &RedisServer, metrics: Arc<Metrics>) -> Redis {
     let config = RedisConfig {
         url: server.url(),
+        ca_pem: None,
         key_prefix: "test:".to_owned(),
         share_signals: false,
         signal_ttl_ms: 5_000,
@@ -142,6 +143,7 @@ async fn the_same_answers_as_the_local_store() {
     let server = RedisServer::start();
     let config = RedisConfig {
         url: server.url(),
+        ca_pem: None,
         key_prefix: "keel:".to_owned(),
         share_signals: false,
         signal_ttl_ms: 5_000,
@@ -220,6 +222,7 @@ async fn absurd_usage_saturates_in_both_stores() {
     let server = RedisServer::start();
     let config = RedisConfig {
         url: server.url(),
+        ca_pem: None,
         key_prefix: "keel:".to_owned(),
         share_signals: false,
         signal_ttl_ms: 5_000,
@@ -459,4 +462,62 @@ async fn a_held_slot_is_renewed_until_released() {
     // …and free as soon as it is released.
     a.release(&held).await.unwrap();
     assert!(b.acquire("k", 1, ttl).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn replicas_share_a_keys_quota_through_redis_over_tls() {
+    let server = RedisServer::start_tls();
+    let config = RedisConfig {
+        url: server.url(),
+        ca_pem: server.ca_pem(),
+        key_prefix: "keel:".to_owned(),
+        share_signals: false,
+        signal_ttl_ms: 5_000,
+    };
+    assert!(config.url.starts_with("rediss://"));
+    let replicas = [
+        Store::from_config(Some(&config), Metrics::new()).unwrap(),
+        Store::from_config(Some(&config), Metrics::new()).unwrap(),
+    ];
+    // 5 requests an hour for one key, taken in turns by two replicas: 5 admitted in all.
+    let rph = Rate {
+        limit: 5,
+        period_ns: 3_600_000_000_000,
+    };
+    // Connected first, on another key: a TLS connection (handshake, trust store) can take
+    // longer than one call's 50 ms bound, and its first calls fail until it is up.
+    for r in &replicas {
+        eventually("the replica is connected", || async {
+            r.take("warm-up", Limit::Requests, rph, 1).await.is_ok()
+        })
+        .await;
+    }
+    let mut answers = Vec::new();
+    for i in 0..8 {
+        let d = replicas[i % 2]
+            .take("k", Limit::Requests, rph, 1)
+            .await
+            .unwrap_or_else(|e| panic!("the TLS server answers: {e:?}"));
+        answers.push(summary(d));
+    }
+    assert_eq!(
+        answers,
+        [
+            "allowed, 4 left",
+            "allowed, 3 left",
+            "allowed, 2 left",
+            "allowed, 1 left",
+            "allowed, 0 left",
+            "denied",
+            "denied",
+            "denied"
+        ]
+    );
+    // Without the CA, the server's certificate is not trusted (verification stays on).
+    let untrusted = RedisConfig {
+        ca_pem: None,
+        ..config
+    };
+    let store = Store::from_config(Some(&untrusted), Metrics::new()).unwrap();
+    assert!(store.take("k", Limit::Requests, rph, 1).await.is_err());
 }
