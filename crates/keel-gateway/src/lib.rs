@@ -22,6 +22,8 @@ pub mod attempt;
 pub mod body;
 pub mod cache;
 pub mod canary;
+pub mod client_write;
+pub mod conn_limit;
 pub mod capacity;
 pub mod config;
 pub mod connection;
@@ -36,6 +38,7 @@ pub mod events;
 pub mod execution;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod graceful;
 pub mod hooks;
 pub mod keys;
 pub mod live;

@@ -11,7 +11,6 @@ use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::server::graceful::GracefulShutdown;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -22,12 +21,14 @@ use crate::access_log::RequestLog;
 use crate::cache::{self, Lookup};
 use crate::capacity::{Throttle, ThrottleReason};
 use crate::config::KeyConfig;
+use crate::conn_limit::ConnLimit;
 use crate::connection::Http;
 use crate::context::{ClientApi, Priority};
 use crate::decisions::Draft;
 use crate::delivery;
 use crate::errors::GatewayError;
 use crate::execution::Outcome;
+use crate::graceful::GracefulShutdown;
 use crate::live::Live;
 use crate::pools::Pool;
 use crate::routes::{self, Resolved, Target};
@@ -77,7 +78,10 @@ pub async fn serve_live(
     let http = Arc::new(Http::new(
         Duration::from_millis(first.cfg.header_read_timeout_ms),
         Duration::from_millis(first.cfg.idle_timeout_ms),
+        Some(Duration::from_millis(first.cfg.client_write_timeout_ms)),
+        &first.metrics,
     ));
+    let connections = ConnLimit::new(first.cfg.max_connections, &first.metrics);
     tokio::pin!(shutdown);
     live.start_tasks();
     live.watch_source();
@@ -94,6 +98,10 @@ pub async fn serve_live(
             },
             _ = &mut shutdown => break,
         };
+        let Some(slot) = connections.take() else {
+            connections.refuse(tcp);
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let live = live.clone();
         // Each request runs on the generation current at its start.
@@ -101,7 +109,11 @@ pub async fn serve_live(
         // Taken here, not in the task: a shutdown that starts while the connection's first
         // bytes are awaited still waits for it (and tells it to close).
         let watcher = graceful.watcher();
-        tokio::spawn(http.clone().serve(tcp, svc, watcher));
+        let serving = http.clone().serve(tcp, svc, watcher);
+        tokio::spawn(async move {
+            serving.await;
+            drop(slot);
+        });
     }
     let process = first.process.clone();
     process.begin_drain();
@@ -240,11 +252,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         Resolved::Route(Target::Health, _) => health(&gw),
         Resolved::Route(Target::Decisions, _) => {
             match crate::decisions::Query::parse(req.uri().query()) {
-                Ok(q) => {
-                    let found = gw.decision_log().query(&q);
-                    let records: Vec<&DecisionRecord> = found.iter().map(|r| &**r).collect();
-                    json(serde_json::to_string(&records).unwrap_or_else(|_| "[]".into()))
-                }
+                Ok(q) => crate::decisions::document(gw.decision_log().query(&q)),
                 Err(m) => {
                     GatewayError::new(ErrorKind::InvalidRequest, format!("/keel/decisions: {m}"))
                         .to_response(Protocol::OpenAi)
