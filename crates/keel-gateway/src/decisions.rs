@@ -466,6 +466,36 @@ mod tests {
         }
     }
 
+    /// The streamed answer is the whole document, byte for byte, and an unread one holds a
+    /// batch: its first piece is a small part of it.
+    #[test]
+    fn the_document_is_streamed_a_batch_at_a_time() {
+        use http_body_util::BodyExt;
+        for n in [0, 1, DOCUMENT_BATCH, DOCUMENT_BATCH + 1, 1_000] {
+            let records: Vec<Arc<DecisionRecord>> = (0..n)
+                .map(|i| Arc::new(record(&format!("r{i}"), "p", "direct")))
+                .collect();
+            let whole = serde_json::to_string(
+                &records.iter().map(|r| &**r).collect::<Vec<&DecisionRecord>>(),
+            )
+            .unwrap();
+            let mut body = document(records).into_body();
+            let mut pieces = Vec::new();
+            futures_util::FutureExt::now_or_never(async {
+                while let Some(frame) = body.frame().await {
+                    pieces.push(frame.unwrap().into_data().unwrap());
+                }
+            })
+            .expect("a document needs no waiting");
+            let streamed: Vec<u8> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
+            assert_eq!(String::from_utf8(streamed).unwrap(), whole, "{n} records");
+            assert_eq!(pieces.len(), n.div_ceil(DOCUMENT_BATCH).max(1));
+            if n == 1_000 {
+                assert!(pieces[0].len() * 20 < whole.len(), "{}", pieces[0].len());
+            }
+        }
+    }
+
     #[test]
     fn the_ring_forgets_the_oldest_and_its_index() {
         let log = DecisionLog::new(3);

@@ -34,6 +34,7 @@ mod rollout;
 mod routing;
 mod safe_mode;
 mod safeguards;
+mod slow_clients;
 mod speculation;
 mod streams;
 mod tracing;
