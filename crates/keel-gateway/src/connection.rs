@@ -160,7 +160,8 @@ impl Http {
                 serve_connection(conn, watcher, None).await
             }
             Version::H2 => {
-                let io = client_write::Watched::new(tcp, limit.clone(), client.clone());
+                let heads = crate::h2_head::HeadWatch::new(tcp, self.head);
+                let io = client_write::Watched::new(heads, limit.clone(), client.clone());
                 let streams = Streams::new(limit, client);
                 let h2 = self.h2(StreamExec {
                     streams: streams.clone(),

@@ -216,3 +216,29 @@ async fn an_idle_http2_connection_is_closed_at_the_idle_timeout() {
     // GOAWAY: the client may open no stream on it any more.
     assert!(client.ready().await.is_err());
 }
+
+/// An HTTP/2 request head must arrive whole within the header-read timeout of its first
+/// frame: a HEADERS frame without END_HEADERS whose CONTINUATION never comes closes the
+/// connection (the idle timeout, far longer, does not apply: a head is on its way).
+#[tokio::test]
+async fn an_http2_head_that_never_ends_closes_the_connection_at_the_header_read_timeout() {
+    let h = Harness::openai(
+        1,
+        1,
+        "header_read_timeout_ms = 300\nidle_timeout_ms = 600000",
+        "",
+    )
+    .await;
+    let mut tcp = TcpStream::connect(h.addr).await.unwrap();
+    let mut opening = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    // An empty SETTINGS frame, then HEADERS (`:method GET`, indexed) without END_HEADERS.
+    opening.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+    opening.extend_from_slice(&[0, 0, 1, 0x1, 0x1, 0, 0, 0, 1, 0x82]);
+    tcp.write_all(&opening).await.unwrap();
+    let mut seen = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut seen)).await;
+    assert!(
+        read.is_ok(),
+        "a head without its end held the connection 10 s (header-read timeout 300 ms)"
+    );
+}
