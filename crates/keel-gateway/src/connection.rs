@@ -15,6 +15,13 @@
 //! keep-alive connection after 10 s of quiet, and a client whose pool keeps connections longer
 //! (reqwest's and Go's 90 s, a load balancer's 60 s) raced the close: a request written as the
 //! connection closed failed without a response. [`HeadTimer`] gives hyper's timer both meanings.
+//!
+//! HTTP/2 has neither setting in hyper. An h2c connection with no open stream for
+//! `idle_timeout_ms` is sent GOAWAY (keep-alive pings alone do not keep it: a client that
+//! answers them would otherwise hold it for ever), and a request head must arrive whole within
+//! `header_read_timeout_ms` of its first frame (`h2_head`). Both versions' sockets, and each
+//! HTTP/2 stream, are held to `client_write_timeout_ms` (`client_write`). Graceful shutdown
+//! (`graceful`) and the idle close both ask hyper's connection to finish.
 
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
@@ -45,7 +52,7 @@ const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const H2_MAX_STREAMS: u32 = 200;
 
 /// Streams an HTTP/2 client may open and reset before keel accepted them (the rapid-reset
-/// attack); hyper's default is unbounded in h2's own sense (20 by h2's default, kept here).
+/// attack): h2's own default, stated.
 const H2_MAX_PENDING_RESETS: usize = 20;
 
 /// Largest request head an HTTP/2 client may send (decoded), as hyper's HTTP/1.1 read buffer

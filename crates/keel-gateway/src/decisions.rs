@@ -476,7 +476,10 @@ mod tests {
                 .map(|i| Arc::new(record(&format!("r{i}"), "p", "direct")))
                 .collect();
             let whole = serde_json::to_string(
-                &records.iter().map(|r| &**r).collect::<Vec<&DecisionRecord>>(),
+                &records
+                    .iter()
+                    .map(|r| &**r)
+                    .collect::<Vec<&DecisionRecord>>(),
             )
             .unwrap();
             let mut body = document(records).into_body();

@@ -1,6 +1,7 @@
 //! The HTTP server: accept loop (each connection served by [`crate::connection`]: HTTP/1.1 and
-//! h2c, a header-read timeout so slow clients cannot hold connections), graceful shutdown with a
-//! drain deadline, and routing.
+//! h2c, a header-read timeout so slow clients cannot hold connections; at most
+//! `max_connections` open, see [`crate::conn_limit`]), graceful shutdown with a drain deadline,
+//! and routing.
 
 use std::convert::Infallible;
 use std::future::Future;

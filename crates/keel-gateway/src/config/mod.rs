@@ -303,9 +303,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
             .value("idle_timeout_ms", issues)
             .unwrap_or(DEFAULT_IDLE_TIMEOUT_MS),
         body_read_timeout_ms: t.value("body_read_timeout_ms", issues).unwrap_or(30_000),
-        client_write_timeout_ms: t
-            .value("client_write_timeout_ms", issues)
-            .unwrap_or(30_000),
+        client_write_timeout_ms: t.value("client_write_timeout_ms", issues).unwrap_or(30_000),
         max_connections: max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
         max_upstream_body_bytes: t
             .value("max_upstream_body_bytes", issues)
