@@ -143,3 +143,21 @@ async fn an_http2_stream_without_window_is_reset_and_frees_the_key_slot() {
     assert!(!driving.is_finished(), "the connection itself stays open");
     drop(unread);
 }
+
+/// keel's own answers are held to the write timeout too: a client that asks for large admin
+/// documents (pipelined) and reads none of them loses its connection, counted.
+#[tokio::test]
+async fn a_client_that_reads_no_admin_answers_is_cut_at_the_write_timeout() {
+    let h = Harness::openai(1, 1, "client_write_timeout_ms = 300", "").await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut tcp = socket.connect(h.addr).await.unwrap();
+    // 100 answers of the OpenAPI document: megabytes nobody reads.
+    let requests = "GET /keel/openapi.json HTTP/1.1\r\nhost: keel\r\n\r\n".repeat(100);
+    tcp.write_all(requests.as_bytes()).await.unwrap();
+    wait_for!(
+        "the write timeout to cut the reader",
+        write_timeouts(&h, "http1").await >= 1.0
+    );
+    drop(tcp);
+}
