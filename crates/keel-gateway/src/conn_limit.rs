@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use keel_core::protocol::{error_body, ErrorKind, Protocol};
 use metrics::{Counter, Gauge};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -41,8 +40,9 @@ pub struct ConnLimit {
     refusing: AtomicUsize,
     open_gauge: Gauge,
     refused: Counter,
-    /// The whole refusal, head and body.
-    refusal: Bytes,
+    /// The refusal's head but for its request id, and its body.
+    refusal_head: String,
+    refusal_body: String,
 }
 
 /// One open connection's place under the cap, freed when dropped.
@@ -60,8 +60,9 @@ impl ConnLimit {
             ),
         )
         .to_string();
-        let refusal = format!(
-            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
+        // keel's own answers carry its headers (as `delivery::keel_headers` sets them).
+        let refusal_head = format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\nx-keel-route: unavailable\r\nx-keel-variant: none\r\nx-keel-attempts: 0\r\n",
             body.len()
         );
         Arc::new(ConnLimit {
@@ -70,7 +71,8 @@ impl ConnLimit {
             refusing: AtomicUsize::new(0),
             open_gauge: metrics.gauge("keel_connections_open", &[]),
             refused: metrics.counter("keel_connections_refused_total", &[]),
-            refusal: Bytes::from(refusal),
+            refusal_head,
+            refusal_body: body,
         })
     }
 
@@ -95,9 +97,16 @@ impl ConnLimit {
             return;
         }
         let limit = self.clone();
+        let mut answer = format!(
+            "{}x-keel-request-id: {}\r\n\r\n",
+            self.refusal_head,
+            crate::request_id::new()
+        )
+        .into_bytes();
+        answer.extend_from_slice(self.refusal_body.as_bytes());
         tokio::spawn(async move {
             let _ = tokio::time::timeout(REFUSAL_TIME, async {
-                tcp.write_all(&limit.refusal).await?;
+                tcp.write_all(&answer).await?;
                 tcp.shutdown().await?;
                 let mut drained = 0;
                 let mut buf = [0u8; 4096];

@@ -158,6 +158,7 @@ async fn a_connection_past_the_cap_is_refused_with_503_and_the_open_ones_keep_wo
     let head = format!("{}\r\n", head.to_ascii_lowercase());
     assert!(head.contains("\r\nretry-after: 1\r\n"), "{head}");
     assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+    assert!(head.contains("\r\nx-keel-request-id: "), "{head}");
     let error: serde_json::Value = serde_json::from_str(body).unwrap();
     assert!(
         error["error"]["message"]
