@@ -144,6 +144,9 @@ pub struct RequestLog {
     pub cache: &'static str,
     /// For a hit: the request whose answer was replayed.
     pub cached_from: Option<String>,
+    /// The client's connection or stream: a request it lost to the write timeout ends as
+    /// `client_write_timeout` rather than `cancelled` (see `client_write`).
+    client: Option<Arc<crate::client_write::ClientWrites>>,
     done: bool,
 }
 
@@ -184,6 +187,7 @@ impl RequestLog {
             health_of: None,
             cache: "bypass",
             cached_from: None,
+            client: crate::client_write::current(),
             done: false,
         }
     }
@@ -207,12 +211,20 @@ impl RequestLog {
     }
 
     /// Records the request's end: `outcome` is `ok`, `client_error`, `error`, `incomplete` or
-    /// `cancelled`; `detail` says why when it is not `ok`.
+    /// `cancelled` (`client_write_timeout` when the client was cut for taking no bytes);
+    /// `detail` says why when it is not `ok`.
     pub fn finish(&mut self, outcome: &'static str, detail: Option<&str>) {
         if self.done {
             return;
         }
         self.done = true;
+        let (outcome, detail) = match outcome {
+            "cancelled" if self.client.as_ref().is_some_and(|c| c.timed_out()) => (
+                "client_write_timeout",
+                Some("the client took no response bytes for client_write_timeout_ms"),
+            ),
+            _ => (outcome, detail),
+        };
         let elapsed = self.started.elapsed();
         self.count(outcome, elapsed);
         if let Some(p) = &self.health_of {

@@ -17,11 +17,18 @@
 //! keep-alive connection after 10 s of quiet, and a client whose pool keeps connections longer
 //! (reqwest's and Go's 90 s, a load balancer's 60 s) raced the close: a request written as the
 //! connection closed failed without a response. [`HeadTimer`] gives hyper's timer both meanings.
+//!
+//! HTTP/2 has neither setting in hyper. An h2c connection with no open stream for
+//! `idle_timeout_ms` is sent GOAWAY (keep-alive pings alone do not keep it: a client that
+//! answers them would otherwise hold it for ever), and a request head must arrive whole within
+//! `header_read_timeout_ms` of its first frame (`h2_head`). Both versions' sockets, and each
+//! HTTP/2 stream, are held to `client_write_timeout_ms` (`client_write`). Graceful shutdown
+//! (`graceful`) and the idle close both ask hyper's connection to finish.
 
 use std::convert::Infallible;
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::io::IoSlice;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -32,25 +39,42 @@ use hyper::body::Incoming;
 use hyper::rt::{Sleep, Timer};
 use hyper::server::conn::{http1, http2};
 use hyper::service::Service;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::Watcher;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::client_write::{self, ClientWrites, Limit, Scoped, StreamExec, StreamService, Streams};
+use crate::graceful::Watcher;
 use crate::Body;
 
 /// What an h2c client with prior knowledge sends first (RFC 9113, 3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// Streams an HTTP/2 client may have open at once (hyper's default too; nginx allows 128).
+const H2_MAX_STREAMS: u32 = 200;
+
+/// Streams an HTTP/2 client may open and reset before keel accepted them (the rapid-reset
+/// attack): h2's own default, stated.
+const H2_MAX_PENDING_RESETS: usize = 20;
+
+/// Largest request head an HTTP/2 client may send (decoded), as hyper's HTTP/1.1 read buffer
+/// bounds a request head there (hyper's HTTP/2 default, stated).
+const H2_MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+
 /// The HTTP settings every client connection is served with.
 pub struct Http {
     h1: http1::Builder,
-    h2: http2::Builder<TokioExecutor>,
     /// How long a connection may take to send its first bytes, and a request head to arrive
     /// from its first byte (`header_read_timeout_ms`).
     head: Duration,
-    /// How long an HTTP/1.1 connection may wait idle for its next request (`idle_timeout_ms`).
+    /// How long a connection may wait idle for its next request (`idle_timeout_ms`): an
+    /// HTTP/1.1 one between requests, an HTTP/2 one with no open stream.
     idle: Duration,
+    /// How long a client may take no response bytes while keel has some for it
+    /// (`client_write_timeout_ms`; `None` when 0, off).
+    write: Option<Duration>,
+    /// `keel_client_write_timeouts_total` for HTTP/1.1 and for HTTP/2.
+    write_timeouts: [metrics::Counter; 2],
 }
 
 /// HTTP/1.1, or HTTP/2 (h2c by prior knowledge, or h2 by ALPN over TLS).
@@ -61,25 +85,59 @@ pub enum Version {
 }
 
 impl Http {
-    pub fn new(header_read_timeout: Duration, idle_timeout: Duration) -> Http {
+    pub fn new(
+        header_read_timeout: Duration,
+        idle_timeout: Duration,
+        client_write_timeout: Option<Duration>,
+        metrics: &crate::metrics::Metrics,
+    ) -> Http {
         let mut h1 = http1::Builder::new();
         // hyper's deadline for a head, which [`HeadTimer`] (set per connection) stretches to
         // the idle timeout until a byte arrives.
         h1.header_read_timeout(header_read_timeout).keep_alive(true);
-        let mut h2 = http2::Builder::new(TokioExecutor::new());
-        h2.timer(TokioTimer::new())
-            .keep_alive_interval(Some(Duration::from_secs(30)));
+        let counter = |protocol| {
+            metrics.counter(
+                "keel_client_write_timeouts_total",
+                &[("protocol", protocol)],
+            )
+        };
         Http {
             h1,
-            h2,
             head: header_read_timeout,
             idle: idle_timeout,
+            write: client_write_timeout.filter(|d| !d.is_zero()),
+            write_timeouts: [counter("http1"), counter("http2")],
         }
     }
 
     /// How long a connection may take to send its first bytes (a TLS handshake included).
     pub fn header_read_timeout(&self) -> Duration {
         self.head
+    }
+
+    fn limit(&self, version: &Version) -> Option<Limit> {
+        let counter = match version {
+            Version::H1 => &self.write_timeouts[0],
+            Version::H2 => &self.write_timeouts[1],
+        };
+        self.write.map(|after| Limit {
+            after,
+            counter: counter.clone(),
+        })
+    }
+
+    /// hyper's HTTP/2 settings, for one connection's executor.
+    fn h2(&self, exec: StreamExec) -> http2::Builder<StreamExec> {
+        let mut h2 = http2::Builder::new(exec);
+        // A client that stops answering pings is gone; one that answers them but opens no
+        // stream is closed at the idle timeout (see [`serve_connection`]).
+        h2.timer(TokioTimer::new())
+            .keep_alive_interval(Some(Duration::from_secs(30)))
+            .keep_alive_timeout(Duration::from_secs(20))
+            .max_concurrent_streams(H2_MAX_STREAMS)
+            .max_pending_accept_reset_streams(H2_MAX_PENDING_RESETS)
+            .max_header_list_size(H2_MAX_HEADER_LIST_BYTES);
+        h2
     }
 
     /// Serves `tcp` until it closes (or, once `watcher`'s shutdown starts, until its requests
@@ -111,8 +169,10 @@ impl Http {
             + 'static,
         S::Future: Send + 'static,
     {
-        // Errors here are the connection's (a reset, a malformed head hyper answered itself):
-        // nothing is left to tell its client.
+        let client = Arc::new(ClientWrites::default());
+        let limit = self.limit(&version);
+        // Errors here are the connection's (a reset, a malformed head hyper answered itself,
+        // a client that took no bytes for the write timeout): nothing is left to tell it.
         let _ = match version {
             Version::H1 => {
                 let reads = Arc::new(AtomicU64::new(0));
@@ -122,15 +182,135 @@ impl Http {
                     head: self.head,
                     idle: self.idle,
                 });
-                let io = TokioIo::new(Counted { io, reads });
-                watcher.watch(h1.serve_connection(io, svc)).await
+                let io = client_write::Watched::new(Counted { io, reads }, limit, client.clone());
+                let svc = Scoped { svc, client };
+                let conn = h1.serve_connection(TokioIo::new(io), svc);
+                serve_connection(conn, watcher, None).await
             }
             Version::H2 => {
-                let io = TokioIo::new(io);
-                watcher.watch(self.h2.serve_connection(io, svc)).await
+                let heads = crate::h2_head::HeadWatch::new(io, self.head);
+                let io = client_write::Watched::new(heads, limit.clone(), client.clone());
+                let streams = Streams::new(limit, client);
+                let h2 = self.h2(StreamExec {
+                    streams: streams.clone(),
+                });
+                let svc = StreamService {
+                    svc,
+                    streams: streams.clone(),
+                };
+                let conn = h2.serve_connection(TokioIo::new(io), svc);
+                let idle = IdleClose {
+                    streams,
+                    idle: self.idle,
+                    grace: self.head,
+                };
+                serve_connection(conn, watcher, Some(idle)).await
             }
         };
     }
+}
+
+/// A hyper server connection that can be asked to finish gracefully.
+trait Graceful: Future<Output = Result<(), hyper::Error>> {
+    /// HTTP/1.1: close after the response in flight; HTTP/2: GOAWAY, then close once the open
+    /// streams are done.
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+impl<I, B, S> Graceful for http1::Connection<I, S>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http1::Connection::graceful_shutdown(self);
+    }
+}
+
+impl<I, B, S, E> Graceful for http2::Connection<I, S, E>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http2::Connection::graceful_shutdown(self);
+    }
+}
+
+/// When an HTTP/2 connection closes for want of streams: hyper has no idle timeout for
+/// HTTP/2, and a client that answers keep-alive pings would otherwise hold its connection
+/// (a task, buffers, a descriptor) for ever without sending a request.
+struct IdleClose {
+    streams: Arc<Streams>,
+    /// No open stream for this long: GOAWAY.
+    idle: Duration,
+    /// After GOAWAY, how long the connection may take to close before it is dropped (a
+    /// stream whose last bytes the client never takes would hold it open).
+    grace: Duration,
+}
+
+/// Drives `conn` to its end: gracefully once `watcher`'s shutdown begins, or (HTTP/2) once it
+/// has had no open stream for `idle`'s timeout.
+async fn serve_connection<C: Graceful>(
+    conn: C,
+    mut watcher: Watcher,
+    idle: Option<IdleClose>,
+) -> Result<(), hyper::Error> {
+    let mut conn = pin!(conn);
+    let mut shutdown = pin!(watcher.started());
+    let mut closing = false;
+    // The idle deadline while no stream is open; after GOAWAY, the deadline to close by.
+    let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let mut armed = false;
+    poll_fn(|cx| loop {
+        if let Poll::Ready(r) = conn.as_mut().poll(cx) {
+            return Poll::Ready(r);
+        }
+        if closing {
+            return match timer.as_mut().map(|t| t.as_mut().poll(cx)) {
+                Some(Poll::Ready(())) => Poll::Ready(Ok(())),
+                _ => Poll::Pending,
+            };
+        }
+        if shutdown.as_mut().poll(cx).is_ready() {
+            closing = true;
+            timer = None;
+            conn.as_mut().graceful_shutdown();
+            continue;
+        }
+        let Some(idle) = &idle else {
+            return Poll::Pending;
+        };
+        if !idle.streams.poll_none_open(cx) {
+            armed = false;
+            return Poll::Pending;
+        }
+        if !armed {
+            armed = true;
+            let until = tokio::time::Instant::now() + idle.idle;
+            match &mut timer {
+                Some(t) => t.as_mut().reset(until),
+                None => timer = Some(Box::pin(tokio::time::sleep_until(until))),
+            }
+        }
+        match timer.as_mut().map(|t| t.as_mut().poll(cx)) {
+            Some(Poll::Ready(())) => {
+                closing = true;
+                let until = tokio::time::Instant::now() + idle.grace;
+                timer = Some(Box::pin(tokio::time::sleep_until(until)));
+                conn.as_mut().graceful_shutdown();
+            }
+            _ => return Poll::Pending,
+        }
+    })
+    .await
 }
 
 /// hyper's timer for one HTTP/1.1 connection. hyper asks it for one deadline only, the

@@ -372,6 +372,87 @@ impl RequestLog {
     }
 }
 
+/// Records serialized per poll of a [`document`] body: about 2 KiB each (see the module's
+/// memory notes), so a batch is some 64 KiB, a few writes' worth.
+const DOCUMENT_BATCH: usize = 32;
+
+/// `GET /keel/decisions`'s answer: `records` as a JSON array, serialized a batch at a time as
+/// the body is polled. Whole, `limit=1000` of large records was a document of megabytes per
+/// request, held in full by a client that never read it; streamed, an unread answer holds one
+/// batch (and the records, which the ring shares).
+pub fn document(records: Vec<Arc<DecisionRecord>>) -> http::Response<crate::Body> {
+    use http_body_util::BodyExt;
+    let body = Document {
+        records: records.into_iter(),
+        opened: false,
+        written: false,
+        done: false,
+    };
+    let mut resp = http::Response::new(body.boxed());
+    *resp.headers_mut() = crate::body::response_headers();
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// The body of [`document`].
+struct Document {
+    records: std::vec::IntoIter<Arc<DecisionRecord>>,
+    opened: bool,
+    /// A record is in the array already (the next one needs a comma).
+    written: bool,
+    done: bool,
+}
+
+impl Document {
+    /// The next piece of the array: its opening with the first batch, a batch, or the last one
+    /// with its closing.
+    fn next_batch(&mut self) -> bytes::Bytes {
+        let mut out = Vec::with_capacity(DOCUMENT_BATCH * 2048);
+        if !self.opened {
+            self.opened = true;
+            out.push(b'[');
+        }
+        for r in self.records.by_ref().take(DOCUMENT_BATCH) {
+            let mark = out.len();
+            if self.written {
+                out.push(b',');
+            }
+            // A record that cannot be written (none should) is left out, not half written.
+            match serde_json::to_writer(&mut out, &*r) {
+                Ok(()) => self.written = true,
+                Err(_) => out.truncate(mark),
+            }
+        }
+        if self.records.len() == 0 {
+            self.done = true;
+            out.push(b']');
+        }
+        bytes::Bytes::from(out)
+    }
+}
+
+impl http_body::Body for Document {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, std::io::Error>>> {
+        if self.done {
+            return std::task::Poll::Ready(None);
+        }
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(self.next_batch()))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,6 +463,39 @@ mod tests {
             pool: pool.into(),
             route,
             ..Default::default()
+        }
+    }
+
+    /// The streamed answer is the whole document, byte for byte, and an unread one holds a
+    /// batch: its first piece is a small part of it.
+    #[test]
+    fn the_document_is_streamed_a_batch_at_a_time() {
+        use http_body_util::BodyExt;
+        for n in [0, 1, DOCUMENT_BATCH, DOCUMENT_BATCH + 1, 1_000] {
+            let records: Vec<Arc<DecisionRecord>> = (0..n)
+                .map(|i| Arc::new(record(&format!("r{i}"), "p", "direct")))
+                .collect();
+            let whole = serde_json::to_string(
+                &records
+                    .iter()
+                    .map(|r| &**r)
+                    .collect::<Vec<&DecisionRecord>>(),
+            )
+            .unwrap();
+            let mut body = document(records).into_body();
+            let mut pieces = Vec::new();
+            futures_util::FutureExt::now_or_never(async {
+                while let Some(frame) = body.frame().await {
+                    pieces.push(frame.unwrap().into_data().unwrap());
+                }
+            })
+            .expect("a document needs no waiting");
+            let streamed: Vec<u8> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
+            assert_eq!(String::from_utf8(streamed).unwrap(), whole, "{n} records");
+            assert_eq!(pieces.len(), n.div_ceil(DOCUMENT_BATCH).max(1));
+            if n == 1_000 {
+                assert!(pieces[0].len() * 20 < whole.len(), "{}", pieces[0].len());
+            }
         }
     }
 

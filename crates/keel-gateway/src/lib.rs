@@ -23,7 +23,9 @@ pub mod body;
 pub mod cache;
 pub mod canary;
 pub mod capacity;
+pub mod client_write;
 pub mod config;
+pub mod conn_limit;
 pub mod connection;
 pub mod consensus;
 pub mod context;
@@ -36,6 +38,8 @@ pub mod events;
 pub mod execution;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod graceful;
+pub mod h2_head;
 pub mod hooks;
 pub mod keys;
 pub mod live;

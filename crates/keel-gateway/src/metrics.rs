@@ -24,6 +24,9 @@
 //! | `keel_health_state` | pool | the pool's health colour: 0 green, 1 yellow, 2 red (see `safe_mode`) |
 //! | `keel_safe_mode` | pool | 1 while the pool is in safe mode |
 //! | `keel_requests_in_flight` | | requests being served now |
+//! | `keel_client_write_timeouts_total` | protocol | requests (HTTP/1.1: connections, HTTP/2: streams or connections) dropped because the client took no response bytes for `client_write_timeout_ms` |
+//! | `keel_connections_open` | | client connections open now |
+//! | `keel_connections_refused_total` | | client connections answered 503 and closed because `max_connections` were open |
 //! | `keel_ratelimited_total` | key, kind | keyed requests refused by a limit (`requests`, `tokens`, `concurrency`, `budget`) |
 //! | `keel_tokens_total` | key, direction | tokens a key's requests used (`input`, `output`), at reconciliation |
 //! | `keel_spend_total` | key | USD a key's requests cost (a gauge that only grows: Prometheus counters are integers here) |
@@ -61,7 +64,8 @@
 //! | `keel_cache_semantic_distance` | pool | summary: cosine distance of semantic-mode hits |
 //!
 //! `outcome` of a request is one of `ok`, `client_error` (4xx), `error` (keel could not serve:
-//! 5xx), `incomplete` (a stream that failed after its first byte), `cancelled` (client went away).
+//! 5xx), `incomplete` (a stream that failed after its first byte), `cancelled` (client went away),
+//! `client_write_timeout` (the client took no response bytes for `client_write_timeout_ms`).
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;

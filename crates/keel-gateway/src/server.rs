@@ -1,6 +1,7 @@
 //! The HTTP server: accept loop (each connection served by [`crate::connection`]: HTTP/1.1 and
 //! h2c, or HTTPS through [`crate::tls`] with `[tls]`; a header-read timeout so slow clients
-//! cannot hold connections), graceful shutdown with a drain deadline, and routing.
+//! cannot hold connections; at most `max_connections` open, see [`crate::conn_limit`]), graceful
+//! shutdown with a drain deadline, and routing.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,7 +12,6 @@ use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::server::graceful::GracefulShutdown;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -22,12 +22,14 @@ use crate::access_log::RequestLog;
 use crate::cache::{self, Lookup};
 use crate::capacity::{Throttle, ThrottleReason};
 use crate::config::KeyConfig;
+use crate::conn_limit::ConnLimit;
 use crate::connection::Http;
 use crate::context::{ClientApi, Priority};
 use crate::decisions::Draft;
 use crate::delivery;
 use crate::errors::GatewayError;
 use crate::execution::Outcome;
+use crate::graceful::GracefulShutdown;
 use crate::live::Live;
 use crate::pools::Pool;
 use crate::routes::{self, Plane, Resolved, Target};
@@ -130,7 +132,10 @@ pub async fn serve_live(
     let http = Arc::new(Http::new(
         Duration::from_millis(first.cfg.header_read_timeout_ms),
         Duration::from_millis(first.cfg.idle_timeout_ms),
+        Some(Duration::from_millis(first.cfg.client_write_timeout_ms)),
+        &first.metrics,
     ));
+    let connections = ConnLimit::new(first.cfg.max_connections, &first.metrics);
     tokio::pin!(shutdown);
     live.start_tasks();
     live.watch_source();
@@ -149,6 +154,10 @@ pub async fn serve_live(
                 continue;
             }
         };
+        let Some(slot) = connections.take() else {
+            connections.refuse(tcp);
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         // The certificate of the generation current at accept (a reload rotates it for the
         // connections that follow).
@@ -159,10 +168,14 @@ pub async fn serve_live(
         // Taken here, not in the task: a shutdown that starts while the connection's first
         // bytes are awaited still waits for it (and tells it to close).
         let watcher = graceful.watcher();
-        match tls {
-            Some(tls) => tokio::spawn(crate::tls::serve(http.clone(), tls, tcp, svc, watcher)),
-            None => tokio::spawn(http.clone().serve(tcp, svc, watcher)),
-        };
+        let http = http.clone();
+        tokio::spawn(async move {
+            match tls {
+                Some(tls) => crate::tls::serve(http, tls, tcp, svc, watcher).await,
+                None => http.serve(tcp, svc, watcher).await,
+            }
+            drop(slot);
+        });
     }
     let process = first.process.clone();
     process.begin_drain();
@@ -312,11 +325,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>, serves: Serves) -> Resp
         Resolved::Route(Target::Health, _) => health(&gw),
         Resolved::Route(Target::Decisions, _) => {
             match crate::decisions::Query::parse(req.uri().query()) {
-                Ok(q) => {
-                    let found = gw.decision_log().query(&q);
-                    let records: Vec<&DecisionRecord> = found.iter().map(|r| &**r).collect();
-                    json(serde_json::to_string(&records).unwrap_or_else(|_| "[]".into()))
-                }
+                Ok(q) => crate::decisions::document(gw.decision_log().query(&q)),
                 Err(m) => {
                     GatewayError::new(ErrorKind::InvalidRequest, format!("/keel/decisions: {m}"))
                         .to_response(Protocol::OpenAi)

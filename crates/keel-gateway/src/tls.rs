@@ -21,10 +21,10 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use crate::graceful::Watcher;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::Service;
-use hyper_util::server::graceful::Watcher;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};

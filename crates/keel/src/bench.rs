@@ -41,6 +41,10 @@ pub enum BenchCommand {
         /// Extra lines for keel's pool table, e.g. "assemble_non_streaming = false".
         #[arg(long, default_value = "")]
         keel_pool: String,
+        /// Extra top-level lines for keel's config, e.g. "client_write_timeout_ms = 0" (to
+        /// compare keel with a setting and without it, run by run).
+        #[arg(long, default_value = "")]
+        keel_top: String,
         /// Skip the ramp that finds each gateway's highest sustainable rate.
         #[arg(long)]
         no_max_rate: bool,
@@ -177,6 +181,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             out,
             keel_threads,
             keel_pool,
+            keel_top,
             no_max_rate,
             no_pin,
             translated,
@@ -193,6 +198,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
                 contenders,
                 keel_threads,
                 keel_pool,
+                keel_top,
                 max_rate: !no_max_rate,
                 pin: !no_pin,
                 out,

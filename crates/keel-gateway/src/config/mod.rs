@@ -73,6 +73,12 @@ const DEFAULT_IDLE_TIMEOUT_MS: u64 = 300_000;
 /// backlog at `net.core.somaxconn`, 4096 by default since 5.4.
 const DEFAULT_LISTEN_BACKLOG: u32 = 4096;
 
+/// Client connections open at once, by default: far above what one process serves well (a
+/// live stream holds a few KB of keel's memory and a descriptor), far below the descriptor
+/// limits a service is given (65,536 and up), so that refusing is what happens past it, not
+/// `accept` failing for every client alike.
+const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -96,6 +102,11 @@ pub struct Config {
     pub idle_timeout_ms: u64,
     /// The whole request body must arrive within this (slow bodies get 408).
     pub body_read_timeout_ms: u64,
+    /// How long a client may take no response bytes while keel has some for it before its
+    /// request is dropped (its connection, or its HTTP/2 stream); 0 turns the check off.
+    pub client_write_timeout_ms: u64,
+    /// Client connections open at once; past it a new one is answered 503 and closed.
+    pub max_connections: usize,
     /// Largest whole (non-streamed) upstream response body; more is a `malformed` failure.
     pub max_upstream_body_bytes: usize,
     /// Largest single SSE event from an upstream; more is a `malformed` failure.
@@ -266,6 +277,7 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
         }
     };
     let listen_backlog = at_least_one(t.get::<u32>("listen_backlog", issues), issues);
+    let max_connections = at_least_one(t.get::<usize>("max_connections", issues), issues);
     let max_attempts = at_least_one(t.get::<u32>("max_attempts", issues), issues).unwrap_or(3);
     let worker_threads = at_least_one(t.get::<usize>("worker_threads", issues), issues);
     let decisions_kept = at_least_one(t.get::<usize>("decisions_kept", issues), issues);
@@ -330,6 +342,8 @@ fn read_top(mut t: Table, env: &HashMap<String, String>, issues: &mut Issues) ->
             .value("idle_timeout_ms", issues)
             .unwrap_or(DEFAULT_IDLE_TIMEOUT_MS),
         body_read_timeout_ms: t.value("body_read_timeout_ms", issues).unwrap_or(30_000),
+        client_write_timeout_ms: t.value("client_write_timeout_ms", issues).unwrap_or(30_000),
+        max_connections: max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
         max_upstream_body_bytes: t
             .value("max_upstream_body_bytes", issues)
             .unwrap_or(64 * 1024 * 1024),

@@ -74,6 +74,8 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(c.header_read_timeout_ms, 10_000);
     assert_eq!(c.idle_timeout_ms, 300_000);
     assert_eq!(c.body_read_timeout_ms, 30_000);
+    assert_eq!(c.client_write_timeout_ms, 30_000);
+    assert_eq!(c.max_connections, 10_000);
     assert_eq!(c.max_upstream_body_bytes, 64 * 1024 * 1024);
     assert_eq!(c.max_sse_event_bytes, 4 * 1024 * 1024);
     assert_eq!(c.drain_ms, 30_000);

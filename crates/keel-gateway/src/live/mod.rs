@@ -260,6 +260,12 @@ impl Live {
         if cfg.idle_timeout_ms != old.cfg.idle_timeout_ms {
             restart_only.push("idle_timeout_ms");
         }
+        if cfg.client_write_timeout_ms != old.cfg.client_write_timeout_ms {
+            restart_only.push("client_write_timeout_ms");
+        }
+        if cfg.max_connections != old.cfg.max_connections {
+            restart_only.push("max_connections");
+        }
         for w in &cfg.warnings {
             tracing::warn!("{w}");
         }

@@ -60,7 +60,7 @@ const ERROR_STATUSES: &[(&str, &str)] = &[
     ("429", "The pool's wait line is full of requests of the same or higher priority (`x-keel-priority`), or one of higher priority took this one's place; `retry-after` says when to try again, from the measured drain rate."),
     ("500", "keel failed while handling the request (a bug; reported in keel's log)."),
     ("502", "Every attempt failed: the model servers answered with errors, broke the connection or sent invalid responses."),
-    ("503", "Every variant of the pool is cooling down, loading its model, or at its concurrency limit and the request's expected wait in line is longer than it may wait (`queue_ms`, its deadline); `retry-after` says when to try again."),
+    ("503", "Every variant of the pool is cooling down, loading its model, or at its concurrency limit and the request's expected wait in line is longer than it may wait (`queue_ms`, its deadline); `retry-after` says when to try again. Also the answer to a new connection while `max_connections` are open (HTTP/1.1, `retry-after: 1`, `connection: close`)."),
     ("504", "The request's deadline (the pool's `total_ms`, or `x-keel-timeout-ms`) passed before an answer."),
 ];
 

@@ -134,3 +134,112 @@ async fn a_burst_of_connections_waits_in_the_listen_queue() {
     assert_eq!(held, burst, "of {burst} connections, {held} completed");
     drop(listener);
 }
+
+/// Past `max_connections` a new connection is answered at once (503 in OpenAI's error shape,
+/// `retry-after: 1`, `connection: close`) and closed, and counted; the connections already open
+/// keep being served.
+#[tokio::test]
+async fn a_connection_past_the_cap_is_refused_with_503_and_the_open_ones_keep_working() {
+    let (h, mut first) = answered_once("max_connections = 2").await;
+    let mut second = TcpStream::connect(h.addr).await.unwrap();
+    second.write_all(HEALTH).await.unwrap();
+    assert_eq!(response(&mut second).await, "HTTP/1.1 200 OK");
+
+    let mut third = TcpStream::connect(h.addr).await.unwrap();
+    third.write_all(HEALTH).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), third.read_to_end(&mut answer))
+        .await
+        .expect("the refusal, then the close")
+        .unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a whole answer");
+    assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+    let head = format!("{}\r\n", head.to_ascii_lowercase());
+    assert!(head.contains("\r\nretry-after: 1\r\n"), "{head}");
+    assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+    assert!(head.contains("\r\nx-keel-request-id: "), "{head}");
+    let error: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_connections = 2"),
+        "{error}"
+    );
+
+    for tcp in [&mut first, &mut second] {
+        tcp.write_all(HEALTH).await.unwrap();
+        assert_eq!(response(tcp).await, "HTTP/1.1 200 OK");
+    }
+    let metrics = h.gw.metrics.render();
+    assert_eq!(
+        parse_metric(&metrics, "keel_connections_refused_total", &[]),
+        1.0
+    );
+    assert_eq!(parse_metric(&metrics, "keel_connections_open", &[]), 2.0);
+    // A closed connection frees its place.
+    drop(second);
+    wait_for!(
+        "the closed connection's place to be freed",
+        parse_metric(&h.gw.metrics.render(), "keel_connections_open", &[]) == 1.0
+    );
+    let mut fourth = TcpStream::connect(h.addr).await.unwrap();
+    fourth.write_all(HEALTH).await.unwrap();
+    assert_eq!(response(&mut fourth).await, "HTTP/1.1 200 OK");
+}
+
+/// An h2c connection with no open stream for the idle timeout is sent GOAWAY and closed,
+/// although its client answers keep-alive pings.
+#[tokio::test]
+async fn an_idle_http2_connection_is_closed_at_the_idle_timeout() {
+    let h = Harness::openai(1, 1, "idle_timeout_ms = 300", "").await;
+    let tcp = TcpStream::connect(h.addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let driving = tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let req = http::Request::get(format!("http://{}/keel/health", h.addr))
+        .body(())
+        .unwrap();
+    let (response, _) = client.send_request(req, true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let ended = tokio::time::timeout(Duration::from_secs(10), driving)
+        .await
+        .expect("an idle h2 connection outlived the idle timeout (300 ms) by 10 s")
+        .unwrap();
+    assert!(ended.is_ok(), "closed with GOAWAY, not cut: {ended:?}");
+    // GOAWAY: the client may open no stream on it any more.
+    assert!(client.ready().await.is_err());
+}
+
+/// An HTTP/2 request head must arrive whole within the header-read timeout of its first
+/// frame: a HEADERS frame without END_HEADERS whose CONTINUATION never comes closes the
+/// connection (the idle timeout, far longer, does not apply: a head is on its way).
+#[tokio::test]
+async fn an_http2_head_that_never_ends_closes_the_connection_at_the_header_read_timeout() {
+    let h = Harness::openai(
+        1,
+        1,
+        "header_read_timeout_ms = 300\nidle_timeout_ms = 600000",
+        "",
+    )
+    .await;
+    let mut tcp = TcpStream::connect(h.addr).await.unwrap();
+    let mut opening = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    // An empty SETTINGS frame, then HEADERS (`:method GET`, indexed) without END_HEADERS.
+    opening.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+    opening.extend_from_slice(&[0, 0, 1, 0x1, 0x1, 0, 0, 0, 1, 0x82]);
+    tcp.write_all(&opening).await.unwrap();
+    let mut seen = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut seen)).await;
+    assert!(
+        read.is_ok(),
+        "a head without its end held the connection 10 s (header-read timeout 300 ms)"
+    );
+}

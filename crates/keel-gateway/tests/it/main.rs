@@ -35,6 +35,7 @@ mod routing;
 mod safe_mode;
 mod safeguards;
 mod security;
+mod slow_clients;
 mod speculation;
 mod streams;
 mod tls;

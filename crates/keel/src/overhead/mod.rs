@@ -54,6 +54,8 @@ pub struct Options {
     pub contenders: Vec<String>,
     pub keel_threads: Option<usize>,
     pub keel_pool: String,
+    /// Extra top-level lines for keel's config.
+    pub keel_top: String,
     pub max_rate: bool,
     pub pin: bool,
     pub out: Option<PathBuf>,
@@ -330,7 +332,7 @@ async fn start_keel(fleet: &Fleet, o: &Options) -> Result<Target, String> {
         .map(|n| format!("worker_threads = {n}\n"))
         .unwrap_or_default();
     let toml = crate::scenario::pool_toml(fleet, "bench", &o.keel_pool);
-    let process = KeelProcess::spawn(&format!("{threads}{toml}"), None).await?;
+    let process = KeelProcess::spawn(&format!("{threads}{}\n{toml}", o.keel_top), None).await?;
     Ok(Target {
         name: "keel".into(),
         base: format!("http://127.0.0.1:{}/v1", process.port),
@@ -993,6 +995,7 @@ mod tests {
             contenders: contenders.iter().map(|c| c.to_string()).collect(),
             keel_threads: None,
             keel_pool: String::new(),
+            keel_top: String::new(),
             max_rate: true,
             pin: false,
             out: None,

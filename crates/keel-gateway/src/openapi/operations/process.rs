@@ -30,7 +30,7 @@ pub(super) fn reload() -> Value {
                             "removed": {"type": "array", "items": {"type": "string"}}
                         }
                     }},
-                    "restart_needed_for": {"type": "array", "items": {"type": "string"}, "description": "Changed settings that take effect at the next restart (`worker_threads`, `listen_backlog`, `header_read_timeout_ms`, `idle_timeout_ms`)."},
+                    "restart_needed_for": {"type": "array", "items": {"type": "string"}, "description": "Changed settings that take effect at the next restart (`worker_threads`, `listen_backlog`, `header_read_timeout_ms`, `idle_timeout_ms`, `client_write_timeout_ms`, `max_connections`)."},
                     "took_ms": {"type": "number"}
                 }
             }),
