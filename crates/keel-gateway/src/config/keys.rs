@@ -36,9 +36,12 @@ pub struct KeyConfig {
     /// Prompt normalization for the key's requests (`normalize`), over the pool's mode; a
     /// request's `x-keel-normalize` still wins where `client_normalize` allows it.
     pub normalize: Option<keel_core::normalize::Mode>,
-    /// `roles = ["ops"]`: the key may also read the operations plane (`/keel/*` reads and
+    /// `roles` has `ops`: the key may read the operations plane (`/keel/*` reads and
     /// `/metrics`: every tenant's traffic). Changing the gateway still needs the admin key.
     pub ops: bool,
+    /// `roles` has `tenant` (the default when `roles` is not written): the key may call the
+    /// data plane. A key for a metrics scraper is `roles = ["ops"]`: it can spend nothing.
+    pub tenant_role: bool,
     /// The modes the key's clients may choose with `x-keel-normalize` (`client_normalize`);
     /// replaces the pool's list when written.
     pub client_normalize: Option<Vec<keel_core::normalize::Mode>>,
@@ -230,14 +233,16 @@ pub(super) fn read_keys(
         let normalize = t
             .choice("normalize", &super::pool::NORMALIZE_MODES, issues)
             .map(|v| v.value);
-        let mut ops = false;
+        let roles_written = t.raw("roles").is_some();
+        let (mut ops, mut tenant_role) = (false, !roles_written);
         for role in t.strings("roles", issues) {
             match role.value.as_str() {
                 "ops" => ops = true,
+                "tenant" => tenant_role = true,
                 other => issues.report(
                     role.at,
                     &role.path,
-                    format!("unknown role `{other}`; the roles are: ops"),
+                    format!("unknown role `{other}`; the roles are: tenant, ops"),
                 ),
             }
         }
@@ -258,6 +263,7 @@ pub(super) fn read_keys(
             priority,
             normalize,
             ops,
+            tenant_role,
             client_normalize,
         };
         t.finish(issues);

@@ -133,10 +133,19 @@ impl Keys {
                 "missing API key: send it as `Authorization: Bearer <key>` or `x-api-key: <key>`",
             )
         })?;
-        self.find(secret)
-            .cloned()
-            .map(Some)
-            .ok_or_else(|| GatewayError::new(ErrorKind::Authentication, "invalid API key"))
+        let key = self
+            .find(secret)
+            .ok_or_else(|| GatewayError::new(ErrorKind::Authentication, "invalid API key"))?;
+        if !key.tenant_role {
+            return Err(GatewayError::new(
+                ErrorKind::Permission,
+                format!(
+                    "key `{}` is an operations key (roles = [\"ops\"]): it reads /keel and /metrics, and calls no model",
+                    key.id
+                ),
+            ));
+        }
+        Ok(Some(key.clone()))
     }
 
     /// Whether the operations plane is closed to outsiders: keys or an admin key are

@@ -132,6 +132,15 @@ async fn with_keys_the_operations_plane_answers_only_the_admin_and_ops_keys() {
         }
     }
     assert!(checked >= 12, "only {checked} operations routes checked");
+    // An operations key reads; it calls no model.
+    let r = h
+        .post_with(
+            "/v1/chat/completions",
+            &[("authorization", &format!("Bearer {OPS}"))],
+            &chat_body("hi"),
+        )
+        .await;
+    assert_eq!(r.status(), 403);
     // What the ops reader sees includes every tenant's traffic: the metrics name the keys.
     let r = keel_sim::http_client()
         .get(h.url("/metrics"))
