@@ -253,7 +253,7 @@ test("openai SDK: keel's 4xx as the SDK's error classes", async () => {
   const client = openai();
   await assert.rejects(
     client.chat.completions.create({ model: "no-such-model", messages: PROMPT }),
-    (e) => e instanceof OpenAI.NotFoundError && /no-such-model/.test(e.message) && /known models/.test(e.message),
+    (e) => e instanceof OpenAI.NotFoundError && /no-such-model/.test(e.message) && /models you may use/.test(e.message),
   );
   await assert.rejects(
     client.chat.completions.create({ model: "demo-gpt", messages: "not a list" }),
@@ -273,7 +273,7 @@ test("anthropic SDK: keel's 4xx as the SDK's error classes", async () => {
   const client = anthropic();
   await assert.rejects(
     client.messages.create({ model: "no-such-model", max_tokens: 16, messages: PROMPT }),
-    (e) => e instanceof Anthropic.NotFoundError && /no-such-model/.test(e.message) && /known models/.test(e.message),
+    (e) => e instanceof Anthropic.NotFoundError && /no-such-model/.test(e.message) && /models you may use/.test(e.message),
   );
   await assert.rejects(
     client.messages.create({ model: "demo-claude", max_tokens: -1, messages: PROMPT }),

@@ -130,6 +130,6 @@ test("openai SDK: models.list and errors", async () => {
   assert.deepEqual(models, ["demo-gpt", "gpt-4o-mini", "demo-claude", "demo-mixed", "demo-embed"]);
   await assert.rejects(
     client.chat.completions.create({ model: "no-such-model", messages: [{ role: "user", content: "hi" }] }),
-    (e) => e instanceof OpenAI.NotFoundError && /known models/.test(e.message),
+    (e) => e instanceof OpenAI.NotFoundError && /models you may use/.test(e.message),
   );
 });

@@ -39,7 +39,7 @@ def test_openai_headers_and_errors(keel_demo):
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
         raise AssertionError("expected NotFoundError")
     except openai.NotFoundError as e:
-        assert "known models" in str(e)
+        assert "models you may use" in str(e)
     models = [m.id for m in client.models.list()]
     assert models == ["demo-gpt", "gpt-4o-mini", "demo-claude", "demo-mixed", "demo-embed"]
 

@@ -393,7 +393,7 @@ def test_openai_sdk_error_types(faults):
     client = openai_client(faults)
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="no-such-model", messages=PROMPT)
-    assert "no-such-model" in e.value.message and "known models" in e.value.message
+    assert "no-such-model" in e.value.message and "models you may use" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="demo-gpt", messages="not a list")
     assert e.value.status_code == 400 and "messages" in e.value.message
@@ -412,7 +412,7 @@ def test_anthropic_sdk_error_types(faults):
     client = anthropic_client(faults)
     with pytest.raises(anthropic.NotFoundError) as e:
         client.messages.create(model="no-such-model", max_tokens=16, messages=PROMPT)
-    assert "no-such-model" in e.value.message and "known models" in e.value.message
+    assert "no-such-model" in e.value.message and "models you may use" in e.value.message
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="demo-claude", max_tokens=-1, messages=PROMPT)
     assert "max_tokens" in e.value.message
