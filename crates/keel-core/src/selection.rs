@@ -250,11 +250,23 @@ pub struct Availability {
     pub shared_cooldown_until_ms: u64,
     /// Another replica ejected the variant: a last resort only (like an ejected one) until then.
     pub shared_eject_until_ms: u64,
+    /// A client's request earned a refusal the client may have caused (a long `retry-after`):
+    /// unavailable here until then, briefly, while keel's own request confirms it. Never
+    /// reported to other replicas: one client's request must not hold a variant out for all.
+    pub unconfirmed_until_ms: u64,
 }
 
 impl Availability {
     pub fn available(&self, now_ms: u64) -> bool {
-        now_ms >= self.cooldown_until_ms && now_ms >= self.shared_cooldown_until_ms
+        now_ms >= self.cooldown_until_ms
+            && now_ms >= self.shared_cooldown_until_ms
+            && now_ms >= self.unconfirmed_until_ms
+    }
+
+    /// Holds the variant out for `for_ms` on a client's evidence alone (see
+    /// [`Availability::unconfirmed_until_ms`]).
+    pub fn hold_unconfirmed(&mut self, now_ms: u64, for_ms: u64) {
+        self.unconfirmed_until_ms = self.unconfirmed_until_ms.max(now_ms.saturating_add(for_ms));
     }
 
     /// Keeps the variant out of rotation for `for_ms`; an existing longer cooldown stays.
@@ -268,18 +280,20 @@ impl Availability {
         self.cool_down(now_ms, recheck_ms);
     }
 
-    /// A success clears the broken mark, and what other replicas said: this replica has just
-    /// seen the variant work.
+    /// A success clears the broken mark, what other replicas said and a client's unconfirmed
+    /// evidence: this replica has just seen the variant work.
     pub fn record_success(&mut self) {
         self.credential_broken = false;
         self.shared_cooldown_until_ms = 0;
         self.shared_eject_until_ms = 0;
+        self.unconfirmed_until_ms = 0;
     }
 
     /// Milliseconds until the variant is available again (0 when it is).
     pub fn available_in_ms(&self, now_ms: u64) -> u64 {
         self.cooldown_until_ms
             .max(self.shared_cooldown_until_ms)
+            .max(self.unconfirmed_until_ms)
             .saturating_sub(now_ms)
     }
 
@@ -314,6 +328,12 @@ mod tests {
         assert!(a.shared_ejected(1_500));
         assert!(!a.shared_ejected(2_000));
         assert_eq!(a.shared_hold_ms(1_500), 500);
+        a.hold_unconfirmed(0, 300);
+        assert_eq!(
+            a.cooldown_until_ms, 0,
+            "a client's evidence is not this replica's finding"
+        );
+        assert_eq!(a.available_in_ms(0), 1_000);
         a.record_success();
         assert!(a.available(0));
         assert!(!a.shared_ejected(0));

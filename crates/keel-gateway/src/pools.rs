@@ -685,6 +685,15 @@ impl Pool {
         self.update(index, |st| st.availability.cool_down(now_ms, for_ms));
     }
 
+    /// Holds the variant out briefly on a client's evidence alone, and asks keel's own request
+    /// to confirm it ([`Maintenance::Confirm`]); never shared with other replicas.
+    pub fn hold_unconfirmed(&self, index: usize, now_ms: u64, for_ms: u64) {
+        self.update(index, |st| {
+            st.availability.hold_unconfirmed(now_ms, for_ms);
+            st.confirm = true;
+        });
+    }
+
     /// The variant answered that it is still loading its model (see `VariantHealth::mark_loading`).
     pub fn mark_loading(&self, index: usize) {
         let hc = self.cfg.health;

@@ -55,8 +55,9 @@ pub const MAX_COOLDOWN_MS: u64 = 300_000;
 pub const LOADING_RETRY_AFTER_MS: u64 = 1_000;
 /// A refused connection is very likely refused again: keep the variant out briefly.
 const CONNECT_COOLDOWN_MS: u64 = 1_000;
-/// The longest a client's request alone may hold a variant out (its `retry-after` may be of
-/// the client's own making); keel's own request confirms a longer one (see `classify`).
+/// The longest a client's request alone may hold a variant out, on this replica only (its
+/// `retry-after` may be of the client's own making); keel's own request confirms a longer one
+/// (see `classify`), which is then shared.
 pub const CLIENT_EVIDENCE_COOLDOWN_MS: u64 = 1_000;
 /// Longest retry-after a "full" 429 may carry: capacity frees within a second or two, while
 /// a rate-limit quota (hosted APIs) asks for longer, and is honoured as a cooldown.
@@ -672,17 +673,17 @@ impl Attempts {
             }
             Verdict::Retry { cooldown_ms } => {
                 sample(false);
-                let mut cool = cooldown_ms.or(matches!(
+                let cool = cooldown_ms.or(matches!(
                     f,
                     AttemptFailure::Connect(_) | AttemptFailure::Refused(_)
                 )
                 .then_some(CONNECT_COOLDOWN_MS));
-                if client && cool.is_some_and(|ms| ms > CLIENT_EVIDENCE_COOLDOWN_MS) {
-                    cool = Some(CLIENT_EVIDENCE_COOLDOWN_MS);
-                    pool.to_confirm(vi);
-                }
-                if let Some(ms) = cool {
-                    pool.cool_down(vi, now_ms, ms.min(MAX_COOLDOWN_MS));
+                match cool {
+                    Some(ms) if client && ms > CLIENT_EVIDENCE_COOLDOWN_MS => {
+                        pool.hold_unconfirmed(vi, now_ms, CLIENT_EVIDENCE_COOLDOWN_MS)
+                    }
+                    Some(ms) => pool.cool_down(vi, now_ms, ms.min(MAX_COOLDOWN_MS)),
+                    None => {}
                 }
                 if cooldown_ms.is_some() {
                     self.retry_after_ms = cooldown_ms;
