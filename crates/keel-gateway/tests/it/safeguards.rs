@@ -143,6 +143,11 @@ async fn a_continuation_refused_with_401_marks_the_credential_and_moves_on() {
         .map(|e| String::from_utf8_lossy(&e.raw).into_owned())
         .expect("a migration note");
     assert!(note.contains("from=sim-0 to=sim-2"), "{note}");
+    // Marked once keel's own request confirms the refusal (the monitor's next tick).
+    wait_for!(
+        "sim-1's credential confirmed broken",
+        h.get_json("/keel/health").await["pools"][0]["variants"][1]["credential_broken"] == true
+    );
     let health = h.get_json("/keel/health").await;
     let sim1 = &health["pools"][0]["variants"][1];
     assert_eq!(sim1["name"], "sim-1");
