@@ -75,6 +75,9 @@ pub struct Http {
     write: Option<Duration>,
     /// `keel_client_write_timeouts_total` for HTTP/1.1 and for HTTP/2.
     write_timeouts: [metrics::Counter; 2],
+    /// `keel_tls_handshake_failures_total`: refused (a bad or missing client certificate, a
+    /// client that does not speak TLS) and late (no handshake within `head`).
+    tls_failures: [metrics::Counter; 2],
 }
 
 /// HTTP/1.1, or HTTP/2 (h2c by prior knowledge, or h2 by ALPN over TLS).
@@ -101,13 +104,21 @@ impl Http {
                 &[("protocol", protocol)],
             )
         };
+        let tls =
+            |reason| metrics.counter("keel_tls_handshake_failures_total", &[("reason", reason)]);
         Http {
             h1,
             head: header_read_timeout,
             idle: idle_timeout,
             write: client_write_timeout.filter(|d| !d.is_zero()),
             write_timeouts: [counter("http1"), counter("http2")],
+            tls_failures: [tls("refused"), tls("timeout")],
         }
+    }
+
+    /// Counts a TLS handshake that failed (`timed_out`: none within the header-read timeout).
+    pub fn tls_failed(&self, timed_out: bool) {
+        self.tls_failures[usize::from(timed_out)].increment(1);
     }
 
     /// How long a connection may take to send its first bytes (a TLS handshake included).

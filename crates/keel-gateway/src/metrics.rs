@@ -25,6 +25,7 @@
 //! | `keel_safe_mode` | pool | 1 while the pool is in safe mode |
 //! | `keel_requests_in_flight` | | requests being served now |
 //! | `keel_client_write_timeouts_total` | protocol | requests (HTTP/1.1: connections, HTTP/2: streams or connections) dropped because the client took no response bytes for `client_write_timeout_ms` |
+//! | `keel_tls_handshake_failures_total` | reason | inbound TLS handshakes that failed: `refused` (no or a wrong client certificate, a client not speaking TLS), `timeout` (none within `header_read_timeout_ms`) |
 //! | `keel_connections_open` | | client connections open now |
 //! | `keel_connections_refused_total` | | client connections answered 503 and closed because `max_connections` were open |
 //! | `keel_ratelimited_total` | key, kind | keyed requests refused by a limit (`requests`, `tokens`, `concurrency`, `budget`) |

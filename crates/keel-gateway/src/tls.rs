@@ -192,10 +192,14 @@ pub async fn serve<S>(
     {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
+            http.tls_failed(false);
             tracing::debug!(error = %e, "TLS handshake failed");
             return;
         }
-        Err(_) => return,
+        Err(_) => {
+            http.tls_failed(true);
+            return;
+        }
     };
     let version = match stream.get_ref().1.alpn_protocol() {
         Some(b"h2") => Version::H2,

@@ -195,6 +195,15 @@ async fn mutual_tls_refuses_a_client_without_a_certificate_from_the_ca() {
         "served a certificate from another CA: {}",
         wrong.out
     );
+    // Both refusals are counted (read in-process: this listener speaks only TLS).
+    let refused = || {
+        parse_metric(
+            &h.gw.metrics.render(),
+            "keel_tls_handshake_failures_total",
+            &[("reason", "refused")],
+        )
+    };
+    wait_for!("both refused handshakes counted", refused() >= 2.0);
     for version in ["--http1.1", "--http2"] {
         let ok = curl_chat(
             h.addr,
@@ -337,6 +346,12 @@ async fn a_client_that_never_handshakes_is_dropped() {
         .await
         .expect("keel closed the connection");
     assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    let late = parse_metric(
+        &h.gw.metrics.render(),
+        "keel_tls_handshake_failures_total",
+        &[("reason", "timeout")],
+    );
+    assert_eq!(late, 1.0);
 }
 
 /// A TLS front for an upstream: terminates TLS with `leaf` (asking for a client certificate
