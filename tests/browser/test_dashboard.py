@@ -8,6 +8,7 @@ variant through keel-sim's fault API while sending traffic and waits for the pag
 `test_fifty_variants_stay_readable` serves a generated 50-variant config and checks the heat
 map still fits the window. Screenshots go to bench/out/ (ignored; docs/dashboard.png is a copy).
 """
+import contextlib
 import json
 import os
 import socket
@@ -177,12 +178,13 @@ def _accepts(port):
         return False
 
 
-def test_fifty_variants_stay_readable(browser, tmp_path):
-    servers = 5
-    # Five fast simulated servers behind fifty variants (ten each) in three pools.
-    (tmp_path / "sim.toml").write_text(
-        '[[servers]]\nname = "s"\nreplicas = %d\nttft_ms = 5\ngap_ms = 1\ncapacity = 64\n' % servers
-    )
+@contextlib.contextmanager
+def _served(tmp_path, sim_toml: str, servers: int, keel_config):
+    """`keel sim` with `sim_toml` on a free block of `servers` ports, and `keel serve` with
+    `keel_config(port, sim_base)` on a free port beside it; yields keel's URL. On a failure,
+    what keel and the simulator said (warnings and errors) is printed: a request that took the
+    client's whole timeout, once in CI, left nothing else to go on."""
+    (tmp_path / "sim.toml").write_text(sim_toml)
     env = dict(os.environ, KEEL_LOG="warn")
     log = tempfile.TemporaryFile()
     sim, sim_base = _start_sim(tmp_path / "sim.toml", servers, env, log)
@@ -190,12 +192,29 @@ def test_fifty_variants_stay_readable(browser, tmp_path):
     port = free_port()
     while sim_base <= port < sim_base + servers:
         port = free_port()
-    (tmp_path / "keel.toml").write_text(_fifty_variant_config(port, sim_base, servers))
+    (tmp_path / "keel.toml").write_text(keel_config(port, sim_base))
     keel = subprocess.Popen([KEEL, "serve", "--config", str(tmp_path / "keel.toml")],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
         assert _wait_until_up(keel, url), "keel serve did not start"
+        yield url
+    except BaseException:
+        log.seek(0)
+        print(log.read()[-20_000:].decode(errors="replace"))
+        raise
+    finally:
+        for p in (keel, sim):
+            p.terminate()
+            p.wait(timeout=30)
+
+
+def test_fifty_variants_stay_readable(browser, tmp_path):
+    servers = 5
+    # Five fast simulated servers behind fifty variants (ten each) in three pools.
+    sim_toml = '[[servers]]\nname = "s"\nreplicas = %d\nttft_ms = 5\ngap_ms = 1\ncapacity = 64\n' % servers
+    config = lambda port, sim_base: _fifty_variant_config(port, sim_base, servers)
+    with _served(tmp_path, sim_toml, servers, config) as url:
         with httpx.Client(base_url=url, timeout=30) as client:
             for i in range(30):
                 client.post("/v1/chat/completions",
@@ -217,16 +236,6 @@ def test_fifty_variants_stay_readable(browser, tmp_path):
         os.makedirs(OUT, exist_ok=True)
         page.screenshot(path=os.path.join(OUT, "dashboard-50.png"), full_page=True)
         page.close()
-    except BaseException:
-        # What keel and the simulator said (warnings and errors): a request that took the
-        # client's whole timeout, once in CI, left nothing else to go on.
-        log.seek(0)
-        print(log.read()[-20_000:].decode(errors="replace"))
-        raise
-    finally:
-        for p in (keel, sim):
-            p.terminate()
-            p.wait(timeout=30)
 
 
 def test_with_keys_the_dashboard_asks_for_a_key_and_keeps_it_out_of_urls(browser, tmp_path):
@@ -238,24 +247,17 @@ def test_with_keys_the_dashboard_asks_for_a_key_and_keeps_it_out_of_urls(browser
         return "sha256:" + hashlib.sha256(k.encode()).hexdigest()
 
     admin, tenant = "sk-keel-browser-admin-0123456789abcdef", "sk-keel-browser-tenant-0123456789abcd"
-    (tmp_path / "sim.toml").write_text('[[servers]]\nname = "s"\nreplicas = 1\nttft_ms = 5\ngap_ms = 1\n')
-    env = dict(os.environ, KEEL_LOG="warn")
-    log = tempfile.TemporaryFile()
-    sim, sim_base = _start_sim(tmp_path / "sim.toml", 1, env, log)
-    port = free_port()
-    while port == sim_base:
-        port = free_port()
-    (tmp_path / "keel.toml").write_text(
-        f'listen = "127.0.0.1:{port}"\n[admin]\nkey_hash = "{sha(admin)}"\n'
-        f'[[keys]]\nid = "tenant"\nhash = "{sha(tenant)}"\n'
-        f'[[pools]]\nname = "p"\n[[pools.variants]]\nname = "v"\nurl = "http://127.0.0.1:{sim_base}/v1"\n'
-        'protocol = "openai"\nupstream_model = "sim"\n'
-    )
-    keel = subprocess.Popen([KEEL, "serve", "--config", str(tmp_path / "keel.toml")],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        assert _wait_until_up(keel, url), "keel serve did not start"
+
+    def config(port, sim_base):
+        return (
+            f'listen = "127.0.0.1:{port}"\n[admin]\nkey_hash = "{sha(admin)}"\n'
+            f'[[keys]]\nid = "tenant"\nhash = "{sha(tenant)}"\n'
+            f'[[pools]]\nname = "p"\n[[pools.variants]]\nname = "v"\nurl = "http://127.0.0.1:{sim_base}/v1"\n'
+            'protocol = "openai"\nupstream_model = "sim"\n'
+        )
+
+    sim_toml = '[[servers]]\nname = "s"\nreplicas = 1\nttft_ms = 5\ngap_ms = 1\n'
+    with _served(tmp_path, sim_toml, 1, config) as url:
         with httpx.Client(base_url=url, timeout=30) as client:
             r = client.post("/v1/chat/completions", headers={"authorization": f"Bearer {tenant}"},
                             json={"model": "p", "messages": [{"role": "user", "content": "x"}]})
@@ -280,11 +282,3 @@ def test_with_keys_the_dashboard_asks_for_a_key_and_keeps_it_out_of_urls(browser
         assert page.locator("#login").is_hidden()
         assert not any(admin in u or tenant in u for u in requested), requested
         page.close()
-    except BaseException:
-        log.seek(0)
-        print(log.read()[-20_000:].decode(errors="replace"))
-        raise
-    finally:
-        for p in (keel, sim):
-            p.terminate()
-            p.wait(timeout=30)

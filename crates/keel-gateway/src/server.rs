@@ -250,10 +250,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>, serves: Serves) -> Resp
     };
     if let Resolved::Route(target, _) = resolved {
         if let Err(e) = gw.keys.authorize(target.access(), req.headers(), req.uri()) {
-            let mut resp = e.to_response(protocol);
-            let id = crate::request_id::new();
-            delivery::keel_headers(resp.headers_mut(), &id, "rejected", "none", 0);
-            return resp;
+            return own_answer(e.to_response(protocol));
         }
     }
     if let Resolved::Route(Target::Generation(api), _) = resolved {
@@ -268,9 +265,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>, serves: Serves) -> Resp
         }
         return handle_generation(&gw, api, req, started).await;
     }
-    // keel's own answers carry a request id and a route too.
-    let id = crate::request_id::new();
-    let mut resp = match resolved {
+    let resp = match resolved {
         Resolved::Route(Target::Generation(_), _) => unreachable!("handled above"),
         Resolved::Route(Target::Models, _) => match gw.keys.authenticate(req.headers()) {
             Ok(key) => models(&gw, key.as_deref(), anthropic_client),
@@ -372,6 +367,12 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>, serves: Serves) -> Resp
         )
         .to_response(protocol),
     };
+    own_answer(resp)
+}
+
+/// keel's own answers carry a request id and a route too.
+fn own_answer(mut resp: Response<Body>) -> Response<Body> {
+    let id = crate::request_id::new();
     let route = delivery::own_route(resp.status());
     delivery::keel_headers(resp.headers_mut(), &id, route, "none", 0);
     resp

@@ -330,3 +330,36 @@ fn parse_metric_matches_exact_label_values() {
     assert_eq!(parse_metric(text, "y", &[]), 3.0);
     assert_eq!(parse_metric(text, "z", &[]), 0.0);
 }
+
+/// A gateway served under a reload handle that re-reads `path` (access lines off).
+pub async fn start_from_file(
+    path: std::path::PathBuf,
+) -> (
+    SocketAddr,
+    Arc<keel_gateway::live::Live>,
+    oneshot::Sender<()>,
+) {
+    use keel_gateway::live::{ConfigSource, Live};
+    let text = std::fs::read_to_string(&path).unwrap();
+    let env = HashMap::from([("UPSTREAM_KEY".to_owned(), "sk-upstream-secret".to_owned())]);
+    let mut cfg = Config::parse(&text, "test.toml", &env).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    cfg.log.access = keel_gateway::config::AccessLogTarget::Off;
+    let source = ConfigSource {
+        path,
+        adjust: Box::new(|c: &mut Config| {
+            c.log.access = keel_gateway::config::AccessLogTarget::Off
+        }),
+    };
+    let live = Live::new(Gateway::new(cfg), Some(source));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(keel_gateway::server::serve_live(
+        live.clone(),
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (addr, live, stop)
+}

@@ -8,11 +8,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use keel_gateway::live::{ConfigSource, Live, CUT_MESSAGE};
-use keel_gateway::{Config, Gateway};
+use keel_gateway::live::{Live, CUT_MESSAGE};
+use keel_gateway::Config;
 use keel_sim::{Fleet, ServerConfig};
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
 
 use crate::harness::*;
 
@@ -278,29 +277,6 @@ async fn unchanged_variants_keep_their_live_state_across_a_reload() {
         "a redefined variant starts afresh: {health}"
     );
     assert!(!broken(&health, "d"), "{health}");
-}
-
-/// A gateway served under a reload handle that re-reads `path`.
-async fn start_from_file(path: PathBuf) -> (std::net::SocketAddr, Arc<Live>, oneshot::Sender<()>) {
-    let cfg = config(&std::fs::read_to_string(&path).unwrap());
-    let source = ConfigSource {
-        path,
-        adjust: Box::new(|c: &mut Config| {
-            c.log.access = keel_gateway::config::AccessLogTarget::Off
-        }),
-    };
-    let live = Live::new(Gateway::new(cfg), Some(source));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(keel_gateway::server::serve_live(
-        live.clone(),
-        listener,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    (addr, live, stop)
 }
 
 fn scratch(name: &str) -> PathBuf {

@@ -11,8 +11,6 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_gateway::live::{ConfigSource, Live};
-use keel_gateway::{Config, Gateway};
 use keel_sim::{Fleet, ServerConfig};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -22,7 +20,6 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::oneshot;
 
 use crate::harness::*;
 
@@ -246,30 +243,6 @@ async fn served_certificate(addr: SocketAddr, ca: &Path) -> CertificateDer<'stat
 
 fn der_of(file: &Path) -> CertificateDer<'static> {
     CertificateDer::from_pem_file(file).unwrap()
-}
-
-/// A gateway under a reload handle that re-reads `config`.
-async fn start_from_file(config: PathBuf) -> (SocketAddr, Arc<Live>, oneshot::Sender<()>) {
-    let text = std::fs::read_to_string(&config).unwrap();
-    let cfg = Config::parse(&text, "tls.toml", &Default::default()).unwrap();
-    let source = ConfigSource {
-        path: config,
-        adjust: Box::new(|c: &mut Config| {
-            c.log.access = keel_gateway::config::AccessLogTarget::Off
-        }),
-    };
-    let live = Live::new(Gateway::new(cfg), Some(source));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(keel_gateway::server::serve_live(
-        live.clone(),
-        listener,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    (addr, live, stop)
 }
 
 #[tokio::test]

@@ -14,18 +14,23 @@ use super::test_server::RedisServer;
 use super::*;
 use crate::quota::Store;
 
+/// The config of a replica of `server` whose keys start with `prefix` (no signals).
+fn config_for(server: &RedisServer, prefix: &str) -> RedisConfig {
+    RedisConfig {
+        url: server.url(),
+        ca_pem: None,
+        key_prefix: prefix.to_owned(),
+        share_signals: false,
+        signal_ttl_ms: 5_000,
+    }
+}
+
 fn replica(server: &RedisServer) -> Redis {
     replica_with(server, Metrics::new())
 }
 
 fn replica_with(server: &RedisServer, metrics: Arc<Metrics>) -> Redis {
-    let config = RedisConfig {
-        url: server.url(),
-        ca_pem: None,
-        key_prefix: "test:".to_owned(),
-        share_signals: false,
-        signal_ttl_ms: 5_000,
-    };
+    let config = config_for(server, "test:");
     Redis::connect(&config, metrics).expect("a valid URL")
 }
 
@@ -141,13 +146,7 @@ async fn the_scripts_compute_what_keel_core_computes() {
 #[tokio::test]
 async fn the_same_answers_as_the_local_store() {
     let server = RedisServer::start();
-    let config = RedisConfig {
-        url: server.url(),
-        ca_pem: None,
-        key_prefix: "keel:".to_owned(),
-        share_signals: false,
-        signal_ttl_ms: 5_000,
-    };
+    let config = config_for(&server, "keel:");
     let stores = [
         Store::from_config(None, Metrics::new()).unwrap(),
         Store::from_config(Some(&config), Metrics::new()).unwrap(),
@@ -220,13 +219,7 @@ async fn the_same_answers_as_the_local_store() {
 #[tokio::test]
 async fn absurd_usage_saturates_in_both_stores() {
     let server = RedisServer::start();
-    let config = RedisConfig {
-        url: server.url(),
-        ca_pem: None,
-        key_prefix: "keel:".to_owned(),
-        share_signals: false,
-        signal_ttl_ms: 5_000,
-    };
+    let config = config_for(&server, "keel:");
     let stores = [
         Store::from_config(None, Metrics::new()).unwrap(),
         Store::from_config(Some(&config), Metrics::new()).unwrap(),
@@ -468,11 +461,8 @@ async fn a_held_slot_is_renewed_until_released() {
 async fn replicas_share_a_keys_quota_through_redis_over_tls() {
     let server = RedisServer::start_tls();
     let config = RedisConfig {
-        url: server.url(),
         ca_pem: server.ca_pem(),
-        key_prefix: "keel:".to_owned(),
-        share_signals: false,
-        signal_ttl_ms: 5_000,
+        ..config_for(&server, "keel:")
     };
     assert!(config.url.starts_with("rediss://"));
     let replicas = [
