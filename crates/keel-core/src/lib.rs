@@ -15,6 +15,7 @@ pub mod compare;
 
 pub mod cache_key;
 pub mod continuation;
+pub mod dialect;
 pub mod embeddings;
 pub mod fit;
 #[doc(hidden)]
