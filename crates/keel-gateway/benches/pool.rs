@@ -37,7 +37,12 @@ fn pool(variants: usize) -> Arc<Pool> {
     keel_gateway::install_crypto();
     let pool = Arc::new(Pool::new(
         cfg.pools[0].clone(),
-        keel_gateway::upstream::client(1_000, metrics::Counter::noop(), &cfg.pools[0].variants),
+        keel_gateway::upstream::client(
+            1_000,
+            metrics::Counter::noop(),
+            &|_| metrics::Counter::noop(),
+            &cfg.pools[0].variants,
+        ),
         Instant::now(),
         Metrics::new(),
         UpstreamLimits {

@@ -196,7 +196,7 @@ impl RequestLog {
     pub fn serving(&mut self, variant: &VariantConfig) {
         self.variant = variant.name.clone();
         self.response_model = Some(variant.upstream_model.clone());
-        self.provider = Some(variant.protocol.as_str());
+        self.provider = Some(variant.dialect.name());
     }
 
     /// Takes the attempts' count, order and hedges from the request's ledger.

@@ -370,6 +370,12 @@ async fn run(
     };
     let status = resp.status;
     let mut headers = kept_headers(&resp.headers);
+    let mut fixes = fixes;
+    for f in &resp.fixes {
+        if !fixes.contains(f) {
+            fixes.push(f.clone());
+        }
+    }
     if let Some(v) = translation::fix_header(&fixes) {
         headers.insert(PROMPT_FIX_HEADER, v);
     }

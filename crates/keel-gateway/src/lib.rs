@@ -145,6 +145,12 @@ impl Gateway {
                             "keel_upstream_connections_opened_total",
                             &[("pool", &p.name)],
                         ),
+                        &|variant| {
+                            metrics.counter(
+                                "keel_upstream_token_fetches_total",
+                                &[("pool", &p.name), ("variant", variant)],
+                            )
+                        },
                         &p.variants,
                     ),
                     epoch,

@@ -36,6 +36,7 @@
 //! | `keel_signals_applied_total` | kind | other replicas' signals this replica applied |
 //! | `keel_log_lines_dropped_total` | — | access-log and log lines dropped because the log writer's queue was full (stdout or the log file stopped taking lines); the process's count, as of the scrape |
 //! | `keel_upstream_connections_opened_total` | pool | connections keel's own HTTP/1.1 pool opened to the pool's plain-`http://` variants (see `upstream`); growing with requests rather than with concurrency means connections are not reused |
+//! | `keel_upstream_token_fetches_total` | pool, variant | OAuth tokens fetched for a Vertex AI variant's service account (`credentials_file`); one per token lifetime once warm, refreshed in the background before expiry, never on a request's path |
 //! | `keel_maintenance_requests_total` | pool, variant, kind, outcome | keel's own requests to a variant: kind = `probe`, `warmup`, `refresh`, `health`, `confirm` |
 //! | `keel_resume_learned_total` | pool, variant | variants found to refuse assistant prefill (they continue in `instruction` mode from then on) |
 //! | `keel_variant_weight` | pool, variant | the variant's routing weight now (health × configured weight) |

@@ -1108,7 +1108,12 @@ mod tests {
         crate::install_crypto();
         Arc::new(Pool::new(
             cfg.pools[0].clone(),
-            crate::upstream::client(1_000, metrics::Counter::noop(), &cfg.pools[0].variants),
+            crate::upstream::client(
+                1_000,
+                metrics::Counter::noop(),
+                &|_| metrics::Counter::noop(),
+                &cfg.pools[0].variants,
+            ),
             Instant::now(),
             Metrics::new(),
             UpstreamLimits {

@@ -115,12 +115,29 @@ pub fn translate_request(
     }))
 }
 
-/// Whether `variant` can serve `req` (always, when it speaks the client's protocol).
+/// Whether `variant` can serve `req`: always, when it speaks the client's protocol itself;
+/// otherwise when the request translates into its hub protocol and, for a dialect variant,
+/// from there into its dialect.
 pub fn check(variant: &VariantConfig, req: &CanonicalRequest) -> Result<(), RequestError> {
-    if same_protocol(variant, req.endpoint) {
+    let native = variant.dialect.is_native();
+    if native && same_protocol(variant, req.endpoint) {
         return Ok(());
     }
-    translate_request(variant, req).map(|_| ())
+    let translated = translate_request(variant, req)?;
+    if native {
+        return Ok(());
+    }
+    if !matches!(req.endpoint, Endpoint::ChatCompletions | Endpoint::Messages) {
+        return Err(RequestError::invalid(format!(
+            "{} variants serve chat completions and messages only",
+            variant.dialect.name()
+        )));
+    }
+    let hub = match translated {
+        Some(t) => t.body,
+        None => req.upstream_body(&variant.upstream_model, &variant.params),
+    };
+    crate::upstream::cloud::check(variant, &hub)
 }
 
 /// Translates a variant's answers back into the client's protocol.

@@ -105,3 +105,14 @@ pub fn error_kind_of_status(status: u16) -> ErrorKind {
         _ => ErrorKind::Internal,
     }
 }
+
+/// Interim helper for the stubs.
+pub(crate) fn anthropic_error(status: u16) -> Vec<u8> {
+    crate::protocol::error_body(
+        crate::protocol::Protocol::Anthropic,
+        error_kind_of_status(status),
+        "upstream error",
+    )
+    .to_string()
+    .into_bytes()
+}

@@ -53,10 +53,17 @@ const NEVER: &[&str] = &[
 ];
 
 /// The default list for a variant of `protocol`.
-pub fn defaults(protocol: Protocol) -> Vec<HeaderName> {
+pub fn defaults(dialect: &super::cloud::Dialect) -> Vec<HeaderName> {
+    use super::cloud::Dialect;
+    // A client protocol's own headers mean something only to a server of that protocol.
+    let own: &[&'static str] = match dialect {
+        Dialect::OpenAi => protocol_headers(Protocol::OpenAi),
+        Dialect::Anthropic => protocol_headers(Protocol::Anthropic),
+        _ => &[],
+    };
     TRACE_CONTEXT
         .iter()
-        .chain(protocol_headers(protocol))
+        .chain(own)
         .map(|h| HeaderName::from_static(h))
         .collect()
 }

@@ -19,6 +19,7 @@
 
 mod budget;
 pub mod cache;
+pub mod cloud;
 mod forward;
 mod health;
 mod integrity;

@@ -398,7 +398,7 @@ fn read_variants(
             let forward = v.forward.or_else(|| pool_forward.clone());
             VariantConfig {
                 forward_headers: forward
-                    .unwrap_or_else(|| super::forward::defaults(v.cfg.protocol)),
+                    .unwrap_or_else(|| super::forward::defaults(&v.cfg.dialect)),
                 ..v.cfg
             }
         })

@@ -396,7 +396,7 @@ zzz = 1
         known.contains(&"weight") && known.contains(&"upstream_model"),
         "{known:?}"
     );
-    assert_eq!(known.len(), 24, "{known:?}");
+    assert_eq!(known.len(), 35, "{known:?}");
 }
 
 #[test]
@@ -432,7 +432,7 @@ fn other_values_are_precise() {
             9,
             12,
             "pools[0].variants[0].protocol",
-            "expected `openai` or `anthropic`, got `grpc`"
+            "expected `openai`, `anthropic`, `azure`, `gemini`, `vertex`, `bedrock` or `openai-responses`, got `grpc`"
         )
     );
     let text = GOOD.replace("protocol = \"openai\"\n", "");
@@ -442,7 +442,7 @@ fn other_values_are_precise() {
             6,
             1,
             "pools[0].variants[0].protocol",
-            "missing; expected `openai` or `anthropic`"
+            "missing; expected `openai`, `anthropic`, `azure`, `gemini`, `vertex`, `bedrock` or `openai-responses`"
         )
     );
     let text = GOOD.replace("first_token_ms = 2000", "hedge = \"of\"");

@@ -21,7 +21,10 @@ pub struct VariantConfig {
     pub name: String,
     /// Base URL as the provider's SDK takes it, without a trailing slash.
     pub url: String,
+    /// The protocol the gateway speaks with it: the dialect's hub (see `config::cloud`).
     pub protocol: Protocol,
+    /// What the upstream itself speaks, and where and as whom (`protocol` and its keys).
+    pub dialect: super::cloud::Dialect,
     pub upstream_model: String,
     /// Never printed: `Debug` redacts it.
     pub api_key: Option<String>,
@@ -62,6 +65,7 @@ impl fmt::Debug for VariantConfig {
             .field("name", &self.name)
             .field("url", &super::redact_url(&self.url))
             .field("protocol", &self.protocol)
+            .field("dialect", &self.dialect)
             .field("upstream_model", &self.upstream_model)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("tier", &self.tier)
@@ -72,11 +76,6 @@ impl fmt::Debug for VariantConfig {
             .finish_non_exhaustive()
     }
 }
-
-const PROTOCOLS: [(&str, Protocol); 2] = [
-    ("openai", Protocol::OpenAi),
-    ("anthropic", Protocol::Anthropic),
-];
 
 const RESUME_MODES: [(&str, ResumeMode); 4] = [
     ("prefill", ResumeMode::Prefill),
@@ -118,20 +117,29 @@ pub(super) fn read(
             taken.push(n.value.clone());
         }
     }
-    let protocol = t.required_choice("protocol", &PROTOCOLS, issues);
+    let kind = t
+        .required_choice("protocol", &super::cloud::PROTOCOLS, issues)
+        .map(|k| k.value);
     let url = t
         .required::<String>("url", "an http:// or https:// base URL", issues)
-        .and_then(|u| base_url(u, protocol.as_ref().map(|p| p.value), env, warnings, issues));
-    let upstream_model = t
-        .required::<String>(
+        .and_then(|u| {
+            let anthropic = kind.filter(|k| *k == super::cloud::Kind::Anthropic);
+            base_url(u, anthropic.map(|k| k.hub()), env, warnings, issues)
+        });
+    let upstream_model = if super::cloud::model_optional(&mut t, kind) {
+        t.get::<String>("upstream_model", issues)
+    } else {
+        t.required::<String>(
             "upstream_model",
             "the model name the upstream knows",
             issues,
         )
-        .and_then(|m| interpolate(&m, env, issues));
+    }
+    .and_then(|m| interpolate(&m, env, issues));
     let api_key = t
         .get::<String>("api_key", issues)
         .and_then(|k| interpolate(&k, env, issues));
+    let dialect = kind.and_then(|k| super::cloud::read(&mut t, k, api_key.as_deref(), env, issues));
     let tier = match t.get::<u8>("tier", issues) {
         Some(v) if v.value == 0 => {
             issues.report(v.at, &v.path, "expected 1 (best fidelity) or more, got 0");
@@ -154,7 +162,13 @@ pub(super) fn read(
     let resume = t
         .choice("resume", &RESUME_MODES, issues)
         .map(|r| r.value)
-        .unwrap_or(ResumeMode::Prefill);
+        .unwrap_or(match kind {
+            // Hosted OpenAI models do not continue a final assistant message.
+            Some(super::cloud::Kind::Azure | super::cloud::Kind::OpenAiResponses) => {
+                ResumeMode::Instruction
+            }
+            _ => ResumeMode::Prefill,
+        });
     let price = t.value::<f64>("price", issues).unwrap_or(1.0);
     let price_input_per_mtok = token_price(&mut t, "price_input_per_mtok", issues);
     let price_output_per_mtok = token_price(&mut t, "price_output_per_mtok", issues);
@@ -180,11 +194,18 @@ pub(super) fn read(
     t.finish(issues);
 
     let health_url = health_endpoint(health_path, health_url, url.as_deref(), env, issues);
-    let (name, url, protocol, upstream_model) = (name?, url?, protocol?, upstream_model?);
+    let (name, url, kind, dialect) = (name?, url?, kind?, dialect?);
+    // Only an Azure deployment may leave the model out: the deployment names it.
+    let upstream_model = match (upstream_model, &dialect) {
+        (Some(m), _) => m,
+        (None, super::cloud::Dialect::Azure(a)) => a.deployment.clone()?,
+        (None, _) => return None,
+    };
     let cfg = VariantConfig {
         name: name.value,
         url,
-        protocol: protocol.value,
+        protocol: kind.hub(),
+        dialect,
         tokenizer: tokenizer.unwrap_or_else(|| Tokenizer::for_model(&upstream_model)),
         upstream_model,
         api_key,

@@ -154,9 +154,18 @@ fn wall_clock(at: Instant) -> SystemTime {
     SystemTime::now() - at.elapsed()
 }
 
-/// A provider name for the conventions' `gen_ai.provider.name`: the API the variant speaks.
+/// A provider name for the conventions' `gen_ai.provider.name`: the API the variant speaks,
+/// in the semantic conventions' words.
 fn provider_name(variant: &VariantConfig) -> &'static str {
-    variant.protocol.as_str()
+    use crate::config::cloud::Dialect;
+    match &variant.dialect {
+        Dialect::Azure(_) => "azure.ai.openai",
+        Dialect::Gemini => "gcp.gemini",
+        Dialect::Vertex(_) => "gcp.vertex_ai",
+        Dialect::Bedrock(_) => "aws.bedrock",
+        Dialect::OpenAi | Dialect::OpenAiResponses => "openai",
+        Dialect::Anthropic => "anthropic",
+    }
 }
 
 /// The request's SERVER span (inside its context, for the attempts' parent).

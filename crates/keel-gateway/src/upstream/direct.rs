@@ -192,6 +192,7 @@ impl Direct {
                     return Ok(Response {
                         status: head.status,
                         headers: head.headers,
+                        fixes: Vec::new(),
                         body: Box::pin(DrivenBody {
                             reading: Some(Reading {
                                 pool: Arc::clone(self),

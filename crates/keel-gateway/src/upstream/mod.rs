@@ -10,6 +10,7 @@
 //! reqwest (rustls, `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY`). A variant with a private CA
 //! or a client certificate of its own gets its own reqwest client (see [`Client`]).
 
+pub mod cloud;
 mod direct;
 
 use std::pin::Pin;
@@ -54,6 +55,8 @@ pub struct Response {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Body,
+    /// What a dialect's edge dropped or changed in the request (`x-keel-prompt-fix`).
+    pub fixes: Vec<String>,
 }
 
 impl Response {
@@ -147,6 +150,8 @@ pub struct Client {
     http: reqwest::Client,
     /// By variant name; empty unless some variant sets `ca_file` or a client certificate.
     own: Arc<[(String, reqwest::Client)]>,
+    /// The edges of dialect variants (Azure, Gemini, Vertex AI, Bedrock, Responses), by name.
+    edges: Arc<[(String, Arc<cloud::Edge>)]>,
 }
 
 /// reqwest's settings for every upstream client of a pool.
@@ -189,8 +194,13 @@ fn variant_client(
 }
 
 /// Builds the upstream client for one pool of `variants`; `opened` counts the connections
-/// keel's own pool opens.
-pub fn client(connect_ms: u64, opened: metrics::Counter, variants: &[VariantConfig]) -> Client {
+/// keel's own pool opens, `token_fetches` a variant's OAuth token fetches.
+pub fn client(
+    connect_ms: u64,
+    opened: metrics::Counter,
+    token_fetches: &dyn Fn(&str) -> metrics::Counter,
+    variants: &[VariantConfig],
+) -> Client {
     crate::install_crypto();
     let connect = Duration::from_millis(connect_ms);
     let http = reqwest_builder(connect)
@@ -217,11 +227,24 @@ pub fn client(connect_ms: u64, opened: metrics::Counter, variants: &[VariantConf
     let proxied = ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
         .iter()
         .any(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()));
-    Client {
+    let mut client = Client {
         direct: (!proxied).then(|| Arc::new(direct::Direct::new(connect, opened))),
         http,
         own,
-    }
+        edges: Arc::new([]),
+    };
+    let edges: Vec<(String, Arc<cloud::Edge>)> = variants
+        .iter()
+        .filter_map(|v| {
+            let edge = Arc::new(cloud::Edge::of(v, token_fetches(&v.name))?);
+            if tokio::runtime::Handle::try_current().is_ok() {
+                edge.warm(client.http(&v.name).clone());
+            }
+            Some((v.name.clone(), edge))
+        })
+        .collect();
+    client.edges = edges.into();
+    client
 }
 
 impl Client {
@@ -235,8 +258,20 @@ impl Client {
     }
 
     /// Sends one request to `variant` and returns the response head; the body is read from
-    /// the response.
+    /// the response. A dialect variant's request leaves, and its answer arrives, through its
+    /// edge (see [`cloud`]): the caller sends and reads the hub protocol.
     pub async fn send(&self, variant: &str, req: Request) -> Result<Response, Error> {
+        let Some((_, edge)) = self.edges.iter().find(|(name, _)| name == variant) else {
+            return self.transport(variant, req).await;
+        };
+        let (req, pending) = match edge.outbound(req, self.http(variant)).await {
+            Ok(sendable) => sendable,
+            Err(answered) => return answered,
+        };
+        pending.inbound(self.transport(variant, req).await?).await
+    }
+
+    async fn transport(&self, variant: &str, req: Request) -> Result<Response, Error> {
         if let Some(direct) = &self.direct {
             if let Some(target) = direct::Target::of(&req.url) {
                 return direct.send(target, req.headers, req.body).await;
@@ -253,6 +288,7 @@ impl Client {
             status: resp.status(),
             headers: resp.headers().clone(),
             body: Box::pin(resp.bytes_stream().map_err(Error::from).fuse()),
+            fixes: Vec::new(),
         })
     }
 }
@@ -344,7 +380,12 @@ pub fn request(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    if let Some(key) = &variant.api_key {
+    // A dialect's credentials are its edge's to add (see `cloud::Edge::outbound`).
+    let native_key = variant
+        .api_key
+        .as_ref()
+        .filter(|_| variant.dialect.is_native());
+    if let Some(key) = native_key {
         match variant.protocol {
             Protocol::OpenAi => {
                 if let Ok(v) = HeaderValue::from_str(&format!("Bearer {key}")) {
@@ -361,7 +402,9 @@ pub fn request(
             }
         }
     }
-    if variant.protocol == Protocol::Anthropic && !headers.contains_key("anthropic-version") {
+    if variant.dialect == crate::config::cloud::Dialect::Anthropic
+        && !headers.contains_key("anthropic-version")
+    {
         headers.insert(
             HeaderName::from_static("anthropic-version"),
             HeaderValue::from_static(ANTHROPIC_VERSION),
