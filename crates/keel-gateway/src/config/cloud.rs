@@ -555,4 +555,41 @@ mod tests {
             "{printed}"
         );
     }
+
+    /// README's example of every cloud is a config keel reads.
+    #[test]
+    fn the_readme_example_parses() {
+        let readme = include_str!("../../../../README.md");
+        let at = readme
+            .find("**Every cloud")
+            .expect("README's cloud section");
+        let block = &readme[at..];
+        let start = block.find("```toml\n").unwrap() + 8;
+        let end = start + block[start..].find("```").unwrap();
+        let file = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/service-account.json"
+        );
+        let text = block[start..end].replace("/etc/keel/vertex-sa.json", file);
+        let env: HashMap<String, String> = [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AZURE_OPENAI_API_KEY",
+            "OPENAI_API_KEY",
+            "GEMINI_API_KEY",
+        ]
+        .iter()
+        .map(|k| (k.to_string(), "x".to_string()))
+        .collect();
+        let c = Config::parse(&text, "README.md", &env).unwrap();
+        let names: Vec<&str> = c
+            .pools
+            .iter()
+            .flat_map(|p| p.variants.iter().map(|v| v.dialect.name()))
+            .collect();
+        assert_eq!(
+            names,
+            ["bedrock", "vertex", "azure", "openai-responses", "gemini"]
+        );
+    }
 }
