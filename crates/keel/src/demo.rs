@@ -2,8 +2,10 @@
 //!
 //! Pools: `demo-gpt` (four OpenAI-protocol variants; `gpt-flaky` fails a third of its requests
 //! with 503 and resets a few connections), `demo-claude` (two Anthropic-protocol variants) and
-//! `demo-mixed` (one variant of each protocol: keel translates for either client) and
-//! `demo-embed` (embeddings from two OpenAI-protocol variants, one of them flaky).
+//! `demo-mixed` (one variant of each protocol: keel translates for either client),
+//! `demo-clouds` (one variant in each cloud dialect: Bedrock, Vertex AI, Gemini, Azure OpenAI
+//! and the Responses API, all on keel-sim) and `demo-embed` (embeddings from two
+//! OpenAI-protocol variants, one of them flaky).
 //! Clients may pin a request's first attempt to a variant (`x-keel-force-variant`), so faults
 //! injected into one simulated server can be aimed at a request (the resilience SDK tests).
 //! The config is embedded; `--print-config` prints it as a starting point for a real keel.toml.
@@ -126,7 +128,7 @@ async fn start_real(args: &DemoArgs) -> Result<(RealFleet, String), String> {
 const DEMO_CONTEXT_WINDOW: u64 = 128_000;
 
 /// The embedded config; `{P0}`…`{P5}` are the simulated servers' ports.
-const DEMO_CONFIG: &str = r#"# keel demo configuration: two pools over a simulated fleet (keel sim).
+const DEMO_CONFIG: &str = r#"# keel demo configuration: five pools over a simulated fleet (keel sim).
 # Copy it as a starting point for your own keel.toml: point `url` at real servers,
 # set `api_key = "${OPENAI_API_KEY}"` (environment interpolation), and tune the timeouts.
 listen = "{LISTEN}"
@@ -234,6 +236,57 @@ name = "mixed-anthropic"
 url = "http://127.0.0.1:{P5}"
 protocol = "anthropic"
 upstream_model = "sim"
+context_window = 128000
+
+# Every cloud in one pool: each variant speaks its cloud's own API (keel-sim answers them all),
+# so Bedrock, Vertex AI, Gemini, Azure OpenAI and an OpenAI Responses-only model serve the same
+# public name for clients of either protocol; failover, hedging and mid-stream migration cross
+# clouds. The credentials are placeholders keel-sim accepts: put your own with ${VAR}.
+[[pools]]
+name = "demo-clouds"
+
+[[pools.variants]]
+name = "clouds-bedrock"
+url = "http://127.0.0.1:{P4}"
+protocol = "bedrock"
+region = "us-east-1"
+upstream_model = "anthropic.claude-sim-v1:0"
+aws_access_key_id = "AKIDDEMO"
+aws_secret_access_key = "demo-secret-access-key"
+context_window = 128000
+
+[[pools.variants]]
+name = "clouds-vertex"
+url = "http://127.0.0.1:{P5}"
+protocol = "vertex"
+project = "demo-project"
+location = "us-east5"
+upstream_model = "claude-sim@20250101"
+access_token = "demo-vertex-token"
+context_window = 128000
+
+[[pools.variants]]
+name = "clouds-gemini"
+url = "http://127.0.0.1:{P2}"
+protocol = "gemini"
+upstream_model = "gemini-sim"
+api_key = "demo-gemini-key"
+context_window = 128000
+
+[[pools.variants]]
+name = "clouds-azure"
+url = "http://127.0.0.1:{P0}"
+protocol = "azure"
+deployment = "sim"
+api_key = "demo-azure-key"
+context_window = 128000
+
+[[pools.variants]]
+name = "clouds-responses"
+url = "http://127.0.0.1:{P1}/v1"
+protocol = "openai-responses"
+upstream_model = "sim"
+api_key = "demo-openai-key"
 context_window = 128000
 
 # Embeddings (POST /v1/embeddings) are served by OpenAI-protocol variants only; a failed

@@ -6,6 +6,7 @@ mod bad_input;
 mod cache;
 mod canonical_tools;
 mod capacity;
+mod clouds;
 mod connections;
 mod context;
 mod count_tokens;

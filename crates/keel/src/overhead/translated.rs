@@ -1,4 +1,6 @@
-//! `keel bench overhead --translated`: what cross-protocol translation adds to a stream.
+//! `keel bench overhead --translated`: what cross-protocol translation adds to a stream, and
+//! what each cloud dialect adds (Azure OpenAI, Gemini, Vertex AI's Gemini and Claude, Bedrock,
+//! the Responses API: keel-sim answers each in its own wire format, from the same server).
 //!
 //! One `keel serve` process holds two pools over the same zero-latency simulated server: one
 //! reaches it as an OpenAI-protocol variant, the other as an Anthropic-protocol variant. Each
@@ -24,8 +26,39 @@ use super::{
 use crate::keel_process::KeelProcess;
 use crate::scenario::pool_toml_of;
 
-/// keel's two paths for a client, after `direct`.
-const PATHS: [&str; 3] = ["direct", "same", "translated"];
+/// The paths measured for a client: `direct`, keel's two protocol paths, then each dialect.
+const PATHS: [&str; 9] = [
+    "direct",
+    "same",
+    "translated",
+    "azure",
+    "gemini",
+    "vertex-gemini",
+    "vertex-claude",
+    "bedrock",
+    "responses",
+];
+
+/// Each dialect's variant keys after its name (`{root}`: the server's root URL).
+const DIALECTS: [(&str, &str); 6] = [
+    ("azure", "protocol = \"azure\"\nurl = \"{root}\"\ndeployment = \"sim\"\napi_key = \"k\""),
+    ("gemini", "protocol = \"gemini\"\nurl = \"{root}\"\nupstream_model = \"sim\"\napi_key = \"k\""),
+    ("vertex-gemini", "protocol = \"vertex\"\nurl = \"{root}\"\nproject = \"p\"\nlocation = \"us-east5\"\nupstream_model = \"gemini-sim\"\naccess_token = \"t\""),
+    ("vertex-claude", "protocol = \"vertex\"\nurl = \"{root}\"\nproject = \"p\"\nlocation = \"us-east5\"\nupstream_model = \"claude-sim\"\naccess_token = \"t\""),
+    ("bedrock", "protocol = \"bedrock\"\nurl = \"{root}\"\nregion = \"us-east-1\"\nupstream_model = \"anthropic.claude-sim-v1:0\"\naws_access_key_id = \"AKIDBENCH\"\naws_secret_access_key = \"bench-secret\""),
+    ("responses", "protocol = \"openai-responses\"\nurl = \"{root}/v1\"\nupstream_model = \"sim\"\napi_key = \"k\""),
+];
+
+/// One pool per dialect over `sim`, named `bench-<dialect>`.
+fn dialect_pools(sim: &keel_sim::ServerHandle, extra: &str) -> String {
+    DIALECTS
+        .iter()
+        .map(|(name, keys)| {
+            let keys = keys.replace("{root}", &sim.anthropic_base());
+            format!("[[pools]]\nname = \"bench-{name}\"\n{extra}\n[[pools.variants]]\nname = \"{name}\"\n{keys}\n")
+        })
+        .collect()
+}
 
 fn pool_name(p: Protocol) -> String {
     format!("bench-{}", p.as_str())
@@ -38,8 +71,8 @@ fn other(p: Protocol) -> Protocol {
     }
 }
 
-/// The three targets for a client speaking `client`'s protocol.
-fn targets(client: Protocol, sim: &keel_sim::ServerHandle, keel: &KeelProcess) -> [Target; 3] {
+/// The targets for a client speaking `client`'s protocol, in [`PATHS`] order.
+fn targets(client: Protocol, sim: &keel_sim::ServerHandle, keel: &KeelProcess) -> Vec<Target> {
     let endpoint = match client {
         Protocol::OpenAi => keel_core::protocol::Endpoint::ChatCompletions,
         Protocol::Anthropic => keel_core::protocol::Endpoint::Messages,
@@ -64,11 +97,15 @@ fn targets(client: Protocol, sim: &keel_sim::ServerHandle, keel: &KeelProcess) -
         stop: None,
     };
     let pid = Some(keel.pid());
-    [
+    let mut out = vec![
         target("direct", &direct_base, "sim".into(), None),
         target("same", &keel_base, pool_name(client), pid),
         target("translated", &keel_base, pool_name(other(client)), pid),
-    ]
+    ];
+    for (name, _) in DIALECTS {
+        out.push(target(name, &keel_base, format!("bench-{name}"), pid));
+    }
+    out
 }
 
 /// [`row`] of the runs, with CPU per token and tokens per request.
@@ -89,7 +126,7 @@ fn ms(v: &Value, k: &str) -> f64 {
 fn line(client: &str, rps: f64, label: &str, a: &Value, b: &Value, cpu: Option<f64>) -> String {
     let d = |k: &str| (ms(a, k) - ms(b, k)) * 1000.0;
     format!(
-        "{client:<9} {rps:>6} {label:<18} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>11} {:>7} {:>8}\n",
+        "{client:<9} {rps:>6} {label:<24} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>11} {:>7} {:>8}\n",
         d("ttfb_p50_ms"),
         d("ttfb_p99_ms"),
         d("total_p50_ms"),
@@ -101,7 +138,7 @@ fn line(client: &str, rps: f64, label: &str, a: &Value, b: &Value, cpu: Option<f
 }
 
 /// Column heads: latency added in µs (medians of rounds), keel's CPU µs per streamed token.
-const HEADER: &str = "client     req/s path               +ttfb p50 +ttfb p99 +total p50 +total p99 cpu µs/tok  errors requests\n";
+const HEADER: &str = "client     req/s path                     +ttfb p50 +ttfb p99 +total p50 +total p99 cpu µs/tok  errors requests\n";
 
 pub async fn run(o: Options) -> Result<(), String> {
     if o.contenders.iter().any(|c| c != "keel") {
@@ -120,9 +157,10 @@ pub async fn run(o: Options) -> Result<(), String> {
         .keel_threads
         .map(|n| format!("worker_threads = {n}\n"))
         .unwrap_or_default();
-    let pools: String = [Protocol::OpenAi, Protocol::Anthropic]
+    let mut pools: String = [Protocol::OpenAi, Protocol::Anthropic]
         .map(|p| pool_toml_of(&fleet.servers, p, &pool_name(p), &o.keel_pool))
         .concat();
+    pools.push_str(&dialect_pools(fleet.get(0), &o.keel_pool));
     let keel = KeelProcess::spawn(&format!("{threads}{pools}"), None).await?;
     if pinned {
         pin(keel.pid(), &gw_cpu);
@@ -135,7 +173,7 @@ pub async fn run(o: Options) -> Result<(), String> {
         }
     }
     let intro = format!(
-        "keel bench overhead --translated: one zero-latency simulated upstream behind an OpenAI- and an Anthropic-protocol pool; {}; streams of 16 tokens; rates {:?} req/s, {} s × {} rounds; keel worker threads: {}\n",
+        "keel bench overhead --translated: one zero-latency simulated upstream behind an OpenAI- and an Anthropic-protocol pool and one pool per cloud dialect; {}; streams of 16 tokens; rates {:?} req/s, {} s × {} rounds; keel worker threads: {}\n",
         pinning(pinned, &gw_cpu, "load generator and upstream", &bench_cpus),
         o.rates,
         o.duration,
@@ -147,42 +185,39 @@ pub async fn run(o: Options) -> Result<(), String> {
     let mut report = Vec::new();
     for &rps in &o.rates {
         // runs[client][path]
-        let mut runs: Vec<[Vec<Run>; 3]> = clients.iter().map(|_| Default::default()).collect();
+        let mut runs: Vec<Vec<Vec<Run>>> = clients
+            .iter()
+            .map(|_| PATHS.iter().map(|_| Vec::new()).collect())
+            .collect();
         for round in 0..o.rounds {
             for (ci, (_, ts)) in clients.iter().enumerate() {
-                let order = if round % 2 == 0 { [0, 1, 2] } else { [0, 2, 1] };
+                // keel's paths take turns going first, so no path always meets a warmer process.
+                let keel_paths = ts.len() - 1;
+                let order = std::iter::once(0)
+                    .chain((0..keel_paths).map(|k| 1 + (k + round as usize) % keel_paths));
                 for pi in order {
                     runs[ci][pi].push(measure(&client, &ts[pi], rps, o.duration, true).await);
                 }
             }
         }
         for ((protocol, _), by_path) in clients.iter().zip(&runs) {
-            let [direct, same, translated] = by_path.each_ref().map(|r| summarize(r));
+            let figures: Vec<Value> = by_path.iter().map(|r| summarize(r)).collect();
+            let (direct, same) = (&figures[0], &figures[1]);
             let cpu = |v: &Value| v["cpu_us_per_token"].as_f64();
             let name = protocol.as_str();
-            let mut text = line(name, rps, "same", &same, &direct, cpu(&same));
-            text += &line(
-                name,
-                rps,
-                "translated",
-                &translated,
-                &direct,
-                cpu(&translated),
-            );
-            let cpu_added = cpu(&translated).zip(cpu(&same)).map(|(t, s)| t - s);
-            text += &line(
-                name,
-                rps,
-                "translated − same",
-                &translated,
-                &same,
-                cpu_added,
-            );
+            let mut text = line(name, rps, "same", same, direct, cpu(same));
+            let mut added = serde_json::Map::new();
+            for (path, f) in PATHS.iter().zip(&figures).skip(2) {
+                text += &line(name, rps, path, f, direct, cpu(f));
+                let cpu_added = cpu(f).zip(cpu(same)).map(|(t, s)| t - s);
+                text += &line(name, rps, &format!("{path} − same"), f, same, cpu_added);
+                added.insert((*path).to_owned(), json!(cpu_added));
+            }
             print!("{text}");
             lines.push_str(&text);
             report.push(json!({"client": name, "rps": rps,
-                "paths": PATHS.iter().zip([direct, same, translated]).map(|(p, v)| json!({"path": p, "figures": v})).collect::<Vec<_>>(),
-                "translated_minus_same_cpu_us_per_token": cpu_added}));
+                "paths": PATHS.iter().zip(&figures).map(|(p, v)| json!({"path": p, "figures": v})).collect::<Vec<_>>(),
+                "minus_same_cpu_us_per_token": added}));
         }
     }
     drop(keel);

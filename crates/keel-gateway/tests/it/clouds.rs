@@ -1,0 +1,365 @@
+//! Every cloud dialect (Azure OpenAI, Gemini, Vertex AI's Gemini and Claude, Bedrock, the
+//! Responses API) as a variant behind keel, on keel-sim, which answers each in its own wire
+//! format: clients of both protocols, whole and streamed, tool calls, errors, failover, and
+//! mid-stream migration from every cloud to another, byte for byte.
+
+use serde_json::{json, Value};
+
+use keel_core::sse::SseEvent;
+
+use crate::harness::*;
+
+/// The cloud dialects, each with the `[[pools.variants]]` keys that reach it on a sim server
+/// whose root URL is `root` (the Responses API's base URL ends in `/v1`, as OpenAI's SDK's).
+const CLOUDS: [&str; 6] = [
+    "azure",
+    "gemini",
+    "vertex-gemini",
+    "vertex-claude",
+    "bedrock",
+    "responses",
+];
+
+fn cloud_variant(name: &str, root: &str) -> String {
+    let keys = match name {
+        "azure" => format!("protocol = \"azure\"\nurl = \"{root}\"\ndeployment = \"sim\"\napi_key = \"azure-key\""),
+        "gemini" => format!("protocol = \"gemini\"\nurl = \"{root}\"\nupstream_model = \"sim\"\napi_key = \"gemini-key\""),
+        "vertex-gemini" => format!("protocol = \"vertex\"\nurl = \"{root}\"\nproject = \"p\"\nlocation = \"us-east5\"\nupstream_model = \"gemini-sim\"\naccess_token = \"vertex-token\""),
+        "vertex-claude" => format!("protocol = \"vertex\"\nurl = \"{root}\"\nproject = \"p\"\nlocation = \"us-east5\"\nupstream_model = \"claude-sim@1\"\naccess_token = \"vertex-token\""),
+        "bedrock" => format!("protocol = \"bedrock\"\nurl = \"{root}\"\nregion = \"us-east-1\"\nupstream_model = \"anthropic.claude-sim-v1:0\"\naws_access_key_id = \"AKIDTEST\"\naws_secret_access_key = \"test-secret\""),
+        "responses" => format!("protocol = \"openai-responses\"\nurl = \"{root}/v1\"\nupstream_model = \"sim\"\napi_key = \"openai-key\""),
+        "openai" => format!("protocol = \"openai\"\nurl = \"{root}/v1\"\nupstream_model = \"sim\""),
+        "anthropic" => format!("protocol = \"anthropic\"\nurl = \"{root}\"\nupstream_model = \"sim\""),
+        other => panic!("no such cloud {other}"),
+    };
+    format!("[[pools.variants]]\nname = \"{name}\"\n{keys}\n")
+}
+
+/// A gateway with pool `c` over one sim server per variant in `names`, in order.
+async fn clouds(names: &[&str], pool_extra: &str) -> Harness {
+    let fleet = keel_sim::Fleet::start_n(names.len(), keel_sim::ServerConfig::fast("s"))
+        .await
+        .unwrap();
+    let mut cfg = format!(
+        "allow_force_variant = true\n[[pools]]\nname = \"c\"\n{pool_extra}\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n"
+    );
+    for (i, n) in names.iter().enumerate() {
+        cfg.push_str(&cloud_variant(n, &fleet.get(i).anthropic_base()));
+    }
+    Harness::start(fleet, &cfg).await
+}
+
+async fn forced(h: &Harness, path: &str, body: &Value, variant: &str) -> reqwest::Response {
+    h.post_with(path, &[("x-keel-force-variant", variant)], body)
+        .await
+}
+
+fn chat(prompt: &str, stream: bool) -> Value {
+    json!({"model": "c", "max_tokens": 60, "stream": stream, "messages": [{"role": "user", "content": prompt}]})
+}
+
+fn anthropic_text(events: &[SseEvent]) -> String {
+    events
+        .iter()
+        .filter(|e| e.event.as_deref() == Some("content_block_delta"))
+        .filter_map(|e| {
+            serde_json::from_str::<Value>(&e.data).ok()?["delta"]["text"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+/// The simulator's uninterrupted answer to `body`, asked of server 0 in OpenAI's words.
+async fn reference_text(h: &Harness, body: &Value) -> String {
+    let want = reference(h, 0, "/v1/chat/completions", body).await;
+    want["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn every_cloud_answers_clients_of_both_protocols_whole_and_streamed() {
+    let mut names = vec!["openai"];
+    names.extend(CLOUDS);
+    let h = clouds(&names, "").await;
+    let want = reference_text(&h, &chat("tell me about clouds", false)).await;
+    for cloud in CLOUDS {
+        // OpenAI client, whole.
+        let resp = forced(
+            &h,
+            "/v1/chat/completions",
+            &chat("tell me about clouds", false),
+            cloud,
+        )
+        .await;
+        assert_eq!(resp.status(), 200, "{cloud}");
+        assert_eq!(header(resp.headers(), "x-keel-variant"), cloud);
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["object"], "chat.completion", "{cloud}: {v}");
+        assert_eq!(v["model"], "c", "{cloud}: the public name");
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            want.as_str(),
+            "{cloud}"
+        );
+        assert_eq!(v["choices"][0]["finish_reason"], "length", "{cloud}: {v}");
+        assert!(
+            v["usage"]["completion_tokens"].as_u64().unwrap() > 0,
+            "{cloud}: {v}"
+        );
+
+        // OpenAI client, streamed.
+        let resp = forced(
+            &h,
+            "/v1/chat/completions",
+            &chat("tell me about clouds", true),
+            cloud,
+        )
+        .await;
+        assert_eq!(resp.status(), 200, "{cloud}");
+        let events = read_stream(resp).await;
+        assert_eq!(openai_stream_text(&events), want, "{cloud}: streamed text");
+        let data: Vec<&SseEvent> = events.iter().filter(|e| !e.comment_only).collect();
+        assert_eq!(data.last().unwrap().data, "[DONE]", "{cloud}");
+        assert_eq!(
+            data.iter().filter(|e| e.data == "[DONE]").count(),
+            1,
+            "{cloud}"
+        );
+
+        // Anthropic client, whole.
+        let resp = forced(
+            &h,
+            "/v1/messages",
+            &chat("tell me about clouds", false),
+            cloud,
+        )
+        .await;
+        assert_eq!(resp.status(), 200, "{cloud}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["type"], "message", "{cloud}: {v}");
+        assert_eq!(v["content"][0]["text"], want.as_str(), "{cloud}");
+        assert_eq!(v["stop_reason"], "max_tokens", "{cloud}: {v}");
+
+        // Anthropic client, streamed.
+        let resp = forced(
+            &h,
+            "/v1/messages",
+            &chat("tell me about clouds", true),
+            cloud,
+        )
+        .await;
+        let events = read_stream(resp).await;
+        assert_eq!(anthropic_text(&events), want, "{cloud}: streamed text");
+        let names: Vec<&str> = events.iter().filter_map(|e| e.event.as_deref()).collect();
+        assert_eq!(names.first(), Some(&"message_start"), "{cloud}: {names:?}");
+        assert_eq!(names.last(), Some(&"message_stop"), "{cloud}: {names:?}");
+    }
+}
+
+#[tokio::test]
+async fn every_cloud_makes_tool_calls_for_both_protocols() {
+    let h = clouds(&CLOUDS, "").await;
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    for cloud in CLOUDS {
+        for stream in [false, true] {
+            let body = json!({"model": "c", "max_tokens": 64, "stream": stream, "tools": tools,
+                "tool_choice": "required", "messages": [{"role": "user", "content": "weather in Paris?"}]});
+            let resp = forced(&h, "/v1/chat/completions", &body, cloud).await;
+            assert_eq!(resp.status(), 200, "{cloud}");
+            let (name, args, finish) = if stream {
+                let events = read_stream(resp).await;
+                let chunks: Vec<Value> = events
+                    .iter()
+                    .filter(|e| !e.comment_only && e.data != "[DONE]")
+                    .map(|e| serde_json::from_str(&e.data).unwrap())
+                    .collect();
+                let mut name = String::new();
+                let mut args = String::new();
+                let mut finish = String::new();
+                for c in &chunks {
+                    let choice = &c["choices"][0];
+                    if let Some(tc) = choice["delta"]["tool_calls"].get(0) {
+                        name.push_str(tc["function"]["name"].as_str().unwrap_or(""));
+                        args.push_str(tc["function"]["arguments"].as_str().unwrap_or(""));
+                    }
+                    if let Some(f) = choice["finish_reason"].as_str() {
+                        finish = f.to_owned();
+                    }
+                }
+                (name, args, finish)
+            } else {
+                let v: Value = resp.json().await.unwrap();
+                let tc = &v["choices"][0]["message"]["tool_calls"][0];
+                (
+                    tc["function"]["name"].as_str().unwrap_or("").to_owned(),
+                    tc["function"]["arguments"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned(),
+                    v["choices"][0]["finish_reason"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned(),
+                )
+            };
+            assert_eq!(name, "get_weather", "{cloud} stream={stream}");
+            let args: Value = serde_json::from_str(&args)
+                .unwrap_or_else(|e| panic!("{cloud} stream={stream}: arguments {args:?}: {e}"));
+            assert!(args["city"].is_string(), "{cloud} stream={stream}: {args}");
+            assert_eq!(finish, "tool_calls", "{cloud} stream={stream}");
+        }
+    }
+}
+
+/// A stream cut or stalled in any cloud continues on another cloud's variant: the client sees
+/// one stream whose text is the uninterrupted generation, byte for byte.
+#[tokio::test]
+async fn a_stream_cut_in_any_cloud_continues_in_another_byte_for_byte() {
+    // Each cloud loses its stream to another that continues by prefill (the simulator
+    // continues a trailing assistant turn exactly); every prefill dialect is a target once.
+    let targets = [
+        ("azure", "bedrock"),
+        ("gemini", "vertex-claude"),
+        ("vertex-gemini", "gemini"),
+        ("vertex-claude", "vertex-gemini"),
+        ("bedrock", "openai"),
+        ("responses", "bedrock"),
+    ];
+    for (i, (cloud, target)) in targets.into_iter().enumerate() {
+        let fault = if i % 2 == 0 {
+            json!({"kind": "close", "after_tokens": 5})
+        } else {
+            json!({"kind": "stall", "after_tokens": 7})
+        };
+        let h = clouds(&[cloud, target], "stall_ms = 400").await;
+        assert!(CLOUDS.contains(&cloud));
+        add_fault(h.server(0), fault.clone()).await;
+        let body = chat(&format!("a long story {i}"), true);
+        let want = reference(
+            &h,
+            1,
+            "/v1/chat/completions",
+            &chat(&format!("a long story {i}"), false),
+        )
+        .await;
+        let want = want["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let resp = forced(&h, "/v1/chat/completions", &body, cloud).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            header(resp.headers(), "x-keel-variant"),
+            cloud,
+            "the cloud served the first byte"
+        );
+        let id = header(resp.headers(), "x-request-id").to_owned();
+        let events = read_stream(resp).await;
+        assert_eq!(
+            openai_stream_text(&events),
+            want,
+            "{cloud} → {target} ({fault}): byte-identical to the uninterrupted answer"
+        );
+        let data: Vec<&SseEvent> = events.iter().filter(|e| !e.comment_only).collect();
+        assert_eq!(data.iter().filter(|e| e.data == "[DONE]").count(), 1);
+        let record = h.get_json(&format!("/keel/decisions/{id}")).await;
+        let text = record.to_string();
+        assert!(
+            text.contains(target) && text.contains("continuation"),
+            "{cloud} → {target}: the record shows the continuation: {record}"
+        );
+    }
+}
+
+/// The same, for an Anthropic client (its stream in Messages events) leaving Bedrock for Gemini.
+#[tokio::test]
+async fn an_anthropic_stream_leaves_bedrock_for_gemini_byte_for_byte() {
+    let h = clouds(&["bedrock", "gemini"], "stall_ms = 400").await;
+    add_fault(h.server(0), json!({"kind": "close", "after_tokens": 4})).await;
+    let want = reference(&h, 1, "/v1/messages", &chat("cross the clouds", false)).await;
+    let want = want["content"][0]["text"].as_str().unwrap().to_owned();
+    let events = read_stream(
+        forced(
+            &h,
+            "/v1/messages",
+            &chat("cross the clouds", true),
+            "bedrock",
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(anthropic_text(&events), want);
+    let names: Vec<&str> = events.iter().filter_map(|e| e.event.as_deref()).collect();
+    assert_eq!(
+        names.iter().filter(|n| **n == "message_start").count(),
+        1,
+        "{names:?}"
+    );
+    assert_eq!(
+        names.iter().filter(|n| **n == "message_stop").count(),
+        1,
+        "{names:?}"
+    );
+}
+
+/// A cloud's rate limit fails over before the first byte; with nowhere else to go, the client
+/// gets the rate limit in its own protocol with the provider's wait.
+#[tokio::test]
+async fn a_cloud_rate_limit_fails_over_and_otherwise_reaches_the_client_in_its_words() {
+    for cloud in ["gemini", "bedrock", "azure", "vertex-claude", "responses"] {
+        let h = clouds(&[cloud, "anthropic"], "").await;
+        add_fault(
+            h.server(0),
+            json!({"kind": "error", "status": 429, "retry_after_s": 7}),
+        )
+        .await;
+        let resp = forced(&h, "/v1/chat/completions", &chat("hello", false), cloud).await;
+        assert_eq!(resp.status(), 200, "{cloud}");
+        assert_eq!(
+            header(resp.headers(), "x-keel-variant"),
+            "anthropic",
+            "{cloud}: failed over"
+        );
+
+        let h = clouds(&[cloud], "").await;
+        add_fault(
+            h.server(0),
+            json!({"kind": "error", "status": 429, "retry_after_s": 7}),
+        )
+        .await;
+        let resp = h.post("/v1/chat/completions", &chat("hello", false)).await;
+        assert_eq!(resp.status(), 429, "{cloud}");
+        assert!(
+            !header(resp.headers(), "retry-after").is_empty(),
+            "{cloud}: a wait is told"
+        );
+        let v: Value = resp.json().await.unwrap();
+        assert!(
+            v["error"]["message"].is_string(),
+            "{cloud}: OpenAI's error shape: {v}"
+        );
+        let resp = h.post("/v1/messages", &chat("hello", false)).await;
+        assert_eq!(resp.status(), 429, "{cloud}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["type"], "error", "{cloud}: Anthropic's error shape: {v}");
+    }
+}
+
+/// What a dialect cannot express moves the request to a variant that can; alone, the client
+/// gets a 400 naming the field.
+#[tokio::test]
+async fn what_a_cloud_cannot_express_goes_elsewhere_or_is_a_400_naming_the_field() {
+    let body = json!({"model": "c", "max_tokens": 20, "n": 2, "messages": [{"role": "user", "content": "hi"}]});
+    let h = clouds(&["bedrock", "openai"], "").await;
+    let resp = h.post("/v1/chat/completions", &body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(resp.headers(), "x-keel-variant"), "openai");
+    let h = clouds(&["bedrock"], "").await;
+    let (status, _, v) = h.chat(&body).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains('n'), "{v}");
+}
