@@ -66,7 +66,7 @@ const person = {
   },
 };
 
-for (const model of ["demo-gpt", "demo-claude"]) {
+for (const model of ["demo-gpt", "demo-claude", "demo-clouds"]) {
   test(`openai SDK: chat.completions.parse with a JSON schema on ${model}`, async () => {
     const completion = await openai().chat.completions.parse({
       model,

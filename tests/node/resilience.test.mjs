@@ -35,6 +35,8 @@ const MIGRATIONS = [
   ["demo-claude", "claude-a"],
   ["demo-mixed", "mixed-openai"],
   ["demo-mixed", "mixed-anthropic"],
+  ["demo-clouds", "clouds-bedrock"],
+  ["demo-clouds", "clouds-gemini"],
 ];
 const WEATHER = {
   name: "get_weather",
@@ -138,7 +140,7 @@ for (const [pool, variant] of MIGRATIONS) {
 
 // 2. Streamed tool use through the SDKs' stream helpers, same protocol and across.
 
-for (const pool of ["demo-claude", "demo-gpt"]) {
+for (const pool of ["demo-claude", "demo-gpt", "demo-clouds"]) {
   test(`anthropic SDK: messages.stream with a forced tool on ${pool}`, async () => {
     const stream = anthropic().messages.stream({
       model: pool,

@@ -45,7 +45,7 @@ async function openaiStreamText(client, model) {
   return { text, finish, usage };
 }
 
-for (const model of ["demo-gpt", "demo-claude", "demo-mixed"]) {
+for (const model of ["demo-gpt", "demo-claude", "demo-mixed", "demo-clouds"]) {
   test(`openai SDK: whole and streamed answers agree on ${model}`, async () => {
     const client = openai();
     const whole = await client.chat.completions.create({
@@ -127,7 +127,7 @@ test("openai SDK: models.list and errors", async () => {
   const client = openai();
   const models = [];
   for await (const m of client.models.list()) models.push(m.id);
-  assert.deepEqual(models, ["demo-gpt", "gpt-4o-mini", "demo-claude", "demo-mixed", "demo-embed"]);
+  assert.deepEqual(models, ["demo-gpt", "gpt-4o-mini", "demo-claude", "demo-mixed", "demo-clouds", "demo-embed"]);
   await assert.rejects(
     client.chat.completions.create({ model: "no-such-model", messages: [{ role: "user", content: "hi" }] }),
     (e) => e instanceof OpenAI.NotFoundError && /models you may use/.test(e.message),

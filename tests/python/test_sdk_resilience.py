@@ -26,8 +26,11 @@ MIGRATIONS = [
     ("demo-claude", "claude-a"),
     ("demo-mixed", "mixed-openai"),
     ("demo-mixed", "mixed-anthropic"),
+    ("demo-clouds", "clouds-bedrock"),
+    ("demo-clouds", "clouds-gemini"),
+    ("demo-clouds", "clouds-vertex"),
 ]
-POOLS = ["demo-gpt", "demo-claude", "demo-mixed"]
+POOLS = ["demo-gpt", "demo-claude", "demo-mixed", "demo-clouds"]
 
 WEATHER = {
     "name": "get_weather",
@@ -183,7 +186,7 @@ OPENAI_TOOL = {
 TOOL_PROMPT = [{"role": "user", "content": "what is the weather in Paris"}]
 
 
-@pytest.mark.parametrize("pool", ["demo-claude", "demo-gpt"])
+@pytest.mark.parametrize("pool", ["demo-claude", "demo-gpt", "demo-clouds"])
 def test_anthropic_stream_helper_with_a_forced_tool(faults, pool):
     client = anthropic_client(faults)
     partial, snapshot = "", None
@@ -207,7 +210,7 @@ def test_anthropic_stream_helper_with_a_forced_tool(faults, pool):
     assert_schema_valid(used[0].input)
 
 
-@pytest.mark.parametrize("pool", ["demo-gpt", "demo-claude"])
+@pytest.mark.parametrize("pool", ["demo-gpt", "demo-claude", "demo-clouds"])
 def test_openai_stream_helper_with_a_forced_tool(faults, pool):
     client = openai_client(faults)
     deltas, done = "", None

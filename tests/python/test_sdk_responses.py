@@ -7,7 +7,7 @@ import openai
 import pydantic
 import pytest
 
-POOLS = ["demo-gpt", "demo-claude", "demo-mixed"]
+POOLS = ["demo-gpt", "demo-claude", "demo-mixed", "demo-clouds"]
 
 WEATHER = {
     "type": "function",
