@@ -332,7 +332,7 @@ fn whole_response(
 }
 
 /// Signs `req` with SigV4 for the `bedrock` service (the AWS SDKs' own signer).
-fn sign_sigv4(
+pub fn sign_sigv4(
     req: &mut Request,
     region: &str,
     keys: &crate::config::cloud::AwsKeys,
