@@ -12,7 +12,7 @@
 //!
 //! | Messages | Converse | notes |
 //! |---|---|---|
-//! | `system` (string or text blocks) | `system` `[{text}]` | `cache_control` → a `cachePoint` after the block |
+//! | `system` (string or text blocks) | `system` `[{text}]` | `cache_control` (on any block or tool) → a `cachePoint` after it, `ttl` kept |
 //! | `messages` text / image (`base64`) / document (`base64` PDF, plain text) | `{text}` / `{image:{format,source:{bytes}}}` / `{document:{format,name,source:{bytes}}}` | consecutive turns of one role are merged (Converse refuses them): `turns_merged` |
 //! | `tool_use` / `tool_result` (`is_error`) | `{toolUse:{toolUseId,name,input}}` / `{toolResult:{toolUseId,content,status}}` | |
 //! | `thinking` (signed) / `redacted_thinking` | `{reasoningContent:{reasoningText:{text,signature}}}` / `{reasoningContent:{redactedContent}}` | unsigned thinking (from an OpenAI client): `thinking_dropped` |
@@ -184,12 +184,6 @@ fn number(v: &Value, path: &str) -> Result<Value, RequestError> {
     }
 }
 
-/// The cache point Converse puts after the content to cache (Anthropic marks the last cached
-/// block itself with `cache_control`).
-fn cache_point() -> Value {
-    json!({"cachePoint": {"type": "default"}})
-}
-
 fn system(v: &Value, fixes: &mut Fixes) -> Result<Vec<Value>, RequestError> {
     match v {
         Value::Null => Ok(Vec::new()),
@@ -214,13 +208,21 @@ fn system(v: &Value, fixes: &mut Fixes) -> Result<Vec<Value>, RequestError> {
     }
 }
 
-/// A cache point after a block marked `cache_control`.
+/// A cache point after a block marked `cache_control`: Converse marks the end of the content
+/// to cache with a block of its own, Anthropic marks the last cached block. Both know the
+/// `5m` and `1h` lifetimes.
 fn cache_control(block: &Value, out: &mut Vec<Value>, fixes: &mut Fixes) {
     if let Some(cc) = block.get("cache_control").filter(|c| !c.is_null()) {
-        if cc.get("ttl").is_some() {
-            fixes.dropped("cache_ttl");
+        let mut point = Map::new();
+        point.insert("type".into(), "default".into());
+        match cc.get("ttl") {
+            None | Some(Value::Null) => {}
+            Some(ttl @ Value::String(t)) if t == "5m" || t == "1h" => {
+                point.insert("ttl".into(), ttl.clone());
+            }
+            Some(_) => fixes.dropped("cache_ttl"),
         }
-        out.push(cache_point());
+        out.push(json!({"cachePoint": point}));
     }
 }
 

@@ -109,6 +109,23 @@ fn tool_choices_map_to_converse_choices() {
 }
 
 #[test]
+fn cached_tools_get_a_cache_point_after_them() {
+    let (body, fixes) = converse(json!({"model": "anthropic.claude", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "a", "input_schema": {"type": "object"}, "strict": true},
+            {"name": "b", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}]}));
+    assert_eq!(
+        body["toolConfig"]["tools"],
+        json!([
+            {"toolSpec": {"name": "a", "inputSchema": {"json": {"type": "object"}}}},
+            {"toolSpec": {"name": "b", "inputSchema": {"json": {"type": "object"}}}},
+            {"cachePoint": {"type": "default"}}
+        ])
+    );
+    assert_eq!(fixes, vec!["strict_dropped"]);
+}
+
+#[test]
 fn tool_choice_none_drops_tools_unless_the_history_needs_them() {
     let tools = json!([{"name": "get_weather", "input_schema": {"type": "object"}}]);
     let (body, fixes) = converse(json!({"model": "anthropic.claude", "max_tokens": 10,
@@ -174,11 +191,11 @@ fn consecutive_turns_are_merged_and_a_prefill_is_kept_last() {
     assert_eq!(
         body["messages"],
         json!([
-            {"role": "user", "content": [{"text": "one"}, {"text": "two"}, {"cachePoint": {"type": "default"}}]},
+            {"role": "user", "content": [{"text": "one"}, {"text": "two"}, {"cachePoint": {"type": "default", "ttl": "1h"}}]},
             {"role": "assistant", "content": [{"text": "The answer is"}]}
         ])
     );
-    assert_eq!(fixes, vec!["cache_ttl_dropped", "turns_merged"]);
+    assert_eq!(fixes, vec!["turns_merged"]);
 }
 
 #[test]
