@@ -299,7 +299,7 @@ fn content(
                 out.push(json!({"text": text}));
             }
             "image" => out.push(image(b, &path)?),
-            "document" => out.push(document(b, &path, j)?),
+            "document" => out.push(document(b, &path)?),
             "tool_use" => {
                 let name = str_field(b, "name", &path)?;
                 history_tools.used = true;
@@ -398,8 +398,9 @@ fn image(b: &Value, path: &str) -> Result<Value, RequestError> {
 }
 
 /// A document block. Converse requires a name (letters, digits, single spaces, hyphens,
-/// parentheses, brackets): the title, cleaned, else `document-<n>`.
-fn document(b: &Value, path: &str, n: usize) -> Result<Value, RequestError> {
+/// parentheses, brackets): the title, cleaned, else one from the block's place in the request
+/// (`document messages[0] content[2]`), which no other document has.
+fn document(b: &Value, path: &str) -> Result<Value, RequestError> {
     let source = b.get("source").unwrap_or(&Value::Null);
     let (format, bytes) = match source.get("type").and_then(Value::as_str) {
         Some("text") => {
@@ -429,7 +430,7 @@ fn document(b: &Value, path: &str, n: usize) -> Result<Value, RequestError> {
     }
     let name = name.trim_end();
     let name = if name.is_empty() {
-        format!("document-{}", n + 1)
+        format!("document {}", path.replace('.', " "))
     } else {
         name.to_owned()
     };
@@ -449,7 +450,7 @@ fn tool_result_content(v: Option<&Value>, path: &str) -> Result<Vec<Value>, Requ
                     "text" => out
                         .push(json!({"text": b.get("text").and_then(Value::as_str).unwrap_or("")})),
                     "image" => out.push(image(b, &path)?),
-                    "document" => out.push(document(b, &path, k)?),
+                    "document" => out.push(document(b, &path)?),
                     other => {
                         return Err(unsupported(
                             &format!("{path}.type"),

@@ -174,7 +174,7 @@ fn tool_results_carry_blocks_and_error_status() {
             {"toolResult": {"toolUseId": "t1", "status": "error", "content": [
                 {"text": "boom"}, {"image": {"format": "jpeg", "source": {"bytes": "/9j/"}}}]}},
             {"document": {"format": "pdf", "name": "Q3 report final", "source": {"bytes": "JVBERi0="}}},
-            {"document": {"format": "txt", "name": "document-3", "source": {"bytes": "aGk="}}}
+            {"document": {"format": "txt", "name": "document messages[1] content[2]", "source": {"bytes": "aGk="}}}
         ])
     );
 }
