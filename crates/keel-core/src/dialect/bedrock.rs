@@ -44,8 +44,12 @@
 //! `input_json_delta`, `thinking_delta`, `signature_delta`; `contentBlockStop` →
 //! `content_block_stop`. `messageStop` carries the stop reason and `metadata`, after it, the
 //! usage: `message_delta` + `message_stop` go out when `metadata` arrives, or when the body ends
-//! after a `messageStop` without one. A body that ends before `messageStop` adds nothing, so the
-//! gateway sees a cut stream. Exception frames become an `error` event.
+//! after a `messageStop` without one. Converse tells no token count before its end, so
+//! `message_start` counts zero and `message_delta` carries the whole usage, input and cache
+//! counts included (as Anthropic's own `message_delta` does). A body that ends before
+//! `messageStop` adds nothing, so the gateway sees a cut stream. Exception frames become an
+//! `error` event; one of the model's own (`modelStreamErrorException`) is classed by the status
+//! it carries (`originalStatusCode` 429: rate limited, 503/529: overloaded).
 
 use aws_smithy_eventstream::frame::{write_message_to, DecodedFrame, MessageFrameDecoder};
 use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
