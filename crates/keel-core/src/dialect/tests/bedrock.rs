@@ -840,3 +840,24 @@ fn error_bodies_map_by_exception() {
         json!({"type": "api_error", "message": "Bad Gateway"})
     );
 }
+
+#[test]
+fn a_model_stream_error_is_classed_by_the_status_it_carries() {
+    let payload = json!({"message": "Model is overloaded", "originalStatusCode": 529,
+        "originalMessage": "{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}"});
+    let frame = frame_bytes(
+        &Message::new(serde_json::to_vec(&payload).expect("JSON"))
+            .add_header(string_header(
+                ":exception-type",
+                "modelStreamErrorException",
+            ))
+            .add_header(string_header(":content-type", "application/json"))
+            .add_header(string_header(":message-type", "exception")),
+    );
+    let evs = events(&hub_text(&[&frame], true).expect("decodes"));
+    let v: Value = serde_json::from_str(&evs[0].data).expect("JSON");
+    assert_eq!(
+        v["error"],
+        json!({"type": "overloaded_error", "message": "modelStreamErrorException: Model is overloaded"})
+    );
+}
