@@ -801,8 +801,9 @@ fn header<'a>(message: &'a Message, name: &str) -> Option<&'a str> {
         .map(|s| s.as_str())
 }
 
-/// The largest frame accepted (the event-stream format's own limit is 16 MiB).
-const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024 + 1024;
+/// The largest frame accepted: the event-stream format's own limit (16 MiB of payload) and
+/// room for headers.
+const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024 + 128 * 1024;
 
 /// What a Converse content block is in the hub's words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -830,6 +831,8 @@ pub struct Stream {
     decoder: MessageFrameDecoder,
     /// Bytes not yet consumed by the decoder.
     pending: Vec<u8>,
+    /// The decoder holds the prelude of a frame whose rest has not all arrived.
+    in_frame: bool,
     started: bool,
     blocks: Vec<Block>,
     /// `messageStop` seen: the Anthropic stop reason and stop sequence.
@@ -846,6 +849,7 @@ impl Stream {
             model: model.to_owned(),
             decoder: MessageFrameDecoder::new(),
             pending: Vec::new(),
+            in_frame: false,
             started: false,
             blocks: Vec::new(),
             stop: None,
@@ -1087,25 +1091,38 @@ impl StreamToHub for Stream {
                 break Ok(());
             }
             let mut rest = &self.pending[consumed..];
+            // A frame starts with its total length: refuse a huge one before waiting for it
+            // (its checksums are checked only once it is whole).
+            if !self.in_frame {
+                if let Some(len) = rest.get(..4) {
+                    let total = u32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+                    if total as usize > MAX_FRAME_BYTES {
+                        break Err(format!(
+                            "Bedrock stream: a frame of {total} bytes exceeds {MAX_FRAME_BYTES}"
+                        ));
+                    }
+                }
+            }
             let before = rest.len();
             let decoded = self.decoder.decode_frame(&mut rest);
-            consumed += before - rest.len();
+            let read = before - rest.len();
+            consumed += read;
             match decoded {
                 Ok(DecodedFrame::Complete(message)) => {
+                    self.in_frame = false;
                     if let Err(e) = self.frame(&message, out) {
                         break Err(e);
                     }
                 }
-                Ok(DecodedFrame::Incomplete) => break Ok(()),
+                Ok(DecodedFrame::Incomplete) => {
+                    // The decoder keeps a prelude it has read; the rest of the frame follows.
+                    self.in_frame |= read > 0;
+                    break Ok(());
+                }
                 Err(e) => break Err(format!("Bedrock stream: a bad event-stream frame: {e}")),
             }
         };
         self.pending.drain(..consumed);
-        if result.is_ok() && self.pending.len() > MAX_FRAME_BYTES {
-            return Err(format!(
-                "Bedrock stream: a frame exceeds {MAX_FRAME_BYTES} bytes"
-            ));
-        }
         result
     }
 

@@ -861,3 +861,16 @@ fn a_model_stream_error_is_classed_by_the_status_it_carries() {
         json!({"type": "overloaded_error", "message": "modelStreamErrorException: Model is overloaded"})
     );
 }
+
+#[test]
+fn a_frame_claiming_a_huge_length_is_refused_before_it_arrives() {
+    let mut prelude = (200u32 * 1024 * 1024).to_be_bytes().to_vec();
+    prelude.extend_from_slice(&[0, 0, 0, 0]);
+    let mut s = Stream::new("m");
+    let mut out = Vec::new();
+    // After a whole frame, and split inside the length.
+    let start = encode_frame("messageStart", &json!({"role": "assistant"}));
+    s.feed(&start, &mut out).expect("a good frame");
+    s.feed(&prelude[..2], &mut out).expect("not yet a length");
+    assert!(s.feed(&prelude[2..], &mut out).is_err());
+}
