@@ -19,7 +19,7 @@
 //! | a trailing assistant turn (prefill, continuation) | kept as the trailing `assistant` turn | |
 //! | `max_tokens`, `temperature`, `top_p`, `stop_sequences` | `inferenceConfig` `maxTokens`, `temperature`, `topP`, `stopSequences` | |
 //! | `top_k`, `thinking` | `additionalModelRequestFields` (by model family, above) | other models: `top_k_dropped`, `thinking_dropped` |
-//! | `tools` (`input_schema`), `tool_choice` auto / any / tool | `toolConfig.tools[].toolSpec` (`inputSchema.json`), `toolChoice` `{auto:{}}` / `{any:{}}` / `{tool:{name}}` | `disable_parallel_tool_use` dropped |
+//! | `tools` (`input_schema`), `tool_choice` auto / any / tool | `toolConfig.tools[].toolSpec` (`inputSchema.json`), `toolChoice` `{auto:{}}` / `{any:{}}` / `{tool:{name}}` | `disable_parallel_tool_use`, a tool's `strict` and other fields: `<field>_dropped` |
 //! | `tool_choice` none | no `toolConfig` (`tool_choice_none_without_tools`), or, when the history holds tool blocks (Converse then requires `toolConfig`), the tools without a `toolChoice` (`tool_choice_none_as_auto`) | |
 //! | tool blocks in the history, no `tools` | `toolConfig` with a bare spec per name used (`tool_config_from_history`) | |
 //! | `metadata`, `service_tier`, unknown fields | — | `<field>_dropped` |
@@ -50,6 +50,21 @@
 //! `messageStop` adds nothing, so the gateway sees a cut stream. Exception frames become an
 //! `error` event; one of the model's own (`modelStreamErrorException`) is classed by the status
 //! it carries (`originalStatusCode` 429: rate limited, 503/529: overloaded).
+//!
+//! An error answer names its exception in the `x-amzn-ErrorType` header (or the body's
+//! `__type`); the hub's error kind follows it, else the HTTP status, and the message leads with
+//! the exception's name (`ThrottlingException: Too many requests…`):
+//!
+//! | exception | hub error |
+//! |---|---|
+//! | Throttling, ServiceQuotaExceeded | `rate_limit_error` |
+//! | ServiceUnavailable, ModelNotReady | `overloaded_error` |
+//! | ModelTimeout | `timeout_error` |
+//! | Validation | `invalid_request_error` |
+//! | AccessDenied | `permission_error` |
+//! | UnrecognizedClient, ExpiredToken, InvalidSignature, IncompleteSignature | `authentication_error` |
+//! | ResourceNotFound | `not_found_error` |
+//! | InternalServer, ModelError, ModelStreamError | `api_error` |
 
 use aws_smithy_eventstream::frame::{write_message_to, DecodedFrame, MessageFrameDecoder};
 use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
