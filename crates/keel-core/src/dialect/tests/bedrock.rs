@@ -874,3 +874,51 @@ fn a_frame_claiming_a_huge_length_is_refused_before_it_arrives() {
     s.feed(&prelude[..2], &mut out).expect("not yet a length");
     assert!(s.feed(&prelude[2..], &mut out).is_err());
 }
+
+#[test]
+fn a_forced_json_tool_streams_to_an_openai_client_as_content() {
+    let body = [
+        encode_frame("messageStart", &json!({"role": "assistant"})),
+        encode_frame("contentBlockStart", &json!({"contentBlockIndex": 0,
+            "start": {"toolUse": {"toolUseId": "tooluse_1", "name": "summary"}}})),
+        encode_frame("contentBlockDelta", &json!({"contentBlockIndex": 0, "delta": {"toolUse": {"input": "{\"text\":"}}})),
+        encode_frame("contentBlockDelta", &json!({"contentBlockIndex": 0, "delta": {"toolUse": {"input": " \"ok\"}"}}})),
+        encode_frame("contentBlockStop", &json!({"contentBlockIndex": 0})),
+        encode_frame("messageStop", &json!({"stopReason": "tool_use"})),
+        encode_frame("metadata", &json!({"usage": {"inputTokens": 9, "outputTokens": 4, "totalTokens": 13}, "metrics": {"latencyMs": 40}})),
+    ]
+    .concat();
+    let ctx = ResponseContext {
+        json_tool: Some("summary".into()),
+        include_usage: false,
+    };
+    let mut t = AnthropicToChatStream::new(ctx, "m", 7);
+    let mut out = Vec::new();
+    for e in events(&hub_text(&[&body], true).expect("decodes")) {
+        t.push(&e, &mut out).expect("translates");
+    }
+    let chunks: Vec<Value> = out
+        .iter()
+        .filter(|e| e.data != "[DONE]")
+        .map(|e| serde_json::from_str(&e.data).expect("JSON"))
+        .collect();
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| {
+            c.pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+        })
+        .collect();
+    assert_eq!(content, "{\"text\": \"ok\"}");
+    assert!(chunks
+        .iter()
+        .all(|c| c.pointer("/choices/0/delta/tool_calls").is_none()));
+    let finish: Vec<&str> = chunks
+        .iter()
+        .filter_map(|c| {
+            c.pointer("/choices/0/finish_reason")
+                .and_then(Value::as_str)
+        })
+        .collect();
+    assert_eq!(finish, vec!["stop"]);
+}
