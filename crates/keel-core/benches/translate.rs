@@ -17,6 +17,9 @@
 //! - `…/first_…` and `…/last_…`: the events before the first token and after the last
 //!   (role chunk, `message_start`, block starts; finish, usage, `[DONE]`, `message_stop`).
 //! - `request/*`: request translation, with the JSON parse of the same body as a scale.
+//! - `bedrock/*`: the Bedrock Converse dialect: the hub request (the typical chat request,
+//!   translated to Messages) as a Converse body, one streamed text delta frame decoded into its
+//!   Anthropic event, and a whole Converse answer as an Anthropic message.
 //!
 //! Not included, the same in both paths or not in keel-core: the clock read per output event,
 //! the write to the client socket, and the gateway's `model` rename (a byte scan done on
@@ -30,6 +33,7 @@ use serde_json::{json, Map, Value};
 use std::hint::black_box;
 
 use keel_core::continuation::Stitcher;
+use keel_core::dialect::{bedrock, StreamToHub};
 use keel_core::protocol::{event_role, EventRole, Protocol};
 use keel_core::sse::{SseDecoder, SseEvent, DEFAULT_MAX_EVENT_BYTES};
 use keel_core::stream_watch::{carries_tokens, oversized_index, Hold, ToolCallHold};
@@ -444,6 +448,60 @@ fn request_benches(c: &mut Criterion) {
     g.finish();
 }
 
+fn bedrock_benches(c: &mut Criterion) {
+    let mut hub = chat_to_messages(&chat_request(), 4096)
+        .expect("translates")
+        .body;
+    hub.insert(
+        "model".into(),
+        json!("anthropic.claude-sonnet-4-20250514-v1:0"),
+    );
+    let mut stream = bedrock::Stream::new("bench");
+    let mut out = Vec::new();
+    let start = [
+        bedrock::encode_frame(
+            "messageStart",
+            &json!({"role": "assistant", "p": "abcdefgh"}),
+        ),
+        bedrock::encode_frame(
+            "contentBlockDelta",
+            &json!({"contentBlockIndex": 0, "delta": {"text": "The"}, "p": "abcd"}),
+        ),
+    ]
+    .concat();
+    stream.feed(&start, &mut out).expect("decodes");
+    let token = bedrock::encode_frame(
+        "contentBlockDelta",
+        &json!({"contentBlockIndex": 0, "delta": {"text": " gateway"}, "p": "abcdefghijk"}),
+    );
+    let answer = json!({
+        "output": {"message": {"role": "assistant", "content": [
+            {"text": "It stalled: keel continued it on another replica from the text already delivered."},
+            {"toolUse": {"toolUseId": "tooluse_kZJMlvQmRJ6eAyJE5GIl7Q", "name": "search_docs",
+                "input": {"query": "migration per pool", "limit": 3}}}
+        ]}},
+        "stopReason": "tool_use",
+        "usage": {"inputTokens": 412, "outputTokens": 38, "totalTokens": 1474,
+            "cacheReadInputTokens": 1024, "cacheWriteInputTokens": 0},
+        "metrics": {"latencyMs": 812}
+    })
+    .to_string();
+    let mut g = c.benchmark_group("bedrock");
+    g.bench_function("request", |b| {
+        b.iter(|| bedrock::request(black_box(&hub)).is_ok())
+    });
+    g.bench_function("stream_token", |b| {
+        b.iter(|| {
+            out.clear();
+            stream.feed(black_box(&token), &mut out).is_ok()
+        })
+    });
+    g.bench_function("whole", |b| {
+        b.iter(|| bedrock::whole(black_box(answer.as_bytes()), "bench").is_ok())
+    });
+    g.finish();
+}
+
 // ---------------------------------------------------------------------------------------------
 // The summary: read back Criterion's estimates (median ns per iteration).
 
@@ -519,6 +577,7 @@ fn main() {
         }
     }
     request_benches(&mut c);
+    bedrock_benches(&mut c);
     c.final_summary();
     // `cargo test --benches` (no `--bench`) and `-- --test` run each benchmark once: no
     // estimates to read.

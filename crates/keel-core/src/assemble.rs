@@ -60,6 +60,10 @@ pub struct Assembler {
     stop_reason: Value,
     stop_sequence: Value,
     output_tokens: Value,
+    /// The token counts of `message_delta`'s `usage` (cumulative: they replace those of
+    /// `message_start`). Anthropic sends the input counts there too; a dialect that learns
+    /// them only at the end (Bedrock, Gemini) sends them only there.
+    delta_usage: Map<String, Value>,
     /// Bytes accumulated so far (see [`MAX_ASSEMBLED_BYTES`]).
     accumulated: usize,
     /// The `model` the answer is given, whatever its events said ([`Assembler::answering_as`]).
@@ -293,6 +297,11 @@ impl Assembler {
                     .pointer("/usage/output_tokens")
                     .cloned()
                     .unwrap_or(Value::Null);
+                if let Some(Value::Object(u)) = v.get("usage") {
+                    for (key, n) in u.iter().filter(|(_, n)| n.is_u64()) {
+                        self.delta_usage.insert(key.clone(), n.clone());
+                    }
+                }
             }
             _ => {}
         }
@@ -355,6 +364,7 @@ impl Assembler {
                 if !self.output_tokens.is_null() {
                     usage.insert("output_tokens".into(), self.output_tokens);
                 }
+                usage.extend(self.delta_usage);
                 let member = |key: &str| first.get(key).cloned().unwrap_or_default();
                 Answer::Message(answer::Message {
                     id: member("id"),
@@ -473,6 +483,20 @@ mod tests {
         assert_eq!(
             (body["model"].as_str(), body["id"].as_str()),
             (Some("public"), Some("msg"))
+        );
+    }
+
+    #[test]
+    fn anthropic_usage_counts_of_message_delta_replace_those_of_message_start() {
+        let mut a = Assembler::new();
+        let ev = |n: &str, v: Value| SseEvent::new(Some(n), &v.to_string());
+        a.push(Protocol::Anthropic, &ev("message_start", json!({"message": {"id": "msg", "model": "m", "usage": {"input_tokens": 0, "output_tokens": 0}}}))).unwrap();
+        a.push(Protocol::Anthropic, &ev("message_delta", json!({"delta": {"stop_reason": "end_turn", "stop_sequence": null},
+            "usage": {"input_tokens": 30, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 100, "output_tokens": 12, "server_tool_use": null}}))).unwrap();
+        let body = a.finish(Endpoint::Messages).to_value();
+        assert_eq!(
+            body["usage"],
+            json!({"input_tokens": 30, "output_tokens": 12, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 100})
         );
     }
 
