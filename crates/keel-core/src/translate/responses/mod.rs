@@ -11,6 +11,10 @@
 //!
 //! keel keeps no state, so what needs stored responses is refused with a 400 naming the field.
 //!
+//! The reverse direction, a variant that speaks only Responses behind the Chat hub, is the
+//! upstream dialect `crate::dialect::responses`: the same tables read the other way, sharing
+//! the usage and finish-reason mappings below.
+//!
 //! # Requests, Responses → Chat Completions ([`responses_to_chat`])
 //!
 //! | Responses | Chat Completions | notes |
