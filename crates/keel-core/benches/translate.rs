@@ -20,6 +20,11 @@
 //! - `bedrock/*`: the Bedrock Converse dialect: the hub request (the typical chat request,
 //!   translated to Messages) as a Converse body, one streamed text delta frame decoded into its
 //!   Anthropic event, and a whole Converse answer as an Anthropic message.
+//! - `dialect_responses/*`: the OpenAI Responses upstream: the typical request in its words
+//!   (`request`), one text delta event mid-stream to Chat chunks (`token`), a whole Response
+//!   to a chat completion (`whole`).
+//! - `dialect_azure/*`: Azure OpenAI: one annotated chunk with its annotations removed
+//!   (`token`), a whole annotated answer (`whole`).
 //!
 //! Not included, the same in both paths or not in keel-core: the clock read per output event,
 //! the write to the client socket, and the gateway's `model` rename (a byte scan done on
@@ -503,6 +508,94 @@ fn bedrock_benches(c: &mut Criterion) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Dialects at the upstream edge: the hub request in the dialect's words, one streamed event
+// of the dialect's back in the hub's, a whole answer.
+
+/// A Responses-API token event, as OpenAI writes it.
+fn responses_delta(seq: usize, delta: &str) -> Vec<u8> {
+    let v = json!({"type": "response.output_text.delta", "sequence_number": seq,
+        "item_id": "msg_68af40337e3881939b4ae6d8ba1d8e3805438e46b5f69a3b", "output_index": 0,
+        "content_index": 0, "delta": delta, "logprobs": []});
+    format!("event: response.output_text.delta\ndata: {v}\n\n").into_bytes()
+}
+
+fn responses_benches(c: &mut Criterion) {
+    use keel_core::dialect::{responses, StreamToHub};
+    let chat = chat_request();
+    let created = {
+        let r = json!({"type": "response.created", "sequence_number": 0, "response": {
+            "id": "resp_68af4030592c81938ec0a5fbab4a3e9f05438e46b5f69a3b", "object": "response",
+            "created_at": 1756315696, "status": "in_progress", "model": "gpt-4.1", "output": []}});
+        format!("event: response.created\ndata: {r}\n\n").into_bytes()
+    };
+    let pieces = pieces(Content::Text, TOKENS);
+    let token = responses_delta(TOKENS / 2 + 1, &pieces[TOKENS / 2]);
+    let answer = json!({"id": "resp_68af4030592c81938ec0a5fbab4a3e9f05438e46b5f69a3b", "object": "response",
+        "created_at": 1756315696, "status": "completed", "model": "gpt-4.1",
+        "output": [{"id": "msg_68af40337e3881939b4ae6d8ba1d8e3805438e46b5f69a3b", "type": "message",
+            "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "annotations": [], "text": pieces.concat()}]}],
+        "usage": {"input_tokens": 180, "input_tokens_details": {"cached_tokens": 128},
+            "output_tokens": TOKENS, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 180 + TOKENS}})
+    .to_string();
+    let mut g = c.benchmark_group("dialect_responses");
+    g.bench_function("request", |b| {
+        b.iter(|| responses::request(black_box(&chat)).is_ok())
+    });
+    g.bench_function("token", |b| {
+        b.iter_batched_ref(
+            || {
+                let mut s = responses::Stream::new("bench", true);
+                let mut out = Vec::new();
+                s.feed(&created, &mut out).expect("a Responses stream");
+                for (i, p) in pieces[..TOKENS / 2].iter().enumerate() {
+                    s.feed(&responses_delta(i + 1, p), &mut out)
+                        .expect("a Responses stream");
+                }
+                (s, Vec::with_capacity(256))
+            },
+            |(s, out)| s.feed(black_box(&token), out).is_ok(),
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("whole", |b| {
+        b.iter(|| responses::whole(black_box(answer.as_bytes()), "bench").is_ok())
+    });
+    g.finish();
+}
+
+fn azure_benches(c: &mut Criterion) {
+    use keel_core::dialect::{azure, StreamToHub};
+    let filters = json!({"hate": {"filtered": false, "severity": "safe"}, "self_harm": {"filtered": false, "severity": "safe"},
+        "sexual": {"filtered": false, "severity": "safe"}, "violence": {"filtered": false, "severity": "safe"}});
+    let token = format!(
+        "data: {}\n\n",
+        json!({"choices": [{"content_filter_results": filters, "delta": {"content": " replica"}, "finish_reason": null,
+            "index": 0, "logprobs": null}], "created": 1727000000, "id": "chatcmpl-AAm7r", "model": "gpt-4o-2024-08-06",
+            "object": "chat.completion.chunk", "system_fingerprint": "fp_b2ffeb16ee"})
+    )
+    .into_bytes();
+    let answer = json!({"choices": [{"content_filter_results": filters, "finish_reason": "stop", "index": 0, "logprobs": null,
+            "message": {"content": pieces(Content::Text, TOKENS).concat(), "refusal": null, "role": "assistant"}}],
+        "created": 1727000000, "id": "chatcmpl-AAm7r", "model": "gpt-4o-2024-08-06", "object": "chat.completion",
+        "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": filters}],
+        "usage": {"completion_tokens": TOKENS, "prompt_tokens": 180, "total_tokens": 180 + TOKENS}})
+    .to_string();
+    let mut g = c.benchmark_group("dialect_azure");
+    g.bench_function("token", |b| {
+        b.iter_batched_ref(
+            || (azure::Stream::new(), Vec::with_capacity(256)),
+            |(s, out)| s.feed(black_box(&token), out).is_ok(),
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("whole", |b| {
+        b.iter(|| azure::whole(black_box(answer.as_bytes())).is_ok())
+    });
+    g.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
 // The summary: read back Criterion's estimates (median ns per iteration).
 
 fn median_ns(dir: &Path, group: &str, id: &str) -> Option<f64> {
@@ -578,6 +671,8 @@ fn main() {
     }
     request_benches(&mut c);
     bedrock_benches(&mut c);
+    responses_benches(&mut c);
+    azure_benches(&mut c);
     c.final_summary();
     // `cargo test --benches` (no `--bench`) and `-- --test` run each benchmark once: no
     // estimates to read.

@@ -11,6 +11,10 @@
 //!
 //! keel keeps no state, so what needs stored responses is refused with a 400 naming the field.
 //!
+//! The reverse direction, a variant that speaks only Responses behind the Chat hub, is the
+//! upstream dialect `crate::dialect::responses`: the same tables read the other way, sharing
+//! the usage and finish-reason mappings below.
+//!
 //! # Requests, Responses → Chat Completions ([`responses_to_chat`])
 //!
 //! | Responses | Chat Completions | notes |
@@ -134,6 +138,46 @@ impl Ending {
             _ => Ending::Completed,
         }
     }
+}
+
+/// An incomplete Response's `incomplete_details.reason` → Chat `finish_reason`: the inverse of
+/// [`Ending::of_finish`], for Responses-API upstreams (`crate::dialect::responses`).
+pub(crate) fn finish_of_incomplete(reason: Option<&str>) -> &'static str {
+    match reason {
+        Some("content_filter") => "content_filter",
+        // max_output_tokens, and any newer reason: the answer was cut short.
+        _ => "length",
+    }
+}
+
+/// Responses usage → Chat usage: the inverse of [`usage_of`]. The detail objects are kept
+/// only where the Response carried them.
+pub(crate) fn usage_to_chat(usage: &Value) -> Value {
+    let n = |p: &str| usage.pointer(p).and_then(Value::as_u64);
+    let (input, output) = (
+        n("/input_tokens").unwrap_or(0),
+        n("/output_tokens").unwrap_or(0),
+    );
+    let mut out = Map::new();
+    out.insert("prompt_tokens".into(), input.into());
+    out.insert("completion_tokens".into(), output.into());
+    out.insert(
+        "total_tokens".into(),
+        n("/total_tokens").unwrap_or(input + output).into(),
+    );
+    if let Some(c) = n("/input_tokens_details/cached_tokens") {
+        out.insert(
+            "prompt_tokens_details".into(),
+            json!({ "cached_tokens": c }),
+        );
+    }
+    if let Some(r) = n("/output_tokens_details/reasoning_tokens") {
+        out.insert(
+            "completion_tokens_details".into(),
+            json!({ "reasoning_tokens": r }),
+        );
+    }
+    Value::Object(out)
 }
 
 /// Chat usage → Responses usage.
