@@ -17,6 +17,7 @@
 //! | `thinking` enabled (budget) / adaptive / disabled | `thinkingConfig {thinkingBudget: budget / -1, includeThoughts: true}` / none | |
 //! | `output_format` / `output_config.format` `json_schema` | `responseMimeType: application/json` + `responseJsonSchema` | `output_config.effort` dropped: `effort_dropped` |
 //! | `metadata`, `service_tier`, unknown fields | — | dropped: `<field>_dropped` |
+//! | `mcp_servers` | — | **refused** |
 //!
 //! Structured output needs nothing of its own: the hub expresses a client's `response_format`
 //! as a forced tool, which becomes a forced function (`ANY` with one allowed name).
@@ -106,6 +107,9 @@ pub fn request(hub: &Map<String, Value>) -> Result<DialectRequest, RequestError>
     let present = |k: &str| hub.get(k).filter(|v| !v.is_null());
     let mut body = Map::new();
 
+    if present("mcp_servers").is_some() {
+        return Err(unsupported("mcp_servers", "an MCP server"));
+    }
     let messages = present("messages")
         .and_then(Value::as_array)
         .ok_or_else(|| RequestError::invalid("messages: an array is required"))?;
@@ -784,8 +788,6 @@ pub struct Stream {
     calls: usize,
     /// `message_stop` or an `error` event was written: the hub stream is over.
     over: bool,
-    /// The upstream's own end (a `finishReason`, a blocked prompt) was read.
-    finished: bool,
 }
 
 impl Stream {
@@ -801,7 +803,6 @@ impl Stream {
             next_index: 0,
             calls: 0,
             over: false,
-            finished: false,
         }
     }
 
@@ -883,7 +884,6 @@ impl Stream {
                 Some("message_stop"),
                 &json!({ "type": "message_stop" }),
             );
-            self.finished = true;
             self.over = true;
         }
         Ok(())

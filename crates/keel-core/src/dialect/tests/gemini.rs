@@ -207,6 +207,12 @@ fn request_refuses_what_gemini_cannot_take_naming_the_field() {
         refused(hub),
         "tools[0]: the server tool `web_search_20250305` is not supported by Gemini variants"
     );
+    let mut hub = base(json!([{"role": "user", "content": "hi"}]));
+    hub["mcp_servers"] = json!([{"type": "url", "url": "https://mcp.example", "name": "x"}]);
+    assert_eq!(
+        refused(hub),
+        "mcp_servers: an MCP server is not supported by Gemini variants"
+    );
     let msg = refused(base(json!([{"role": "assistant", "content": [
         {"type": "server_tool_use", "id": "s", "name": "web_search", "input": {}}]}])));
     assert_eq!(
