@@ -56,12 +56,13 @@
 //! `message_stop`, as a cut Anthropic stream would; an `{"error": …}` event becomes the hub's
 //! `error` event.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 
 use super::{error_kind_of_status, push_event, DialectRequest, StreamToHub};
-use crate::protocol::{error_body, ErrorKind, Protocol};
+use crate::protocol::{borrowed_text, error_body, ErrorKind, MapOnly, Protocol};
 use crate::request::RequestError;
 use crate::sse::{SseDecoder, SseEvent};
 use crate::translate::Fixes;
@@ -813,6 +814,9 @@ impl Stream {
             if self.over || ev.comment_only || ev.data.trim().is_empty() {
                 continue;
             }
+            if self.plain_text(&ev.data, out) {
+                continue;
+            }
             let v: Value = match serde_json::from_str(&ev.data) {
                 Ok(v) => v,
                 Err(e) => {
@@ -829,6 +833,34 @@ impl Stream {
         self.events = events;
         self.events.clear();
         result
+    }
+
+    /// Writes a chunk of plain text mid-answer (nearly every chunk) read without a JSON tree;
+    /// `false` when the chunk is anything else (its first, a thought, a call, a signature, a
+    /// finish, an error, a shape the view does not read), left to [`Stream::chunk`].
+    fn plain_text(&mut self, data: &str, out: &mut Vec<u8>) -> bool {
+        if self.ids.is_none() {
+            return false;
+        }
+        let Ok(view) = MapOnly::<ChunkView<'_>>::parse(data) else {
+            return false;
+        };
+        let Some(parts) = view.plain_parts() else {
+            return false;
+        };
+        if let Some(u) = &view.usage {
+            u.apply(&mut self.usage);
+        }
+        for text in parts {
+            if text.is_empty() {
+                continue;
+            }
+            if self.open != Some(Open::Text) {
+                self.begin(Open::Text, json!({ "type": "text", "text": "" }), out);
+            }
+            write_text_delta(out, self.next_index - 1, text);
+        }
+        true
     }
 
     fn chunk(&mut self, v: &Value, out: &mut Vec<u8>) -> Result<(), String> {
@@ -1019,6 +1051,126 @@ impl Stream {
             );
         }
     }
+}
+
+/// The parts of a stream chunk the text path reads, without a JSON tree (strings borrowed
+/// where unescaped). Fields it does not name are skipped; a part with any of the named
+/// non-text fields makes the chunk one for the tree.
+#[derive(Debug, serde::Deserialize)]
+struct ChunkView<'a> {
+    #[serde(default, borrow)]
+    candidates: Option<Vec<MapOnly<CandidateView<'a>>>>,
+    #[serde(default, rename = "usageMetadata")]
+    usage: Option<MapOnly<UsageView>>,
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+    #[serde(default, rename = "promptFeedback")]
+    prompt_feedback: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct CandidateView<'a> {
+    #[serde(default, borrow)]
+    content: Option<MapOnly<ContentView<'a>>>,
+    #[serde(default, rename = "finishReason")]
+    finish_reason: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ContentView<'a> {
+    #[serde(default, borrow)]
+    parts: Option<Vec<MapOnly<PartView<'a>>>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct PartView<'a> {
+    #[serde(default, borrow, deserialize_with = "borrowed_text")]
+    text: Option<Cow<'a, str>>,
+    #[serde(default)]
+    thought: Option<serde::de::IgnoredAny>,
+    #[serde(default, rename = "thoughtSignature")]
+    thought_signature: Option<serde::de::IgnoredAny>,
+    #[serde(default, rename = "functionCall")]
+    function_call: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct UsageView {
+    #[serde(default, rename = "promptTokenCount")]
+    prompt: Option<u64>,
+    #[serde(default, rename = "cachedContentTokenCount")]
+    cached: Option<u64>,
+    #[serde(default, rename = "candidatesTokenCount")]
+    candidates: Option<u64>,
+    #[serde(default, rename = "thoughtsTokenCount")]
+    thoughts: Option<u64>,
+}
+
+impl MapOnly<UsageView> {
+    /// The same reading as [`Usage::read`].
+    fn apply(&self, usage: &mut Usage) {
+        let u = &self.0;
+        if let Some(p) = u.prompt {
+            usage.prompt = p;
+        }
+        if let Some(c) = u.cached {
+            usage.cached = c;
+        }
+        if u.candidates.is_some() || u.thoughts.is_some() {
+            usage.output = u.candidates.unwrap_or(0) + u.thoughts.unwrap_or(0);
+        }
+    }
+}
+
+impl<'a> ChunkView<'a> {
+    /// The texts of the first candidate's parts, when the chunk holds plain text only.
+    fn plain_parts(&self) -> Option<impl Iterator<Item = &str>> {
+        if self.error.is_some() || self.prompt_feedback.is_some() {
+            return None;
+        }
+        let candidate = &self.candidates.as_ref()?.first()?.0;
+        if candidate.finish_reason.is_some() {
+            return None;
+        }
+        let parts = candidate.content.as_ref()?.0.parts.as_ref()?;
+        let plain = parts.iter().all(|p| {
+            let p = &p.0;
+            p.text.is_some()
+                && p.thought.is_none()
+                && p.thought_signature.is_none()
+                && p.function_call.is_none()
+        });
+        plain.then(|| parts.iter().filter_map(|p| p.0.text.as_deref()))
+    }
+}
+
+/// Appends a `text_delta` event, serialized straight from its parts.
+fn write_text_delta(out: &mut Vec<u8>, index: usize, text: &str) {
+    #[derive(serde::Serialize)]
+    struct Delta<'a> {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        text: &'a str,
+    }
+    #[derive(serde::Serialize)]
+    struct Event<'a> {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        index: usize,
+        delta: Delta<'a>,
+    }
+    out.extend_from_slice(b"event: content_block_delta\ndata: ");
+    let ev = Event {
+        kind: "content_block_delta",
+        index,
+        delta: Delta {
+            kind: "text_delta",
+            text,
+        },
+    };
+    // Serializing strings and numbers into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, &ev);
+    out.extend_from_slice(b"\n\n");
 }
 
 impl StreamToHub for Stream {

@@ -834,3 +834,52 @@ fn errors_map_by_google_status_word() {
     );
     assert_eq!(hub_error(429, "")["error"]["type"], "rate_limit_error");
 }
+
+/// Plain text chunks are read and written without a JSON tree: the same bytes as the tree's.
+#[test]
+fn text_chunks_without_a_tree_write_what_the_tree_writes() {
+    for text in [
+        "plain",
+        "a \"quote\", a \\ and\nnew line",
+        "é ✓ \u{1F600}",
+        "\u{0001}",
+    ] {
+        let mut fast = Vec::new();
+        write_text_delta(&mut fast, 3, text);
+        let mut tree = Vec::new();
+        push_event(
+            &mut tree,
+            Some("content_block_delta"),
+            &json!({"type": "content_block_delta", "index": 3, "delta": {"type": "text_delta", "text": text}}),
+        );
+        assert_eq!(
+            String::from_utf8(fast).unwrap(),
+            String::from_utf8(tree).unwrap()
+        );
+    }
+    // Escaped text in the upstream chunk (not borrowable) reads the same.
+    let bytes = sse(&[
+        chunk(json!([{"text": "A"}]), None, 1),
+        chunk(json!([{"text": "\"q\"\n\u{e9}"}, {"text": "!"}]), None, 2),
+        chunk(json!([{"text": "B", "thought": true}]), None, 3),
+        chunk(json!([{"text": "C"}]), Some("MAX_TOKENS"), 4),
+    ]);
+    let texts: Vec<Value> = events(&run(&bytes, &[]).unwrap())
+        .into_iter()
+        .filter_map(|(_, v)| {
+            v.pointer("/delta/text")
+                .or(v.pointer("/delta/thinking"))
+                .cloned()
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        vec![
+            json!("A"),
+            json!("\"q\"\n\u{e9}"),
+            json!("!"),
+            json!("B"),
+            json!("C")
+        ]
+    );
+}
