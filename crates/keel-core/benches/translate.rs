@@ -17,6 +17,9 @@
 //! - `…/first_…` and `…/last_…`: the events before the first token and after the last
 //!   (role chunk, `message_start`, block starts; finish, usage, `[DONE]`, `message_stop`).
 //! - `request/*`: request translation, with the JSON parse of the same body as a scale.
+//! - `dialect_gemini/*`: the Gemini dialect: `request` (the typical request's hub body as a
+//!   Gemini body), `stream_event` (one text chunk of a `alt=sse` stream, mid-answer, as hub
+//!   events) and `whole` (a whole answer of text and a function call as the hub's answer).
 //! - `bedrock/*`: the Bedrock Converse dialect: the hub request (the typical chat request,
 //!   translated to Messages) as a Converse body, one streamed text delta frame decoded into its
 //!   Anthropic event, and a whole Converse answer as an Anthropic message.
@@ -38,7 +41,7 @@ use serde_json::{json, Map, Value};
 use std::hint::black_box;
 
 use keel_core::continuation::Stitcher;
-use keel_core::dialect::{bedrock, StreamToHub};
+use keel_core::dialect::{bedrock, gemini, StreamToHub};
 use keel_core::protocol::{event_role, EventRole, Protocol};
 use keel_core::sse::{SseDecoder, SseEvent, DEFAULT_MAX_EVENT_BYTES};
 use keel_core::stream_watch::{carries_tokens, oversized_index, Hold, ToolCallHold};
@@ -655,6 +658,48 @@ fn criterion_dir() -> Option<PathBuf> {
     Some(exe.parent()?.parent()?.parent()?.join("criterion"))
 }
 
+/// The Gemini dialect: the typical request's hub body out, a text chunk and a whole answer in.
+fn gemini_benches(c: &mut Criterion) {
+    let messages = chat_to_messages(&chat_request(), 4096)
+        .expect("translates")
+        .body;
+    let usage = json!({"promptTokenCount": 412, "candidatesTokenCount": 9, "totalTokenCount": 421});
+    let chunk = |text: &str| {
+        let v = json!({"candidates": [{"content": {"parts": [{"text": text}], "role": "model"}, "index": 0}],
+            "usageMetadata": usage, "modelVersion": "gemini-2.5-flash", "responseId": "mGo2aP7bLs2-qtsPz5WQ2A0"});
+        format!("data: {v}\r\n\r\n").into_bytes()
+    };
+    let first = chunk("The");
+    let token = chunk(" gateway");
+    let words = pieces(Content::Text, TOKENS).concat();
+    let answer = json!({"candidates": [{"content": {"role": "model", "parts": [{"text": words},
+            {"functionCall": {"name": "search_docs", "args": {"query": "migration", "limit": 3}}}]},
+            "finishReason": "STOP", "index": 0}],
+        "usageMetadata": usage, "modelVersion": "gemini-2.5-flash", "responseId": "mGo2aP7bLs2-qtsPz5WQ2A0"})
+    .to_string()
+    .into_bytes();
+    let mut g = c.benchmark_group("dialect_gemini");
+    g.bench_function("request", |b| {
+        b.iter(|| gemini::request(black_box(&messages)).is_ok())
+    });
+    g.bench_function("stream_event", |b| {
+        b.iter_batched_ref(
+            || {
+                let mut s = gemini::Stream::new("bench");
+                let mut out = Vec::new();
+                s.feed(&first, &mut out).expect("a Gemini chunk");
+                (s, Vec::with_capacity(256))
+            },
+            |(s, out)| s.feed(black_box(&token), out).is_ok(),
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("whole", |b| {
+        b.iter(|| gemini::whole(black_box(&answer), "bench").is_ok())
+    });
+    g.finish();
+}
+
 fn main() {
     let dir = criterion_dir();
     let mut c = Criterion::default()
@@ -670,6 +715,7 @@ fn main() {
         }
     }
     request_benches(&mut c);
+    gemini_benches(&mut c);
     bedrock_benches(&mut c);
     responses_benches(&mut c);
     azure_benches(&mut c);

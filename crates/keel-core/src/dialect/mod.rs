@@ -12,7 +12,7 @@
 //! | Bedrock Converse | Anthropic Messages | [`bedrock::request`] | [`bedrock::whole`], [`bedrock::Stream`] |
 //! | Vertex `publishers/anthropic` | Anthropic Messages | [`vertex_claude_request`] | unchanged |
 //! | OpenAI Responses | OpenAI Chat Completions | [`responses::request`] | [`responses::whole`], [`responses::Stream`] |
-//! | Azure OpenAI | OpenAI Chat Completions | unchanged | [`azure::Stream`] |
+//! | Azure OpenAI | OpenAI Chat Completions | unchanged | [`azure::whole`], [`azure::Stream`] |
 //!
 //! The gateway treats a variant of a dialect as a variant of its hub protocol: selection,
 //! hedging, settlement, the relay, mid-stream migration and the translation between the two
@@ -104,15 +104,4 @@ pub fn error_kind_of_status(status: u16) -> ErrorKind {
         502 => ErrorKind::BadGateway,
         _ => ErrorKind::Internal,
     }
-}
-
-/// Interim helper for the stubs.
-pub(crate) fn anthropic_error(status: u16) -> Vec<u8> {
-    crate::protocol::error_body(
-        crate::protocol::Protocol::Anthropic,
-        error_kind_of_status(status),
-        "upstream error",
-    )
-    .to_string()
-    .into_bytes()
 }
