@@ -15,7 +15,8 @@ echo "== python test dependencies"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/pip install --quiet --disable-pip-version-check openai anthropic httpx pytest schemathesis
+.venv/bin/pip install --quiet --disable-pip-version-check openai 'anthropic[vertex]' httpx pytest schemathesis \
+    boto3 google-genai google-auth cryptography
 # Playwright drives Debian's chromium for the dashboard test (tests/browser); never
 # `playwright install`: it downloads browsers, which is not possible here.
 .venv/bin/pip install --quiet --disable-pip-version-check playwright

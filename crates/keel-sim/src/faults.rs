@@ -55,6 +55,13 @@ pub enum FaultKind {
     /// Make a structured (`response_format` JSON) reply invalid JSON: its last character is
     /// dropped (an unclosed object). Replies that are not structured are left alone.
     InvalidJson,
+    /// End a stream after `after_tokens` tokens with the protocol's in-stream error (`status`,
+    /// default 529: Anthropic `event: error` `overloaded_error`, an OpenAI `error` chunk,
+    /// Gemini's `error` chunk, a Bedrock `:message-type: exception` frame
+    /// (`throttlingException` for 429, `serviceUnavailableException` for 503/529,
+    /// `modelStreamErrorException` otherwise), a Responses `error` event). Whole answers are
+    /// left alone.
+    StreamError,
 }
 
 /// One configured fault.
@@ -121,7 +128,11 @@ impl FaultSpec {
                 Some(_) => Err("status: must be an HTTP error status (400–599)".into()),
                 None => Err("status: required for kind \"error\" (e.g. 429, 500, 503, 529)".into()),
             },
-            FaultKind::Stall | FaultKind::Close | FaultKind::Malformed | FaultKind::Truncate
+            FaultKind::Stall
+            | FaultKind::Close
+            | FaultKind::Malformed
+            | FaultKind::Truncate
+            | FaultKind::StreamError
                 if self.after_tokens.is_none() =>
             {
                 Err(format!(
@@ -176,6 +187,8 @@ pub struct RequestFaults {
     /// End the reply for length after this many tokens.
     pub truncate_after: Option<u64>,
     pub invalid_json: bool,
+    /// (after tokens, status): end the stream with an in-stream error.
+    pub stream_error: Option<(u64, u16)>,
 }
 
 /// A server's active faults with their remaining counts (and, for a timed `loading`, when
@@ -280,6 +293,9 @@ impl FaultSet {
                 FaultKind::IgnoreStream => out.ignore_stream = true,
                 FaultKind::Truncate => out.truncate_after = Some(f.after_tokens.unwrap_or(0)),
                 FaultKind::InvalidJson => out.invalid_json = true,
+                FaultKind::StreamError => {
+                    out.stream_error = Some((f.after_tokens.unwrap_or(0), f.status.unwrap_or(529)))
+                }
                 FaultKind::Loading => out.loading = true,
                 // Acted out by the listener (see `server`), never by a request.
                 FaultKind::Refuse => {}

@@ -1,12 +1,14 @@
 //! keel-sim: a fleet of simulated model servers for tests, the demo and benchmarks.
 //!
 //! Each server is a real HTTP server on loopback speaking the OpenAI and Anthropic wire
-//! protocols, with deterministic text and exact continuation ([`text`]), a latency and capacity
+//! protocols and the clouds' dialects of them ([`dialects`]: Azure OpenAI, Gemini, Vertex AI,
+//! Bedrock Converse, the OpenAI Responses API), with deterministic text and exact continuation ([`text`]), a latency and capacity
 //! model ([`latency`]), and fault injection ([`faults`]). keel's gateway does not know this crate
 //! exists: to it, a simulated server is just another upstream.
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod dialects;
 pub mod embeddings;
 pub mod faults;
 pub mod latency;

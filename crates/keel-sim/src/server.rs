@@ -2,7 +2,10 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/messages`,
 //! `POST /v1/messages/count_tokens`, `POST /v1/embeddings` (see [`crate::embeddings`]), `GET /v1/models`, `GET /metrics` (vLLM metric names),
-//! `GET|POST|DELETE /sim/faults`, `GET /sim/stats`, `GET /health`.
+//! `GET|POST|DELETE /sim/faults`, `GET /sim/stats`, `GET /health`; the clouds' dialects by
+//! their own paths (see [`crate::dialects`]: Azure OpenAI, Gemini, Vertex AI, Bedrock Converse,
+//! the Responses API) and `POST /token`, the OAuth token endpoint Vertex AI's credentials come
+//! from.
 //!
 //! A generation request walks: auth → parse → faults resolved → queue for a slot → prefill
 //! (KV cache) → tokens at drawn gaps, acting out any fault on the way. Streams send response
@@ -29,6 +32,7 @@ use keel_core::protocol::{error_body, Endpoint, ErrorKind, Protocol};
 use keel_core::rng::Rng;
 
 use crate::config::{GenerationConfig, ServerConfig};
+use crate::dialects::{self, Dialect, Renderer, Route, Shape};
 use crate::embeddings;
 use crate::faults::{FaultKind, FaultSet, FaultSpec, RequestFaults};
 use crate::latency::{draw_gap_ms, draw_ttft_ms, KvCache};
@@ -54,6 +58,7 @@ struct Counters {
     cold_served: AtomicU64,
     tokens_sent: AtomicU64,
     prefill_tokens: AtomicU64,
+    tokens_issued: AtomicU64,
 }
 
 /// A snapshot of a server's counters.
@@ -72,6 +77,9 @@ pub struct Stats {
     pub tokens_sent: u64,
     /// Prompt tokens computed because the KV cache did not hold them (prefill work).
     pub prefill_tokens: u64,
+    /// OAuth access tokens issued by `POST /token` (service-account JWT grants, as a gateway
+    /// calling Vertex AI makes them).
+    pub tokens_issued: u64,
 }
 
 /// Shared state of one server.
@@ -92,6 +100,8 @@ pub struct SimServer {
     refuse_until: Mutex<Option<Instant>>,
     /// Wakes the listener when a refusal starts or is cleared.
     refuse_changed: tokio::sync::Notify,
+    /// Access tokens `POST /token` issued (accepted as bearers by the Vertex AI routes).
+    issued_tokens: Mutex<std::collections::HashSet<String>>,
 }
 
 impl SimServer {
@@ -113,6 +123,7 @@ impl SimServer {
         Arc::new(SimServer {
             refuse_until: Mutex::new(refuse_until),
             refuse_changed,
+            issued_tokens: Mutex::new(std::collections::HashSet::new()),
             gen: Generator::new(&cfg.family, generation),
             faults: Mutex::new(faults),
             rng: Mutex::new(Rng::new(cfg.seed.unwrap_or(1))),
@@ -140,6 +151,7 @@ impl SimServer {
             cold_served: c.cold_served.load(Ordering::Relaxed),
             tokens_sent: c.tokens_sent.load(Ordering::Relaxed),
             prefill_tokens: c.prefill_tokens.load(Ordering::Relaxed),
+            tokens_issued: c.tokens_issued.load(Ordering::Relaxed),
         }
     }
 
@@ -187,6 +199,14 @@ impl SimServer {
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<Body>, io::Error> {
         let path = req.uri().path().to_owned();
         let endpoint = Endpoint::from_path(&path);
+        if req.method() == Method::POST {
+            if path == "/token" {
+                return Ok(self.token(req).await);
+            }
+            if let Some(route) = dialects::route(&path) {
+                return self.generate_dialect(route, req).await;
+            }
+        }
         match (req.method(), endpoint, path.as_str()) {
             (&Method::POST, Some(ep), _) => self.generate(ep, req).await,
             (&Method::GET, _, "/v1/models") => Ok(json_response(StatusCode::OK, &self.models())),
@@ -361,11 +381,28 @@ impl SimServer {
         json_response(code, &error_body(protocol, kind, message))
     }
 
+    /// An error in the answer's shape: the hub protocol's, or the dialect's (its body and
+    /// headers, e.g. Bedrock's `x-amzn-ErrorType`).
+    fn error(&self, shape: Shape, status: u16, message: &str) -> Response<Body> {
+        match shape {
+            Shape::Hub(p) => self.protocol_error(p, status, message),
+            Shape::Dialect(d) => {
+                let (status, headers, body) = dialects::error_response(d, status, message);
+                let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                let mut resp = json_response(code, &body);
+                for (k, v) in headers {
+                    resp.headers_mut().insert(k, header_value(&v));
+                }
+                resp
+            }
+        }
+    }
+
     /// The 400 a real server gives a prompt longer than its context window, in its protocol's
     /// words (see `ServerConfig::context_window`).
     fn context_exceeded(
         &self,
-        protocol: Protocol,
+        shape: Shape,
         endpoint: Endpoint,
         sreq: &SimRequest,
     ) -> Option<Response<Body>> {
@@ -379,6 +416,19 @@ impl SimServer {
         if needed <= window {
             return None;
         }
+        let protocol = match shape {
+            Shape::Hub(p) => p,
+            Shape::Dialect(Dialect::VertexClaude) => Protocol::Anthropic,
+            Shape::Dialect(Dialect::Azure) => Protocol::OpenAi,
+            Shape::Dialect(_) => {
+                // The clouds' own words (Gemini's), in each dialect's error shape.
+                return Some(self.error(
+                    shape,
+                    400,
+                    &format!("The input token count ({}) exceeds the maximum number of tokens allowed ({window}).", sreq.prompt_tokens),
+                ));
+            }
+        };
         let body = match protocol {
             Protocol::OpenAi => json!({"error": {
                 "message": format!("This model's maximum context length is {window} tokens. However, you requested {needed} tokens ({} in the messages, {output} in the completion). Please reduce the length of the messages or completion.", sreq.prompt_tokens),
@@ -413,13 +463,13 @@ impl SimServer {
     }
 
     /// A 404 when the server is configured with model names and `model` is not one of them.
-    fn unknown_model(&self, protocol: Protocol, model: &str) -> Option<Response<Body>> {
+    fn unknown_model(&self, shape: Shape, model: &str) -> Option<Response<Body>> {
         if self.cfg.models.is_empty() || self.cfg.models.iter().any(|m| m == model) {
             return None;
         }
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
-        Some(self.protocol_error(
-            protocol,
+        Some(self.error(
+            shape,
             404,
             &format!("The model `{model}` does not exist."),
         ))
@@ -443,11 +493,11 @@ impl SimServer {
             Ok(r) => r,
             Err(e) => return bad(&e.message),
         };
-        if let Some(resp) = self.unknown_model(protocol, model) {
+        if let Some(resp) = self.unknown_model(Shape::Hub(protocol), model) {
             return Ok(resp);
         }
         let mut faults = self.resolve_faults();
-        if let Some(answer) = self.fault_answer(protocol, &mut faults).await {
+        if let Some(answer) = self.fault_answer(Shape::Hub(protocol), &mut faults).await {
             return answer;
         }
         let slot = self.acquire().await;
@@ -509,12 +559,24 @@ impl SimServer {
     /// hang, an error status, a raw body); `None` when the request is to be served.
     async fn fault_answer(
         &self,
-        protocol: Protocol,
+        shape: Shape,
         faults: &mut RequestFaults,
     ) -> Option<Result<Response<Body>, io::Error>> {
         if faults.loading {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            return Some(Ok(self.protocol_error(protocol, 503, "Loading model")));
+            if shape == Shape::Dialect(Dialect::Bedrock) {
+                // Bedrock's word for a model still loading (its cold start).
+                let mut resp = json_response(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &json!({"message": "Model is not ready for inference. Wait and try your request again."}),
+                );
+                resp.headers_mut().insert(
+                    "x-amzn-errortype",
+                    header_value("ModelNotReadyException:http://internal.amazon.com/coral/com.amazon.bedrock/"),
+                );
+                return Some(Ok(resp));
+            }
+            return Some(Ok(self.error(shape, 503, "Loading model")));
         }
         if faults.reset {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -528,8 +590,7 @@ impl SimServer {
         }
         if let Some((status, retry_after)) = faults.error {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            let mut resp =
-                self.protocol_error(protocol, status, &format!("sim fault: HTTP {status}"));
+            let mut resp = self.error(shape, status, &format!("sim fault: HTTP {status}"));
             if let Some(s) = retry_after {
                 let h = resp.headers_mut();
                 h.insert(
@@ -607,25 +668,143 @@ impl SimServer {
         if endpoint == Endpoint::Embeddings {
             return self.embed(&body, arrived).await;
         }
-        let mut sreq = match parse_request(endpoint, &body, self.cfg.assistant_prefill) {
+        self.serve(Shape::Hub(protocol), endpoint, &body, None, arrived)
+            .await
+    }
+
+    /// A request in a dialect's words (see [`crate::dialects`]): checked as its cloud checks
+    /// it, read as its hub request, and served as that request is, answering in the dialect.
+    async fn generate_dialect(
+        self: Arc<Self>,
+        route: Route,
+        req: Request<Incoming>,
+    ) -> Result<Response<Body>, io::Error> {
+        let arrived = Instant::now();
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let shape = Shape::Dialect(route.dialect);
+        *lock(&self.last_headers) = req
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let query = req.uri().query().map(str::to_owned);
+        if route.dialect == Dialect::Azure
+            && route.model.is_some()
+            && dialects::query_param(query.as_deref().unwrap_or(""), "api-version").is_none()
+        {
+            // Azure answers a deployment path without `api-version` as an unknown resource.
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            return Ok(json_response(
+                StatusCode::NOT_FOUND,
+                &json!({"error": {"code": "404", "message": "Resource not found"}}),
+            ));
+        }
+        let authorized = {
+            let issued = |t: &str| lock(&self.issued_tokens).contains(t);
+            dialects::authorize(
+                route.dialect,
+                &dialects::Credentials {
+                    headers: req.headers(),
+                    query: query.as_deref(),
+                    api_key: self.cfg.api_key.as_deref(),
+                    issued: &issued,
+                },
+            )
+        };
+        if let Err((status, message)) = authorized {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            return Ok(self.error(shape, status, &message));
+        }
+        let bytes = match Limited::new(req.into_body(), 32 << 20).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => return Ok(self.error(shape, 400, &format!("cannot read body: {e}"))),
+        };
+        let body: Value = match serde_json::from_slice(&bytes) {
+            Ok(v) => v,
+            Err(e) => return Ok(self.error(shape, 400, &format!("invalid JSON: {e}"))),
+        };
+        *lock(&self.last_body) = body.clone();
+        let hub = match dialects::to_hub(&route, &body) {
+            Ok(h) => h,
+            Err(m) => {
+                self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                return Ok(self.error(shape, 400, &m));
+            }
+        };
+        self.serve(shape, route.dialect.hub(), &hub.body, hub.schema, arrived)
+            .await
+    }
+
+    /// `POST /token`: the OAuth token endpoint of a service account's JWT grant (see
+    /// [`dialects::vertex::check_grant`]); the tokens it issues are accepted as bearers by the
+    /// Vertex AI routes, and counted (`tokens_issued`).
+    async fn token(&self, req: Request<Incoming>) -> Response<Body> {
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let token_url = format!("http://{host}/token");
+        let form = match Limited::new(req.into_body(), 1 << 20).collect().await {
+            Ok(b) => String::from_utf8_lossy(&b.to_bytes()).into_owned(),
+            Err(e) => String::from_utf8_lossy(e.to_string().as_bytes()).into_owned(),
+        };
+        let now_s = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        match dialects::vertex::check_grant(&form, &token_url, now_s) {
+            Ok(()) => {
+                let n = self.counters.tokens_issued.fetch_add(1, Ordering::Relaxed);
+                let token = format!("ya29.sim-{}-{n:08x}", self.cfg.name);
+                lock(&self.issued_tokens).insert(token.clone());
+                json_response(StatusCode::OK, &dialects::vertex::token_body(&token))
+            }
+            Err((error, description)) => {
+                self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                json_response(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"error": error, "error_description": description}),
+                )
+            }
+        }
+    }
+
+    /// Serves a hub request (`body`, for `endpoint`), answering in `shape`. `schema`: a JSON
+    /// schema the answer follows (a dialect's JSON mode, where the hub has none).
+    async fn serve(
+        self: Arc<Self>,
+        shape: Shape,
+        endpoint: Endpoint,
+        body: &Value,
+        schema: Option<Value>,
+        arrived: Instant,
+    ) -> Result<Response<Body>, io::Error> {
+        let mut sreq = match parse_request(endpoint, body, self.cfg.assistant_prefill) {
             Ok(r) => r,
             Err(m) => {
                 self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                return Ok(self.protocol_error(protocol, 400, &m));
+                return Ok(self.error(shape, 400, &m));
             }
         };
-        if let Some(resp) = self.unknown_model(protocol, &sreq.model) {
+        if let (Some(schema), None) = (&schema, &sreq.tool_call) {
+            let key = keel_core::rng::hash_bytes(11, sreq.context.as_bytes());
+            sreq.structured = Some(crate::schema::value_for(schema, key).to_string());
+        }
+        if let Some(resp) = self.unknown_model(shape, &sreq.model) {
             return Ok(resp);
         }
         if self.cfg.refuse_prefill && sreq.ends_with_assistant {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            return Ok(self.protocol_error(
-                protocol,
-                400,
-                keel_core::continuation::PREFILL_REFUSAL,
-            ));
+            return Ok(self.error(shape, 400, keel_core::continuation::PREFILL_REFUSAL));
         }
-        if let Some(resp) = self.context_exceeded(protocol, endpoint, &sreq) {
+        if let Some(resp) = self.context_exceeded(shape, endpoint, &sreq) {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
             return Ok(resp);
         }
@@ -635,7 +814,7 @@ impl SimServer {
         }
 
         let mut faults = self.resolve_faults();
-        if let Some(answer) = self.fault_answer(protocol, &mut faults).await {
+        if let Some(answer) = self.fault_answer(shape, &mut faults).await {
             return answer;
         }
         let asked_json = sreq.structured.is_some();
@@ -686,6 +865,7 @@ impl SimServer {
 
         let run = Generation {
             server: self.clone(),
+            renderer: Renderer::new(shape),
             reply,
             faults,
             uncached,
@@ -702,6 +882,8 @@ impl SimServer {
 /// One generation being acted out.
 struct Generation {
     server: Arc<SimServer>,
+    /// Writes the reply in the request's protocol or dialect.
+    renderer: Renderer,
     reply: Reply,
     faults: RequestFaults,
     uncached: usize,
@@ -764,14 +946,14 @@ impl Generation {
         }
         sleep_unless_zero(total).await;
         drop(slot);
-        let body = self.reply.body().to_string();
+        let body = self.renderer.whole(&self.reply);
         if self.faults.malformed_after.is_some() {
             self.server.counters.errors.fetch_add(1, Ordering::Relaxed);
             let cut = body.len() / 2;
             return Ok(bytes_response(
                 StatusCode::OK,
                 "application/json",
-                Bytes::from(body[..cut].to_owned()),
+                Bytes::from(body[..cut].to_vec()),
             ));
         }
         self.server
@@ -791,6 +973,7 @@ impl Generation {
 
     /// Streaming: headers now, events from a task that notices when the client goes away.
     fn stream(self) -> Response<Body> {
+        let content_type = self.renderer.stream_content_type();
         let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, io::Error>>(16);
         tokio::spawn(async move {
             let server = self.server.clone();
@@ -806,14 +989,14 @@ impl Generation {
         let h = resp.headers_mut();
         h.insert(
             header::CONTENT_TYPE,
-            header_value("text/event-stream; charset=utf-8"),
+            header_value(content_type),
         );
         h.insert(header::CACHE_CONTROL, header_value("no-cache"));
         resp
     }
 
     /// Sends the stream; false when the client went away first.
-    async fn pump(self, tx: &mpsc::Sender<Result<Frame<Bytes>, io::Error>>) -> bool {
+    async fn pump(mut self, tx: &mpsc::Sender<Result<Frame<Bytes>, io::Error>>) -> bool {
         let send = |bytes: Vec<u8>| async move {
             tx.send(Ok(Frame::data(Bytes::from(bytes)))).await.is_ok()
         };
@@ -828,7 +1011,7 @@ impl Generation {
             }
         };
         let slot = tokio::select! {
-            s = self.acquire() => s,
+            s = self.server.acquire() => s,
             _ = tx.closed() => return false,
         };
         if !wait(Duration::from_secs_f64(self.ttft_ms() / 1000.0)).await {
@@ -836,14 +1019,9 @@ impl Generation {
         }
         self.server
             .record_ttft(self.arrived.elapsed().as_secs_f64());
-        let mut head: Vec<u8> = self
-            .reply
-            .stream_head()
-            .into_iter()
-            .flat_map(|e| e.raw)
-            .collect();
-        for (i, piece) in self.reply.pieces.iter().enumerate() {
-            let i = i as u64;
+        let mut head: Vec<u8> = self.renderer.head(&self.reply);
+        for (index, piece) in self.reply.pieces.iter().enumerate() {
+            let i = index as u64;
             if i > 0 && !wait(self.gap()).await {
                 return false;
             }
@@ -863,14 +1041,20 @@ impl Generation {
                     .await;
                 return true;
             }
-            if self.faults.malformed_after == Some(i)
-                && !send(b"data: {\"choices\": [{\"delta\": \n\n".to_vec()).await
-            {
+            if self.faults.malformed_after == Some(i) && !send(self.renderer.malformed()).await {
                 return false;
             }
+            if let Some((after, status)) = self.faults.stream_error {
+                if after == i {
+                    self.server.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    let mut bytes = std::mem::take(&mut head);
+                    bytes.extend(self.renderer.stream_error(status));
+                    return send(bytes).await;
+                }
+            }
             let mut bytes = std::mem::take(&mut head);
-            bytes.extend_from_slice(&self.reply.stream_piece(piece).raw);
-            if !send(bytes).await {
+            bytes.extend(self.renderer.piece(&self.reply, index, piece));
+            if !bytes.is_empty() && !send(bytes).await {
                 return false;
             }
             self.server
@@ -891,13 +1075,14 @@ impl Generation {
                 return false;
             }
         }
+        if let Some((after, status)) = self.faults.stream_error {
+            if after >= self.reply.pieces.len() as u64 {
+                self.server.counters.errors.fetch_add(1, Ordering::Relaxed);
+                return send(self.renderer.stream_error(status)).await;
+            }
+        }
         drop(slot);
-        let tail: Vec<u8> = self
-            .reply
-            .stream_tail()
-            .into_iter()
-            .flat_map(|e| e.raw)
-            .collect();
+        let tail: Vec<u8> = self.renderer.tail(&self.reply);
         if !send(tail).await {
             return false;
         }

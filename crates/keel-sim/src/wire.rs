@@ -458,7 +458,7 @@ impl Reply {
         })
     }
 
-    fn text(&self) -> String {
+    pub fn text(&self) -> String {
         self.pieces
             .iter()
             .filter_map(|p| {

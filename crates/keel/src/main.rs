@@ -421,6 +421,11 @@ async fn sim(args: SimArgs) -> Result<(), String> {
             s.anthropic_base(),
             s.addr
         );
+        let base = s.anthropic_base();
+        println!(
+            "  {:<12} azure {base}   gemini {base}   vertex {base}/v1 (token {base}/token)   bedrock {base}   responses {}",
+            "", s.openai_base()
+        );
     }
     shutdown_signal().await;
     Ok(())
