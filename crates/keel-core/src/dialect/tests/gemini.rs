@@ -301,7 +301,8 @@ fn thought_signatures_round_trip_through_the_hub() {
     assert_eq!(
         content,
         json!([
-            {"type": "thinking", "thinking": "Need the weather.", "signature": "gemini:c2lnLTE="},
+            {"type": "thinking", "thinking": "Need the weather.", "signature": ""},
+            {"type": "thinking", "thinking": "", "signature": "gemini:c2lnLTE="},
             {"type": "tool_use", "id": "toolu_abc_123_0", "name": "get_weather", "input": {"city": "Oslo"}},
             {"type": "tool_use", "id": "toolu_abc_123_1", "name": "get_weather", "input": {"city": "Bergen"}}
         ])
@@ -339,6 +340,31 @@ fn thought_signatures_round_trip_through_the_hub() {
         json!([{"functionCall": {"name": "get_weather", "args": {"city": "Bergen"}}, "thoughtSignature": PLACEHOLDER_SIGNATURE}])
     );
     assert_eq!(fixes, vec!["thought_signature_placeholder"]);
+
+    // A signature on a thought part signs that thought, and goes back with it.
+    let answer = json!({
+        "candidates": [{"content": {"role": "model", "parts": [
+            {"text": "Plan.", "thought": true, "thoughtSignature": "VEhP"},
+            {"text": "Done."}
+        ]}, "finishReason": "STOP"}],
+        "responseId": "r"
+    });
+    let hub = hub_whole(answer);
+    assert_eq!(
+        hub["content"],
+        json!([{"type": "thinking", "thinking": "Plan.", "signature": "gemini:VEhP"},
+               {"type": "text", "text": "Done."}])
+    );
+    let (body, fixes) = gemini(json!({
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "Go"}, {"role": "assistant", "content": hub["content"]},
+                     {"role": "user", "content": "Again"}]
+    }));
+    assert_eq!(
+        body["contents"][1]["parts"],
+        json!([{"text": "Plan.", "thought": true, "thoughtSignature": "VEhP"}, {"text": "Done."}])
+    );
+    assert!(fixes.is_empty());
 }
 
 // ---------------------------------------------------------------------------------------------
