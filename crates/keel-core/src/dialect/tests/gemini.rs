@@ -909,3 +909,100 @@ fn text_chunks_without_a_tree_write_what_the_tree_writes() {
         ]
     );
 }
+
+/// One generated part of a stream chunk.
+fn arb_part() -> impl Strategy<Value = Value> {
+    let text = "[a-z \"\\\\é]{0,6}";
+    prop_oneof![
+        4 => text.prop_map(|t| json!({"text": t})),
+        2 => text.prop_map(|t| json!({"text": t, "thought": true})),
+        1 => text.prop_map(|t| json!({"text": t, "thought": true, "thoughtSignature": "U0lH"})),
+        1 => "[a-z]{1,4}".prop_map(|n| json!({"functionCall": {"name": n, "args": {"k": n}}})),
+        1 => "[a-z]{1,4}".prop_map(|n| json!({"functionCall": {"name": n}, "thoughtSignature": "Q0FMTA=="})),
+        1 => Just(json!({"thoughtSignature": "T05MWQ=="})),
+    ]
+}
+
+proptest! {
+    /// Whatever parts a stream holds, the hub events are a well-formed Anthropic stream: one
+    /// `message_start`, blocks started, written and stopped in order, one end; the Chat
+    /// translation reads it to `[DONE]`; and its text and tool calls are the whole answer's.
+    #[test]
+    fn any_stream_is_a_well_formed_hub_stream(
+        chunks in proptest::collection::vec(proptest::collection::vec(arb_part(), 0..3), 1..8),
+        finish in prop_oneof![Just("STOP"), Just("MAX_TOKENS"), Just("SAFETY")],
+        split in 0usize..4000,
+    ) {
+        let n = chunks.len();
+        let chunks: Vec<Value> = chunks
+            .into_iter()
+            .enumerate()
+            .map(|(i, parts)| chunk(Value::Array(parts), (i + 1 == n).then_some(finish), i as u64))
+            .collect();
+        let bytes = sse(&chunks);
+        let out = run(&bytes, &[]).unwrap();
+        prop_assert_eq!(&run(&bytes, &[split % (bytes.len() + 1)]).unwrap(), &out);
+
+        let evs = decode_all(&out).unwrap();
+        prop_assert_eq!(evs[0].event.as_deref(), Some("message_start"));
+        let mut open: Option<u64> = None;
+        let mut next = 0u64;
+        let mut ends = 0;
+        for ev in &evs[1..] {
+            let v: Value = serde_json::from_str(&ev.data).unwrap();
+            match ev.event.as_deref().unwrap() {
+                "content_block_start" => {
+                    prop_assert!(open.is_none());
+                    prop_assert_eq!(v["index"].as_u64(), Some(next));
+                    open = Some(next);
+                    next += 1;
+                }
+                "content_block_delta" => prop_assert_eq!(v["index"].as_u64(), open),
+                "content_block_stop" => {
+                    prop_assert_eq!(v["index"].as_u64(), open);
+                    open = None;
+                }
+                "message_delta" => {
+                    prop_assert!(open.is_none());
+                    prop_assert_eq!(ends, 0);
+                    ends += 1;
+                }
+                "message_stop" => {
+                    prop_assert_eq!(ends, 1);
+                    ends += 1;
+                }
+                other => prop_assert!(false, "unexpected event {}", other),
+            }
+        }
+        prop_assert_eq!(ends, 2);
+
+        let mut chat = AnthropicToChatStream::new(ResponseContext::default(), "pub", 1);
+        let mut chat_out = Vec::new();
+        let mut asm = Assembler::new();
+        for ev in &evs {
+            chat.push(ev, &mut chat_out).unwrap();
+            asm.push(Protocol::Anthropic, ev).unwrap();
+        }
+        prop_assert!(chat.is_done());
+
+        let mut parts = Vec::new();
+        for c in &chunks {
+            parts.extend(c["candidates"][0]["content"]["parts"].as_array().unwrap().clone());
+        }
+        let mut one = chunks.last().unwrap().clone();
+        one["candidates"][0]["content"]["parts"] = Value::Array(parts);
+        let whole_answer = hub_whole(one);
+        let visible = |content: &Value| -> Vec<Value> {
+            content
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|b| b["type"] != "thinking")
+                .cloned()
+                .collect()
+        };
+        let assembled = asm.finish(Endpoint::Messages).to_value();
+        prop_assert_eq!(visible(&assembled["content"]), visible(&whole_answer["content"]));
+        prop_assert_eq!(&assembled["stop_reason"], &whole_answer["stop_reason"]);
+    }
+}
