@@ -1006,3 +1006,92 @@ proptest! {
         prop_assert_eq!(&assembled["stop_reason"], &whole_answer["stop_reason"]);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Streams as Gemini writes them (CRLF-framed `alt=sse` bodies, the fields of the real service)
+
+const TEXT_STREAM: &[u8] = include_bytes!("fixtures/gemini_stream_text.sse");
+const CALL_STREAM: &[u8] = include_bytes!("fixtures/gemini_stream_function_call.sse");
+
+#[test]
+fn fixture_text_stream_reaches_a_chat_client_whole() {
+    let out = run(TEXT_STREAM, &[]).unwrap();
+    let evs = decode_all(&out).unwrap();
+    assert_eq!(
+        event_role(Protocol::Anthropic, evs.last().unwrap()),
+        EventRole::Terminal
+    );
+    let ctx = ResponseContext {
+        json_tool: None,
+        include_usage: true,
+    };
+    let mut chat = AnthropicToChatStream::new(ctx, "pub", 1);
+    let mut chunks = Vec::new();
+    for ev in &evs {
+        chat.push(ev, &mut chunks).unwrap();
+    }
+    let values: Vec<Value> = chunks
+        .iter()
+        .filter(|c| c.data != "[DONE]")
+        .map(|c| serde_json::from_str(&c.data).unwrap())
+        .collect();
+    let field = |name: &str| -> String {
+        values
+            .iter()
+            .filter_map(|v| {
+                v.pointer(&format!("/choices/0/delta/{name}"))
+                    .and_then(Value::as_str)
+            })
+            .collect()
+    };
+    assert_eq!(
+        field("reasoning_content"),
+        "**Weighing the question**\n\nThe user wants a one-line answer."
+    );
+    assert_eq!(
+        field("content"),
+        "Keel routes each request to the replica most likely to answer first — \"p2c\" on measured latency."
+    );
+    assert_eq!(
+        values.last().unwrap()["usage"],
+        json!({"prompt_tokens": 31, "completion_tokens": 233, "total_tokens": 264,
+               "prompt_tokens_details": {"cached_tokens": 0}})
+    );
+    assert_eq!(chunks.last().unwrap().data, "[DONE]");
+}
+
+#[test]
+fn fixture_function_call_stream_is_a_signed_tool_use() {
+    let evs = events(&run(CALL_STREAM, &[]).unwrap());
+    let blocks: Vec<&Value> = evs
+        .iter()
+        .filter(|(n, _)| n == "content_block_start")
+        .map(|(_, v)| &v["content_block"])
+        .collect();
+    assert_eq!(
+        blocks,
+        vec![
+            &json!({"type": "thinking", "thinking": "", "signature": ""}),
+            &json!({"type": "tool_use", "id": "toolu_qpc2afWVFJK4vr0Pq6WiyAU_0", "name": "get_weather", "input": {}})
+        ]
+    );
+    let deltas: Vec<&Value> = evs
+        .iter()
+        .filter(|(n, _)| n == "content_block_delta")
+        .map(|(_, v)| &v["delta"])
+        .collect();
+    assert_eq!(
+        deltas,
+        vec![
+            &json!({"type": "signature_delta", "signature": "gemini:CiQBcsjafP2mT1ghQkZl0nFXc3lnbmF0dXJlLWZvci10ZXN0cw=="}),
+            &json!({"type": "input_json_delta", "partial_json": "{\"city\":\"Tokyo\",\"unit\":\"celsius\"}"})
+        ]
+    );
+    let (name, last_delta) = &evs[evs.len() - 2];
+    assert_eq!(name, "message_delta");
+    assert_eq!(last_delta["delta"]["stop_reason"], "tool_use");
+    assert_eq!(
+        last_delta["usage"],
+        json!({"input_tokens": 83, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 118})
+    );
+}
