@@ -13,7 +13,7 @@
 //! | `thinking` with a Gemini signature | a thought part `{text, thought: true, thoughtSignature}`; without text, the next part's `thoughtSignature` | other thinking (another model's, or unsigned) is not sent: Gemini reads its reasoning from its signatures; `redacted_thinking` dropped: `redacted_thinking_dropped` |
 //! | `tools` (custom) | `tools[0].functionDeclarations[]` with `parametersJsonSchema` = `input_schema` | server tools are **refused**; `$schema` left out (metadata Gemini does not take) |
 //! | `tool_choice` auto / any / tool / none | `toolConfig.functionCallingConfig.mode` AUTO / ANY / ANY + `allowedFunctionNames` / NONE | `disable_parallel_tool_use` dropped: `disable_parallel_tool_use_dropped` |
-//! | `max_tokens`, `temperature`, `top_p`, `top_k`, `stop_sequences` | `generationConfig.maxOutputTokens`, `temperature`, `topP`, `topK`, `stopSequences` | |
+//! | `max_tokens`, `temperature`, `top_p`, `top_k`, `stop_sequences` | `generationConfig.maxOutputTokens`, `temperature`, `topP`, `topK`, `stopSequences` | more than 5 stop sequences are **refused** (Gemini's limit) |
 //! | `thinking` enabled (budget) / adaptive / disabled | `thinkingConfig {thinkingBudget: budget / -1, includeThoughts: true}` / none | |
 //! | `output_format` / `output_config.format` `json_schema` | `responseMimeType: application/json` + `responseJsonSchema` | `output_config.effort` dropped: `effort_dropped` |
 //! | `metadata`, `service_tier`, unknown fields | — | dropped: `<field>_dropped` |
@@ -75,6 +75,9 @@ const SIGNATURE_PREFIX: &str = "gemini:";
 /// (it turns the signature check off for that call).
 pub const PLACEHOLDER_SIGNATURE: &str = "skip_thought_signature_validator";
 
+/// The most `stopSequences` Gemini takes (AI Studio and Vertex AI alike); more is a 400.
+const MAX_STOP_SEQUENCES: usize = 5;
+
 fn unsupported(path: &str, what: &str) -> RequestError {
     RequestError::invalid(format!(
         "{path}: {what} is not supported by Gemini variants"
@@ -135,6 +138,15 @@ pub fn request(hub: &Map<String, Value>) -> Result<DialectRequest, RequestError>
         body.insert("toolConfig".into(), tool_config(choice, &mut fixes)?);
     }
 
+    if present("stop_sequences")
+        .and_then(Value::as_array)
+        .is_some_and(|s| s.len() > MAX_STOP_SEQUENCES)
+    {
+        return Err(unsupported(
+            "stop_sequences",
+            &format!("more than {MAX_STOP_SEQUENCES} stop sequences"),
+        ));
+    }
     let mut generation = Map::new();
     for (hub_key, key) in [
         ("max_tokens", "maxOutputTokens"),

@@ -208,6 +208,12 @@ fn request_refuses_what_gemini_cannot_take_naming_the_field() {
         "tools[0]: the server tool `web_search_20250305` is not supported by Gemini variants"
     );
     let mut hub = base(json!([{"role": "user", "content": "hi"}]));
+    hub["stop_sequences"] = json!(["a", "b", "c", "d", "e", "f"]);
+    assert_eq!(
+        refused(hub),
+        "stop_sequences: more than 5 stop sequences is not supported by Gemini variants"
+    );
+    let mut hub = base(json!([{"role": "user", "content": "hi"}]));
     hub["mcp_servers"] = json!([{"type": "url", "url": "https://mcp.example", "name": "x"}]);
     assert_eq!(
         refused(hub),
