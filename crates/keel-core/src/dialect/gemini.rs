@@ -10,10 +10,10 @@
 //! | `text`, `image` / `document` with a `base64` source, `document` with a `text` source | `text`, `inlineData {mimeType, data}`, `text` | URL and file sources are **refused** |
 //! | `tool_use` | `functionCall {name, args}` | |
 //! | `tool_result` | `functionResponse {name, response: {output}}` (`{error}` when `is_error`) | Gemini names the function, not the call: the name is the one of the earlier `tool_use` with that id; images in a result are **refused** |
-//! | `thinking` | its signature, when it came from Gemini, as the next part's `thoughtSignature` | the text is not sent back (Gemini reads its reasoning from the signature); `redacted_thinking` dropped: `redacted_thinking_dropped` |
+//! | `thinking` with a Gemini signature | a thought part `{text, thought: true, thoughtSignature}`; without text, the next part's `thoughtSignature` | other thinking (another model's, or unsigned) is not sent: Gemini reads its reasoning from its signatures; `redacted_thinking` dropped: `redacted_thinking_dropped` |
 //! | `tools` (custom) | `tools[0].functionDeclarations[]` with `parametersJsonSchema` = `input_schema` | server tools are **refused**; `$schema` left out (metadata Gemini does not take) |
 //! | `tool_choice` auto / any / tool / none | `toolConfig.functionCallingConfig.mode` AUTO / ANY / ANY + `allowedFunctionNames` / NONE | `disable_parallel_tool_use` dropped: `disable_parallel_tool_use_dropped` |
-//! | `max_tokens`, `temperature`, `top_p`, `top_k`, `stop_sequences` | `generationConfig.maxOutputTokens`, `temperature`, `topP`, `topK`, `stopSequences` | |
+//! | `max_tokens`, `temperature`, `top_p`, `top_k`, `stop_sequences` | `generationConfig.maxOutputTokens`, `temperature`, `topP`, `topK`, `stopSequences` | more than 5 stop sequences are **refused** (Gemini's limit) |
 //! | `thinking` enabled (budget) / adaptive / disabled | `thinkingConfig {thinkingBudget: budget / -1, includeThoughts: true}` / none | |
 //! | `output_format` / `output_config.format` `json_schema` | `responseMimeType: application/json` + `responseJsonSchema` | `output_config.effort` dropped: `effort_dropped` |
 //! | `metadata`, `service_tier`, unknown fields | — | dropped: `<field>_dropped` |
@@ -30,7 +30,8 @@
 //! clients send back untouched: a signature on a thought part signs that thinking block, one on
 //! a function call becomes a thinking block of its own (no text) just before the `tool_use`.
 //! Signatures are written with the prefix `gemini:`, so a request can tell them from Claude's
-//! (which Gemini would refuse) and sends only its own back, on the part that follows the block.
+//! (which Gemini would refuse) and sends only its own back: a signed thinking block with text
+//! as the thought part it was, one without text as the signature of the part that follows.
 //! A model turn with function calls and no Gemini signature (a history from another model, or
 //! from a client that does not keep thinking blocks) gets the placeholder Gemini documents for
 //! such histories on its first call: fix code `thought_signature_placeholder`. Signatures on
@@ -73,6 +74,9 @@ const SIGNATURE_PREFIX: &str = "gemini:";
 /// The `thoughtSignature` Gemini documents for function calls of a history it did not write
 /// (it turns the signature check off for that call).
 pub const PLACEHOLDER_SIGNATURE: &str = "skip_thought_signature_validator";
+
+/// The most `stopSequences` Gemini takes (AI Studio and Vertex AI alike); more is a 400.
+const MAX_STOP_SEQUENCES: usize = 5;
 
 fn unsupported(path: &str, what: &str) -> RequestError {
     RequestError::invalid(format!(
@@ -134,6 +138,15 @@ pub fn request(hub: &Map<String, Value>) -> Result<DialectRequest, RequestError>
         body.insert("toolConfig".into(), tool_config(choice, &mut fixes)?);
     }
 
+    if present("stop_sequences")
+        .and_then(Value::as_array)
+        .is_some_and(|s| s.len() > MAX_STOP_SEQUENCES)
+    {
+        return Err(unsupported(
+            "stop_sequences",
+            &format!("more than {MAX_STOP_SEQUENCES} stop sequences"),
+        ));
+    }
     let mut generation = Map::new();
     for (hub_key, key) in [
         ("max_tokens", "maxOutputTokens"),
@@ -356,8 +369,17 @@ fn block<'a>(
         }
         "thinking" => {
             let sig = b.get("signature").and_then(Value::as_str).unwrap_or("");
-            if let Some(sig) = sig.strip_prefix(SIGNATURE_PREFIX) {
-                turn.signature = Some(sig.to_owned());
+            let text = b.get("thinking").and_then(Value::as_str).unwrap_or("");
+            match sig.strip_prefix(SIGNATURE_PREFIX) {
+                // A signed thought part, as Gemini wrote it.
+                Some(sig) if !text.is_empty() => turn.push(json!({
+                    "text": text, "thought": true, "thoughtSignature": sig
+                })),
+                // The signature of the part that follows.
+                Some(sig) => turn.signature = Some(sig.to_owned()),
+                // Another model's reasoning, or a summary without a signature: nothing Gemini
+                // reads.
+                None => {}
             }
         }
         "redacted_thinking" => fixes.dropped("redacted_thinking"),
@@ -713,13 +735,7 @@ pub fn whole(body: &[u8], model: &str) -> Result<Vec<u8>, String> {
             }
             Part::Call { name, args } => {
                 if let Some(sig) = sig {
-                    match content.last_mut() {
-                        Some(b) if b["type"] == "thinking" && b["signature"] == "" => {
-                            b["signature"] = Value::String(sig);
-                        }
-                        _ => content
-                            .push(json!({ "type": "thinking", "thinking": "", "signature": sig })),
-                    }
+                    content.push(json!({ "type": "thinking", "thinking": "", "signature": sig }));
                 }
                 let input = match args {
                     Value::Object(_) => args.clone(),
@@ -968,9 +984,7 @@ impl Stream {
             }
             Part::Call { name, args } => {
                 if let Some(sig) = sig {
-                    if self.open != Some(Open::Thinking { signed: false }) {
-                        self.begin_thinking(out);
-                    }
+                    self.begin_thinking(out);
                     self.sign(sig, out);
                 }
                 self.close(out);

@@ -208,6 +208,12 @@ fn request_refuses_what_gemini_cannot_take_naming_the_field() {
         "tools[0]: the server tool `web_search_20250305` is not supported by Gemini variants"
     );
     let mut hub = base(json!([{"role": "user", "content": "hi"}]));
+    hub["stop_sequences"] = json!(["a", "b", "c", "d", "e", "f"]);
+    assert_eq!(
+        refused(hub),
+        "stop_sequences: more than 5 stop sequences is not supported by Gemini variants"
+    );
+    let mut hub = base(json!([{"role": "user", "content": "hi"}]));
     hub["mcp_servers"] = json!([{"type": "url", "url": "https://mcp.example", "name": "x"}]);
     assert_eq!(
         refused(hub),
@@ -301,7 +307,8 @@ fn thought_signatures_round_trip_through_the_hub() {
     assert_eq!(
         content,
         json!([
-            {"type": "thinking", "thinking": "Need the weather.", "signature": "gemini:c2lnLTE="},
+            {"type": "thinking", "thinking": "Need the weather.", "signature": ""},
+            {"type": "thinking", "thinking": "", "signature": "gemini:c2lnLTE="},
             {"type": "tool_use", "id": "toolu_abc_123_0", "name": "get_weather", "input": {"city": "Oslo"}},
             {"type": "tool_use", "id": "toolu_abc_123_1", "name": "get_weather", "input": {"city": "Bergen"}}
         ])
@@ -339,6 +346,31 @@ fn thought_signatures_round_trip_through_the_hub() {
         json!([{"functionCall": {"name": "get_weather", "args": {"city": "Bergen"}}, "thoughtSignature": PLACEHOLDER_SIGNATURE}])
     );
     assert_eq!(fixes, vec!["thought_signature_placeholder"]);
+
+    // A signature on a thought part signs that thought, and goes back with it.
+    let answer = json!({
+        "candidates": [{"content": {"role": "model", "parts": [
+            {"text": "Plan.", "thought": true, "thoughtSignature": "VEhP"},
+            {"text": "Done."}
+        ]}, "finishReason": "STOP"}],
+        "responseId": "r"
+    });
+    let hub = hub_whole(answer);
+    assert_eq!(
+        hub["content"],
+        json!([{"type": "thinking", "thinking": "Plan.", "signature": "gemini:VEhP"},
+               {"type": "text", "text": "Done."}])
+    );
+    let (body, fixes) = gemini(json!({
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "Go"}, {"role": "assistant", "content": hub["content"]},
+                     {"role": "user", "content": "Again"}]
+    }));
+    assert_eq!(
+        body["contents"][1]["parts"],
+        json!([{"text": "Plan.", "thought": true, "thoughtSignature": "VEhP"}, {"text": "Done."}])
+    );
+    assert!(fixes.is_empty());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -881,5 +913,191 @@ fn text_chunks_without_a_tree_write_what_the_tree_writes() {
             json!("B"),
             json!("C")
         ]
+    );
+}
+
+/// One generated part of a stream chunk.
+fn arb_part() -> impl Strategy<Value = Value> {
+    let text = "[a-z \"\\\\é]{0,6}";
+    prop_oneof![
+        4 => text.prop_map(|t| json!({"text": t})),
+        2 => text.prop_map(|t| json!({"text": t, "thought": true})),
+        1 => text.prop_map(|t| json!({"text": t, "thought": true, "thoughtSignature": "U0lH"})),
+        1 => "[a-z]{1,4}".prop_map(|n| json!({"functionCall": {"name": n, "args": {"k": n}}})),
+        1 => "[a-z]{1,4}".prop_map(|n| json!({"functionCall": {"name": n}, "thoughtSignature": "Q0FMTA=="})),
+        1 => Just(json!({"thoughtSignature": "T05MWQ=="})),
+    ]
+}
+
+proptest! {
+    /// Whatever parts a stream holds, the hub events are a well-formed Anthropic stream: one
+    /// `message_start`, blocks started, written and stopped in order, one end; the Chat
+    /// translation reads it to `[DONE]`; and its text and tool calls are the whole answer's.
+    #[test]
+    fn any_stream_is_a_well_formed_hub_stream(
+        chunks in proptest::collection::vec(proptest::collection::vec(arb_part(), 0..3), 1..8),
+        finish in prop_oneof![Just("STOP"), Just("MAX_TOKENS"), Just("SAFETY")],
+        split in 0usize..4000,
+    ) {
+        let n = chunks.len();
+        let chunks: Vec<Value> = chunks
+            .into_iter()
+            .enumerate()
+            .map(|(i, parts)| chunk(Value::Array(parts), (i + 1 == n).then_some(finish), i as u64))
+            .collect();
+        let bytes = sse(&chunks);
+        let out = run(&bytes, &[]).unwrap();
+        prop_assert_eq!(&run(&bytes, &[split % (bytes.len() + 1)]).unwrap(), &out);
+
+        let evs = decode_all(&out).unwrap();
+        prop_assert_eq!(evs[0].event.as_deref(), Some("message_start"));
+        let mut open: Option<u64> = None;
+        let mut next = 0u64;
+        let mut ends = 0;
+        for ev in &evs[1..] {
+            let v: Value = serde_json::from_str(&ev.data).unwrap();
+            match ev.event.as_deref().unwrap() {
+                "content_block_start" => {
+                    prop_assert!(open.is_none());
+                    prop_assert_eq!(v["index"].as_u64(), Some(next));
+                    open = Some(next);
+                    next += 1;
+                }
+                "content_block_delta" => prop_assert_eq!(v["index"].as_u64(), open),
+                "content_block_stop" => {
+                    prop_assert_eq!(v["index"].as_u64(), open);
+                    open = None;
+                }
+                "message_delta" => {
+                    prop_assert!(open.is_none());
+                    prop_assert_eq!(ends, 0);
+                    ends += 1;
+                }
+                "message_stop" => {
+                    prop_assert_eq!(ends, 1);
+                    ends += 1;
+                }
+                other => prop_assert!(false, "unexpected event {}", other),
+            }
+        }
+        prop_assert_eq!(ends, 2);
+
+        let mut chat = AnthropicToChatStream::new(ResponseContext::default(), "pub", 1);
+        let mut chat_out = Vec::new();
+        let mut asm = Assembler::new();
+        for ev in &evs {
+            chat.push(ev, &mut chat_out).unwrap();
+            asm.push(Protocol::Anthropic, ev).unwrap();
+        }
+        prop_assert!(chat.is_done());
+
+        let mut parts = Vec::new();
+        for c in &chunks {
+            parts.extend(c["candidates"][0]["content"]["parts"].as_array().unwrap().clone());
+        }
+        let mut one = chunks.last().unwrap().clone();
+        one["candidates"][0]["content"]["parts"] = Value::Array(parts);
+        let whole_answer = hub_whole(one);
+        let visible = |content: &Value| -> Vec<Value> {
+            content
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|b| b["type"] != "thinking")
+                .cloned()
+                .collect()
+        };
+        let assembled = asm.finish(Endpoint::Messages).to_value();
+        prop_assert_eq!(visible(&assembled["content"]), visible(&whole_answer["content"]));
+        prop_assert_eq!(&assembled["stop_reason"], &whole_answer["stop_reason"]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams as Gemini writes them (CRLF-framed `alt=sse` bodies, the fields of the real service)
+
+const TEXT_STREAM: &[u8] = include_bytes!("fixtures/gemini_stream_text.sse");
+const CALL_STREAM: &[u8] = include_bytes!("fixtures/gemini_stream_function_call.sse");
+
+#[test]
+fn fixture_text_stream_reaches_a_chat_client_whole() {
+    let out = run(TEXT_STREAM, &[]).unwrap();
+    let evs = decode_all(&out).unwrap();
+    assert_eq!(
+        event_role(Protocol::Anthropic, evs.last().unwrap()),
+        EventRole::Terminal
+    );
+    let ctx = ResponseContext {
+        json_tool: None,
+        include_usage: true,
+    };
+    let mut chat = AnthropicToChatStream::new(ctx, "pub", 1);
+    let mut chunks = Vec::new();
+    for ev in &evs {
+        chat.push(ev, &mut chunks).unwrap();
+    }
+    let values: Vec<Value> = chunks
+        .iter()
+        .filter(|c| c.data != "[DONE]")
+        .map(|c| serde_json::from_str(&c.data).unwrap())
+        .collect();
+    let field = |name: &str| -> String {
+        values
+            .iter()
+            .filter_map(|v| {
+                v.pointer(&format!("/choices/0/delta/{name}"))
+                    .and_then(Value::as_str)
+            })
+            .collect()
+    };
+    assert_eq!(
+        field("reasoning_content"),
+        "**Weighing the question**\n\nThe user wants a one-line answer."
+    );
+    assert_eq!(
+        field("content"),
+        "Keel routes each request to the replica most likely to answer first — \"p2c\" on measured latency."
+    );
+    assert_eq!(
+        values.last().unwrap()["usage"],
+        json!({"prompt_tokens": 31, "completion_tokens": 233, "total_tokens": 264,
+               "prompt_tokens_details": {"cached_tokens": 0}})
+    );
+    assert_eq!(chunks.last().unwrap().data, "[DONE]");
+}
+
+#[test]
+fn fixture_function_call_stream_is_a_signed_tool_use() {
+    let evs = events(&run(CALL_STREAM, &[]).unwrap());
+    let blocks: Vec<&Value> = evs
+        .iter()
+        .filter(|(n, _)| n == "content_block_start")
+        .map(|(_, v)| &v["content_block"])
+        .collect();
+    assert_eq!(
+        blocks,
+        vec![
+            &json!({"type": "thinking", "thinking": "", "signature": ""}),
+            &json!({"type": "tool_use", "id": "toolu_qpc2afWVFJK4vr0Pq6WiyAU_0", "name": "get_weather", "input": {}})
+        ]
+    );
+    let deltas: Vec<&Value> = evs
+        .iter()
+        .filter(|(n, _)| n == "content_block_delta")
+        .map(|(_, v)| &v["delta"])
+        .collect();
+    assert_eq!(
+        deltas,
+        vec![
+            &json!({"type": "signature_delta", "signature": "gemini:CiQBcsjafP2mT1ghQkZl0nFXc3lnbmF0dXJlLWZvci10ZXN0cw=="}),
+            &json!({"type": "input_json_delta", "partial_json": "{\"city\":\"Tokyo\",\"unit\":\"celsius\"}"})
+        ]
+    );
+    let (name, last_delta) = &evs[evs.len() - 2];
+    assert_eq!(name, "message_delta");
+    assert_eq!(last_delta["delta"]["stop_reason"], "tool_use");
+    assert_eq!(
+        last_delta["usage"],
+        json!({"input_tokens": 83, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 118})
     );
 }
