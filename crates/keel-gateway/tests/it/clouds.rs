@@ -400,3 +400,60 @@ async fn what_a_cloud_cannot_express_goes_elsewhere_or_is_a_400_naming_the_field
         "{v}"
     );
 }
+
+/// A Vertex AI service account: keel signs the JWT grant, fetches one token at the key file's
+/// `token_uri` (keel-sim's, which checks the grant's claims), and uses it for every request;
+/// no request after warm-up fetches another.
+#[tokio::test]
+async fn a_service_account_token_is_fetched_once_and_used_by_every_request() {
+    let fleet = keel_sim::Fleet::start_n(1, keel_sim::ServerConfig::fast("s"))
+        .await
+        .unwrap();
+    let root = fleet.get(0).anthropic_base();
+    let fixture: Value =
+        serde_json::from_str(include_str!("../fixtures/service-account.json")).unwrap();
+    let mut account = fixture.clone();
+    account["token_uri"] = json!(format!("{root}/token"));
+    let file = std::env::temp_dir().join(format!("keel-sa-{}.json", std::process::id()));
+    std::fs::write(&file, account.to_string()).unwrap();
+    let mut cfg = String::from(
+        "[[pools]]\nname = \"c\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n",
+    );
+    for (name, model) in [
+        ("vertex-claude", "claude-sim@1"),
+        ("vertex-gemini", "gemini-sim"),
+    ] {
+        cfg.push_str(&format!(
+            "[[pools.variants]]\nname = \"{name}\"\nprotocol = \"vertex\"\nurl = \"{root}\"\nproject = \"p\"\nlocation = \"us-east5\"\nupstream_model = \"{model}\"\ncredentials_file = \"{}\"\n",
+            file.display()
+        ));
+    }
+    let h = Harness::start(fleet, &cfg).await;
+    let stats = || async {
+        keel_sim::http_client()
+            .get(format!("{root}/sim/stats"))
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    };
+    for i in 0..40 {
+        let (status, _, v) = h.chat(&chat(&format!("hello {i}"), i % 2 == 0)).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    std::fs::remove_file(&file).ok();
+    let s = stats().await;
+    // One token per variant (each holds its own source), fetched at start-up.
+    assert_eq!(s["tokens_issued"], 2, "{s}");
+    assert_eq!(
+        h.metric("keel_upstream_token_fetches_total", &[("pool", "c")])
+            .await,
+        2.0
+    );
+    assert!(
+        s["errors"].as_u64().unwrap_or(0) == 0,
+        "every bearer was accepted: {s}"
+    );
+}
