@@ -249,7 +249,7 @@ async fn another_400_is_not_taken_for_a_prefill_refusal() {
 
 /// Words of `got` missing from `want` and words of `got` that `want` does not have (a word
 /// repeated at the seam, or two glued into one), by their longest common subsequence.
-fn word_diff(want: &str, got: &str) -> (usize, usize) {
+pub fn word_diff(want: &str, got: &str) -> (usize, usize) {
     let (w, g): (Vec<&str>, Vec<&str>) = (
         want.split_whitespace().collect(),
         got.split_whitespace().collect(),

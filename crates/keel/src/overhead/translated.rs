@@ -193,8 +193,8 @@ pub async fn run(o: Options) -> Result<(), String> {
             for (ci, (_, ts)) in clients.iter().enumerate() {
                 // keel's paths take turns going first, so no path always meets a warmer process.
                 let keel_paths = ts.len() - 1;
-                let order = std::iter::once(0)
-                    .chain((0..keel_paths).map(|k| 1 + (k + round) % keel_paths));
+                let order =
+                    std::iter::once(0).chain((0..keel_paths).map(|k| 1 + (k + round) % keel_paths));
                 for pi in order {
                     runs[ci][pi].push(measure(&client, &ts[pi], rps, o.duration, true).await);
                 }
