@@ -37,7 +37,7 @@ from google.oauth2 import service_account  # noqa: E402
 import google.auth.transport.requests  # noqa: E402
 
 PROMPT = "Tell me about the harbour at dawn"
-MAX_TOKENS = 64
+MAX_TOKENS = 1024
 WEATHER_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string"}},
@@ -329,7 +329,7 @@ def bedrock(sim):
     return boto3.client(
         "bedrock-runtime", region_name="us-east-1", endpoint_url=sim.base,
         aws_access_key_id="AKIDSIMULATED", aws_secret_access_key="not-a-secret",
-        config=botocore.config.Config(retries={"max_attempts": 1, "mode": "standard"}),
+        config=botocore.config.Config(retries={"total_max_attempts": 1, "mode": "standard"}),
     )
 
 

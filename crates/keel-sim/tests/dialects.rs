@@ -33,12 +33,12 @@ fn sigv4() -> (&'static str, String) {
 
 fn gemini_body() -> Value {
     json!({"contents": [{"role": "user", "parts": [{"text": PROMPT}]}],
-        "generationConfig": {"maxOutputTokens": 64}})
+        "generationConfig": {"maxOutputTokens": 1024}})
 }
 
 fn bedrock_body() -> Value {
     json!({"messages": [{"role": "user", "content": [{"text": PROMPT}]}],
-        "inferenceConfig": {"maxTokens": 64}})
+        "inferenceConfig": {"maxTokens": 1024}})
 }
 
 fn gemini_stream_text(body: &str) -> (String, Vec<Value>) {
@@ -62,7 +62,7 @@ async fn every_dialect_gives_the_hub_text() {
         post(
             &format!("{base}/v1/messages"),
             &[],
-            &json!({"model": "sim", "max_tokens": 64, "messages": [{"role": "user", "content": PROMPT}]}),
+            &json!({"model": "sim", "max_tokens": 1024, "messages": [{"role": "user", "content": PROMPT}]}),
         )
         .await,
     )
@@ -114,7 +114,7 @@ async fn every_dialect_gives_the_hub_text() {
         post(
             &format!("{base}/v1/projects/p/locations/us-east5/publishers/anthropic/models/sim:rawPredict"),
             &[BEARER],
-            &json!({"anthropic_version": "vertex-2023-10-16", "max_tokens": 64,
+            &json!({"anthropic_version": "vertex-2023-10-16", "max_tokens": 1024,
                 "messages": [{"role": "user", "content": PROMPT}]}),
         )
         .await,
@@ -135,7 +135,7 @@ async fn every_dialect_gives_the_hub_text() {
     assert_eq!(b["output"]["message"]["content"][0]["text"], hub_text);
 
     // The OpenAI-hub dialects give the Chat Completions text.
-    let chat = json!({"model": "sim", "max_tokens": 64, "messages": [{"role": "user", "content": PROMPT}]});
+    let chat = json!({"model": "sim", "max_tokens": 1024, "messages": [{"role": "user", "content": PROMPT}]});
     let openai = json_of(post(&format!("{base}/v1/chat/completions"), &[], &chat).await).await;
     let chat_text = openai["choices"][0]["message"]["content"].clone();
     let a = json_of(
@@ -152,7 +152,7 @@ async fn every_dialect_gives_the_hub_text() {
         post(
             &format!("{base}/v1/responses"),
             &[],
-            &json!({"model": "sim", "input": PROMPT, "max_output_tokens": 64, "store": false}),
+            &json!({"model": "sim", "input": PROMPT, "max_output_tokens": 1024, "store": false}),
         )
         .await,
     )
@@ -160,8 +160,8 @@ async fn every_dialect_gives_the_hub_text() {
     assert_eq!(r["output"][0]["content"][0]["text"], chat_text);
 
     let stats = fleet.get(0).state.stats();
-    assert_eq!(stats.requests, 8);
-    assert_eq!(stats.completed, 8);
+    assert_eq!(stats.requests, 9);
+    assert_eq!(stats.completed, 9);
 }
 
 async fn add_fault(server: &keel_sim::ServerHandle, fault: Value) {
@@ -265,7 +265,7 @@ async fn dialect_faults_on_the_wire() {
     let body = post(
         &format!("{base}/v1/messages"),
         &[],
-        &json!({"model": "sim", "max_tokens": 64, "stream": true, "messages": [{"role": "user", "content": PROMPT}]}),
+        &json!({"model": "sim", "max_tokens": 1024, "stream": true, "messages": [{"role": "user", "content": PROMPT}]}),
     )
     .await
     .text()

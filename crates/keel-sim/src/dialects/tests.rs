@@ -586,8 +586,15 @@ fn jwt_grant_claims_are_checked() {
         )
     };
     assert_eq!(vertex::check_grant(&form(&claims), url, 1100), Ok(()));
+    let mut google_aud = claims.clone();
+    google_aud["aud"] = json!("https://oauth2.googleapis.com/token");
+    assert_eq!(
+        vertex::check_grant(&form(&google_aud), url, 1100),
+        Ok(()),
+        "google-auth's audience"
+    );
     let mut wrong_aud = claims.clone();
-    wrong_aud["aud"] = json!("https://oauth2.googleapis.com/token");
+    wrong_aud["aud"] = json!("https://elsewhere.example/token");
     assert_eq!(
         vertex::check_grant(&form(&wrong_aud), url, 1100).unwrap_err().0,
         "invalid_grant"
