@@ -388,7 +388,8 @@ impl SimServer {
             Shape::Hub(p) => self.protocol_error(p, status, message),
             Shape::Dialect(d) => {
                 let (status, headers, body) = dialects::error_response(d, status, message);
-                let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                let code =
+                    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
                 let mut resp = json_response(code, &body);
                 for (k, v) in headers {
                     resp.headers_mut().insert(k, header_value(&v));
@@ -468,11 +469,7 @@ impl SimServer {
             return None;
         }
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
-        Some(self.error(
-            shape,
-            404,
-            &format!("The model `{model}` does not exist."),
-        ))
+        Some(self.error(shape, 404, &format!("The model `{model}` does not exist.")))
     }
 
     /// `POST /v1/embeddings`: validated as OpenAI does, subject to the same faults, capacity and
@@ -987,10 +984,7 @@ impl Generation {
         });
         let mut resp = Response::new(StreamBody::new(stream).boxed());
         let h = resp.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            header_value(content_type),
-        );
+        h.insert(header::CONTENT_TYPE, header_value(content_type));
         h.insert(header::CACHE_CONTROL, header_value("no-cache"));
         resp
     }

@@ -187,10 +187,7 @@ async fn dialect_faults_on_the_wire() {
     let resp = post(&gemini, &[], &gemini_body()).await;
     assert_eq!(resp.status(), 429);
     assert_eq!(resp.headers()["retry-after"], "2");
-    assert_eq!(
-        json_of(resp).await["error"]["status"],
-        "RESOURCE_EXHAUSTED"
-    );
+    assert_eq!(json_of(resp).await["error"]["status"], "RESOURCE_EXHAUSTED");
 
     add_fault(s, json!({"kind": "error", "status": 503, "count": 1})).await;
     let resp = post(&format!("{base}/model/sim/converse"), &aws, &bedrock_body()).await;
@@ -209,7 +206,11 @@ async fn dialect_faults_on_the_wire() {
         .unwrap()
         .starts_with("ModelNotReadyException"));
 
-    add_fault(s, json!({"kind": "error", "status": 429, "retry_after_s": 1.5, "count": 1})).await;
+    add_fault(
+        s,
+        json!({"kind": "error", "status": 429, "retry_after_s": 1.5, "count": 1}),
+    )
+    .await;
     let resp = post(
         &format!("{base}/openai/deployments/sim/chat/completions?api-version=2024-10-21"),
         &[],
@@ -271,11 +272,17 @@ async fn dialect_faults_on_the_wire() {
     .text()
     .await
     .unwrap();
-    assert!(body.contains("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\""));
+    assert!(body.contains(
+        "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\""
+    ));
     assert!(!body.contains("message_stop"));
 
     // A malformed Gemini chunk is not JSON.
-    add_fault(s, json!({"kind": "malformed", "after_tokens": 1, "count": 1})).await;
+    add_fault(
+        s,
+        json!({"kind": "malformed", "after_tokens": 1, "count": 1}),
+    )
+    .await;
     let body = post(&gemini_stream, &[], &gemini_body())
         .await
         .text()
@@ -299,8 +306,10 @@ fn grant(addr: &str) -> String {
     let jwt = format!(
         "{}.{}.c2lnbmF0dXJl",
         e(json!({"alg": "RS256", "typ": "JWT", "kid": "k1"})),
-        e(json!({"iss": "sa@p.iam.gserviceaccount.com", "scope": "https://www.googleapis.com/auth/cloud-platform",
-            "aud": format!("http://{addr}/token"), "iat": now, "exp": now + 3600}))
+        e(
+            json!({"iss": "sa@p.iam.gserviceaccount.com", "scope": "https://www.googleapis.com/auth/cloud-platform",
+            "aud": format!("http://{addr}/token"), "iat": now, "exp": now + 3600})
+        )
     );
     format!("grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion={jwt}")
 }

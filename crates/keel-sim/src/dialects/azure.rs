@@ -78,7 +78,9 @@ pub fn whole(reply: &Reply) -> Value {
 /// Azure's error body: the status as a string code (or the name Azure gives it).
 pub fn error_body(status: u16, message: &str) -> Value {
     match status {
-        400 => json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": null}}),
+        400 => {
+            json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": null}})
+        }
         404 => json!({"error": {"code": "DeploymentNotFound", "message": message}}),
         _ => json!({"error": {"code": status.to_string(), "message": message}}),
     }

@@ -46,8 +46,10 @@ pub fn to_hub(route: &Route, obj: &Map<String, Value>) -> Result<HubRequest, Str
                     "media_type": format!("image/{format}"),
                     "data": img.pointer("/source/bytes").cloned().unwrap_or(json!(""))}}));
             } else if let Some(t) = b.get("toolUse") {
-                blocks.push(json!({"type": "tool_use", "id": t.get("toolUseId"), "name": t.get("name"),
-                    "input": t.get("input").cloned().unwrap_or(json!({}))}));
+                blocks.push(
+                    json!({"type": "tool_use", "id": t.get("toolUseId"), "name": t.get("name"),
+                    "input": t.get("input").cloned().unwrap_or(json!({}))}),
+                );
             } else if let Some(t) = b.get("toolResult") {
                 let text: Vec<String> = t
                     .get("content")
@@ -108,7 +110,10 @@ pub fn to_hub(route: &Route, obj: &Map<String, Value>) -> Result<HubRequest, Str
             hub.insert(to.into(), v.clone());
         }
     }
-    if let Some(k) = obj.get("additionalModelRequestFields").and_then(|f| f.get("top_k")) {
+    if let Some(k) = obj
+        .get("additionalModelRequestFields")
+        .and_then(|f| f.get("top_k"))
+    {
         hub.insert("top_k".into(), k.clone());
     }
     if let Some(tc) = obj.get("toolConfig") {
@@ -194,7 +199,10 @@ pub fn check_sigv4(auth: &str, amz_date: Option<&str>) -> Result<(), String> {
         return bad("'Signature' parameter (64 hex digits)");
     }
     if amz_date.is_none() {
-        return Err("Authorization header requires existence of either a 'X-Amz-Date' or a 'Date' header.".into());
+        return Err(
+            "Authorization header requires existence of either a 'X-Amz-Date' or a 'Date' header."
+                .into(),
+        );
     }
     Ok(())
 }
@@ -243,7 +251,12 @@ pub fn whole(reply: &Reply) -> Value {
 }
 
 /// One event-stream frame.
-fn frame(message_type: &'static str, type_header: &'static str, name: &str, payload: &Value) -> Vec<u8> {
+fn frame(
+    message_type: &'static str,
+    type_header: &'static str,
+    name: &str,
+    payload: &Value,
+) -> Vec<u8> {
     let message = Message::new(payload.to_string().into_bytes())
         .add_header(Header::new(
             type_header,

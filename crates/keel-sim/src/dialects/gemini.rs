@@ -134,7 +134,12 @@ pub fn to_hub(route: &Route, obj: &Map<String, Value>) -> Result<HubRequest, Str
         (None, false) => None,
     };
     let mut tools = Vec::new();
-    for t in obj.get("tools").and_then(Value::as_array).into_iter().flatten() {
+    for t in obj
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let decls = field(
             t.as_object().unwrap_or(&Map::new()),
             "functionDeclarations",
@@ -160,14 +165,20 @@ pub fn to_hub(route: &Route, obj: &Map<String, Value>) -> Result<HubRequest, Str
     if !tools.is_empty() {
         hub.insert("tools".into(), Value::Array(tools));
     }
-    let calling = field(obj, "toolConfig", "tool_config")
-        .and_then(|c| c.get("functionCallingConfig").or_else(|| c.get("function_calling_config")));
+    let calling = field(obj, "toolConfig", "tool_config").and_then(|c| {
+        c.get("functionCallingConfig")
+            .or_else(|| c.get("function_calling_config"))
+    });
     if let Some(calling) = calling {
         let allowed = calling
             .get("allowedFunctionNames")
             .or_else(|| calling.get("allowed_function_names"))
             .and_then(Value::as_array);
-        let choice = match calling.get("mode").and_then(Value::as_str).unwrap_or("AUTO") {
+        let choice = match calling
+            .get("mode")
+            .and_then(Value::as_str)
+            .unwrap_or("AUTO")
+        {
             "ANY" | "VALIDATED" => match allowed {
                 Some(a) if a.len() == 1 => json!({"type": "tool", "name": a[0]}),
                 _ => json!({"type": "any"}),
@@ -227,7 +238,12 @@ fn function_call(reply: &Reply) -> Option<Value> {
     })
 }
 
-fn response(reply: &Reply, parts: Vec<Value>, finish: Option<&str>, usage_metadata: Value) -> Value {
+fn response(
+    reply: &Reply,
+    parts: Vec<Value>,
+    finish: Option<&str>,
+    usage_metadata: Value,
+) -> Value {
     let mut candidate = json!({"content": {"role": "model", "parts": parts}, "index": 0});
     if let Some(f) = finish {
         candidate["finishReason"] = json!(f);

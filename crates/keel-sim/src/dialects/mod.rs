@@ -375,9 +375,7 @@ impl Renderer {
     /// The bytes carrying piece `index` (empty when the dialect sends it with another).
     pub fn piece(&mut self, reply: &Reply, index: usize, piece: &Piece) -> Vec<u8> {
         match self.shape {
-            Shape::Hub(_) | Shape::Dialect(Dialect::VertexClaude) => {
-                reply.stream_piece(piece).raw
-            }
+            Shape::Hub(_) | Shape::Dialect(Dialect::VertexClaude) => reply.stream_piece(piece).raw,
             Shape::Dialect(Dialect::Azure) => azure::piece(reply, piece),
             Shape::Dialect(Dialect::Gemini { .. }) => gemini::piece(reply, index, piece),
             Shape::Dialect(Dialect::Bedrock) => bedrock::piece(piece),

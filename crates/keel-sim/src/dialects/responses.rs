@@ -28,14 +28,18 @@ pub fn to_hub(obj: &Map<String, Value>) -> Result<HubRequest, String> {
         Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
-                let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
+                let kind = item
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("message");
                 match kind {
                     "message" => {
                         let role = item
                             .get("role")
                             .and_then(Value::as_str)
                             .ok_or(format!("input[{i}].role: required"))?;
-                        messages.push(json!({"role": role, "content": content(item.get("content"))}));
+                        messages
+                            .push(json!({"role": role, "content": content(item.get("content"))}));
                     }
                     "function_call" => {
                         let call = json!({"id": item.get("call_id"), "type": "function", "function": {
@@ -92,7 +96,13 @@ pub fn to_hub(obj: &Map<String, Value>) -> Result<HubRequest, String> {
         }
     }
     let mut tools = Vec::new();
-    for (i, t) in obj.get("tools").and_then(Value::as_array).into_iter().flatten().enumerate() {
+    for (i, t) in obj
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         match t.get("type").and_then(Value::as_str) {
             Some("function") => {
                 let mut f = json!({"name": t.get("name"),
@@ -125,7 +135,11 @@ pub fn to_hub(obj: &Map<String, Value>) -> Result<HubRequest, String> {
         }
         _ => {}
     }
-    match obj.get("text").and_then(|t| t.pointer("/format/type")).and_then(Value::as_str) {
+    match obj
+        .get("text")
+        .and_then(|t| t.pointer("/format/type"))
+        .and_then(Value::as_str)
+    {
         Some("json_schema") => {
             let f = &obj["text"]["format"];
             hub.insert(
@@ -250,7 +264,11 @@ fn event(seq: &mut u64, name: &str, mut data: Value) -> Vec<u8> {
 
 pub fn head(reply: &Reply, seq: &mut u64) -> Vec<u8> {
     let (_, item_id) = ids(reply);
-    let mut out = event(seq, "response.created", json!({"response": response(reply, false)}));
+    let mut out = event(
+        seq,
+        "response.created",
+        json!({"response": response(reply, false)}),
+    );
     out.extend(event(
         seq,
         "response.in_progress",
@@ -262,9 +280,13 @@ pub fn head(reply: &Reply, seq: &mut u64) -> Vec<u8> {
         json!({"output_index": 0, "item": item(reply, false)}),
     ));
     if reply.tool_call.is_none() {
-        out.extend(event(seq, "response.content_part.added", json!({"item_id": item_id,
+        out.extend(event(
+            seq,
+            "response.content_part.added",
+            json!({"item_id": item_id,
             "output_index": 0, "content_index": 0,
-            "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}})));
+            "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}),
+        ));
     }
     out
 }
@@ -272,8 +294,12 @@ pub fn head(reply: &Reply, seq: &mut u64) -> Vec<u8> {
 pub fn piece(reply: &Reply, piece: &Piece, seq: &mut u64) -> Vec<u8> {
     let (_, item_id) = ids(reply);
     match piece {
-        Piece::Text(t) => event(seq, "response.output_text.delta", json!({"item_id": item_id,
-            "output_index": 0, "content_index": 0, "delta": t, "logprobs": []})),
+        Piece::Text(t) => event(
+            seq,
+            "response.output_text.delta",
+            json!({"item_id": item_id,
+            "output_index": 0, "content_index": 0, "delta": t, "logprobs": []}),
+        ),
         Piece::ToolArgs(a) => event(
             seq,
             "response.function_call_arguments.delta",
@@ -293,11 +319,19 @@ pub fn tail(reply: &Reply, seq: &mut u64) -> Vec<u8> {
         )),
         None => {
             let text = reply.text();
-            out.extend(event(seq, "response.output_text.done", json!({"item_id": item_id,
-                "output_index": 0, "content_index": 0, "text": text, "logprobs": []})));
-            out.extend(event(seq, "response.content_part.done", json!({"item_id": item_id,
+            out.extend(event(
+                seq,
+                "response.output_text.done",
+                json!({"item_id": item_id,
+                "output_index": 0, "content_index": 0, "text": text, "logprobs": []}),
+            ));
+            out.extend(event(
+                seq,
+                "response.content_part.done",
+                json!({"item_id": item_id,
                 "output_index": 0, "content_index": 0,
-                "part": {"type": "output_text", "text": text, "annotations": [], "logprobs": []}})));
+                "part": {"type": "output_text", "text": text, "annotations": [], "logprobs": []}}),
+            ));
         }
     }
     out.extend(event(

@@ -27,21 +27,33 @@ fn routes_name_the_dialect_model_and_stream() {
     let r = route_of("/v1beta/models/gemini-2.0-flash:streamGenerateContent");
     assert_eq!(
         (r.dialect, r.model.as_deref(), r.stream),
-        (Dialect::Gemini { vertex: false }, Some("gemini-2.0-flash"), true)
+        (
+            Dialect::Gemini { vertex: false },
+            Some("gemini-2.0-flash"),
+            true
+        )
     );
     let r = route_of(
         "/v1beta1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-pro:generateContent",
     );
     assert_eq!(
         (r.dialect, r.model.as_deref(), r.stream),
-        (Dialect::Gemini { vertex: true }, Some("gemini-2.5-pro"), false)
+        (
+            Dialect::Gemini { vertex: true },
+            Some("gemini-2.5-pro"),
+            false
+        )
     );
     let r = route_of(
         "/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4@20250514:streamRawPredict",
     );
     assert_eq!(
         (r.dialect, r.model.as_deref(), r.stream),
-        (Dialect::VertexClaude, Some("claude-sonnet-4@20250514"), true)
+        (
+            Dialect::VertexClaude,
+            Some("claude-sonnet-4@20250514"),
+            true
+        )
     );
     let r = route_of("/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/converse-stream");
     assert_eq!(
@@ -90,7 +102,10 @@ fn gemini_request_reads_as_anthropic_messages() {
     .body;
     assert_eq!(hub["model"], "gemini-2.0-flash");
     assert_eq!(hub["stream"], false);
-    assert_eq!(hub["system"], json!([{"type": "text", "text": "Be brief."}]));
+    assert_eq!(
+        hub["system"],
+        json!([{"type": "text", "text": "Be brief."}])
+    );
     assert_eq!(hub["max_tokens"], 50, "snake_case names are read too");
     assert_eq!(hub["temperature"], 0.2);
     assert_eq!(hub["top_k"], 3);
@@ -186,7 +201,10 @@ fn responses_request_reads_as_chat_with_a_prefill() {
         "tool_choice": {"type": "function", "name": "get_weather"},
         "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}}});
     let hub = to_hub(&route_of("/v1/responses"), &body).unwrap().body;
-    assert_eq!(hub["messages"][0], json!({"role": "system", "content": "Be brief."}));
+    assert_eq!(
+        hub["messages"][0],
+        json!({"role": "system", "content": "Be brief."})
+    );
     assert_eq!(
         hub["messages"][2]["tool_calls"][0]["function"]["name"],
         "get_weather"
@@ -307,10 +325,7 @@ fn gemini_answers_whole_and_streamed() {
         json!({"role": "model", "parts": [{"text": "The harbour wakes"}]})
     );
     assert_eq!(whole["candidates"][0]["finishReason"], "STOP");
-    assert_eq!(
-        whole["usageMetadata"]["promptTokenCount"],
-        10
-    );
+    assert_eq!(whole["usageMetadata"]["promptTokenCount"], 10);
     assert_eq!(whole["usageMetadata"]["candidatesTokenCount"], 3);
     assert_eq!(whole["usageMetadata"]["cachedContentTokenCount"], 4);
 
@@ -416,7 +431,12 @@ fn bedrock_answers_whole_and_as_event_stream_frames() {
     let args: String = frames
         .iter()
         .filter(|f| f.1 == "contentBlockDelta")
-        .map(|f| f.2["delta"]["toolUse"]["input"].as_str().unwrap().to_owned())
+        .map(|f| {
+            f.2["delta"]["toolUse"]["input"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect();
     assert_eq!(args, "{\"city\":\"Oslo and Bergen\"}");
     assert_eq!(frames.last().unwrap().0, "event");
@@ -453,7 +473,10 @@ fn responses_answer_whole_and_streamed() {
     assert_eq!(whole["object"], "response");
     assert_eq!(whole["id"], "resp_00000000000000ab");
     assert_eq!(whole["status"], "completed");
-    assert_eq!(whole["output"][0]["content"][0]["text"], "The harbour wakes");
+    assert_eq!(
+        whole["output"][0]["content"][0]["text"],
+        "The harbour wakes"
+    );
     assert_eq!(whole["usage"]["input_tokens_details"]["cached_tokens"], 4);
 
     let events = sse(&render_stream(shape, &r));
@@ -494,7 +517,10 @@ fn responses_answer_whole_and_streamed() {
     let whole: Value = serde_json::from_slice(&Renderer::new(shape).whole(&t)).unwrap();
     assert_eq!(whole["output"][0]["type"], "function_call");
     assert_eq!(whole["output"][0]["call_id"], "toolu_00000000000000ab");
-    assert_eq!(whole["output"][0]["arguments"], "{\"city\":\"Oslo and Bergen\"}");
+    assert_eq!(
+        whole["output"][0]["arguments"],
+        "{\"city\":\"Oslo and Bergen\"}"
+    );
     let events = sse(&render_stream(shape, &t));
     assert!(events
         .iter()
@@ -557,7 +583,10 @@ fn errors_are_in_each_dialects_shape() {
 fn sigv4_shape_and_service_are_checked() {
     let good = "AWS4-HMAC-SHA256 Credential=AKID/20250101/us-east-1/bedrock/aws4_request, SignedHeaders=content-type;host;x-amz-date, Signature=".to_owned()
         + &"a1".repeat(32);
-    assert_eq!(bedrock::check_sigv4(&good, Some("20250101T000000Z")), Ok(()));
+    assert_eq!(
+        bedrock::check_sigv4(&good, Some("20250101T000000Z")),
+        Ok(())
+    );
     assert!(bedrock::check_sigv4(&good, None).is_err(), "no date");
     let s3 = good.replace("/bedrock/", "/s3/");
     assert!(bedrock::check_sigv4(&s3, Some("x"))
@@ -596,13 +625,17 @@ fn jwt_grant_claims_are_checked() {
     let mut wrong_aud = claims.clone();
     wrong_aud["aud"] = json!("https://elsewhere.example/token");
     assert_eq!(
-        vertex::check_grant(&form(&wrong_aud), url, 1100).unwrap_err().0,
+        vertex::check_grant(&form(&wrong_aud), url, 1100)
+            .unwrap_err()
+            .0,
         "invalid_grant"
     );
     let mut no_scope = claims.clone();
     no_scope.as_object_mut().unwrap().remove("scope");
     assert_eq!(
-        vertex::check_grant(&form(&no_scope), url, 1100).unwrap_err().0,
+        vertex::check_grant(&form(&no_scope), url, 1100)
+            .unwrap_err()
+            .0,
         "invalid_scope"
     );
     let mut too_long = claims.clone();

@@ -52,7 +52,10 @@ pub fn check_grant(form: &str, token_url: &str, now_s: u64) -> Result<(), (Strin
         );
     }
     let Some(assertion) = super::query_param(form, "assertion") else {
-        return bad("invalid_request", "Missing required parameter: assertion".into());
+        return bad(
+            "invalid_request",
+            "Missing required parameter: assertion".into(),
+        );
     };
     let segments: Vec<&str> = assertion.split('.').collect();
     let [header, claims, signature] = segments[..] else {
@@ -65,7 +68,10 @@ pub fn check_grant(form: &str, token_url: &str, now_s: u64) -> Result<(), (Strin
         serde_json::from_slice(&bytes).ok()
     };
     let (Some(header), Some(claims)) = (decode(header), decode(claims)) else {
-        return bad("invalid_grant", "Invalid JWT: a segment is not base64url JSON".into());
+        return bad(
+            "invalid_grant",
+            "Invalid JWT: a segment is not base64url JSON".into(),
+        );
     };
     if signature.is_empty() {
         return bad("invalid_grant", "Invalid JWT Signature.".into());
@@ -73,7 +79,12 @@ pub fn check_grant(form: &str, token_url: &str, now_s: u64) -> Result<(), (Strin
     if header.get("alg").and_then(Value::as_str) != Some("RS256") {
         return bad("invalid_grant", "Invalid JWT: alg must be RS256".into());
     }
-    let claim = |k: &str| claims.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
+    let claim = |k: &str| {
+        claims
+            .get(k)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
     if claim("iss").is_none() {
         return bad("invalid_grant", "Invalid JWT: missing iss".into());
     }
@@ -93,7 +104,10 @@ pub fn check_grant(form: &str, token_url: &str, now_s: u64) -> Result<(), (Strin
         claims.get("iat").and_then(Value::as_u64),
         claims.get("exp").and_then(Value::as_u64),
     ) else {
-        return bad("invalid_grant", "Invalid JWT: iat and exp are required".into());
+        return bad(
+            "invalid_grant",
+            "Invalid JWT: iat and exp are required".into(),
+        );
     };
     // Google allows a little clock skew either way.
     let skew = 300;
