@@ -425,3 +425,65 @@ async fn credentials_are_checked_as_each_cloud_does() {
         200
     );
 }
+
+#[tokio::test]
+async fn a_refusal_is_a_finished_answer_in_every_shape() {
+    let fleet = Fleet::start_n(1, ServerConfig::fast("a")).await.unwrap();
+    let s = fleet.get(0);
+    let base = s.anthropic_base();
+    let (k, auth) = sigv4();
+    let aws = [(k, auth.as_str()), ("x-amz-date", "20250101T000000Z")];
+    let chat = json!({"model": "sim", "messages": [{"role": "user", "content": PROMPT}]});
+    let cases: Vec<(String, Vec<(&str, &str)>, Value, &str, &str)> = vec![
+        (
+            format!("{base}/v1/chat/completions"),
+            vec![],
+            chat.clone(),
+            "/choices/0/finish_reason",
+            "content_filter",
+        ),
+        (
+            format!("{base}/openai/deployments/sim/chat/completions?api-version=2024-10-21"),
+            vec![],
+            chat.clone(),
+            "/choices/0/finish_reason",
+            "content_filter",
+        ),
+        (
+            format!("{base}/v1/messages"),
+            vec![],
+            json!({"model": "sim", "max_tokens": 1024, "messages": [{"role": "user", "content": PROMPT}]}),
+            "/stop_reason",
+            "refusal",
+        ),
+        (
+            format!("{base}/v1beta/models/sim:generateContent"),
+            vec![],
+            gemini_body(),
+            "/candidates/0/finishReason",
+            "SAFETY",
+        ),
+        (
+            format!("{base}/model/sim/converse"),
+            aws.to_vec(),
+            bedrock_body(),
+            "/stopReason",
+            "content_filtered",
+        ),
+        (
+            format!("{base}/v1/responses"),
+            vec![],
+            json!({"model": "sim", "input": PROMPT}),
+            "/incomplete_details/reason",
+            "content_filter",
+        ),
+    ];
+    for (url, headers, body, pointer, expected) in cases {
+        add_fault(s, json!({"kind": "refusal", "after_tokens": 2, "count": 1})).await;
+        let resp = post(&url, &headers, &body).await;
+        assert_eq!(resp.status(), 200, "{url}");
+        let v = json_of(resp).await;
+        assert_eq!(v.pointer(pointer).unwrap(), expected, "{url}: {v}");
+    }
+    assert_eq!(s.state.stats().errors, 0, "a refusal is not an error");
+}
