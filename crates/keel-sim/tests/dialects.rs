@@ -426,6 +426,9 @@ async fn credentials_are_checked_as_each_cloud_does() {
     );
 }
 
+/// (url, headers, body, JSON pointer to the stop reason, its expected value).
+type RefusalCase<'a> = (String, Vec<(&'a str, &'a str)>, Value, &'a str, &'a str);
+
 #[tokio::test]
 async fn a_refusal_is_a_finished_answer_in_every_shape() {
     let fleet = Fleet::start_n(1, ServerConfig::fast("a")).await.unwrap();
@@ -434,7 +437,7 @@ async fn a_refusal_is_a_finished_answer_in_every_shape() {
     let (k, auth) = sigv4();
     let aws = [(k, auth.as_str()), ("x-amz-date", "20250101T000000Z")];
     let chat = json!({"model": "sim", "messages": [{"role": "user", "content": PROMPT}]});
-    let cases: Vec<(String, Vec<(&str, &str)>, Value, &str, &str)> = vec![
+    let cases: Vec<RefusalCase> = vec![
         (
             format!("{base}/v1/chat/completions"),
             vec![],
