@@ -217,6 +217,11 @@ def test_gemini_whole_stream_prefill_tool_and_429(fresh):
         client.models.generate_content(model="gemini-2.0-flash", contents=PROMPT)
     assert e.value.code == 429 and e.value.status == "RESOURCE_EXHAUSTED"
 
+    # A safety stop is a finished answer, not an error.
+    fresh.add_fault(kind="refusal", after_tokens=2, count=1)
+    stopped = client.models.generate_content(model="gemini-2.0-flash", contents=PROMPT, config=config)
+    assert stopped.candidates[0].finish_reason == types.FinishReason.SAFETY
+
 
 # --- Vertex AI (Gemini through a service account's JWT grant; Claude) ------------------------
 
@@ -379,6 +384,10 @@ def test_bedrock_converse_whole_stream_tool_and_errors(fresh):
     with pytest.raises(botocore.exceptions.EventStreamError) as e:
         list(stream)
     assert e.value.response["Error"]["Code"] == "throttlingException"
+
+    fresh.add_fault(kind="refusal", after_tokens=2, count=1)
+    stopped = client.converse(modelId=BEDROCK_MODEL, messages=msgs, inferenceConfig=cfg)
+    assert stopped["stopReason"] == "content_filtered"
 
 
 # --- OpenAI Responses -----------------------------------------------------------------------
