@@ -490,3 +490,88 @@ async fn a_refusal_is_a_finished_answer_in_every_shape() {
     }
     assert_eq!(s.state.stats().errors, 0, "a refusal is not an error");
 }
+
+#[tokio::test]
+async fn a_cut_stream_continues_exactly_on_another_dialect() {
+    // What mid-stream migration does: the text delivered before the cut, sent to another
+    // dialect as a trailing assistant turn, is continued to the uninterrupted answer.
+    let fleet = Fleet::start_n(2, ServerConfig::fast("a")).await.unwrap();
+    let (first, second) = (fleet.get(0), fleet.get(1));
+    let whole = json_of(
+        post(
+            &format!(
+                "{}/v1beta/models/sim:generateContent",
+                first.anthropic_base()
+            ),
+            &[],
+            &gemini_body(),
+        )
+        .await,
+    )
+    .await;
+    let whole = whole["candidates"][0]["content"]["parts"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    add_fault(
+        first,
+        json!({"kind": "close", "after_tokens": 5, "count": 1}),
+    )
+    .await;
+    let mut resp = post(
+        &format!(
+            "{}/v1beta/models/sim:streamGenerateContent?alt=sse",
+            first.anthropic_base()
+        ),
+        &[],
+        &gemini_body(),
+    )
+    .await;
+    let mut got = Vec::new();
+    while let Ok(Some(c)) = resp.chunk().await {
+        got.extend_from_slice(&c);
+    }
+    let (delivered, _) = gemini_stream_text(&String::from_utf8(got).unwrap());
+    assert!(!delivered.is_empty() && delivered.len() < whole.len());
+
+    let (k, auth) = sigv4();
+    let rest = json_of(
+        post(
+            &format!("{}/model/sim/converse", second.anthropic_base()),
+            &[(k, &auth), ("x-amz-date", "20250101T000000Z")],
+            &json!({"messages": [
+                {"role": "user", "content": [{"text": PROMPT}]},
+                {"role": "assistant", "content": [{"text": delivered}]}],
+                "inferenceConfig": {"maxTokens": 1024}}),
+        )
+        .await,
+    )
+    .await;
+    let rest = rest["output"]["message"]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert_eq!(format!("{delivered}{rest}"), whole);
+
+    let rest = json_of(
+        post(
+            &format!(
+                "{}/v1/projects/p/locations/l/publishers/anthropic/models/sim:rawPredict",
+                second.anthropic_base()
+            ),
+            &[BEARER],
+            &json!({"anthropic_version": "vertex-2023-10-16", "max_tokens": 1024, "messages": [
+                {"role": "user", "content": PROMPT},
+                {"role": "assistant", "content": delivered}]}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        format!(
+            "{delivered}{}",
+            rest["content"][0]["text"].as_str().unwrap()
+        ),
+        whole
+    );
+}
