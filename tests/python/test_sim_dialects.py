@@ -37,7 +37,7 @@ from google.oauth2 import service_account  # noqa: E402
 import google.auth.transport.requests  # noqa: E402
 
 PROMPT = "Tell me about the harbour at dawn"
-MAX_TOKENS = 64
+MAX_TOKENS = 1024
 WEATHER_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string"}},
@@ -217,6 +217,11 @@ def test_gemini_whole_stream_prefill_tool_and_429(fresh):
         client.models.generate_content(model="gemini-2.0-flash", contents=PROMPT)
     assert e.value.code == 429 and e.value.status == "RESOURCE_EXHAUSTED"
 
+    # A safety stop is a finished answer, not an error.
+    fresh.add_fault(kind="refusal", after_tokens=2, count=1)
+    stopped = client.models.generate_content(model="gemini-2.0-flash", contents=PROMPT, config=config)
+    assert stopped.candidates[0].finish_reason == types.FinishReason.SAFETY
+
 
 # --- Vertex AI (Gemini through a service account's JWT grant; Claude) ------------------------
 
@@ -329,7 +334,7 @@ def bedrock(sim):
     return boto3.client(
         "bedrock-runtime", region_name="us-east-1", endpoint_url=sim.base,
         aws_access_key_id="AKIDSIMULATED", aws_secret_access_key="not-a-secret",
-        config=botocore.config.Config(retries={"max_attempts": 1, "mode": "standard"}),
+        config=botocore.config.Config(retries={"total_max_attempts": 1, "mode": "standard"}),
     )
 
 
@@ -379,6 +384,10 @@ def test_bedrock_converse_whole_stream_tool_and_errors(fresh):
     with pytest.raises(botocore.exceptions.EventStreamError) as e:
         list(stream)
     assert e.value.response["Error"]["Code"] == "throttlingException"
+
+    fresh.add_fault(kind="refusal", after_tokens=2, count=1)
+    stopped = client.converse(modelId=BEDROCK_MODEL, messages=msgs, inferenceConfig=cfg)
+    assert stopped["stopReason"] == "content_filtered"
 
 
 # --- OpenAI Responses -----------------------------------------------------------------------

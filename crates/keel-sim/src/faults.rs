@@ -62,6 +62,11 @@ pub enum FaultKind {
     /// `modelStreamErrorException` otherwise), a Responses `error` event). Whole answers are
     /// left alone.
     StreamError,
+    /// End a text reply after `after_tokens` tokens with the provider's safety stop (OpenAI
+    /// `finish_reason: "content_filter"`, Anthropic `stop_reason: "refusal"`, Gemini
+    /// `finishReason: "SAFETY"`, Bedrock `stopReason: "content_filtered"`, Responses
+    /// `incomplete` for `content_filter`): a finished answer, not an error.
+    Refusal,
 }
 
 /// One configured fault.
@@ -133,6 +138,7 @@ impl FaultSpec {
             | FaultKind::Malformed
             | FaultKind::Truncate
             | FaultKind::StreamError
+            | FaultKind::Refusal
                 if self.after_tokens.is_none() =>
             {
                 Err(format!(
@@ -189,6 +195,8 @@ pub struct RequestFaults {
     pub invalid_json: bool,
     /// (after tokens, status): end the stream with an in-stream error.
     pub stream_error: Option<(u64, u16)>,
+    /// End the reply with a safety stop after this many tokens.
+    pub refuse_after: Option<u64>,
 }
 
 /// A server's active faults with their remaining counts (and, for a timed `loading`, when
@@ -293,6 +301,7 @@ impl FaultSet {
                 FaultKind::IgnoreStream => out.ignore_stream = true,
                 FaultKind::Truncate => out.truncate_after = Some(f.after_tokens.unwrap_or(0)),
                 FaultKind::InvalidJson => out.invalid_json = true,
+                FaultKind::Refusal => out.refuse_after = Some(f.after_tokens.unwrap_or(0)),
                 FaultKind::StreamError => {
                     out.stream_error = Some((f.after_tokens.unwrap_or(0), f.status.unwrap_or(529)))
                 }

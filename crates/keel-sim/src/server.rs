@@ -855,6 +855,9 @@ impl SimServer {
         if let Some(n) = faults.truncate_after {
             reply.truncate(n);
         }
+        if let Some(n) = faults.refuse_after {
+            reply.refuse(n);
+        }
         let uncached = (sreq.prompt_tokens as usize).saturating_sub(cached);
         self.counters
             .prefill_tokens

@@ -94,6 +94,10 @@ pub enum Finish {
     Length,
     /// A stop sequence was produced (it is not part of the text).
     StopSequence(String),
+    /// The provider's safety system stopped the answer (the `refusal` fault): a finished
+    /// answer, not an error (OpenAI `content_filter`, Anthropic `refusal`, Gemini `SAFETY`,
+    /// Bedrock `content_filtered`).
+    Refusal,
 }
 
 /// A finished generation: the pieces to stream, in order, and why it ended.

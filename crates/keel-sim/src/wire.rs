@@ -432,10 +432,21 @@ impl Reply {
         }
     }
 
+    /// Ends a text reply after `n` tokens (or where it ends, when shorter) with a safety stop
+    /// (the `refusal` fault); a tool call is left alone.
+    pub fn refuse(&mut self, n: u64) {
+        if self.tool_call.is_none() {
+            self.pieces.truncate(n as usize);
+            self.completion_tokens = self.pieces.len() as u64;
+            self.finish = Finish::Refusal;
+        }
+    }
+
     fn openai_finish(&self) -> &'static str {
         match (&self.tool_call, &self.finish) {
             (Some(_), _) => "tool_calls",
             (_, Finish::Length) => "length",
+            (_, Finish::Refusal) => "content_filter",
             _ => "stop",
         }
     }
@@ -445,6 +456,7 @@ impl Reply {
             (Some(_), _) => ("tool_use", Value::Null),
             (_, Finish::Length) => ("max_tokens", Value::Null),
             (_, Finish::StopSequence(s)) => ("stop_sequence", json!(s)),
+            (_, Finish::Refusal) => ("refusal", Value::Null),
             _ => ("end_turn", Value::Null),
         }
     }

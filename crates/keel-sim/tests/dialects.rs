@@ -33,12 +33,12 @@ fn sigv4() -> (&'static str, String) {
 
 fn gemini_body() -> Value {
     json!({"contents": [{"role": "user", "parts": [{"text": PROMPT}]}],
-        "generationConfig": {"maxOutputTokens": 64}})
+        "generationConfig": {"maxOutputTokens": 1024}})
 }
 
 fn bedrock_body() -> Value {
     json!({"messages": [{"role": "user", "content": [{"text": PROMPT}]}],
-        "inferenceConfig": {"maxTokens": 64}})
+        "inferenceConfig": {"maxTokens": 1024}})
 }
 
 fn gemini_stream_text(body: &str) -> (String, Vec<Value>) {
@@ -62,7 +62,7 @@ async fn every_dialect_gives_the_hub_text() {
         post(
             &format!("{base}/v1/messages"),
             &[],
-            &json!({"model": "sim", "max_tokens": 64, "messages": [{"role": "user", "content": PROMPT}]}),
+            &json!({"model": "sim", "max_tokens": 1024, "messages": [{"role": "user", "content": PROMPT}]}),
         )
         .await,
     )
@@ -114,7 +114,7 @@ async fn every_dialect_gives_the_hub_text() {
         post(
             &format!("{base}/v1/projects/p/locations/us-east5/publishers/anthropic/models/sim:rawPredict"),
             &[BEARER],
-            &json!({"anthropic_version": "vertex-2023-10-16", "max_tokens": 64,
+            &json!({"anthropic_version": "vertex-2023-10-16", "max_tokens": 1024,
                 "messages": [{"role": "user", "content": PROMPT}]}),
         )
         .await,
@@ -135,7 +135,7 @@ async fn every_dialect_gives_the_hub_text() {
     assert_eq!(b["output"]["message"]["content"][0]["text"], hub_text);
 
     // The OpenAI-hub dialects give the Chat Completions text.
-    let chat = json!({"model": "sim", "max_tokens": 64, "messages": [{"role": "user", "content": PROMPT}]});
+    let chat = json!({"model": "sim", "max_tokens": 1024, "messages": [{"role": "user", "content": PROMPT}]});
     let openai = json_of(post(&format!("{base}/v1/chat/completions"), &[], &chat).await).await;
     let chat_text = openai["choices"][0]["message"]["content"].clone();
     let a = json_of(
@@ -152,7 +152,7 @@ async fn every_dialect_gives_the_hub_text() {
         post(
             &format!("{base}/v1/responses"),
             &[],
-            &json!({"model": "sim", "input": PROMPT, "max_output_tokens": 64, "store": false}),
+            &json!({"model": "sim", "input": PROMPT, "max_output_tokens": 1024, "store": false}),
         )
         .await,
     )
@@ -160,8 +160,8 @@ async fn every_dialect_gives_the_hub_text() {
     assert_eq!(r["output"][0]["content"][0]["text"], chat_text);
 
     let stats = fleet.get(0).state.stats();
-    assert_eq!(stats.requests, 8);
-    assert_eq!(stats.completed, 8);
+    assert_eq!(stats.requests, 9);
+    assert_eq!(stats.completed, 9);
 }
 
 async fn add_fault(server: &keel_sim::ServerHandle, fault: Value) {
@@ -266,7 +266,7 @@ async fn dialect_faults_on_the_wire() {
     let body = post(
         &format!("{base}/v1/messages"),
         &[],
-        &json!({"model": "sim", "max_tokens": 64, "stream": true, "messages": [{"role": "user", "content": PROMPT}]}),
+        &json!({"model": "sim", "max_tokens": 1024, "stream": true, "messages": [{"role": "user", "content": PROMPT}]}),
     )
     .await
     .text()
@@ -423,5 +423,155 @@ async fn credentials_are_checked_as_each_cloud_does() {
         .await
         .status(),
         200
+    );
+}
+
+/// (url, headers, body, JSON pointer to the stop reason, its expected value).
+type RefusalCase<'a> = (String, Vec<(&'a str, &'a str)>, Value, &'a str, &'a str);
+
+#[tokio::test]
+async fn a_refusal_is_a_finished_answer_in_every_shape() {
+    let fleet = Fleet::start_n(1, ServerConfig::fast("a")).await.unwrap();
+    let s = fleet.get(0);
+    let base = s.anthropic_base();
+    let (k, auth) = sigv4();
+    let aws = [(k, auth.as_str()), ("x-amz-date", "20250101T000000Z")];
+    let chat = json!({"model": "sim", "messages": [{"role": "user", "content": PROMPT}]});
+    let cases: Vec<RefusalCase> = vec![
+        (
+            format!("{base}/v1/chat/completions"),
+            vec![],
+            chat.clone(),
+            "/choices/0/finish_reason",
+            "content_filter",
+        ),
+        (
+            format!("{base}/openai/deployments/sim/chat/completions?api-version=2024-10-21"),
+            vec![],
+            chat.clone(),
+            "/choices/0/finish_reason",
+            "content_filter",
+        ),
+        (
+            format!("{base}/v1/messages"),
+            vec![],
+            json!({"model": "sim", "max_tokens": 1024, "messages": [{"role": "user", "content": PROMPT}]}),
+            "/stop_reason",
+            "refusal",
+        ),
+        (
+            format!("{base}/v1beta/models/sim:generateContent"),
+            vec![],
+            gemini_body(),
+            "/candidates/0/finishReason",
+            "SAFETY",
+        ),
+        (
+            format!("{base}/model/sim/converse"),
+            aws.to_vec(),
+            bedrock_body(),
+            "/stopReason",
+            "content_filtered",
+        ),
+        (
+            format!("{base}/v1/responses"),
+            vec![],
+            json!({"model": "sim", "input": PROMPT}),
+            "/incomplete_details/reason",
+            "content_filter",
+        ),
+    ];
+    for (url, headers, body, pointer, expected) in cases {
+        add_fault(s, json!({"kind": "refusal", "after_tokens": 2, "count": 1})).await;
+        let resp = post(&url, &headers, &body).await;
+        assert_eq!(resp.status(), 200, "{url}");
+        let v = json_of(resp).await;
+        assert_eq!(v.pointer(pointer).unwrap(), expected, "{url}: {v}");
+    }
+    assert_eq!(s.state.stats().errors, 0, "a refusal is not an error");
+}
+
+#[tokio::test]
+async fn a_cut_stream_continues_exactly_on_another_dialect() {
+    // What mid-stream migration does: the text delivered before the cut, sent to another
+    // dialect as a trailing assistant turn, is continued to the uninterrupted answer.
+    let fleet = Fleet::start_n(2, ServerConfig::fast("a")).await.unwrap();
+    let (first, second) = (fleet.get(0), fleet.get(1));
+    let whole = json_of(
+        post(
+            &format!(
+                "{}/v1beta/models/sim:generateContent",
+                first.anthropic_base()
+            ),
+            &[],
+            &gemini_body(),
+        )
+        .await,
+    )
+    .await;
+    let whole = whole["candidates"][0]["content"]["parts"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    add_fault(
+        first,
+        json!({"kind": "close", "after_tokens": 5, "count": 1}),
+    )
+    .await;
+    let mut resp = post(
+        &format!(
+            "{}/v1beta/models/sim:streamGenerateContent?alt=sse",
+            first.anthropic_base()
+        ),
+        &[],
+        &gemini_body(),
+    )
+    .await;
+    let mut got = Vec::new();
+    while let Ok(Some(c)) = resp.chunk().await {
+        got.extend_from_slice(&c);
+    }
+    let (delivered, _) = gemini_stream_text(&String::from_utf8(got).unwrap());
+    assert!(!delivered.is_empty() && delivered.len() < whole.len());
+
+    let (k, auth) = sigv4();
+    let rest = json_of(
+        post(
+            &format!("{}/model/sim/converse", second.anthropic_base()),
+            &[(k, &auth), ("x-amz-date", "20250101T000000Z")],
+            &json!({"messages": [
+                {"role": "user", "content": [{"text": PROMPT}]},
+                {"role": "assistant", "content": [{"text": delivered}]}],
+                "inferenceConfig": {"maxTokens": 1024}}),
+        )
+        .await,
+    )
+    .await;
+    let rest = rest["output"]["message"]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert_eq!(format!("{delivered}{rest}"), whole);
+
+    let rest = json_of(
+        post(
+            &format!(
+                "{}/v1/projects/p/locations/l/publishers/anthropic/models/sim:rawPredict",
+                second.anthropic_base()
+            ),
+            &[BEARER],
+            &json!({"anthropic_version": "vertex-2023-10-16", "max_tokens": 1024, "messages": [
+                {"role": "user", "content": PROMPT},
+                {"role": "assistant", "content": delivered}]}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        format!(
+            "{delivered}{}",
+            rest["content"][0]["text"].as_str().unwrap()
+        ),
+        whole
     );
 }

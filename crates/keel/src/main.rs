@@ -423,7 +423,7 @@ async fn sim(args: SimArgs) -> Result<(), String> {
         );
         let base = s.anthropic_base();
         println!(
-            "  {:<12} azure {base}   gemini {base}   vertex {base}/v1 (token {base}/token)   bedrock {base}   responses {}",
+            "  {:<12} azure {base}   gemini {base}   vertex {base} (AnthropicVertex {base}/v1, token {base}/token)   bedrock {base}   responses {}",
             "", s.openai_base()
         );
     }

@@ -226,6 +226,7 @@ fn stop_reason(reply: &Reply) -> &'static str {
         (Some(_), _) => "tool_use",
         (_, Finish::Length) => "max_tokens",
         (_, Finish::StopSequence(_)) => "stop_sequence",
+        (_, Finish::Refusal) => "content_filtered",
         _ => "end_turn",
     }
 }

@@ -214,6 +214,7 @@ fn lowercase_types(v: &Value) -> Value {
 fn finish_reason(reply: &Reply) -> &'static str {
     match (&reply.tool_call, &reply.finish) {
         (None, Finish::Length) => "MAX_TOKENS",
+        (None, Finish::Refusal) => "SAFETY",
         _ => "STOP",
     }
 }

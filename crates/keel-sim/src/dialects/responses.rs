@@ -197,7 +197,16 @@ fn ids(reply: &Reply) -> (String, String) {
 }
 
 fn incomplete(reply: &Reply) -> bool {
-    reply.tool_call.is_none() && reply.finish == Finish::Length
+    reply.tool_call.is_none() && matches!(reply.finish, Finish::Length | Finish::Refusal)
+}
+
+/// Why an incomplete answer stopped.
+fn incomplete_reason(reply: &Reply) -> &'static str {
+    if reply.finish == Finish::Refusal {
+        "content_filter"
+    } else {
+        "max_output_tokens"
+    }
 }
 
 /// The output item, finished (`done`) or as first announced.
@@ -240,7 +249,7 @@ fn response(reply: &Reply, done: bool) -> Value {
     };
     json!({"id": id, "object": "response", "created_at": reply.created, "status": status,
         "error": null,
-        "incomplete_details": if done && incomplete(reply) { json!({"reason": "max_output_tokens"}) } else { Value::Null },
+        "incomplete_details": if done && incomplete(reply) { json!({"reason": incomplete_reason(reply)}) } else { Value::Null },
         "instructions": null, "max_output_tokens": null, "model": reply.model,
         "output": if done { json!([item(reply, true)]) } else { json!([]) },
         "parallel_tool_calls": true, "previous_response_id": null,

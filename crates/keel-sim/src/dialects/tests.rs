@@ -615,8 +615,15 @@ fn jwt_grant_claims_are_checked() {
         )
     };
     assert_eq!(vertex::check_grant(&form(&claims), url, 1100), Ok(()));
+    let mut google_aud = claims.clone();
+    google_aud["aud"] = json!("https://oauth2.googleapis.com/token");
+    assert_eq!(
+        vertex::check_grant(&form(&google_aud), url, 1100),
+        Ok(()),
+        "google-auth's audience"
+    );
     let mut wrong_aud = claims.clone();
-    wrong_aud["aud"] = json!("https://oauth2.googleapis.com/token");
+    wrong_aud["aud"] = json!("https://elsewhere.example/token");
     assert_eq!(
         vertex::check_grant(&form(&wrong_aud), url, 1100)
             .unwrap_err()
@@ -644,4 +651,45 @@ fn jwt_grant_claims_are_checked() {
             .0,
         "unsupported_grant_type"
     );
+}
+
+#[test]
+fn a_refusal_is_each_dialects_safety_stop() {
+    use keel_core::protocol::Endpoint;
+    let mut m = reply(Endpoint::Messages, false);
+    m.refuse(1);
+    assert_eq!(m.pieces.len(), 1);
+    assert_eq!(m.completion_tokens, 1);
+    let render = |shape: Shape, r: &Reply| -> Value {
+        serde_json::from_slice(&Renderer::new(shape).whole(r)).unwrap()
+    };
+    assert_eq!(
+        render(Shape::Hub(keel_core::protocol::Protocol::Anthropic), &m)["stop_reason"],
+        "refusal"
+    );
+    assert_eq!(
+        render(Shape::Dialect(Dialect::Gemini { vertex: true }), &m)["candidates"][0]
+            ["finishReason"],
+        "SAFETY"
+    );
+    assert_eq!(
+        render(Shape::Dialect(Dialect::Bedrock), &m)["stopReason"],
+        "content_filtered"
+    );
+    let frames = bedrock_frames(&render_stream(Shape::Dialect(Dialect::Bedrock), &m)).unwrap();
+    assert_eq!(frames[frames.len() - 2].2["stopReason"], "content_filtered");
+
+    let mut c = reply(Endpoint::ChatCompletions, false);
+    c.refuse(1);
+    assert_eq!(
+        render(Shape::Dialect(Dialect::Azure), &c)["choices"][0]["finish_reason"],
+        "content_filter"
+    );
+    let r = render(Shape::Dialect(Dialect::Responses), &c);
+    assert_eq!(r["status"], "incomplete");
+    assert_eq!(r["incomplete_details"]["reason"], "content_filter");
+
+    let mut t = reply(Endpoint::Messages, true);
+    t.refuse(1);
+    assert_eq!(t.finish, Finish::Natural, "a tool call is left alone");
 }

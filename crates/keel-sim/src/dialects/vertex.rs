@@ -30,12 +30,16 @@ pub fn claude_to_hub(route: &Route, obj: &Map<String, Value>) -> Result<HubReque
     })
 }
 
+/// Google's token endpoint: the audience Google's own libraries (google-auth) put in every
+/// grant, whatever the account's `token_uri`; accepted beside this endpoint's own URL.
+pub const GOOGLE_TOKEN_URL: &str = "https://oauth2.googleapis.com/token";
+
 /// The JWT-bearer grant type.
 pub const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 
 /// Checks a token request (a form body) as Google's token endpoint does: the grant type, and a
 /// JWT assertion whose header says RS256 and whose claims carry `iss`, `scope` (or
-/// `target_audience`), `aud` = this endpoint's URL (`token_url`), and `iat`/`exp` an hour or
+/// `target_audience`), `aud` = this endpoint's URL (`token_url`) or Google's, and `iat`/`exp` an hour or
 /// less apart around `now_s`. The signature is not verified (the simulator does not hold the
 /// account's public key). `Err`: the OAuth error (`error`, `error_description`).
 pub fn check_grant(form: &str, token_url: &str, now_s: u64) -> Result<(), (String, String)> {
@@ -87,12 +91,12 @@ pub fn check_grant(form: &str, token_url: &str, now_s: u64) -> Result<(), (Strin
     if claim("scope").is_none() && claim("target_audience").is_none() {
         return bad("invalid_scope", "Invalid JWT: missing scope".into());
     }
-    if claim("aud") != Some(token_url) {
+    if claim("aud") != Some(token_url) && claim("aud") != Some(GOOGLE_TOKEN_URL) {
         return bad(
             "invalid_grant",
             format!(
-                "Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. aud must be {token_url}, got {:?}",
-                claims.get("aud")
+                "Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. aud must be {token_url} or {GOOGLE_TOKEN_URL}, got {}",
+                claims.get("aud").unwrap_or(&Value::Null)
             ),
         );
     }
