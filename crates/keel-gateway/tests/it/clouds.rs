@@ -526,3 +526,88 @@ async fn a_pool_of_every_cloud_with_faulty_members_loses_no_stream_and_no_byte()
         "the faults cut streams: {migrated} migrations"
     );
 }
+
+/// A provider's safety stop (Azure `content_filter`, Gemini `SAFETY`, a Bedrock content
+/// filter, …) is a finished answer: the client gets it in its protocol's words and keel does not
+/// fail over to find a more obliging model.
+#[tokio::test]
+async fn a_cloud_safety_stop_is_a_finished_answer_never_failed_over() {
+    let h = clouds(&CLOUDS, "").await;
+    for i in 0..CLOUDS.len() {
+        add_fault(h.server(i), json!({"kind": "refusal", "after_tokens": 3})).await;
+    }
+    for cloud in CLOUDS {
+        for stream in [false, true] {
+            let resp = forced(
+                &h,
+                "/v1/chat/completions",
+                &chat("something unsafe", stream),
+                cloud,
+            )
+            .await;
+            assert_eq!(resp.status(), 200, "{cloud}");
+            assert_eq!(
+                header(resp.headers(), "x-keel-variant"),
+                cloud,
+                "{cloud}: not failed over"
+            );
+            let finish = if stream {
+                let events = read_stream(resp).await;
+                events
+                    .iter()
+                    .filter(|e| !e.comment_only && e.data != "[DONE]")
+                    .filter_map(|e| {
+                        let v: Value = serde_json::from_str(&e.data).ok()?;
+                        v["choices"][0]["finish_reason"].as_str().map(str::to_owned)
+                    })
+                    .last()
+                    .unwrap_or_default()
+            } else {
+                let v: Value = resp.json().await.unwrap();
+                v["choices"][0]["finish_reason"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned()
+            };
+            assert_eq!(finish, "content_filter", "{cloud} stream={stream}");
+            let resp = forced(&h, "/v1/messages", &chat("something unsafe", stream), cloud).await;
+            assert_eq!(resp.status(), 200, "{cloud}");
+            if !stream {
+                let v: Value = resp.json().await.unwrap();
+                assert_eq!(v["stop_reason"], "refusal", "{cloud}: {v}");
+            }
+        }
+    }
+}
+
+/// An error inside a cloud's stream (a Bedrock `throttlingException` frame, Gemini's `error`
+/// chunk, a Responses `error` event) is the stream breaking: it continues elsewhere.
+#[tokio::test]
+async fn an_error_inside_a_cloud_stream_continues_elsewhere() {
+    for cloud in [
+        "bedrock",
+        "gemini",
+        "vertex-gemini",
+        "responses",
+        "azure",
+        "vertex-claude",
+    ] {
+        let h = clouds(&[cloud, "anthropic"], "").await;
+        add_fault(
+            h.server(0),
+            json!({"kind": "stream_error", "after_tokens": 5, "status": 429}),
+        )
+        .await;
+        let want = reference(&h, 1, "/v1/chat/completions", &chat("keep going", false)).await;
+        let want = want["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let resp = forced(&h, "/v1/chat/completions", &chat("keep going", true), cloud).await;
+        assert_eq!(resp.status(), 200, "{cloud}");
+        let events = read_stream(resp).await;
+        assert_eq!(openai_stream_text(&events), want, "{cloud}");
+        let done = events.iter().filter(|e| e.data == "[DONE]").count();
+        assert_eq!(done, 1, "{cloud}");
+    }
+}
