@@ -287,13 +287,17 @@ impl Relay {
         // The plan first; then the pool's other variants, which may have recovered since the
         // plan was made (entering re-checks each).
         let others = (0..self.pool.variants.len()).filter(|i| !self.order.contains(i));
-        let candidates: Vec<usize> = self
+        let mut candidates: Vec<usize> = self
             .order
             .iter()
             .copied()
             .chain(others)
             .filter(|i| !tried.contains(i))
             .collect();
+        // A continuation by instruction is a new message whose first words may repeat or
+        // lose a little of the seam; a prefill (or completion) continues the text itself. So
+        // the variants that continue exactly go first, each group in plan order.
+        candidates.sort_by_key(|&vi| self.pool.variants[vi].resume() == ResumeMode::Instruction);
         for vi in candidates {
             if Instant::now() >= self.ctx.deadline {
                 reasons.push("deadline reached".to_owned());

@@ -611,3 +611,60 @@ async fn an_error_inside_a_cloud_stream_continues_elsewhere() {
         assert_eq!(done, 1, "{cloud}");
     }
 }
+
+/// A stream cut where both kinds of continuation are possible continues by prefill (exact)
+/// rather than by instruction; where only instruction is left (Azure, the Responses API), it
+/// still continues, its seam measured.
+#[tokio::test]
+async fn a_cut_stream_prefers_an_exact_continuation_and_otherwise_takes_an_instruction() {
+    let h = clouds(&["bedrock", "azure", "responses", "gemini"], "").await;
+    add_fault(h.server(0), json!({"kind": "close", "after_tokens": 5})).await;
+    for i in 0..6 {
+        let prompt = format!("prefer exact {i}");
+        let want = reference(&h, 3, "/v1/chat/completions", &chat(&prompt, false)).await;
+        let want = want["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let events =
+            read_stream(forced(&h, "/v1/chat/completions", &chat(&prompt, true), "bedrock").await)
+                .await;
+        let notes: Vec<String> = events
+            .iter()
+            .filter(|e| e.comment_only)
+            .map(|e| String::from_utf8_lossy(&e.raw).into_owned())
+            .collect();
+        assert!(notes.iter().any(|n| n.contains("to=gemini")), "{notes:?}");
+        assert_eq!(openai_stream_text(&events), want);
+    }
+    for only in ["azure", "responses"] {
+        let h = clouds(&["bedrock", only], "").await;
+        add_fault(h.server(0), json!({"kind": "close", "after_tokens": 5})).await;
+        let want = reference(
+            &h,
+            1,
+            "/v1/chat/completions",
+            &chat("by instruction", false),
+        )
+        .await;
+        let want = want["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let events = read_stream(
+            forced(
+                &h,
+                "/v1/chat/completions",
+                &chat("by instruction", true),
+                "bedrock",
+            )
+            .await,
+        )
+        .await;
+        let got = openai_stream_text(&events);
+        let (missing, extra) = crate::prefill_refusal::word_diff(&want, &got);
+        eprintln!("instruction seam on {only}: {missing} words missing, {extra} extra");
+        assert!(missing <= 2 && extra <= 2, "{only}: {got}\n{want}");
+        assert_eq!(events.iter().filter(|e| e.data == "[DONE]").count(), 1);
+    }
+}
