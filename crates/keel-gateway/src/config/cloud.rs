@@ -592,4 +592,23 @@ mod tests {
             ["bedrock", "vertex", "azure", "openai-responses", "gemini"]
         );
     }
+
+    #[test]
+    fn a_cloud_variant_forwards_only_trace_context_by_default() {
+        let c = parse(
+            "protocol = \"bedrock\"\nurl = \"https://b\"\nupstream_model = \"m\"\nregion = \"us-east-1\"\napi_key = \"k\"",
+            &[],
+        )
+        .unwrap();
+        let names: Vec<&str> = c.pools[0].variants[0]
+            .forward_headers
+            .iter()
+            .map(|h| h.as_str())
+            .collect();
+        assert!(names.contains(&"traceparent"), "{names:?}");
+        assert!(
+            !names.iter().any(|n| n.starts_with("anthropic-")),
+            "Anthropic's headers mean nothing to Bedrock: {names:?}"
+        );
+    }
 }

@@ -115,6 +115,10 @@ async fn every_cloud_answers_clients_of_both_protocols_whole_and_streamed() {
             "{cloud}: {v}"
         );
         assert!(
+            v["usage"]["prompt_tokens"].as_u64().unwrap() > 0,
+            "{cloud}: the prompt is counted: {v}"
+        );
+        assert!(
             v["usage"]["completion_tokens"].as_u64().unwrap() > 0,
             "{cloud}: {v}"
         );
@@ -666,5 +670,20 @@ async fn a_cut_stream_prefers_an_exact_continuation_and_otherwise_takes_an_instr
         eprintln!("instruction seam on {only}: {missing} words missing, {extra} extra");
         assert!(missing <= 2 && extra <= 2, "{only}: {got}\n{want}");
         assert_eq!(events.iter().filter(|e| e.data == "[DONE]").count(), 1);
+    }
+}
+
+/// What a dialect drops on the way is named in `x-keel-prompt-fix`, like the client protocols'
+/// own translation.
+#[tokio::test]
+async fn what_a_cloud_drops_is_named_in_the_prompt_fix_header() {
+    let h = clouds(&["gemini", "bedrock"], "").await;
+    let mut body = chat("hello", false);
+    body["metadata"] = json!({"user_id": "u-1"});
+    for cloud in ["gemini", "bedrock"] {
+        let resp = forced(&h, "/v1/messages", &body, cloud).await;
+        assert_eq!(resp.status(), 200, "{cloud}");
+        let fixes = header(resp.headers(), "x-keel-prompt-fix").to_owned();
+        assert!(fixes.contains("metadata_dropped"), "{cloud}: {fixes:?}");
     }
 }
