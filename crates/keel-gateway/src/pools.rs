@@ -305,6 +305,8 @@ impl Maintenance {
 #[derive(Debug, Clone, Serialize)]
 pub struct VariantSnapshot {
     pub name: String,
+    /// What its upstream speaks (`protocol` as configured: `bedrock`, `azure`, …).
+    pub dialect: &'static str,
     pub state: &'static str,
     pub state_code: u8,
     pub available: bool,
@@ -939,6 +941,7 @@ impl Pool {
                 let a = st.availability;
                 VariantSnapshot {
                     name: v.cfg.name.clone(),
+                    dialect: v.cfg.dialect.name(),
                     state: h.est.state.name(),
                     state_code: h.est.state.code(),
                     available: a.available(now)

@@ -424,6 +424,7 @@ fn keel_schemas() -> [(&'static str, Value); 2] {
                         "canary": {"type": "object", "description": "Only for a pool with `[pools.canary]`: `phase` (`rolling`, `promoted`, `rolled_back`), `step`, `weight_percent`, `steps`, `in_phase_ms`, `step_stats` (the candidate's attempts, errors, error rate, TTFT P99 and shadow agreement over the step) and the latest `transitions` with their reasons."},
                         "variants": {"type": "array", "items": object(&["name", "state", "available"], json!({
                             "name": {"type": "string"},
+                            "dialect": {"enum": ["openai", "anthropic", "azure", "gemini", "vertex", "bedrock", "openai-responses"], "description": "What the variant's upstream speaks; `protocol` above is the hub the pool is spoken to in."},
                             "state": {"type": "string"},
                             "available": {"type": "boolean"},
                             "in_flight": {"type": "integer"},

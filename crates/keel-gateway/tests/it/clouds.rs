@@ -177,6 +177,23 @@ async fn every_cloud_answers_clients_of_both_protocols_whole_and_streamed() {
     }
 }
 
+/// `/keel/health` says what each variant's upstream speaks.
+#[tokio::test]
+async fn health_names_each_variants_dialect() {
+    let h = clouds(&CLOUDS, "").await;
+    let health = h.get_json("/keel/health").await;
+    let dialects: Vec<&str> = health["pools"][0]["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["dialect"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        dialects,
+        ["azure", "gemini", "vertex", "vertex", "bedrock", "openai-responses"]
+    );
+}
+
 #[tokio::test]
 async fn every_cloud_makes_tool_calls_for_both_protocols() {
     let h = clouds(&CLOUDS, "").await;
