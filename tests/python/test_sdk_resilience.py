@@ -28,7 +28,6 @@ MIGRATIONS = [
     ("demo-mixed", "mixed-anthropic"),
     ("demo-clouds", "clouds-bedrock"),
     ("demo-clouds", "clouds-gemini"),
-    ("demo-clouds", "clouds-vertex"),
 ]
 POOLS = ["demo-gpt", "demo-claude", "demo-mixed", "demo-clouds"]
 
