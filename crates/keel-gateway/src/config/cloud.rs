@@ -18,8 +18,7 @@ use std::sync::Arc;
 
 use keel_core::protocol::Protocol;
 
-use super::read::{Issues, Table, Val};
-use super::variant::interpolate;
+use super::read::{interpolate, Issues, Table, Val};
 
 /// What a variant's upstream speaks.
 #[derive(Clone, PartialEq)]

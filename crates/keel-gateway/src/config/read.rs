@@ -2,6 +2,8 @@
 //! stopping, and a [`Table`] that remembers which keys its section asked for, so that whatever
 //! is left over is an unknown field (with a suggestion among the keys that were asked for).
 
+use std::collections::HashMap;
+
 use serde_json::{Map, Number, Value};
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
@@ -485,4 +487,42 @@ fn json_value(v: &Spanned<DeValue<'_>>, path: &str, issues: &mut Issues) -> Valu
         ),
         DeValue::Table(t) => Value::Object(json_object(t, path, issues)),
     }
+}
+
+/// `${VAR}` replaced by the variable's value; a missing variable is reported.
+pub(super) fn interpolate(
+    s: &Val<String>,
+    env: &HashMap<String, String>,
+    issues: &mut Issues,
+) -> Option<String> {
+    match substitute(&s.value, env) {
+        Ok(out) => Some(out),
+        Err(var) => {
+            issues.report(
+                s.at,
+                &s.path,
+                format!("environment variable `{var}` is not set"),
+            );
+            None
+        }
+    }
+}
+
+/// Replaces `${VAR}` with the variable's value; returns the missing variable's name on error.
+fn substitute(s: &str, env: &HashMap<String, String>) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find("${") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        let Some(j) = after.find('}') else {
+            out.push_str(&rest[i..]);
+            return Ok(out);
+        };
+        let name = &after[..j];
+        out.push_str(env.get(name).ok_or_else(|| name.to_owned())?);
+        rest = &after[j + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }

@@ -15,8 +15,7 @@ use std::fmt;
 
 use redis::IntoConnectionInfo;
 
-use super::read::{Issues, Table};
-use super::variant::interpolate;
+use super::read::{interpolate, Issues, Table};
 
 /// A Redis server shared by all replicas.
 #[derive(Clone, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use keel_core::continuation::ResumeMode;
 use keel_core::protocol::Protocol;
 use keel_core::tokens::Tokenizer;
 
-use super::read::{Issues, Table, Val};
+use super::read::{interpolate, Issues, Table, Val};
 
 #[derive(Clone, PartialEq)]
 pub struct VariantConfig {
@@ -346,44 +346,6 @@ fn resume_name(mode: ResumeMode) -> &'static str {
         .find(|(_, m)| *m == mode)
         .map(|(n, _)| *n)
         .unwrap_or("?")
-}
-
-/// `${VAR}` replaced by the variable's value; a missing variable is reported.
-pub(super) fn interpolate(
-    s: &Val<String>,
-    env: &HashMap<String, String>,
-    issues: &mut Issues,
-) -> Option<String> {
-    match substitute(&s.value, env) {
-        Ok(out) => Some(out),
-        Err(var) => {
-            issues.report(
-                s.at,
-                &s.path,
-                format!("environment variable `{var}` is not set"),
-            );
-            None
-        }
-    }
-}
-
-/// Replaces `${VAR}` with the variable's value; returns the missing variable's name on error.
-fn substitute(s: &str, env: &HashMap<String, String>) -> Result<String, String> {
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(i) = rest.find("${") {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 2..];
-        let Some(j) = after.find('}') else {
-            out.push_str(&rest[i..]);
-            return Ok(out);
-        };
-        let name = &after[..j];
-        out.push_str(env.get(name).ok_or_else(|| name.to_owned())?);
-        rest = &after[j + 1..];
-    }
-    out.push_str(rest);
-    Ok(out)
 }
 
 /// A price in USD per million tokens: finite and not negative (0 when absent).
