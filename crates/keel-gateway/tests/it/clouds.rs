@@ -40,6 +40,11 @@ async fn clouds(names: &[&str], pool_extra: &str) -> Harness {
     let fleet = keel_sim::Fleet::start_n(names.len(), keel_sim::ServerConfig::fast("s"))
         .await
         .unwrap();
+    clouds_on(fleet, names, pool_extra).await
+}
+
+/// [`clouds`] over a fleet already started (server `i` behind `names[i]`).
+async fn clouds_on(fleet: keel_sim::Fleet, names: &[&str], pool_extra: &str) -> Harness {
     let mut cfg = format!(
         "allow_force_variant = true\n[[pools]]\nname = \"c\"\n{pool_extra}\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n"
     );
@@ -709,5 +714,55 @@ async fn what_a_cloud_drops_is_named_in_the_prompt_fix_header() {
         assert_eq!(resp.status(), 200, "{cloud}");
         let fixes = header(resp.headers(), "x-keel-prompt-fix").to_owned();
         assert!(fixes.contains("metadata_dropped"), "{cloud}: {fixes:?}");
+    }
+}
+
+/// Bedrock, Vertex AI's Claude and Gemini refusing a prefill (as Anthropic's newer models do:
+/// keel-sim answers with the refusal in each cloud's own error shape) are learned and switched
+/// to `instruction`, and the cut stream still ends whole.
+#[tokio::test]
+async fn a_cloud_that_refuses_prefill_is_learned_and_continues_by_instruction() {
+    for cloud in ["bedrock", "vertex-claude", "gemini"] {
+        let fleet = keel_sim::Fleet::start(&keel_sim::FleetConfig {
+            generation: Default::default(),
+            servers: vec![
+                keel_sim::ServerConfig::fast("a"),
+                keel_sim::ServerConfig {
+                    refuse_prefill: true,
+                    ..keel_sim::ServerConfig::fast("b")
+                },
+            ],
+        })
+        .await
+        .unwrap();
+        let h = clouds_on(fleet, &["anthropic", cloud], "stall_ms = 400").await;
+        add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 5})).await;
+        let want = reference(&h, 1, "/v1/chat/completions", &chat("seams again", false)).await;
+        let want = want["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let events = read_stream(
+            forced(
+                &h,
+                "/v1/chat/completions",
+                &chat("seams again", true),
+                "anthropic",
+            )
+            .await,
+        )
+        .await;
+        let got = openai_stream_text(&events);
+        let (missing, extra) = crate::prefill_refusal::word_diff(&want, &got);
+        assert!(missing <= 2 && extra <= 2, "{cloud}: {got}\n{want}");
+        assert_eq!(
+            events.iter().filter(|e| e.data == "[DONE]").count(),
+            1,
+            "{cloud}"
+        );
+        let health = h.get_json("/keel/health").await;
+        let v = &health["pools"][0]["variants"][1];
+        assert_eq!(v["resume"], "instruction", "{cloud}: {health}");
+        assert_eq!(v["resume_learned"], true, "{cloud}: {health}");
     }
 }
