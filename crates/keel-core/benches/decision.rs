@@ -45,6 +45,7 @@ fn decide(
             available: true,
             health: h.weight(now, cfg),
             predicted_ttft_ms: h.predicted_ttft_ms(now, cfg),
+            ttft_samples: h.est.ttft_ms.evidence(),
             in_flight: (i % 3) as u32,
             tier: 1,
             price: 1.0,

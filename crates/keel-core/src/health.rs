@@ -3,7 +3,9 @@
 //! call, reads never mutate.
 //!
 //! **Signals.** Peak-EWMA of time to first token (a slower sample replaces the estimate at once,
-//! faster ones blend in with decay `decay_ms`, as tower's `PeakEwma`); EWMA of inter-token gaps;
+//! faster ones blend in with decay `decay_ms`, as tower's `PeakEwma`, but never by less than
+//! their share of the samples behind the estimate, so that a first or stale value is averaged
+//! away within a few samples whatever it was: see [`Ewma`]); EWMA of inter-token gaps;
 //! token-gap variance (TGSV: standard deviation of the last 10 inter-chunk gaps of each stream,
 //! blended per variant); EWMA error rate; a windowed P95 of TTFT; scraped KV-cache usage and
 //! waiting requests (vLLM / llama.cpp metrics).
@@ -128,10 +130,25 @@ pub const PEAK_JUMP: f64 = 2.0;
 
 /// A time-decayed moving average; `peak` makes a sample at least [`PEAK_JUMP`] × the value
 /// replace it at once.
+///
+/// **How far a sample moves it.** Each sample moves the value by the larger of two weights:
+/// its share of time (`1 − e^(−Δt / decay)`, Δt since the previous sample: a sample stands for
+/// the level since then) and its share of the evidence (1 / the samples behind the value,
+/// each decayed by its age over `decay`). The first is the usual EWMA, and all there is in
+/// steady state (with samples every Δt the evidence is `1 / (1 − e^(−Δt / decay))`, so the two
+/// weights are equal). The second matters from a start: a plain EWMA counts its first sample
+/// (a cold warm-up, one unlucky first token, a peak it jumped to) as if it had always been the
+/// level, so on a variant measured once a second (refresh probes, decay 10 s) each sample
+/// after it moves the value by a tenth only, and a 60% error takes a dozen seconds to fall
+/// under 20%; meanwhile the variant loses every comparison and gets no client traffic that
+/// would correct it. Counted as the one sample it is, a first value is averaged away by the
+/// next few whatever it was: the value reaches the level within a few samples from any start.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Ewma {
     value: Option<f64>,
     at_ms: u64,
+    /// Samples behind `value` as of `at_ms`, each weighted by `e^(−age / decay)`.
+    evidence: f64,
 }
 
 impl Ewma {
@@ -139,17 +156,48 @@ impl Ewma {
         self.value
     }
 
+    /// The samples behind the value as of its last sample (each weighted by its age then):
+    /// 1 after the first sample or a peak, about `decay / Δt` for a variant sampled every Δt.
+    pub fn evidence(&self) -> f64 {
+        if self.value.is_some() {
+            self.evidence
+        } else {
+            0.0
+        }
+    }
+
     pub fn record(&mut self, now_ms: u64, sample: f64, decay_ms: f64, peak: bool) {
-        self.value = Some(match self.value {
-            None => sample,
-            Some(v) if peak && sample >= v * PEAK_JUMP => sample,
+        let (value, evidence) = match self.value {
+            None => (sample, 1.0),
+            Some(v) if peak && sample >= v * PEAK_JUMP => (sample, 1.0),
             Some(v) => {
                 let dt = now_ms.saturating_sub(self.at_ms) as f64;
                 // At least a small step per sample, so bursts within one millisecond still count.
-                let w = (-dt.max(1.0) / decay_ms.max(1.0)).exp();
-                v * w + sample * (1.0 - w)
+                let keep = (-dt.max(1.0) / decay_ms.max(1.0)).exp();
+                let evidence = self.evidence * keep + 1.0;
+                let w = (1.0 - keep).max(1.0 / evidence);
+                (v + (sample - v) * w, evidence)
             }
-        });
+        };
+        self.value = Some(value);
+        self.evidence = evidence;
+        self.at_ms = now_ms;
+    }
+
+    /// As [`Ewma::record`] without a peak, moved by the time weight alone and adding nothing
+    /// to the evidence: for a baseline, which must follow a degradation at its own slow pace
+    /// however few samples it has seen, and for a hint that is not a sample (a lower bound).
+    pub fn record_timed(&mut self, now_ms: u64, sample: f64, decay_ms: f64) {
+        let (value, evidence) = match self.value {
+            None => (sample, 1.0),
+            Some(v) => {
+                let dt = now_ms.saturating_sub(self.at_ms) as f64;
+                let keep = (-dt.max(1.0) / decay_ms.max(1.0)).exp();
+                (v * keep + sample * (1.0 - keep), self.evidence * keep)
+            }
+        };
+        self.value = Some(value);
+        self.evidence = evidence;
         self.at_ms = now_ms;
     }
 
@@ -498,8 +546,8 @@ impl VariantHealth {
     /// Baselines follow improvements at once and degradations slowly.
     fn record_baseline(b: &mut Ewma, now_ms: u64, sample: f64, cfg: &HealthConfig) {
         match b.get() {
-            Some(v) if sample < v => b.record(now_ms, sample, cfg.decay_ms / 10.0, false),
-            _ => b.record(now_ms, sample, cfg.baseline_decay_ms, false),
+            Some(v) if sample < v => b.record_timed(now_ms, sample, cfg.decay_ms / 10.0),
+            _ => b.record_timed(now_ms, sample, cfg.baseline_decay_ms),
         }
     }
 
@@ -524,10 +572,11 @@ impl VariantHealth {
     /// race). Blended in as a plain EWMA sample, not a peak: it refreshes a stale estimate
     /// that has relaxed toward zero (or a variant that always loses races would keep looking
     /// cheap and keep being chosen), while it barely moves a fresh one (a random tail event on
-    /// a good variant is no news about the variant). Not in the window or the baseline, which
-    /// hold answered first tokens only.
+    /// a good variant is no news about the variant). A hint, not a sample: it moves the
+    /// estimate by its share of time only, whatever the samples behind it. Not in the window
+    /// or the baseline, which hold answered first tokens only.
     pub fn record_late_ttft(&mut self, now_ms: u64, ms: f64, cfg: &HealthConfig) {
-        self.est.ttft_ms.record(now_ms, ms, cfg.decay_ms, false);
+        self.est.ttft_ms.record_timed(now_ms, ms, cfg.decay_ms);
         self.last_sample_ms = Some(now_ms);
     }
 
@@ -870,15 +919,19 @@ mod tests {
     #[test]
     fn peak_ewma_jumps_up_and_decays_down() {
         let mut e = Ewma::default();
-        e.record(0, 100.0, 10_000.0, true);
-        // Jitter blends in: the level does not climb with the sampling rate.
-        for t in 1..=50 {
-            e.record(t, 150.0, 10_000.0, true);
+        for t in 0..100 {
+            e.record(t * 100, 100.0, 10_000.0, true);
         }
-        assert!(e.get().unwrap() < 101.0, "{:?}", e.get());
-        e.record(10, 500.0, 10_000.0, true);
+        // Jitter blends in: a sample under twice the value is averaged, never jumped to, so
+        // the level does not climb with the sampling rate.
+        for t in 1..=5 {
+            e.record(10_000 + t * 100, 190.0, 10_000.0, true);
+        }
+        let v = e.get().unwrap();
+        assert!(v > 100.0 && v < 110.0, "{v}");
+        e.record(10_600, 500.0, 10_000.0, true);
         assert_eq!(e.get(), Some(500.0));
-        e.record(10_010, 100.0, 10_000.0, true);
+        e.record(20_600, 100.0, 10_000.0, true);
         let v = e.get().unwrap();
         assert!(v > 100.0 && v < 300.0, "{v}");
     }
@@ -912,6 +965,61 @@ mod tests {
             h.tick(t0 + 40_000 + i * 100, &c);
         }
         assert!(matches!(h.est.state, State::Ejected { .. }));
+    }
+
+    /// The finding behind the evidence weight: a variant's first sample was a cold 67 ms, and
+    /// after it only refresh probes (one a second) measured it, at its true 42 ms; its peers'
+    /// estimates, on hundreds of client samples, sat at 42. As a plain EWMA (decay 10 s) each
+    /// probe moved it by a tenth: 57 ms after five probes, and the variant lost every
+    /// comparison meanwhile. From any start, a few samples now bring it within 15% of the level.
+    #[test]
+    fn an_estimate_reaches_the_level_within_a_few_samples_from_any_start() {
+        let c = cfg();
+        for start in [67.0, 20.0, 30.0, 80.0] {
+            let mut h = VariantHealth::new(0);
+            h.record_ttft(0, start, &c);
+            for i in 1..=5 {
+                h.refresh_result(i * 1_000, Some(42.0), &c);
+            }
+            let p = h.predicted_ttft_ms(5_000, &c);
+            assert!((p - 42.0).abs() <= 0.15 * 42.0, "from {start} ms: {p} ms");
+            // Client samples, ten a second, do the same within the first few.
+            let mut e = Ewma::default();
+            e.record(0, start, c.decay_ms, true);
+            for i in 1..=5 {
+                e.record(i * 100, 42.0, c.decay_ms, true);
+            }
+            let v = e.get().unwrap();
+            assert!((v - 42.0).abs() <= 0.15 * 42.0, "from {start} ms: {v} ms");
+        }
+        // The same samples after two different starts: the starts are forgotten alike.
+        let after = |start: f64| {
+            let mut e = Ewma::default();
+            e.record(0, start, c.decay_ms, true);
+            for i in 1..=10 {
+                e.record(i * 1_000, 40.0 + (i % 3) as f64, c.decay_ms, true);
+            }
+            e.get().unwrap()
+        };
+        assert!((after(67.0) - after(25.0)).abs() < 0.15 * 41.0);
+        // A settled estimate is moved by a sample's share of time, as any EWMA: one slower
+        // sample a second after a hundred at 42 barely moves it (about a tenth of the
+        // difference), and the evidence behind it is about decay / interval.
+        let mut settled = Ewma::default();
+        for i in 0..100 {
+            settled.record(i * 100, 42.0, c.decay_ms, true);
+        }
+        assert!(settled.evidence() > 50.0, "{}", settled.evidence());
+        settled.record(100 * 100 + 1_000, 62.0, c.decay_ms, true);
+        let v = settled.get().unwrap();
+        assert!(v > 42.0 && v <= 44.5, "{v}");
+        // A first sample, and a peak it jumped to, are one sample's evidence.
+        let mut fresh = Ewma::default();
+        assert_eq!(fresh.evidence(), 0.0);
+        fresh.record(0, 42.0, c.decay_ms, true);
+        assert_eq!(fresh.evidence(), 1.0);
+        settled.record(20_000, 200.0, c.decay_ms, true);
+        assert_eq!((settled.get(), settled.evidence()), (Some(200.0), 1.0));
     }
 
     #[test]

@@ -29,6 +29,25 @@
 //! Costs include the requests in flight, so when the fast variants fill up, the slow ones come
 //! back into the draw and take their share of the load.
 //!
+//! **Costs too close to tell apart.** A predicted TTFT is an estimate from samples, and two
+//! variants serving equally fast have estimates a few percent apart by chance, for as long as
+//! their estimates remember (`decay_ms`, seconds). Taking the cheaper of the two draws on such a
+//! difference sends every request at low concurrency (where no one has requests in flight to
+//! even the costs out) to whichever estimate is lower by luck: three equal variants served
+//! sequentially went 218/82/0, and the starved one's estimate was never corrected by client
+//! traffic. So when the costlier of the two drawn costs at most [`EQUIVALENT`] × the cheaper
+//! one, the two count as equal and the one chosen least recently takes the request (a round
+//! robin among equals, which also keeps every one of them measured and its cache warm). The
+//! band widens for an estimate behind few samples (`ttft_samples`), as far as [`MAX_EQUIVALENT`]
+//! for a single one: a variant just added, restarted or back from ejection, or one whose first
+//! samples were unlucky, gets client requests to correct its estimate instead of waiting for
+//! refresh probes, and each of them narrows its band. That is the exploration budget: no
+//! request goes to a variant predicted more than [`MAX_EQUIVALENT`] × the other drawn one's
+//! cost (and a well-measured one, more than [`EQUIVALENT`] ×) for the sake of measuring it, so
+//! a variant twice as slow as its peers gets none. Costs include the requests in flight, and one
+//! in flight (a quarter, [`IN_FLIGHT_COST`]) is more than the band: under load a busier
+//! well-measured variant is never chosen for having waited longer.
+//!
 //! **Affinity.** With a key (a session, or a prompt-prefix hash), candidates are ranked by
 //! weighted rendezvous hashing (highest `−w / ln(u)`, `u` from the key and the variant's name
 //! hash): the same key keeps the same variant while it stays eligible, and removing a variant
@@ -63,6 +82,28 @@ pub const IN_FLIGHT_COST: f64 = 0.25;
 /// Candidates costing more than this multiple of the cheapest are left out of the P2C draw
 /// (they stay fallbacks).
 pub const COMPETITIVE: f64 = 3.0;
+
+/// Costs within this ratio of each other are too close to tell apart (see the module doc):
+/// the one chosen least recently takes the request. A TTFT estimate over the ~10 samples a
+/// variant sampled once a second keeps in its 10 s memory is off by about σ/√10 of its spread
+/// (lognormal σ 0.25–0.3 is typical: 8–9%), so two equal variants' estimates differ by up to
+/// 20% by chance; less than [`IN_FLIGHT_COST`], so that a request in flight always counts.
+pub const EQUIVALENT: f64 = 1.2;
+
+/// The widest band, for an estimate behind a single sample.
+pub const MAX_EQUIVALENT: f64 = 1.5;
+
+/// Samples behind an estimate from which it is settled: the band is [`EQUIVALENT`] from there
+/// and widens as `√(SETTLED_SAMPLES / samples)` below (the standard error of a mean of fewer
+/// samples), up to [`MAX_EQUIVALENT`].
+pub const SETTLED_SAMPLES: f64 = 8.0;
+
+/// The ratio within which a cost counts as equal to a cheaper one, when it is predicted from
+/// an estimate behind `samples` samples (see [`EQUIVALENT`]).
+pub fn equivalent_band(samples: f64) -> f64 {
+    let widen = (SETTLED_SAMPLES / samples.max(1e-9)).sqrt().max(1.0);
+    (1.0 + (EQUIVALENT - 1.0) * widen).min(MAX_EQUIVALENT)
+}
 
 /// Bounded-load factor for affinity.
 pub const LOAD_BOUND: f64 = 1.25;
@@ -101,6 +142,11 @@ pub struct PowerOfTwo {
     rng: AtomicU64,
     /// Smoothed in-flight count per pool index (`f64` bits); indexes beyond it count as idle.
     load: Box<[AtomicU64]>,
+    /// Decisions made so far: the clock of `last_chosen`.
+    decisions: AtomicU64,
+    /// Per pool index, the decision (1-based) that last chose it as primary; 0 never. Indexes
+    /// beyond it count as never chosen.
+    last_chosen: Box<[AtomicU64]>,
 }
 
 impl PowerOfTwo {
@@ -111,6 +157,23 @@ impl PowerOfTwo {
             load: (0..variants)
                 .map(|_| AtomicU64::new(0f64.to_bits()))
                 .collect(),
+            decisions: AtomicU64::new(0),
+            last_chosen: (0..variants).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// The decision that last chose pool index `index` (0: never).
+    fn last_chosen_of(&self, index: usize) -> u64 {
+        self.last_chosen
+            .get(index)
+            .map_or(0, |l| l.load(Ordering::Relaxed))
+    }
+
+    /// Counts a decision that chose `index`.
+    fn chose(&self, index: usize) {
+        let n = self.decisions.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(l) = self.last_chosen.get(index) {
+            l.store(n, Ordering::Relaxed);
         }
     }
 
@@ -160,6 +223,8 @@ impl Clone for PowerOfTwo {
         PowerOfTwo {
             rng: copy(&self.rng),
             load: self.load.iter().map(copy).collect(),
+            decisions: copy(&self.decisions),
+            last_chosen: self.last_chosen.iter().map(copy).collect(),
         }
     }
 }
@@ -322,20 +387,27 @@ impl Selector for PowerOfTwo {
                     b += 1;
                 }
                 let (ca, cb) = (cost_of(pick_from[a].index), cost_of(pick_from[b].index));
-                let pick = match ca.total_cmp(&cb) {
-                    std::cmp::Ordering::Less => a,
-                    std::cmp::Ordering::Greater => b,
-                    std::cmp::Ordering::Equal => {
-                        if pick_from[a].index < pick_from[b].index {
-                            a
-                        } else {
-                            b
-                        }
+                // (cheaper, costlier), ties by index.
+                let (lo, hi) = match ca.total_cmp(&cb) {
+                    std::cmp::Ordering::Less => (pick_from[a], pick_from[b]),
+                    std::cmp::Ordering::Greater => (pick_from[b], pick_from[a]),
+                    std::cmp::Ordering::Equal if pick_from[a].index < pick_from[b].index => {
+                        (pick_from[a], pick_from[b])
                     }
+                    std::cmp::Ordering::Equal => (pick_from[b], pick_from[a]),
                 };
-                (pick_from[pick].index, Reason::PowerOfTwo)
+                let equal =
+                    cost_of(hi.index) <= cost_of(lo.index) * equivalent_band(hi.ttft_samples);
+                let pick = if equal && self.last_chosen_of(hi.index) < self.last_chosen_of(lo.index)
+                {
+                    hi
+                } else {
+                    lo
+                };
+                (pick.index, Reason::PowerOfTwo)
             }
         };
+        self.chose(primary);
         // Out of the draw for its queue alone, or (also) for the SLO.
         let reason = match outside.iter().find(|c| c.index == primary) {
             Some(c) if outside_only && within_slo(c) => Reason::Queued,
@@ -468,6 +540,75 @@ mod tests {
             .filter(|_| p.plan(&c, &RequestSignals::default()).order[0] >= 6)
             .count();
         assert!(slow > 0, "a busy fleet must spill over to the slow zone");
+    }
+
+    /// The finding: three equally fast variants, one client sending one request at a time (no
+    /// request ever in flight when another is chosen), went 218/82/0, each decision taking the
+    /// lower of two estimates a few percent apart by chance. Costs within the band are equal,
+    /// and the one chosen least recently takes the request.
+    #[test]
+    fn equal_variants_share_sequential_requests_evenly() {
+        let mut c = cands(3);
+        for (x, ttft) in c.iter_mut().zip([42.0, 43.5, 46.0]) {
+            x.predicted_ttft_ms = ttft;
+            x.ttft_samples = 60.0;
+        }
+        let p = PowerOfTwo::new(Rng::new(5), 3);
+        let mut wins = [0; 3];
+        for _ in 0..300 {
+            let plan = p.plan(&c, &RequestSignals::default());
+            wins[plan.order[0]] += 1;
+            assert_eq!(plan.reason, Reason::PowerOfTwo);
+            // Fallbacks stay by cost.
+            let mut rest = plan.order[1..].to_vec();
+            rest.sort_by(|a, b| c[*a].predicted_ttft_ms.total_cmp(&c[*b].predicted_ttft_ms));
+            assert_eq!(plan.order[1..], rest[..]);
+        }
+        for w in wins {
+            assert!((90..=110).contains(&w), "{wins:?}");
+        }
+    }
+
+    #[test]
+    fn the_band_widens_for_an_estimate_behind_few_samples_up_to_its_bound() {
+        for settled in [f64::INFINITY, SETTLED_SAMPLES, 500.0] {
+            assert!((equivalent_band(settled) - EQUIVALENT).abs() < 1e-12);
+        }
+        assert!((equivalent_band(2.0) - 1.4).abs() < 1e-9);
+        assert_eq!(equivalent_band(1.0), MAX_EQUIVALENT);
+        assert_eq!(equivalent_band(0.0), MAX_EQUIVALENT);
+        // A variant 1.35× its peers' estimate on two samples (a new one whose first samples
+        // were unlucky) is explored, and not once its estimate is settled.
+        let mut c = cands(3);
+        c[2].predicted_ttft_ms = 135.0;
+        let p = PowerOfTwo::new(Rng::new(9), 3);
+        let primaries = |c: &[Candidate]| {
+            let mut wins = [0; 3];
+            for _ in 0..300 {
+                wins[p.plan(c, &RequestSignals::default()).order[0]] += 1;
+            }
+            wins
+        };
+        c[2].ttft_samples = 2.0;
+        assert!(primaries(&c)[2] > 50, "{:?}", primaries(&c));
+        c[2].ttft_samples = 8.0;
+        assert_eq!(primaries(&c)[2], 0);
+    }
+
+    /// Exploration has a bound: a variant twice as slow as its peers is never chosen for the
+    /// sake of measuring it, however few samples its estimate has or however long ago it was
+    /// chosen.
+    #[test]
+    fn a_variant_twice_as_slow_never_wins_a_pair() {
+        for samples in [0.0, 1.0, 3.0, 100.0] {
+            let mut c = cands(3);
+            c[2].predicted_ttft_ms = 200.0;
+            c[2].ttft_samples = samples;
+            let p = PowerOfTwo::new(Rng::new(3), 3);
+            for _ in 0..1_000 {
+                assert_ne!(p.plan(&c, &RequestSignals::default()).order[0], 2);
+            }
+        }
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct Candidate {
     pub health: f64,
     /// Predicted time to first token (peak-EWMA), ms.
     pub predicted_ttft_ms: f64,
+    /// The samples behind `predicted_ttft_ms` (see [`crate::health::Ewma::evidence`]): how far
+    /// it can be trusted when two costs are close (see [`crate::p2c::equivalent_band`]).
+    pub ttft_samples: f64,
     pub in_flight: u32,
     /// 1 = best fidelity.
     pub tier: u8,
@@ -53,6 +56,7 @@ impl Candidate {
             available,
             health: 1.0,
             predicted_ttft_ms: 100.0,
+            ttft_samples: f64::INFINITY,
             in_flight: 0,
             tier: 1,
             price: 1.0,

@@ -145,6 +145,7 @@ mod tests {
             available,
             health: 1.0,
             predicted_ttft_ms: 10.0,
+            ttft_samples: f64::INFINITY,
             in_flight: 0,
             tier: 1,
             price: 0.0,

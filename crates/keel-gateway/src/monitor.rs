@@ -15,9 +15,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use keel_core::protocol::{Endpoint, Protocol};
+use keel_core::protocol::{Endpoint, EventRole, Protocol};
+use keel_core::sse::SseEvent;
+use keel_core::stream_watch::read_event_in;
 
-use crate::attempt::attempt;
+use crate::attempt::{attempt, AttemptResult, Served, StreamStart};
 use crate::context::RequestCtx;
 use crate::pools::{Maintenance, Pool};
 use crate::settlement::{AttemptKind, Attempts};
@@ -64,10 +66,11 @@ pub async fn run(gw: Arc<Gateway>) {
     }
 }
 
-/// A minimal generation: one output token.
+/// A minimal generation: one output token, streamed, so that its sample is the time to the
+/// first token as a client's streamed attempt measures it (see [`read_to_end`]).
 fn tiny_request(pool: &Pool, vi: usize) -> (Endpoint, Vec<u8>) {
     let v = &pool.variants[vi].cfg;
-    let body = json!({"model": v.upstream_model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
+    let body = json!({"model": v.upstream_model, "max_tokens": 1, "stream": true, "messages": [{"role": "user", "content": "ping"}]});
     let endpoint = match v.protocol {
         Protocol::OpenAi => Endpoint::ChatCompletions,
         Protocol::Anthropic => Endpoint::Messages,
@@ -135,7 +138,10 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         pool.maintenance_skipped(m);
         return;
     };
-    let result = attempt(&pool, vi, &req, &ctx, None).await;
+    let mut result = attempt(&pool, vi, &req, &ctx, None).await;
+    if let AttemptResult::Served(Served::Stream(start)) = &mut result {
+        read_to_end(start, endpoint.protocol(), ctx.deadline).await;
+    }
     let ttft_ms = attempts.settle_maintenance(entered, result);
     let ok = ttft_ms.is_some();
     pool.metrics
@@ -150,6 +156,31 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         )
         .increment(1);
     pool.maintenance_done(m, ok, ttft_ms);
+}
+
+/// Reads the rest of a probe's stream (its one token's end) up to its terminal event, so that
+/// its upstream connection is kept for the next request; a stream dropped before its end has
+/// its connection closed, which a client would pay for with a new connection (a TLS handshake
+/// to a hosted API). Its sample is already taken at the first token; what happens after it
+/// says nothing more about the variant's time to first token, so a failure here is only the
+/// end of the read.
+async fn read_to_end(start: &mut StreamStart, protocol: Protocol, deadline: tokio::time::Instant) {
+    let mut events: Vec<SseEvent> = start.head.drain(..).collect();
+    events.append(&mut start.pending);
+    loop {
+        for ev in events.drain(..) {
+            if matches!(
+                read_event_in(protocol, &ev, &mut start.template).role,
+                EventRole::Terminal
+            ) {
+                start.source.reached_end();
+                return;
+            }
+        }
+        if start.source.next(deadline, &mut events).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Asks the variant's health endpoint whether it is ready (true without one). A 503 there

@@ -105,6 +105,8 @@ pub(crate) struct HealthNow {
     pub(crate) factors: keel_core::health::Factors,
     pub(crate) weight: f64,
     pub(crate) predicted_ttft_ms: f64,
+    /// The samples behind `predicted_ttft_ms`.
+    pub(crate) ttft_samples: f64,
 }
 
 impl HealthNow {
@@ -114,6 +116,7 @@ impl HealthNow {
             factors,
             weight: est.weight_of(&factors),
             predicted_ttft_ms: est.predicted_ttft_ms(now_ms, hc),
+            ttft_samples: est.ttft_ms.evidence(),
         }
     }
 }

@@ -269,6 +269,7 @@ impl Pool {
                             health.weight
                         },
                         predicted_ttft_ms: health.predicted_ttft_ms,
+                        ttft_samples: health.ttft_samples,
                         in_flight,
                         tier: v.cfg.tier,
                         price: v.cfg.price,

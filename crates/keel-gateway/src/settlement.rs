@@ -563,7 +563,8 @@ impl Attempts {
     /// Settles a probe or warm-up: counted and classified like any attempt (a 401 marks the
     /// credential, a 429 lowers the learned limit or cools the variant down), but its health
     /// sample belongs to the variant's lifecycle, so it is returned instead of recorded: the
-    /// time to its whole answer when it succeeded.
+    /// time to its first token when it succeeded (as a client's attempt is measured, so that
+    /// the two kinds of sample agree), or to its whole answer when it came whole.
     pub fn settle_maintenance(&mut self, entered: Entered, result: AttemptResult) -> Option<f64> {
         let Entered {
             vi,
@@ -573,10 +574,14 @@ impl Attempts {
             ..
         } = entered;
         let (label, ttft_ms) = match &result {
-            AttemptResult::Served(_) => (
-                "ok".to_owned(),
-                Some(started.elapsed().as_secs_f64() * 1000.0),
-            ),
+            AttemptResult::Served(served) => {
+                let first = match served {
+                    Served::Stream(st) => st.first_token_at,
+                    Served::Whole { .. } => Instant::now(),
+                };
+                let ttft = first.saturating_duration_since(started);
+                ("ok".to_owned(), Some(ttft.as_secs_f64() * 1000.0))
+            }
             AttemptResult::ClientError(Served::Whole { status, .. }) => {
                 (format!("status_{}", status.as_u16()), None)
             }

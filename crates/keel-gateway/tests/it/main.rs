@@ -9,6 +9,7 @@ mod capacity;
 mod clouds;
 mod connections;
 mod context;
+mod convergence;
 mod count_tokens;
 mod decisions;
 mod embeddings;

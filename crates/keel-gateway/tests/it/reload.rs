@@ -108,7 +108,7 @@ impl Started {
     }
 }
 
-fn config(text: &str) -> Config {
+pub(crate) fn config(text: &str) -> Config {
     let env = HashMap::from([("UPSTREAM_KEY".to_owned(), "sk-upstream-secret".to_owned())]);
     let mut cfg = Config::parse(text, "test.toml", &env).unwrap_or_else(|e| panic!("{e}\n{text}"));
     cfg.log.access = keel_gateway::config::AccessLogTarget::Off;
@@ -116,7 +116,7 @@ fn config(text: &str) -> Config {
 }
 
 /// The reload handle of a harness's gateway (the server task makes it when it starts).
-async fn live_of(h: &Harness) -> Arc<Live> {
+pub(crate) async fn live_of(h: &Harness) -> Arc<Live> {
     wait_for!("the server to start", h.gw.process.live().is_some());
     h.gw.process.live().expect("served under a reload handle")
 }

@@ -1,0 +1,116 @@
+//! Every variant earns its share: at low concurrency (one client, one request at a time, so no
+//! variant ever has a request in flight when another is chosen) equally fast variants share the
+//! traffic evenly, one added by a reload included, while a variant twice as slow as its peers
+//! gets next to none. Shares are counted from the `x-keel-variant` of each answer.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use keel_sim::{Fleet, ServerConfig};
+use serde_json::Value;
+
+use crate::harness::*;
+use crate::reload::{config, live_of};
+
+/// A server with a fixed time to first token and a short answer, so that one sequential
+/// client sends about ten requests a second and the shares are counted over many.
+fn server(ttft_ms: f64) -> ServerConfig {
+    ServerConfig {
+        ttft_ms,
+        ttft_sigma: 0.0,
+        prefill_us_per_token: 0.0,
+        gap_ms: 1.0,
+        gap_sigma: 0.0,
+        ..ServerConfig::fast("s")
+    }
+}
+
+/// Pool `p` over `urls` (variants `v0`, `v1`, …). Warm-ups and refresh probes as configured by
+/// default; no hedge (a hedge's winner would blur which variant selection chose), and no slow
+/// start (which ramps a new variant's share on purpose, over seconds: here the estimates alone
+/// decide).
+fn pool(urls: &[String]) -> String {
+    let mut s = String::from(
+        "[[pools]]\nname = \"p\"\nhedge = \"off\"\n[pools.health]\nslow_start_ms = 0\n",
+    );
+    for (i, url) in urls.iter().enumerate() {
+        s.push_str(&variant(&format!("v{i}"), url, "openai", 1));
+    }
+    s
+}
+
+async fn states(h: &Harness) -> Vec<String> {
+    let health: Value = h.get_json("/keel/health").await;
+    health["pools"][0]["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["state"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Sequential requests for `for_time`; the answers per variant.
+async fn shares(h: &Harness, for_time: Duration) -> HashMap<String, u32> {
+    let mut served = HashMap::new();
+    let end = Instant::now() + for_time;
+    while Instant::now() < end {
+        let (status, headers, _) = h.chat(&chat_body("how are you")).await;
+        assert_eq!(status, 200);
+        *served
+            .entry(header(&headers, "x-keel-variant").to_owned())
+            .or_insert(0) += 1;
+    }
+    served
+}
+
+#[tokio::test]
+async fn three_equal_variants_share_evenly_when_the_third_is_added_by_a_reload() {
+    let fleet = Fleet::start_n(3, server(40.0)).await.unwrap();
+    let urls: Vec<String> = fleet.servers.iter().map(|s| s.openai_base()).collect();
+    let h = Harness::start(fleet, &pool(&urls[..2])).await;
+    wait_for!("two variants healthy", states(&h).await == ["healthy"; 2]);
+    // Two variants serve for a while: their estimates settle on many samples.
+    shares(&h, Duration::from_secs(2)).await;
+
+    let report = live_of(&h).await.apply(config(&pool(&urls))).unwrap();
+    assert_eq!(
+        report["pools"][0]["added"],
+        serde_json::json!(["v2"]),
+        "{report}"
+    );
+    // From the reload on: the new variant warms up, then all three share the traffic.
+    let served = shares(&h, Duration::from_secs(10)).await;
+    let total: u32 = served.values().sum();
+    for v in ["v0", "v1", "v2"] {
+        let share = *served.get(v).unwrap_or(&0) as f64 / total as f64;
+        assert!(
+            (share - 1.0 / 3.0).abs() <= 0.15 / 3.0,
+            "{v} served {share:.3} of {total} requests (within 15% of a third expected): {served:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_variant_twice_as_slow_as_its_peers_gets_a_few_percent_at_most() {
+    let mut fleet = Fleet::start_n(2, server(40.0)).await.unwrap();
+    let slow = Fleet::start_n(1, server(80.0)).await.unwrap();
+    fleet.servers.extend(slow.servers);
+    let urls: Vec<String> = fleet.servers.iter().map(|s| s.openai_base()).collect();
+    let h = Harness::start(fleet, &pool(&urls)).await;
+    wait_for!("three variants healthy", states(&h).await == ["healthy"; 3]);
+    let served = shares(&h, Duration::from_secs(8)).await;
+    let total: u32 = served.values().sum();
+    let share = *served.get("v2").unwrap_or(&0) as f64 / total as f64;
+    assert!(
+        share <= 0.05,
+        "the slow variant served {share:.3} of {total} requests: {served:?}"
+    );
+    // The two fast ones share the rest evenly.
+    for v in ["v0", "v1"] {
+        let share = *served.get(v).unwrap_or(&0) as f64 / total as f64;
+        assert!(
+            (share - 0.5).abs() <= 0.1,
+            "{v} served {share:.3}: {served:?}"
+        );
+    }
+}
