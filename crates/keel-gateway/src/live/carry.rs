@@ -107,7 +107,6 @@ fn inherit(new: &mut Pool, old: &Pool) {
         let (v, o) = (&mut new.variants[i], &old.variants[j]);
         v.in_flight = o.in_flight.clone();
         v.limit = o.limit.clone();
-        new.client.inherit_cap(&old.client, &v.cfg.name);
         if o.resume_learned() {
             v.learn_instruction();
         }

@@ -26,7 +26,10 @@
 //! slower). Its connections serve only its own requests. A request that finds none idle and no
 //! slot free waits for either: a connection checked back in, or one closed. How many wait is
 //! bounded above this pool, by the variant's concurrency limit (`max_connections` +
-//! `max_pending`, see `pools`), and how long by the attempt's deadline.
+//! `max_pending`, see `pools`), and how long by the attempt's deadline. A reload builds a new
+//! pool with new caps: connections still open in the old one (its requests finishing) are not
+//! counted by the new cap, and close with the old pool. Sharing the cap instead could leave the
+//! new generation waiting for slots held by idle connections only the old pool can reuse.
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};

@@ -259,24 +259,6 @@ pub fn client(
 }
 
 impl Client {
-    /// Takes over `old`'s connection cap of `variant` (a reload that kept the variant as it
-    /// was): connections still open from the old generation count against the same cap.
-    pub fn inherit_cap(&mut self, old: &Client, variant: &str) {
-        let Some((_, cap)) = old.caps.iter().find(|(n, _)| n == variant) else {
-            return;
-        };
-        self.caps = self
-            .caps
-            .iter()
-            .map(|(n, c)| {
-                (
-                    n.clone(),
-                    if n == variant { cap.clone() } else { c.clone() },
-                )
-            })
-            .collect();
-    }
-
     /// Connections open under `variant`'s `max_connections` now (`None`: no cap).
     pub fn connections_held(&self, variant: &str) -> Option<u32> {
         self.cap(variant).map(|c| c.held())
