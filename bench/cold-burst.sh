@@ -7,10 +7,12 @@
 # overflows over the burst (TcpExtListenOverflows: a SYN dropped because an accept queue was
 # full; the client retries it after 1 s, then 3 s, 7 s).
 #
-#   bench/cold-burst.sh <keel binary> <work dir> [RPS=16000] [gateway=keel|keel-passthrough|nginx]
+#   bench/cold-burst.sh <keel binary> <work dir> [RPS=16000] [gateway=keel|keel-passthrough|keel-capped|nginx]
 #
 # keel-passthrough: the pool with `assemble_non_streaming = false` (whole answers passed
-# through instead of streamed upstream and assembled).
+# through instead of streamed upstream and assembled). keel-capped: the variant with
+# `max_connections = ${CAP:-256}` and `max_pending = ${PENDING:-0}` (the rest waits in the pool's
+# line, `queue_ms = 10000`, `queue_max = 100000`).
 set -u
 K=$(realpath "$1"); W=$2; RPS=${3:-16000}; WHO=${4:-keel}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,6 +29,11 @@ case $WHO in
     port=19400
     sed 's/^name = "bench"$/name = "bench"\nassemble_non_streaming = false/' keel.toml > keel-pt.toml
     taskset -c 1 "$K" serve --config keel-pt.toml > gw.log 2>&1 & GP=$! ;;
+  keel-capped)
+    port=19400
+    sed -e 's/^name = "bench"$/name = "bench"\nqueue_ms = 10000\nqueue_max = 100000/' \
+        -e "s/^upstream_model = \"sim\"$/upstream_model = \"sim\"\nmax_connections = ${CAP:-256}\nmax_pending = ${PENDING:-0}/" keel.toml > keel-cap.toml
+    taskset -c 1 "$K" serve --config keel-cap.toml > gw.log 2>&1 & GP=$! ;;
   nginx)
     port=19404
     bash "$here/peers/nginx.sh" "$W/nginx" 19404 http://127.0.0.1:19401/v1 > /dev/null 2>&1

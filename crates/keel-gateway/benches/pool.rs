@@ -41,6 +41,7 @@ fn pool(variants: usize) -> Arc<Pool> {
             1_000,
             metrics::Counter::noop(),
             &|_| metrics::Counter::noop(),
+            &|_| None,
             &cfg.pools[0].variants,
         ),
         Instant::now(),

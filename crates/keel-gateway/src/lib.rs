@@ -151,6 +151,12 @@ impl Gateway {
                                 &[("pool", &p.name), ("variant", variant)],
                             )
                         },
+                        &|variant| {
+                            Some(metrics.gauge(
+                                "keel_upstream_connections",
+                                &[("pool", &p.name), ("variant", variant)],
+                            ))
+                        },
                         &p.variants,
                     ),
                     epoch,

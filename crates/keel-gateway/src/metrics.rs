@@ -35,6 +35,7 @@
 //! | `keel_signals_published_total` | kind | variant signals this replica published to the others through Redis (`eject`, `cooldown`, `limit`, `recovered`; see `signals`) |
 //! | `keel_signals_applied_total` | kind | other replicas' signals this replica applied |
 //! | `keel_log_lines_dropped_total` | — | access-log and log lines dropped because the log writer's queue was full (stdout or the log file stopped taking lines); the process's count, as of the scrape |
+//! | `keel_upstream_connections` | pool, variant | connections open now to a variant with `max_connections` (busy or idle; never above the cap; see `upstream::direct`) |
 //! | `keel_upstream_connections_opened_total` | pool | connections keel's own HTTP/1.1 pool opened to the pool's plain-`http://` variants (see `upstream`); growing with requests rather than with concurrency means connections are not reused |
 //! | `keel_upstream_token_fetches_total` | pool, variant | OAuth tokens fetched for a Vertex AI variant's service account (`credentials_file`); one per token lifetime once warm, refreshed in the background before expiry, never on a request's path |
 //! | `keel_maintenance_requests_total` | pool, variant, kind, outcome | keel's own requests to a variant: kind = `probe`, `warmup`, `refresh`, `health`, `confirm` |

@@ -325,8 +325,11 @@ pub struct VariantSnapshot {
     pub kv_usage: Option<f64>,
     pub waiting: Option<f64>,
     pub in_flight: u32,
-    /// The concurrency limit in force (configured or learned from 429s); `None`: unlimited.
+    /// The concurrency limit in force (configured, from the connection caps, or learned from
+    /// 429s); `None`: unlimited.
     pub concurrency_limit: Option<u32>,
+    /// Upstream connections open under its `max_connections` (busy or idle); `None`: no cap.
+    pub connections_held: Option<u32>,
     /// How it continues a generation started elsewhere: its configured `resume`, or
     /// `instruction` once it refused a prefill.
     pub resume: ResumeMode,
@@ -335,11 +338,14 @@ pub struct VariantSnapshot {
 }
 
 impl Variant {
-    /// The lower of the configured `max_concurrency` and the limit learned from 429s.
+    /// The lowest of the configured `max_concurrency`, the connection caps
+    /// (`max_connections` + `max_pending`: past them the variant is full, and requests fail
+    /// over or wait in the pool's line) and the limit learned from 429s.
     pub fn concurrency_limit(&self) -> u32 {
         self.cfg
             .max_concurrency
             .unwrap_or(u32::MAX)
+            .min(self.cfg.slot_cap().unwrap_or(u32::MAX))
             .min(self.limit.get())
     }
 
@@ -962,6 +968,7 @@ impl Pool {
                     waiting: h.est.waiting,
                     in_flight: v.in_flight.load(Ordering::Relaxed),
                     concurrency_limit: Some(v.concurrency_limit()).filter(|l| *l != u32::MAX),
+                    connections_held: self.client.connections_held(&v.cfg.name),
                     resume: v.resume(),
                     resume_learned: v.resume_learned(),
                 }
@@ -1118,6 +1125,7 @@ mod tests {
                 1_000,
                 metrics::Counter::noop(),
                 &|_| metrics::Counter::noop(),
+                &|_| None,
                 &cfg.pools[0].variants,
             ),
             Instant::now(),

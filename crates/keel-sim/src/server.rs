@@ -59,6 +59,9 @@ struct Counters {
     tokens_sent: AtomicU64,
     prefill_tokens: AtomicU64,
     tokens_issued: AtomicU64,
+    connections_open: AtomicI64,
+    connections_peak: AtomicI64,
+    connections_accepted: AtomicU64,
 }
 
 /// A snapshot of a server's counters.
@@ -80,6 +83,24 @@ pub struct Stats {
     /// OAuth access tokens issued by `POST /token` (service-account JWT grants, as a gateway
     /// calling Vertex AI makes them).
     pub tokens_issued: u64,
+    /// Client connections open now.
+    pub connections_open: i64,
+    /// The most client connections open at once since the server started.
+    pub connections_peak: i64,
+    /// Client connections accepted since the server started.
+    pub connections_accepted: u64,
+}
+
+/// One open client connection, counted in `connections_open` until dropped.
+struct OpenConnection(Arc<SimServer>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0
+            .counters
+            .connections_open
+            .fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Shared state of one server.
@@ -152,7 +173,19 @@ impl SimServer {
             tokens_sent: c.tokens_sent.load(Ordering::Relaxed),
             prefill_tokens: c.prefill_tokens.load(Ordering::Relaxed),
             tokens_issued: c.tokens_issued.load(Ordering::Relaxed),
+            connections_open: c.connections_open.load(Ordering::Relaxed),
+            connections_peak: c.connections_peak.load(Ordering::Relaxed),
+            connections_accepted: c.connections_accepted.load(Ordering::Relaxed),
         }
+    }
+
+    /// Counts a client connection from its accept to its close (when the guard drops).
+    fn connection_opened(self: &Arc<Self>) -> OpenConnection {
+        let c = &self.counters;
+        c.connections_accepted.fetch_add(1, Ordering::Relaxed);
+        let open = c.connections_open.fetch_add(1, Ordering::Relaxed) + 1;
+        c.connections_peak.fetch_max(open, Ordering::Relaxed);
+        OpenConnection(self.clone())
     }
 
     pub fn add_fault(&self, f: FaultSpec) {
@@ -1221,7 +1254,9 @@ pub async fn start(cfg: ServerConfig, generation: GenerationConfig) -> io::Resul
             let server = served.clone();
             let mut stop_conn = stop.clone();
             let mut restart_conn = restarts.subscribe();
+            let open = served.connection_opened();
             tokio::spawn(async move {
+                let _open = open;
                 let svc = hyper::service::service_fn(move |req| server.clone().handle(req));
                 let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                 let conn = builder.serve_connection(TokioIo::new(tcp), svc);

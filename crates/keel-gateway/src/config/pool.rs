@@ -376,6 +376,9 @@ fn read_variants(
         return Vec::new();
     }
     let pool_forward = super::forward::read(t, issues);
+    // Defaults for variants that set no cap of their own.
+    let pool_connections = variant::connection_cap(t, issues);
+    let pool_pending = t.value::<u32>("max_pending", issues);
     let wanted = tables.len();
     let mut parsed: Vec<variant::ParsedVariant> = Vec::new();
     let mut taken = Vec::new();
@@ -396,9 +399,20 @@ fn read_variants(
         .into_iter()
         .map(|v| {
             let forward = v.forward.or_else(|| pool_forward.clone());
+            let max_connections = v.cfg.max_connections.or(pool_connections);
+            let max_pending = v.cfg.max_pending.or(pool_pending);
+            if max_connections.is_none() && max_pending.is_some_and(|p| p > 0) {
+                warnings.push(format!(
+                    "{}: variant `{}` sets max_pending but no max_connections: nothing waits for a connection, max_pending has no effect",
+                    t.field_path("variants"),
+                    v.cfg.name
+                ));
+            }
             VariantConfig {
                 forward_headers: forward
                     .unwrap_or_else(|| super::forward::defaults(&v.cfg.dialect)),
+                max_connections,
+                max_pending,
                 ..v.cfg
             }
         })

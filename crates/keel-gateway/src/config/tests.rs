@@ -396,7 +396,7 @@ zzz = 1
         known.contains(&"weight") && known.contains(&"upstream_model"),
         "{known:?}"
     );
-    assert_eq!(known.len(), 35, "{known:?}");
+    assert_eq!(known.len(), 37, "{known:?}");
 }
 
 #[test]
@@ -877,4 +877,51 @@ fn rediss_urls_are_accepted_with_an_optional_ca() {
     let (_, _, field, message) = one_issue(&text);
     assert_eq!(field, "redis.ca_file");
     assert!(message.contains("needs a rediss:// url"), "{message}");
+}
+
+#[test]
+fn connection_caps_default_from_the_pool_and_zero_is_refused() {
+    let two = r#"[[pools]]
+name = "p"
+max_connections = 8
+max_pending = 2
+[[pools.variants]]
+name = "a"
+url = "http://127.0.0.1:8000/v1"
+protocol = "openai"
+upstream_model = "m"
+[[pools.variants]]
+name = "b"
+url = "http://127.0.0.1:8001/v1"
+protocol = "openai"
+upstream_model = "m"
+max_connections = 3
+"#;
+    let c = Config::parse(two, "k.toml", &env()).unwrap();
+    let (a, b) = (&c.pools[0].variants[0], &c.pools[0].variants[1]);
+    assert_eq!(
+        (a.max_connections, a.max_pending, a.slot_cap()),
+        (Some(8), Some(2), Some(10))
+    );
+    assert_eq!(
+        (b.max_connections, b.max_pending, b.slot_cap()),
+        (Some(3), Some(2), Some(5))
+    );
+    let none = Config::parse(GOOD, "k.toml", &env()).unwrap();
+    assert_eq!(none.pools[0].variants[0].slot_cap(), None);
+    // Pending without a connection cap has nothing to wait for: said, not refused.
+    let pending_only = GOOD.replace("api_key", "max_pending = 4\napi_key");
+    let c = Config::parse(&pending_only, "k.toml", &env()).unwrap();
+    assert!(
+        c.warnings.iter().any(|w| w.contains("max_pending")),
+        "{:?}",
+        c.warnings
+    );
+    let zero = GOOD.replace("api_key", "max_connections = 0\napi_key");
+    let (line, _, field, message) = one_issue(&zero);
+    assert_eq!(
+        (line, field.as_str()),
+        (11, "pools[0].variants[0].max_connections")
+    );
+    assert!(message.contains("got 0"), "{message}");
 }

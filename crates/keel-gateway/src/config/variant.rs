@@ -34,6 +34,13 @@ pub struct VariantConfig {
     /// `upstream_model`, see `keel_core::tokens::Tokenizer::for_model`).
     pub tokenizer: Tokenizer,
     pub max_concurrency: Option<u32>,
+    /// Upstream connections keel holds open to the variant at once (`max_connections`, the
+    /// variant's or its pool's; `None`: no cap). See `upstream::direct` for how it is held.
+    pub max_connections: Option<u32>,
+    /// Requests admitted to the variant beyond its connections, each waiting in keel's
+    /// connection pool for one (`max_pending`, the variant's or its pool's; 0 when absent).
+    /// Past it the variant counts as full for selection (see [`VariantConfig::slot_cap`]).
+    pub max_pending: Option<u32>,
     pub weight: u32,
     pub params: Map<String, Value>,
     pub resume: ResumeMode,
@@ -77,6 +84,15 @@ impl fmt::Debug for VariantConfig {
     }
 }
 
+impl VariantConfig {
+    /// The requests the variant may have in flight for its connection caps: one per
+    /// connection plus those that may wait for one; `None` without `max_connections`.
+    pub fn slot_cap(&self) -> Option<u32> {
+        self.max_connections
+            .map(|c| c.saturating_add(self.max_pending.unwrap_or(0)))
+    }
+}
+
 const RESUME_MODES: [(&str, ResumeMode); 4] = [
     ("prefill", ResumeMode::Prefill),
     ("completion", ResumeMode::Completion),
@@ -92,6 +108,20 @@ pub(super) struct ParsedVariant {
     pub(super) cfg: VariantConfig,
     /// Its own `forward_headers`, if written (the pool's applies otherwise).
     pub(super) forward: Option<Vec<http::HeaderName>>,
+}
+
+/// A connection cap (`max_connections`): a positive count, reported otherwise.
+pub(super) fn connection_cap(t: &mut Table, issues: &mut Issues) -> Option<u32> {
+    let v = t.get::<u32>("max_connections", issues)?;
+    if v.value == 0 {
+        issues.report(
+            v.at,
+            &v.path,
+            "expected 1 or more connections, got 0 (remove the key for no cap)",
+        );
+        return None;
+    }
+    Some(v.value)
 }
 
 /// Reads one variant; `taken` holds the names of the pool's earlier variants (this one's is
@@ -157,6 +187,8 @@ pub(super) fn read(
         )
         .map(|k| k.value);
     let max_concurrency = t.value::<u32>("max_concurrency", issues);
+    let max_connections = connection_cap(&mut t, issues);
+    let max_pending = t.value::<u32>("max_pending", issues);
     let weight = t.value::<u32>("weight", issues).unwrap_or(1);
     let params = t.json_table("params", issues).unwrap_or_default();
     let resume = t
@@ -212,6 +244,8 @@ pub(super) fn read(
         tier,
         context_window,
         max_concurrency,
+        max_connections,
+        max_pending,
         weight,
         params,
         resume,

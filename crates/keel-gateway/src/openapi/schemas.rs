@@ -428,7 +428,8 @@ fn keel_schemas() -> [(&'static str, Value); 2] {
                             "state": {"type": "string"},
                             "available": {"type": "boolean"},
                             "in_flight": {"type": "integer"},
-                            "concurrency_limit": nullable("integer")
+                            "concurrency_limit": nullable("integer"),
+                            "connections_held": {"type": ["integer", "null"], "description": "Upstream connections open now under the variant's `max_connections` (busy or idle); null without a cap."}
                         }))}
                     }))}
                 }),

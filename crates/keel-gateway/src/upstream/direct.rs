@@ -18,6 +18,18 @@
 //! A small task looks at every idle connection the same way every [`SWEEP_EVERY`], so a
 //! connection its server closed does not wait in `CLOSE_WAIT`, holding a descriptor, until
 //! the next request or [`IDLE_TIMEOUT`].
+//!
+//! **Connection caps.** A variant with `max_connections` has a [`Cap`]: every connection to it,
+//! busy or idle, holds one of the cap's slots from its opening to its close, so keel never
+//! holds more connections to it than the cap, whatever the burst (without one, a burst of
+//! requests at a slow server opens a connection per request, which is what makes a slow server
+//! slower). Its connections serve only its own requests. A request that finds none idle and no
+//! slot free waits for either: a connection checked back in, or one closed. How many wait is
+//! bounded above this pool, by the variant's concurrency limit (`max_connections` +
+//! `max_pending`, see `pools`), and how long by the attempt's deadline. A reload builds a new
+//! pool with new caps: connections still open in the old one (its requests finishing) are not
+//! counted by the new cap, and close with the old pool. Sharing the cap instead could leave the
+//! new generation waiting for slots held by idle connections only the old pool can reuse.
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -35,6 +47,7 @@ use hyper::body::{Body as _, Incoming};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::{BodyStream, Error, ErrorKind, Response};
 use crate::per_thread::PerThread;
@@ -55,13 +68,88 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// between adding headers) is switched to hyper's adaptive buffers, which grow as needed.
 pub const READ_BUF: usize = 4096;
 
+/// A request waiting for a capped connection looks at the idle list again this often even
+/// without a check-in: a connection checked in to a shard busy at its last look is found so.
+const CAP_RECHECK: Duration = Duration::from_millis(50);
+
 type Driver = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
+
+/// A variant's cap on the connections keel holds open to it (`max_connections`).
+pub struct Cap {
+    /// One permit per connection that may be open.
+    slots: Arc<Semaphore>,
+    max: u32,
+    /// A connection of this cap went back to the idle list: waiters look there.
+    returned: Notify,
+    /// `keel_upstream_connections{pool,variant}`: connections open under the cap now.
+    open: Option<metrics::Gauge>,
+}
+
+impl Cap {
+    pub fn new(max: u32, open: Option<metrics::Gauge>) -> Arc<Cap> {
+        Arc::new(Cap {
+            slots: Arc::new(Semaphore::new(max as usize)),
+            max,
+            returned: Notify::new(),
+            open,
+        })
+    }
+
+    /// Connections open under the cap now (busy or idle).
+    pub fn held(&self) -> u32 {
+        self.max
+            .saturating_sub(self.slots.available_permits() as u32)
+    }
+}
+
+/// A capped connection's slot, given back when the connection is dropped (closed).
+struct Slot {
+    cap: Arc<Cap>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Slot {
+    fn new(cap: &Arc<Cap>, permit: OwnedSemaphorePermit) -> Slot {
+        if let Some(g) = &cap.open {
+            g.increment(1.0);
+        }
+        Slot {
+            cap: cap.clone(),
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(g) = &self.cap.open {
+            g.decrement(1.0);
+        }
+    }
+}
+
+/// Whether a connection of cap `a` may serve a request of cap `b`: the same cap, or none.
+fn same_cap(a: Option<&Arc<Cap>>, b: Option<&Arc<Cap>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        _ => false,
+    }
+}
 
 /// One connection: the handle requests are sent on, and the connection itself (a future that
 /// does its reading and writing when polled).
 struct Conn {
     send: http1::SendRequest<Full<Bytes>>,
     driver: Driver,
+    /// Its variant's cap's slot, if the variant has a cap.
+    slot: Option<Slot>,
+}
+
+impl Conn {
+    fn cap(&self) -> Option<&Arc<Cap>> {
+        self.slot.as_ref().map(|s| &s.cap)
+    }
 }
 
 impl Conn {
@@ -161,10 +249,12 @@ impl Direct {
         }
     }
 
-    /// Sends a POST of `body` to `target`, on an idle connection when one is usable.
+    /// Sends a POST of `body` to `target`, on an idle connection when one is usable; `cap`:
+    /// the variant's connection cap, if it has one (see the module's notes).
     pub async fn send(
         self: &Arc<Self>,
         target: Target,
+        cap: Option<&Arc<Cap>>,
         mut headers: HeaderMap,
         body: Bytes,
     ) -> Result<Response, Error> {
@@ -178,12 +268,17 @@ impl Direct {
             let reused = if fresh_only {
                 None
             } else {
-                self.checkout(&target.authority)
+                self.checkout(&target.authority, cap)
             };
-            let was_reused = reused.is_some();
-            let mut conn = match reused {
-                Some(c) => c,
-                None => self.connect(&target.authority).await?,
+            let mut was_reused = reused.is_some();
+            let mut conn = match (reused, cap) {
+                (Some(c), _) => c,
+                (None, None) => self.connect(&target.authority, None).await?,
+                (None, Some(cap)) => {
+                    let (c, reused) = self.open_capped(&target.authority, cap).await?;
+                    was_reused = reused;
+                    c
+                }
             };
             let sent = conn.send.try_send_request(req);
             match drive(&mut conn.driver, sent).await {
@@ -232,9 +327,34 @@ impl Direct {
         }
     }
 
-    /// The newest usable idle connection to `authority`: the calling thread's shard first,
-    /// then any other shard not busy at the moment.
-    fn checkout(&self, authority: &str) -> Option<Conn> {
+    /// A connection under `cap` to `authority`: an idle one, else a new one when the cap has a
+    /// slot free, else the first of those to come (a check-in, or a close freeing a slot).
+    /// Whether it was reused comes with it.
+    async fn open_capped(&self, authority: &str, cap: &Arc<Cap>) -> Result<(Conn, bool), Error> {
+        loop {
+            // Registered before looking, so a check-in between the look and the wait wakes it.
+            let returned = cap.returned.notified();
+            let mut returned = pin!(returned);
+            returned.as_mut().enable();
+            if let Some(c) = self.checkout(authority, Some(cap)) {
+                return Ok((c, true));
+            }
+            let permit = tokio::select! {
+                biased;
+                p = cap.slots.clone().acquire_owned() => p.ok(),
+                _ = returned => None,
+                _ = tokio::time::sleep(CAP_RECHECK) => None,
+            };
+            if let Some(p) = permit {
+                let slot = Slot::new(cap, p);
+                return Ok((self.connect(authority, Some(slot)).await?, false));
+            }
+        }
+    }
+
+    /// The newest usable idle connection to `authority` under `cap`: the calling thread's
+    /// shard first, then any other shard not busy at the moment.
+    fn checkout(&self, authority: &str, cap: Option<&Arc<Cap>>) -> Option<Conn> {
         let n = self.idle.shards();
         let own = self.idle.own_index();
         for k in 0..n {
@@ -247,7 +367,10 @@ impl Direct {
                         self.idle.try_shard(i)
                     };
                     let Some(mut q) = shard else { break };
-                    let Some(at) = q.iter().rposition(|c| &*c.authority == authority) else {
+                    let Some(at) = q
+                        .iter()
+                        .rposition(|c| &*c.authority == authority && same_cap(c.conn.cap(), cap))
+                    else {
                         break;
                     };
                     q.remove(at)
@@ -270,6 +393,7 @@ impl Direct {
         }
         let now = Instant::now();
         let mut dropped = Vec::new();
+        let cap = conn.cap().cloned();
         {
             let mut q = self.idle.own();
             while q
@@ -286,6 +410,9 @@ impl Direct {
             });
         }
         drop(dropped);
+        if let Some(cap) = cap {
+            cap.returned.notify_waiters();
+        }
     }
 
     /// Starts the task that sweeps idle connections; it ends with the pool.
@@ -330,7 +457,9 @@ impl Direct {
         }
     }
 
-    async fn connect(&self, authority: &str) -> Result<Conn, Error> {
+    /// Opens a connection to `authority`; `slot`: its cap's slot, held for the connection's
+    /// life (given back at once if connecting fails).
+    async fn connect(&self, authority: &str, slot: Option<Slot>) -> Result<Conn, Error> {
         let stream =
             match tokio::time::timeout(self.connect_timeout, TcpStream::connect(authority)).await {
                 Err(_) => {
@@ -365,7 +494,7 @@ impl Direct {
             .await
             .map_err(|e| Error::new(ErrorKind::Connect, &e))?;
         self.opened.increment(1);
-        Ok(Conn { send, driver })
+        Ok(Conn { send, driver, slot })
     }
 }
 

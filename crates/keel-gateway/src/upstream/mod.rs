@@ -152,6 +152,8 @@ pub struct Client {
     own: Arc<[(String, reqwest::Client)]>,
     /// The edges of dialect variants (Azure, Gemini, Vertex AI, Bedrock, Responses), by name.
     edges: Arc<[(String, Arc<cloud::Edge>)]>,
+    /// The connection caps of variants with `max_connections`, by name (see [`direct`]).
+    caps: Arc<[(String, Arc<direct::Cap>)]>,
 }
 
 /// reqwest's settings for every upstream client of a pool.
@@ -194,11 +196,13 @@ fn variant_client(
 }
 
 /// Builds the upstream client for one pool of `variants`; `opened` counts the connections
-/// keel's own pool opens, `token_fetches` a variant's OAuth token fetches.
+/// keel's own pool opens, `token_fetches` a variant's OAuth token fetches, `held` the
+/// connections open under a variant's `max_connections`.
 pub fn client(
     connect_ms: u64,
     opened: metrics::Counter,
     token_fetches: &dyn Fn(&str) -> metrics::Counter,
+    held: &dyn Fn(&str) -> Option<metrics::Gauge>,
     variants: &[VariantConfig],
 ) -> Client {
     crate::install_crypto();
@@ -232,6 +236,13 @@ pub fn client(
         http,
         own,
         edges: Arc::new([]),
+        caps: variants
+            .iter()
+            .filter_map(|v| {
+                let max = v.max_connections?;
+                Some((v.name.clone(), direct::Cap::new(max, held(&v.name))))
+            })
+            .collect(),
     };
     let edges: Vec<(String, Arc<cloud::Edge>)> = variants
         .iter()
@@ -248,6 +259,15 @@ pub fn client(
 }
 
 impl Client {
+    /// Connections open under `variant`'s `max_connections` now (`None`: no cap).
+    pub fn connections_held(&self, variant: &str) -> Option<u32> {
+        self.cap(variant).map(|c| c.held())
+    }
+
+    fn cap(&self, variant: &str) -> Option<&Arc<direct::Cap>> {
+        self.caps.iter().find(|(n, _)| n == variant).map(|(_, c)| c)
+    }
+
     /// The reqwest client for `variant`'s requests off the request path (the monitor's
     /// probes and scrapes).
     pub fn http(&self, variant: &str) -> &reqwest::Client {
@@ -274,7 +294,9 @@ impl Client {
     async fn transport(&self, variant: &str, req: Request) -> Result<Response, Error> {
         if let Some(direct) = &self.direct {
             if let Some(target) = direct::Target::of(&req.url) {
-                return direct.send(target, req.headers, req.body).await;
+                return direct
+                    .send(target, self.cap(variant), req.headers, req.body)
+                    .await;
             }
         }
         let resp = self

@@ -7,6 +7,7 @@ mod cache;
 mod canonical_tools;
 mod capacity;
 mod clouds;
+mod conn_caps;
 mod connections;
 mod context;
 mod convergence;

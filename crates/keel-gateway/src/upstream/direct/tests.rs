@@ -125,6 +125,7 @@ fn pool() -> Arc<Direct> {
 async fn post(pool: &Arc<Direct>, url: &str) -> Result<Response, Error> {
     pool.send(
         Target::of(url).unwrap(),
+        None,
         HeaderMap::new(),
         Bytes::from_static(b"{\"x\":1}"),
     )
@@ -425,4 +426,51 @@ async fn a_response_head_over_the_read_buffer_switches_the_pool_to_larger_buffer
         assert_eq!(resp.headers["x-big"].len(), READ_BUF * 2);
         assert_eq!(read_all(resp.body).await, b"hello");
     }
+}
+
+/// A burst of streams at a variant with a cap of two opens two connections; the rest wait for
+/// one of them and are served on it when it is checked back in.
+#[tokio::test]
+async fn a_capped_variant_never_holds_more_connections_than_its_cap() {
+    let mut s = server(Answer::Streamed).await;
+    let pool = pool();
+    let cap = Cap::new(2, None);
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let (pool, url, cap) = (pool.clone(), s.url.clone(), cap.clone());
+            tokio::spawn(async move {
+                let resp = pool
+                    .send(
+                        Target::of(&url).unwrap(),
+                        Some(&cap),
+                        HeaderMap::new(),
+                        Bytes::from_static(b"{}"),
+                    )
+                    .await
+                    .unwrap();
+                read_all(resp.body).await
+            })
+        })
+        .collect();
+    // Two streams started; the other three wait for a connection.
+    s.heads.recv().await.unwrap();
+    s.heads.recv().await.unwrap();
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 2);
+    assert_eq!(cap.held(), 2);
+    for _ in 0..5 {
+        s.go_on.send(()).unwrap();
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), b"firstsecond");
+    }
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 2);
+    assert_eq!(cap.held(), 2, "both kept idle for the next requests");
+    // An uncapped request to the same server does not take the capped connections.
+    let resp = post(&pool, &s.url).await.unwrap();
+    s.go_on.send(()).unwrap();
+    assert_eq!(read_all(resp.body).await, b"firstsecond");
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 3);
 }
