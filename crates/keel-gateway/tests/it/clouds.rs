@@ -190,7 +190,14 @@ async fn health_names_each_variants_dialect() {
         .collect();
     assert_eq!(
         dialects,
-        ["azure", "gemini", "vertex", "vertex", "bedrock", "openai-responses"]
+        [
+            "azure",
+            "gemini",
+            "vertex",
+            "vertex",
+            "bedrock",
+            "openai-responses"
+        ]
     );
 }
 
