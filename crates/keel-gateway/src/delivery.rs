@@ -360,7 +360,8 @@ pub async fn deliver(
     front_fixes(&mut headers, ctx);
     log.prompt_fixes = fix_codes(&headers);
     log.stamp_overhead(&mut headers);
-    // The relay runs inside the client's body (no task of its own; see `body::driven`).
+    // The relay runs inside the client's body (no task of its own; see `body::driven`), except a
+    // coalescing leader's (below).
     let (tx, body, driver) = driven(protocol);
     // Ended by an error event if still running at the drain deadline (before the Responses
     // front, which translates it like the relay's own error events).
@@ -373,20 +374,33 @@ pub async fn deliver(
             driver.run(relay(Sink::Client(tx)).run(committed, start, log));
         }
         Some(mut c) => {
-            // The client's events are assembled on the side and stored if the stream completes;
-            // identical streaming requests follow them live.
+            // The client's events are assembled on the side and stored if the stream completes.
             let copy = Arc::new(Mutex::new(Assembled::default()));
-            let live = c.take_live();
-            if let Some(l) = &live {
-                l.serving(&log.variant);
-            }
-            let relay = relay(Sink::Tee {
-                client: tx,
-                copy: copy.clone(),
-                live,
-            });
+            // A coalescing leader's relay writes the flight's live log instead of this client's
+            // body, and runs in a task of its own: this client reads the log as every follower
+            // does, so no reader's pace (this client's included) holds back the generation or
+            // the others.
+            let (sink, reader) = match c.take_live() {
+                Some(live) => {
+                    live.serving(&log.variant);
+                    let reader = live.live().reader();
+                    let sink = Sink::Shared {
+                        copy: copy.clone(),
+                        live,
+                    };
+                    (sink, Some((reader, tx)))
+                }
+                None => {
+                    let sink = Sink::Tee {
+                        client: tx,
+                        copy: copy.clone(),
+                    };
+                    (sink, None)
+                }
+            };
+            let relay = relay(sink);
             let (endpoint, id, first) = (ctx.endpoint, ctx.id.clone(), start.first_token_at);
-            driver.run(async move {
+            let generate = async move {
                 let summary = relay.run(committed, start, log).await;
                 let (failure, body) = {
                     let mut a = copy.lock().unwrap_or_else(|e| e.into_inner());
@@ -398,7 +412,14 @@ pub async fn deliver(
                 } else {
                     c.incomplete();
                 }
-            });
+            };
+            match reader {
+                Some((reader, tx)) => {
+                    tokio::spawn(generate);
+                    driver.run(cache::flight::forward(reader, tx));
+                }
+                None => driver.run(generate),
+            }
         }
     }
     let mut resp = Response::new(body);

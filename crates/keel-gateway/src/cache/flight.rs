@@ -6,17 +6,28 @@
 //! truncated stream, a client that went away), dropping the flight wakes the waiters with
 //! nothing and each goes upstream itself.
 //!
-//! **Streams fan out live.** A streaming leader also keeps a [`Live`] log: every batch of
-//! events its client is sent (whole events, in the client's protocol, before any Responses
-//! front) is appended there as it is sent. A streaming waiter whose stream would be byte-equal
-//! (same requested model name, same `stream_options`: [`stream_shape`]) *follows* it: it gets
-//! what was sent so far, then each batch as it comes, and ends when the leader's stream ends —
-//! cleanly after its terminal event, or with keel's error event if the leader's relay vanished.
-//! A follower that joined before the leader's first byte and sees the leader fail before it
-//! goes upstream itself, as a whole waiter does. While anyone follows, the leader's relay keeps
+//! **Streams fan out live.** A streaming leader keeps a [`Live`] log: an append-only list of
+//! the batches of events its relay produced (whole events, in the client's protocol, before any
+//! Responses front), with a version that wakes readers. Every reader — the leader's own client
+//! and each follower — keeps its own offset into the log and is sent from there at its own
+//! pace; the relay appends without waiting for anyone (it runs in a task of its own, see
+//! `delivery`), so a slow reader holds back neither the generation nor the other readers. A
+//! streaming waiter whose stream would be byte-equal (same requested model name, same
+//! `stream_options`: [`stream_shape`]) *follows*: it is sent what was produced so far, then each
+//! batch as it comes, and ends when the leader's stream ends — cleanly after its terminal event
+//! (keel's error event included, so a leader that fails mid-stream ends every follower with the
+//! same error), or, if the leader's relay vanished, with keel's error event and an abort. A
+//! follower that joined before the leader's first byte and sees the leader fail before it goes
+//! upstream itself, as a whole waiter does. While anyone reads, the leader's relay keeps
 //! generating after its own client has gone (see `relay::sink`). Waiters of another shape, and
 //! whole waiters, get the answer when it is complete. Coalescing is per replica (replicas share
 //! answers through Redis once stored, not generations in progress).
+//!
+//! Memory: the log holds the answer's bytes (shared `Bytes`, never copied per reader) until the
+//! flight and its last reader are gone, so a reader far behind costs its offset and nothing
+//! more; the log is as large as the answer the leader's client gets, which the assembled copy
+//! beside it bounds to `keel_core::assemble::MAX_ASSEMBLED_BYTES` (past that the stream is
+//! neither stored nor followed further, see [`LiveWriter::append`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +38,11 @@ use serde_json::{Map, Value};
 use tokio::sync::watch;
 
 use super::store::Entry;
+use crate::body::BodySender;
+
+/// The most bytes a live log holds: the bound an assembled answer has (the copy the cache
+/// stores is assembled beside the log, so a longer stream could not be stored anyway).
+pub const MAX_LIVE_BYTES: usize = keel_core::assemble::MAX_ASSEMBLED_BYTES;
 
 type Slot = watch::Sender<Option<Arc<Entry>>>;
 
@@ -150,15 +166,18 @@ pub struct Live {
     /// The leader's request id (followers' decision records name it).
     origin: String,
     log: Mutex<LiveLog>,
-    /// Bumped on every append and at the end (followers wait on it).
+    /// Bumped on every append and at the end (readers wait on it).
     version: watch::Sender<u64>,
-    /// How many follow now (the leader's relay keeps going for them after its client left).
+    /// How many read now: the leader's own client and its followers (the leader's relay goes
+    /// on while anyone does).
     followers: watch::Sender<usize>,
 }
 
 #[derive(Default)]
 struct LiveLog {
     batches: Vec<Bytes>,
+    /// The bytes of `batches`.
+    bytes: usize,
     variant: String,
     /// `Some(clean)` once the leader's stream ended: cleanly after its terminal event, or not.
     end: Option<bool>,
@@ -188,26 +207,31 @@ impl Live {
         self.shape == shape
     }
 
-    /// Whether anyone follows now.
+    /// Whether anyone reads now (the leader's client, or a follower).
     pub fn followed(&self) -> bool {
         *self.followers.borrow() > 0
     }
 
-    /// Resolves when no one follows (at once if no one does).
+    /// Resolves when no one reads (at once if no one does).
     pub async fn unfollowed(&self) {
         let mut rx = self.followers.subscribe();
         let _ = rx.wait_for(|n| *n == 0).await;
     }
 
-    /// Follows the leader's stream once it has begun: `None` when it ended before its first
-    /// byte or uncleanly (the waiter then goes upstream itself).
-    pub async fn follow(self: &Arc<Self>) -> Option<Follower> {
+    /// A reader from the log's start, at once: the leader's own client.
+    pub fn reader(self: &Arc<Self>) -> Follower {
         self.followers.send_modify(|n| *n += 1);
-        let follower = Follower {
+        Follower {
             live: self.clone(),
             next: 0,
             version: self.version.subscribe(),
-        };
+        }
+    }
+
+    /// Follows the leader's stream once it has begun: `None` when it ended before its first
+    /// byte or uncleanly (the waiter then goes upstream itself).
+    pub async fn follow(self: &Arc<Self>) -> Option<Follower> {
+        let follower = self.reader();
         let mut rx = self.version.subscribe();
         loop {
             rx.borrow_and_update();
@@ -234,10 +258,19 @@ impl Live {
 pub struct LiveWriter(Arc<Live>);
 
 impl LiveWriter {
-    /// Appends a batch of whole events the leader's client was sent.
-    pub fn append(&self, batch: &Bytes) {
-        self.0.log().batches.push(batch.clone());
+    /// Appends a batch of whole events for every reader; false (nothing appended) when the log
+    /// would grow past [`MAX_LIVE_BYTES`].
+    pub fn append(&self, batch: Bytes) -> bool {
+        {
+            let mut log = self.0.log();
+            if log.bytes + batch.len() > MAX_LIVE_BYTES {
+                return false;
+            }
+            log.bytes += batch.len();
+            log.batches.push(batch);
+        }
         self.0.bump();
+        true
     }
 
     /// Names the variant generating (followers report it).
@@ -322,6 +355,43 @@ impl Drop for Follower {
     }
 }
 
+/// How forwarding a live log to a client ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Forwarded {
+    /// After the stream's terminal event: the client's body ended cleanly.
+    Ended,
+    /// The leader's relay vanished before the end: the client's body was left without its end
+    /// (it sends keel's error event and aborts, as any body whose producer is gone).
+    Cut,
+    /// The client went away.
+    ClientGone,
+}
+
+/// Sends a client everything in the log from the reader's offset, batch by batch as it comes,
+/// at the client's own pace, and ends its body as the leader's stream ended.
+pub async fn forward(mut reader: Follower, tx: BodySender) -> Forwarded {
+    loop {
+        let next = tokio::select! {
+            n = reader.next() => n,
+            _ = tx.closed() => return Forwarded::ClientGone,
+        };
+        match next {
+            Next::Batches(batches) => {
+                for b in batches {
+                    if !tx.send(b).await {
+                        return Forwarded::ClientGone;
+                    }
+                }
+            }
+            Next::End { clean: true } => {
+                tx.end().await;
+                return Forwarded::Ended;
+            }
+            Next::End { clean: false } => return Forwarded::Cut,
+        }
+    }
+}
+
 /// Waits for the leader's answer; `None` when the leader ended without one.
 pub async fn wait(mut rx: watch::Receiver<Option<Arc<Entry>>>) -> Option<Arc<Entry>> {
     match rx.wait_for(Option::is_some).await {
@@ -400,7 +470,7 @@ mod tests {
         let f = Arc::new(Flights::default());
         let (_lead, w) = leading_stream(&f);
         w.serving("v1");
-        w.append(&Bytes::from_static(b"a"));
+        w.append(Bytes::from_static(b"a"));
         let live = follower_of(&f, "m");
         assert!(live.fits("m") && !live.fits("m\n{}"));
         let mut follower = live.follow().await.expect("the stream has begun");
@@ -409,7 +479,7 @@ mod tests {
             ("v1", "r1")
         );
         assert!(live.followed());
-        w.append(&Bytes::from_static(b"b"));
+        w.append(Bytes::from_static(b"b"));
         let Next::Batches(got) = follower.next().await else {
             panic!("batches first")
         };
@@ -419,7 +489,7 @@ mod tests {
         );
         let more = tokio::spawn(async move { (follower.next().await, follower) });
         tokio::task::yield_now().await;
-        w.append(&Bytes::from_static(b"c"));
+        w.append(Bytes::from_static(b"c"));
         let (next, mut follower) = more.await.unwrap();
         assert!(matches!(next, Next::Batches(b) if b == vec![Bytes::from_static(b"c")]));
         w.end();
@@ -438,7 +508,7 @@ mod tests {
             let live = live.clone();
             async move { live.follow().await.is_some() }
         });
-        w.append(&Bytes::from_static(b"a"));
+        w.append(Bytes::from_static(b"a"));
         assert!(
             waiting.await.unwrap(),
             "follows once the first batch is there"
@@ -451,6 +521,39 @@ mod tests {
             live.follow().await.is_none(),
             "an unclean stream is not followed"
         );
+    }
+
+    #[tokio::test]
+    async fn readers_go_at_their_own_pace_and_the_log_is_bounded() {
+        let f = Arc::new(Flights::default());
+        let (_lead, w) = leading_stream(&f);
+        let live = w.live().clone();
+        let mut own = live.reader();
+        assert!(live.followed(), "the leader's own client reads");
+        assert!(w.append(Bytes::from_static(b"a")));
+        let mut late = follower_of(&f, "m").follow().await.unwrap();
+        assert!(w.append(Bytes::from_static(b"b")));
+        // One reader takes everything; the other, behind, still gets all of it from its offset.
+        let Next::Batches(got) = own.next().await else {
+            panic!()
+        };
+        assert_eq!(got.len(), 2);
+        assert!(
+            !w.append(Bytes::from(vec![0u8; MAX_LIVE_BYTES])),
+            "a batch past the bound is refused"
+        );
+        w.end();
+        assert!(matches!(own.next().await, Next::End { clean: true }));
+        let Next::Batches(got) = late.next().await else {
+            panic!()
+        };
+        assert_eq!(
+            got,
+            vec![Bytes::from_static(b"a"), Bytes::from_static(b"b")]
+        );
+        assert!(matches!(late.next().await, Next::End { clean: true }));
+        drop((own, late));
+        assert!(!live.followed());
     }
 
     #[tokio::test]

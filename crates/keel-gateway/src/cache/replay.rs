@@ -27,7 +27,7 @@ use crate::errors::GatewayError;
 use crate::pools::Pool;
 use crate::selection::DecisionRecord;
 
-use super::flight::{Follower, Next};
+use super::flight::{forward, Follower, Forwarded};
 use super::store::Entry;
 use super::HEADER;
 
@@ -159,38 +159,15 @@ async fn send_events(tx: BodySender, events: Vec<SseEvent>, gap: Duration, mut l
     tx.end().await;
 }
 
-/// Forwards the leader's batches as they come and ends as its stream ended: cleanly after its
-/// terminal event, or (the leader's relay vanished) with keel's error event and an abort, as any
-/// stream whose producer is gone. A follower whose client leaves stops following at once (the
-/// leader's relay may stop when no one is left).
-async fn send_followed(tx: BodySender, mut follower: Follower, mut log: RequestLog) {
-    loop {
-        let next = tokio::select! {
-            n = follower.next() => n,
-            _ = tx.closed() => {
-                log.finish("cancelled", Some("client disconnected"));
-                return;
-            }
-        };
-        match next {
-            Next::Batches(batches) => {
-                for b in batches {
-                    if !tx.send(b).await {
-                        log.finish("cancelled", Some("client disconnected"));
-                        return;
-                    }
-                }
-            }
-            Next::End { clean: true } => {
-                log.finish("ok", None);
-                tx.end().await;
-                return;
-            }
-            Next::End { clean: false } => {
-                log.finish("incomplete", Some("the stream it followed ended early"));
-                return;
-            }
-        }
+/// Forwards the leader's batches as they come, at this client's pace, and ends as its stream
+/// ended: cleanly after its terminal event, or (the leader's relay vanished) with keel's error
+/// event and an abort, as any stream whose producer is gone. A follower whose client leaves
+/// stops following at once (the leader's relay may stop when no one is left).
+async fn send_followed(tx: BodySender, follower: Follower, mut log: RequestLog) {
+    match forward(follower, tx).await {
+        Forwarded::Ended => log.finish("ok", None),
+        Forwarded::ClientGone => log.finish("cancelled", Some("client disconnected")),
+        Forwarded::Cut => log.finish("incomplete", Some("the stream it followed ended early")),
     }
 }
 

@@ -193,7 +193,7 @@ impl Relay {
         let assembled = match &self.sink {
             Sink::Assemble(a) => Some(a.clone()),
             // A streamed answer (cached or not) has reached the client: flagged, not retried.
-            Sink::Client(_) | Sink::Tee { .. } => None,
+            Sink::Client(_) | Sink::Tee { .. } | Sink::Shared { .. } => None,
         };
         let allowed =
             cfg.json_retry && !self.integrity_state.json_retried && !self.pool.safety.active();

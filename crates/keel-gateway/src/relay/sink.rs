@@ -1,7 +1,8 @@
 //! Where a relayed stream goes: the client's streamed body, or an assembler building the whole
 //! response a non-streaming client asked for, or both (a streamed answer the response cache
-//! will store: the client's events are assembled on the side, and appended to the live log that
-//! identical streaming requests follow, see `cache::flight`).
+//! will store: the client's events are assembled on the side), or — a streaming request that
+//! leads a coalesced flight — the flight's live log, which the leader's own client and every
+//! identical streaming request read at their own pace (see `cache::flight`).
 
 use std::sync::{Arc, Mutex};
 
@@ -21,13 +22,17 @@ pub enum Sink {
     /// Assembled in place into one non-streaming body (no channel, no extra task).
     Assemble(Arc<Mutex<Assembled>>),
     /// The client's streamed body, also assembled for the response cache. An assembly that
-    /// fails only marks the copy unusable (`failure`); the client's stream goes on. With `live`
-    /// (a coalescing leader), every batch is also appended for the followers, and the stream
-    /// goes on after the client has gone while anyone follows.
+    /// fails only marks the copy unusable (`failure`); the client's stream goes on.
     Tee {
         client: BodySender,
         copy: Arc<Mutex<Assembled>>,
-        live: Option<LiveWriter>,
+    },
+    /// A coalescing leader's live log, assembled on the side as `Tee`'s copy is. Sending never
+    /// waits for a reader (the relay runs in a task of its own); the client is "gone" only when
+    /// no one reads any more — neither the leader's client nor a follower.
+    Shared {
+        copy: Arc<Mutex<Assembled>>,
+        live: LiveWriter,
     },
 }
 
@@ -64,20 +69,27 @@ impl Sink {
                 Ok(()) => Sent::Ok,
                 Err(m) => Sent::Refused(m),
             },
-            Sink::Tee { client, copy, live } => {
-                if let Err(m) = assemble(copy, protocol, &bytes) {
-                    let mut a = copy.lock().unwrap_or_else(|e| e.into_inner());
-                    a.failure.get_or_insert(m);
-                }
-                let bytes = Bytes::from(bytes);
-                if let Some(l) = live {
-                    l.append(&bytes);
-                }
-                let followed = || live.as_ref().is_some_and(|l| l.live().followed());
-                if client.send(bytes).await || followed() {
+            Sink::Tee { client, copy } => {
+                copy_aside(copy, protocol, &bytes);
+                if client.send(Bytes::from(bytes)).await {
                     Sent::Ok
                 } else {
                     Sent::ClientGone
+                }
+            }
+            Sink::Shared { copy, live } => {
+                if !live.live().followed() {
+                    return Sent::ClientGone;
+                }
+                let n = bytes.len();
+                copy_aside(copy, protocol, &bytes);
+                if live.append(Bytes::from(bytes)) {
+                    Sent::Ok
+                } else {
+                    Sent::Refused(format!(
+                        "the streamed answer exceeds {} bytes (adding {n})",
+                        crate::cache::flight::MAX_LIVE_BYTES
+                    ))
                 }
             }
         }
@@ -88,21 +100,16 @@ impl Sink {
     pub fn assembler(&self) -> Option<&Arc<Mutex<Assembled>>> {
         match self {
             Sink::Assemble(a) => Some(a),
-            Sink::Client(_) | Sink::Tee { .. } => None,
+            Sink::Client(_) | Sink::Tee { .. } | Sink::Shared { .. } => None,
         }
     }
 
     /// Resolves when the client has gone away (never, for an assembled response: the request
-    /// handler itself is dropped then) and, for a coalescing leader, no one follows either.
+    /// handler itself is dropped then) or, for a coalescing leader, when no one reads any more.
     pub async fn closed(&self) {
         match self {
-            Sink::Client(tx) => tx.closed().await,
-            Sink::Tee { client, live, .. } => {
-                client.closed().await;
-                if let Some(l) = live {
-                    l.live().unfollowed().await;
-                }
-            }
+            Sink::Client(tx) | Sink::Tee { client: tx, .. } => tx.closed().await,
+            Sink::Shared { live, .. } => live.live().unfollowed().await,
             Sink::Assemble(_) => std::future::pending().await,
         }
     }
@@ -112,14 +119,18 @@ impl Sink {
     pub async fn end(self) {
         match self {
             Sink::Client(tx) => tx.end().await,
-            Sink::Tee { client, live, .. } => {
-                if let Some(l) = live {
-                    l.end();
-                }
-                client.end().await;
-            }
+            Sink::Tee { client, .. } => client.end().await,
+            Sink::Shared { live, .. } => live.end(),
             Sink::Assemble(_) => {}
         }
+    }
+}
+
+/// Assembles the cache's copy; a failure only marks it unusable.
+fn copy_aside(copy: &Mutex<Assembled>, protocol: Protocol, bytes: &[u8]) {
+    if let Err(m) = assemble(copy, protocol, bytes) {
+        let mut a = copy.lock().unwrap_or_else(|e| e.into_inner());
+        a.failure.get_or_insert(m);
     }
 }
 

@@ -496,6 +496,210 @@ async fn a_leader_whose_client_leaves_keeps_generating_for_its_followers() {
     assert_eq!(answer_of_stream(&read_stream(r).await), (text, finish));
 }
 
+/// A stream's raw bytes to its end, and whether it ended cleanly (not aborted).
+async fn raw_rest(mut r: reqwest::Response, mut bytes: Vec<u8>) -> (Vec<u8>, bool) {
+    loop {
+        match r.chunk().await {
+            Ok(Some(c)) => bytes.extend_from_slice(&c),
+            Ok(None) => return (bytes, true),
+            Err(_) => return (bytes, false),
+        }
+    }
+}
+
+/// Whether a raw stream holds a generated token (a content delta).
+fn has_token(bytes: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(bytes);
+    text.lines().any(|l| {
+        l.strip_prefix("data: ")
+            .and_then(|d| serde_json::from_str::<Value>(d).ok())
+            .and_then(|v| {
+                v.pointer("/choices/0/delta/content")
+                    .and_then(Value::as_str)
+                    .map(|t| !t.is_empty())
+            })
+            .unwrap_or(false)
+    })
+}
+
+/// A follower is sent the leader's tokens while the leader's upstream is still stalled (its
+/// answer far from complete), and a leader that fails mid-stream ends every follower with the
+/// same error event: each follower's bytes equal the leader's, all end cleanly after the error
+/// event, and one upstream request served them all.
+#[tokio::test]
+async fn a_stalled_then_failing_leader_streams_to_its_followers_and_ends_them_with_its_error() {
+    // The upstream sends three tokens, then stalls for good; keel gives up at its stall timeout
+    // (no migration), which ends the leader's stream with keel's error event.
+    let extra = format!("max_migrations = 0\ntimeouts = {{ stall_ms = 4000 }}\n{CACHE}");
+    let h = Harness::openai(1, 1, "", &extra).await;
+    add_fault(
+        h.server(0),
+        json!({"kind": "stall", "after_tokens": 3, "count": 1}),
+    )
+    .await;
+    let url = h.url("/v1/chat/completions");
+    let body = chat("stall, then fail", true);
+    let (leader, leader_first) = started(&url, &body).await;
+    let mut followers = Vec::new();
+    for _ in 0..2 {
+        let (mut r, mut bytes) = started(&url, &body).await;
+        assert_eq!(header(r.headers(), "x-keel-cache"), "hit");
+        while !has_token(&bytes) {
+            bytes.extend_from_slice(&r.chunk().await.unwrap().expect("more of the stream"));
+        }
+        // The order of events, not a clock: the follower holds a token while the leader's
+        // upstream generation is still stalled and its flight open.
+        assert_eq!(
+            h.server(0).state.stats().running,
+            1,
+            "the leader's upstream is still stalled"
+        );
+        assert_eq!(
+            h.gw.cache.in_flight(),
+            1,
+            "the leader's answer is not complete"
+        );
+        followers.push(raw_rest(r, bytes));
+    }
+    let (leader_bytes, leader_clean) = raw_rest(leader, leader_first).await;
+    let events = keel_core::sse::decode_all(&leader_bytes).unwrap();
+    let last = events.last().unwrap();
+    assert!(
+        last.data.contains("\"error\"") && last.data.contains("incomplete"),
+        "the leader's stream ends with keel's error event: {}",
+        last.data
+    );
+    assert!(
+        leader_clean,
+        "after its error event, the leader's body ends cleanly"
+    );
+    for f in followers {
+        let (bytes, clean) = f.await;
+        assert_eq!(
+            String::from_utf8_lossy(&bytes),
+            String::from_utf8_lossy(&leader_bytes),
+            "a follower gets the leader's bytes, its error event included"
+        );
+        assert!(clean, "and ends as the leader's stream ended");
+    }
+    assert_eq!(upstream(&h), 1);
+    assert_eq!(
+        h.metric("keel_cache_lookups_total", &[("result", "coalesced")])
+            .await,
+        2.0
+    );
+    wait_for!("the flight to end", h.gw.cache.in_flight() == 0);
+    assert_eq!(h.metric("keel_cache_stored_total", &[]).await, 0.0);
+}
+
+/// The stream window an h2 client that reads nothing grants: less than one event, so the
+/// server can send it almost nothing until it reads.
+const UNREAD_WINDOW_BYTES: u32 = 64;
+
+/// A streaming request over h2c from a client that takes (almost) nothing of the response
+/// until it reads it with [`read_h2`]: the slowest reader there is.
+async fn unread_h2(h: &Harness, path: &str, body: &Value) -> (String, h2::RecvStream) {
+    let tcp = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(UNREAD_WINDOW_BYTES)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let req = http::Request::post(h.url(path))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let (response, mut send) = client.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from(body.to_string()), true)
+        .unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let cache = response.headers()["x-keel-cache"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    (cache, response.into_body())
+}
+
+/// Reads an h2 response body to its end, granting window as it goes; `Err` if it was reset.
+async fn read_h2(mut body: h2::RecvStream) -> Result<Vec<u8>, h2::Error> {
+    let mut out = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+/// Each reader of a coalesced stream goes at its own pace: while the leader's own client and
+/// one follower take nothing (HTTP/2 clients that grant no window), another follower gets the
+/// whole answer to its end; then the slow two read theirs, byte for byte the same. One upstream
+/// request in all.
+#[tokio::test]
+async fn a_reader_that_takes_nothing_holds_back_neither_the_generation_nor_the_others() {
+    // No write timeout in this test: the slow readers wait on purpose.
+    let h = Harness::openai(
+        1,
+        1,
+        "client_write_timeout_ms = 600000",
+        &format!("max_migrations = 0\n{CACHE}"),
+    )
+    .await;
+    // 24 tokens about 100 ms apart: the followers join while the leader generates.
+    add_fault(
+        h.server(0),
+        json!({"kind": "slowdown", "factor": 100, "count": 1}),
+    )
+    .await;
+    let path = "/v1/chat/completions";
+    let body = chat("at my own pace", true);
+    let (cache, slow_leader) = unread_h2(&h, path, &body).await;
+    assert_eq!(cache, "miss", "the leader");
+    let (cache, slow_follower) = unread_h2(&h, path, &body).await;
+    assert_eq!(cache, "hit", "a follower");
+    let (r, first) = started(&h.url(path), &body).await;
+    assert_eq!(header(r.headers(), "x-keel-cache"), "hit");
+    let done = std::sync::Arc::new(std::sync::Mutex::new(None));
+    tokio::spawn({
+        let done = done.clone();
+        async move {
+            let got = raw_rest(r, first).await;
+            *done.lock().unwrap() = Some(got);
+        }
+    });
+    wait_for!(
+        "the reading follower's stream to end while the others took nothing",
+        done.lock().unwrap().is_some()
+    );
+    let (bytes, clean) = done.lock().unwrap().take().unwrap();
+    assert!(clean);
+    let (text, finish) = answer_of_stream(&keel_core::sse::decode_all(&bytes).unwrap());
+    assert!(
+        !text.is_empty() && !finish.is_empty(),
+        "the whole answer, to its end"
+    );
+    for (who, slow) in [
+        ("the leader", slow_leader),
+        ("the slow follower", slow_follower),
+    ] {
+        let got = read_h2(slow).await.unwrap_or_else(|e| panic!("{who}: {e}"));
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(&bytes),
+            "{who} gets the same bytes at its own pace"
+        );
+    }
+    assert_eq!(upstream(&h), 1);
+    assert_eq!(
+        h.metric("keel_cache_lookups_total", &[("result", "coalesced")])
+            .await,
+        2.0
+    );
+}
+
 #[tokio::test]
 async fn a_leader_that_fails_sends_its_waiters_upstream() {
     let h = Harness::openai(1, 1, "", &format!("max_migrations = 0\n{CACHE}")).await;
