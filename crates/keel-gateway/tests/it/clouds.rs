@@ -593,7 +593,7 @@ async fn a_cloud_safety_stop_is_a_finished_answer_never_failed_over() {
                         let v: Value = serde_json::from_str(&e.data).ok()?;
                         v["choices"][0]["finish_reason"].as_str().map(str::to_owned)
                     })
-                    .last()
+                    .next_back()
                     .unwrap_or_default()
             } else {
                 let v: Value = resp.json().await.unwrap();
