@@ -26,8 +26,13 @@
 //! **Competitive candidates.** The two random choices are drawn among the candidates whose cost
 //! is within [`COMPETITIVE`] × the cheapest one's: with a quarter of a pool in a slow zone, plain
 //! P2C draws two slow variants for 1 request in 28 and sends it there, which alone sets the P99.
-//! Costs include the requests in flight, so when the fast variants fill up, the slow ones come
-//! back into the draw and take their share of the load.
+//! A candidate must also be within [`COMPETITIVE`] × the fastest one's cost without requests in
+//! flight ([`unloaded_cost`]): in-flight requests are a guess at the wait they cause, and under
+//! load they double a fast variant's cost long before its answers slow down, which let a zone
+//! five times slower back into the draw and, whenever both draws fell there (1 request in 20),
+//! set the P99 again. When the fast variants do fill up, their answers slow (the predicted TTFT
+//! is a peak EWMA) or their concurrency limits take them out, and the slow ones come back into
+//! the draw and take their share of the load.
 //!
 //! **Costs too close to tell apart.** A predicted TTFT is an estimate from samples, and two
 //! variants serving equally fast have estimates a few percent apart by chance, for as long as
@@ -231,9 +236,13 @@ impl Clone for PowerOfTwo {
 
 /// The cost of a candidate under a preference.
 pub fn cost(c: &Candidate, pref: Preference) -> f64 {
+    unloaded_cost(c, pref) * (1.0 + c.in_flight as f64 * IN_FLIGHT_COST)
+}
+
+/// [`cost`] without the requests in flight: what the variant's answers cost when it is idle.
+pub fn unloaded_cost(c: &Candidate, pref: Preference) -> f64 {
     let weight = (c.weight as f64 * c.health).max(1e-9);
-    let base =
-        c.predicted_ttft_ms.max(0.001) * (1.0 + c.in_flight as f64 * IN_FLIGHT_COST) / weight;
+    let base = c.predicted_ttft_ms.max(0.001) / weight;
     match pref {
         Preference::LowLatency => base,
         Preference::HighFidelity => base * 1000f64.powi(c.tier.saturating_sub(1) as i32),
@@ -369,13 +378,15 @@ impl Selector for PowerOfTwo {
                 .iter()
                 .map(|c| cost_of(c.index))
                 .fold(f64::INFINITY, f64::min);
+            let fastest = pick_from
+                .iter()
+                .map(|c| unloaded_cost(c, signals.preference))
+                .fold(f64::INFINITY, f64::min);
             let mut competitive: Vec<&Candidate> = Vec::with_capacity(pick_from.len());
-            competitive.extend(
-                pick_from
-                    .iter()
-                    .copied()
-                    .filter(|c| cost_of(c.index) <= cheapest * COMPETITIVE),
-            );
+            competitive.extend(pick_from.iter().copied().filter(|c| {
+                cost_of(c.index) <= cheapest * COMPETITIVE
+                    && unloaded_cost(c, signals.preference) <= fastest * COMPETITIVE
+            }));
             let pick_from = competitive;
             if pick_from.len() == 1 {
                 (pick_from[0].index, Reason::PowerOfTwo)
@@ -532,9 +543,17 @@ mod tests {
             assert_eq!(plan.order.len(), 8);
             assert!(plan.order[6..].iter().all(|&i| i >= 6));
         }
-        // Fast variants busy enough to cost more than a third of the slow zone's: it is drawn.
+        // Fast variants with requests in flight but answering as fast as ever: in-flight costs
+        // alone (100 × (1 + 6/4) = 250 > 600 / 3) do not bring the slow zone back.
         for x in &mut c[..6] {
-            x.in_flight = 6; // 100 × (1 + 6/4) = 250 > 600 / 3
+            x.in_flight = 6;
+        }
+        for _ in 0..2_000 {
+            assert!(p.plan(&c, &RequestSignals::default()).order[0] < 6);
+        }
+        // Busy enough that their answers slowed (250 > 600 / 3): the slow zone is drawn.
+        for x in &mut c[..6] {
+            x.predicted_ttft_ms = 250.0;
         }
         let slow = (0..1_000)
             .filter(|_| p.plan(&c, &RequestSignals::default()).order[0] >= 6)

@@ -172,6 +172,23 @@ impl Live {
     }
 }
 
+/// How long a warming variant waits after `failures` warm-ups (or readiness checks) failed in
+/// a row: none after none, then 100 ms doubling to a second. A variant back from a restart is
+/// noticed within a second; a dead one costs a connection attempt a second, not ten.
+pub(crate) fn warm_up_backoff_ms(failures: u32) -> u64 {
+    match failures {
+        0 => 0,
+        n => (100u64 << (n - 1).min(4)).min(1000),
+    }
+}
+
+impl VariantState {
+    fn warm_up_failed(&mut self, now_ms: u64) {
+        self.warm_up_failures = self.warm_up_failures.saturating_add(1);
+        self.warm_up_failed_at_ms = now_ms;
+    }
+}
+
 /// The quantile of TTFT the auto hedge delay waits for: 1 − hedge_budget / 2.
 fn hedge_quantile(cfg: &PoolConfig) -> f64 {
     (1.0 - cfg.hedge_budget / 2.0).clamp(0.5, 0.99)
@@ -184,6 +201,12 @@ pub(crate) struct VariantState {
     pub(crate) availability: Availability,
     /// A warm-up or probe request is in flight for this variant.
     pub(crate) maintenance_busy: bool,
+    /// Warm-ups (or readiness checks) failed in a row since the variant last answered one:
+    /// the next waits [`warm_up_backoff_ms`] after the last, so a dead variant costs one
+    /// connection attempt a second instead of one a monitor tick.
+    pub(crate) warm_up_failures: u32,
+    /// When the last failed warm-up ended (ms, the pool's clock).
+    pub(crate) warm_up_failed_at_ms: u64,
     /// Readiness (see [`Pool::mark_ready`]): the variant's health endpoint answered 200 since
     /// it last went loading or restarting.
     pub(crate) ready: bool,
@@ -397,6 +420,8 @@ impl Pool {
                     health,
                     availability: Availability::default(),
                     maintenance_busy: false,
+                    warm_up_failures: 0,
+                    warm_up_failed_at_ms: 0,
                     ready: false,
                     restarting_since: None,
                     confirm: false,
@@ -826,7 +851,8 @@ impl Pool {
         self.update(index, |st| st.health.record_scrape(kv_usage, waiting));
     }
 
-    /// Advances every variant's lifecycle and returns the probes and warm-ups due now.
+    /// Advances every variant's lifecycle and returns the probes and warm-ups due now. A
+    /// warming variant whose last warm-ups failed waits out its backoff first.
     pub fn maintenance(&self) -> Vec<Maintenance> {
         let now = self.now_ms();
         let hc = self.cfg.health;
@@ -849,6 +875,9 @@ impl Pool {
                     st.maintenance_busy = true;
                     out.push(Maintenance::Probe(i));
                 } else if matches!(st.health.est.state, State::Warming { .. }) {
+                    if now < st.warm_up_failed_at_ms + warm_up_backoff_ms(st.warm_up_failures) {
+                        return;
+                    }
                     st.maintenance_busy = true;
                     // Readiness first where the variant has a health endpoint.
                     out.push(if self.variants[i].cfg.health_url.is_some() && !st.ready {
@@ -909,10 +938,17 @@ impl Pool {
             }
             // A readiness check that did not find the variant ready (one that did goes on to
             // a warm-up at once, see `monitor`).
-            Maintenance::Ready(_) => st.maintenance_busy = false,
+            Maintenance::Ready(_) => {
+                st.maintenance_busy = false;
+                st.warm_up_failed(now);
+            }
             Maintenance::WarmUp(_) => {
                 st.maintenance_busy = false;
+                if !ok {
+                    st.warm_up_failed(now);
+                }
                 if ok {
+                    st.warm_up_failures = 0;
                     if let Some(t) = ttft_ms {
                         st.health.record_ttft(now, t, &hc);
                     }
@@ -1205,6 +1241,34 @@ mod tests {
             weights.first() < weights.last(),
             "the ramp moved: {weights:?}"
         );
+    }
+
+    /// A dead variant is not warmed every monitor tick: failed warm-ups back off, 100 ms
+    /// doubling to a second, and one that answers starts afresh.
+    #[test]
+    fn failed_warm_ups_back_off() {
+        assert_eq!(
+            (0..7).map(warm_up_backoff_ms).collect::<Vec<_>>(),
+            [0, 100, 200, 400, 800, 1000, 1000]
+        );
+        let p = pool(4);
+        let warm_up = |p: &Pool| {
+            p.maintenance()
+                .into_iter()
+                .any(|m| matches!(m, Maintenance::WarmUp(0)))
+        };
+        assert!(warm_up(&p), "a new variant warms up");
+        p.maintenance_done(Maintenance::WarmUp(0), false, None);
+        assert_eq!(p.variant_state(0).warm_up_failures, 1);
+        // Its backoff not yet over (the failure dated ahead of the clock, so the test does not
+        // depend on how fast it runs): nothing due.
+        p.variant_state(0).warm_up_failed_at_ms = p.now_ms() + 60_000;
+        assert!(!warm_up(&p));
+        p.variant_state(0).warm_up_failed_at_ms = 0;
+        p.variant_state(0).warm_up_failures = 0;
+        assert!(warm_up(&p), "due again once the backoff is over");
+        p.maintenance_done(Maintenance::WarmUp(0), true, Some(50.0));
+        assert_eq!(p.variant_state(0).warm_up_failures, 0);
     }
 
     /// Requests read the published views, never the state: every kind of update must publish.

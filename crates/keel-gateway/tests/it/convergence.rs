@@ -81,6 +81,7 @@ async fn three_equal_variants_share_evenly_when_the_third_is_added_by_a_reload()
     // From the reload on: the new variant warms up, then all three share the traffic.
     let served = shares(&h, Duration::from_secs(10)).await;
     let total: u32 = served.values().sum();
+    eprintln!("after the reload, {total} sequential requests: {served:?}");
     for v in ["v0", "v1", "v2"] {
         let share = *served.get(v).unwrap_or(&0) as f64 / total as f64;
         assert!(
@@ -100,6 +101,7 @@ async fn a_variant_twice_as_slow_as_its_peers_gets_a_few_percent_at_most() {
     wait_for!("three variants healthy", states(&h).await == ["healthy"; 3]);
     let served = shares(&h, Duration::from_secs(8)).await;
     let total: u32 = served.values().sum();
+    eprintln!("two at 40 ms and one at 80 ms, {total} sequential requests: {served:?}");
     let share = *served.get("v2").unwrap_or(&0) as f64 / total as f64;
     assert!(
         share <= 0.05,
