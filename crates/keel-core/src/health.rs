@@ -370,7 +370,19 @@ pub struct VariantHealth {
     /// The last TTFT evidence (an answered first token, a lower bound from a lost race, or a
     /// refresh probe's answer or failure).
     pub last_sample_ms: Option<u64>,
+    /// Refresh probes in a row that found the estimate right (see [`REFRESH_AGREES`]): each
+    /// doubles the wait before the next, up to [`REFRESH_SPREAD`] doublings.
+    refresh_agreed: u32,
 }
+
+/// A refresh probe whose answer is within this ratio of the estimate (either way) confirms it.
+pub const REFRESH_AGREES: f64 = 1.25;
+
+/// The most doublings of `refresh_after_ms` between refresh probes that keep confirming the
+/// estimate: a variant left out of the draw (a slow zone) is re-measured every 4 s instead of
+/// every second, which is still within the grace ([`STALE_GRACE`] intervals) after which its
+/// estimate would relax; a probe that disagrees, or fails, brings the interval back to one.
+pub const REFRESH_SPREAD: u32 = 2;
 
 /// The read side of a variant's health: its estimates and lifecycle state, without the sample
 /// windows and streaks that only updates need. It is `Copy`, so the pool publishes one per
@@ -531,6 +543,7 @@ impl VariantHealth {
             outcome_next: 0,
             probe_successes: 0,
             last_sample_ms: None,
+            refresh_agreed: 0,
         }
     }
 
@@ -581,14 +594,16 @@ impl VariantHealth {
     }
 
     /// Whether a refresh probe should re-measure this variant now: it is serving (healthy or in
-    /// slow start) and has had no TTFT evidence for `refresh_after_ms` (or never had any).
+    /// slow start) and has had no TTFT evidence for `refresh_after_ms` (or never had any),
+    /// doubled for each refresh in a row that confirmed the estimate (see [`REFRESH_SPREAD`]).
     /// Ejected and warming variants have their own probes and warm-ups.
     pub fn needs_refresh(&self, now_ms: u64, cfg: &HealthConfig) -> bool {
+        let after = cfg.refresh_after_ms << self.refresh_agreed.min(REFRESH_SPREAD);
         cfg.refresh_after_ms > 0
             && matches!(self.est.state, State::Healthy | State::SlowStart { .. })
             && self
                 .last_sample_ms
-                .is_none_or(|t| now_ms.saturating_sub(t) >= cfg.refresh_after_ms)
+                .is_none_or(|t| now_ms.saturating_sub(t) >= after)
     }
 
     /// A refresh probe's result: its answer time as a TTFT sample, or a failure as an error
@@ -599,6 +614,15 @@ impl VariantHealth {
     /// probe was sent because that outlier keeps clients away; blended at the EWMA's pace it
     /// would keep them away for several `decay_ms`, re-measured every second for nothing.
     pub fn refresh_result(&mut self, now_ms: u64, ttft_ms: Option<f64>, cfg: &HealthConfig) {
+        let agrees = match (ttft_ms, self.est.ttft_ms.get()) {
+            (Some(t), Some(v)) if v > 0.0 => (t / v).max(v / t) <= REFRESH_AGREES,
+            _ => false,
+        };
+        self.refresh_agreed = if agrees {
+            self.refresh_agreed.saturating_add(1)
+        } else {
+            0
+        };
         if let (Some(t), Some(v)) = (ttft_ms, self.est.ttft_ms.get()) {
             if t * PEAK_JUMP <= v {
                 self.est.ttft_ms.reset();
@@ -1179,6 +1203,38 @@ mod tests {
             last_probe_ms: 0,
         };
         assert!(!w.needs_refresh(10_000, &c));
+    }
+
+    /// A variant out of the draw (a slow zone) whose refresh probes keep finding the same
+    /// level is re-measured less often: 1 s, 2 s, then every 4 s; a probe that finds it
+    /// changed (or fails) brings the interval back to a second.
+    #[test]
+    fn refresh_probes_that_confirm_the_estimate_spread_out() {
+        let c = cfg();
+        let r = c.refresh_after_ms;
+        let mut h = VariantHealth::new(0);
+        h.record_ttft(0, 360.0, &c);
+        let mut at = 0;
+        for wait in [r, 2 * r, 4 * r, 4 * r] {
+            assert!(!h.needs_refresh(at + wait - 1, &c), "{wait}");
+            assert!(h.needs_refresh(at + wait, &c), "{wait}");
+            at += wait;
+            h.refresh_result(at, Some(380.0), &c);
+        }
+        assert!(
+            4 * r < STALE_GRACE * r,
+            "spread within the grace: the estimate never relaxes"
+        );
+        // The zone recovered: the probe disagrees, the next one is due a second later.
+        h.refresh_result(at, Some(60.0), &c);
+        assert!(h.needs_refresh(at + r, &c));
+        h.refresh_result(at + r, Some(61.0), &c);
+        assert!(!h.needs_refresh(at + 2 * r, &c));
+        h.refresh_result(at + 3 * r, None, &c);
+        assert!(
+            h.needs_refresh(at + 4 * r, &c),
+            "a failure resets the spread"
+        );
     }
 
     /// Windows counted apart combine as one window over all their recent samples.
