@@ -80,7 +80,10 @@ export async function startDemo({ simRange = [40000, 60000], tries = 5 } = {}) {
     const port = await freePort();
     const simBase = simRange[0] + Math.floor(Math.random() * (simRange[1] - simRange[0] - SIM_SERVERS));
     if (!(await blockFree(simBase))) continue;
-    const proc = spawn(KEEL, ["demo", "--listen", `127.0.0.1:${port}`, "--sim-base-port", String(simBase)], {
+    // --faults: the server behind gpt-flaky and embed-flaky fails on purpose, so that every test
+    // also shows the SDK never sees a failure keel can fail over.
+    const args = ["demo", "--faults", "--listen", `127.0.0.1:${port}`, "--sim-base-port", String(simBase)];
+    const proc = spawn(KEEL, args, {
       stdio: ["ignore", "pipe", "pipe"],
     });
     output = "";

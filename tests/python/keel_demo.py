@@ -106,7 +106,9 @@ def start_demo(sim_range=(40000, 60000), tries: int = 5) -> Demo:
         # would block it.
         log = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen(
-            [KEEL, "demo", "--listen", f"127.0.0.1:{port}", "--sim-base-port", str(sim_base)],
+            # --faults: the server behind gpt-flaky and embed-flaky fails on purpose, so that every
+            # test also shows the SDK never sees a failure keel can fail over.
+            [KEEL, "demo", "--faults", "--listen", f"127.0.0.1:{port}", "--sim-base-port", str(sim_base)],
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
