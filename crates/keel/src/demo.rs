@@ -8,7 +8,7 @@
 //! At rest the fleet is healthy and every pool is green. `--faults` makes the server behind
 //! `gpt-flaky` and `embed-flaky` fail on purpose (a third of its requests answered 503, a tenth of
 //! its connections reset, a tenth of its answers slow): keel's failover shows in the sample
-//! table, and the pools those variants serve turn yellow while keel keeps the server out.
+//! table, and `/keel/health` judges the pools by what it costs them.
 //! Clients may pin a request's first attempt to a variant (`x-keel-force-variant`), so faults
 //! injected into one simulated server can be aimed at a request (the resilience SDK tests).
 //! The config is embedded; `--print-config` prints it as a starting point for a real keel.toml.
