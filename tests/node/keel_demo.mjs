@@ -74,7 +74,9 @@ async function waitUntilUp(proc, url) {
  * Starts `keel demo` on a free gateway port and a block of free fleet ports within
  * `simRange` (another run may take a port between the probe and the start: then it tries again).
  */
-export async function startDemo({ simRange = [40000, 60000], tries = 5 } = {}) {
+// The ranges lie outside the kernel's ephemeral ports (32768-60999 by default): on a busy machine
+// outgoing connections, and their TIME_WAIT, hold thousands of those.
+export async function startDemo({ simRange = [2000, 10000], tries = 5 } = {}) {
   let output = "";
   for (let i = 0; i < tries; i++) {
     const port = await freePort();

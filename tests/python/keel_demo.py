@@ -93,9 +93,11 @@ def _wait_until_up(proc: subprocess.Popen, url: str) -> bool:
     return False
 
 
-def start_demo(sim_range=(40000, 60000), tries: int = 5) -> Demo:
+def start_demo(sim_range=(10000, 20000), tries: int = 5) -> Demo:
     """Starts `keel demo` on a free gateway port and a block of free ports for the fleet
-    (another run may take a port between the probe and the start: then it tries again)."""
+    (another run may take a port between the probe and the start: then it tries again).
+    The blocks lie below the kernel's ephemeral ports (32768-60999 by default): on a busy
+    machine outgoing connections, and their TIME_WAIT, hold thousands of those."""
     output = ""
     for _ in range(tries):
         port = free_port()
