@@ -11,6 +11,7 @@ map still fits the window. Screenshots go to bench/out/ (ignored; docs/dashboard
 import contextlib
 import json
 import os
+import random
 import socket
 import subprocess
 import tempfile
@@ -155,7 +156,8 @@ def _start_sim(config, servers, env, log, tries=10):
     ("Address already in use") and another block is tried. Once in CI the simulator did not
     start, and keel waited out the fleet's restart grace while the client timed out."""
     for _ in range(tries):
-        base = free_port()
+        # Below the kernel's ephemeral ports, which a busy machine's connections may fill.
+        base = random.randrange(10000, 20000 - servers)
         if not _ports_free(base, servers):
             continue
         sim = subprocess.Popen([KEEL, "sim", "--config", str(config), "--base-port", str(base)],

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # The container image as the test command checks it.
 #
-# Always (needs only Rust and glibc's static libraries, Debian's libc6-dev):
-#   1. builds keel with deploy/container/rootfs.sh — the Containerfile's build step, same script,
-#      same flags — into a root filesystem, and checks with `file` and `ldd` that the binary is
-#      statically linked;
-#   2. runs that binary: `keel --version`; `keel serve` in front of a simulated model server
+#   1. Can podman build and run an image here? A probe image holding a tiny static executable
+#      (rustc, the static flags of the image's build) answers in seconds. Where podman cannot,
+#      the test says why in one line and passes without building anything else: the static
+#      build below is a whole second compile of keel, worth making only for an image.
+#   2. Builds keel with deploy/container/rootfs.sh (the Containerfile's build step, same script,
+#      same flags) into a root filesystem, and checks with `file` and `ldd` that the binary is
+#      statically linked.
+#   3. Runs that binary: `keel --version`; `keel serve` in front of a simulated model server
 #      addressed by name (`keel sim`): GET /keel/ready 200, a chat completion, SIGTERM ends it
 #      cleanly (exit 0).
-# Then, where podman can build and run containers here:
-#   3. builds the Containerfile's final stage (FROM scratch) with podman, taking the build
-#      stage's output from step 1 (`--build-context build=...`: no base image is pulled, so
+#   4. Builds the Containerfile's final stage (FROM scratch) with podman, taking the build
+#      stage's output from step 2 (`--build-context build=...`: no base image is pulled, so
 #      this works offline), runs the image read-only with every capability dropped: on the
 #      Kubernetes ConfigMap's keel.toml it runs as the non-root user, answers /keel/ready and
 #      stops cleanly on SIGTERM; and a chat completion goes through it to the simulated server.
-#   Where podman cannot, the test says precisely why (podman's own error) and passes on steps 1–2.
 #
 # usage: tests/deploy/container.sh PYTHON [release|dev]
 #   PYTHON: a venv with PyYAML (reads the ConfigMap); dev: a faster, unoptimised static build
@@ -59,7 +60,40 @@ wait_health() {
   return 1
 }
 
-echo "-- 1. static build (deploy/container/rootfs.sh, the Containerfile's build step; $profile profile)"
+echo "-- 1. can podman build and run an image here?"
+skip() {
+  echo "   NOT RUN: $*; so neither the static build nor the image is made (a second compile of keel, for an image that cannot be built here)"
+  exit 0
+}
+command -v podman > /dev/null 2>&1 || skip "podman is not installed (Debian: apt-get install podman runc)"
+
+# A probe image holding only a tiny static executable, linked as rootfs.sh links keel.
+mkdir -p "$tmp/probe"
+host="$(rustc -vV | sed -n 's/^host: //p')"
+printf 'fn main() { println!("probe ok"); }\n' > "$tmp/probe/probe.rs"
+rustc -C target-feature=+crt-static --target "$host" -o "$tmp/probe/probe" "$tmp/probe/probe.rs" \
+  > "$tmp/probe-rustc.log" 2>&1 \
+  || { cat "$tmp/probe-rustc.log" >&2; fail "cannot link a static executable (Debian: libc6-dev), as the image's build must"; }
+printf 'FROM scratch\nCOPY probe /probe\nENTRYPOINT ["/probe"]\n' > "$tmp/probe/Containerfile"
+podman build -q -t "$image-probe" "$tmp/probe" > "$tmp/probe-build.log" 2>&1 \
+  || skip "podman cannot build an image here: $(tail -n 3 "$tmp/probe-build.log" | tr '\n' ' ')"
+# Which settings run a container here: podman's own, or, in a VM whose limits and cgroups its
+# default runtime cannot set, runc with open files no more than this shell's and a process limit
+# well below it (keel needs a thread per core and a few more). Whichever works is one line below;
+# what the default said is kept in the log only when nothing works.
+run_flags=()
+fallback=(--ulimit "nofile=$(ulimit -Sn):$(ulimit -Sn)" --ulimit nproc=4096:4096)
+if command -v runc > /dev/null 2>&1; then fallback=(--runtime runc "${fallback[@]}"); fi
+if podman run --rm "$image-probe" > "$tmp/probe-run.log" 2>&1; then
+  echo "   podman runs containers here with its default settings"
+elif podman run --rm "${fallback[@]}" "$image-probe" > "$tmp/probe-run-fallback.log" 2>&1; then
+  run_flags=("${fallback[@]}")
+  echo "   podman runs containers here with ${run_flags[*]} (its default runtime settings cannot)"
+else
+  skip "podman cannot run a container here: '$(tail -n 1 "$tmp/probe-run.log")'; with ${fallback[*]}: '$(tail -n 1 "$tmp/probe-run-fallback.log")'"
+fi
+
+echo "-- 2. static build (deploy/container/rootfs.sh, the Containerfile's build step; $profile profile)"
 started=$(date +%s)
 # Where the Containerfile's build stage leaves it: /rootfs (the stage's filesystem is $tmp/stage).
 deploy/container/rootfs.sh "$tmp/stage/rootfs" "$profile"
@@ -81,7 +115,7 @@ for f in etc/ssl/certs/ca-certificates.crt etc/passwd etc/group; do
   [ -s "$tmp/stage/rootfs/$f" ] || fail "the root filesystem has no $f"
 done
 
-echo "-- 2. the static binary runs and serves"
+echo "-- 3. the static binary runs and serves"
 "$bin" --version
 # The Kubernetes ConfigMap's config (and the Secret's example values as environment), for the
 # image below; and a small config in front of a simulated model server (keel's own `keel sim`)
@@ -130,34 +164,8 @@ serve_pid=""
 [ "$status" = 0 ] || { cat "$tmp/serve.log" >&2; fail "keel serve exited $status after SIGTERM"; }
 echo "   SIGTERM: exited 0"
 
-echo "-- 3. the image (podman)"
-skip() {
-  echo "   NOT RUN: $*"
-  echo "   (steps 1-2 above exercised the image's build step and binary; the image itself was not built)"
-  exit 0
-}
-command -v podman > /dev/null 2>&1 || skip "podman is not installed (Debian: apt-get install podman runc)"
-
-# Can podman build and run anything here? A probe image holding only the static binary. When the
-# plain run fails, retry with what lets it run in a VM whose limits and cgroups podman's default
-# runtime cannot set (runc instead of crun; open files no more than this shell's, and a
-# process limit well below it: keel needs a thread per core and a few more).
-mkdir -p "$tmp/probe"
-cp "$bin" "$tmp/probe/keel"
-printf 'FROM scratch\nCOPY keel /keel\nENTRYPOINT ["/keel", "--version"]\n' > "$tmp/probe/Containerfile"
-podman build -q -t "$image-probe" "$tmp/probe" > "$tmp/probe-build.log" 2>&1 \
-  || skip "podman cannot build an image here: $(tail -n 3 "$tmp/probe-build.log" | tr '\n' ' ')"
-run_flags=()
-if ! podman run --rm "$image-probe" > "$tmp/probe-run.log" 2>&1; then
-  first="$(tail -n 1 "$tmp/probe-run.log")"
-  run_flags=(--ulimit "nofile=$(ulimit -Sn):$(ulimit -Sn)" --ulimit nproc=4096:4096)
-  if command -v runc > /dev/null 2>&1; then run_flags=(--runtime runc "${run_flags[@]}"); fi
-  podman run --rm "${run_flags[@]}" "$image-probe" > "$tmp/probe-run.log" 2>&1 \
-    || skip "podman cannot run a container here: '$first'; with ${run_flags[*]}: '$(tail -n 1 "$tmp/probe-run.log")'"
-  echo "   podman's plain run fails here ('$first'); running with: ${run_flags[*]}"
-fi
-
-# From here on podman works: any failure is the image's.
+echo "-- 4. the image (podman)"
+# podman works here (step 1): any failure is the image's.
 mkdir -p "$tmp/context"
 podman build -q --build-context "build=$tmp/stage" -f Containerfile -t "$image" "$tmp/context" \
   > "$tmp/build.log" 2>&1 || { cat "$tmp/build.log" >&2; fail "podman build of the Containerfile's final stage"; }

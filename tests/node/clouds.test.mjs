@@ -13,7 +13,7 @@ let demo;
 
 before(async () => {
   // Fleet ports a block away from the other files'.
-  demo = await startDemo({ simRange: [60100, 64000] });
+  demo = await startDemo({ simRange: [61000, 65000] });
 });
 
 after(() => {

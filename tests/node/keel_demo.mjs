@@ -74,13 +74,18 @@ async function waitUntilUp(proc, url) {
  * Starts `keel demo` on a free gateway port and a block of free fleet ports within
  * `simRange` (another run may take a port between the probe and the start: then it tries again).
  */
-export async function startDemo({ simRange = [40000, 60000], tries = 5 } = {}) {
+// The ranges lie outside the kernel's ephemeral ports (32768-60999 by default): on a busy machine
+// outgoing connections, and their TIME_WAIT, hold thousands of those.
+export async function startDemo({ simRange = [2000, 10000], tries = 5 } = {}) {
   let output = "";
   for (let i = 0; i < tries; i++) {
     const port = await freePort();
     const simBase = simRange[0] + Math.floor(Math.random() * (simRange[1] - simRange[0] - SIM_SERVERS));
     if (!(await blockFree(simBase))) continue;
-    const proc = spawn(KEEL, ["demo", "--listen", `127.0.0.1:${port}`, "--sim-base-port", String(simBase)], {
+    // --faults: the server behind gpt-flaky and embed-flaky fails on purpose, so that every test
+    // also shows the SDK never sees a failure keel can fail over.
+    const args = ["demo", "--faults", "--listen", `127.0.0.1:${port}`, "--sim-base-port", String(simBase)];
+    const proc = spawn(KEEL, args, {
       stdio: ["ignore", "pipe", "pipe"],
     });
     output = "";

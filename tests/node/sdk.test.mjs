@@ -13,7 +13,7 @@ let url;
 
 before(async () => {
   // Fleet ports a block away from the Python tests'.
-  demo = await startDemo({ simRange: [32000, 40000] });
+  demo = await startDemo({ simRange: [10000, 12000] });
   url = demo.url;
 });
 

@@ -93,9 +93,11 @@ def _wait_until_up(proc: subprocess.Popen, url: str) -> bool:
     return False
 
 
-def start_demo(sim_range=(40000, 60000), tries: int = 5) -> Demo:
+def start_demo(sim_range=(10000, 20000), tries: int = 5) -> Demo:
     """Starts `keel demo` on a free gateway port and a block of free ports for the fleet
-    (another run may take a port between the probe and the start: then it tries again)."""
+    (another run may take a port between the probe and the start: then it tries again).
+    The blocks lie below the kernel's ephemeral ports (32768-60999 by default): on a busy
+    machine outgoing connections, and their TIME_WAIT, hold thousands of those."""
     output = ""
     for _ in range(tries):
         port = free_port()
@@ -106,7 +108,9 @@ def start_demo(sim_range=(40000, 60000), tries: int = 5) -> Demo:
         # would block it.
         log = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen(
-            [KEEL, "demo", "--listen", f"127.0.0.1:{port}", "--sim-base-port", str(sim_base)],
+            # --faults: the server behind gpt-flaky and embed-flaky fails on purpose, so that every
+            # test also shows the SDK never sees a failure keel can fail over.
+            [KEEL, "demo", "--faults", "--listen", f"127.0.0.1:{port}", "--sim-base-port", str(sim_base)],
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,

@@ -83,8 +83,10 @@ pub enum BenchCommand {
     },
     /// Duration of one routing decision (stage 1) over an N-variant pool: P50/P99/P99.9.
     Decision {
+        /// Variants in the pool selection chooses from.
         #[arg(long, default_value_t = 16)]
         variants: usize,
+        /// Decisions timed.
         #[arg(long, default_value_t = 200_000)]
         iterations: usize,
     },
@@ -102,6 +104,7 @@ pub enum BenchCommand {
     /// over `upstreams`. Runs until killed.
     #[command(hide = true)]
     PlainProxy {
+        /// The loopback port to listen on.
         #[arg(long)]
         port: u16,
         /// The runtime's worker threads (as keel's `worker_threads`).
@@ -117,8 +120,10 @@ pub enum BenchCommand {
     Scenario(Vec<String>),
     /// Mid-stream stalls: keel vs keel without migration vs plain round robin.
     Migration {
+        /// Streamed requests per contender and run.
         #[arg(long, default_value_t = 400)]
         requests: usize,
+        /// Arrival rate (open loop).
         #[arg(long, default_value_t = 40.0)]
         rps: f64,
         /// Runs per contender (seeds in a row); the table shows medians and their spread.
@@ -135,6 +140,7 @@ pub enum BenchCommand {
         /// Arrival rate (open loop), both pools together.
         #[arg(long, default_value_t = 20.0)]
         rps: f64,
+        /// The run's random seed (arrivals and faults).
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Directory for soak.json, soak.md and gateway.log.
@@ -144,6 +150,7 @@ pub enum BenchCommand {
     /// Repeated deterministic requests through the response cache: upstream requests saved,
     /// hit rate with normalization off and `syntax`, TTFT of hits and misses.
     Cache {
+        /// Requests sent in each configuration.
         #[arg(long, default_value_t = 400)]
         requests: usize,
         /// Share of requests that repeat an earlier question (most with a trivial formatting
@@ -153,15 +160,19 @@ pub enum BenchCommand {
         /// Requests in flight at once.
         #[arg(long, default_value_t = 8)]
         concurrency: usize,
+        /// Seed of the questions and their repeats.
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
     /// keel's live selection vs plain round robin on a fleet with one degraded variant.
     Routing {
+        /// Arrival rate (open loop).
         #[arg(long, default_value_t = 100.0)]
         rps: f64,
+        /// Seconds of arrivals per run.
         #[arg(long, default_value_t = 20.0)]
         duration: f64,
+        /// First seed (fleet and arrivals); runs take the seeds after it.
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Runs per policy (seeds in a row, policies alternating); the table shows medians and
@@ -313,7 +324,7 @@ async fn fleet_and_gateway(
     name = "keel bench <scenario|all|FILE.toml>",
     about = "Seed scenarios from bench/scenarios (or your own file) with every contender against an identical fleet and arrivals"
 )]
-struct ScenarioArgs {
+pub(crate) struct ScenarioArgs {
     /// A scenario name from bench/scenarios, `canary-rollback` (keel only), `all`, or a scenario file.
     scenario: String,
     /// A few seconds per scenario (a smoke run).

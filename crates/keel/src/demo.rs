@@ -1,11 +1,14 @@
 //! `keel demo`: a simulated fleet and the gateway in front of it, on one machine, no API key.
 //!
-//! Pools: `demo-gpt` (four OpenAI-protocol variants; `gpt-flaky` fails a third of its requests
-//! with 503 and resets a few connections), `demo-claude` (two Anthropic-protocol variants) and
-//! `demo-mixed` (one variant of each protocol: keel translates for either client),
+//! Pools: `demo-gpt` (four OpenAI-protocol variants), `demo-claude` (two Anthropic-protocol
+//! variants), `demo-mixed` (one variant of each protocol: keel translates for either client),
 //! `demo-clouds` (one variant in each cloud dialect: Bedrock, Vertex AI, Gemini, Azure OpenAI
 //! and the Responses API, all on keel-sim) and `demo-embed` (embeddings from two
-//! OpenAI-protocol variants, one of them flaky).
+//! OpenAI-protocol variants).
+//! At rest the fleet is healthy and every pool is green. `--faults` makes the server behind
+//! `gpt-flaky` and `embed-flaky` fail on purpose (a third of its requests answered 503, a tenth of
+//! its connections reset, a tenth of its answers slow): keel's failover shows in the sample
+//! table, and `/keel/health` judges the pools by what it costs them.
 //! Clients may pin a request's first attempt to a variant (`x-keel-force-variant`), so faults
 //! injected into one simulated server can be aimed at a request (the resilience SDK tests).
 //! The config is embedded; `--print-config` prints it as a starting point for a real keel.toml.
@@ -29,9 +32,15 @@ pub struct DemoArgs {
     /// Print the embedded gateway config and exit.
     #[arg(long)]
     print_config: bool,
-    /// Exit after the sample requests instead of serving until interrupted.
+    /// Exit after the sample requests instead of serving until interrupted (exit 1 unless all
+    /// ten were served intact).
     #[arg(long)]
     no_wait: bool,
+    /// Make the server behind `gpt-flaky` and `embed-flaky` fail on purpose: 503 for about a
+    /// third of its requests, reset connections, slow answers. Without it the fleet is healthy
+    /// (inject faults while it runs with `POST /sim/faults` on a simulated server).
+    #[arg(long)]
+    faults: bool,
     /// Two real llama.cpp servers (xllamacpp + Gemma 3 270M from PyPI) instead of the simulator.
     #[arg(long)]
     real: bool,
@@ -128,7 +137,8 @@ async fn start_real(args: &DemoArgs) -> Result<(RealFleet, String), String> {
 const DEMO_CONTEXT_WINDOW: u64 = 128_000;
 
 /// The embedded config; `{P0}`…`{P5}` are the simulated servers' ports.
-const DEMO_CONFIG: &str = r#"# keel demo configuration: five pools over a simulated fleet (keel sim).
+const DEMO_CONFIG: &str = r#"# keel demo configuration: five pools (demo-gpt, demo-claude, demo-mixed, demo-clouds,
+# demo-embed) over six simulated model servers (keel sim).
 # Copy it as a starting point for your own keel.toml: point `url` at real servers,
 # set `api_key = "${OPENAI_API_KEY}"` (environment interpolation), and tune the timeouts.
 listen = "{LISTEN}"
@@ -290,7 +300,8 @@ api_key = "demo-openai-key"
 context_window = 128000
 
 # Embeddings (POST /v1/embeddings) are served by OpenAI-protocol variants only; a failed
-# request fails over before the answer (gpt-flaky fails a third of its requests).
+# request fails over before the answer (`keel demo --faults` makes embed-flaky's server fail a
+# third of its requests).
 [[pools]]
 name = "demo-embed"
 
@@ -315,7 +326,9 @@ fn config_text(args: &DemoArgs) -> String {
     text
 }
 
-fn fleet_config(base_port: u16) -> FleetConfig {
+/// The six simulated servers; with `faults`, the one behind `gpt-flaky` and `embed-flaky` fails
+/// on purpose.
+fn fleet_config(base_port: u16, faults: bool) -> FleetConfig {
     let names = [
         "gpt-a",
         "gpt-b",
@@ -338,7 +351,7 @@ fn fleet_config(base_port: u16) -> FleetConfig {
                 context_window: Some(DEMO_CONTEXT_WINDOW),
                 ..Default::default()
             };
-            if *name == "gpt-flaky" {
+            if faults && *name == "gpt-flaky" {
                 let mut errors = FaultSpec::new(FaultKind::Error);
                 errors.status = Some(503);
                 errors.rate = Some(0.35);
@@ -356,6 +369,28 @@ fn fleet_config(base_port: u16) -> FleetConfig {
     }
 }
 
+/// The gateway's colour and its reasons, from `GET /keel/health`.
+async fn health_line(client: &reqwest::Client, addr: std::net::SocketAddr) -> String {
+    let health = match client
+        .get(format!("http://{addr}/keel/health"))
+        .send()
+        .await
+    {
+        Ok(r) => r.json::<Value>().await.unwrap_or(Value::Null),
+        Err(e) => return format!("health: unknown ({e})"),
+    };
+    let colour = health["colour"].as_str().unwrap_or("unknown");
+    let reasons: Vec<&str> = health["reasons"]
+        .as_array()
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if reasons.is_empty() {
+        format!("health: {colour}")
+    } else {
+        format!("health: {colour} ({})", reasons.join("; "))
+    }
+}
+
 pub async fn run(args: DemoArgs) -> Result<(), String> {
     if args.print_config {
         print!("{}", config_text(&args));
@@ -368,7 +403,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         _real = Some(fleet);
         (cfg, vec!["demo-gemma"], 2)
     } else {
-        let fleet = Fleet::start(&fleet_config(args.sim_base_port))
+        let fleet = Fleet::start(&fleet_config(args.sim_base_port, args.faults))
             .await
             .map_err(|e| {
                 format!(
@@ -496,9 +531,12 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
     }
     if args.real {
         println!("\n{ok}/10 sample requests served intact (try `kill -STOP` on a llama.cpp server mid-stream: keel migrates the stream).");
+    } else if args.faults {
+        println!("\n{ok}/10 sample requests served intact (--faults: gpt-flaky fails about a third of its requests; keel fails over before the first byte).");
     } else {
-        println!("\n{ok}/10 sample requests served intact (gpt-flaky fails about a third of its requests; keel fails over before the first byte).");
+        println!("\n{ok}/10 sample requests served intact (`keel demo --faults` makes gpt-flaky fail on purpose: watch keel fail over).");
     }
+    println!("{}", health_line(&client, addr).await);
     if args.no_wait {
         let _ = stop.send(());
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
@@ -513,4 +551,57 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(35), server).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The config's header names every pool it holds, and says how many.
+    #[test]
+    fn the_config_header_describes_its_pools() {
+        let header: String = DEMO_CONFIG
+            .lines()
+            .take_while(|l| l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let lines: Vec<&str> = DEMO_CONFIG.lines().collect();
+        let pools: Vec<&str> = lines
+            .windows(2)
+            .filter(|w| w[0].trim() == "[[pools]]")
+            .filter_map(|w| w[1].strip_prefix("name = \"")?.strip_suffix('"'))
+            .collect();
+        assert_eq!(pools.len(), DEMO_CONFIG.matches("[[pools]]").count());
+        let words = [
+            "zero", "one", "two", "three", "four", "five", "six", "seven",
+        ];
+        let count = format!("{} pools", words[pools.len()]);
+        assert!(header.contains(&count), "{count} not in: {header}");
+        for p in &pools {
+            assert!(header.contains(p), "{p} not in: {header}");
+        }
+        let servers = fleet_config(18101, false).servers.len();
+        assert!(
+            header.contains(&format!("{} simulated", words[servers])),
+            "{header}"
+        );
+    }
+
+    /// Faults only when asked for: the healthy fleet has none at all.
+    #[test]
+    fn faults_are_injected_only_on_request() {
+        let at_rest = fleet_config(18101, false);
+        assert!(at_rest
+            .servers
+            .iter()
+            .all(|s| s.faults.is_empty() && s.tail_prob == 0.0));
+        let faulty = fleet_config(18101, true);
+        let broken: Vec<&str> = faulty
+            .servers
+            .iter()
+            .filter(|s| !s.faults.is_empty())
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(broken, ["gpt-flaky"]);
+    }
 }

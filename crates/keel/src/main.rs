@@ -5,6 +5,8 @@
 mod allocator;
 
 mod bench;
+#[cfg(test)]
+mod command_table;
 mod demo;
 mod keel_process;
 mod overhead;
@@ -15,7 +17,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use keel_gateway::config::LogFormat;
 use keel_gateway::{Config, Gateway};
@@ -24,17 +26,21 @@ use keel_gateway::{Config, Gateway};
 #[command(
     name = "keel",
     version,
-    about = "LLM inference routing and resilience layer"
+    about = "LLM inference routing and resilience layer",
+    after_help = "Start with `keel demo`: a simulated fleet and the gateway on 127.0.0.1:8080, no API key."
 )]
 struct Cli {
+    /// What to do; without one, keel prints this help.
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Run the gateway.
     Serve {
+        /// The config file (TOML: listen address, pools and their variants, keys); `keel check`
+        /// validates it without serving. SIGHUP re-reads it.
         #[arg(long, default_value = "keel.toml")]
         config: String,
         /// Overrides `listen` from the config.
@@ -46,6 +52,8 @@ enum Command {
     },
     /// Validate a config file and print precise errors and warnings.
     Check {
+        /// The config file to validate (as `keel serve --config` would read it): every error
+        /// at once, as `file:line:column: field: what was expected`; exit 1 on any error.
         #[arg(long, default_value = "keel.toml")]
         config: String,
     },
@@ -55,11 +63,13 @@ enum Command {
     Sim(SimArgs),
     /// Virtual keys: `keel keys new` prints a fresh key and its `[[keys]]` entry.
     Keys {
+        /// The keys command.
         #[command(subcommand)]
         which: KeysCommand,
     },
-    /// Benchmarks.
+    /// Benchmarks: gateway overhead, routing, migration, cache, soak and the seed scenarios.
     Bench {
+        /// The benchmark to run.
         #[command(subcommand)]
         which: bench::BenchCommand,
     },
@@ -77,6 +87,7 @@ enum KeysCommand {
 
 #[derive(Args)]
 struct SimArgs {
+    /// `load`: drive load at a gateway or server instead of starting servers.
     #[command(subcommand)]
     load: Option<SimSub>,
     /// Number of identical default servers (ignored with --config).
@@ -101,20 +112,25 @@ struct LoadArgs {
     /// Base URL as an SDK takes it (e.g. http://127.0.0.1:8080/v1, or http://127.0.0.1:8080 for Anthropic).
     #[arg(long)]
     url: String,
+    /// The model name each request sends (a pool name or alias when the URL is keel's).
     #[arg(long)]
     model: String,
+    /// Requests started per second (open loop: arrivals do not wait for answers).
     #[arg(long, default_value_t = 10.0)]
     rps: f64,
-    /// Seconds.
+    /// Seconds of arrivals.
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
+    /// Streamed requests (`"stream": true`); the report then has time to first token.
     #[arg(long)]
     stream: bool,
     /// `chat`, `completions` or `messages`.
     #[arg(long, default_value = "chat")]
     endpoint: String,
+    /// At most this many requests in flight; an arrival past it waits (default: no limit).
     #[arg(long)]
     concurrency_limit: Option<usize>,
+    /// `max_tokens` of each request.
     #[arg(long, default_value_t = 32)]
     max_tokens: u64,
     /// Seconds one request may take to its last byte before it is abandoned and counted as a
@@ -161,6 +177,11 @@ fn init_tracing(format: LogFormat) {
 fn main() -> ExitCode {
     allocator::tune();
     let cli = Cli::parse();
+    // `keel` alone is a question, not a mistake: the help, and success.
+    let Some(command) = cli.command else {
+        let _ = Cli::command().print_help();
+        return ExitCode::SUCCESS;
+    };
     keel_gateway::install_crypto();
     // `serve` reads its config first: it may set the runtime's worker threads.
     let mut serve_cfg = None;
@@ -168,7 +189,7 @@ fn main() -> ExitCode {
         config,
         listen,
         log_format,
-    } = &cli.command
+    } = &command
     {
         match Config::load(config) {
             Ok(mut c) => {
@@ -187,7 +208,7 @@ fn main() -> ExitCode {
         }
     }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    let threads = match &cli.command {
+    let threads = match &command {
         Command::Bench {
             which: bench::BenchCommand::PlainProxy { threads, .. },
         } => *threads,
@@ -204,7 +225,7 @@ fn main() -> ExitCode {
         }
     };
     let result = rt.block_on(async move {
-        let result = match cli.command {
+        let result = match command {
             Command::Serve {
                 config,
                 listen,

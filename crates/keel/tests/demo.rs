@@ -58,3 +58,26 @@ fn demo_rejects_an_unknown_log_format() {
         "{stderr}"
     );
 }
+
+#[test]
+fn demo_at_rest_is_green_and_says_so() {
+    let out = demo(&[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("10/10 sample requests served intact"),
+        "{stdout}"
+    );
+    // No fault is configured at rest: no variant is ejected, no pool's capacity falls (a hedge
+    // may still win a slow first token on a busy machine: that is keel at work, not a fault).
+    assert!(stdout.lines().any(|l| l == "health: green"), "{stdout}");
+}
+
+#[test]
+fn demo_with_faults_still_serves_every_sample_request() {
+    let out = demo(&["--faults"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("--faults: gpt-flaky fails"), "{stdout}");
+    assert!(stdout.contains("health: "), "{stdout}");
+}
