@@ -46,9 +46,6 @@ impl Band {
     }
 }
 
-/// The fewest recent samples from which [`VariantHealth::still_waiting_share`] tells anything.
-pub const HEDGE_RECORD_MIN: usize = 16;
-
 /// Refresh intervals without any sample after which estimates relax (see `refresh_after_ms`).
 pub const STALE_GRACE: u64 = 5;
 
@@ -707,23 +704,6 @@ impl VariantHealth {
         self.window.quantile(q)
     }
 
-    /// Of the recent answers (60 s window, last 64 samples) that took longer than `waited_ms`,
-    /// the share that took longer than `later_ms` too: the chance, by this variant's own
-    /// record, that a request still waiting at `waited_ms` is still waiting at `later_ms`.
-    /// `None` when no recent answer took longer than `waited_ms` (the request is slower than
-    /// any the record holds) or the record is too short to tell ([`HEDGE_RECORD_MIN`]).
-    pub fn still_waiting_share(&self, waited_ms: f64, later_ms: f64) -> Option<f64> {
-        let sorted = &self.window.sorted;
-        if sorted.len() < HEDGE_RECORD_MIN {
-            return None;
-        }
-        let beyond = |x: f64| sorted.len() - sorted.partition_point(|v| *v <= x);
-        match beyond(waited_ms) {
-            0 => None,
-            n => Some(beyond(later_ms) as f64 / n as f64),
-        }
-    }
-
     /// Recent P95 of TTFT (60 s window, last 64 samples).
     pub fn p95_ttft_ms(&self) -> Option<f64> {
         self.window.quantile(0.95)
@@ -1255,30 +1235,6 @@ mod tests {
             h.needs_refresh(at + 4 * r, &c),
             "a failure resets the spread"
         );
-    }
-
-    /// A lognormal record (no long tail): a request at the P95 is rarely still waiting one
-    /// median later; a record with a tail ten times the median: often.
-    #[test]
-    fn the_share_still_waiting_reads_the_variants_own_tail() {
-        let c = cfg();
-        let mut plain = VariantHealth::new(0);
-        let mut tailed = VariantHealth::new(0);
-        for i in 0..64u64 {
-            // 60 ms give or take 40%, spread evenly; the tailed record has 3 answers at 600.
-            let t = 60.0 * (0.6 + 0.8 * i as f64 / 63.0);
-            plain.record_ttft(i, t, &c);
-            tailed.record_ttft(i, if i % 20 == 19 { 600.0 } else { t }, &c);
-        }
-        assert_eq!(plain.still_waiting_share(80.0, 140.0), Some(0.0));
-        let share = tailed.still_waiting_share(80.0, 140.0).unwrap();
-        assert!((share - 3.0 / 8.0).abs() < 1e-9, "{share}");
-        assert_eq!(
-            plain.still_waiting_share(100.0, 160.0),
-            None,
-            "slower than any"
-        );
-        assert_eq!(VariantHealth::new(0).still_waiting_share(1.0, 2.0), None);
     }
 
     /// Windows counted apart combine as one window over all their recent samples.

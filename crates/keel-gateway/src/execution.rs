@@ -243,8 +243,7 @@ async fn race(
     // Slot 0 is the primary, slots 1.. the hedges in the order they started.
     let mut entered: Vec<Option<Entered>> = vec![Some(primary)];
     let mut finished = Vec::new();
-    let started = Instant::now();
-    let mut next_hedge = Some(started + delay).filter(|at| *at < ctx.deadline);
+    let mut next_hedge = Some(Instant::now() + delay).filter(|at| *at < ctx.deadline);
     loop {
         tokio::select! {
             Some((slot, r)) = running.next() => {
@@ -280,14 +279,6 @@ async fn race(
                     .chain(finished.iter().map(|(e, _)| e.vi))
                     .collect();
                 let free: Vec<usize> = others.iter().copied().filter(|j| !busy.contains(j)).collect();
-                // Not yet if the primary's own record says it is about to answer.
-                let not_yet = pool
-                    .hedge_target(&free)
-                    .and_then(|t| pool.hedge_not_yet(primary_vi, started.elapsed(), t));
-                if let Some(again) = not_yet {
-                    next_hedge = Some(Instant::now() + again).filter(|at| *at < ctx.deadline);
-                    continue;
-                }
                 let Some(h) = pool.try_hedge(&free) else { continue };
                 let Ok(hedge) = attempts.enter(h, AttemptKind::Hedge, ctx.deadline).await else {
                     continue;

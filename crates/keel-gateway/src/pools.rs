@@ -189,13 +189,6 @@ impl VariantState {
     }
 }
 
-/// A hedge is sent when the primary is still waiting at the hedge's usual answer time at least
-/// this often by the primary's record (see [`Pool::hedge_not_yet`]): one won race in five.
-pub const HEDGE_PAYS: f64 = 0.2;
-
-/// The shortest wait before asking again whether a hedge pays.
-const HEDGE_RECHECK_MIN_MS: f64 = 10.0;
-
 /// The quantile of TTFT the auto hedge delay waits for: 1 − hedge_budget / 2.
 fn hedge_quantile(cfg: &PoolConfig) -> f64 {
     (1.0 - cfg.hedge_budget / 2.0).clamp(0.5, 0.99)
@@ -1131,38 +1124,6 @@ impl Pool {
 
     /// The variant a hedge goes to now, if one can take it and the hedge budget allows one
     /// more (then counted).
-    /// With the automatic hedge delay, whether a hedge on `target` pays now, `waited` into the
-    /// first attempt on `primary`: `None` (send it) when, by the primary's own recent record, a
-    /// request still waiting now is still waiting when the hedge would usually have answered
-    /// (the target's median later) at least [`HEDGE_PAYS`] of the time, or when the request has
-    /// waited longer than any answer on record; else how long to wait before asking again.
-    ///
-    /// Why: the delay is the target's P95, and with a TTFT spread like a lognormal's (no long
-    /// tail) a request that late is almost always about to answer: hedges fired there won about
-    /// 1 race in 30 and were most of keel's extra upstream requests. With a long tail (a 2%
-    /// ×10 straggler), the same question says yes at once.
-    pub fn hedge_not_yet(
-        &self,
-        primary: usize,
-        waited: std::time::Duration,
-        target: usize,
-    ) -> Option<std::time::Duration> {
-        if !matches!(self.cfg.hedge, crate::config::Hedge::Auto) {
-            return None;
-        }
-        let median = self
-            .live(target)
-            .p50_ttft_ms
-            .unwrap_or(0.0)
-            .max(HEDGE_RECHECK_MIN_MS);
-        let waited_ms = waited.as_secs_f64() * 1e3;
-        let share = self
-            .variant_state(primary)
-            .health
-            .still_waiting_share(waited_ms, waited_ms + median)?;
-        (share < HEDGE_PAYS).then(|| std::time::Duration::from_secs_f64(median / 1e3))
-    }
-
     pub fn try_hedge(&self, candidates: &[usize]) -> Option<usize> {
         let target = self.hedge_target(candidates)?;
         let now = self.now_ms();
