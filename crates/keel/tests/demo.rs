@@ -5,9 +5,11 @@ use std::process::Command;
 use serde_json::Value;
 
 /// Runs the demo's sample requests and exits, on free ports (the simulated fleet takes six
-/// consecutive ports from a base derived from the process id).
+/// consecutive ports from a base derived from the process id: a block of six per id, so tests
+/// run at once in processes with neighbouring ids never share a port; all below the kernel's
+/// ephemeral range, 32768 and up).
 fn demo(extra: &[&str]) -> std::process::Output {
-    let base = 20_000 + (std::process::id() % 20_000) as u16;
+    let base = 20_000 + (std::process::id() % 2_000) as u16 * 6;
     Command::new(env!("CARGO_BIN_EXE_keel"))
         .args(["demo", "--no-wait", "--listen", "127.0.0.1:0"])
         .args(["--sim-base-port", &base.to_string()])
