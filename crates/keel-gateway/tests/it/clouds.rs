@@ -59,6 +59,24 @@ async fn forced(h: &Harness, path: &str, body: &Value, variant: &str) -> reqwest
         .await
 }
 
+/// The answer to `prompt` as server 1 gives it whole, uncut; and the events and text of the
+/// same prompt streamed through keel with `variant` forced (its server given a fault first).
+async fn uncut_and_streamed(
+    h: &Harness,
+    prompt: &str,
+    variant: &str,
+) -> (String, Vec<SseEvent>, String) {
+    let want = reference(h, 1, "/v1/chat/completions", &chat(prompt, false)).await;
+    let want = want["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let resp = forced(h, "/v1/chat/completions", &chat(prompt, true), variant).await;
+    let events = read_stream(resp).await;
+    let got = openai_stream_text(&events);
+    (want, events, got)
+}
+
 fn chat(prompt: &str, stream: bool) -> Value {
     json!({"model": "c", "max_tokens": 60, "stream": stream, "messages": [{"role": "user", "content": prompt}]})
 }
@@ -673,28 +691,7 @@ async fn a_cut_stream_prefers_an_exact_continuation_and_otherwise_takes_an_instr
     for only in ["azure", "responses"] {
         let h = clouds(&["bedrock", only], "").await;
         add_fault(h.server(0), json!({"kind": "close", "after_tokens": 5})).await;
-        let want = reference(
-            &h,
-            1,
-            "/v1/chat/completions",
-            &chat("by instruction", false),
-        )
-        .await;
-        let want = want["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        let events = read_stream(
-            forced(
-                &h,
-                "/v1/chat/completions",
-                &chat("by instruction", true),
-                "bedrock",
-            )
-            .await,
-        )
-        .await;
-        let got = openai_stream_text(&events);
+        let (want, events, got) = uncut_and_streamed(&h, "by instruction", "bedrock").await;
         let (missing, extra) = crate::prefill_refusal::word_diff(&want, &got);
         eprintln!("instruction seam on {only}: {missing} words missing, {extra} extra");
         assert!(missing <= 2 && extra <= 2, "{only}: {got}\n{want}");
@@ -737,22 +734,7 @@ async fn a_cloud_that_refuses_prefill_is_learned_and_continues_by_instruction() 
         .unwrap();
         let h = clouds_on(fleet, &["anthropic", cloud], "stall_ms = 400").await;
         add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 5})).await;
-        let want = reference(&h, 1, "/v1/chat/completions", &chat("seams again", false)).await;
-        let want = want["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        let events = read_stream(
-            forced(
-                &h,
-                "/v1/chat/completions",
-                &chat("seams again", true),
-                "anthropic",
-            )
-            .await,
-        )
-        .await;
-        let got = openai_stream_text(&events);
+        let (want, events, got) = uncut_and_streamed(&h, "seams again", "anthropic").await;
         let (missing, extra) = crate::prefill_refusal::word_diff(&want, &got);
         assert!(missing <= 2 && extra <= 2, "{cloud}: {got}\n{want}");
         assert_eq!(
