@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use keel_sim::{Fleet, ServerConfig};
-use serde_json::Value;
 
 use crate::harness::*;
 use crate::reload::{config, live_of};
@@ -40,13 +39,7 @@ fn pool(urls: &[String]) -> String {
 }
 
 async fn states(h: &Harness) -> Vec<String> {
-    let health: Value = h.get_json("/keel/health").await;
-    health["pools"][0]["variants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["state"].as_str().unwrap().to_owned())
-        .collect()
+    crate::lifecycle::variant_states(&h.get_json("/keel/health").await)
 }
 
 /// Sequential requests for `for_time`; the answers per variant.

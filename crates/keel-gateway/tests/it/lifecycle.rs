@@ -122,7 +122,8 @@ fn pool_with_health(fleet: &keel_sim::Fleet, health: &str) -> String {
     )
 }
 
-fn variant_states(health: &serde_json::Value) -> Vec<String> {
+/// Each variant's lifecycle state in the first pool of a `/keel/health` document.
+pub fn variant_states(health: &serde_json::Value) -> Vec<String> {
     health["pools"][0]["variants"]
         .as_array()
         .unwrap()
