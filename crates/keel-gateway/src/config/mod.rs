@@ -29,6 +29,8 @@ mod observability;
 mod pool;
 mod read;
 mod redis;
+#[cfg(test)]
+mod reference;
 mod rollout;
 mod safe_mode;
 mod timeouts;

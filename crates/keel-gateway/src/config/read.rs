@@ -2,6 +2,7 @@
 //! stopping, and a [`Table`] that remembers which keys its section asked for, so that whatever
 //! is left over is an unknown field (with a suggestion among the keys that were asked for).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use serde_json::{Map, Number, Value};
@@ -202,6 +203,51 @@ impl Kind for String {
     }
 }
 
+/// A key some section's parser asked for, as [`catalog`] records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Asked {
+    /// The table's path with array indexes dropped: `pools.variants` for
+    /// `pools[0].variants[1]`; empty for the top level.
+    pub(crate) table: String,
+    pub(crate) key: &'static str,
+    /// What the key takes, in the words errors use (`a non-negative integer`, `` `p2c` or
+    /// `round_robin` ``); `None` where the parser reads the raw value and checks it itself.
+    pub(crate) takes: Option<String>,
+}
+
+thread_local! {
+    /// While [`catalog`] runs on this thread: every key asked for.
+    static ASKED: RefCell<Option<Vec<Asked>>> = const { RefCell::new(None) };
+}
+
+/// Every key the parsers ask for while reading `texts` (problems in them are ignored), in the
+/// order they were asked. The configuration reference is drawn from this, so it lists exactly
+/// the keys keel reads: a new key cannot be read without appearing there.
+#[cfg(test)]
+pub(crate) fn catalog(texts: &[&str]) -> Vec<Asked> {
+    ASKED.with(|a| *a.borrow_mut() = Some(Vec::new()));
+    let env = HashMap::new();
+    for text in texts {
+        let _ = super::Config::parse(text, "catalog", &env);
+    }
+    ASKED.with(|a| a.borrow_mut().take()).unwrap_or_default()
+}
+
+/// `pools[0].variants[1]` → `pools.variants`.
+fn without_indexes(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut depth = 0;
+    for c in path.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
 /// One TOML table of the config, read by one section's parser. Each key the parser asks for is
 /// remembered; [`Table::finish`] reports every other key as unknown.
 pub(super) struct Table<'t, 'i> {
@@ -241,7 +287,26 @@ impl<'t, 'i> Table<'t, 'i> {
 
     /// The value of `key` as written, if present.
     pub(super) fn raw(&mut self, key: &'static str) -> Option<&'t Spanned<DeValue<'i>>> {
+        self.lookup(key, None)
+    }
+
+    /// The value of `key` as written, if present; `takes` says what it may be, for
+    /// [`catalog`].
+    fn lookup(
+        &mut self,
+        key: &'static str,
+        takes: Option<&dyn Fn() -> String>,
+    ) -> Option<&'t Spanned<DeValue<'i>>> {
         self.asked.push(key);
+        ASKED.with(|a| {
+            if let Some(asked) = a.borrow_mut().as_mut() {
+                asked.push(Asked {
+                    table: without_indexes(&self.path),
+                    key,
+                    takes: takes.map(|f| f()),
+                });
+            }
+        });
         self.entries
             .iter()
             .find(|(k, _)| k.get_ref() == key)
@@ -254,7 +319,7 @@ impl<'t, 'i> Table<'t, 'i> {
         key: &'static str,
         issues: &mut Issues,
     ) -> Option<Val<T>> {
-        let raw = self.raw(key)?;
+        let raw = self.lookup(key, Some(&|| T::EXPECTED.to_owned()))?;
         let path = self.field_path(key);
         match T::from_toml(raw.get_ref()) {
             Some(value) => Some(Val {
@@ -284,7 +349,7 @@ impl<'t, 'i> Table<'t, 'i> {
         if self.entries.iter().any(|(k, _)| k.get_ref() == key) {
             return self.get(key, issues);
         }
-        self.asked.push(key);
+        self.lookup(key, Some(&|| T::EXPECTED.to_owned()));
         issues.report(
             self.at,
             &self.field_path(key),
@@ -300,9 +365,9 @@ impl<'t, 'i> Table<'t, 'i> {
         options: &[(&'static str, T)],
         issues: &mut Issues,
     ) -> Option<Val<T>> {
-        let raw = self.raw(key)?;
-        let path = self.field_path(key);
         let names = || options.iter().map(|(n, _)| *n);
+        let raw = self.lookup(key, Some(&|| one_of(names())))?;
+        let path = self.field_path(key);
         let Some(s) = raw.get_ref().as_str() else {
             issues.expected(raw, &path, &one_of(names()));
             return None;
@@ -335,7 +400,7 @@ impl<'t, 'i> Table<'t, 'i> {
         issues: &mut Issues,
     ) -> Option<Val<T>> {
         if !self.entries.iter().any(|(k, _)| k.get_ref() == key) {
-            self.asked.push(key);
+            self.lookup(key, Some(&|| one_of(options.iter().map(|(n, _)| *n))));
             let names = one_of(options.iter().map(|(n, _)| *n));
             issues.report(
                 self.at,
@@ -353,7 +418,7 @@ impl<'t, 'i> Table<'t, 'i> {
         key: &'static str,
         issues: &mut Issues,
     ) -> Option<Table<'t, 'i>> {
-        let raw = self.raw(key)?;
+        let raw = self.lookup(key, Some(&|| "a table".to_owned()))?;
         let path = self.field_path(key);
         match raw.get_ref() {
             DeValue::Table(t) => Some(Table::new(path, raw.span().start, t)),
@@ -366,7 +431,7 @@ impl<'t, 'i> Table<'t, 'i> {
 
     /// An array of tables (`[[key]]`); elements that are not tables are reported and skipped.
     pub(super) fn tables(&mut self, key: &'static str, issues: &mut Issues) -> Vec<Table<'t, 'i>> {
-        let Some(raw) = self.raw(key) else {
+        let Some(raw) = self.lookup(key, Some(&|| "an array of tables".to_owned())) else {
             return Vec::new();
         };
         let path = self.field_path(key);
@@ -387,7 +452,7 @@ impl<'t, 'i> Table<'t, 'i> {
 
     /// An array of strings; other elements are reported and skipped.
     pub(super) fn strings(&mut self, key: &'static str, issues: &mut Issues) -> Vec<Val<String>> {
-        let Some(raw) = self.raw(key) else {
+        let Some(raw) = self.lookup(key, Some(&|| "an array of strings".to_owned())) else {
             return Vec::new();
         };
         let path = self.field_path(key);
@@ -416,7 +481,7 @@ impl<'t, 'i> Table<'t, 'i> {
         key: &'static str,
         issues: &mut Issues,
     ) -> Option<Map<String, Value>> {
-        let raw = self.raw(key)?;
+        let raw = self.lookup(key, Some(&|| "a table of request fields".to_owned()))?;
         let path = self.field_path(key);
         let DeValue::Table(t) = raw.get_ref() else {
             issues.expected(raw, &path, "a table of request fields");

@@ -925,3 +925,68 @@ max_connections = 3
     );
     assert!(message.contains("got 0"), "{message}");
 }
+
+/// The documentation's Markdown: README and every chapter of the book but the reference itself.
+fn documentation() -> Vec<String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut paths = vec![root.join("README.md")];
+    let mut stack = vec![root.join("docs/src")];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") && !path.ends_with("reference.md")
+            {
+                paths.push(path);
+            }
+        }
+    }
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect()
+}
+
+/// `docs/src/reference.md` is what the parsers and the annotated examples draw, and every key
+/// keel reads is explained by some example.
+#[test]
+fn config_reference_is_current_and_complete() {
+    let docs = documentation();
+    let texts: Vec<&str> = docs.iter().map(String::as_str).collect();
+    let drawn = match super::reference::reference(&texts) {
+        Ok(drawn) => drawn,
+        Err(missing) => panic!(
+            "keys keel reads that no annotated example in README or docs/src explains \
+             (write `key = example  # meaning` in one): {missing:#?}"
+        ),
+    };
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/src/reference.md");
+    if std::env::var_os("KEEL_UPDATE_CONFIG_REFERENCE").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &drawn).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == drawn,
+        "docs/src/reference.md is out of date: KEEL_UPDATE_CONFIG_REFERENCE=1 cargo nextest run -p keel-gateway config_reference"
+    );
+}
+
+#[test]
+fn config_reference_reads_keys_from_annotated_examples() {
+    let doc = "```toml\nlisten = \"127.0.0.1:1\"   # where clients connect\n                        # (and more)\n# worker_threads = 1    # runtime threads\n[timeouts]\nconnect_ms = 5          # dial limit\n```\n";
+    let missing = super::reference::reference(&[doc]).unwrap_err();
+    assert!(
+        missing.contains(&"max_body_bytes".to_owned()),
+        "{missing:?}"
+    );
+    assert!(!missing.contains(&"listen".to_owned()));
+    assert!(!missing.contains(&"worker_threads".to_owned()));
+    assert!(!missing.contains(&"timeouts.connect_ms".to_owned()));
+    assert!(missing.contains(&"timeouts.stall_ms".to_owned()));
+}
