@@ -144,7 +144,7 @@ def rule_neighbour_groups(n):
 
 
 data = {
-    "description": "Prompt-sensitivity set (issue 17): trivial groups should collapse to one "
+    "description": "Prompt-sensitivity set: trivial groups should collapse to one "
                    "canonical text under syntax normalization; phrasing groups (one format "
                    "instruction worded differently) under full normalization; distinct groups "
                    "must stay apart in every mode.",

@@ -360,7 +360,7 @@ def ask(sdk, client):
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("sdk,upstream_status", [("openai", 429), ("anthropic", 503)])
 def test_sdk_waits_what_keel_says(faults, sdk, upstream_status, asynchronous):
-    """The one timing check issue 13 asks for: the SDK's pause before its retry is keel's
+    """The one timing check of the retry contract: the SDK's pause before its retry is keel's
     retry-after-ms, within 50 ms (both SDKs honour `retry-after-ms` exactly, without jitter,
     for any value up to a minute)."""
     refuse_every_variant(faults, upstream_status)
