@@ -334,7 +334,7 @@ impl State {
 }
 
 /// The factors behind a weight, for decision records.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
 pub struct Factors {
     pub ttft: f64,
     pub tgsv: f64,

@@ -20,9 +20,9 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use keel_core::protocol::Endpoint;
 use keel_core::queue::Priority;
 use keel_core::selection::Preference;
-use keel_gateway::metrics::Metrics;
-use keel_gateway::pools::{Pool, UpstreamLimits};
-use keel_gateway::selection::{Controls, Selection};
+use keel_gateway::observe::metrics::Metrics;
+use keel_gateway::pipeline::selection::{Controls, Selection};
+use keel_gateway::state::pools::{Pool, UpstreamLimits};
 
 fn pool(variants: usize) -> Arc<Pool> {
     let mut text = String::from(

@@ -1,81 +1,44 @@
-//! keel-gateway: the IO shell around keel-core. It reads requests, drives the four stages in
-//! order, and performs what they decide. Modules in the order a request travels:
+//! keel-gateway: the IO shell around keel-core. Its folders are layers, from the top down;
+//! each uses only its own and those below it (a test, `tests/it/layers.rs`, holds this):
 //!
-//! ```text
-//! client ─▶ server ─▶ admission ─▶ selection ─▶ execution ──────────────▶ delivery ─▶ client
-//!                     (context)                 attempt, settlement       relay (after the
-//!                                                                         first byte), body,
-//!                                                                         access_log
-//! ```
+//! - [`http`]: accepting connections and routing each request, to the pipeline or the
+//!   operations plane;
+//! - [`admin`]: the operations plane (reload, the dashboard's feed, safe mode, rollouts, the
+//!   OpenAPI document);
+//! - [`pipeline`]: one generation request's phases, admit ─▶ cache ─▶ plan ─▶ execute ─▶
+//!   deliver ([`pipeline::phases`]), with the relay that carries a stream past its first byte;
+//! - the crate root: [`Gateway`], one generation of the config's state;
+//! - [`state`]: what outlives a request (pools and their live variant state, learned limits and
+//!   the wait line, keys and quotas, rollout state, shared signals);
+//! - [`observe`]: metrics, traces, the access log, decision records;
+//! - [`upstream`]: calling model servers, and translating to the other protocol;
+//! - [`wire`]: what a client sees whoever produces it (bodies, errors, routes, request ids);
+//! - [`config`]: `keel.toml` read into validated types.
 //!
-//! [`server`] accepts connections ([`connection`] serves each) and routes each request to [`server::handle_generation`],
-//! which calls the stages in that order. Every upstream attempt, whichever stage starts it,
-//! enters its variant and is settled through [`settlement`]; one on a variant of the other
-//! protocol than the client's is translated at the attempt's boundary ([`translation`]). State that outlives a request:
-//! [`pools`] (live variant state), [`capacity`] (learned limits, the wait line), [`monitor`]
-//! (probes, warm-ups, scrapes), [`metrics`] (this gateway's registry).
+//! `docs/src/architecture.md` walks one streamed request through these files.
 #![forbid(unsafe_code)]
 
-pub mod access_log;
-pub mod admission;
-pub mod attempt;
-pub mod body;
-pub mod cache;
-pub mod canary;
-pub mod capacity;
-pub mod client_write;
+pub mod admin;
 pub mod config;
-pub mod conn_limit;
-pub mod connection;
-pub mod consensus;
-pub mod context;
-pub mod context_fit;
-pub mod decision_candidates;
-pub mod decisions;
-pub mod delivery;
-pub mod errors;
-pub mod events;
-pub mod execution;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod graceful;
-pub mod h2_head;
 pub mod hooks;
-pub mod keys;
-pub mod live;
-pub mod log_writer;
-pub mod metrics;
-pub mod monitor;
-pub mod openapi;
+pub mod http;
+pub mod observe;
 pub mod per_thread;
-pub mod pools;
-pub mod prompt_work;
-pub mod quota;
-pub mod relay;
-pub mod request_id;
-pub mod responses;
-pub mod retry_budget;
-pub mod rollout_api;
-pub mod routes;
-pub mod safe_mode;
-pub mod selection;
-pub mod server;
-pub mod settlement;
-pub mod shadow;
-pub mod signals;
-pub mod telemetry;
-pub mod tls;
-pub mod translation;
+pub mod pipeline;
+pub mod state;
 pub mod upstream;
+pub mod wire;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use body::{full_body, Body};
-pub use config::Config;
-use pools::{Pool, UpstreamLimits};
-use selection::DecisionRecord;
+pub use config::{install_crypto, Config};
+use pipeline::selection::DecisionRecord;
+use state::pools::{Pool, UpstreamLimits};
+pub use wire::body::{full_body, Body};
 
 /// The running gateway's shared state: one *generation* of the config. A reload (see [`live`])
 /// builds the next generation and carries over what outlives one (metrics, decisions, quota,
@@ -85,32 +48,32 @@ pub struct Gateway {
     pub cfg: Config,
     pools: Vec<Arc<Pool>>,
     by_name: HashMap<String, usize>,
-    budget: retry_budget::ShardedBudget,
+    budget: state::retry_budget::ShardedBudget,
     /// Origin of `now_ms`: the core's clock is milliseconds since the gateway started.
     epoch: Instant,
     /// The most recent decision records (`GET /keel/decisions`).
-    decisions: Arc<decisions::DecisionLog>,
+    decisions: Arc<observe::decisions::DecisionLog>,
     /// This gateway's metrics registry.
-    pub metrics: Arc<metrics::Metrics>,
+    pub metrics: Arc<observe::metrics::Metrics>,
     /// Faults injected inside keel (tests only; see `hooks`).
     pub hooks: Arc<hooks::TestHooks>,
     /// Virtual keys (`[[keys]]`).
-    pub keys: keys::Keys,
+    pub keys: state::keys::Keys,
     /// Where the keys' limits and budgets are kept.
-    pub quota: Arc<quota::Store>,
+    pub quota: Arc<state::quota::Store>,
     /// `[log] access`: one line per request.
-    pub access_log: Arc<access_log::AccessLog>,
+    pub access_log: Arc<observe::access_log::AccessLog>,
     /// `[telemetry]`: the OTLP trace exporter, when configured.
-    pub telemetry: Arc<telemetry::Telemetry>,
+    pub telemetry: Arc<observe::telemetry::Telemetry>,
     /// The dashboard's snapshot stream (`/keel/events`).
-    pub events: Arc<events::Hub>,
+    pub events: Arc<admin::events::Hub>,
     /// The process around the generations: draining, the reload handle (see `live`).
-    pub process: Arc<live::Process>,
+    pub process: Arc<admin::live::Process>,
     /// 1 for the first config, one more for each reload.
     pub generation: u64,
     /// The response cache (`[pools.cache]`, `[cache]`); kept across a reload that changes
     /// neither `[cache]` nor `[redis]`.
-    pub cache: Arc<cache::ResponseCache>,
+    pub cache: Arc<pipeline::cache::ResponseCache>,
 }
 
 impl Gateway {
@@ -119,13 +82,13 @@ impl Gateway {
     }
 
     /// A generation of `cfg`; `prev`: the generation it replaces on a reload, whose lasting
-    /// state it carries over (see `live::carry`).
+    /// state it carries over (see `admin::live::carry`).
     pub(crate) fn build(cfg: Config, prev: Option<&Gateway>) -> Arc<Gateway> {
         // One clock for every generation: variant state carried over holds times on it.
         let epoch = prev.map_or_else(Instant::now, |g| g.epoch);
         let mut by_name = HashMap::new();
         let mut pools = Vec::new();
-        let metrics = prev.map_or_else(metrics::Metrics::new, |g| g.metrics.clone());
+        let metrics = prev.map_or_else(observe::metrics::Metrics::new, |g| g.metrics.clone());
         let limits = UpstreamLimits {
             max_body_bytes: cfg.max_upstream_body_bytes,
             max_event_bytes: cfg.max_sse_event_bytes,
@@ -136,7 +99,7 @@ impl Gateway {
                 by_name.insert(a.clone(), i);
             }
             let old = prev.and_then(|g| g.pools.iter().find(|o| o.cfg.name == p.name));
-            pools.push(live::carry::pool(old, p, limits, || {
+            pools.push(admin::live::carry::pool(old, p, limits, || {
                 Pool::new(
                     p.clone(),
                     upstream::client(
@@ -178,34 +141,36 @@ impl Gateway {
         // The connection is made lazily: a Redis that is down at startup is the fail mode's
         // business per request, not a reason to refuse to start. Only a URL the client library
         // rejects (config validation accepts only `redis://`) ends here.
-        let carried = live::carry::Lasting::from(prev, &cfg);
+        let carried = admin::live::carry::Lasting::from(prev, &cfg);
         let quota = carried.quota.unwrap_or_else(|| {
-            let quota = quota::Store::from_config(cfg.redis.as_ref(), metrics.clone()).unwrap_or_else(|e| {
+            let quota = state::quota::Store::from_config(cfg.redis.as_ref(), metrics.clone()).unwrap_or_else(|e| {
                 tracing::error!(error = %e.0, "[redis] unusable: quota state stays in this process (limits are per replica)");
-                quota::Store::Local(quota::local::Local::default())
+                state::quota::Store::Local(state::quota::local::Local::default())
             });
-            if cfg.redis.is_some() && matches!(quota, quota::Store::Redis(_)) {
+            if cfg.redis.is_some() && matches!(quota, state::quota::Store::Redis(_)) {
                 tracing::info!("quota state (limits, budgets, in-flight slots) shared through Redis");
             }
             Arc::new(quota)
         });
         // A destination that cannot be opened is reported; `keel serve` checks it before
-        // starting and a reload before swapping (see `access_log::AccessLog::open`), so this
+        // starting and a reload before swapping (see `observe::access_log::AccessLog::open`), so this
         // only falls back in embedders.
         let access_log = carried.access_log.unwrap_or_else(|| {
-            Arc::new(access_log::AccessLog::open(&cfg.log).unwrap_or_else(|e| {
-                tracing::error!(error = %e, "access log unusable: writing it to stderr");
-                access_log::AccessLog::open(&config::LogConfig {
-                    format: cfg.log.format,
-                    access: config::AccessLogTarget::Stderr,
-                })
-                .unwrap_or_else(|_| access_log::AccessLog::off())
-            }))
+            Arc::new(
+                observe::access_log::AccessLog::open(&cfg.log).unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "access log unusable: writing it to stderr");
+                    observe::access_log::AccessLog::open(&config::LogConfig {
+                        format: cfg.log.format,
+                        access: config::AccessLogTarget::Stderr,
+                    })
+                    .unwrap_or_else(|_| observe::access_log::AccessLog::off())
+                }),
+            )
         });
         let cache = match prev {
             Some(g) if g.cfg.cache == cfg.cache && g.cfg.redis == cfg.redis => g.cache.clone(),
             _ => {
-                let cache = cache::ResponseCache::new(&cfg, metrics.clone());
+                let cache = pipeline::cache::ResponseCache::new(&cfg, metrics.clone());
                 if cache.shared() {
                     tracing::info!("cached answers shared through Redis");
                 }
@@ -217,13 +182,13 @@ impl Gateway {
             access_log,
             telemetry: carried
                 .telemetry
-                .unwrap_or_else(|| Arc::new(telemetry::Telemetry::new(&cfg.telemetry))),
-            keys: keys::Keys::new(&cfg),
-            decisions: carried
-                .decisions
-                .unwrap_or_else(|| Arc::new(decisions::DecisionLog::new(cfg.decisions_kept))),
+                .unwrap_or_else(|| Arc::new(observe::telemetry::Telemetry::new(&cfg.telemetry))),
+            keys: state::keys::Keys::new(&cfg),
+            decisions: carried.decisions.unwrap_or_else(|| {
+                Arc::new(observe::decisions::DecisionLog::new(cfg.decisions_kept))
+            }),
             quota,
-            budget: retry_budget::ShardedBudget::new(cfg.retry_budget),
+            budget: state::retry_budget::ShardedBudget::new(cfg.retry_budget),
             cfg,
             pools,
             by_name,
@@ -255,13 +220,13 @@ impl Gateway {
     }
 
     /// The ring of decision records (`/keel/decisions`).
-    pub fn decision_log(&self) -> &Arc<decisions::DecisionLog> {
+    pub fn decision_log(&self) -> &Arc<observe::decisions::DecisionLog> {
         &self.decisions
     }
 
     /// The `n` most recent decision records, newest first (without copying the rest).
     pub fn latest_decisions(&self, n: usize) -> Vec<DecisionRecord> {
-        let q = decisions::Query {
+        let q = observe::decisions::Query {
             limit: n,
             ..Default::default()
         };
@@ -281,9 +246,4 @@ impl Gateway {
         let now = self.now_ms();
         self.budget.try_retry(now)
     }
-}
-
-/// Installs the process-wide TLS crypto provider (ring) once.
-pub fn install_crypto() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -429,7 +429,11 @@ fn decision(variants: usize, iterations: usize) -> Result<(), String> {
     let mut samples = Vec::with_capacity(iterations);
     for n in 0..iterations {
         let t = std::time::Instant::now();
-        let (sel, rec) = pool.select(&req, keel_gateway::selection::Controls::default(), "bench");
+        let (sel, rec) = pool.select(
+            &req,
+            keel_gateway::pipeline::selection::Controls::default(),
+            "bench",
+        );
         let elapsed = t.elapsed();
         std::hint::black_box((sel, rec));
         if n >= iterations / 10 {

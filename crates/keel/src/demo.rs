@@ -426,9 +426,13 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let gw = Gateway::new(cfg);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(keel_gateway::server::serve(gw, listener, async move {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(keel_gateway::http::server::serve(
+        gw,
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
 
     let kind = if args.real {
         "real llama.cpp servers (Gemma 3 270M)"

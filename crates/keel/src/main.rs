@@ -156,7 +156,7 @@ pub fn parse_log_format(s: &str) -> Result<LogFormat, String> {
 
 /// keel's own log lines (not the access log, which the gateway writes itself): on stdout, as
 /// JSON objects or text, coloured only when stdout is a terminal; written by the log writer's
-/// thread like the access log (`keel_gateway::log_writer`), so that a stdout nobody reads never
+/// thread like the access log (`keel_gateway::observe::log_writer`), so that a stdout nobody reads never
 /// stalls a request.
 fn init_tracing(format: LogFormat) {
     use std::io::IsTerminal;
@@ -164,7 +164,7 @@ fn init_tracing(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(|| keel_gateway::log_writer::Stdout)
+        .with_writer(|| keel_gateway::observe::log_writer::Stdout)
         .with_target(false);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
@@ -233,7 +233,7 @@ fn main() -> ExitCode {
             } => match serve_cfg {
                 Some(cfg) => {
                     // A reload re-reads the file with the same command-line overrides.
-                    let source = keel_gateway::live::ConfigSource {
+                    let source = keel_gateway::admin::live::ConfigSource {
                         path: PathBuf::from(config),
                         adjust: Box::new(move |c: &mut Config| {
                             if let Some(l) = listen {
@@ -270,7 +270,7 @@ fn main() -> ExitCode {
         };
         // Log lines still queued (see `log_writer`) go out before exit.
         let _ = tokio::task::spawn_blocking(|| {
-            keel_gateway::log_writer::flush(std::time::Duration::from_secs(2))
+            keel_gateway::observe::log_writer::flush(std::time::Duration::from_secs(2))
         })
         .await;
         result
@@ -286,8 +286,9 @@ fn main() -> ExitCode {
 
 /// `keel keys new`: the secret once (keel keeps only its hash) and the config entry.
 fn new_key(id: &str) -> Result<(), String> {
-    let secret = keel_gateway::keys::new_secret()?;
-    let hash = keel_gateway::keys::hash_text(&keel_gateway::keys::hash_secret(&secret));
+    let secret = keel_gateway::state::keys::new_secret()?;
+    let hash =
+        keel_gateway::state::keys::hash_text(&keel_gateway::state::keys::hash_secret(&secret));
     println!("# The key (give it to the client; keel stores only its hash, so keep it now):");
     println!("# {secret}");
     println!();
@@ -354,7 +355,7 @@ pub async fn shutdown_signal() {
 }
 
 /// Reloads the config on every SIGHUP (the outcome is logged and counted by the reload).
-fn reload_on_sighup(live: &std::sync::Arc<keel_gateway::live::Live>) {
+fn reload_on_sighup(live: &std::sync::Arc<keel_gateway::admin::live::Live>) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -375,21 +376,22 @@ fn reload_on_sighup(live: &std::sync::Arc<keel_gateway::live::Live>) {
     let _ = live;
 }
 
-async fn serve(cfg: Config, source: keel_gateway::live::ConfigSource) -> Result<(), String> {
+async fn serve(cfg: Config, source: keel_gateway::admin::live::ConfigSource) -> Result<(), String> {
     init_tracing(cfg.log.format);
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }
     // An access log that cannot be written is a configuration error: say so before starting.
-    keel_gateway::access_log::AccessLog::open(&cfg.log).map_err(|e| e.to_string())?;
-    let listener = keel_gateway::server::listen(cfg.listen, cfg.listen_backlog)
+    keel_gateway::observe::access_log::AccessLog::open(&cfg.log).map_err(|e| e.to_string())?;
+    let listener = keel_gateway::http::server::listen(cfg.listen, cfg.listen_backlog)
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let live = keel_gateway::live::Live::new(Gateway::new(cfg), Some(source));
+    let live = keel_gateway::admin::live::Live::new(Gateway::new(cfg), Some(source));
     reload_on_sighup(&live);
     tracing::info!(%addr, pools = live.current().pools().len(), "keel listening");
     println!("keel listening on http://{addr}");
-    let served = keel_gateway::server::serve_live(live.clone(), listener, shutdown_signal()).await;
+    let served =
+        keel_gateway::http::server::serve_live(live.clone(), listener, shutdown_signal()).await;
     // Spans still queued go out before exit (blocking: off the async workers).
     let gw = live.current();
     let _ = tokio::task::spawn_blocking(move || gw.telemetry.flush()).await;

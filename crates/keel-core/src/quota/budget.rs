@@ -139,6 +139,9 @@ mod tests {
         assert_eq!(end - start, 29 * 86_400, "leap February");
         let (start, end) = Window::Day.bounds(NOV_30_NOON);
         assert_eq!((NOV_30_NOON - start, end - NOV_30_NOON), (43_200, 43_200));
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
         for z in -800_000..800_000i64 {
             if z % 997 == 0 {
                 let (y, m, d) = civil_from_days(z);

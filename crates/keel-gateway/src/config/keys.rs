@@ -7,10 +7,22 @@
 
 use std::collections::HashMap;
 
-use crate::context::Priority;
+use keel_core::queue::Priority;
+use sha2::{Digest, Sha256};
 
 use super::read::{Issues, Table, Val};
 use super::PoolConfig;
+
+/// SHA-256 of a secret.
+pub fn hash_secret(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// `sha256:<hex>`, as the config writes a hash.
+pub fn hash_text(hash: &[u8; 32]) -> String {
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
 
 /// One virtual key.
 #[derive(Debug, Clone, PartialEq)]
@@ -122,7 +134,7 @@ const GUESSABLE_SECRETS: &[&str] = &[
 
 /// Why a key with this hash must not be accepted, if it is a published or guessable one.
 pub fn known_secret(hash: &[u8; 32]) -> Option<String> {
-    let hex = crate::keys::hash_text(hash);
+    let hex = hash_text(hash);
     let hex = hex.trim_start_matches("sha256:");
     if let Some((_, at)) = PUBLISHED_EXAMPLE_HASHES.iter().find(|(h, _)| *h == hex) {
         return Some(format!(
@@ -131,7 +143,7 @@ pub fn known_secret(hash: &[u8; 32]) -> Option<String> {
     }
     GUESSABLE_SECRETS
         .iter()
-        .any(|s| crate::keys::hash_secret(s) == *hash)
+        .any(|s| hash_secret(s) == *hash)
         .then(|| {
             "this is the hash of a guessable secret; make a fresh key with `keel keys new`"
                 .to_owned()

@@ -95,7 +95,7 @@ pub(super) fn read(
             );
             return None;
         }
-        crate::tls::ca_bundle(&c.value)
+        crate::config::pem::ca_bundle(&c.value)
             .map_err(|m| issues.report(c.at, &c.path, m))
             .ok()
     });

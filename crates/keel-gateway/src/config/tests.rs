@@ -562,7 +562,7 @@ fn keys_are_validated_precisely() {
         (k.pools.as_slice(), k.rpm, k.daily_spend_micros),
         (&["p".to_owned()][..], Some(5), Some(1_500_000))
     );
-    assert_eq!(k.priority, crate::context::Priority::High);
+    assert_eq!(k.priority, crate::pipeline::context::Priority::High);
     assert_eq!(k.tenant, "k");
     let bad = format!(
         "[[keys]]\nid = \"k\"\nhash = \"md5:12\"\n[[keys]]\nid = \"k2\"\nhash = \"{h}\"\npools = [\"nope\"]\nrpm = 0\n[[keys]]\nid = \"k2\"\nhash = \"sha256:{}\"\n[[keys]]\nid = \"k3\"\nhash = \"{h}\"\n[quota]\nfail_mode = \"ajar\"\n{pool}",

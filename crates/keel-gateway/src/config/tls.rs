@@ -1,4 +1,5 @@
-//! `[tls]`: keel's listener speaks HTTPS (see `crate::tls` for the files and the handshake).
+//! `[tls]`: keel's listener speaks HTTPS (the files are read by [`super::pem`]; the handshake is
+//! the HTTP server's).
 //!
 //! ```toml
 //! [tls]
@@ -47,7 +48,7 @@ pub(super) fn read(t: Option<Table>, issues: &mut Issues) -> Option<TlsConfig> {
     let path = t.path().to_owned();
     t.finish(issues);
     let (cert, key) = (cert?, key?);
-    match crate::tls::server_config(
+    match crate::config::pem::server_config(
         &cert.value,
         &key.value,
         client_ca.as_ref().map(|c| c.value.as_str()),
@@ -115,7 +116,7 @@ pub(super) fn read_upstream(
         return None;
     }
     let ca_pem = match &ca {
-        Some(c) => match crate::tls::ca_bundle(&c.value) {
+        Some(c) => match crate::config::pem::ca_bundle(&c.value) {
             Ok(pem) => Some(pem),
             Err(m) => {
                 issues.report(c.at, &c.path, m);
@@ -126,7 +127,7 @@ pub(super) fn read_upstream(
     };
     let identity_pem = match (&cert, &key) {
         (None, None) => None,
-        (Some(c), Some(k)) => match crate::tls::client_identity(&c.value, &k.value) {
+        (Some(c), Some(k)) => match crate::config::pem::client_identity(&c.value, &k.value) {
             Ok(pem) => Some(pem),
             Err(e) => {
                 let at = if e.key == "client_cert_file" { c } else { k };

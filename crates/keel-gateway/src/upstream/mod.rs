@@ -12,6 +12,7 @@
 
 pub mod cloud;
 mod direct;
+pub mod translation;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -205,7 +206,7 @@ pub fn client(
     held: &dyn Fn(&str) -> Option<metrics::Gauge>,
     variants: &[VariantConfig],
 ) -> Client {
-    crate::install_crypto();
+    crate::config::install_crypto();
     let connect = Duration::from_millis(connect_ms);
     let http = reqwest_builder(connect)
         .build()

@@ -1,7 +1,7 @@
 //! The access log: one line per request, written where `[log] access` says, with what keel
 //! decided and measured, and never a secret.
 
-use keel_gateway::keys::{hash_secret, hash_text};
+use keel_gateway::state::keys::{hash_secret, hash_text};
 use keel_sim::{Fleet, ServerConfig};
 use serde_json::{json, Value};
 

@@ -4,7 +4,7 @@
 //! semantic mode answers a near-identical prompt. (Redis shared by two keel processes:
 //! `crates/keel/tests/replicas.rs`.)
 
-use keel_gateway::keys::{hash_secret, hash_text};
+use keel_gateway::state::keys::{hash_secret, hash_text};
 use keel_sim::{Fleet, ServerConfig};
 use serde_json::{json, Value};
 

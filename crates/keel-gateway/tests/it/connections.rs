@@ -121,7 +121,8 @@ async fn a_burst_of_connections_waits_in_the_listen_queue() {
         .unwrap_or(4096);
     let burst = somaxconn.min(400) as usize;
     let listener =
-        keel_gateway::server::listen("127.0.0.1:0".parse().unwrap(), burst as u32 + 1).unwrap();
+        keel_gateway::http::server::listen("127.0.0.1:0".parse().unwrap(), burst as u32 + 1)
+            .unwrap();
     let addr = listener.local_addr().unwrap();
     // Nobody accepts: every connection must be held by the queue alone.
     let connects = (0..burst)

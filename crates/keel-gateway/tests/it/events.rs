@@ -92,7 +92,7 @@ async fn snapshots_show_variants_route_mix_ttft_and_decisions() {
 #[tokio::test]
 async fn subscribers_are_capped_and_places_are_given_back() {
     let h = Harness::openai(1, 1, "", "").await;
-    let max = keel_gateway::events::MAX_SUBSCRIBERS;
+    let max = keel_gateway::admin::events::MAX_SUBSCRIBERS;
     let mut open = Vec::new();
     for _ in 0..max {
         let r = subscribe(&h).await;

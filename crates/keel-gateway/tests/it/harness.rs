@@ -72,7 +72,7 @@ impl Harness {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(keel_gateway::server::serve(
+        let task = tokio::spawn(keel_gateway::http::server::serve(
             gw.clone(),
             listener,
             async move {
@@ -336,10 +336,10 @@ pub async fn start_from_file(
     path: std::path::PathBuf,
 ) -> (
     SocketAddr,
-    Arc<keel_gateway::live::Live>,
+    Arc<keel_gateway::admin::live::Live>,
     oneshot::Sender<()>,
 ) {
-    use keel_gateway::live::{ConfigSource, Live};
+    use keel_gateway::admin::live::{ConfigSource, Live};
     let text = std::fs::read_to_string(&path).unwrap();
     let env = HashMap::from([("UPSTREAM_KEY".to_owned(), "sk-upstream-secret".to_owned())]);
     let mut cfg = Config::parse(&text, "test.toml", &env).unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -354,7 +354,7 @@ pub async fn start_from_file(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(keel_gateway::server::serve_live(
+    tokio::spawn(keel_gateway::http::server::serve_live(
         live.clone(),
         listener,
         async move {

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use futures_util::future::join_all;
-use keel_gateway::keys::{hash_secret, hash_text};
+use keel_gateway::state::keys::{hash_secret, hash_text};
 use keel_sim::{Fleet, ServerConfig};
 use serde_json::{json, Value};
 

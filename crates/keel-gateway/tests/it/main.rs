@@ -22,6 +22,7 @@ mod hedging;
 mod hostile;
 mod integrity;
 mod keys;
+mod layers;
 mod lifecycle;
 mod metrics_docs;
 mod migration;

@@ -57,7 +57,7 @@ fn table_names(text: &str, line_prefix: &str) -> BTreeSet<String> {
 /// The metric table at the top of `metrics.rs`.
 fn documented() -> BTreeSet<String> {
     let t = table_names(
-        &read(&repo().join("crates/keel-gateway/src/metrics.rs")),
+        &read(&repo().join("crates/keel-gateway/src/observe/metrics.rs")),
         "//! ",
     );
     assert!(t.len() > 10, "metrics.rs table not found: {t:?}");

@@ -1,7 +1,7 @@
 //! Prompt normalization at admission: what reaches the upstream, the fix codes reported, and
 //! the opt-outs (header and first line) that leave the prompt byte-identical.
 
-use keel_gateway::keys::{hash_secret, hash_text};
+use keel_gateway::state::keys::{hash_secret, hash_text};
 use keel_sim::{Fleet, ServerConfig};
 use serde_json::json;
 

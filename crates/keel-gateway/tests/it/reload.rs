@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use keel_gateway::live::{Live, CUT_MESSAGE};
+use keel_gateway::admin::live::{Live, CUT_MESSAGE};
 use keel_gateway::Config;
 use keel_sim::{Fleet, ServerConfig};
 use serde_json::{json, Value};
@@ -302,7 +302,8 @@ async fn admin_reload(addr: std::net::SocketAddr, key: Option<&str>) -> (u16, Va
 async fn the_admin_reload_refuses_a_bad_config_and_keeps_the_running_one() {
     let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
     let admin = "sk-keel-test-admin";
-    let admin_hash = keel_gateway::keys::hash_text(&keel_gateway::keys::hash_secret(admin));
+    let admin_hash =
+        keel_gateway::state::keys::hash_text(&keel_gateway::state::keys::hash_secret(admin));
     let good = format!(
         "[admin]\nkey_hash = \"{admin_hash}\"\n{}",
         pool_over(&fleet, "p", "openai", 1, "")
@@ -453,7 +454,7 @@ async fn shutdown_fails_readiness_completes_short_streams_and_cuts_the_rest_with
     h.stop();
     let gw = h.gw.clone();
     wait_for!("draining to begin", gw.process.draining());
-    let (status, doc) = keel_gateway::live::admin::ready(&gw);
+    let (status, doc) = keel_gateway::admin::live::admin::ready(&gw);
     assert_eq!(status, 503, "readiness fails at once: {doc}");
     wait_for!(
         "the listener to close",
@@ -522,7 +523,8 @@ async fn a_reload_that_would_drop_every_key_is_refused_unless_the_file_says_auth
     let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
     let admin = "sk-keel-test-reload-admin-0123456";
     let tenant = "sk-keel-test-reload-tenant-012345";
-    let hash = |k: &str| keel_gateway::keys::hash_text(&keel_gateway::keys::hash_secret(k));
+    let hash =
+        |k: &str| keel_gateway::state::keys::hash_text(&keel_gateway::state::keys::hash_secret(k));
     let pool = pool_over(&fleet, "p", "openai", 1, "");
     let keyed = format!(
         "[admin]\nkey_hash = \"{}\"\n[[keys]]\nid = \"t\"\nhash = \"{}\"\n{pool}",

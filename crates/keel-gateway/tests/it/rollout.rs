@@ -5,7 +5,7 @@
 
 use keel_core::canary::bucket;
 use keel_core::compare::similarity;
-use keel_gateway::keys::{hash_secret, hash_text};
+use keel_gateway::state::keys::{hash_secret, hash_text};
 use keel_sim::config::{FleetConfig, GenerationConfig};
 use keel_sim::{Fleet, ServerConfig};
 use serde_json::{json, Value};

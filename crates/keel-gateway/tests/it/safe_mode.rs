@@ -3,7 +3,7 @@
 //! when the faults clear, and leaves safe mode only after the hysteresis; an operator can force
 //! it through `POST /keel/admin/safe-mode`, behind the admin key when keys are configured.
 
-use keel_gateway::keys::{hash_secret, hash_text};
+use keel_gateway::state::keys::{hash_secret, hash_text};
 use keel_sim::{Fleet, ServerConfig};
 use serde_json::{json, Value};
 

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use keel_gateway::keys::{hash_secret, hash_text};
-use keel_gateway::routes::{Access, Plane, ROUTES};
+use keel_gateway::state::keys::{hash_secret, hash_text};
+use keel_gateway::wire::routes::{Access, Plane, ROUTES};
 use keel_gateway::{Config, Gateway};
 use keel_sim::{Fleet, ServerConfig};
 use serde_json::{json, Value};
@@ -181,10 +181,10 @@ async fn two_listeners(cfg: &str) -> (String, String, oneshot::Sender<()>) {
         format!("http://{}", admin.local_addr().unwrap()),
     );
     let (stop, stopped) = oneshot::channel::<()>();
-    let live = keel_gateway::live::Live::new(gw, None);
-    tokio::spawn(keel_gateway::server::serve_live(
+    let live = keel_gateway::admin::live::Live::new(gw, None);
+    tokio::spawn(keel_gateway::http::server::serve_live(
         live,
-        keel_gateway::server::Listeners {
+        keel_gateway::http::server::Listeners {
             main,
             admin: Some(admin),
         },
@@ -495,7 +495,7 @@ fn example_keys_published_in_the_repository_are_refused() {
     assert!(Config::parse(&weak, "t.toml", &Default::default()).is_err());
     let fresh = weak.replace(
         &hash("changeme"),
-        &hash(&keel_gateway::keys::new_secret().unwrap()),
+        &hash(&keel_gateway::state::keys::new_secret().unwrap()),
     );
     assert!(Config::parse(&fresh, "t.toml", &Default::default()).is_ok());
 }

@@ -4,7 +4,7 @@
 //! are freed long before `total_ms`.
 
 use bytes::Bytes;
-use keel_gateway::keys::{hash_secret, hash_text};
+use keel_gateway::state::keys::{hash_secret, hash_text};
 use keel_sim::{Fleet, ServerConfig};
 use serde_json::json;
 use tokio::io::AsyncWriteExt;

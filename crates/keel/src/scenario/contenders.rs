@@ -110,9 +110,13 @@ pub async fn start_gateway(
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let gw = keel_gateway::Gateway::new(cfg);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(keel_gateway::server::serve(gw, listener, async move {
-        let _ = rx.await;
-    }));
+    tokio::spawn(keel_gateway::http::server::serve(
+        gw,
+        listener,
+        async move {
+            let _ = rx.await;
+        },
+    ));
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok((addr, tx))
 }

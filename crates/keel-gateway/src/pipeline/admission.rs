@@ -1,0 +1,325 @@
+//! The admit phase: bounded body read (size and time), parsing and validation (a precise 4xx in the client's
+//! protocol for every kind of bad input), resolution of the public model name to a pool, and the
+//! request controls (`x-keel-timeout-ms`, `x-keel-session`, `x-keel-force-variant`).
+//!
+//! The order matters: every cheap check first (a bad request costs the key nothing), then the
+//! key's request limits (concurrency slot, rpm), then the costly work on the prompt
+//! (normalization, token estimate, context fit: `prompt_work`, which explains the phases), then
+//! the key's token limits (tpm, budgets), which need the estimate.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
+use keel_core::request::{self, CanonicalRequest};
+use keel_core::selection::Preference;
+
+use crate::pipeline::context::{ClientApi, Priority, RequestCtx};
+use crate::state::pools::Pool;
+use crate::wire::errors::GatewayError;
+use crate::{upstream, Gateway};
+
+/// A request that passed admission.
+pub struct Admitted {
+    pub req: CanonicalRequest,
+    pub pool: Arc<Pool>,
+    pub ctx: RequestCtx,
+}
+
+fn header<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
+    parts.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Reads the body within the size limit and before `timeout` (a client that trickles its body
+/// cannot hold a connection and a task: 408).
+pub async fn read_body(
+    parts: &Parts,
+    body: Incoming,
+    limit: usize,
+    timeout: Duration,
+) -> Result<bytes::Bytes, GatewayError> {
+    if let Some(ct) = header(parts, "content-type") {
+        let essence = ct
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        if essence != "application/json" && !essence.ends_with("+json") {
+            return Err(GatewayError::new(
+                ErrorKind::UnsupportedMediaType,
+                format!("unsupported content-type `{ct}`; send `application/json`"),
+            ));
+        }
+    }
+    let declared = header(parts, "content-length").and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64 + DRAIN_MAX_BYTES) {
+        // Far too large to be worth reading: refuse at once (the connection closes).
+        return Err(too_large(limit));
+    }
+    let mut seen = 0u64;
+    let mut kept = bytes::BytesMut::new();
+    let read = tokio::time::timeout(timeout, read_within(body, limit, &mut seen, &mut kept)).await;
+    if seen > limit as u64 || declared.is_some_and(|len| len > limit as u64) {
+        return Err(too_large(limit));
+    }
+    match read {
+        Ok(Ok(())) => Ok(kept.freeze()),
+        Ok(Err(e)) => Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!("could not read the request body: {e}"),
+        )),
+        Err(_) => Err(GatewayError::new(
+            ErrorKind::RequestTimeout,
+            format!(
+                "the request body did not arrive within {} ms (body_read_timeout_ms)",
+                timeout.as_millis()
+            ),
+        )),
+    }
+}
+
+/// How much more than the limit keel still reads, and discards, before answering 413. A client
+/// still uploading when the connection closes under it gets a broken pipe instead of the 413
+/// (Node's fetch, and with it both JavaScript SDKs, does), so a moderately oversized body is
+/// read to its end first; a larger one is refused at once.
+pub const DRAIN_MAX_BYTES: u64 = 64 << 20;
+
+/// Reads the body to its end, keeping it in `kept` while it fits in `limit`; `seen` counts
+/// every byte, so the caller knows, even after a timeout, whether the body was too large.
+/// Past `limit + DRAIN_MAX_BYTES` it stops reading.
+async fn read_within(
+    mut body: Incoming,
+    limit: usize,
+    seen: &mut u64,
+    kept: &mut bytes::BytesMut,
+) -> Result<(), hyper::Error> {
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        *seen += data.len() as u64;
+        if *seen <= limit as u64 {
+            kept.extend_from_slice(&data);
+        } else {
+            kept.clear();
+            if *seen > limit as u64 + DRAIN_MAX_BYTES {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn too_large(limit: usize) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::TooLarge,
+        format!("request body exceeds the limit of {limit} bytes"),
+    )
+}
+
+/// Stage 0 for a generation endpoint.
+pub async fn admit(
+    gw: &Gateway,
+    api: ClientApi,
+    parts: &Parts,
+    body: Incoming,
+    id: &str,
+    started: Instant,
+) -> Result<Admitted, GatewayError> {
+    // The key first: a client without one is refused before its body is read.
+    let key = gw.keys.authenticate(&parts.headers)?;
+    let bytes = read_body(
+        parts,
+        body,
+        gw.cfg.max_body_bytes,
+        Duration::from_millis(gw.cfg.body_read_timeout_ms),
+    )
+    .await?;
+    let endpoint = api.endpoint();
+    let (mut req, responses) = match api {
+        ClientApi::Responses => {
+            let (req, front) = crate::wire::responses::admit(&bytes)?;
+            (req, Some(front))
+        }
+        ClientApi::Endpoint(e) => (request::parse(e, &bytes)?, None),
+    };
+    if let Some(s) = header(parts, "x-keel-session") {
+        req.session = Some(s.to_owned());
+    }
+    let pool = gw.pool(&req.model).ok_or_else(|| {
+        // Only the models this caller may use: the others' names are not its business.
+        let usable: Vec<&str> = gw
+            .model_names()
+            .into_iter()
+            .filter(|m| key.as_ref().is_none_or(|k| k.allows(m)))
+            .collect();
+        GatewayError::new(
+            ErrorKind::NotFound,
+            format!(
+                "model `{}` is not served here; models you may use: {}",
+                req.model,
+                if usable.is_empty() {
+                    "none".to_owned()
+                } else {
+                    usable.join(", ")
+                }
+            ),
+        )
+    })?;
+    if let Some(key) = &key {
+        crate::state::keys::check_pool(key, &pool.cfg.name)?;
+    }
+    if pool.cfg.canonical_tools {
+        keel_core::request::canonicalize_tools(&mut req.body);
+    }
+    // Chat Completions and Messages reach a variant of either protocol (translated at the
+    // attempt); /v1/completions and /v1/embeddings only an OpenAI-protocol one. count_tokens is
+    // answered locally when no variant speaks Anthropic (see server).
+    if endpoint == Endpoint::Embeddings && !pool.speaks(Protocol::OpenAi) {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "model `{}` (pool `{}`) has no OpenAI-protocol variant, and only those serve /v1/embeddings (the Anthropic API has no embeddings)",
+                req.model, pool.cfg.name
+            ),
+        ));
+    }
+    if endpoint == Endpoint::Completions && !pool.speaks(Protocol::OpenAi) {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "model `{}` is served over the anthropic protocol, which has no /v1/completions; call it through /v1/messages or /v1/chat/completions",
+                req.model
+            ),
+        ));
+    }
+    // Every header is read before the key's limits: a bad request costs the key nothing.
+    let plan = crate::pipeline::prompt_work::plan(gw, pool, key.as_deref(), parts)?;
+    let mut total = Duration::from_millis(pool.cfg.timeouts.total_ms);
+    if let Some(v) = header(parts, "x-keel-timeout-ms") {
+        let ms: u64 = v.trim().parse().ok().filter(|ms| *ms > 0).ok_or_else(|| {
+            GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!("x-keel-timeout-ms must be a positive integer of milliseconds, got `{v}`"),
+            )
+        })?;
+        total = total.min(Duration::from_millis(ms));
+    }
+    let force_variant = match header(parts, "x-keel-force-variant") {
+        Some(_) if !gw.cfg.allow_force_variant => {
+            return Err(GatewayError::new(
+                ErrorKind::InvalidRequest,
+                "x-keel-force-variant is disabled on this gateway (set allow_force_variant = true to enable it)",
+            ))
+        }
+        Some(v) => Some(v.to_owned()),
+        None => None,
+    };
+    let preference = match header(parts, "x-keel-preference") {
+        None => Preference::default(),
+        Some(v) => Preference::parse(v.trim()).ok_or_else(|| {
+            GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "x-keel-preference must be low-latency, high-fidelity or low-cost, got `{v}`"
+                ),
+            )
+        })?,
+    };
+    let min_tier = match header(parts, "x-keel-min-tier") {
+        None => None,
+        Some(v) => Some(
+            v.trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|t| *t >= 1)
+                .ok_or_else(|| {
+                    GatewayError::new(
+                        ErrorKind::InvalidRequest,
+                        format!(
+                            "x-keel-min-tier must be a tier number (1 = best fidelity), got `{v}`"
+                        ),
+                    )
+                })?,
+        ),
+    };
+    // A key's tier floor narrows the client's (1 is the best tier).
+    let min_tier = match (min_tier, key.as_ref().and_then(|k| k.min_tier)) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    // `x-keel-priority` may lower a request's rank, never raise it above its key's (without
+    // keys it is taken as sent).
+    let asked = match header(parts, "x-keel-priority") {
+        None => None,
+        Some(v) => Some(Priority::parse(v).ok_or_else(|| {
+            GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!("x-keel-priority must be high, normal or low, got `{v}`"),
+            )
+        })?),
+    };
+    let priority = match (asked, key.as_ref().map(|k| k.priority)) {
+        // `Ord` ranks High first: the larger is the lower priority.
+        (Some(a), Some(k)) => a.max(k),
+        (a, k) => a.or(k).unwrap_or_default(),
+    };
+    let consensus = crate::pipeline::consensus::requested(&parts.headers, pool, endpoint, &req)?;
+    // A consensus asks `n` variants for an answer each: the key's limits reserve every one.
+    if let Some(n) = consensus {
+        req.answers = req.answers.saturating_mul(n as u64);
+    }
+    // The key's request limits (a slot, one request) before the costly work on the prompt,
+    // its token limits after, once the estimate is known (see `prompt_work`).
+    let protocol = endpoint.protocol();
+    let pending = match &key {
+        Some(key) => {
+            Some(crate::state::keys::limits::admit_request(gw, key, pool, &req, protocol).await?)
+        }
+        None => None,
+    };
+    let prepared =
+        crate::pipeline::prompt_work::prepare(pool, plan, endpoint, req, bytes.len()).await?;
+    let req = prepared.req;
+    let grant = match pending {
+        Some(p) => Some(Arc::new(
+            crate::state::keys::limits::admit_tokens(gw, p, pool, &req, protocol).await?,
+        )),
+        None => None,
+    };
+    let meter = grant
+        .as_ref()
+        .map_or_else(Default::default, |g| g.meter.clone());
+    let ctx = RequestCtx {
+        meter,
+        trace: None,
+        grant,
+        preference,
+        priority,
+        min_tier,
+        id: id.to_owned(),
+        started,
+        endpoint,
+        forwarded: upstream::forwarded_headers(&parts.headers),
+        deadline: started + total,
+        client_stream: req.stream,
+        assembled: !req.stream,
+        force_variant,
+        responses,
+        prompt_fixes: prepared.fixes,
+        prompt_edits: prepared.edits,
+        trimmed_messages: prepared.trimmed,
+        consensus,
+    };
+    Ok(Admitted {
+        req,
+        pool: pool.clone(),
+        ctx,
+    })
+}

@@ -1,0 +1,130 @@
+//! Context fit at admission: the prompt counted by the tokenizers of the pool's variants, and,
+//! for a pool with `transforms = ["middle-out"]`, whole messages dropped from the middle of a
+//! conversation that no variant's context window can hold. Selection then only considers
+//! variants whose window holds the estimate plus `max_tokens` (`Selection::TooLong` when none
+//! does: an immediate 400 naming the sizes).
+//!
+//! **Which count.** A pool's variants may count differently (an o200k model and a local one
+//! counted by the rule). The estimate is the largest of the counts by each distinct tokenizer
+//! in the pool: one to three passes over the prompt, each bounded (below), and conservative for
+//! every variant, which is what refusing and quota reservations need. Counting per variant
+//! would refine fit only for pools mixing tokenizers, at the price of a count per variant.
+//!
+//! **Bounded work.** Counting stops once the count passes the largest context window when every
+//! variant has one (a 9 MB prompt is refused after reading about as much text as the window
+//! holds, or at once from its byte length), else past [`ESTIMATE_CAP_TOKENS`]. Admission runs
+//! it with normalization (`prompt_work`), after the key's request limits, on tokio's blocking
+//! pool for bodies larger than [`BLOCKING_BYTES`] so that the count does not hold up other
+//! requests' IO.
+
+use keel_core::fit;
+use keel_core::request::CanonicalRequest;
+use keel_core::tokens::{Estimate, Tokenizer};
+use serde_json::Value;
+
+use crate::state::pools::Pool;
+
+/// Where counting stops when some variant has no configured window (the estimate is then a
+/// lower bound; 1 Mi tokens is beyond every model's window today).
+pub const ESTIMATE_CAP_TOKENS: u64 = 1 << 20;
+
+/// Request bodies larger than this are counted on the blocking pool.
+pub const BLOCKING_BYTES: usize = 256 * 1024;
+
+/// The `x-keel-prompt-fix` code of a middle-out trim.
+pub const MIDDLE_OUT_FIX: &str = "middle_out_trimmed";
+
+/// The header that says how many messages middle-out dropped.
+pub const TRIMMED_HEADER: &str = "x-keel-trimmed-messages";
+
+impl Pool {
+    /// The distinct tokenizers of the pool's variants.
+    pub fn tokenizers(&self) -> Vec<Tokenizer> {
+        let mut ts: Vec<Tokenizer> = self.variants.iter().map(|v| v.cfg.tokenizer).collect();
+        ts.sort_unstable();
+        ts.dedup();
+        ts
+    }
+
+    /// The largest context window, when every variant has one (a variant without one may take
+    /// any prompt).
+    pub fn largest_window(&self) -> Option<u64> {
+        self.variants
+            .iter()
+            .map(|v| v.cfg.context_window)
+            .collect::<Option<Vec<u64>>>()?
+            .into_iter()
+            .max()
+    }
+}
+
+/// The prompt's estimate by the most conservative of `tokenizers`, counting stopped past `cap`.
+fn estimate(body: &serde_json::Map<String, Value>, tokenizers: &[Tokenizer], cap: u64) -> Estimate {
+    tokenizers
+        .iter()
+        .map(|t| fit::prompt_tokens(body, *t, cap))
+        .max_by_key(|e| e.tokens)
+        .unwrap_or_default()
+}
+
+/// Sets `req`'s estimate by the pool's tokenizers and applies middle-out where the pool has it
+/// and the prompt fits no window. Returns how many messages middle-out dropped (0: none).
+pub fn apply(pool: &Pool, req: &mut CanonicalRequest) -> usize {
+    if !req.endpoint.generates() && req.endpoint != keel_core::protocol::Endpoint::CountTokens {
+        // Embeddings inputs are counted per item at parsing (token-id arrays have no text).
+        return 0;
+    }
+    let tokenizers = pool.tokenizers();
+    let window = pool.largest_window();
+    let cap = window.unwrap_or(ESTIMATE_CAP_TOKENS);
+    let est = estimate(&req.body, &tokenizers, cap);
+    set(req, est);
+    let output = req.max_tokens.unwrap_or(0);
+    let Some(window) = window.filter(|w| {
+        pool.cfg.middle_out && !pool.safety.active() && est.tokens.saturating_add(output) > *w
+    }) else {
+        return 0;
+    };
+    let trimmed = middle_out(req, &tokenizers, window.saturating_sub(output));
+    if trimmed > 0 {
+        set(req, estimate(&req.body, &tokenizers, cap));
+    }
+    trimmed
+}
+
+fn set(req: &mut CanonicalRequest, est: Estimate) {
+    req.estimated_input_tokens = est.tokens;
+    req.estimate_is_lower_bound = est.lower_bound;
+}
+
+/// Drops messages so that the prompt fits `budget` tokens; returns how many were dropped (0
+/// when even the messages always kept do not fit: selection then refuses with the sizes).
+fn middle_out(req: &mut CanonicalRequest, tokenizers: &[Tokenizer], budget: u64) -> usize {
+    // What is not a message (Anthropic `system`) is always kept: it comes off the budget.
+    let fixed = tokenizers
+        .iter()
+        .map(|t| fit::system_tokens(&req.body, *t, budget.saturating_add(1)))
+        .max()
+        .unwrap_or(0);
+    let Some(Value::Array(messages)) = req.body.get_mut("messages") else {
+        return 0;
+    };
+    let per_message_cap = budget.saturating_add(1);
+    let costs: Vec<u64> = messages
+        .iter()
+        .map(|m| {
+            tokenizers
+                .iter()
+                .map(|t| fit::message_tokens(m, *t, per_message_cap))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    match fit::middle_out(messages, &costs, budget.saturating_sub(fixed)) {
+        Some(dropped) if !dropped.is_empty() => {
+            fit::remove(messages, &dropped);
+            dropped.len()
+        }
+        _ => 0,
+    }
+}

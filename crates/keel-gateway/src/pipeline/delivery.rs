@@ -1,0 +1,429 @@
+//! The deliver phase: the client's response and its `x-keel-*` headers. A whole response is
+//! answered at once; a stream is handed to a [`Relay`] (forwarding, failure detection,
+//! migration) that runs inside the client's body, feeds it and ends it only explicitly (see
+//! `body`); a non-streaming request that keel streamed upstream is relayed in place into an
+//! assembler.
+//! Every request is accounted for once, by its `access_log::RequestLog`.
+
+use std::sync::{Arc, Mutex};
+
+use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+
+use keel_core::assemble::Assembler;
+use keel_core::protocol::{ErrorKind, Protocol};
+use keel_core::request::CanonicalRequest;
+
+use crate::config::ResponseModel;
+use crate::observe::access_log::RequestLog;
+use crate::pipeline::attempt::Served;
+use crate::pipeline::cache::{self, Capture};
+use crate::pipeline::context::RequestCtx;
+use crate::pipeline::execution::{Executed, Outcome};
+use crate::pipeline::relay::{Assembled, Relay, Sink, Summary};
+use crate::state::pools::Pool;
+use crate::upstream::translation::PROMPT_FIX_HEADER;
+use crate::wire::body::{driven, full_body, response_headers, Body};
+use crate::wire::errors::GatewayError;
+use crate::Gateway;
+
+/// Sets the `x-keel-*` headers.
+pub(crate) fn keel_headers(
+    h: &mut HeaderMap,
+    id: &str,
+    route: &str,
+    variant: &str,
+    attempts: usize,
+) {
+    // Names made once, at compile time: inserting by `&str` validates the name every call.
+    const REQUEST_ID: HeaderName = HeaderName::from_static("x-keel-request-id");
+    const ROUTE: HeaderName = HeaderName::from_static("x-keel-route");
+    const VARIANT: HeaderName = HeaderName::from_static("x-keel-variant");
+    const ATTEMPTS: HeaderName = HeaderName::from_static("x-keel-attempts");
+    let put = |h: &mut HeaderMap, name: HeaderName, v: &str| {
+        if let Ok(v) = HeaderValue::from_str(v) {
+            h.insert(name, v);
+        }
+    };
+    put(h, REQUEST_ID, id);
+    put(h, ROUTE, route);
+    put(h, VARIANT, variant);
+    h.insert(ATTEMPTS, HeaderValue::from(attempts));
+}
+
+fn log_headers(h: &mut HeaderMap, log: &RequestLog) {
+    keel_headers(h, &log.id, log.route, &log.variant, log.attempts);
+}
+
+/// `x-keel-integrity`: what an answer failed of its integrity checks (see `relay::integrity`).
+pub(crate) fn integrity_header(h: &mut HeaderMap, flags: &[&str]) {
+    if let (false, Ok(v)) = (flags.is_empty(), HeaderValue::from_str(&flags.join(","))) {
+        h.insert("x-keel-integrity", v);
+    }
+}
+
+/// Adds what admission and the Responses front changed to `x-keel-prompt-fix` (before the
+/// attempt's fixes), and how many messages middle-out dropped.
+pub(crate) fn front_fixes(h: &mut HeaderMap, ctx: &RequestCtx) {
+    let front = ctx.responses.iter().flat_map(|f| f.fixes.iter());
+    let mut all: Vec<&str> = ctx
+        .prompt_fixes
+        .iter()
+        .chain(front)
+        .map(String::as_str)
+        .collect();
+    if all.is_empty() {
+        return;
+    }
+    if let Some(attempt) = h.get(PROMPT_FIX_HEADER).and_then(|v| v.to_str().ok()) {
+        all.push(attempt);
+    }
+    if let Ok(v) = HeaderValue::from_str(&all.join(",")) {
+        h.insert(PROMPT_FIX_HEADER, v);
+    }
+    if ctx.trimmed_messages > 0 {
+        h.insert(
+            crate::pipeline::context_fit::TRIMMED_HEADER,
+            HeaderValue::from(ctx.trimmed_messages),
+        );
+    }
+}
+
+/// The `x-keel-prompt-fix` codes in `h`, for the access log.
+pub(crate) fn fix_codes(h: &HeaderMap) -> Vec<String> {
+    h.get(PROMPT_FIX_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(',').map(|c| c.trim().to_owned()).collect())
+        .unwrap_or_default()
+}
+
+/// A successful whole answer in the client's API: a Chat completion becomes a Response object
+/// for a Responses client. Errors have the same shape in both.
+pub(crate) fn answer_body(
+    ctx: &RequestCtx,
+    status: StatusCode,
+    body: bytes::Bytes,
+) -> bytes::Bytes {
+    match &ctx.responses {
+        Some(front) if status.is_success() => front.whole(&ctx.id, &body),
+        _ => body,
+    }
+}
+
+/// The route of an answer keel gives itself, by status: `local` (a success: models, health,
+/// decisions, metrics), `throttled` (429: a limit or the wait line), `rejected` (any other
+/// client error: bad input, authentication, not found), `unavailable` (no variant could serve).
+pub fn own_route(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        429 => "throttled",
+        s if s < 400 => "local",
+        s if s < 500 => "rejected",
+        _ => "unavailable",
+    }
+}
+
+/// An error keel answers itself (admission, selection or execution). A request the wait line
+/// refused keeps its `throttled` route whatever the status (503 when it could not wait long
+/// enough).
+pub fn error_response(
+    mut log: RequestLog,
+    protocol: Protocol,
+    err: &GatewayError,
+) -> Response<Body> {
+    log.status = err.status().as_u16();
+    if log.route != "throttled" {
+        log.route = own_route(err.status());
+    }
+    let mut resp = err.to_response(protocol);
+    log_headers(resp.headers_mut(), &log);
+    log.stamp_overhead(resp.headers_mut());
+    let outcome = if log.status < 500 {
+        "client_error"
+    } else {
+        "error"
+    };
+    log.finish(outcome, Some(&err.message));
+    resp
+}
+
+/// A whole response from an upstream (a success, or the client's own error).
+pub(crate) fn whole(
+    mut log: RequestLog,
+    ctx: &RequestCtx,
+    status: StatusCode,
+    headers: HeaderMap,
+    body: bytes::Bytes,
+) -> Response<Body> {
+    log.status = status.as_u16();
+    log.ttft = Some(log.started.elapsed());
+    let mut resp = full_body(status, "application/json", answer_body(ctx, status, body));
+    for (k, v) in &headers {
+        resp.headers_mut().insert(k.clone(), v.clone());
+    }
+    log_headers(resp.headers_mut(), &log);
+    front_fixes(resp.headers_mut(), ctx);
+    log.prompt_fixes = fix_codes(resp.headers());
+    log.stamp_overhead(resp.headers_mut());
+    let outcome = if status.is_success() {
+        "ok"
+    } else {
+        "client_error"
+    };
+    log.finish(outcome, None);
+    resp
+}
+
+/// Hands a whole successful answer's text to the pool's shadow variants (see `shadow`).
+fn shadow_whole(
+    pool: &Arc<Pool>,
+    req: &CanonicalRequest,
+    ctx: &RequestCtx,
+    log: &RequestLog,
+    body: &[u8],
+) {
+    if pool.shadow.is_none() {
+        return;
+    }
+    let text = serde_json::from_slice(body)
+        .ok()
+        .and_then(|v| keel_core::compare::answer_text(&v));
+    if let Some(text) = text {
+        let latency_ms = log.started.elapsed().as_secs_f64() * 1000.0;
+        crate::pipeline::shadow::after_served(
+            pool,
+            req,
+            ctx,
+            crate::pipeline::shadow::ServedAnswer { text, latency_ms },
+        );
+    }
+}
+
+/// Turns stage 2's result into the client's response. A stream may be continued on another
+/// variant of `order` (see `relay`); when the client asked for a whole response the relayed
+/// events are assembled into one body. A cache miss's `capture` stores the complete answer the
+/// client was given (see `cache`); dropped on any other end.
+#[allow(clippy::too_many_arguments)]
+pub async fn deliver(
+    gw: &Arc<Gateway>,
+    mut log: RequestLog,
+    pool: &Arc<Pool>,
+    ctx: &RequestCtx,
+    protocol: Protocol,
+    executed: Executed,
+    req: CanonicalRequest,
+    order: Vec<usize>,
+    capture: Option<Capture>,
+) -> Response<Body> {
+    let Executed {
+        outcome,
+        attempts,
+        route,
+    } = executed;
+    log.note_attempts(&attempts);
+    log.route = route.unwrap_or(if attempts.len() > 1 {
+        "fallback"
+    } else {
+        "direct"
+    });
+    let (committed, served) = match outcome {
+        Outcome::Served(c, s) => (c, s),
+        Outcome::ClientError(Served::Whole {
+            status,
+            headers,
+            body,
+        }) => {
+            log.variant = attempts
+                .records()
+                .last()
+                .map_or("none".into(), |r| r.variant.clone());
+            return whole(log, ctx, status, headers, body);
+        }
+        Outcome::ClientError(Served::Stream(_)) => {
+            let e = GatewayError::new(ErrorKind::BadGateway, "upstream rejected the request");
+            return error_response(log, protocol, &e);
+        }
+        Outcome::Failed(e) => return error_response(log, protocol, &e),
+    };
+    log.serving(&pool.variants[committed.vi].cfg);
+    let start = match served {
+        Served::Whole {
+            status,
+            headers,
+            body,
+        } => {
+            ctx.meter.whole(&pool.variants[committed.vi].cfg, &body);
+            drop(committed);
+            shadow_whole(pool, &req, ctx, &log, &body);
+            let flags = crate::pipeline::relay::whole_flags(pool.cfg.integrity, &req, &body);
+            let stored = match capture {
+                Some(c) if status.is_success() => {
+                    let answer = serde_json::from_slice(&body).unwrap_or_default();
+                    c.store(&answer, &log.variant, &ctx.id, log.started.elapsed())
+                }
+                _ => false,
+            };
+            if stored {
+                log.cache = "stored";
+            }
+            let mut resp = whole(log, ctx, status, headers, body);
+            integrity_header(resp.headers_mut(), &flags);
+            if stored {
+                cache::stamp(resp.headers_mut(), "stored");
+            }
+            return resp;
+        }
+        Served::Stream(start) => start,
+    };
+    log.status = 200;
+    log.ttft = Some(start.first_token_at.duration_since(log.started));
+    // The assembled answer's `model`: the name the client asked for, unless the pool keeps
+    // the upstream's (its events are not renamed, see `RequestCtx::assembled`).
+    let answer_as = (pool.cfg.response_model == ResponseModel::Public).then(|| req.model.clone());
+    let relay = |sink| Relay::new(gw, sink, protocol, pool, req, ctx, order, attempts);
+    if !ctx.client_stream {
+        let fixes = start.headers.get(PROMPT_FIX_HEADER).cloned();
+        let mut fixed = HeaderMap::new();
+        if let Some(v) = &fixes {
+            fixed.insert(PROMPT_FIX_HEADER, v.clone());
+        }
+        front_fixes(&mut fixed, ctx);
+        log.prompt_fixes = fix_codes(&fixed);
+        let stamp = log.overhead_stamp();
+        let assembled = Arc::new(Mutex::new(Assembled {
+            body: answer_as
+                .as_deref()
+                .map_or_else(Assembler::new, Assembler::answering_as),
+            ..Assembled::default()
+        }));
+        let start_at = start.first_token_at;
+        let relay = relay(Sink::Assemble(assembled.clone()));
+        let summary: Summary = relay.run(committed, start, log).await;
+        let (failure, assembler) = {
+            let mut a = assembled.lock().unwrap_or_else(|e| e.into_inner());
+            (a.failure.take(), std::mem::take(&mut a.body))
+        };
+        let mut stored = false;
+        let mut resp = match failure {
+            Some(m) => {
+                if let Some(c) = capture {
+                    c.incomplete();
+                }
+                GatewayError::new(ErrorKind::BadGateway, m).to_response(protocol)
+            }
+            None => {
+                let answer = assembler.finish(ctx.endpoint);
+                match capture {
+                    Some(c) if summary.complete => {
+                        let took = start_at.elapsed();
+                        stored = c.store(&answer.to_value(), &summary.variant, &ctx.id, took);
+                    }
+                    Some(c) => c.incomplete(),
+                    None => {}
+                }
+                let body = bytes::Bytes::from(answer.to_bytes());
+                full_body(
+                    StatusCode::OK,
+                    "application/json",
+                    answer_body(ctx, StatusCode::OK, body),
+                )
+            }
+        };
+        if let Some(v) = fixes {
+            resp.headers_mut().insert(PROMPT_FIX_HEADER, v);
+        }
+        front_fixes(resp.headers_mut(), ctx);
+        keel_headers(
+            resp.headers_mut(),
+            &ctx.id,
+            summary.route,
+            &summary.variant,
+            summary.attempts,
+        );
+        integrity_header(resp.headers_mut(), &summary.integrity);
+        stamp.apply(resp.headers_mut());
+        if stored {
+            cache::stamp(resp.headers_mut(), "stored");
+        }
+        return resp;
+    }
+    let mut headers = response_headers();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    for (k, v) in &start.headers {
+        if k != header::CONTENT_TYPE {
+            headers.insert(k.clone(), v.clone());
+        }
+    }
+    log_headers(&mut headers, &log);
+    front_fixes(&mut headers, ctx);
+    log.prompt_fixes = fix_codes(&headers);
+    log.stamp_overhead(&mut headers);
+    // The relay runs inside the client's body (no task of its own; see `body::driven`), except a
+    // coalescing leader's (below).
+    let (tx, body, driver) = driven(protocol);
+    // Ended by an error event if still running at the drain deadline (before the Responses
+    // front, which translates it like the relay's own error events).
+    let mut body = gw.process.cut_at_deadline(body, protocol);
+    if let Some(front) = &ctx.responses {
+        body = front.stream(&ctx.id, body);
+    }
+    match capture {
+        None => {
+            driver.run(relay(Sink::Client(tx)).run(committed, start, log));
+        }
+        Some(mut c) => {
+            // The client's events are assembled on the side and stored if the stream completes.
+            let copy = Arc::new(Mutex::new(Assembled::default()));
+            // A coalescing leader's relay writes the flight's live log instead of this client's
+            // body, and runs in a task of its own: this client reads the log as every follower
+            // does, so no reader's pace (this client's included) holds back the generation or
+            // the others.
+            let (sink, reader) = match c.take_live() {
+                Some(live) => {
+                    live.serving(&log.variant);
+                    let reader = live.live().reader();
+                    let sink = Sink::Shared {
+                        copy: copy.clone(),
+                        live,
+                    };
+                    (sink, Some((reader, tx)))
+                }
+                None => {
+                    let sink = Sink::Tee {
+                        client: tx,
+                        copy: copy.clone(),
+                    };
+                    (sink, None)
+                }
+            };
+            let relay = relay(sink);
+            let (endpoint, id, first) = (ctx.endpoint, ctx.id.clone(), start.first_token_at);
+            let generate = async move {
+                let summary = relay.run(committed, start, log).await;
+                let (failure, body) = {
+                    let mut a = copy.lock().unwrap_or_else(|e| e.into_inner());
+                    (a.failure.take(), std::mem::take(&mut a.body))
+                };
+                if summary.complete && failure.is_none() {
+                    let answer = body.finish(endpoint).to_value();
+                    c.store(&answer, &summary.variant, &id, first.elapsed());
+                } else {
+                    c.incomplete();
+                }
+            };
+            match reader {
+                Some((reader, tx)) => {
+                    tokio::spawn(generate);
+                    driver.run(cache::flight::forward(reader, tx));
+                }
+                None => driver.run(generate),
+            }
+        }
+    }
+    let mut resp = Response::new(body);
+    *resp.status_mut() = StatusCode::OK;
+    *resp.headers_mut() = headers;
+    resp
+}

@@ -1,0 +1,302 @@
+//! The execute phase: attempts on the plan's variants until one serves, before any byte has
+//! reached the client.
+//!
+//! **The commit point.** Nothing is sent to the client until an attempt has produced its first
+//! token: for a stream, the first event carrying output (not the response head, not a role-only
+//! preamble, not a ping); for a whole response, the complete, valid body. Before that point any
+//! attempt may be abandoned silently and the next variant tried. After it, the response belongs
+//! to that attempt, and a failure can only migrate the rest of the generation (`relay`) or end
+//! the stream with an explicit error event, never a clean end.
+//!
+//! Every attempt enters its variant and is settled through `settlement` (the same path the
+//! relay's continuations take). Retryable failures move on to the next variant; the client's
+//! own errors are returned unchanged. Attempts are bounded by the pool's `max_attempts`, by the
+//! total deadline, and by the fleet-wide retry budget. The first attempt may be **hedged**: if
+//! its first token is late, the same request goes to the variant most likely to answer first,
+//! and if that one is late too, to the next (up to `max_hedges`, within the hedge budget); the
+//! first to produce a token wins.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
+use tokio::time::Instant;
+
+use keel_core::request::CanonicalRequest;
+
+use crate::pipeline::attempt::{attempt, AttemptResult, Served};
+use crate::pipeline::context::RequestCtx;
+use crate::pipeline::selection::COOLDOWN_WAIT_MAX_MS;
+use crate::pipeline::settlement::{AttemptKind, Attempts, Committed, Entered, Refused, Settled};
+use crate::state::pools::Pool;
+use crate::upstream::translation;
+use crate::wire::errors::GatewayError;
+
+/// How stage 2 ended.
+pub enum Outcome {
+    /// An attempt serves the client.
+    Served(Committed, Served),
+    /// The client's own error, as the upstream gave it.
+    ClientError(Served),
+    /// No variant could serve.
+    Failed(GatewayError),
+}
+
+/// The result of stage 2.
+pub struct Executed {
+    pub outcome: Outcome,
+    /// Every attempt so far; the relay continues the same ledger.
+    pub attempts: Attempts,
+    /// `hedged` when a hedge won; otherwise the route follows from the attempts.
+    pub route: Option<&'static str>,
+}
+
+/// Runs attempts over `order` (primary first) until one serves.
+pub async fn execute(
+    pool: &Arc<Pool>,
+    req: &CanonicalRequest,
+    ctx: &RequestCtx,
+    order: &[usize],
+    mut attempts: Attempts,
+) -> Executed {
+    let max_attempts = pool.cfg.max_attempts as usize;
+    let mut hedged = false;
+    pool.count_request();
+
+    // A variant of the other protocol that cannot be given this request (a field its protocol
+    // cannot express) is left out of the plan; when that leaves nothing, the client hears why.
+    let mut untranslatable = None;
+    let order: Vec<usize> = order
+        .iter()
+        .copied()
+        .filter(
+            |&vi| match translation::check(&pool.variants[vi].cfg, req) {
+                Ok(()) => true,
+                Err(e) => {
+                    untranslatable.get_or_insert(e);
+                    false
+                }
+            },
+        )
+        .collect();
+    if let (true, Some(e)) = (order.is_empty(), untranslatable) {
+        return Executed {
+            outcome: Outcome::Failed(GatewayError::from(e)),
+            attempts,
+            route: None,
+        };
+    }
+    let order = &order[..];
+
+    // Walk the plan; when it is exhausted with attempts left, come back to variants that are
+    // still available (a one-variant pool can retry a transient 503), after a short backoff.
+    let mut round = 0;
+    'rounds: while attempts.counted() < max_attempts {
+        let mut tried_this_round = false;
+        for &vi in order {
+            if attempts.counted() >= max_attempts || Instant::now() >= ctx.deadline {
+                break 'rounds;
+            }
+            if attempts.tried(vi) > round {
+                continue; // already tried in this round (e.g. as a hedge)
+            }
+            if round > 0 {
+                let backoff = Duration::from_millis(50 << round.min(4));
+                tokio::time::sleep_until((Instant::now() + backoff).min(ctx.deadline)).await;
+                if Instant::now() >= ctx.deadline {
+                    break 'rounds;
+                }
+            }
+            let kind = if attempts.is_empty() {
+                AttemptKind::First
+            } else {
+                AttemptKind::Fallback
+            };
+            let entered = match attempts.enter(vi, kind, ctx.deadline).await {
+                Ok(e) => e,
+                Err(Refused::Budget) => break 'rounds,
+                Err(_) => continue,
+            };
+            tried_this_round = true;
+            // The first attempt may be hedged by the best other variant of the plan.
+            let hedgeable = kind == AttemptKind::First && max_attempts > 1 && pool.hedging();
+            let others: Vec<usize> = if hedgeable {
+                order.iter().copied().filter(|&j| j != vi).collect()
+            } else {
+                Vec::new()
+            };
+            let delay = hedgeable
+                .then(|| pool.hedge_delay_ms(pool.hedge_target(&others)?))
+                .flatten();
+            let outcomes = match delay {
+                Some(delay) => {
+                    let race = race(
+                        &mut attempts,
+                        pool,
+                        entered,
+                        &others,
+                        req,
+                        ctx,
+                        Duration::from_millis(delay),
+                    )
+                    .await;
+                    hedged = race.hedge_won == Some(true);
+                    for loser in race.cancelled {
+                        attempts.cancelled(loser);
+                    }
+                    race.finished
+                }
+                None => {
+                    let r = attempt(pool, vi, req, ctx, entered.traceparent()).await;
+                    vec![(entered, r)]
+                }
+            };
+            for (entered, result) in outcomes {
+                let outcome = match attempts.settle(entered, result) {
+                    Settled::Served(c, s) => Outcome::Served(c, s),
+                    Settled::ClientError(s) => Outcome::ClientError(s),
+                    Settled::Failed => continue,
+                };
+                return Executed {
+                    outcome,
+                    attempts,
+                    route: hedged.then_some("hedged"),
+                };
+            }
+            if attempts.gave_up() {
+                break 'rounds;
+            }
+        }
+        if !tried_this_round {
+            // Every variant of the plan refused the round (cooling down after a failure, or
+            // full): wait for the first one back from a short cooldown, as selection does
+            // before the first attempt — a one-variant pool whose connection timed out once
+            // would otherwise answer 502 while its server is healthy.
+            match back_soon(pool, order, ctx.deadline, pool.now_ms()) {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => break,
+            }
+        }
+        round += 1;
+    }
+    Executed {
+        outcome: Outcome::Failed(attempts.give_up_error(ctx)),
+        attempts,
+        route: None,
+    }
+}
+
+/// When the first of `order` cooling down after a failure comes back, if that is within a
+/// short cooldown ([`COOLDOWN_WAIT_MAX_MS`]) and before `deadline`; `None` when none will (none
+/// is cooling: the variants are full, ejected or warming; or out for longer).
+fn back_soon(pool: &Pool, order: &[usize], deadline: Instant, now_ms: u64) -> Option<Instant> {
+    let ms = order
+        .iter()
+        .filter_map(|&vi| pool.cooling_for_ms(vi, now_ms))
+        .min()?;
+    let at = Instant::now() + Duration::from_millis(ms);
+    (ms <= COOLDOWN_WAIT_MAX_MS && at < deadline).then_some(at)
+}
+
+/// What a hedge race left: finished attempts in the order they finished, whether a hedge won
+/// (`None`: no race was decided), and the attempts still running (cancelled by dropping them).
+struct Race {
+    finished: Vec<(Entered, AttemptResult)>,
+    hedge_won: Option<bool>,
+    cancelled: Vec<Entered>,
+}
+
+/// One racer's attempt, tagged with its slot in the race.
+type Racer<'a> = std::pin::Pin<Box<dyn Future<Output = (usize, AttemptResult)> + Send + 'a>>;
+
+/// Runs the primary; if its first token is late by `delay`, races it against a hedge on the
+/// variant of `others` most likely to answer first then; if that hedge is late too (by its own
+/// target's delay), another, up to the pool's `max_hedges` while the hedge budget allows. The
+/// first to produce a token wins and the others are dropped at once (their connections close,
+/// so the upstreams stop generating). A racer that fails leaves the others running.
+async fn race(
+    attempts: &mut Attempts,
+    pool: &Arc<Pool>,
+    primary: Entered,
+    others: &[usize],
+    req: &CanonicalRequest,
+    ctx: &RequestCtx,
+    delay: Duration,
+) -> Race {
+    let racer = |slot: usize, e: &Entered| -> Racer<'_> {
+        let (vi, tp) = (e.vi, e.traceparent());
+        Box::pin(async move { (slot, attempt(pool, vi, req, ctx, tp).await) })
+    };
+    let label = |outcome: &'static str| {
+        pool.metrics
+            .counter(
+                "keel_hedges_total",
+                &[("pool", &pool.cfg.name), ("outcome", outcome)],
+            )
+            .increment(1)
+    };
+    let mut running = FuturesUnordered::new();
+    running.push(racer(0, &primary));
+    let primary_vi = primary.vi;
+    // Slot 0 is the primary, slots 1.. the hedges in the order they started.
+    let mut entered: Vec<Option<Entered>> = vec![Some(primary)];
+    let mut finished = Vec::new();
+    let mut next_hedge = Some(Instant::now() + delay).filter(|at| *at < ctx.deadline);
+    loop {
+        tokio::select! {
+            Some((slot, r)) = running.next() => {
+                let done = entered[slot].take().expect("a racer finishes once");
+                let won = !matches!(r, AttemptResult::Failed(_));
+                finished.push((done, r));
+                let hedges = entered.len() - 1;
+                if won {
+                    if hedges > 0 {
+                        label(if slot == 0 { "lost" } else { "won" });
+                    }
+                    return Race {
+                        finished,
+                        hedge_won: (hedges > 0).then_some(slot > 0),
+                        cancelled: entered.into_iter().flatten().collect(),
+                    };
+                }
+                if running.is_empty() {
+                    // Every racer failed: the plan's fallbacks take over.
+                    if hedges > 0 {
+                        label("failed");
+                    }
+                    return Race { finished, hedge_won: None, cancelled: Vec::new() };
+                }
+            }
+            _ = tokio::time::sleep_until(next_hedge.unwrap_or(ctx.deadline)), if next_hedge.is_some() => {
+                next_hedge = None;
+                // The best variant not already racing (or failed in this race).
+                let busy: Vec<usize> = entered
+                    .iter()
+                    .flatten()
+                    .map(|e| e.vi)
+                    .chain(finished.iter().map(|(e, _)| e.vi))
+                    .collect();
+                let free: Vec<usize> = others.iter().copied().filter(|j| !busy.contains(j)).collect();
+                let Some(h) = pool.try_hedge(&free) else { continue };
+                let Ok(hedge) = attempts.enter(h, AttemptKind::Hedge, ctx.deadline).await else {
+                    continue;
+                };
+                if let Some(d) = attempts.decision() {
+                    let variant = |i: usize| pool.variants[i].cfg.name.as_str();
+                    d.note_hedge(variant(primary_vi), variant(h));
+                }
+                running.push(racer(entered.len(), &hedge));
+                entered.push(Some(hedge));
+                // If this hedge is late too by its own standard, another may follow.
+                if entered.len() - 1 < pool.cfg.max_hedges as usize {
+                    next_hedge = pool
+                        .hedge_delay_ms(h)
+                        .map(|ms| Instant::now() + Duration::from_millis(ms))
+                        .filter(|at| *at < ctx.deadline);
+                }
+            }
+        }
+    }
+}

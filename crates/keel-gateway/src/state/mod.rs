@@ -1,0 +1,13 @@
+//! State that outlives a request: the pools and their live variant state ([`pools`]),
+//! learned limits and the wait line ([`capacity`]), the retry budget, rollout state ([`canary`],
+//! [`safe_mode`]), keys and quotas ([`keys`], [`quota`]) and what replicas tell each other
+//! ([`signals`]).
+
+pub mod canary;
+pub mod capacity;
+pub mod keys;
+pub mod pools;
+pub mod quota;
+pub mod retry_budget;
+pub mod safe_mode;
+pub mod signals;
