@@ -35,8 +35,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::observe::record::DecisionRecord;
 pub use config::{install_crypto, Config};
-use pipeline::selection::DecisionRecord;
 use state::pools::{Pool, UpstreamLimits};
 pub use wire::body::{full_body, Body};
 

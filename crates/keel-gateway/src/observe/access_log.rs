@@ -7,6 +7,7 @@
 //! The line (see [`AccessLog`] for where it goes) holds what keel decided and measured, never
 //! a secret: no header values, no key, no prompt or output, only the key's id and tenant.
 
+use crate::observe::record::AttemptKind;
 use std::fs::OpenOptions;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -17,7 +18,7 @@ use tokio::time::Instant;
 use crate::config::{AccessLogTarget, LogConfig, LogFormat, VariantConfig};
 use crate::observe::log_writer::{self, Dest};
 use crate::observe::telemetry::{RequestEnd, RequestSpan};
-use crate::pipeline::settlement::{AttemptKind, Attempts};
+use crate::pipeline::settlement::Attempts;
 use crate::state::keys::meter::Meter;
 use crate::Gateway;
 

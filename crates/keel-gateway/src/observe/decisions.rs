@@ -22,17 +22,17 @@
 //! size (see `decision_candidates`), so the worst case is about 6 KiB a record, 60 MiB for a
 //! full ring.
 
+use crate::observe::record::{HedgeRecord, MigrationRecord};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::observe::access_log::RequestLog;
-use crate::pipeline::selection::DecisionRecord;
+use crate::observe::record::DecisionRecord;
 use crate::upstream::translation::PROMPT_FIX_HEADER;
 
 /// The response header with keel's own time for the request, in microseconds.
@@ -41,28 +41,6 @@ pub const OVERHEAD_HEADER: &str = "x-keel-overhead-us";
 /// The most records one query returns, and how many it returns by default.
 pub const QUERY_MAX: usize = 1000;
 pub const QUERY_DEFAULT: usize = 100;
-
-/// A hedge: a duplicate of the first attempt, started because its first token was late.
-#[derive(Debug, Clone, Serialize)]
-pub struct HedgeRecord {
-    pub from: String,
-    pub to: String,
-    pub reason: &'static str,
-    /// Since the request started, when the hedge was sent.
-    pub at_ms: f64,
-}
-
-/// A migration: a stream continued on another variant after bytes reached the client.
-#[derive(Debug, Clone, Serialize)]
-pub struct MigrationRecord {
-    pub from: String,
-    pub to: String,
-    /// `stall`, `slow` or `error`.
-    pub reason: String,
-    /// Output tokens the client had received when the stream moved.
-    pub after_tokens: u64,
-    pub at_ms: f64,
-}
 
 /// The bounded ring of finished records: `kept` slots, written in turn.
 pub struct DecisionLog {
@@ -589,9 +567,9 @@ mod tests {
     /// grows them should update the figures.
     #[test]
     fn record_sizes_stay_within_the_documented_figures() {
-        use crate::pipeline::selection::CandidateRecord;
+        use crate::observe::record::CandidateRecord;
         assert!(std::mem::size_of::<DecisionRecord>() <= 640);
         assert!(std::mem::size_of::<CandidateRecord>() <= 256);
-        assert!(std::mem::size_of::<crate::pipeline::settlement::AttemptRecord>() <= 128);
+        assert!(std::mem::size_of::<crate::observe::record::AttemptRecord>() <= 128);
     }
 }

@@ -5,5 +5,6 @@ pub mod access_log;
 pub mod decisions;
 pub mod log_writer;
 pub mod metrics;
+pub mod record;
 pub mod telemetry;
 pub mod window;

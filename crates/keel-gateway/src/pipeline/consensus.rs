@@ -25,6 +25,7 @@
 //! field without unanimity, which variants' values won and which did not (never the values:
 //! records keep no output).
 
+use crate::observe::record::AttemptKind;
 use std::sync::Arc;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -39,7 +40,7 @@ use keel_core::request::CanonicalRequest;
 use crate::observe::access_log::RequestLog;
 use crate::pipeline::attempt::{attempt, Served};
 use crate::pipeline::context::RequestCtx;
-use crate::pipeline::settlement::{AttemptKind, Attempts, Entered, Settled, StreamEnd};
+use crate::pipeline::settlement::{Attempts, Entered, Settled, StreamEnd};
 use crate::state::pools::Pool;
 use crate::wire::body::Body;
 use crate::wire::errors::GatewayError;

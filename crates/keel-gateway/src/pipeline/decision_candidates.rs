@@ -3,28 +3,9 @@
 //! routing decision itself, so the record lists the ones that explain the choice and counts the
 //! rest by state.
 
-use serde::Serialize;
+use crate::observe::record::{OmittedCandidates, CANDIDATES_KEPT};
 
 use keel_core::selection::Candidate;
-
-/// The most candidates (and plan entries) one decision record lists. Building an entry for each
-/// of 256 variants on every request cost more than the policy's decision itself; a record only
-/// needs the ones that explain the choice, and counts for the rest.
-pub const CANDIDATES_KEPT: usize = 16;
-
-/// The candidates a record leaves out, and the plan's fallbacks past those it lists.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct OmittedCandidates {
-    /// Candidates not listed.
-    pub count: u32,
-    /// Of those, how many could have taken the request (eligible, but costlier than the
-    /// listed ones).
-    pub eligible: u32,
-    /// The unlisted candidates by health state (`healthy`, `ejected`, `warming`, …).
-    pub by_state: std::collections::BTreeMap<&'static str, u32>,
-    /// Fallbacks of the plan past the first [`CANDIDATES_KEPT`].
-    pub plan_tail: u32,
-}
 
 /// Which candidates (positions in `candidates`) a decision record lists: all of them in a pool
 /// of up to [`CANDIDATES_KEPT`] variants; otherwise the plan's head (the primary and the first

@@ -16,6 +16,7 @@
 //! and if that one is late too, to the next (up to `max_hedges`, within the hedge budget); the
 //! first to produce a token wins.
 
+use crate::observe::record::AttemptKind;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +30,7 @@ use keel_core::request::CanonicalRequest;
 use crate::pipeline::attempt::{attempt, AttemptResult, Served};
 use crate::pipeline::context::RequestCtx;
 use crate::pipeline::selection::COOLDOWN_WAIT_MAX_MS;
-use crate::pipeline::settlement::{AttemptKind, Attempts, Committed, Entered, Refused, Settled};
+use crate::pipeline::settlement::{Attempts, Committed, Entered, Refused, Settled};
 use crate::state::pools::Pool;
 use crate::upstream::translation;
 use crate::wire::errors::GatewayError;

@@ -10,6 +10,7 @@
 //! it answers 200. These checks are counted in `keel_maintenance_requests_total{kind="health"}`;
 //! they are not attempts (no slot, no retry budget).
 
+use crate::observe::record::AttemptKind;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,7 @@ use keel_core::stream_watch::read_event_in;
 
 use crate::pipeline::attempt::{attempt, AttemptResult, Served, StreamStart};
 use crate::pipeline::context::RequestCtx;
-use crate::pipeline::settlement::{AttemptKind, Attempts};
+use crate::pipeline::settlement::Attempts;
 use crate::state::pools::{Maintenance, Pool};
 use crate::Gateway;
 

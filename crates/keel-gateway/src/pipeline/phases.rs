@@ -20,6 +20,7 @@
 //! extends it; a phase that answers the request itself (an error, a cache hit, a consensus)
 //! returns the response as `Err`, which ends the pipeline.
 
+use crate::observe::record::DecisionRecord;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -40,7 +41,7 @@ use crate::pipeline::cache::{self, Capture, Lookup};
 use crate::pipeline::context::{ClientApi, Priority, RequestCtx};
 use crate::pipeline::delivery;
 use crate::pipeline::execution::{self, Executed, Outcome};
-use crate::pipeline::selection::{select_or_wait, Controls, DecisionRecord, Selection};
+use crate::pipeline::selection::{select_or_wait, Controls, Selection};
 use crate::pipeline::settlement::Attempts;
 use crate::state::capacity::{Throttle, ThrottleReason};
 use crate::state::pools::Pool;

@@ -4,21 +4,18 @@
 //! ordered plan (primary, then fallbacks), a decision record for every request, and the waits
 //! that help (a short cooldown ending, a place in the line of a full pool).
 
+use crate::observe::record::CANDIDATES_KEPT;
+use crate::observe::record::{CandidateRecord, DecisionRecord};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use serde::Serialize;
 
 use keel_core::health::State;
 use keel_core::request::CanonicalRequest;
 use keel_core::selection::{Candidate, Preference, RequestSignals};
 
 use crate::pipeline::context::Priority;
-use crate::pipeline::decision_candidates::{
-    kept_candidates, omitted_summary, OmittedCandidates, CANDIDATES_KEPT,
-};
-use crate::pipeline::settlement::AttemptRecord;
+use crate::pipeline::decision_candidates::{kept_candidates, omitted_summary};
 use crate::state::capacity::{Throttle, ThrottleReason, Wake};
 use crate::state::pools::{Pool, Variant};
 
@@ -58,115 +55,6 @@ pub struct Controls<'a> {
     pub min_tier: Option<u8>,
     /// The request's rank in the wait line.
     pub priority: Priority,
-}
-
-/// One candidate in a decision record: every input of its cost, as selection saw it.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct CandidateRecord {
-    pub variant: String,
-    pub state: &'static str,
-    /// Whether it could take this request (not cooling down, ejected, warming, full, too
-    /// small for the prompt or below the tier floor).
-    pub eligible: bool,
-    /// Effective weight: configured weight × health.
-    pub weight: f64,
-    pub configured_weight: u32,
-    /// Health weight in 0..=1, the product of `factors`.
-    pub health: f64,
-    /// The factors behind the health weight, each in 0..=1.
-    pub factors: keel_core::health::Factors,
-    /// Peak-EWMA time-to-first-token estimate, ms.
-    pub predicted_ttft_ms: f64,
-    pub p95_ttft_ms: Option<f64>,
-    /// Time-between-tokens standard deviation (gap variance), ms.
-    pub tgsv_ms: Option<f64>,
-    pub error_rate: Option<f64>,
-    /// Scraped from the upstream's metrics: KV-cache usage (0..=1) and requests waiting.
-    pub kv_usage: Option<f64>,
-    pub queue_waiting: Option<f64>,
-    pub in_flight: u32,
-    /// Configured or learned concurrency limit (`None`: unlimited).
-    pub concurrency_limit: Option<u32>,
-    pub tier: u8,
-    pub price: f64,
-    /// The policy's cost (lower wins); `None` when not eligible or for round robin.
-    pub cost: Option<f64>,
-}
-
-/// Why a request went where it went (see `decisions`). Selection fills in the candidates and
-/// the plan; the attempts and the request's end complete it. No prompt or output is kept.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct DecisionRecord {
-    pub request_id: String,
-    /// Arrival, milliseconds since the Unix epoch.
-    pub time_unix_ms: u64,
-    pub pool: String,
-    /// The client's API (`chat_completions`, `messages`, …).
-    pub endpoint: &'static str,
-    /// Virtual key id and tenant, when keys are configured.
-    pub key: Option<String>,
-    pub tenant: Option<String>,
-    pub policy: &'static str,
-    pub reason: &'static str,
-    /// The affinity key's hash (hex), when the pool uses affinity and the request has one.
-    pub affinity_key: Option<String>,
-    /// The plan's first [`CANDIDATES_KEPT`] variants (every one in pools no larger).
-    pub plan: Vec<String>,
-    /// Every candidate in pools of up to [`CANDIDATES_KEPT`] variants; in larger ones, the
-    /// plan's head and the cheapest others (see [`kept_candidates`]), in variant order.
-    pub candidates: Vec<CandidateRecord>,
-    /// What a large pool's record leaves out, counted (`None` when nothing is).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub candidates_omitted: Option<Box<OmittedCandidates>>,
-    /// Time selection took, µs.
-    pub duration_us: f64,
-    /// Every attempt the request made, in order (filled in when the request ends).
-    pub attempts: Vec<AttemptRecord>,
-    pub hedges: Vec<crate::observe::decisions::HedgeRecord>,
-    pub migrations: Vec<crate::observe::decisions::MigrationRecord>,
-    /// `x-keel-prompt-fix` codes.
-    pub prompt_fixes: Vec<String>,
-    /// What normalization changed: the text around each change, before and after (see
-    /// `keel_core::normalize::Edits`; off with `decision_prompt_edits = false`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub prompt_edits: Vec<keel_core::normalize::Edit>,
-    /// `x-keel-route` and `x-keel-variant` as answered.
-    pub route: &'static str,
-    pub variant: String,
-    pub status: u16,
-    pub outcome: &'static str,
-    pub ttft_ms: Option<f64>,
-    pub total_ms: f64,
-    /// Time with an upstream attempt outstanding, ms.
-    pub upstream_wait_ms: f64,
-    /// `x-keel-overhead-us`.
-    pub overhead_us: Option<u64>,
-    /// The canary side the request was put on (`stable`, `candidate`), in a pool with one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub canary: Option<&'static str>,
-
-    /// Output integrity events, `<issue>:<action>` (`truncated:continued`,
-    /// `invalid_json:retried`, `invalid_json:flagged`, …; see `relay::integrity`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub integrity: Vec<String>,
-    /// A consensus request's votes (see `consensus`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub consensus: Option<serde_json::Value>,
-
-    /// `x-keel-cache` (see `cache`), and for a hit the request whose answer was replayed.
-    pub cache: &'static str,
-    pub cached_from: Option<String>,
-}
-
-impl DecisionRecord {
-    /// A record with no selection (the request ended before one).
-    pub fn bare(request_id: &str, pool: &str) -> Self {
-        DecisionRecord {
-            request_id: request_id.to_owned(),
-            pool: pool.to_owned(),
-            ..Default::default()
-        }
-    }
 }
 
 impl Pool {

@@ -25,10 +25,10 @@
 //! stream that stalls after its first token counts as `stall`, not `ok`) and listed, with its
 //! kind and outcome, in the request's decision record.
 
+use crate::observe::record::{AttemptKind, AttemptRecord};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use serde::Serialize;
 use tokio::time::Instant;
 
 use keel_core::outcome::{AttemptFailure, Verdict};
@@ -62,59 +62,6 @@ pub const CLIENT_EVIDENCE_COOLDOWN_MS: u64 = 1_000;
 /// Longest retry-after a "full" 429 may carry: capacity frees within a second or two, while
 /// a rate-limit quota (hosted APIs) asks for longer, and is honoured as a cooldown.
 const FULL_RETRY_AFTER_MAX_MS: u64 = 2_000;
-
-/// Why an attempt is made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AttemptKind {
-    /// The plan's first attempt.
-    First,
-    /// A new attempt before the first byte reached the client.
-    Fallback,
-    /// A duplicate of the first attempt, started because its first token is late.
-    Hedge,
-    /// A new attempt after bytes reached the client, continuing from the text already sent.
-    Continuation,
-    /// A synthetic one-token request that re-measures an ejected variant (the monitor's).
-    Probe,
-    /// A synthetic request that warms a new or returning variant before client traffic.
-    WarmUp,
-}
-
-impl AttemptKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttemptKind::First => "first",
-            AttemptKind::Fallback => "fallback",
-            AttemptKind::Hedge => "hedge",
-            AttemptKind::Continuation => "continuation",
-            AttemptKind::Probe => "probe",
-            AttemptKind::WarmUp => "warmup",
-        }
-    }
-
-    /// Retries spend the fleet-wide retry budget (hedges have the pool's hedge budget).
-    fn is_retry(self) -> bool {
-        matches!(self, AttemptKind::Fallback | AttemptKind::Continuation)
-    }
-}
-
-/// One attempt, for headers, metrics, logs and the decision record.
-#[derive(Debug, Clone, Serialize)]
-pub struct AttemptRecord {
-    pub variant: String,
-    pub kind: AttemptKind,
-    pub outcome: String,
-    /// Since the request arrived: when the attempt started, its first token (or whole
-    /// answer) came, and it ended (ms; `None` while still running or when it never came).
-    pub start_ms: f64,
-    pub ttft_ms: Option<f64>,
-    pub end_ms: Option<f64>,
-    /// It failed on a variant still loading or restarting: it does not count against
-    /// `max_attempts` (the variant is tried again once ready).
-    #[serde(skip)]
-    warming: bool,
-}
 
 /// Why an attempt could not enter a variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,6 +20,7 @@
 //! `: keel integrity=<flag>` after a stream's terminal event (the last bytes of its body); both
 //! are in the decision record and `keel_integrity_total`.
 
+use crate::observe::record::AttemptKind;
 use keel_core::continuation::{ResumeMode, Stitcher};
 use keel_core::integrity::{self, json, truncation, Flag};
 use keel_core::sse::SseEvent;
@@ -29,7 +30,7 @@ use super::{Relay, Segment, Sink};
 use crate::config::IntegrityConfig;
 use crate::observe::access_log::RequestLog;
 use crate::pipeline::attempt::attempt;
-use crate::pipeline::settlement::{AttemptKind, Refused};
+use crate::pipeline::settlement::Refused;
 
 /// What the relay has done about integrity so far for one request.
 #[derive(Debug, Default)]

@@ -10,6 +10,7 @@
 //! is loading or restarting, a failed stream waits for the first ready variant (within its
 //! deadline) instead of ending in an error.
 
+use crate::observe::record::AttemptKind;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -21,7 +22,7 @@ use keel_core::request::CanonicalRequest;
 use super::{Relay, Segment};
 use crate::pipeline::attempt::{attempt, AttemptResult, Served};
 use crate::pipeline::context::RequestCtx;
-use crate::pipeline::settlement::{AttemptKind, Entered, Refused, Settled, StreamEnd};
+use crate::pipeline::settlement::{Entered, Refused, Settled, StreamEnd};
 use crate::upstream::translation;
 use keel_core::continuation::is_prefill_refusal;
 use keel_core::protocol::error_message;
