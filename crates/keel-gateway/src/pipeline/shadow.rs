@@ -11,111 +11,26 @@
 //! is skipped (counted). Results: `GET /keel/shadow/{pool}` and `keel_shadow_*` metrics; a pool
 //! with a canary also takes each similarity as canary agreement.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::time::Instant;
 
-use keel_core::compare::{answer_text, compare, Summary};
+use keel_core::compare::{answer_text, compare};
 use keel_core::protocol::Endpoint;
 use keel_core::request::CanonicalRequest;
-use keel_core::rng::hash_bytes;
 use keel_core::tokens;
 
-use crate::config::{ShadowConfig, VariantConfig};
+use crate::config::VariantConfig;
 use crate::pipeline::context::RequestCtx;
 use crate::state::pools::Pool;
-
-/// One pool's shadow variants, their bounds and their summaries.
-pub struct Shadow {
-    cfg: ShadowConfig,
-    in_flight: AtomicU32,
-    /// The current minute's start (`now_ms`) and the copies sent in it.
-    minute: Mutex<(u64, u32)>,
-    /// Per shadow variant, in config order.
-    summaries: Mutex<Vec<Summary>>,
-}
 
 /// What the client was served, for the comparison.
 pub struct ServedAnswer {
     pub text: String,
     pub latency_ms: f64,
-}
-
-impl Shadow {
-    pub fn new(cfg: Option<&ShadowConfig>) -> Option<Shadow> {
-        let cfg = cfg?.clone();
-        let n = cfg.variants.len();
-        Some(Shadow {
-            cfg,
-            in_flight: AtomicU32::new(0),
-            minute: Mutex::new((0, 0)),
-            summaries: Mutex::new(vec![Summary::default(); n]),
-        })
-    }
-
-    fn summaries(&self) -> MutexGuard<'_, Vec<Summary>> {
-        self.summaries.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Whether request `id` is in the sample.
-    fn sampled(&self, id: &str) -> bool {
-        let b = hash_bytes(0x7368_6164, id.as_bytes()) % 10_000;
-        (b as f64) < self.cfg.sample * 10_000.0
-    }
-
-    /// Takes one copy's place under both bounds; false when either is reached.
-    fn admit(&self, now_ms: u64) -> bool {
-        let mut m = self.minute.lock().unwrap_or_else(|e| e.into_inner());
-        if now_ms.saturating_sub(m.0) >= 60_000 {
-            *m = (now_ms, 0);
-        }
-        if m.1 >= self.cfg.max_per_minute {
-            return false;
-        }
-        let taken = self.in_flight.fetch_add(1, Ordering::AcqRel);
-        if taken >= self.cfg.max_in_flight {
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return false;
-        }
-        m.1 += 1;
-        true
-    }
-
-    /// `GET /keel/shadow/{pool}`.
-    pub fn document(&self, pool: &str) -> Value {
-        let summaries = self.summaries();
-        let variants: Vec<Value> = self
-            .cfg
-            .variants
-            .iter()
-            .zip(summaries.iter())
-            .map(|(v, s)| {
-                json!({
-                    "variant": v.name,
-                    "compared": s.compared,
-                    "failed": s.failed,
-                    "skipped": s.skipped,
-                    "exact_match_rate": s.exact_rate(),
-                    "mean_similarity": s.mean_similarity(),
-                    "json_compared": s.json_compared,
-                    "mean_json_agreement": s.mean_json_agreement(),
-                    "mean_latency_delta_ms": s.mean_latency_delta_ms(),
-                    "mean_token_delta": s.mean_token_delta(),
-                })
-            })
-            .collect();
-        json!({
-            "pool": pool,
-            "sample": self.cfg.sample,
-            "max_in_flight": self.cfg.max_in_flight,
-            "max_per_minute": self.cfg.max_per_minute,
-            "in_flight": self.in_flight.load(Ordering::Relaxed),
-            "variants": variants,
-        })
-    }
 }
 
 /// Called when a request's answer is complete: sends sampled copies to the pool's shadow

@@ -10,4 +10,5 @@ pub mod pools;
 pub mod quota;
 pub mod retry_budget;
 pub mod safe_mode;
+pub mod shadow;
 pub mod signals;

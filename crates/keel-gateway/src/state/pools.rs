@@ -260,7 +260,7 @@ pub struct Pool {
     /// `[pools.canary]`'s split and its state (see `canary`).
     pub canary: Option<crate::state::canary::CanaryRuntime>,
     /// `[pools.shadow]`'s variants and their comparisons (see `shadow`).
-    pub shadow: Option<crate::pipeline::shadow::Shadow>,
+    pub shadow: Option<crate::state::shadow::Shadow>,
 }
 
 /// How long after the last high-priority request its share of capacity stays reserved.
@@ -473,7 +473,7 @@ impl Pool {
                 metrics.clone(),
                 epoch.elapsed().as_millis() as u64,
             ),
-            shadow: crate::pipeline::shadow::Shadow::new(cfg.shadow.as_ref()),
+            shadow: crate::state::shadow::Shadow::new(cfg.shadow.as_ref()),
             protocol,
             variants,
             client,

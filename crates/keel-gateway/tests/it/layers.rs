@@ -40,8 +40,6 @@ const KNOWN_UPWARD: &[(&str, &str)] = &[
     ("observe/decisions.rs", "pipeline"),
     // A key's admission (limits, quotas) reads the gateway's quota store and metrics.
     ("state/keys/limits.rs", "root"),
-    // The shadow copies' runtime lives in the pool's state.
-    ("state/pools.rs", "pipeline"),
     // The signal link subscribes through the gateway.
     ("state/signals/link.rs", "root"),
 ];
