@@ -5,7 +5,7 @@
 //!
 //! **No shared lock on the request path.** Updates (an attempt's outcome, a cooldown, the
 //! monitor's tick) take the lock of the one variant they change ([`VariantState`]), and each
-//! ends by publishing that variant's [`Live`] view: a `Copy` of its estimates and availability,
+//! ends by publishing that variant's [`Published`] view: a `Copy` of its estimates and availability,
 //! swapped in atomically (`arc-swap`); so requests finishing on different variants never wait
 //! for each other. What every request reads (the routing decision, the availability re-check
 //! before each attempt, the hedge delay and target, the stall thresholds) reads those views and
@@ -56,23 +56,23 @@ pub struct Variant {
     state: Mutex<VariantState>,
     /// The variant's health and availability as last published (see the module's notes);
     /// shared with the per-thread caches of the views ([`Pool::views`]).
-    live: Arc<ArcSwap<Live>>,
+    live: Arc<ArcSwap<Published>>,
 }
 
 /// One thread's copies of a pool's published views, one per variant (see [`Pool::views`]).
-pub(crate) type ViewCache = Vec<arc_swap::Cache<Arc<ArcSwap<Live>>, Arc<Live>>>;
+pub(crate) type ViewCache = Vec<arc_swap::Cache<Arc<ArcSwap<Published>>, Arc<Published>>>;
 
 /// Every variant's view, held for one reader of all of them (see [`Pool::views`]).
 pub(crate) enum Views<'a> {
     /// The calling thread's cache of the views.
     Cached(MutexGuard<'a, ViewCache>),
     /// Loaded one by one, because another thread sharing the cache's shard holds it.
-    Loaded(Vec<Arc<Live>>),
+    Loaded(Vec<Arc<Published>>),
 }
 
 impl Views<'_> {
     /// The views as of now, by variant: each stays as read while `self` lives.
-    pub(crate) fn current(&mut self) -> Vec<&Live> {
+    pub(crate) fn current(&mut self) -> Vec<&Published> {
         match self {
             Views::Cached(cache) => cache.iter_mut().map(|view| &**view.load()).collect(),
             Views::Loaded(views) => views.iter().map(|view| &**view).collect(),
@@ -85,7 +85,7 @@ impl Views<'_> {
 /// that depend on time (relaxed estimates, slow start, cooldowns) are computed from it at the
 /// reader's `now_ms`, so reading a view gives what reading the state would have.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Live {
+pub(crate) struct Published {
     pub(crate) est: Estimates,
     pub(crate) availability: Availability,
     pub(crate) p50_ttft_ms: Option<f64>,
@@ -130,9 +130,9 @@ pub(crate) struct Steady {
     until_ms: u64,
 }
 
-impl Live {
+impl Published {
     /// The view of a variant's state at `now_ms`; `hedge_q` is its pool's [`hedge_quantile`].
-    fn of(st: &VariantState, hedge_q: f64, hc: &HealthConfig, now_ms: u64) -> Live {
+    fn of(st: &VariantState, hedge_q: f64, hc: &HealthConfig, now_ms: u64) -> Published {
         let h = &st.health;
         let est = h.est;
         let steady = est
@@ -142,7 +142,7 @@ impl Live {
                 figures: HealthNow::of(&est, now_ms, hc),
                 until_ms,
             });
-        Live {
+        Published {
             est,
             availability: st.availability,
             p50_ttft_ms: h.ttft_quantile_ms(0.5),
@@ -432,7 +432,7 @@ impl Pool {
                     limit: Arc::default(),
                     prefill_refused: AtomicBool::new(false),
                     name_hash: hash_bytes(0x6e61_6d65, v.name.as_bytes()),
-                    live: Arc::new(ArcSwap::from_pointee(Live::of(
+                    live: Arc::new(ArcSwap::from_pointee(Published::of(
                         &state,
                         hedge_quantile(&cfg),
                         &cfg.health,
@@ -544,7 +544,7 @@ impl Pool {
     }
 
     fn publish(&self, st: &VariantState, index: usize) {
-        let live = Live::of(
+        let live = Published::of(
             st,
             hedge_quantile(&self.cfg),
             &self.cfg.health,
@@ -555,7 +555,7 @@ impl Pool {
 
     /// Variant `index`'s published view.
     /// (A guard, not a copy of the view: hold it briefly.)
-    pub(crate) fn live(&self, index: usize) -> arc_swap::Guard<Arc<Live>> {
+    pub(crate) fn live(&self, index: usize) -> arc_swap::Guard<Arc<Published>> {
         self.variants[index].live.load()
     }
 
@@ -1226,7 +1226,7 @@ mod tests {
             st.health.record_outcome(t * 50, t % 7 != 0, &hc);
         }
         st.health.est.state = State::SlowStart { since_ms: 1_000 };
-        let live = Live::of(&st, 0.9, &hc, 1_000);
+        let live = Published::of(&st, 0.9, &hc, 1_000);
         assert!(
             live.steady.is_some(),
             "fresh estimates publish steady figures"

@@ -6,7 +6,7 @@
 //! truncated stream, a client that went away), dropping the flight wakes the waiters with
 //! nothing and each goes upstream itself.
 //!
-//! **Streams fan out live.** A streaming leader keeps a [`Live`] log: an append-only list of
+//! **Streams fan out live.** A streaming leader keeps a [`LeaderStream`] log: an append-only list of
 //! the batches of events its relay produced (whole events, in the client's protocol, before any
 //! Responses front), with a version that wakes readers. Every reader — the leader's own client
 //! and each follower — keeps its own offset into the log and is sent from there at its own
@@ -27,7 +27,7 @@
 //! flight and its last reader are gone, so a reader far behind costs its offset and nothing
 //! more; the log is as large as the answer the leader's client gets, which the assembled copy
 //! beside it bounds to `keel_core::assemble::MAX_ASSEMBLED_BYTES` (past that the stream is
-//! neither stored nor followed further, see [`LiveWriter::append`]).
+//! neither stored nor followed further, see [`LeaderWriter::append`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,7 +50,7 @@ type Slot = watch::Sender<Option<Arc<Entry>>>;
 struct InFlight {
     id: u64,
     slot: Slot,
-    live: Option<Arc<Live>>,
+    live: Option<Arc<LeaderStream>>,
 }
 
 /// The generations in progress, by key.
@@ -65,7 +65,10 @@ pub enum Joined {
     /// No one is generating this answer: this request does, and publishes it.
     Leader(Flight),
     /// Someone is: wait for their answer, or follow their stream live when it has one.
-    Waiter(watch::Receiver<Option<Arc<Entry>>>, Option<Arc<Live>>),
+    Waiter(
+        watch::Receiver<Option<Arc<Entry>>>,
+        Option<Arc<LeaderStream>>,
+    ),
 }
 
 /// The leader's hold on a key; dropping it ends the flight (waiters without an answer go
@@ -75,7 +78,7 @@ pub struct Flight {
     key: String,
     id: u64,
     /// The live log's writing end, taken by the streaming relay.
-    live: Option<LiveWriter>,
+    live: Option<LeaderWriter>,
 }
 
 impl Flights {
@@ -88,7 +91,7 @@ impl Flights {
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (slot, _) = watch::channel(None);
-        let live = stream.map(|(shape, origin)| Arc::new(Live::new(shape, origin)));
+        let live = stream.map(|(shape, origin)| Arc::new(LeaderStream::new(shape, origin)));
         map.insert(
             key.to_owned(),
             InFlight {
@@ -101,7 +104,7 @@ impl Flights {
             flights: self.clone(),
             key: key.to_owned(),
             id,
-            live: live.map(LiveWriter),
+            live: live.map(LeaderWriter),
         })
     }
 
@@ -131,7 +134,7 @@ impl Flight {
     }
 
     /// The live log's writing end, for the relay that streams the leader's answer.
-    pub fn take_live(&mut self) -> Option<LiveWriter> {
+    pub fn take_live(&mut self) -> Option<LeaderWriter> {
         self.live.take()
     }
 }
@@ -161,11 +164,11 @@ pub fn stream_shape(model: &str, body: &Map<String, Value>) -> String {
 }
 
 /// A streaming leader's events as its client was sent them, for followers.
-pub struct Live {
+pub struct LeaderStream {
     shape: String,
     /// The leader's request id (followers' decision records name it).
     origin: String,
-    log: Mutex<LiveLog>,
+    log: Mutex<LeaderLog>,
     /// Bumped on every append and at the end (readers wait on it).
     version: watch::Sender<u64>,
     /// How many read now: the leader's own client and its followers (the leader's relay goes
@@ -174,7 +177,7 @@ pub struct Live {
 }
 
 #[derive(Default)]
-struct LiveLog {
+struct LeaderLog {
     batches: Vec<Bytes>,
     /// The bytes of `batches`.
     bytes: usize,
@@ -183,18 +186,18 @@ struct LiveLog {
     end: Option<bool>,
 }
 
-impl Live {
-    fn new(shape: String, origin: String) -> Live {
-        Live {
+impl LeaderStream {
+    fn new(shape: String, origin: String) -> LeaderStream {
+        LeaderStream {
             shape,
             origin,
-            log: Mutex::new(LiveLog::default()),
+            log: Mutex::new(LeaderLog::default()),
             version: watch::channel(0).0,
             followers: watch::channel(0).0,
         }
     }
 
-    fn log(&self) -> std::sync::MutexGuard<'_, LiveLog> {
+    fn log(&self) -> std::sync::MutexGuard<'_, LeaderLog> {
         self.log.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -253,11 +256,11 @@ impl Live {
     }
 }
 
-/// The relay's end of a live log. Dropped without [`LiveWriter::end`], the stream is marked as
+/// The relay's end of a live log. Dropped without [`LeaderWriter::end`], the stream is marked as
 /// ended uncleanly (followers end with keel's error event).
-pub struct LiveWriter(Arc<Live>);
+pub struct LeaderWriter(Arc<LeaderStream>);
 
-impl LiveWriter {
+impl LeaderWriter {
     /// Appends a batch of whole events for every reader; false (nothing appended) when the log
     /// would grow past [`MAX_LIVE_BYTES`].
     pub fn append(&self, batch: Bytes) -> bool {
@@ -278,7 +281,7 @@ impl LiveWriter {
         variant.clone_into(&mut self.0.log().variant);
     }
 
-    pub fn live(&self) -> &Arc<Live> {
+    pub fn live(&self) -> &Arc<LeaderStream> {
         &self.0
     }
 
@@ -293,7 +296,7 @@ impl LiveWriter {
     }
 }
 
-impl Drop for LiveWriter {
+impl Drop for LeaderWriter {
     fn drop(&mut self) {
         self.close(false);
     }
@@ -301,7 +304,7 @@ impl Drop for LiveWriter {
 
 /// One follower of a live log; dropping it stops following.
 pub struct Follower {
-    live: Arc<Live>,
+    live: Arc<LeaderStream>,
     next: usize,
     version: watch::Receiver<u64>,
 }
@@ -448,7 +451,7 @@ mod tests {
         assert!(matches!(f.join("k", None), Joined::Leader(_)));
     }
 
-    fn leading_stream(f: &Arc<Flights>) -> (Flight, LiveWriter) {
+    fn leading_stream(f: &Arc<Flights>) -> (Flight, LeaderWriter) {
         let Joined::Leader(mut lead) = f.join("k", Some(("m".into(), "r1".into()))) else {
             panic!("first is the leader")
         };
@@ -458,7 +461,7 @@ mod tests {
         (lead, w)
     }
 
-    fn follower_of(f: &Arc<Flights>, shape: &str) -> Arc<Live> {
+    fn follower_of(f: &Arc<Flights>, shape: &str) -> Arc<LeaderStream> {
         let Joined::Waiter(_, Some(live)) = f.join("k", Some((shape.into(), "r2".into()))) else {
             panic!("a waiter of a streaming leader sees its live log")
         };

@@ -45,7 +45,7 @@ use crate::pipeline::context::RequestCtx;
 use crate::state::pools::Pool;
 use crate::wire::errors::GatewayError;
 use crate::Gateway;
-use flight::{Flight, Flights, Follower, Joined, LiveWriter};
+use flight::{Flight, Flights, Follower, Joined, LeaderWriter};
 pub use store::Entry;
 use store::Stores;
 
@@ -323,7 +323,7 @@ impl Capture {
 
     /// The live log's writing end when this request leads a streaming flight (the relay appends
     /// what its client is sent, for followers).
-    pub fn take_live(&mut self) -> Option<LiveWriter> {
+    pub fn take_live(&mut self) -> Option<LeaderWriter> {
         self.flight.as_mut()?.take_live()
     }
 

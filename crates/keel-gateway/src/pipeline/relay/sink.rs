@@ -12,7 +12,7 @@ use keel_core::assemble::Assembler;
 use keel_core::protocol::{event_role, EventRole, Protocol};
 use keel_core::sse::SseDecoder;
 
-use crate::pipeline::cache::flight::LiveWriter;
+use crate::pipeline::cache::flight::LeaderWriter;
 use crate::wire::body::BodySender;
 
 /// Where relayed events go.
@@ -32,7 +32,7 @@ pub enum Sink {
     /// no one reads any more — neither the leader's client nor a follower.
     Shared {
         copy: Arc<Mutex<Assembled>>,
-        live: LiveWriter,
+        live: LeaderWriter,
     },
 }
 
