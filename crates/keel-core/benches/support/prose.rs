@@ -1,4 +1,4 @@
-// English prose with tables, about 48 KB: eight chapters of keel's book. Token counting and
+// English prose with tables, about 46 KB: eight chapters of keel's book. Token counting and
 // prompt normalization are measured on it (benches `tokens` and `normalize`) and `tokens::bpe`'s
 // tests check the rule against o200k on it (they `include!` this file).
 
