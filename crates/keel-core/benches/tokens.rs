@@ -1,7 +1,7 @@
 //! Token counting throughput on ~100 KB of mixed English and code: o200k and cl100k (tiktoken-rs)
-//! against keel's one-pass rule. The text is keel's own README (English prose, tables) and Rust
-//! source, repeated to 100 KB. Before the benchmarks it prints o200k ÷ rule on the prose and on
-//! the code (the measurement behind `tokens::APPROX_FACTOR`).
+//! against keel's one-pass rule. The text is chapters of keel's book (English prose, tables)
+//! and Rust source, repeated to 100 KB. Before the benchmarks it prints o200k ÷ rule on the
+//! prose and on the code (the measurement behind `tokens::APPROX_FACTOR`).
 //! `cargo bench -p keel-core --bench tokens`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -9,7 +9,10 @@ use std::hint::black_box;
 
 use keel_core::tokens::{self, Tokenizer};
 
-const PROSE: &str = include_str!("../../../README.md");
+#[path = "support/prose.rs"]
+mod prose;
+use prose::PROSE;
+
 const CODE: &[&str] = &[
     include_str!("../src/request.rs"),
     include_str!("../src/sse.rs"),
@@ -34,7 +37,7 @@ fn corpus() -> String {
 
 fn print_ratios() {
     let code = CODE.concat();
-    for (what, text) in [("prose (README)", PROSE), ("code (Rust)", code.as_str())] {
+    for (what, text) in [("prose (book)", PROSE), ("code (Rust)", code.as_str())] {
         let rule = tokens::count(text) as f64;
         let o200k = Tokenizer::O200k.count(text) as f64;
         let cl100k = Tokenizer::Cl100k.count(text) as f64;

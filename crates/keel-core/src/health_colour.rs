@@ -21,7 +21,7 @@
 //! window's first 20 requests are a ratio of 0.2, which 20 requests cannot tell from 0.09: judged
 //! as the ratio itself, that sample turned a pool red, and its safe mode then ended the next
 //! streams whose upstream failed with an error instead of migrating them (`keel bench soak`,
-//! bench/RESULTS.md). The colour is the worst of the signals', and every signal at yellow or red
+//! bench/history/2026-12-02-overhead-stops-12-18.md). The colour is the worst of the signals', and every signal at yellow or red
 //! gives one reason naming its value, the bound it was judged on, and the threshold crossed.
 
 use serde::Serialize;

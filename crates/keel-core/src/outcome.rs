@@ -1,9 +1,10 @@
 //! Classification of every upstream outcome into what the execution stage does next.
 //!
-//! The rule (see the README's failover table): transient capacity and server faults are retried
-//! on another variant; the client's own mistakes are returned as the upstream gave them and never
-//! retried (retrying a 400 elsewhere only multiplies the same error); a rejected credential is
-//! the variant's fault, not the client's, so keel fails over and marks the variant.
+//! The rule (see the failover table in docs/src/failover.md): transient capacity and server
+//! faults are retried on another variant; the client's own mistakes are returned as the upstream
+//! gave them and never retried (retrying a 400 elsewhere only multiplies the same error); a
+//! rejected credential is the variant's fault, not the client's, so keel fails over and marks
+//! the variant.
 
 /// Why an attempt did not produce a usable response.
 #[derive(Debug, Clone, PartialEq, Eq)]

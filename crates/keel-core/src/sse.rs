@@ -164,7 +164,8 @@ impl SseDecoder {
                 }
             }
             // memchr's vectorized search: a byte-at-a-time scan for the line ending was the
-            // decoder's largest cost (callgrind, bench/RESULTS.md, issue 16).
+            // decoder's largest cost (callgrind,
+            // bench/history/2026-12-02-overhead-stops-12-18.md).
             let Some(at) = memchr::memchr2(b'\n', b'\r', bytes) else {
                 // No line ending yet: keep the partial line for the next read.
                 self.reserve_within_limit(bytes.len())?;

@@ -271,7 +271,7 @@ fn read_anthropic(ev: &SseEvent) -> Option<EventFacts<'_>> {
 /// the same is the same JSON with only that string changed. Where that string has nothing to
 /// unescape, [`read_event_in`] reads it by comparing those bytes instead of parsing the chunk:
 /// the chunk view's parse was a fifth of keel's instructions per streamed request (callgrind,
-/// bench/RESULTS.md, issue 16). Anthropic text deltas are written alike too (the same type,
+/// bench/history/2026-12-02-overhead-stops-12-18.md). Anthropic text deltas are written alike too (the same type,
 /// index and delta type). Kept per segment (a continuation's upstream writes its own).
 #[derive(Debug, Default, Clone)]
 pub struct ChunkTemplate {

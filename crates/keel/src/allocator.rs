@@ -2,7 +2,7 @@
 //!
 //! mimalloc instead of the system allocator: a request makes many small, short-lived
 //! allocations (events, headers, JSON), and glibc's malloc spent a quarter of keel's CPU on them
-//! (bench/RESULTS.md, issue 16). The `system-allocator` feature keeps glibc's, for heap profilers
+//! (bench/history/2026-12-01-overhead-stops-1-5.md). The `system-allocator` feature keeps glibc's, for heap profilers
 //! that intercept `malloc` (heaptrack) and to compare resident memory per stream.
 
 #[cfg(not(feature = "system-allocator"))]
@@ -17,7 +17,7 @@ const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// Sets mimalloc to return freed pages to the OS at once instead of after its default delay
 /// (one second in mimalloc v3). A gateway holding thousands of live streams frees and reuses
 /// memory continuously; with the delay its resident memory stayed ≈ 11 KiB a stream higher
-/// (bench/RESULTS.md, issue 16), and CPU per request did not move measurably without it.
+/// (bench/history/2026-12-01-overhead-stops-1-5.md), and CPU per request did not move measurably without it.
 /// `MIMALLOC_PURGE_DELAY` in the environment still wins. Call before any other thread starts
 /// (mimalloc's option setters are not thread-safe).
 pub fn tune() {
@@ -34,7 +34,7 @@ pub fn tune() {
 /// Turns transparent huge pages off for the process (unless `MIMALLOC_ALLOW_THP=1` asks for
 /// them). mimalloc reserves its arenas in large aligned regions and advises the kernel to back
 /// them with huge pages, so memory became resident 2 MiB at a time: 14 MiB of huge pages in an
-/// idle keel, and ≈ 17 KiB more a live stream (bench/RESULTS.md, issue 16), with no measurable
+/// idle keel, and ≈ 17 KiB more a live stream (bench/history/2026-12-01-overhead-stops-6-11.md), with no measurable
 /// CPU gain. mimalloc's own switch for this (`allow_thp`) is read when it starts, before
 /// `main`; the kernel's per-process flag applies to every later page fault, so it is set here.
 fn no_transparent_huge_pages() {

@@ -8,15 +8,16 @@
 //! `gpt-4`, `gpt-3.5`, `text-embedding-3`, `text-embedding-ada` → cl100k; anything else →
 //! approx. A provider prefix such as `openai/` is ignored.
 //!
-//! **Approx.** Measured against o200k on keel's own README (48 KB of English prose with
-//! tables) and on 66 KB of its Rust source (`cargo bench -p keel-core --bench tokens` prints
-//! the ratios), o200k counts 0.973× the rule on the prose and 0.907× on the code: the rule
-//! keeps words whole (as BPE does for common English words) and counts every punctuation
-//! character (where BPE merges runs such as `::` or `);`). cl100k gave 0.971× and 0.906×. So
-//! the rule already errs on the high side for OpenAI's tokenizers on English and code, and
-//! [`APPROX_FACTOR`] is 1.0; it is kept as a named constant so that a family measured to count
-//! more (smaller vocabularies, other languages) can be accounted for in one place. Counting too
-//! few is the costly mistake here: estimates refuse what cannot fit and reserve quota.
+//! **Approx.** Measured against o200k on keel's own documentation (46 KB of English prose with
+//! tables, `benches/support/prose.rs`) and on 66 KB of its Rust source (`cargo bench -p
+//! keel-core --bench tokens` prints the ratios), o200k counts 0.990× the rule on the prose and
+//! 0.907× on the code: the rule keeps words whole (as BPE does for common English words) and
+//! counts every punctuation character (where BPE merges runs such as `::` or `);`). cl100k gave
+//! 0.995× and 0.906×. So the rule already errs on the high side for OpenAI's tokenizers on
+//! English and code, and [`APPROX_FACTOR`] is 1.0; it is kept as a named constant so that a
+//! family measured to count more (smaller vocabularies, other languages) can be accounted for in
+//! one place. Counting too few is the costly mistake here: estimates refuse what cannot fit and
+//! reserve quota.
 //!
 //! **Bounded work.** Estimates happen at admission for prompts of any size (a client may send
 //! megabytes), so counting stops once the total passes a cap (the largest context window that
@@ -263,12 +264,12 @@ mod tests {
         assert_eq!(Tokenizer::Approx.count("Hello, world!"), 4);
     }
 
+    // `PROSE`: about 46 KB of the book's chapters, the benches' text.
+    include!("../../benches/support/prose.rs");
+
     #[test]
     fn approx_stays_above_o200k_on_prose_and_code() {
-        for text in [
-            include_str!("../../../../README.md"),
-            include_str!("../request.rs"),
-        ] {
+        for text in [PROSE, include_str!("../request.rs")] {
             let (a, o) = (Tokenizer::Approx.count(text), Tokenizer::O200k.count(text));
             assert!(a >= o, "approx {a} < o200k {o}");
         }
@@ -276,7 +277,7 @@ mod tests {
 
     #[test]
     fn tally_is_exact_under_the_cap_and_a_lower_bound_over_it() {
-        let text = include_str!("../../../../README.md");
+        let text = PROSE;
         let exact = Tokenizer::O200k.count(text);
         let mut t = Tally::new(Tokenizer::O200k, u64::MAX);
         t.add(text);

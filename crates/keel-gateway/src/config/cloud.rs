@@ -555,14 +555,14 @@ mod tests {
         );
     }
 
-    /// README's example of every cloud is a config keel reads.
+    /// The book's example of every cloud (docs/src/providers.md) is a config keel reads.
     #[test]
-    fn the_readme_example_parses() {
-        let readme = include_str!("../../../../README.md");
-        let at = readme
+    fn the_book_example_parses() {
+        let chapter = include_str!("../../../../docs/src/providers.md");
+        let at = chapter
             .find("**Every cloud")
-            .expect("README's cloud section");
-        let block = &readme[at..];
+            .expect("the Providers chapter's cloud section");
+        let block = &chapter[at..];
         let start = block.find("```toml\n").unwrap() + 8;
         let end = start + block[start..].find("```").unwrap();
         let file = concat!(
@@ -580,7 +580,7 @@ mod tests {
         .iter()
         .map(|k| (k.to_string(), "x".to_string()))
         .collect();
-        let c = Config::parse(&text, "README.md", &env).unwrap();
+        let c = Config::parse(&text, "providers.md", &env).unwrap();
         let names: Vec<&str> = c
             .pools
             .iter()

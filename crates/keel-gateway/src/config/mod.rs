@@ -74,7 +74,7 @@ const DEFAULT_IDLE_TIMEOUT_MS: u64 = 300_000;
 /// `SOMAXCONN`) overflowed under a burst of new connections: a load generator opening
 /// connections at 16,000 requests a second while keel's one worker was busy had 3,949 of its
 /// SYNs dropped, each retried after 1, 3, 7 s, and the burst's median answer took 6.8 s
-/// (bench/RESULTS.md, issue 16, nineteenth stop). nginx listens with 511; Linux caps the
+/// (bench/history/2026-12-03-overhead-stops-19-20.md). nginx listens with 511; Linux caps the
 /// backlog at `net.core.somaxconn`, 4096 by default since 5.4.
 const DEFAULT_LISTEN_BACKLOG: u32 = 4096;
 

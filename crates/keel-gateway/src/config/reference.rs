@@ -251,8 +251,12 @@ fn explained<'d>(
     })
 }
 
+/// Text for a Markdown table cell: pipes escaped, and angle brackets, which would read as
+/// HTML tags.
 fn cell(text: &str) -> String {
     text.replace('|', "\\|")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 const HEADER: &str = "# Configuration reference

@@ -63,7 +63,7 @@ fn parses_and_applies_defaults() {
     );
 }
 
-/// The defaults README's Configuration section documents.
+/// The defaults the book's configuration chapter (docs/src/configuration.md) documents.
 #[test]
 fn defaults_are_the_documented_ones() {
     let minimal = "[[pools]]\nname = \"m\"\n[[pools.variants]]\nname = \"a\"\nurl = \"http://x\"\nprotocol = \"openai\"\nupstream_model = \"m\"\n";
@@ -989,4 +989,29 @@ fn config_reference_reads_keys_from_annotated_examples() {
     assert!(!missing.contains(&"worker_threads".to_owned()));
     assert!(!missing.contains(&"timeouts.connect_ms".to_owned()));
     assert!(missing.contains(&"timeouts.stall_ms".to_owned()));
+}
+
+/// README's minimal config is a config keel reads, with every other key at its default.
+#[test]
+fn the_readme_minimal_config_parses() {
+    let readme = include_str!("../../../../README.md");
+    let at = readme
+        .find("\n## A minimal config\n")
+        .expect("README has a minimal config");
+    let block = &readme[at..];
+    let start = block.find("```toml\n").unwrap() + 8;
+    let end = start + block[start..].find("```").unwrap();
+    let env: HashMap<String, String> = [("OPENAI_API_KEY".to_string(), "x".to_string())].into();
+    let c = Config::parse(&block[start..end], "README.md", &env).unwrap();
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    assert_eq!(c.pools.len(), 1);
+    let pool = &c.pools[0];
+    assert_eq!(
+        (pool.name.as_str(), pool.aliases.clone()),
+        ("chat", vec!["gpt-4o-mini".to_string()])
+    );
+    let names: Vec<&str> = pool.variants.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(names, ["openai", "vllm-local"]);
+    // The variable is required: without it the config is refused.
+    assert!(Config::parse(&block[start..end], "README.md", &HashMap::new()).is_err());
 }

@@ -7,7 +7,7 @@
 //! hyper a wrapper that replays them. hyper's first read then returns only those 24 bytes, its
 //! second finds less than a read's worth of room left and grows the 8 KiB read buffer to
 //! 16 KiB, for the connection's life: 8 KiB more for every client connection, a live stream's
-//! included (bench/RESULTS.md, issue 16). Here the version is decided by *peeking* (the bytes
+//! included (bench/history/2026-12-01-overhead-stops-6-11.md). Here the version is decided by *peeking* (the bytes
 //! stay in the socket), and hyper gets the socket itself.
 //!
 //! Between requests a keep-alive connection may sit idle for `idle_timeout_ms`; once the next

@@ -199,8 +199,8 @@ pub async fn handle(
     // Boxed: hyper keeps one allocation of the service future's size per connection for as
     // long as the connection lives (a live stream's included, long after its head was sent).
     // Inline, the four stages made that 18 KB a connection; boxed, it is this 0.5 KB frame
-    // and the stages' memory is freed once the response head is out (bench/RESULTS.md,
-    // issue 16, memory per stream).
+    // and the stages' memory is freed once the response head is out
+    // (bench/history/2026-12-01-overhead-stops-1-5.md).
     let handled = std::panic::AssertUnwindSafe(Box::pin(route(gw, req, serves)))
         .catch_unwind()
         .await;

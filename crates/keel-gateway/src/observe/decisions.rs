@@ -563,7 +563,7 @@ mod tests {
         );
     }
 
-    /// The README's memory figures rest on these sizes (plus names on the heap): a change that
+    /// The memory figures of docs/src/decisions.md rest on these sizes (plus names on the heap): a change that
     /// grows them should update the figures.
     #[test]
     fn record_sizes_stay_within_the_documented_figures() {

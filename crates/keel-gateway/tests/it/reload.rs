@@ -156,7 +156,7 @@ async fn streams_in_flight_cross_a_reload_intact_in_both_protocols() {
         .apply(config(&after))
         .expect("a valid config is applied");
     assert_eq!(report["generation"], 2, "{report}");
-    // A figure for bench/RESULTS.md (not asserted: times are measured, never tested).
+    // A figure for bench/RESULTS.md's reload row (not asserted: times are measured, never tested).
     println!(
         "reload applied in {} ms with 4 streams in flight",
         report["took_ms"]

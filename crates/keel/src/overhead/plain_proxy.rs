@@ -7,7 +7,8 @@
 //! `keel bench overhead --contenders keel,nginx,hyper` measures it beside keel and nginx. What
 //! it costs per request is what any gateway built on these crates pays before doing anything;
 //! keel's CPU per request splits into that floor and what keel does on top of it, and nginx's
-//! figure beside both says how much of the gap to nginx is the stack (bench/RESULTS.md, issue 16).
+//! figure beside both says how much of the gap to nginx is the stack
+//! (bench/history/2026-12-02-overhead-stops-12-18.md).
 //! It is a benchmark contender, not a product path: `keel bench plain-proxy` is hidden.
 
 use std::convert::Infallible;

@@ -92,7 +92,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// Not faster: the simulators share this process and the machine with the gateway, and on a
 /// loaded machine scheduling delays of 10 ms or more are common. With 8 ms gaps those delays
 /// made healthy variants look 40% slower than their baseline, so the gateway's slowness
-/// detection migrated streams around the fleet for nothing (see bench/RESULTS.md, "Soak"); with
+/// detection migrated streams around the fleet for nothing (see bench/history/2026-11-30-fuzzing-soak-safeguards.md); with
 /// 25 ms gaps the soak measures the injected faults, not the scheduler.
 async fn start_fleet(seed: u64) -> Result<Fleet, String> {
     let servers = (0..POOLS.len() * VARIANTS_PER_POOL)
@@ -172,7 +172,7 @@ pub(crate) fn warmup_s(duration: Duration) -> f64 {
 /// Decision records the gateway keeps: as many as the warm-up makes, so that the ring (about
 /// 1.7 KiB a record, bounded by `decisions_kept`) is full before the start figures and the RSS
 /// goal measures growth beyond bounded state (with the default 10,000, a 5-minute run at 20
-/// req/s judged the ring's fill: bench/RESULTS.md, seventh stop).
+/// req/s judged the ring's fill: bench/history/2026-12-01-overhead-stops-6-11.md).
 fn decisions_kept(o: &Options) -> usize {
     ((warmup_s(o.duration) * o.rps) as usize).max(100)
 }

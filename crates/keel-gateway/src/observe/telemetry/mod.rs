@@ -1,6 +1,6 @@
 //! OpenTelemetry traces, exported over OTLP/HTTP when `[telemetry] otlp_endpoint` is set: one
 //! SERVER span per client request and one CLIENT span per upstream attempt (its child), with
-//! the GenAI semantic-convention attributes and keel's decisions (see the README's table).
+//! the GenAI semantic-convention attributes and keel's decisions (docs/src/logs.md lists them).
 //!
 //! W3C trace context: a client's `traceparent` (and `tracestate`) makes the request span its
 //! child; each attempt sends its own span's `traceparent` upstream, so a traced model server

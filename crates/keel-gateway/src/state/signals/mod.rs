@@ -55,7 +55,8 @@ pub use link::spawn;
 /// How often the variants' state is looked at and expired caps are lifted. Short: a replica
 /// sends a dead variant a request every few tens of milliseconds under load, and each tick
 /// only reads a few fields per variant under its pool's lock. (At 100 ms, two replicas often
-/// both tried a killed variant before the first one's word arrived; see bench/RESULTS.md.)
+/// both tried a killed variant before the first one's word arrived; see
+/// bench/history/2026-11-30-normalization-cache-rollout-reload.md.)
 pub const TICK: Duration = Duration::from_millis(25);
 
 /// What a signal says about a variant.
