@@ -2,7 +2,7 @@
 //!
 //! Why: with a spawned producer (`stream_body` + `tokio::spawn`), every upstream read crossed
 //! three tasks (the upstream client connection, the relay task, the client's connection) with
-//! a channel and a cross-task wake-up between each pair; the profile of issue 16 showed about a
+//! a channel and a cross-task wake-up between each pair; a CPU profile showed about a
 //! fifth of keel's CPU in parking and waking threads. Here the body owns the producer future
 //! (the relay) and polls it from `poll_frame`, on the client connection's own task: the relay's
 //! IO and timers wake that task directly, and what the relay sends is handed over through a
