@@ -70,7 +70,8 @@ fn request(pool: &Arc<Pool>, req: &keel_core::request::CanonicalRequest) {
         priority: Priority::Normal,
     };
     pool.count_request();
-    let (selection, record) = pool.select(req, controls, "bench");
+    let (selection, record) =
+        keel_gateway::pipeline::selection::select(pool, req, controls, "bench");
     black_box(record);
     let Selection::Plan(order) = selection else {
         panic!("no plan");

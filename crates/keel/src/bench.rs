@@ -429,7 +429,8 @@ fn decision(variants: usize, iterations: usize) -> Result<(), String> {
     let mut samples = Vec::with_capacity(iterations);
     for n in 0..iterations {
         let t = std::time::Instant::now();
-        let (sel, rec) = pool.select(
+        let (sel, rec) = keel_gateway::pipeline::selection::select(
+            &pool,
             &req,
             keel_gateway::pipeline::selection::Controls::default(),
             "bench",

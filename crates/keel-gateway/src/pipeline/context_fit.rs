@@ -37,27 +37,6 @@ pub const MIDDLE_OUT_FIX: &str = "middle_out_trimmed";
 /// The header that says how many messages middle-out dropped.
 pub const TRIMMED_HEADER: &str = "x-keel-trimmed-messages";
 
-impl Pool {
-    /// The distinct tokenizers of the pool's variants.
-    pub fn tokenizers(&self) -> Vec<Tokenizer> {
-        let mut ts: Vec<Tokenizer> = self.variants.iter().map(|v| v.cfg.tokenizer).collect();
-        ts.sort_unstable();
-        ts.dedup();
-        ts
-    }
-
-    /// The largest context window, when every variant has one (a variant without one may take
-    /// any prompt).
-    pub fn largest_window(&self) -> Option<u64> {
-        self.variants
-            .iter()
-            .map(|v| v.cfg.context_window)
-            .collect::<Option<Vec<u64>>>()?
-            .into_iter()
-            .max()
-    }
-}
-
 /// The prompt's estimate by the most conservative of `tokenizers`, counting stopped past `cap`.
 fn estimate(body: &serde_json::Map<String, Value>, tokenizers: &[Tokenizer], cap: u64) -> Estimate {
     tokenizers

@@ -10,14 +10,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keel_core::health::State;
+use keel_core::health::{HealthConfig, State};
 use keel_core::request::CanonicalRequest;
 use keel_core::selection::{Candidate, Preference, RequestSignals};
 
 use crate::pipeline::context::Priority;
 use crate::pipeline::decision_candidates::{kept_candidates, omitted_summary};
 use crate::state::capacity::{Throttle, ThrottleReason, Wake};
-use crate::state::pools::{Pool, Variant};
+use crate::state::pools::{Pool, Published, Variant};
 
 /// What selection produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,184 +57,236 @@ pub struct Controls<'a> {
     pub priority: Priority,
 }
 
-impl Pool {
-    /// Stage 1: an ordered plan for this request, and its decision record.
-    pub fn select(
-        &self,
-        req: &CanonicalRequest,
-        controls: Controls<'_>,
-        request_id: &str,
-    ) -> (Selection, Option<DecisionRecord>) {
-        let started = Instant::now();
-        // The pool's clock read from the same instant (one clock read fewer per decision).
-        let now_ms = started.saturating_duration_since(self.epoch).as_millis() as u64;
-        // A forced variant (tests, debugging) becomes the primary; the plan's other variants
-        // stay as fallbacks and migration targets.
-        let forced = match controls.force_variant {
-            Some(name) => match self.variants.iter().position(|v| v.cfg.name == name) {
-                Some(i) => Some(i),
-                None => return (Selection::NoSuchVariant(name.to_owned()), None),
-            },
-            None => None,
-        };
-        let needed = req
-            .estimated_input_tokens
-            .saturating_add(req.max_tokens.unwrap_or(0));
-        let fits = |v: &Variant| v.cfg.context_window.is_none_or(|w| needed <= w);
-        if !self.variants.iter().any(fits) {
-            let largest = self
-                .variants
-                .iter()
-                .filter_map(|v| v.cfg.context_window)
-                .max()
-                .unwrap_or(0);
-            let lower_bound = req.estimate_is_lower_bound;
-            return (
-                Selection::TooLong {
-                    needed,
-                    largest,
-                    lower_bound,
-                },
-                None,
-            );
+/// The plan phase's selection: an ordered plan for this request, and its decision record.
+pub fn select(
+    pool: &Pool,
+    req: &CanonicalRequest,
+    controls: Controls<'_>,
+    request_id: &str,
+) -> (Selection, Option<DecisionRecord>) {
+    let started = Instant::now();
+    // The pool's clock read from the same instant (one clock read fewer per decision).
+    let now_ms = started.saturating_duration_since(pool.epoch).as_millis() as u64;
+    let needed = req
+        .estimated_input_tokens
+        .saturating_add(req.max_tokens.unwrap_or(0));
+    let forced = match refuse_early(pool, req, controls, needed) {
+        Ok(forced) => forced,
+        Err(refused) => return (refused, None),
+    };
+    let signals = RequestSignals {
+        affinity_key: pool.affinity_key(req),
+        preference: controls.preference,
+        slo_ttft_p95_ms: pool.cfg.slo_ttft_p95_ms,
+    };
+    // The variants' published views (see `Pool::views`), read without waiting for any
+    // lock: every figure below, the decision record's included, comes from these views.
+    let mut held = pool.views();
+    let deciding = Deciding {
+        pool,
+        views: held.current(),
+        now_ms,
+        hc: pool.cfg.health,
+        needed,
+        controls,
+    };
+    let mut candidates = deciding.candidates(false);
+    let mut plan = pool.selector.plan(&candidates, &signals);
+    if plan.order.is_empty() {
+        // Everything else is out: a variant still warming up, or one ejected (slow, or
+        // failing often but not always), beats making the client wait for the deadline.
+        // Failover and the retry budget still bound what a failing one costs.
+        candidates = deciding.candidates(true);
+        plan = pool.selector.plan(&candidates, &signals);
+    }
+    let refusal = deciding.refusal(&plan.order);
+    let mut record = deciding.record(request_id, &candidates, &plan);
+    record.affinity_key = signals.affinity_key.map(|k| format!("{k:016x}"));
+    let duration = started.elapsed();
+    record.duration_us = duration.as_secs_f64() * 1e6;
+    pool.metrics
+        .histogram(
+            "keel_decision_duration_seconds",
+            &[("pool", &pool.cfg.name)],
+        )
+        .record(duration.as_secs_f64());
+    pool.safety.record_decision(now_ms, duration);
+    let selection = match (forced, refusal) {
+        (Some(i), _) => {
+            let mut order = vec![i];
+            order.extend(plan.order.iter().copied().filter(|j| *j != i));
+            Selection::Plan(order)
         }
-        let at_tier = |v: &Variant| controls.min_tier.is_none_or(|t| v.cfg.tier <= t);
-        if let Some(t) = controls.min_tier {
-            if !self.variants.iter().any(at_tier) {
-                return (Selection::NoTier { min_tier: t }, None);
-            }
+        (None, Some(refused)) => refused,
+        (None, None) => Selection::Plan(plan.order),
+    };
+    (selection, Some(record))
+}
+
+/// Whether variant `v`'s context window holds `needed` tokens (prompt and output).
+fn fits(v: &Variant, needed: u64) -> bool {
+    v.cfg.context_window.is_none_or(|w| needed <= w)
+}
+
+/// Whether variant `v` meets the request's tier floor.
+fn at_tier(v: &Variant, min_tier: Option<u8>) -> bool {
+    min_tier.is_none_or(|t| v.cfg.tier <= t)
+}
+
+/// What is decided before any variant's state is read: the forced variant (tests,
+/// debugging), which becomes the primary while the plan's others stay fallbacks and
+/// migration targets; or the refusal of a request no variant could ever take.
+fn refuse_early(
+    pool: &Pool,
+    req: &CanonicalRequest,
+    controls: Controls<'_>,
+    needed: u64,
+) -> Result<Option<usize>, Selection> {
+    let forced = match controls.force_variant {
+        Some(name) => match pool.variants.iter().position(|v| v.cfg.name == name) {
+            Some(i) => Some(i),
+            None => return Err(Selection::NoSuchVariant(name.to_owned())),
+        },
+        None => None,
+    };
+    if !pool.variants.iter().any(|v| fits(v, needed)) {
+        let largest = pool
+            .variants
+            .iter()
+            .filter_map(|v| v.cfg.context_window)
+            .max()
+            .unwrap_or(0);
+        return Err(Selection::TooLong {
+            needed,
+            largest,
+            lower_bound: req.estimate_is_lower_bound,
+        });
+    }
+    if let Some(t) = controls.min_tier {
+        if !pool.variants.iter().any(|v| at_tier(v, Some(t))) {
+            return Err(Selection::NoTier { min_tier: t });
         }
-        let signals = RequestSignals {
-            affinity_key: self.affinity_key(req),
-            preference: controls.preference,
-            slo_ttft_p95_ms: self.cfg.slo_ttft_p95_ms,
-        };
-        // The variants' published views (see `Pool::views`), read without waiting for any
-        // lock: every figure below, the decision record's included, comes from these views.
-        let hc = self.cfg.health;
-        let mut held = self.views();
-        let views = held.current();
-        // `last_resort`: variants still warming, and ejected ones, may serve too.
-        let build = |last_resort: bool| -> Vec<Candidate> {
-            self.variants
-                .iter()
-                .zip(&views)
-                .enumerate()
-                .map(|(i, (v, view))| {
-                    let state = view.est.state;
-                    // Not yet (or no longer) measured as healthy: the lowest weight there is.
-                    let warming = matches!(state, State::Warming { .. } | State::Ejected { .. });
-                    let live = match state {
-                        State::Ejected { .. } => last_resort,
-                        // A variant still loading its model gets no client request at all.
-                        State::Warming { .. } => last_resort && !view.est.loading,
-                        // Ejected by another replica (see `signals`): a last resort here too.
-                        _ => last_resort || !view.availability.shared_ejected(now_ms),
-                    };
-                    let in_flight = v.in_flight.load(Ordering::Relaxed);
-                    let health = view.health_at(now_ms, &hc);
-                    Candidate {
-                        index: i,
-                        weight: v.cfg.weight,
-                        available: live
-                            && fits(v)
-                            && at_tier(v)
-                            && view.availability.available(now_ms)
-                            && in_flight < self.limit_for(i, controls.priority, now_ms),
-                        health: if warming {
-                            keel_core::health::FLOOR
-                        } else {
-                            health.weight
-                        },
-                        predicted_ttft_ms: health.predicted_ttft_ms,
-                        ttft_samples: health.ttft_samples,
-                        in_flight,
-                        tier: v.cfg.tier,
-                        price: v.cfg.price,
-                        p95_ttft_ms: view.p95_ttft_ms,
-                        queued: view.est.waiting.is_some_and(|w| hc.waiting.is_severe(w)),
-                        name_hash: v.name_hash,
-                    }
-                })
-                .collect()
-        };
-        let mut candidates = build(false);
-        let mut plan = self.selector.plan(&candidates, &signals);
-        if plan.order.is_empty() {
-            // Everything else is out: a variant still warming up, or one ejected (slow, or
-            // failing often but not always), beats making the client wait for the deadline.
-            // Failover and the retry budget still bound what a failing one costs.
-            candidates = build(true);
-            plan = self.selector.plan(&candidates, &signals);
-        }
-        let policy = self.selector.name();
-        let full = |(i, v): (usize, &Variant)| {
-            fits(v)
-                && at_tier(v)
-                && views[i].availability.available(now_ms)
-                && v.in_flight.load(Ordering::Relaxed)
-                    >= self.limit_for(i, controls.priority, now_ms)
-        };
-        // `None`: the plan itself, moved into the selection once the record has read it.
-        let refusal = if plan.order.is_empty() && self.variants.iter().enumerate().any(full) {
-            Some(Selection::Full)
-        } else if plan.order.is_empty() && views.iter().any(|v| v.est.loading) {
-            Some(Selection::Loading)
-        } else if plan.order.is_empty() {
-            // The soonest a variant's cooldown ends, for the Retry-After.
-            let wait = views
-                .iter()
-                .map(|v| v.availability.available_in_ms(now_ms))
-                .filter(|ms| *ms > 0)
-                .min()
-                .unwrap_or(hc.probe_interval_ms.max(1000));
-            Some(Selection::Unavailable {
-                retry_after_ms: wait,
+    }
+    Ok(forced)
+}
+
+/// One decision's inputs: the pool, its variants' views as read once, and the request's
+/// needs, so that every figure of the decision and its record comes from the same reading.
+struct Deciding<'a> {
+    pool: &'a Pool,
+    views: Vec<&'a Published>,
+    now_ms: u64,
+    hc: HealthConfig,
+    needed: u64,
+    controls: Controls<'a>,
+}
+
+impl Deciding<'_> {
+    /// Every variant as the policy sees it. `last_resort`: variants still warming, and
+    /// ejected ones, may serve too.
+    fn candidates(&self, last_resort: bool) -> Vec<Candidate> {
+        let (pool, now_ms, hc) = (self.pool, self.now_ms, &self.hc);
+        pool.variants
+            .iter()
+            .zip(&self.views)
+            .enumerate()
+            .map(|(i, (v, view))| {
+                let state = view.est.state;
+                // Not yet (or no longer) measured as healthy: the lowest weight there is.
+                let warming = matches!(state, State::Warming { .. } | State::Ejected { .. });
+                let live = match state {
+                    State::Ejected { .. } => last_resort,
+                    // A variant still loading its model gets no client request at all.
+                    State::Warming { .. } => last_resort && !view.est.loading,
+                    // Ejected by another replica (see `signals`): a last resort here too.
+                    _ => last_resort || !view.availability.shared_ejected(now_ms),
+                };
+                let in_flight = v.in_flight.load(Ordering::Relaxed);
+                let health = view.health_at(now_ms, hc);
+                Candidate {
+                    index: i,
+                    weight: v.cfg.weight,
+                    available: live
+                        && fits(v, self.needed)
+                        && at_tier(v, self.controls.min_tier)
+                        && view.availability.available(now_ms)
+                        && in_flight < pool.limit_for(i, self.controls.priority, now_ms),
+                    health: if warming {
+                        keel_core::health::FLOOR
+                    } else {
+                        health.weight
+                    },
+                    predicted_ttft_ms: health.predicted_ttft_ms,
+                    ttft_samples: health.ttft_samples,
+                    in_flight,
+                    tier: v.cfg.tier,
+                    price: v.cfg.price,
+                    p95_ttft_ms: view.p95_ttft_ms,
+                    queued: view.est.waiting.is_some_and(|w| hc.waiting.is_severe(w)),
+                    name_hash: v.name_hash,
+                }
             })
-        } else {
-            None
+            .collect()
+    }
+
+    /// Why an empty plan is empty: every fitting variant full, the fleet loading, or every
+    /// variant cooling down (with the soonest end for the Retry-After). `None` when the plan
+    /// has a variant.
+    fn refusal(&self, order: &[usize]) -> Option<Selection> {
+        if !order.is_empty() {
+            return None;
+        }
+        let (pool, now_ms) = (self.pool, self.now_ms);
+        let full = |(i, v): (usize, &Variant)| {
+            fits(v, self.needed)
+                && at_tier(v, self.controls.min_tier)
+                && self.views[i].availability.available(now_ms)
+                && v.in_flight.load(Ordering::Relaxed)
+                    >= pool.limit_for(i, self.controls.priority, now_ms)
         };
+        if pool.variants.iter().enumerate().any(full) {
+            return Some(Selection::Full);
+        }
+        if self.views.iter().any(|v| v.est.loading) {
+            return Some(Selection::Loading);
+        }
+        let wait = self
+            .views
+            .iter()
+            .map(|v| v.availability.available_in_ms(now_ms))
+            .filter(|ms| *ms > 0)
+            .min()
+            .unwrap_or(self.hc.probe_interval_ms.max(1000));
+        Some(Selection::Unavailable {
+            retry_after_ms: wait,
+        })
+    }
+
+    /// The decision record: the plan's head and the candidates that explain it, each with
+    /// every input of its cost from the same views the decision read.
+    fn record(
+        &self,
+        request_id: &str,
+        candidates: &[Candidate],
+        plan: &keel_core::selection::Plan,
+    ) -> DecisionRecord {
+        let pool = self.pool;
         // Costs by variant, one pass (a search per candidate is quadratic in the pool's size).
-        let mut cost_by_index = vec![None; self.variants.len()];
+        let mut cost_by_index = vec![None; pool.variants.len()];
         for &(i, c) in &plan.costs {
             if let Some(slot) = cost_by_index.get_mut(i) {
                 *slot = Some(c);
             }
         }
-        let kept = kept_candidates(&candidates, &plan.order, &cost_by_index);
-        let omitted = omitted_summary(&candidates, &kept, plan.order.len(), |i| {
-            views[i].est.state.name()
+        let kept = kept_candidates(candidates, &plan.order, &cost_by_index);
+        let omitted = omitted_summary(candidates, &kept, plan.order.len(), |i| {
+            self.views[i].est.state.name()
         });
-        let inputs: Vec<_> = kept
-            .iter()
-            .map(|&k| {
-                // The same figures the candidate was built from: the same view, the same time.
-                let view = views[candidates[k].index];
-                let factors = view.health_at(now_ms, &hc).factors;
-                (
-                    view.est.state.name(),
-                    factors,
-                    view.est.tgsv_ms.get(),
-                    view.est.error_rate.get(),
-                    view.est.kv_usage,
-                    view.est.waiting,
-                )
-            })
-            .collect();
-        let duration = started.elapsed();
-        self.metrics
-            .histogram(
-                "keel_decision_duration_seconds",
-                &[("pool", &self.cfg.name)],
-            )
-            .record(duration.as_secs_f64());
-        self.safety.record_decision(now_ms, duration);
-        let record = DecisionRecord {
+        DecisionRecord {
             request_id: request_id.to_owned(),
             time_unix_ms: crate::state::keys::limits::unix_now_ms(),
-            pool: self.cfg.name.clone(),
-            policy,
-            affinity_key: signals.affinity_key.map(|k| format!("{k:016x}")),
+            pool: pool.cfg.name.clone(),
+            policy: pool.selector.name(),
             reason: if plan.order.is_empty() {
                 "none_available"
             } else {
@@ -244,51 +296,41 @@ impl Pool {
                 .order
                 .iter()
                 .take(CANDIDATES_KEPT)
-                .map(|i| self.variants[*i].cfg.name.clone())
+                .map(|i| pool.variants[*i].cfg.name.clone())
                 .collect(),
             candidates: kept
                 .iter()
-                .zip(&inputs)
-                .map(|(&k, input)| {
-                    let c = &candidates[k];
-                    let v = &self.variants[c.index];
-                    let (state, factors, tgsv_ms, error_rate, kv_usage, queue_waiting) = *input;
-                    CandidateRecord {
-                        variant: v.cfg.name.clone(),
-                        state,
-                        eligible: c.available,
-                        weight: c.health * c.weight as f64,
-                        configured_weight: c.weight,
-                        health: c.health,
-                        factors,
-                        predicted_ttft_ms: c.predicted_ttft_ms,
-                        p95_ttft_ms: c.p95_ttft_ms,
-                        tgsv_ms,
-                        error_rate,
-                        kv_usage,
-                        queue_waiting,
-                        in_flight: c.in_flight,
-                        concurrency_limit: Some(v.concurrency_limit()).filter(|l| *l != u32::MAX),
-                        tier: c.tier,
-                        price: c.price,
-                        cost: cost_by_index[c.index],
-                    }
-                })
+                .map(|&k| self.candidate_record(&candidates[k], cost_by_index[candidates[k].index]))
                 .collect(),
             candidates_omitted: omitted,
-            duration_us: duration.as_secs_f64() * 1e6,
             ..Default::default()
-        };
-        let selection = match (forced, refusal) {
-            (Some(i), _) => {
-                let mut order = vec![i];
-                order.extend(plan.order.iter().copied().filter(|j| *j != i));
-                Selection::Plan(order)
-            }
-            (None, Some(refused)) => refused,
-            (None, None) => Selection::Plan(plan.order),
-        };
-        (selection, Some(record))
+        }
+    }
+
+    /// One candidate's entry: the same figures it was built from, the same view, the same time.
+    fn candidate_record(&self, c: &Candidate, cost: Option<f64>) -> CandidateRecord {
+        let v = &self.pool.variants[c.index];
+        let view = self.views[c.index];
+        CandidateRecord {
+            variant: v.cfg.name.clone(),
+            state: view.est.state.name(),
+            eligible: c.available,
+            weight: c.health * c.weight as f64,
+            configured_weight: c.weight,
+            health: c.health,
+            factors: view.health_at(self.now_ms, &self.hc).factors,
+            predicted_ttft_ms: c.predicted_ttft_ms,
+            p95_ttft_ms: c.p95_ttft_ms,
+            tgsv_ms: view.est.tgsv_ms.get(),
+            error_rate: view.est.error_rate.get(),
+            kv_usage: view.est.kv_usage,
+            queue_waiting: view.est.waiting,
+            in_flight: c.in_flight,
+            concurrency_limit: Some(v.concurrency_limit()).filter(|l| *l != u32::MAX),
+            tier: c.tier,
+            price: c.price,
+            cost,
+        }
     }
 }
 
@@ -313,7 +355,7 @@ pub async fn select_or_wait(
     let line_deadline = (started + Duration::from_millis(pool.cfg.queue_ms)).min(deadline);
     let mut ticket: Option<crate::state::capacity::Ticket<'_>> = None;
     loop {
-        let (selection, record) = pool.select(req, controls, id);
+        let (selection, record) = select(pool, req, controls, id);
         let full = match selection {
             Selection::Unavailable { retry_after_ms } => {
                 let wake =

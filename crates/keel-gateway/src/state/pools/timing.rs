@@ -1,0 +1,166 @@
+//! The pool's timing figures: its TTFT window, stall and quiet thresholds, the hedge delay and
+//! target under the hedge budget, and the migrations a stream may make.
+
+use std::sync::atomic::Ordering;
+
+use keel_core::health::{State, TtftWindow};
+
+use crate::config::PoolConfig;
+
+use super::*;
+
+/// The quantile of TTFT the auto hedge delay waits for: 1 − hedge_budget / 2.
+pub(super) fn hedge_quantile(cfg: &PoolConfig) -> f64 {
+    (1.0 - cfg.hedge_budget / 2.0).clamp(0.5, 0.99)
+}
+
+/// The shortest silence that starts a speculative continuation: below it, scheduling noise on
+/// a loaded machine alone would start races.
+pub const QUIET_FLOOR_MS: u64 = 40;
+
+impl Pool {
+    /// A client TTFT for the pool's window (this thread's shard).
+    pub(super) fn record_pool_ttft(&self, now_ms: u64, ms: f64) {
+        self.ttft.own().record(now_ms, ms);
+    }
+    /// Takes over `old`'s recent TTFTs (a reload that kept the pool).
+    pub(crate) fn inherit_ttft(&self, old: &Pool) {
+        let from = old.ttft.all();
+        for (to, from) in self.ttft.all().iter_mut().zip(from.iter()) {
+            **to = (**from).clone();
+        }
+    }
+    /// The pool-wide TTFT quantile `q` over the last 60 s.
+    pub(super) fn pool_ttft(&self, q: f64) -> Option<f64> {
+        TtftWindow::quantile_of(&self.ttft.all(), self.now_ms(), q)
+    }
+    /// Whether hedging is on for this pool (never in safe mode).
+    pub fn hedging(&self) -> bool {
+        !matches!(self.cfg.hedge, crate::config::Hedge::Off)
+            && self.cfg.max_hedges > 0
+            && !self.safety.active()
+    }
+    /// Migrations a stream may make after its first byte: `max_migrations`, none in safe mode.
+    pub fn max_migrations(&self) -> u32 {
+        if self.safety.active() {
+            0
+        } else {
+            self.cfg.max_migrations
+        }
+    }
+    /// A P99-ish inter-token gap for streams on this variant (mean + 3 standard deviations): its
+    /// own; before it has any (early in a variant's life), the slowest of its siblings', so
+    /// that a stall there is still cut over after a few gaps rather than at `stall_ms`.
+    pub(super) fn p99ish_gap_ms(&self, index: usize) -> Option<f64> {
+        let of = |i: usize| {
+            let est = self.live(i).est;
+            est.gap_ms
+                .get()
+                .map(|gap| gap + 3.0 * est.tgsv_ms.get().unwrap_or(gap))
+        };
+        of(index).or_else(|| {
+            (0..self.variants.len())
+                .filter_map(of)
+                .max_by(f64::total_cmp)
+        })
+    }
+    /// The stall threshold for a stream on this variant: adaptive, max(4 × its P99-ish gap,
+    /// 500 ms), capped by the pool's `stall_ms`; or `stall_ms` (adaptive off, or no gap
+    /// statistics anywhere in the pool yet).
+    pub fn stall_threshold_ms(&self, index: usize) -> u64 {
+        let cap = self.cfg.timeouts.stall_ms;
+        if !self.cfg.adaptive_stall {
+            return cap;
+        }
+        match self.p99ish_gap_ms(index) {
+            Some(p99ish) => ((4.0 * p99ish).max(500.0) as u64).min(cap),
+            None => cap,
+        }
+    }
+    /// How long a stream on this variant may be silent before a continuation is raced against
+    /// it (see `relay::speculation`): 4 × its P99-ish gap, at least [`QUIET_FLOOR_MS`]; `None`
+    /// without gap statistics in the pool, with `adaptive_stall` off, or when that is not below
+    /// the stall threshold (the stall then decides alone).
+    pub fn quiet_threshold_ms(&self, index: usize) -> Option<u64> {
+        if !self.cfg.adaptive_stall {
+            return None;
+        }
+        let stall = self.stall_threshold_ms(index);
+        let p99ish = self.p99ish_gap_ms(index)?;
+        let quiet = (4.0 * p99ish).max(QUIET_FLOOR_MS as f64) as u64;
+        (quiet < stall).then_some(quiet)
+    }
+    /// Counts a request for the hedge and probe budgets.
+    pub fn count_request(&self) {
+        let now = self.now_ms();
+        self.hedges.record_request(now);
+        self.probes.record_request(now);
+    }
+    /// The hedge delay when `target` would take the hedge, or `None` when hedging is off: the
+    /// configured delay, or (auto) the target's recent TTFT quantile at 1 − hedge_budget/2 (the
+    /// whole pool's before the target has samples), clamped to 50 ms–2 s (2 s before any sample).
+    ///
+    /// Why that quantile: hedging after it races about half the budget's share of requests, so
+    /// the budget is there for the slow first tokens instead of running out on ordinary ones.
+    /// Why the target's: the question is whether the hedge would likely answer sooner, so a
+    /// primary that is slow by nature (a far zone, a degraded replica) is raced as soon as the
+    /// target would usually have answered, not once it is late by its own slow standard, and a
+    /// pool-wide figure would carry the slow zone's samples.
+    pub fn hedge_delay_ms(&self, target: usize) -> Option<u64> {
+        match self.cfg.hedge {
+            crate::config::Hedge::Off => None,
+            crate::config::Hedge::AfterMs(ms) => Some(ms),
+            crate::config::Hedge::Auto => {
+                let delay = self
+                    .live(target)
+                    .hedge_ttft_ms
+                    .or_else(|| self.pool_ttft(hedge_quantile(&self.cfg)))
+                    .unwrap_or(2000.0);
+                Some(delay.clamp(50.0, 2000.0) as u64)
+            }
+        }
+    }
+    /// The variant of `candidates` that could take a hedge now (available, below its
+    /// concurrency limit, not ejected, warming or floored by its health) and would most likely
+    /// answer first: the lowest recent median TTFT × (in flight + 1).
+    ///
+    /// Not simply the plan's next variant: the plan ranks by peak-EWMA estimates (which jump on
+    /// one slow answer and fade slowly), while the race is won by whoever usually answers
+    /// first now: the recent median, weighed by the requests already running there.
+    pub fn hedge_target(&self, candidates: &[usize]) -> Option<usize> {
+        let now = self.now_ms();
+        let hc = self.cfg.health;
+        // The pool's median, for candidates without samples of their own (read only then).
+        let unknown = std::cell::OnceCell::new();
+        let unknown = || *unknown.get_or_init(|| self.pool_ttft(0.5).unwrap_or(0.0));
+        candidates
+            .iter()
+            .map(|&i| (i, self.live(i)))
+            .filter(|(i, live)| {
+                let v = &self.variants[*i];
+                live.availability.available(now)
+                    && !live.availability.shared_ejected(now)
+                    && matches!(live.est.state, State::Healthy | State::SlowStart { .. })
+                    && live.est.weight(now, &hc) > keel_core::health::FLOOR
+                    && v.in_flight.load(Ordering::Relaxed) < v.concurrency_limit()
+            })
+            .map(|(i, live)| {
+                let median = live.p50_ttft_ms.unwrap_or_else(unknown);
+                let load = self.variants[i].in_flight.load(Ordering::Relaxed) as f64 + 1.0;
+                (i, median * load)
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(i, _)| i)
+    }
+    /// The variant a hedge goes to now, if one can take it and the hedge budget allows one
+    /// more (then counted).
+    pub fn try_hedge(&self, candidates: &[usize]) -> Option<usize> {
+        let target = self.hedge_target(candidates)?;
+        let now = self.now_ms();
+        self.hedges.try_retry(now).then_some(target)
+    }
+    /// The variant's baseline inter-token gap, for slowdown detection.
+    pub fn baseline_gap_ms(&self, index: usize) -> Option<f64> {
+        self.live(index).est.baseline_gap_ms()
+    }
+}
