@@ -218,140 +218,173 @@ pub(super) fn read(
             }
         }
     }
-    let text = |t: &mut Table, key: &'static str, issues: &mut Issues| {
-        t.get::<String>(key, issues).and_then(|v| {
-            let s = interpolate(&v, env, issues)?;
-            if s.is_empty() {
-                issues.report(v.at, &v.path, "must not be empty");
-                return None;
-            }
-            Some((s, v))
-        })
-    };
     match kind {
         Kind::OpenAi => Some(Dialect::OpenAi),
         Kind::Anthropic => Some(Dialect::Anthropic),
         Kind::Gemini => Some(Dialect::Gemini),
         Kind::OpenAiResponses => Some(Dialect::OpenAiResponses),
-        Kind::Azure => {
-            let deployment = text(t, "deployment", issues).map(|(s, _)| s);
-            let api_version = text(t, "api_version", issues)
-                .map(|(s, _)| s)
-                .unwrap_or_else(|| AZURE_API_VERSION.to_owned());
-            let ad_token = text(t, "azure_ad_token", issues);
-            if let (Some((_, v)), Some(_)) = (&ad_token, api_key) {
-                issues.report(
-                    v.at,
-                    &v.path,
-                    "set either api_key (sent as `api-key`) or azure_ad_token (a bearer), not both",
-                );
-            }
-            Some(Dialect::Azure(Azure {
-                deployment,
-                api_version,
-                ad_token: ad_token.map(|(s, _)| s),
-            }))
+        Kind::Azure => read_azure(t, api_key, env, issues),
+        Kind::Vertex => read_vertex(t, env, issues),
+        Kind::Bedrock => read_bedrock(t, api_key, env, issues),
+    }
+}
+
+/// A string key, `${VAR}` replaced, that must not be empty: the value and where it was.
+fn text(
+    t: &mut Table,
+    env: &HashMap<String, String>,
+    key: &'static str,
+    issues: &mut Issues,
+) -> Option<(String, Val<String>)> {
+    t.get::<String>(key, issues).and_then(|v| {
+        let s = interpolate(&v, env, issues)?;
+        if s.is_empty() {
+            issues.report(v.at, &v.path, "must not be empty");
+            return None;
         }
-        Kind::Vertex => {
-            let at = t.at();
-            let path = t.field_path("project");
-            let project = text(t, "project", issues);
-            let location = text(t, "location", issues);
-            let file = t.get::<String>("credentials_file", issues);
-            let token = text(t, "access_token", issues);
-            if project.is_none() {
-                issues.report(at, &path, "missing; expected the Google Cloud project id");
-            }
-            if location.is_none() {
-                issues.report(
-                    at,
-                    &path.replace("project", "location"),
-                    "missing; expected the region (e.g. \"us-east5\") or \"global\"",
-                );
-            }
-            let auth = match (file, token) {
-                (Some(f), None) => service_account(&f, env, issues)
-                    .map(|sa| VertexAuth::ServiceAccount(Arc::new(sa))),
-                (None, Some((tok, _))) => Some(VertexAuth::AccessToken(tok)),
-                (Some(f), Some(_)) => {
-                    issues.report(
-                        f.at,
-                        &f.path,
-                        "set either credentials_file or access_token, not both",
-                    );
-                    None
-                }
-                (None, None) => {
-                    issues.report(
-                        at,
-                        &path.replace("project", "credentials_file"),
-                        "missing; expected a service-account key file (credentials_file) or access_token = \"${VAR}\"",
-                    );
-                    None
-                }
-            };
-            Some(Dialect::Vertex(Vertex {
-                project: project?.0,
-                location: location?.0,
-                auth: auth?,
-            }))
+        Some((s, v))
+    })
+}
+
+/// Azure OpenAI: the deployment (or the v1 API with `upstream_model`), the API version, and
+/// the credential (`api_key` or an Entra ID token, not both).
+fn read_azure(
+    t: &mut Table,
+    api_key: Option<&str>,
+    env: &HashMap<String, String>,
+    issues: &mut Issues,
+) -> Option<Dialect> {
+    let deployment = text(t, env, "deployment", issues).map(|(s, _)| s);
+    let api_version = text(t, env, "api_version", issues)
+        .map(|(s, _)| s)
+        .unwrap_or_else(|| AZURE_API_VERSION.to_owned());
+    let ad_token = text(t, env, "azure_ad_token", issues);
+    if let (Some((_, v)), Some(_)) = (&ad_token, api_key) {
+        issues.report(
+            v.at,
+            &v.path,
+            "set either api_key (sent as `api-key`) or azure_ad_token (a bearer), not both",
+        );
+    }
+    Some(Dialect::Azure(Azure {
+        deployment,
+        api_version,
+        ad_token: ad_token.map(|(s, _)| s),
+    }))
+}
+
+/// Vertex AI: the project, the location, and a service-account key file or an access token.
+fn read_vertex(
+    t: &mut Table,
+    env: &HashMap<String, String>,
+    issues: &mut Issues,
+) -> Option<Dialect> {
+    let at = t.at();
+    let path = t.field_path("project");
+    let project = text(t, env, "project", issues);
+    let location = text(t, env, "location", issues);
+    let file = t.get::<String>("credentials_file", issues);
+    let token = text(t, env, "access_token", issues);
+    if project.is_none() {
+        issues.report(at, &path, "missing; expected the Google Cloud project id");
+    }
+    if location.is_none() {
+        issues.report(
+            at,
+            &path.replace("project", "location"),
+            "missing; expected the region (e.g. \"us-east5\") or \"global\"",
+        );
+    }
+    let auth = match (file, token) {
+        (Some(f), None) => {
+            service_account(&f, env, issues).map(|sa| VertexAuth::ServiceAccount(Arc::new(sa)))
         }
-        Kind::Bedrock => {
-            let at = t.at();
-            let path = t.field_path("region");
-            let region = text(t, "region", issues)
-                .map(|(s, _)| s)
-                .or_else(|| env.get("AWS_REGION").filter(|s| !s.is_empty()).cloned());
-            let id = text(t, "aws_access_key_id", issues);
-            let secret = text(t, "aws_secret_access_key", issues);
-            let session = text(t, "aws_session_token", issues).map(|(s, _)| s);
-            if region.is_none() {
-                issues.report(
-                    at,
-                    &path,
-                    "missing; expected the AWS region (e.g. \"us-east-1\")",
-                );
-            }
-            let keys = match (id, secret) {
-                (Some((id, _)), Some((secret, _))) => Some(AwsKeys {
+        (None, Some((tok, _))) => Some(VertexAuth::AccessToken(tok)),
+        (Some(f), Some(_)) => {
+            issues.report(
+                f.at,
+                &f.path,
+                "set either credentials_file or access_token, not both",
+            );
+            None
+        }
+        (None, None) => {
+            issues.report(
+                at,
+                &path.replace("project", "credentials_file"),
+                "missing; expected a service-account key file (credentials_file) or access_token = \"${VAR}\"",
+            );
+            None
+        }
+    };
+    Some(Dialect::Vertex(Vertex {
+        project: project?.0,
+        location: location?.0,
+        auth: auth?,
+    }))
+}
+
+/// Bedrock: the region, and SigV4 keys (written, or from the environment) unless a Bedrock API
+/// key is the credential.
+fn read_bedrock(
+    t: &mut Table,
+    api_key: Option<&str>,
+    env: &HashMap<String, String>,
+    issues: &mut Issues,
+) -> Option<Dialect> {
+    let at = t.at();
+    let path = t.field_path("region");
+    let region = text(t, env, "region", issues)
+        .map(|(s, _)| s)
+        .or_else(|| env.get("AWS_REGION").filter(|s| !s.is_empty()).cloned());
+    let id = text(t, env, "aws_access_key_id", issues);
+    let secret = text(t, env, "aws_secret_access_key", issues);
+    let session = text(t, env, "aws_session_token", issues).map(|(s, _)| s);
+    if region.is_none() {
+        issues.report(
+            at,
+            &path,
+            "missing; expected the AWS region (e.g. \"us-east-1\")",
+        );
+    }
+    let keys = match (id, secret) {
+        (Some((id, _)), Some((secret, _))) => Some(AwsKeys {
+            access_key_id: id,
+            secret_access_key: secret,
+            session_token: session,
+        }),
+        (Some((_, v)), None) | (None, Some((_, v))) => {
+            issues.report(
+                v.at,
+                &v.path,
+                "aws_access_key_id and aws_secret_access_key go together",
+            );
+            return None;
+        }
+        (None, None) if api_key.is_some() => None,
+        (None, None) => {
+            let get = |k: &str| env.get(k).filter(|s| !s.is_empty()).cloned();
+            match (get("AWS_ACCESS_KEY_ID"), get("AWS_SECRET_ACCESS_KEY")) {
+                (Some(id), Some(secret)) => Some(AwsKeys {
                     access_key_id: id,
                     secret_access_key: secret,
-                    session_token: session,
+                    session_token: session.or_else(|| get("AWS_SESSION_TOKEN")),
                 }),
-                (Some((_, v)), None) | (None, Some((_, v))) => {
+                _ => {
                     issues.report(
-                        v.at,
-                        &v.path,
-                        "aws_access_key_id and aws_secret_access_key go together",
+                        at,
+                        &path.replace("region", "aws_access_key_id"),
+                        "missing; expected aws_access_key_id + aws_secret_access_key, the AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY environment variables, or a Bedrock API key in api_key",
                     );
                     return None;
                 }
-                (None, None) if api_key.is_some() => None,
-                (None, None) => {
-                    let get = |k: &str| env.get(k).filter(|s| !s.is_empty()).cloned();
-                    match (get("AWS_ACCESS_KEY_ID"), get("AWS_SECRET_ACCESS_KEY")) {
-                        (Some(id), Some(secret)) => Some(AwsKeys {
-                            access_key_id: id,
-                            secret_access_key: secret,
-                            session_token: session.or_else(|| get("AWS_SESSION_TOKEN")),
-                        }),
-                        _ => {
-                            issues.report(
-                                at,
-                                &path.replace("region", "aws_access_key_id"),
-                                "missing; expected aws_access_key_id + aws_secret_access_key, the AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY environment variables, or a Bedrock API key in api_key",
-                            );
-                            return None;
-                        }
-                    }
-                }
-            };
-            Some(Dialect::Bedrock(Bedrock {
-                region: region?,
-                keys,
-            }))
+            }
         }
-    }
+    };
+    Some(Dialect::Bedrock(Bedrock {
+        region: region?,
+        keys,
+    }))
 }
 
 /// A service-account key file: read, parsed, its key checked.
