@@ -31,30 +31,7 @@ pub fn chat_to_messages(
     let mut ctx = ResponseContext::default();
     let present = |k: &str| body.get(k).filter(|v| !v.is_null());
 
-    // Refusals first: they decide before anything else is worth doing.
-    if present("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
-        return Err(unsupported("n", "more than one choice (`n` > 1)", TARGET));
-    }
-    if present("logprobs").and_then(Value::as_bool) == Some(true) {
-        return Err(unsupported("logprobs", "logprobs", TARGET));
-    }
-    if let Some(m) = present("modalities").and_then(Value::as_array) {
-        if m.iter().any(|x| x.as_str() == Some("audio")) {
-            return Err(unsupported("modalities", "audio output", TARGET));
-        }
-    }
-    for (field, what) in [
-        ("audio", "audio output"),
-        ("functions", "legacy function calling (use `tools`)"),
-        (
-            "function_call",
-            "legacy function calling (use `tool_choice`)",
-        ),
-    ] {
-        if present(field).is_some() {
-            return Err(unsupported(field, what, TARGET));
-        }
-    }
+    refuse_unsupported(&present)?;
 
     let messages = match body.get("messages") {
         Some(Value::Array(m)) => m,
@@ -96,14 +73,85 @@ pub fn chat_to_messages(
     };
     out.insert("max_tokens".into(), max_tokens.into());
 
-    // Tools, tool choice and the response format (which becomes a tool).
+    let forced_tool = tools_to(body, &mut out, &mut fixes, &mut ctx)?;
+
+    let thinking = thinking_to(
+        &present,
+        &mut out,
+        &mut fixes,
+        forced_tool,
+        ends_in_tool_turn,
+        max_tokens,
+    );
+    sampling_to(&present, &mut out, &mut fixes, thinking);
+    if let Some(s) = present("stream") {
+        out.insert("stream".into(), s.clone());
+    }
+    ctx.include_usage = body
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    if let Some(u) = present("user") {
+        out.insert("metadata".into(), json!({"user_id": u}));
+    }
+
+    drop_unhandled(body, &mut fixes);
+
+    Ok(RequestTranslation {
+        body: out,
+        fixes: fixes.into_vec(),
+        context: ctx,
+    })
+}
+
+/// Presence of a non-null field of the client's body.
+type Present<'b> = dyn Fn(&str) -> Option<&'b Value> + 'b;
+
+/// What Anthropic cannot do at all: refused before anything else is worth doing.
+fn refuse_unsupported(present: &Present<'_>) -> Result<(), RequestError> {
+    if present("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
+        return Err(unsupported("n", "more than one choice (`n` > 1)", TARGET));
+    }
+    if present("logprobs").and_then(Value::as_bool) == Some(true) {
+        return Err(unsupported("logprobs", "logprobs", TARGET));
+    }
+    if let Some(m) = present("modalities").and_then(Value::as_array) {
+        if m.iter().any(|x| x.as_str() == Some("audio")) {
+            return Err(unsupported("modalities", "audio output", TARGET));
+        }
+    }
+    for (field, what) in [
+        ("audio", "audio output"),
+        ("functions", "legacy function calling (use `tools`)"),
+        (
+            "function_call",
+            "legacy function calling (use `tool_choice`)",
+        ),
+    ] {
+        if present(field).is_some() {
+            return Err(unsupported(field, what, TARGET));
+        }
+    }
+    Ok(())
+}
+
+/// Tools, tool choice and the response format (which becomes a tool); whether the choice
+/// forces a tool.
+fn tools_to(
+    body: &Map<String, Value>,
+    out: &mut Map<String, Value>,
+    fixes: &mut Fixes,
+    ctx: &mut ResponseContext,
+) -> Result<bool, RequestError> {
+    let present = |k: &str| body.get(k).filter(|v| !v.is_null());
     let has_tools = present("tools")
         .and_then(Value::as_array)
         .is_some_and(|t| !t.is_empty());
     if has_tools {
         out.insert(
             "tools".into(),
-            tools_to_anthropic(&body["tools"], &mut fixes)?,
+            tools_to_anthropic(&body["tools"], fixes)?,
         );
     }
     let parallel_off = present("parallel_tool_calls").and_then(Value::as_bool) == Some(false);
@@ -146,8 +194,19 @@ pub fn chat_to_messages(
     if let Some(tc) = tool_choice {
         out.insert("tool_choice".into(), tc);
     }
+    Ok(forced_tool)
+}
 
-    // Thinking: a budget when Anthropic allows one here.
+/// Thinking: a budget when Anthropic allows one here (no forced tool, not answering a tool
+/// turn, room under `max_tokens`); whether it is on.
+fn thinking_to(
+    present: &Present<'_>,
+    out: &mut Map<String, Value>,
+    fixes: &mut Fixes,
+    forced_tool: bool,
+    ends_in_tool_turn: bool,
+    max_tokens: u64,
+) -> bool {
     let mut thinking = false;
     if let Some(effort) = present("reasoning_effort") {
         match effort.as_str().map(|e| (e, thinking_budget(e))) {
@@ -163,7 +222,17 @@ pub fn chat_to_messages(
             _ => fixes.dropped("reasoning_effort"),
         }
     }
+    thinking
+}
 
+/// Temperature, top_p and top_k as Anthropic takes them (thinking fixes some), and the stop
+/// sequences.
+fn sampling_to(
+    present: &Present<'_>,
+    out: &mut Map<String, Value>,
+    fixes: &mut Fixes,
+    thinking: bool,
+) {
     if let Some(t) = present("temperature") {
         if thinking && t.as_f64() != Some(1.0) {
             fixes.dropped("temperature");
@@ -197,19 +266,10 @@ pub fn chat_to_messages(
         }
         _ => {}
     }
-    if let Some(s) = present("stream") {
-        out.insert("stream".into(), s.clone());
-    }
-    ctx.include_usage = body
-        .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    if let Some(u) = present("user") {
-        out.insert("metadata".into(), json!({"user_id": u}));
-    }
+}
 
-    // Everything else has no Anthropic counterpart: dropped, and said so.
+/// Everything else has no Anthropic counterpart: dropped, and said so.
+fn drop_unhandled(body: &Map<String, Value>, fixes: &mut Fixes) {
     const HANDLED: &[&str] = &[
         "model",
         "messages",
@@ -236,12 +296,6 @@ pub fn chat_to_messages(
             fixes.dropped(k);
         }
     }
-
-    Ok(RequestTranslation {
-        body: out,
-        fixes: fixes.into_vec(),
-        context: ctx,
-    })
 }
 
 /// The `system` blocks and the Anthropic messages.
