@@ -149,10 +149,7 @@ fn tools_to(
         .and_then(Value::as_array)
         .is_some_and(|t| !t.is_empty());
     if has_tools {
-        out.insert(
-            "tools".into(),
-            tools_to_anthropic(&body["tools"], fixes)?,
-        );
+        out.insert("tools".into(), tools_to_anthropic(&body["tools"], fixes)?);
     }
     let parallel_off = present("parallel_tool_calls").and_then(Value::as_bool) == Some(false);
     let mut tool_choice = match present("tool_choice") {

@@ -259,15 +259,7 @@ async fn run_contender(
     out: &Path,
 ) -> Result<Figures, String> {
     let fleet = Fleet::start(&s.fleet).await.map_err(|e| e.to_string())?;
-    let running = match name {
-        "keel" => start_keel(s, &fleet, &s.keel_pool).await?,
-        "keel-rr" => start_keel(s, &fleet, &round_robin_pool(&s.keel_pool)).await?,
-        keel if keel.starts_with("keel:") => {
-            let extra = keel["keel:".len()..].replace(';', "\n");
-            start_keel(s, &fleet, &format!("{}\n{extra}", s.keel_pool)).await?
-        }
-        peer => start_peer(peer, &fleet, out).await?,
-    };
+    let running = start_contender(s, &fleet, name, out).await?;
     let planned = plan(s, duration, seed);
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
@@ -282,28 +274,7 @@ async fn run_contender(
         stop_sampling.clone(),
     );
     let start = tokio::time::Instant::now();
-    for ev in s.events.clone() {
-        let srv = fleet
-            .servers
-            .get(ev.server)
-            .ok_or(format!(
-                "event names server {} of {}",
-                ev.server,
-                fleet.servers.len()
-            ))?
-            .state
-            .clone();
-        let at = start + Duration::from_secs_f64(ev.at * duration);
-        tokio::spawn(async move {
-            tokio::time::sleep_until(at).await;
-            if ev.clear {
-                srv.clear_faults();
-            }
-            for f in ev.faults {
-                srv.add_fault(f);
-            }
-        });
-    }
+    schedule_events(s, &fleet, start, duration)?;
     let results: Arc<Mutex<Vec<Seen>>> = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     // Answers received so far (the bar also covers the drain after the last arrival).
@@ -379,33 +350,129 @@ async fn run_contender(
     // The simulator's refusals (429 when full): a layer that respects capacity causes none.
     let upstream_refused: u64 = during(|s| s.errors).iter().sum();
     if name.starts_with("keel") {
-        // keel's last decision records (candidates, costs, attempts) and its metrics (attempts
-        // by kind, probes, hedges), to see why.
-        for (path, what) in [
-            ("/keel/decisions", "decisions.json"),
-            ("/metrics", "metrics.txt"),
-        ] {
-            let url = running.url.replace("/v1/chat/completions", path);
-            if let Ok(r) = client.get(&url).send().await {
-                if let Ok(text) = r.text().await {
-                    let file = format!("{}-{name}-seed{seed}-{what}", s.name).replace(
-                        |c: char| !c.is_ascii_alphanumeric() && c != '-' && c != '.',
-                        "_",
-                    );
-                    let _ = std::fs::write(out.join(file), text);
-                }
-            }
-        }
+        save_keel_state(&client, &running.url, s, name, seed, out).await;
     }
     (running.stop)();
     let seen = std::mem::take(&mut *results.lock().unwrap_or_else(|e| e.into_inner()));
+    let upstream = Upstream {
+        per_server_requests,
+        prefill_tokens,
+        requests: upstream_requests,
+        tokens_sent,
+        refused: upstream_refused,
+        in_flight,
+        peak: upstream_peak,
+    };
+    figures(s, name, duration, seed, &seen, elapsed, upstream)
+}
+
+/// The contender under test, started against the fleet and warmed up.
+async fn start_contender(
+    s: &Scenario,
+    fleet: &Fleet,
+    name: &str,
+    out: &Path,
+) -> Result<Running, String> {
+    Ok(match name {
+        "keel" => start_keel(s, fleet, &s.keel_pool).await?,
+        "keel-rr" => start_keel(s, fleet, &round_robin_pool(&s.keel_pool)).await?,
+        keel if keel.starts_with("keel:") => {
+            let extra = keel["keel:".len()..].replace(';', "\n");
+            start_keel(s, fleet, &format!("{}\n{extra}", s.keel_pool)).await?
+        }
+        peer => start_peer(peer, fleet, out).await?,
+    })
+}
+
+/// The scenario's fault events, each applied to its server at its share of the run.
+fn schedule_events(
+    s: &Scenario,
+    fleet: &Fleet,
+    start: tokio::time::Instant,
+    duration: f64,
+) -> Result<(), String> {
+    for ev in s.events.clone() {
+        let srv = fleet
+            .servers
+            .get(ev.server)
+            .ok_or(format!(
+                "event names server {} of {}",
+                ev.server,
+                fleet.servers.len()
+            ))?
+            .state
+            .clone();
+        let at = start + Duration::from_secs_f64(ev.at * duration);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            if ev.clear {
+                srv.clear_faults();
+            }
+            for f in ev.faults {
+                srv.add_fault(f);
+            }
+        });
+    }
+    Ok(())
+}
+
+/// keel's last decision records (candidates, costs, attempts) and its metrics (attempts by
+/// kind, probes, hedges), kept beside the figures to see why.
+async fn save_keel_state(
+    client: &reqwest::Client,
+    chat_url: &str,
+    s: &Scenario,
+    name: &str,
+    seed: u64,
+    out: &Path,
+) {
+    for (path, what) in [
+        ("/keel/decisions", "decisions.json"),
+        ("/metrics", "metrics.txt"),
+    ] {
+        let url = chat_url.replace("/v1/chat/completions", path);
+        if let Ok(r) = client.get(&url).send().await {
+            if let Ok(text) = r.text().await {
+                let file = format!("{}-{name}-seed{seed}-{what}", s.name).replace(
+                    |c: char| !c.is_ascii_alphanumeric() && c != '-' && c != '.',
+                    "_",
+                );
+                let _ = std::fs::write(out.join(file), text);
+            }
+        }
+    }
+}
+
+/// What the fleet's servers did while the load ran.
+struct Upstream {
+    per_server_requests: Vec<f64>,
+    prefill_tokens: u64,
+    requests: u64,
+    tokens_sent: u64,
+    /// The simulator's refusals (429 when full): a layer that respects capacity causes none.
+    refused: u64,
+    /// Mean in-flight requests per server, and the most at once.
+    in_flight: Vec<f64>,
+    peak: i64,
+}
+
+/// One run's figures from what the clients saw and what the servers did.
+fn figures(
+    s: &Scenario,
+    name: &str,
+    duration: f64,
+    seed: u64,
+    seen: &[Seen],
+    elapsed: f64,
+    upstream: Upstream,
+) -> Result<Figures, String> {
     let mut ttft =
         Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).map_err(|e| e.to_string())?;
     let mut totals = ttft.clone();
     let (mut ok, mut intact, mut tgsv, mut tgsv_n, mut cached, mut prompt) =
         (0usize, 0usize, 0.0, 0usize, 0u64, 0u64);
     let (mut r429, mut r429_ok) = (0usize, 0usize);
-    for x in &seen {
+    for x in seen {
         if x.ok {
             ok += 1;
             if let Some(t) = x.ttft_us {
@@ -449,21 +516,21 @@ async fn run_contender(
         } else {
             0.0
         },
-        extra_requests: upstream_requests as f64 / n as f64 - 1.0,
-        extra_tokens: tokens_sent as f64 / reference_tokens.max(1) as f64 - 1.0,
+        extra_requests: upstream.requests as f64 / n as f64 - 1.0,
+        extra_tokens: upstream.tokens_sent as f64 / reference_tokens.max(1) as f64 - 1.0,
         admitted_rps: ok as f64 / elapsed,
         kv_hit_rate: if prompt > 0 {
             cached as f64 / prompt as f64
         } else {
             0.0
         },
-        prefill_tokens: prefill_tokens as f64 / n as f64,
-        request_balance: max_over_mean(&per_server_requests),
-        inflight_balance: max_over_mean(&in_flight),
+        prefill_tokens: upstream.prefill_tokens as f64 / n as f64,
+        request_balance: max_over_mean(&upstream.per_server_requests),
+        inflight_balance: max_over_mean(&upstream.in_flight),
         retry_after_success: (r429 > 0).then(|| r429_ok as f64 / r429 as f64),
-        by_priority: by_priority(&seen)?,
-        upstream_peak: upstream_peak as f64,
-        upstream_refused: upstream_refused as f64,
+        by_priority: by_priority(seen)?,
+        upstream_peak: upstream.peak as f64,
+        upstream_refused: upstream.refused as f64,
         late: seen.iter().map(|x| x.late as f64).sum(),
         runs: 1,
         ttft_p99_range: [ttft_ms[2]; 2],
