@@ -319,36 +319,7 @@ async fn run(
     traceparent: Option<HeaderValue>,
 ) -> Result<AttemptResult, AttemptFailure> {
     let variant = &pool.variants[vi].cfg;
-    // A variant of the other protocol: the request translated for it (execution and the relay
-    // check beforehand that it can be), the answer translated back below.
-    let translated = translation::translate_request(variant, req).map_err(|e| {
-        AttemptFailure::Malformed(format!("cannot translate the request: {}", e.message))
-    })?;
-    let public = pool.cfg.response_model == ResponseModel::Public;
-    let (endpoint, body, mut back, fixes) = match translated {
-        None => (
-            ctx.endpoint,
-            serde_json::to_vec(&req.upstream_view(&variant.upstream_model, &variant.params)),
-            None,
-            Vec::new(),
-        ),
-        Some(t) => (
-            t.endpoint,
-            serde_json::to_vec(&t.body),
-            Some(t.response),
-            t.fixes,
-        ),
-    };
-    let body =
-        body.map_err(|e| AttemptFailure::Malformed(format!("cannot encode request: {e}")))?;
-    // What the client is answered in.
-    let protocol = ctx.endpoint.protocol();
-    // The answer's `model`: the name the client asked for (translation already answers with
-    // it), unless the pool keeps the upstream's.
-    let rename = (public && back.is_none()).then(|| ModelRename::new(protocol, &req.model));
-    if let (false, Some(b)) = (public, &mut back) {
-        b.answer_as(&variant.upstream_model);
-    }
+    let prepared = Prepared::new(pool, vi, req, ctx)?;
     let started = Instant::now();
     let streaming = req.stream && ctx.endpoint.generates();
     let first_token_deadline = started + Duration::from_millis(pool.cfg.timeouts.first_token_ms);
@@ -361,7 +332,13 @@ async fn run(
 
     let send = pool.client.send(
         &variant.name,
-        upstream::request(variant, endpoint, &ctx.forwarded, traceparent, body),
+        upstream::request(
+            variant,
+            prepared.endpoint,
+            &ctx.forwarded,
+            traceparent,
+            prepared.body,
+        ),
     );
     let resp = match timeout_at(head_deadline, send).await {
         Err(_) => return Err(timeout_failure(hit_total(head_deadline), started)),
@@ -370,7 +347,7 @@ async fn run(
     };
     let status = resp.status;
     let mut headers = kept_headers(&resp.headers);
-    let mut fixes = fixes;
+    let mut fixes = prepared.fixes;
     for f in &resp.fixes {
         if !fixes.contains(f) {
             fixes.push(f.clone());
@@ -379,42 +356,15 @@ async fn run(
     if let Some(v) = translation::fix_header(&fixes) {
         headers.insert(PROMPT_FIX_HEADER, v);
     }
-
+    let answer = Answer {
+        back: prepared.back,
+        rename: prepared.rename,
+        headers,
+        started,
+    };
     if !status.is_success() {
-        let h = &resp.headers;
-        let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        let retry_after_ms = parse_retry_after(
-            get("retry-after-ms").as_deref(),
-            get("retry-after").as_deref(),
-            MAX_COOLDOWN_MS,
-        );
-        let read_until = (Instant::now() + Duration::from_secs(5)).min(ctx.deadline);
-        let body = read_body(resp, MAX_ERROR_BODY_BYTES, read_until, started)
-            .await
-            .unwrap_or_default();
-        // Identifiers only (see `error_summary`): the text reaches the client's give-up
-        // message, logs and decision records.
-        let message = serde_json::from_slice(&body)
-            .map(|v| error_summary(&v))
-            .unwrap_or_default();
-        let failure = AttemptFailure::Status {
-            status: status.as_u16(),
-            retry_after_ms,
-            message,
-        };
-        return Ok(match failure.verdict() {
-            Verdict::ReturnToClient => AttemptResult::ClientError(Served::Whole {
-                status,
-                body: match &back {
-                    Some(b) => b.error(&body, status.as_u16()),
-                    None => body,
-                },
-                headers,
-            }),
-            _ => AttemptResult::Failed(failure),
-        });
+        return Ok(answer.refused(resp, ctx).await);
     }
-
     let content_type = resp
         .headers
         .get(http::header::CONTENT_TYPE)
@@ -428,16 +378,141 @@ async fn run(
                 "expected an event stream or a JSON body, got content-type {content_type:?}"
             )));
         }
-        let body = read_body(resp, pool.limits.max_body_bytes, ctx.deadline, started).await?;
+        return answer.whole(pool, resp, ctx, streaming).await;
+    }
+    answer
+        .first_token(pool, resp, ctx, head_deadline, hit_total(head_deadline))
+        .await
+}
+
+/// The request as it goes to one variant: translated for it when it speaks the other
+/// protocol, and how its answer is brought back.
+struct Prepared {
+    endpoint: Endpoint,
+    body: Vec<u8>,
+    /// Translates the answer back to the client's protocol (a variant of the other one).
+    back: Option<translation::ResponseTranslator>,
+    fixes: Vec<String>,
+    /// Renames the answer's `model` to the name the client asked for.
+    rename: Option<ModelRename>,
+}
+
+impl Prepared {
+    fn new(
+        pool: &Pool,
+        vi: usize,
+        req: &CanonicalRequest,
+        ctx: &RequestCtx,
+    ) -> Result<Prepared, AttemptFailure> {
+        let variant = &pool.variants[vi].cfg;
+        // A variant of the other protocol: the request translated for it (execution and the
+        // relay check beforehand that it can be), the answer translated back.
+        let translated = translation::translate_request(variant, req).map_err(|e| {
+            AttemptFailure::Malformed(format!("cannot translate the request: {}", e.message))
+        })?;
+        let public = pool.cfg.response_model == ResponseModel::Public;
+        let (endpoint, body, mut back, fixes) = match translated {
+            None => (
+                ctx.endpoint,
+                serde_json::to_vec(&req.upstream_view(&variant.upstream_model, &variant.params)),
+                None,
+                Vec::new(),
+            ),
+            Some(t) => (
+                t.endpoint,
+                serde_json::to_vec(&t.body),
+                Some(t.response),
+                t.fixes,
+            ),
+        };
+        let body =
+            body.map_err(|e| AttemptFailure::Malformed(format!("cannot encode request: {e}")))?;
+        // The answer's `model`: the name the client asked for (translation already answers
+        // with it), unless the pool keeps the upstream's.
+        let protocol = ctx.endpoint.protocol();
+        let rename = (public && back.is_none()).then(|| ModelRename::new(protocol, &req.model));
+        if let (false, Some(b)) = (public, &mut back) {
+            b.answer_as(&variant.upstream_model);
+        }
+        Ok(Prepared {
+            endpoint,
+            body,
+            back,
+            fixes,
+            rename,
+        })
+    }
+}
+
+/// An upstream's answer on its way to becoming the attempt's result.
+struct Answer {
+    back: Option<translation::ResponseTranslator>,
+    rename: Option<ModelRename>,
+    headers: HeaderMap,
+    started: Instant,
+}
+
+impl Answer {
+    /// A non-success status: the client's own error (in its protocol) or a failure that
+    /// fails over, with the upstream's wait when it gave one.
+    async fn refused(self, resp: upstream::Response, ctx: &RequestCtx) -> AttemptResult {
+        let status = resp.status;
+        let h = &resp.headers;
+        let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let retry_after_ms = parse_retry_after(
+            get("retry-after-ms").as_deref(),
+            get("retry-after").as_deref(),
+            MAX_COOLDOWN_MS,
+        );
+        let read_until = (Instant::now() + Duration::from_secs(5)).min(ctx.deadline);
+        let body = read_body(resp, MAX_ERROR_BODY_BYTES, read_until, self.started)
+            .await
+            .unwrap_or_default();
+        // Identifiers only (see `error_summary`): the text reaches the client's give-up
+        // message, logs and decision records.
+        let message = serde_json::from_slice(&body)
+            .map(|v| error_summary(&v))
+            .unwrap_or_default();
+        let failure = AttemptFailure::Status {
+            status: status.as_u16(),
+            retry_after_ms,
+            message,
+        };
+        match failure.verdict() {
+            Verdict::ReturnToClient => AttemptResult::ClientError(Served::Whole {
+                status,
+                body: match &self.back {
+                    Some(b) => b.error(&body, status.as_u16()),
+                    None => body,
+                },
+                headers: self.headers,
+            }),
+            _ => AttemptResult::Failed(failure),
+        }
+    }
+
+    /// A whole body: read, translated or renamed, and served whole, or as a stream made from
+    /// it when the client asked for one.
+    async fn whole(
+        self,
+        pool: &Pool,
+        resp: upstream::Response,
+        ctx: &RequestCtx,
+        streaming: bool,
+    ) -> Result<AttemptResult, AttemptFailure> {
+        let status = resp.status;
+        let protocol = ctx.endpoint.protocol();
+        let body = read_body(resp, pool.limits.max_body_bytes, ctx.deadline, self.started).await?;
         let mut value: serde_json::Value = serde_json::from_slice(&body)
             .map_err(|e| AttemptFailure::Malformed(format!("response body is not JSON: {e}")))?;
         let mut body = body;
-        if let Some(b) = &back {
+        if let Some(b) = &self.back {
             value = b.whole(&value).map_err(|e| {
                 AttemptFailure::Malformed(format!("cannot translate the response: {e}"))
             })?;
             body = Bytes::from(value.to_string());
-        } else if let Some(r) = rename
+        } else if let Some(r) = self
+            .rename
             .as_ref()
             .filter(|_| ctx.endpoint != Endpoint::CountTokens)
         {
@@ -454,82 +529,95 @@ async fn run(
             }
             return Ok(AttemptResult::Served(Served::Whole {
                 status,
-                headers,
+                headers: self.headers,
                 body,
             }));
         }
         let head =
             stream_from_whole(protocol, ctx.endpoint, &value).map_err(AttemptFailure::Malformed)?;
-        return Ok(AttemptResult::Served(Served::Stream(StreamStart {
+        Ok(AttemptResult::Served(Served::Stream(StreamStart {
             head,
             pending: Vec::new(),
             source: Source::empty(),
-            headers,
+            headers: self.headers,
             first_token_at: Instant::now(),
             template: ChunkTemplate::default(),
-        })));
+        })))
     }
 
-    // Fused: the relay may ask again after the end (see `next_events`).
-    let mut source = Source::new(
-        resp.body,
-        SseDecoder::with_max_event_bytes(pool.limits.max_event_bytes),
-        back.as_ref().map(|b| b.stream()),
-    )
-    // An assembled answer is given its name once, by the assembler (see `RequestCtx::assembled`).
-    .renaming(rename.filter(|_| !ctx.assembled));
-    let mut head = Vec::new();
-    let mut events = Vec::new();
-    let mut template = ChunkTemplate::default();
-    loop {
-        if let Err(end) = source.next(head_deadline, &mut events).await {
-            return Err(match end {
-                ReadEnd::Timeout => timeout_failure(hit_total(head_deadline), started),
-                other => other.failure("before the first token"),
-            });
-        }
-        let mut drained = events.drain(..);
-        for ev in drained.by_ref() {
-            // Read as the relay reads events, once; an OpenAI stream's first text chunk
-            // teaches the template the relay starts from.
-            let (role, oversized) = {
-                let facts = read_event_in(protocol, &ev, &mut template);
-                (facts.role, facts.oversized)
-            };
-            if let Some(i) = oversized {
-                return Err(AttemptFailure::Malformed(format!(
-                    "an index of {i} (more than {MAX_OUTPUT_INDEX})"
-                )));
+    /// A stream: read until its first token (the commit point), keeping the preamble and
+    /// keep-alives before it; `total` says whether the deadline is the request's own.
+    async fn first_token(
+        self,
+        pool: &Pool,
+        resp: upstream::Response,
+        ctx: &RequestCtx,
+        head_deadline: Instant,
+        total: bool,
+    ) -> Result<AttemptResult, AttemptFailure> {
+        let protocol = ctx.endpoint.protocol();
+        // Fused: the relay may ask again after the end (see `next_events`).
+        let mut source = Source::new(
+            resp.body,
+            SseDecoder::with_max_event_bytes(pool.limits.max_event_bytes),
+            self.back.as_ref().map(|b| b.stream()),
+        )
+        // An assembled answer is given its name once, by the assembler (see
+        // `RequestCtx::assembled`).
+        .renaming(self.rename.filter(|_| !ctx.assembled));
+        let mut head = Vec::new();
+        let mut events = Vec::new();
+        let mut template = ChunkTemplate::default();
+        loop {
+            if let Err(end) = source.next(head_deadline, &mut events).await {
+                return Err(match end {
+                    ReadEnd::Timeout => timeout_failure(total, self.started),
+                    other => other.failure("before the first token"),
+                });
             }
-            match role {
-                // Keep-alives while a server queues the request are forwarded once it answers,
-                // but not without bound; a preamble that never ends is broken.
-                EventRole::KeepAlive if head.len() >= MAX_PREAMBLE_EVENTS => {}
-                EventRole::KeepAlive => head.push(ev),
-                EventRole::Preamble if head.len() >= MAX_PREAMBLE_EVENTS => {
+            let mut drained = events.drain(..);
+            for ev in drained.by_ref() {
+                // Read as the relay reads events, once; an OpenAI stream's first text chunk
+                // teaches the template the relay starts from.
+                let (role, oversized) = {
+                    let facts = read_event_in(protocol, &ev, &mut template);
+                    (facts.role, facts.oversized)
+                };
+                if let Some(i) = oversized {
                     return Err(AttemptFailure::Malformed(format!(
-                        "more than {MAX_PREAMBLE_EVENTS} events before the first token"
-                    )))
+                        "an index of {i} (more than {MAX_OUTPUT_INDEX})"
+                    )));
                 }
-                EventRole::Preamble => head.push(ev),
-                EventRole::Output | EventRole::Terminal => {
-                    head.push(ev);
-                    let pending: Vec<SseEvent> = drained.collect();
-                    return Ok(AttemptResult::Served(Served::Stream(StreamStart {
-                        head,
-                        pending,
-                        source,
-                        headers,
-                        first_token_at: Instant::now(),
-                        template,
-                    })));
+                match role {
+                    // Keep-alives while a server queues the request are forwarded once it
+                    // answers, but not without bound; a preamble that never ends is broken.
+                    EventRole::KeepAlive if head.len() >= MAX_PREAMBLE_EVENTS => {}
+                    EventRole::KeepAlive => head.push(ev),
+                    EventRole::Preamble if head.len() >= MAX_PREAMBLE_EVENTS => {
+                        return Err(AttemptFailure::Malformed(format!(
+                            "more than {MAX_PREAMBLE_EVENTS} events before the first token"
+                        )))
+                    }
+                    EventRole::Preamble => head.push(ev),
+                    EventRole::Output | EventRole::Terminal => {
+                        head.push(ev);
+                        let pending: Vec<SseEvent> = drained.collect();
+                        return Ok(AttemptResult::Served(Served::Stream(StreamStart {
+                            head,
+                            pending,
+                            source,
+                            headers: self.headers,
+                            first_token_at: Instant::now(),
+                            template,
+                        })));
+                    }
+                    EventRole::Error(m) => {
+                        return Err(AttemptFailure::ErrorEvent(format!(
+                            "before the first token: {m}"
+                        )))
+                    }
+                    EventRole::Malformed(m) => return Err(AttemptFailure::Malformed(m)),
                 }
-                EventRole::Error(m) => {
-                    return Err(AttemptFailure::ErrorEvent(format!(
-                        "before the first token: {m}"
-                    )))
-                }
-                EventRole::Malformed(m) => return Err(AttemptFailure::Malformed(m)),
             }
         }
     }
