@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use crate::config::{AccessLogTarget, LogConfig, LogFormat, VariantConfig};
-use crate::keys::meter::Meter;
+use crate::keys::meter::{Meter, Totals};
 use crate::log_writer::{self, Dest};
 use crate::settlement::{AttemptKind, Attempts};
 use crate::telemetry::{RequestEnd, RequestSpan};
@@ -144,6 +144,9 @@ pub struct RequestLog {
     pub cache: &'static str,
     /// For a hit: the request whose answer was replayed.
     pub cached_from: Option<String>,
+    /// What the line holds of the request's content, where its pool fingerprints: hashes and
+    /// flags, never text (see `keel_core::analyze`).
+    pub fingerprint: Option<keel_core::analyze::Fingerprint>,
     /// The client's connection or stream: a request it lost to the write timeout ends as
     /// `client_write_timeout` rather than `cancelled` (see `client_write`).
     client: Option<Arc<crate::client_write::ClientWrites>>,
@@ -187,6 +190,7 @@ impl RequestLog {
             health_of: None,
             cache: "bypass",
             cached_from: None,
+            fingerprint: None,
             client: crate::client_write::current(),
             done: false,
         }
@@ -244,10 +248,7 @@ impl RequestLog {
             .usage
             .as_ref()
             .filter(|(m, _)| !m.is_empty())
-            .map(|(m, estimate)| {
-                let t = m.totals(*estimate);
-                (t.input, t.output)
-            });
+            .map(|(m, estimate)| m.totals(*estimate));
         if let Some(span) = self.trace.take() {
             span.end(RequestEnd {
                 pool: &self.pool,
@@ -262,11 +263,14 @@ impl RequestLog {
                 hedges: self.hedges,
                 migrations: self.migrations,
                 ttft: self.ttft,
-                tokens,
+                tokens: tokens.map(|t| (t.input, t.output)),
             });
         }
         if self.gw.access_log.enabled() {
-            let fields = self.fields(outcome, detail, elapsed, tokens);
+            let mut fields = self.fields(outcome, detail, elapsed, tokens);
+            if let Some(f) = &self.fingerprint {
+                fingerprint_fields(&mut fields, f, tokens);
+            }
             self.gw.access_log.write(&fields);
         }
     }
@@ -307,7 +311,7 @@ impl RequestLog {
         outcome: &'static str,
         detail: Option<&str>,
         elapsed: Duration,
-        tokens: Option<(u64, u64)>,
+        tokens: Option<Totals>,
     ) -> Map<String, Value> {
         let ms = |d: Duration| (d.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0;
         let known = |s: &str| (s != "-").then(|| s.to_owned());
@@ -331,8 +335,8 @@ impl RequestLog {
             "detail": detail,
             "ttft_ms": self.ttft.map(ms),
             "total_ms": ms(elapsed),
-            "tokens_in": tokens.map(|t| t.0),
-            "tokens_out": tokens.map(|t| t.1),
+            "tokens_in": tokens.map(|t| t.input),
+            "tokens_out": tokens.map(|t| t.output),
             "overhead_us": self.overhead_us,
             "cache": self.cache,
             "cached_from": self.cached_from,
@@ -342,6 +346,33 @@ impl RequestLog {
             Value::Object(m) => m,
             _ => Map::new(),
         }
+    }
+}
+
+/// A fingerprinted request's fields (see `keel_core::analyze`): the key the pool's cache
+/// uses, the key before normalization and, where the pool does not normalize, the key
+/// `syntax` would give; its template id, its policy facts and the price of what it used.
+fn fingerprint_fields(
+    fields: &mut Map<String, Value>,
+    f: &keel_core::analyze::Fingerprint,
+    tokens: Option<Totals>,
+) {
+    let spend = tokens.map(|t| t.spend_micros as f64 / 1e6);
+    let syntax = (!f.normalizes).then_some(&f.key_norm);
+    for (k, v) in [
+        ("cache_key", json!(f.cache_key())),
+        ("cache_key_raw", json!(f.key_raw)),
+        ("cache_key_syntax", json!(syntax)),
+        (
+            "template",
+            json!(keel_core::analyze::template_hex(f.template)),
+        ),
+        ("deterministic", json!(f.deterministic)),
+        ("temperature", json!(f.temperature)),
+        ("tools", json!(f.tools)),
+        ("spend_usd", json!(spend)),
+    ] {
+        fields.insert(k.to_owned(), v);
     }
 }
 

@@ -29,6 +29,8 @@ pub struct Admitted {
     pub req: CanonicalRequest,
     pub pool: Arc<Pool>,
     pub ctx: RequestCtx,
+    /// The request's fingerprint, for the access log (pools with `fingerprint = true`).
+    pub fingerprint: Option<keel_core::analyze::Fingerprint>,
 }
 
 fn header<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
@@ -282,7 +284,12 @@ pub async fn admit(
         Some(key) => Some(crate::keys::limits::admit_request(gw, key, pool, &req, protocol).await?),
         None => None,
     };
-    let prepared = crate::prompt_work::prepare(pool, plan, endpoint, req, bytes.len()).await?;
+    let namespace = match pool.templates {
+        Some(_) => crate::cache::namespace_of(key.as_deref()),
+        None => String::new(),
+    };
+    let prepared =
+        crate::prompt_work::prepare(pool, plan, endpoint, req, bytes.len(), namespace).await?;
     let req = prepared.req;
     let grant = match pending {
         Some(p) => Some(Arc::new(
@@ -318,5 +325,6 @@ pub async fn admit(
         req,
         pool: pool.clone(),
         ctx,
+        fingerprint: prepared.fingerprint,
     })
 }

@@ -261,6 +261,8 @@ pub struct Pool {
     pub canary: Option<crate::canary::CanaryRuntime>,
     /// `[pools.shadow]`'s variants and their comparisons (see `shadow`).
     pub shadow: Option<crate::shadow::Shadow>,
+    /// The template miner of a pool that fingerprints its requests (`fingerprint = true`).
+    pub templates: Option<Mutex<keel_core::analyze::template::Miner>>,
 }
 
 /// How long after the last high-priority request its share of capacity stays reserved.
@@ -474,6 +476,7 @@ impl Pool {
                 epoch.elapsed().as_millis() as u64,
             ),
             shadow: crate::shadow::Shadow::new(cfg.shadow.as_ref()),
+            templates: cfg.fingerprint.then(Default::default),
             protocol,
             variants,
             client,

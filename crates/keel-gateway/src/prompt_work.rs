@@ -49,9 +49,12 @@
 use std::sync::Arc;
 
 use http::request::Parts;
+use keel_core::analyze;
+use keel_core::cache_key;
 use keel_core::normalize::{self, Edit, Edits, Mode, RepairBudget};
 use keel_core::protocol::{Endpoint, ErrorKind};
 use keel_core::request::CanonicalRequest;
+use serde_json::{Map, Value};
 
 use crate::config::KeyConfig;
 use crate::context_fit;
@@ -80,6 +83,8 @@ pub struct Prepared {
     pub repair: RepairBudget,
     /// How many of `fixes` normalization applied (the rest are context fit's).
     normalized: usize,
+    /// The request's fingerprint, where the pool takes them (`fingerprint = true`).
+    pub fingerprint: Option<keel_core::analyze::Fingerprint>,
 }
 
 fn mode_name(mode: Mode) -> &'static str {
@@ -151,12 +156,13 @@ pub async fn prepare(
     endpoint: Endpoint,
     req: CanonicalRequest,
     body_bytes: usize,
+    namespace: String,
 ) -> Result<Prepared, GatewayError> {
     let prepared = if plan.mode != Mode::Full && body_bytes <= context_fit::BLOCKING_BYTES {
-        work(pool, plan, endpoint, req)
+        work(pool, plan, endpoint, req, &namespace)
     } else {
         let pool = pool.clone();
-        tokio::task::spawn_blocking(move || work(&pool, plan, endpoint, req))
+        tokio::task::spawn_blocking(move || work(&pool, plan, endpoint, req, &namespace))
             .await
             .map_err(|_| {
                 GatewayError::new(ErrorKind::Internal, "keel: preparing the prompt failed")
@@ -183,7 +189,19 @@ pub async fn prepare(
 
 /// The work itself, wherever it runs. Normalization is skipped in safe mode and after the
 /// `#keel-no-normalize` opt-out line (removed before forwarding; fix code `opt_out`).
-fn work(pool: &Pool, plan: Plan, endpoint: Endpoint, mut req: CanonicalRequest) -> Prepared {
+/// `namespace`: the response cache's, for the fingerprint.
+fn work(
+    pool: &Pool,
+    plan: Plan,
+    endpoint: Endpoint,
+    mut req: CanonicalRequest,
+    namespace: &str,
+) -> Prepared {
+    let fingerprinted = pool.templates.is_some()
+        && cache_key::bypass_reason(endpoint, &Map::new(), analyze::DETERMINISTIC)
+            != Some("endpoint");
+    let key_raw = fingerprinted
+        .then(|| cache_key::fingerprint(namespace, endpoint, &pool.cfg.name, &req.body));
     let mut edits = match plan.keep_edits {
         true => Edits::kept(),
         false => Edits::default(),
@@ -208,7 +226,10 @@ fn work(pool: &Pool, plan: Plan, endpoint: Endpoint, mut req: CanonicalRequest) 
     if trimmed > 0 {
         fixes.push(context_fit::MIDDLE_OUT_FIX.to_owned());
     }
+    let fingerprint =
+        key_raw.map(|k| fingerprint(pool, plan.mode, endpoint, namespace, k, &req.body));
     Prepared {
+        fingerprint,
         req,
         fixes,
         edits: edits.into_list(),
@@ -216,4 +237,49 @@ fn work(pool: &Pool, plan: Plan, endpoint: Endpoint, mut req: CanonicalRequest) 
         repair,
         normalized,
     }
+}
+
+/// The fingerprint of a request whose cache key before normalization is `key_raw` and whose
+/// body is now `body`: the normalized key is the pool's (or, where it normalizes nothing,
+/// `syntax`'s on a copy: what normalizing would merge).
+fn fingerprint(
+    pool: &Pool,
+    mode: Mode,
+    endpoint: Endpoint,
+    namespace: &str,
+    key_raw: String,
+    body: &Map<String, Value>,
+) -> analyze::Fingerprint {
+    let syntax;
+    let normalized = if mode == Mode::Off {
+        let mut copy = body.clone();
+        normalize::normalize_request_within(
+            endpoint,
+            &mut copy,
+            Mode::Syntax,
+            &pool.cfg.normalize_full,
+            &mut Edits::default(),
+            &mut RepairBudget::default(),
+        );
+        syntax = copy;
+        &syntax
+    } else {
+        body
+    };
+    let mut f = analyze::fingerprint(
+        namespace,
+        endpoint,
+        &pool.cfg.name,
+        key_raw,
+        normalized,
+        |t| match &pool.templates {
+            Some(m) => m
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .observe_tokens(t),
+            None => analyze::template::id_of(t),
+        },
+    );
+    f.normalizes = mode != Mode::Off;
+    f
 }

@@ -444,8 +444,14 @@ async fn stages(
 ) -> Response<Body> {
     let endpoint = api.endpoint();
     let protocol = endpoint.protocol();
-    let admission::Admitted { req, pool, mut ctx } = admitted;
+    let admission::Admitted {
+        req,
+        pool,
+        mut ctx,
+        fingerprint,
+    } = admitted;
     let mut log = RequestLog::new(gw, id, started, api.label(), &pool.cfg.name);
+    log.fingerprint = fingerprint;
     log.usage = Some((ctx.meter.clone(), req.estimated_input_tokens));
     log.trace = trace.clone();
     ctx.trace = trace;

@@ -35,6 +35,20 @@ pub struct Fingerprint {
     pub temperature: Option<f64>,
     /// The request declares tools.
     pub tools: bool,
+    /// The pool normalizes: its cache uses `key_norm` (else `key_raw`, and `key_norm` is what
+    /// `syntax` would make of it).
+    pub normalizes: bool,
+}
+
+impl Fingerprint {
+    /// The key the pool's response cache uses for this request.
+    pub fn cache_key(&self) -> &str {
+        if self.normalizes {
+            &self.key_norm
+        } else {
+            &self.key_raw
+        }
+    }
 }
 
 /// The policy under which a request counts as deterministic.
@@ -54,23 +68,20 @@ pub fn policy_facts(endpoint: Endpoint, body: &Map<String, Value>) -> (bool, Opt
     (deterministic, temperature, tools)
 }
 
-/// A request's fingerprint: `raw` is the body before normalization, `normalized` after it;
-/// `namespace` and `pool` as the response cache keys them.
+/// A request's fingerprint: `key_raw` is the cache key of the body before normalization
+/// ([`cache_key::fingerprint`]), `normalized` the body after it; `namespace` and `pool` as the
+/// response cache keys them; `mine` gives the masked prompt's template id (a shared
+/// [`template::Miner`] behind a lock, held only for that).
 pub fn fingerprint(
     namespace: &str,
     endpoint: Endpoint,
     pool: &str,
-    raw: &Map<String, Value>,
+    key_raw: String,
     normalized: &Map<String, Value>,
-    miner: &mut template::Miner,
+    mine: impl FnOnce(&[u64]) -> u64,
 ) -> Fingerprint {
-    let key_raw = cache_key::fingerprint(namespace, endpoint, pool, raw);
-    let key_norm = if raw == normalized {
-        key_raw.clone()
-    } else {
-        cache_key::fingerprint(namespace, endpoint, pool, normalized)
-    };
-    let template = miner.observe_tokens(&template::mask(&cache_key::prompt_text(normalized)));
+    let key_norm = cache_key::fingerprint(namespace, endpoint, pool, normalized);
+    let template = mine(&template::mask(&cache_key::prompt_text(normalized)));
     let (deterministic, temperature, tools) = policy_facts(endpoint, normalized);
     Fingerprint {
         key_raw,
@@ -79,6 +90,7 @@ pub fn fingerprint(
         deterministic,
         temperature,
         tools,
+        normalizes: false,
     }
 }
 
@@ -106,13 +118,14 @@ mod tests {
         let norm = body(json!({"model": "m", "temperature": 0,
             "messages": [{"role": "user", "content": "Summarize order 12"}]}));
         let mut miner = template::Miner::default();
+        let raw_key = |ns: &str| cache_key::fingerprint(ns, Endpoint::ChatCompletions, "p", &raw);
         let f = fingerprint(
             "open",
             Endpoint::ChatCompletions,
             "p",
-            &raw,
+            raw_key("open"),
             &norm,
-            &mut miner,
+            |t| miner.observe_tokens(t),
         );
         assert_eq!(
             f.key_norm,
@@ -127,9 +140,9 @@ mod tests {
             "tenant:b",
             Endpoint::ChatCompletions,
             "p",
-            &raw,
+            raw_key("tenant:b"),
             &norm,
-            &mut miner,
+            |t| miner.observe_tokens(t),
         );
         assert_ne!(g.key_norm, f.key_norm);
         assert_eq!(g.template, f.template);

@@ -203,3 +203,84 @@ async fn a_migrated_stream_logs_its_move_and_the_usage_of_both_segments() {
     assert!(l["tokens_out"].as_u64().unwrap() > 4, "{l}");
     let _ = std::fs::remove_file(&path);
 }
+
+#[tokio::test]
+async fn fingerprinted_pools_log_keys_and_templates_never_text() {
+    let path = log_path("access-fingerprint");
+    let top = format!("[log]\naccess = {:?}\n", path.display().to_string());
+    let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
+    let cfg = format!(
+        "{top}\n{}\n{}",
+        pool_over(&fleet, "p", "openai", 1, "fingerprint = true"),
+        pool_over(&fleet, "q", "openai", 1, "")
+    );
+    let h = Harness::start(fleet, &cfg).await;
+    let ask = |model: &str, text: &str, extra: Value| {
+        let mut b = json!({"model": model, "temperature": 0, "max_tokens": 8,
+            "messages": [{"role": "user", "content": text}]});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let bodies = [
+        ask(
+            "p",
+            "Summarize order 12 for Alice, secret-word-zq",
+            json!({}),
+        ),
+        // The same but for a doubled space: raw keys differ, `syntax` merges them.
+        ask(
+            "p",
+            "Summarize  order 12 for Alice, secret-word-zq",
+            json!({}),
+        ),
+        ask(
+            "p",
+            "Summarize order 99 for Bob, secret-word-zq",
+            json!({"temperature": 0.7}),
+        ),
+        ask(
+            "q",
+            "Summarize order 12 for Alice, secret-word-zq",
+            json!({}),
+        ),
+    ];
+    for (i, b) in bodies.iter().enumerate() {
+        assert_eq!(h.post("/v1/chat/completions", b).await.status(), 200);
+        wait_for!("the access line", lines(&path).len() == i + 1);
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    for word in ["secret-word-zq", "Summarize", "Alice"] {
+        assert!(!text.contains(word), "`{word}` in the log: {text}");
+    }
+    let l: Vec<Value> = lines(&path)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let key = |i: usize, f: &str| l[i][f].as_str().unwrap_or("").to_owned();
+    assert_eq!(key(0, "cache_key").len(), 64, "{}", l[0]);
+    // No normalization on the pool: its cache uses the raw key.
+    assert_eq!(key(0, "cache_key"), key(0, "cache_key_raw"));
+    assert_ne!(key(0, "cache_key_raw"), key(1, "cache_key_raw"));
+    assert_eq!(key(0, "cache_key_syntax"), key(1, "cache_key_syntax"));
+    assert_eq!(key(0, "template"), key(1, "template"));
+    assert_eq!(key(0, "template").len(), 16);
+    assert_eq!(l[0]["deterministic"], true);
+    assert_eq!(l[2]["deterministic"], false);
+    assert_eq!(l[2]["temperature"], 0.7);
+    assert_eq!(l[0]["tools"], false);
+    assert!(l[0]["spend_usd"].is_number(), "{}", l[0]);
+    // A pool that does not fingerprint logs none of it.
+    assert_eq!(l[3]["pool"], "q");
+    for f in [
+        "cache_key",
+        "cache_key_raw",
+        "template",
+        "deterministic",
+        "spend_usd",
+    ] {
+        assert!(l[3].get(f).is_none(), "{f} in {}", l[3]);
+    }
+    let _ = std::fs::remove_file(&path);
+}
