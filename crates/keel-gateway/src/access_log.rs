@@ -14,6 +14,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
+use keel_core::analyze::report::civil_date;
+
 use crate::config::{AccessLogTarget, LogConfig, LogFormat, VariantConfig};
 use crate::keys::meter::{Meter, Totals};
 use crate::log_writer::{self, Dest};
@@ -266,6 +268,12 @@ impl RequestLog {
                 tokens: tokens.map(|t| (t.input, t.output)),
             });
         }
+        if let (Some(f), Some(a)) = (
+            &self.fingerprint,
+            self.health_of.as_ref().and_then(|p| p.analysis.as_ref()),
+        ) {
+            a.record(self.record(f, outcome, elapsed, tokens));
+        }
         if self.gw.access_log.enabled() {
             let mut fields = self.fields(outcome, detail, elapsed, tokens);
             if let Some(f) = &self.fingerprint {
@@ -302,6 +310,36 @@ impl RequestLog {
                 &[("pool", pool), ("endpoint", endpoint)],
             )
             .record(t.as_secs_f64());
+        }
+    }
+
+    /// What the live analysis keeps of a fingerprinted request (see `analysis`).
+    fn record(
+        &self,
+        f: &keel_core::analyze::Fingerprint,
+        outcome: &str,
+        elapsed: Duration,
+        tokens: Option<Totals>,
+    ) -> keel_core::analyze::report::Record {
+        let key64 = |hex: &str| u64::from_str_radix(hex.get(..16).unwrap_or("0"), 16).ok();
+        let end_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as i64;
+        keel_core::analyze::report::Record {
+            pool: self.pool.clone(),
+            end_ms,
+            total_ms: elapsed.as_secs_f64() * 1000.0,
+            ok: self.status == 200 && outcome == "ok",
+            key_raw: key64(&f.key_raw),
+            key_norm: key64(&f.key_norm),
+            template: Some(f.template),
+            deterministic: f.deterministic,
+            temperature: f.temperature,
+            tools: f.tools,
+            tokens_in: tokens.map_or(0, |t| t.input),
+            tokens_out: tokens.map_or(0, |t| t.output),
+            spend_usd: tokens.map_or(0.0, |t| t.spend_micros as f64 / 1e6),
         }
     }
 
@@ -406,21 +444,6 @@ fn rfc3339_now() -> String {
         rem % 60,
         since.subsec_millis()
     )
-}
-
-/// The proleptic Gregorian date `days` after 1970-01-01: count in 400-year eras (146,097 days
-/// each), then years of the era from a March-based year (so the leap day ends the year).
-fn civil_date(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468; // days since 0000-03-01
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097); // day of era, 0..146096
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365; // year of era
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // day of the March-based year
-    let mp = (5 * doy + 2) / 153; // month from March = 0
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 #[cfg(test)]

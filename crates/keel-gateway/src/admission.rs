@@ -284,7 +284,7 @@ pub async fn admit(
         Some(key) => Some(crate::keys::limits::admit_request(gw, key, pool, &req, protocol).await?),
         None => None,
     };
-    let namespace = match pool.templates {
+    let namespace = match pool.analysis {
         Some(_) => crate::cache::namespace_of(key.as_deref()),
         None => String::new(),
     };

@@ -18,6 +18,7 @@
 
 pub mod access_log;
 pub mod admission;
+pub mod analysis;
 pub mod attempt;
 pub mod body;
 pub mod cache;

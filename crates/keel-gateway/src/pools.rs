@@ -261,8 +261,9 @@ pub struct Pool {
     pub canary: Option<crate::canary::CanaryRuntime>,
     /// `[pools.shadow]`'s variants and their comparisons (see `shadow`).
     pub shadow: Option<crate::shadow::Shadow>,
-    /// The template miner of a pool that fingerprints its requests (`fingerprint = true`).
-    pub templates: Option<Mutex<keel_core::analyze::template::Miner>>,
+    /// The template miner and recent requests of a pool that fingerprints its requests
+    /// (`fingerprint = true`; see `analysis`).
+    pub analysis: Option<crate::analysis::Analysis>,
 }
 
 /// How long after the last high-priority request its share of capacity stays reserved.
@@ -476,7 +477,7 @@ impl Pool {
                 epoch.elapsed().as_millis() as u64,
             ),
             shadow: crate::shadow::Shadow::new(cfg.shadow.as_ref()),
-            templates: cfg.fingerprint.then(Default::default),
+            analysis: cfg.fingerprint.then(Default::default),
             protocol,
             variants,
             client,

@@ -197,7 +197,7 @@ fn work(
     mut req: CanonicalRequest,
     namespace: &str,
 ) -> Prepared {
-    let fingerprinted = pool.templates.is_some()
+    let fingerprinted = pool.analysis.is_some()
         && cache_key::bypass_reason(endpoint, &Map::new(), analyze::DETERMINISTIC)
             != Some("endpoint");
     let key_raw = fingerprinted
@@ -272,11 +272,8 @@ fn fingerprint(
         &pool.cfg.name,
         key_raw,
         normalized,
-        |t| match &pool.templates {
-            Some(m) => m
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .observe_tokens(t),
+        |t| match &pool.analysis {
+            Some(a) => a.mine(t),
             None => analyze::template::id_of(t),
         },
     );

@@ -68,6 +68,8 @@ pub enum Target {
     Events,
     /// The dashboard page.
     Dashboard,
+    /// `GET /keel/analyze`: workload analysis of the recent fingerprinted requests.
+    Analyze,
 }
 
 /// Who may use a route. The server checks it once, before the route's handler runs
@@ -131,6 +133,7 @@ impl Target {
             | Target::OpenApi
             | Target::KeyUsage
             | Target::Shadow
+            | Target::Analyze
             | Target::Events => Access::Ops,
         }
     }
@@ -203,6 +206,7 @@ pub const ROUTES: &[Route] = &[
     route(Verb::Get, "/keel/live", Target::Live),
     route(Verb::Get, "/keel/events", Target::Events),
     route(Verb::Get, "/keel/dashboard", Target::Dashboard),
+    route(Verb::Get, "/keel/analyze", Target::Analyze),
 ];
 
 /// Where a request goes.

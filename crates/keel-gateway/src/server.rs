@@ -352,6 +352,15 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>, serves: Serves) -> Resp
         Resolved::Route(Target::OpenApi, _) => json(openapi::document_text()),
         Resolved::Route(Target::Events, _) => crate::events::subscribe(&gw),
         Resolved::Route(Target::Dashboard, _) => crate::events::dashboard(),
+        Resolved::Route(Target::Analyze, _) => {
+            // A replay of up to `analysis::RECENT` requests a pool: off the async workers.
+            let g = gw.clone();
+            match tokio::task::spawn_blocking(move || crate::analysis::document(&g)).await {
+                Ok(doc) => json(doc.to_string()),
+                Err(_) => GatewayError::new(ErrorKind::Internal, "keel: the analysis failed")
+                    .to_response(protocol),
+            }
+        }
         Resolved::MethodNotAllowed => {
             let mut r = GatewayError::new(
                 ErrorKind::InvalidRequest,

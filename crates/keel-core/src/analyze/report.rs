@@ -548,7 +548,8 @@ fn figures(c: &Counts) -> Figures {
         .map(|t| t.requests as f64 / total.max(1) as f64)
         .filter(|p| *p > 0.0)
         .map(|p| -p * p.log2())
-        .sum::<f64>();
+        .sum::<f64>()
+        .max(0.0);
     let simulated = c.saved.first().copied().unwrap_or_default();
     Figures {
         requests: c.requests,
@@ -634,7 +635,8 @@ pub fn hour_label(hour: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{:02}", hour.rem_euclid(24))
 }
 
-/// The proleptic Gregorian date `days` after 1970-01-01.
+/// The proleptic Gregorian date `days` after 1970-01-01: count in 400-year eras (146,097 days
+/// each), then years of the era from a March-based year (so the leap day ends the year).
 pub fn civil_date(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);

@@ -284,3 +284,66 @@ async fn fingerprinted_pools_log_keys_and_templates_never_text() {
     }
     let _ = std::fs::remove_file(&path);
 }
+
+#[tokio::test]
+async fn the_live_analysis_answers_only_the_operations_plane() {
+    const ADMIN: &str = "sk-keel-analyze-admin-0123456789";
+    const TEAM_A: &str = "sk-keel-analyze-team-a-012345678";
+    const TEAM_B: &str = "sk-keel-analyze-team-b-012345678";
+    let h_ = |k: &str| hash_text(&hash_secret(k));
+    let top = format!(
+        "[log]\naccess = \"off\"\n[admin]\nkey_hash = \"{}\"\n[[keys]]\nid = \"a\"\nhash = \"{}\"\ntenant = \"team-a\"\n[[keys]]\nid = \"b\"\nhash = \"{}\"\ntenant = \"team-b\"\n",
+        h_(ADMIN),
+        h_(TEAM_A),
+        h_(TEAM_B)
+    );
+    let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
+    let cfg = format!(
+        "{top}\n{}",
+        pool_over(&fleet, "p", "openai", 1, "fingerprint = true")
+    );
+    let h = Harness::start(fleet, &cfg).await;
+    let body = |text: &str| {
+        json!({"model": "p", "temperature": 0, "max_tokens": 8,
+            "messages": [{"role": "user", "content": text}]})
+    };
+    // Team a asks one question three times and another once; team b asks the first once (its
+    // own namespace: not a repeat of team a's).
+    for (key, text) in [
+        (TEAM_A, "Summarize order 1"),
+        (TEAM_A, "Summarize order 1"),
+        (TEAM_A, "Summarize order 1"),
+        (TEAM_A, "Summarize order 2"),
+        (TEAM_B, "Summarize order 1"),
+    ] {
+        let auth = format!("Bearer {key}");
+        let r = h
+            .post_with(
+                "/v1/chat/completions",
+                &[("authorization", &auth)],
+                &body(text),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+    }
+    let get = |key: Option<&'static str>| {
+        let mut req = keel_sim::http_client().get(h.url("/keel/analyze"));
+        if let Some(k) = key {
+            req = req.header("authorization", format!("Bearer {k}"));
+        }
+        req.send()
+    };
+    assert_eq!(get(None).await.unwrap().status(), 401);
+    assert_eq!(get(Some(TEAM_A)).await.unwrap().status(), 403);
+    let r = get(Some(ADMIN)).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let doc: Value = r.json().await.unwrap();
+    assert_eq!(doc["window"]["fingerprinting_pools"], json!(["p"]), "{doc}");
+    let p = &doc["report"]["pools"][0];
+    assert_eq!(p["pool"], "p", "{doc}");
+    assert_eq!(p["requests"], 5, "{doc}");
+    assert_eq!(p["repeats_raw"], 2, "{doc}");
+    // Two of the five would have been answered from a cache.
+    assert_eq!(p["simulated"]["hits"], 2, "{doc}");
+    assert!(doc.to_string().find("Summarize").is_none(), "{doc}");
+}

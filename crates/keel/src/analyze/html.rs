@@ -131,7 +131,7 @@ fn heat_map(h: &mut String, r: &Report) {
         .collect();
     let hours: Vec<i64> = hours.into_iter().rev().take(MAX_HOURS).rev().collect();
     let (cell, left, top) = (22.0, 140.0, 64.0);
-    let w = left + cell * hours.len() as f64 + 10.0;
+    let w = (left + cell * hours.len() as f64 + 10.0).max(left + 380.0);
     let ht = top + cell * r.pools.len() as f64 + 40.0;
     let _ = write!(
         h,

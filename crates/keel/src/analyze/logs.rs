@@ -108,18 +108,31 @@ pub fn synthetic(out: &mut impl Write, bytes: u64, seed: u64) -> std::io::Result
     let mut i = 0u64;
     let day_ms = 86_400_000u64;
     let start_ms = 1_796_342_400_000u64; // 2026-12-04T00:00:00Z
+    let step_ms = (day_ms * 800 / bytes.max(1)).max(1);
     let mut buf = String::with_capacity(1024);
+    // A key of 64 hex digits, as SHA-256 would print.
+    let sha = |k: u64| {
+        let m = keel_core::rng::mix;
+        format!(
+            "{:016x}{:016x}{:016x}{:016x}",
+            m(k),
+            m(k ^ 1),
+            m(k ^ 2),
+            m(k ^ 3)
+        )
+    };
     while written < bytes {
         i += 1;
         let (pool, key, template, temp) = match rng.next_u64() % 10 {
-            0..=4 => ("support", rng.next_u64() % 5000, rng.next_u64() % 40, 0.0),
+            0..=4 => ("support", rng.next_u64() % 60, rng.next_u64() % 40, 0.0),
             5..=7 => ("chat", rng.next_u64(), rng.next_u64() % 5000, 0.7),
             _ => {
                 let t = if rng.next_f64() < 0.5 { 0.0 } else { 1.0 };
-                ("mixed", rng.next_u64() % 20_000, rng.next_u64() % 200, t)
+                ("mixed", rng.next_u64() % 200, rng.next_u64() % 200, t)
             }
         };
-        let t_ms = start_ms + (i * 7919) % day_ms;
+        // In time order over one day, whatever the size (a line is about 800 bytes).
+        let t_ms = start_ms + (i * step_ms) % day_ms;
         let secs = t_ms / 1000;
         let (y, m, d) = keel_core::analyze::report::civil_date((secs / 86_400) as i64);
         let rem = secs % 86_400;
@@ -129,16 +142,17 @@ pub fn synthetic(out: &mut impl Write, bytes: u64, seed: u64) -> std::io::Result
         use std::fmt::Write as _;
         let _ = write!(
             buf,
-            r#"{{"ts":"{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z","request_id":"01JEXAMPLE{i:016}","tenant":"team-a","key_id":"app","api":"chat_completions","pool":"{pool}","variant":"{pool}-a","variants_tried":["{pool}-a"],"route":"direct","attempts":1,"hedges":0,"migrations":0,"prompt_fixes":[],"status":200,"outcome":"ok","detail":null,"ttft_ms":{:.3},"total_ms":{total:.3},"tokens_in":{},"tokens_out":{out_tokens},"overhead_us":41,"cache":"bypass","cached_from":null,"trace_id":null,"cache_key":"{:064x}","cache_key_raw":"{:064x}","cache_key_syntax":"{:064x}","template":"{:016x}","deterministic":{},"temperature":{temp},"tools":false,"spend_usd":{:.6}}}"#,
+            r#"{{"ts":"{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z","request_id":"01JEXAMPLE{i:016}","tenant":"team-a","key_id":"app","api":"chat_completions","pool":"{pool}","variant":"{pool}-a","variants_tried":["{pool}-a"],"route":"direct","attempts":1,"hedges":0,"migrations":0,"prompt_fixes":[],"status":200,"outcome":"ok","detail":null,"ttft_ms":{:.3},"total_ms":{total:.3},"tokens_in":{},"tokens_out":{out_tokens},"overhead_us":41,"cache":"bypass","cached_from":null,"trace_id":null,"cache_key":"{}","cache_key_raw":"{}","cache_key_syntax":"{}","template":"{:016x}","deterministic":{},"temperature":{temp},"tools":false,"spend_usd":{:.6}}}"#,
             rem / 3600,
             rem % 3600 / 60,
             rem % 60,
             t_ms % 1000,
             total / 4.0,
             100 + template * 3,
-            key as u128 * 0x9E37_79B9,
-            key as u128 * 0x9E37_79B9 + u128::from(rng.next_u64().is_multiple_of(8)),
-            key as u128 * 0x9E37_79B9,
+            sha(key),
+            // An eighth differ raw only (what normalization merges).
+            sha(key + u64::from(rng.next_u64().is_multiple_of(8)) * (1 << 40)),
+            sha(key),
             template.wrapping_mul(0x9E37_79B9_7F4A_7C15),
             temp == 0.0,
             out_tokens as f64 * 2e-6,

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use clap::Args;
 
-use keel_core::analyze::report::{self, Analyzer, Options, PoolPolicy, Report};
+use keel_core::analyze::report::{self, Analyzer, Options, Report};
 
 #[derive(Args, Debug, Clone)]
 pub struct AnalyzeArgs {
@@ -52,26 +52,10 @@ pub struct Reading {
     pub seconds: f64,
 }
 
-/// The replay's settings from a gateway config.
+/// The replay's settings from a gateway config file.
 pub fn options_from_config(path: &str) -> Result<Options, String> {
     let cfg = keel_gateway::Config::load(path).map_err(|e| e.to_string())?;
-    let mut opts = Options {
-        max_bytes: cfg.cache.max_bytes,
-        ..Default::default()
-    };
-    for p in &cfg.pools {
-        opts.pools.insert(
-            p.name.clone(),
-            PoolPolicy {
-                ttl_ms: p.cache.ttl_ms,
-                max_temperature: p.cache.max_temperature,
-                allow_tools: p.cache.allow_tools,
-                normalizes: p.normalize != keel_core::normalize::Mode::Off,
-                cache_on: p.cache.enabled,
-            },
-        );
-    }
-    Ok(opts)
+    Ok(keel_gateway::analysis::options(&cfg))
 }
 
 /// Reads every log into `analyzer`, with a progress bar when stderr is a terminal.
