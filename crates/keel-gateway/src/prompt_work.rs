@@ -169,6 +169,11 @@ pub async fn prepare(
             })?
     };
     let name = pool.cfg.name.as_str();
+    if prepared.fingerprint.is_some() {
+        pool.metrics
+            .counter("keel_fingerprinted_requests_total", &[("pool", name)])
+            .increment(1);
+    }
     for code in &prepared.fixes[..prepared.normalized] {
         pool.metrics
             .counter("keel_prompt_fixes_total", &[("pool", name), ("fix", code)])

@@ -282,6 +282,12 @@ async fn fingerprinted_pools_log_keys_and_templates_never_text() {
     ] {
         assert!(l[3].get(f).is_none(), "{f} in {}", l[3]);
     }
+    for (pool, n) in [("p", 3.0), ("q", 0.0)] {
+        let counted = h
+            .metric("keel_fingerprinted_requests_total", &[("pool", pool)])
+            .await;
+        assert_eq!(counted, n, "{pool}");
+    }
     let _ = std::fs::remove_file(&path);
 }
 
