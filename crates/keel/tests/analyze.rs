@@ -90,6 +90,42 @@ fn ground_truth_holds_and_the_command_reads_what_keel_logged() {
     let html = std::fs::read_to_string(report_dir.join("report.html")).unwrap();
     assert!(html.contains("id=\"heatmap\""));
 
+    // With the gateway's config: the pool's own TTL and normalization.
+    let cfg = dir.join("keel.toml");
+    std::fs::write(
+        &cfg,
+        "[cache]\nmax_bytes = 1000000\n[[pools]]\nname = \"templated\"\nnormalize = \"syntax\"\n[pools.cache]\nttl_ms = 60000\n[[pools.variants]]\nname = \"a\"\nurl = \"http://127.0.0.1:9/v1\"\nprotocol = \"openai\"\nupstream_model = \"m\"\n",
+    )
+    .unwrap();
+    let o = keel(&[
+        "analyze",
+        log.to_str().unwrap(),
+        "--pool",
+        "templated",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--out",
+        report_dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(report_dir.join("report.json")).unwrap())
+            .unwrap();
+    let p = &doc["report"]["pools"][0];
+    assert_eq!(p["policy"]["ttl_ms"], 60000, "{p}");
+    assert_eq!(p["policy"]["normalizes"], true, "{p}");
+    assert_eq!(p["policy"]["cache_on"], true, "{p}");
+    // As configured = normalized keys at 1 min (scenario 2).
+    assert_eq!(p["simulated"]["hits"], p["by_scenario"][2]["hits"], "{p}");
+    let o = keel(&[
+        "analyze",
+        log.to_str().unwrap(),
+        "--config",
+        dir.join("none.toml").to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("none.toml"), "{}", text(&o));
+
     // A time after every line: nothing is kept.
     let o = keel(&[
         "analyze",
