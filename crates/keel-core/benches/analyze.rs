@@ -39,7 +39,7 @@ fn bench(c: &mut Criterion) {
             x.iter(|| {
                 let raw = cache_key::fingerprint("open", ep, "p", black_box(&b));
                 let mut copy = b.clone();
-                normalize_request_within(
+                let fixes = normalize_request_within(
                     ep,
                     &mut copy,
                     Mode::Syntax,
@@ -47,7 +47,8 @@ fn bench(c: &mut Criterion) {
                     &mut Edits::default(),
                     &mut RepairBudget::default(),
                 );
-                fingerprint("open", ep, "p", raw, &copy, |t| miner.observe_tokens(t))
+                let keys = (raw, fixes.is_empty());
+                fingerprint("open", ep, "p", keys, &copy, |t| miner.observe_tokens(t))
             })
         });
         g.finish();

@@ -231,8 +231,12 @@ fn work(
     if trimmed > 0 {
         fixes.push(context_fit::MIDDLE_OUT_FIX.to_owned());
     }
-    let fingerprint =
-        key_raw.map(|k| fingerprint(pool, plan.mode, endpoint, namespace, k, &req.body));
+    // No fix at all (normalization's or context fit's): the body is the one the raw key hashed.
+    let unchanged = fixes.is_empty();
+    let fingerprint = key_raw.map(|k| {
+        let keys = (k, unchanged);
+        fingerprint(pool, plan.mode, endpoint, namespace, keys, &req.body)
+    });
     Prepared {
         fingerprint,
         req,
@@ -252,13 +256,14 @@ fn fingerprint(
     mode: Mode,
     endpoint: Endpoint,
     namespace: &str,
-    key_raw: String,
+    (key_raw, unchanged): (String, bool),
     body: &Map<String, Value>,
 ) -> analyze::Fingerprint {
     let syntax;
+    let mut unchanged = unchanged;
     let normalized = if mode == Mode::Off {
         let mut copy = body.clone();
-        normalize::normalize_request_within(
+        let fixes = normalize::normalize_request_within(
             endpoint,
             &mut copy,
             Mode::Syntax,
@@ -266,6 +271,7 @@ fn fingerprint(
             &mut Edits::default(),
             &mut RepairBudget::default(),
         );
+        unchanged &= fixes.is_empty();
         syntax = copy;
         &syntax
     } else {
@@ -275,7 +281,7 @@ fn fingerprint(
         namespace,
         endpoint,
         &pool.cfg.name,
-        key_raw,
+        (key_raw, unchanged),
         normalized,
         |t| match &pool.analysis {
             Some(a) => a.mine(t),

@@ -69,18 +69,23 @@ pub fn policy_facts(endpoint: Endpoint, body: &Map<String, Value>) -> (bool, Opt
 }
 
 /// A request's fingerprint: `key_raw` is the cache key of the body before normalization
-/// ([`cache_key::fingerprint`]), `normalized` the body after it; `namespace` and `pool` as the
-/// response cache keys them; `mine` gives the masked prompt's template id (a shared
+/// ([`cache_key::fingerprint`]), `normalized` the body after it (`unchanged`: normalization
+/// changed nothing, so its key is the raw one and is not hashed again); `namespace` and `pool`
+/// as the response cache keys them; `mine` gives the masked prompt's template id (a shared
 /// [`template::Miner`] behind a lock, held only for that).
 pub fn fingerprint(
     namespace: &str,
     endpoint: Endpoint,
     pool: &str,
-    key_raw: String,
+    (key_raw, unchanged): (String, bool),
     normalized: &Map<String, Value>,
     mine: impl FnOnce(&[u64]) -> u64,
 ) -> Fingerprint {
-    let key_norm = cache_key::fingerprint(namespace, endpoint, pool, normalized);
+    let key_norm = if unchanged {
+        key_raw.clone()
+    } else {
+        cache_key::fingerprint(namespace, endpoint, pool, normalized)
+    };
     let template = mine(&template::mask(&cache_key::prompt_text(normalized)));
     let (deterministic, temperature, tools) = policy_facts(endpoint, normalized);
     Fingerprint {
@@ -123,7 +128,7 @@ mod tests {
             "open",
             Endpoint::ChatCompletions,
             "p",
-            raw_key("open"),
+            (raw_key("open"), false),
             &norm,
             |t| miner.observe_tokens(t),
         );
@@ -140,7 +145,7 @@ mod tests {
             "tenant:b",
             Endpoint::ChatCompletions,
             "p",
-            raw_key("tenant:b"),
+            (raw_key("tenant:b"), false),
             &norm,
             |t| miner.observe_tokens(t),
         );
