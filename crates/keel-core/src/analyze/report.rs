@@ -426,7 +426,12 @@ impl Analyzer {
             .iter()
             .map(|p| pool_report(p, &scenarios, days))
             .collect();
-        pools.sort_by(|a, b| b.requests.cmp(&a.requests).then(a.pool.cmp(&b.pool)));
+        pools.sort_by(|a, b| {
+            b.figures
+                .requests
+                .cmp(&a.figures.requests)
+                .then(a.pool.cmp(&b.pool))
+        });
         let recommendations = super::recommend::recommend(&pools);
         Report {
             first_ms: self.first_ms,
@@ -507,8 +512,6 @@ pub struct PoolReport {
     pub policy: PolicyReport,
     #[serde(flatten)]
     pub figures: Figures,
-    #[serde(skip)]
-    pub requests: u64,
     /// Requests whose template has a measured output-length CV, and their request-weighted
     /// mean CV.
     pub output_cv_mean: Option<f64>,
@@ -619,7 +622,6 @@ fn pool_report(p: &PoolAcc, _scenarios: &[Scenario], days: f64) -> PoolReport {
             normalizes: pol.normalizes,
             cache_on: pol.cache_on,
         },
-        requests: figures_all.requests,
         figures: figures_all,
         output_cv_mean: (weight > 0).then(|| sum / weight as f64),
         top_templates,
