@@ -180,6 +180,10 @@ pub enum BenchCommand {
         /// Size of the synthetic log for the throughput measure, in MB (0: skip it).
         #[arg(long, default_value_t = 200)]
         log_mb: u64,
+        /// Give the second run's caches this TTL (instead of the recommended one) and send a
+        /// group of requests every 40 ms in both runs, so that entries expire during the run.
+        #[arg(long)]
+        ttl_ms: Option<u64>,
         /// Where the logs and reports go.
         #[arg(long, default_value = "target/bench-analyze")]
         out: std::path::PathBuf,
@@ -293,8 +297,9 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             concurrency,
             seed,
             log_mb,
+            ttl_ms,
             out,
-        } => analyze(requests, concurrency, seed, log_mb, &out).await,
+        } => analyze(requests, concurrency, seed, log_mb, ttl_ms, &out).await,
         BenchCommand::Cache {
             requests,
             repeat_share,
@@ -753,13 +758,22 @@ async fn analyze(
     concurrency: usize,
     seed: u64,
     log_mb: u64,
+    ttl_ms: Option<u64>,
     out: &std::path::Path,
 ) -> Result<(), String> {
     use crate::analyze::truth;
+    let sending = truth::Sending {
+        concurrency,
+        pace: match ttl_ms {
+            Some(_) => std::time::Duration::from_millis(40),
+            None => std::time::Duration::ZERO,
+        },
+    };
     println!(
         "keel bench analyze: {requests} requests per shape, {concurrency} at a time, through keel twice (cache off for the log, then on as recommended)\n"
     );
-    let rows = truth::ground_truth(requests.max(1), concurrency, seed, &out.join("truth")).await?;
+    let rows =
+        truth::ground_truth(requests.max(1), sending, seed, &out.join("truth"), ttl_ms).await?;
     print!("{}", truth::table(&rows));
     println!(
         "\nreport of the first run: {}",

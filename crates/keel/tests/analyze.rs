@@ -56,6 +56,28 @@ fn ground_truth_holds_and_the_command_reads_what_keel_logged() {
         assert!(!logged.contains(word), "`{word}` in the log");
     }
 
+    // A TTL that expires during the run (both runs paced alike): still within the goals.
+    let ttl_out = dir.join("ttl");
+    let o = keel(&[
+        "bench",
+        "analyze",
+        "--requests",
+        "100",
+        "--log-mb",
+        "0",
+        "--ttl-ms",
+        "1000",
+        "--out",
+        ttl_out.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let row = t.lines().find(|l| l.starts_with("| templated |")).unwrap();
+    assert!(
+        row.contains("ttl_ms = 1000") && row.ends_with("| yes |"),
+        "{row}"
+    );
+
     // The command on that log, one pool only.
     let report_dir = dir.join("one-pool");
     let o = keel(&[

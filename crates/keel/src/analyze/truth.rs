@@ -121,12 +121,22 @@ fn config(fleet: &Fleet, extra: &[String], log: Option<&Path>) -> String {
 }
 
 /// Runs the workload through a fresh gateway and fleet, `concurrency` requests at a time.
+/// How a run sends its requests: `concurrency` at a time, each group `pace` after the one
+/// before at the earliest (zero: as soon as the group before is answered). A fixed pace gives
+/// both runs the same arrival times, for a TTL that expires during the run.
+#[derive(Debug, Clone, Copy)]
+pub struct Sending {
+    pub concurrency: usize,
+    pub pace: std::time::Duration,
+}
+
 async fn run_once(
     work: &[Ask],
     extra: &[String],
     log: Option<&Path>,
-    concurrency: usize,
+    sending: Sending,
 ) -> Result<Vec<Measured>, String> {
+    let concurrency = sending.concurrency;
     let fleet = Fleet::start_n(SHAPES.len(), ServerConfig::fast("sim"))
         .await
         .map_err(|e| e.to_string())?;
@@ -145,7 +155,9 @@ async fn run_once(
     let url = format!("http://{addr}/v1/chat/completions");
     let client = keel_sim::http_client();
     let mut measured = vec![Measured::default(); SHAPES.len()];
-    for chunk in work.chunks(concurrency.max(1)) {
+    let start = tokio::time::Instant::now();
+    for (k, chunk) in work.chunks(concurrency.max(1)).enumerate() {
+        tokio::time::sleep_until(start + sending.pace * k as u32).await;
         let tasks: Vec<_> = chunk
             .iter()
             .map(|(pool, text, temperature)| {
@@ -212,20 +224,22 @@ fn recommended(report: &keel_core::analyze::report::Report, p: &PoolReport) -> (
     (lines, predicted)
 }
 
-/// The ground-truth comparison: `per_shape` requests per shape, `concurrency` at a time; the
-/// log and the report go to `dir`.
+/// The ground-truth comparison: `per_shape` requests per shape, sent as `sending` says; the log
+/// and the report go to `dir`. With `ttl_ms`, the second run gives every pool's cache that TTL
+/// (no normalization) and the prediction is the replay with that TTL, the pools' own policy.
 pub async fn ground_truth(
     per_shape: usize,
-    concurrency: usize,
+    sending: Sending,
     seed: u64,
     dir: &Path,
+    ttl_ms: Option<u64>,
 ) -> Result<Vec<Row>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let log = dir.join("access.log");
     let _ = std::fs::remove_file(&log);
     let work = workload(per_shape, seed);
     let off = vec![String::new(); SHAPES.len()];
-    let first = run_once(&work, &off, Some(&log), concurrency).await?;
+    let first = run_once(&work, &off, Some(&log), sending).await?;
     let flushed = tokio::task::spawn_blocking(|| {
         keel_gateway::log_writer::flush(std::time::Duration::from_secs(5))
     })
@@ -233,7 +247,18 @@ pub async fn ground_truth(
     if flushed.is_err() {
         return Err("the access log could not be flushed".into());
     }
-    let mut analyzer = Analyzer::new(Default::default());
+    let mut opts = keel_core::analyze::report::Options::default();
+    if let Some(ttl) = ttl_ms {
+        for shape in SHAPES {
+            let policy = keel_core::analyze::report::PoolPolicy {
+                ttl_ms: ttl,
+                cache_on: true,
+                ..Default::default()
+            };
+            opts.pools.insert(shape.to_owned(), policy);
+        }
+    }
+    let mut analyzer = Analyzer::new(opts);
     let logs = vec![log.clone()];
     let reading = super::read_logs(&logs, &super::logs::Filter::default(), &mut analyzer)?;
     let report = analyzer.finish();
@@ -246,11 +271,17 @@ pub async fn ground_truth(
             .iter()
             .find(|p| p.pool == shape)
             .ok_or_else(|| format!("no `{shape}` lines in the access log"))?;
-        let (lines, hits) = recommended(&report, p);
+        let (lines, hits) = match ttl_ms {
+            Some(ttl) => (
+                format!("[pools.cache]\nttl_ms = {ttl}\n"),
+                p.figures.simulated.hits,
+            ),
+            None => recommended(&report, p),
+        };
         extra.push(lines);
         predicted.push((p.figures.requests, hits));
     }
-    let second = run_once(&work, &extra, None, concurrency).await?;
+    let second = run_once(&work, &extra, None, sending).await?;
     Ok(SHAPES
         .iter()
         .enumerate()
