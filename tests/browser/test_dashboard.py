@@ -124,6 +124,13 @@ def test_dashboard_follows_a_failing_variant(browser, demo):
     # The latest decisions link to their records.
     link = page.locator("#decisions a").first
     assert link.get_attribute("href").startswith("/keel/decisions/")
+    # The workload-analysis panel (/keel/analyze): demo-gpt fingerprints its requests.
+    page.wait_for_selector('#analyze tr[data-pool="demo-gpt"]', timeout=WAIT_MS)
+    assert int(page.inner_text('#analyze tr[data-pool="demo-gpt"] td:nth-child(3)')) >= 3
+    assert page.locator('#analyze tr[data-pool="demo-gpt"]').is_visible()
+    row = page.locator('#analyze tr[data-pool="demo-gpt"]').bounding_box()
+    head = page.locator("#analyze thead").bounding_box()
+    assert row["y"] >= head["y"] + head["height"] - 1, (row, head)
 
     os.makedirs(OUT, exist_ok=True)
     page.screenshot(path=os.path.join(OUT, "dashboard.png"), full_page=True)

@@ -8,6 +8,7 @@
 //! [`translate`] (between the OpenAI and Anthropic protocols, requests and answers).
 #![forbid(unsafe_code)]
 
+pub mod analyze;
 pub mod assemble;
 pub mod budget;
 pub mod canary;

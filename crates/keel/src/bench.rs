@@ -164,6 +164,30 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// `keel analyze` against ground truth: three synthetic workloads through keel twice (cache
+    /// off for the log, then on as recommended), predicted vs measured hit rate and upstream
+    /// requests saved; and the analysis's throughput and peak memory on a synthetic log.
+    Analyze {
+        /// Requests per workload shape.
+        #[arg(long, default_value_t = 300)]
+        requests: usize,
+        /// Requests in flight at once.
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        /// Seed of the workloads.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Size of the synthetic log for the throughput measure, in MB (0: skip it).
+        #[arg(long, default_value_t = 200)]
+        log_mb: u64,
+        /// Give the second run's caches this TTL (instead of the recommended one) and send a
+        /// group of requests every 40 ms in both runs, so that entries expire during the run.
+        #[arg(long)]
+        ttl_ms: Option<u64>,
+        /// Where the logs and reports go.
+        #[arg(long, default_value = "target/bench-analyze")]
+        out: std::path::PathBuf,
+    },
     /// keel's live selection vs plain round robin on a fleet with one degraded variant.
     Routing {
         /// Arrival rate (open loop).
@@ -268,6 +292,14 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             .await
         }
         BenchCommand::Scenario(args) => scenario_args(args).await,
+        BenchCommand::Analyze {
+            requests,
+            concurrency,
+            seed,
+            log_mb,
+            ttl_ms,
+            out,
+        } => analyze(requests, concurrency, seed, log_mb, ttl_ms, &out).await,
         BenchCommand::Cache {
             requests,
             repeat_share,
@@ -723,4 +755,51 @@ async fn migration(requests: usize, rps: f64, repeat: u64) -> Result<(), String>
     println!("{}", table.table());
     println!("intact: text byte-identical to the uninterrupted generation, with a terminal event; extra tokens: upstream tokens sent beyond the delivered answers (negative: answers cut short)");
     Ok(())
+}
+
+/// `keel bench analyze`: the ground-truth table, then the throughput on a synthetic log.
+async fn analyze(
+    requests: usize,
+    concurrency: usize,
+    seed: u64,
+    log_mb: u64,
+    ttl_ms: Option<u64>,
+    out: &std::path::Path,
+) -> Result<(), String> {
+    use crate::analyze::truth;
+    let sending = truth::Sending {
+        concurrency,
+        pace: match ttl_ms {
+            Some(_) => std::time::Duration::from_millis(40),
+            None => std::time::Duration::ZERO,
+        },
+    };
+    println!(
+        "keel bench analyze: {requests} requests per shape, {concurrency} at a time, through keel twice (cache off for the log, then on as recommended)\n"
+    );
+    let rows =
+        truth::ground_truth(requests.max(1), sending, seed, &out.join("truth"), ttl_ms).await?;
+    print!("{}", truth::table(&rows));
+    println!(
+        "\nreport of the first run: {}",
+        out.join("truth/report.html").display()
+    );
+    if log_mb > 0 {
+        let dir = out.join("throughput");
+        let (mb, rate, rss) = tokio::task::spawn_blocking(move || truth::throughput(log_mb, &dir))
+            .await
+            .map_err(|e| e.to_string())??;
+        println!(
+            "\nthroughput: {mb:.0} MB of synthetic access log analyzed at {rate:.0} MB/s; peak RSS {}",
+            rss.map_or("unknown".into(), |kb| format!("{:.0} MB", kb as f64 / 1024.0))
+        );
+    }
+    if rows.iter().all(truth::Row::passes) {
+        Ok(())
+    } else {
+        Err(
+            "a prediction missed its goal (±5 points of hit rate, ±5% of upstream requests saved)"
+                .into(),
+        )
+    }
 }

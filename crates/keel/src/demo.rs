@@ -165,10 +165,13 @@ min_retries_per_sec = 10
 # Prompt normalization (`syntax`: whitespace, quotes, invisible characters) and the response
 # cache are on for the chat pools: send the same deterministic request twice (temperature 0,
 # or within `max_temperature`) and the second answer says `x-keel-cache: hit`, route `cached`.
+# `fingerprint`: the access lines hold cache keys and template ids (never text), for
+# `keel analyze` and the dashboard's "what can go to zero" panel.
 [[pools]]
 name = "demo-gpt"
 aliases = ["gpt-4o-mini"]
 normalize = "syntax"
+fingerprint = true
 
 [pools.cache]
 ttl_ms = 300000

@@ -1,9 +1,10 @@
-//! The `keel` command: `serve`, `check`, `demo`, `sim`, `sim load`, `bench`.
+//! The `keel` command: `serve`, `check`, `demo`, `sim`, `sim load`, `analyze`, `bench`.
 // The one exception, with its reasoning, is in allocator.rs (an option of the allocator).
 #![deny(unsafe_code)]
 
 mod allocator;
 
+mod analyze;
 mod bench;
 #[cfg(test)]
 mod command_table;
@@ -67,6 +68,9 @@ enum Command {
         #[command(subcommand)]
         which: KeysCommand,
     },
+    /// What the cache and normalization would save: reads access logs, writes an HTML report,
+    /// a JSON document and a summary.
+    Analyze(analyze::AnalyzeArgs),
     /// Benchmarks: gateway overhead, routing, migration, cache, soak and the seed scenarios.
     Bench {
         /// The benchmark to run.
@@ -260,6 +264,9 @@ fn main() -> ExitCode {
                 which: KeysCommand::New { id },
             } => new_key(&id),
             Command::Sim(args) => sim(args).await,
+            Command::Analyze(args) => tokio::task::spawn_blocking(move || analyze::run(args))
+                .await
+                .unwrap_or_else(|e| Err(format!("the analysis failed: {e}"))),
             Command::Bench { which } => {
                 // The in-process gateways log (access lines included) only when asked to.
                 if std::env::var_os("KEEL_LOG").is_some() {

@@ -1,6 +1,7 @@
 //! The operations plane: reload, the live events feed and dashboard, safe-mode and rollout
 //! controls, and the OpenAPI document. Everything here is for the admin key or the `ops` role.
 
+pub mod analysis;
 pub mod events;
 pub mod keys;
 pub mod live;
@@ -23,7 +24,7 @@ use crate::Gateway;
 /// Answers one request of the operations plane (the caller resolved and authorized it); `arg`
 /// is the route's path parameter, when it has one.
 pub async fn answer(
-    gw: &Gateway,
+    gw: &std::sync::Arc<Gateway>,
     target: Target,
     arg: Option<&str>,
     req: Request<Incoming>,
@@ -97,6 +98,16 @@ pub async fn answer(
             )
         }
         Target::OpenApi => json(openapi::document_text()),
+        Target::Analyze => {
+            // A replay of up to `state::analysis::RECENT` requests a pool: off the async
+            // workers.
+            let g = gw.clone();
+            match tokio::task::spawn_blocking(move || analysis::document(&g)).await {
+                Ok(doc) => json(doc.to_string()),
+                Err(_) => GatewayError::new(ErrorKind::Internal, "keel: the analysis failed")
+                    .to_response(protocol),
+            }
+        }
         Target::Events => crate::admin::events::subscribe(gw),
         Target::Dashboard => crate::admin::events::dashboard(),
         Target::Generation(_) | Target::Models | Target::Model => GatewayError::new(

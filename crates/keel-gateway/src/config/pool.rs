@@ -113,6 +113,10 @@ pub struct PoolConfig {
 
     /// `[pools.cache]`: the response cache (off without the table).
     pub cache: super::cache::PoolCacheConfig,
+
+    /// `fingerprint = true`: each generation request's access line holds its cache keys, its
+    /// template id and its policy facts, never its text (see `keel_core::analyze`).
+    pub fingerprint: bool,
 }
 
 pub(super) const NORMALIZE_MODES: [(&str, keel_core::normalize::Mode); 3] = [
@@ -246,6 +250,8 @@ pub(super) fn read(
         integrity,
 
         cache,
+
+        fingerprint: t.value::<bool>("fingerprint", issues).unwrap_or(false),
     };
     t.finish(issues);
     pool

@@ -19,7 +19,7 @@ use crate::config::{AccessLogTarget, LogConfig, LogFormat, VariantConfig};
 use crate::observe::log_writer::{self, Dest};
 use crate::observe::telemetry::{RequestEnd, RequestSpan};
 use crate::pipeline::settlement::Attempts;
-use crate::state::keys::meter::Meter;
+use crate::state::keys::meter::{Meter, Totals};
 use crate::Gateway;
 
 /// Where access lines are written, and how: by the log writer's thread ([`crate::observe::log_writer`]),
@@ -145,6 +145,9 @@ pub struct RequestLog {
     pub cache: &'static str,
     /// For a hit: the request whose answer was replayed.
     pub cached_from: Option<String>,
+    /// What the line holds of the request's content, where its pool fingerprints: hashes and
+    /// flags, never text (see `keel_core::analyze`).
+    pub fingerprint: Option<keel_core::analyze::Fingerprint>,
     /// The client's connection or stream: a request it lost to the write timeout ends as
     /// `client_write_timeout` rather than `cancelled` (see `client_write`).
     client: Option<Arc<crate::wire::client_write::ClientWrites>>,
@@ -188,6 +191,7 @@ impl RequestLog {
             health_of: None,
             cache: "bypass",
             cached_from: None,
+            fingerprint: None,
             client: crate::wire::client_write::current(),
             done: false,
         }
@@ -245,10 +249,7 @@ impl RequestLog {
             .usage
             .as_ref()
             .filter(|(m, _)| !m.is_empty())
-            .map(|(m, estimate)| {
-                let t = m.totals(*estimate);
-                (t.input, t.output)
-            });
+            .map(|(m, estimate)| m.totals(*estimate));
         if let Some(span) = self.trace.take() {
             span.end(RequestEnd {
                 pool: &self.pool,
@@ -263,11 +264,20 @@ impl RequestLog {
                 hedges: self.hedges,
                 migrations: self.migrations,
                 ttft: self.ttft,
-                tokens,
+                tokens: tokens.map(|t| (t.input, t.output)),
             });
         }
+        if let (Some(f), Some(a)) = (
+            &self.fingerprint,
+            self.health_of.as_ref().and_then(|p| p.analysis.as_ref()),
+        ) {
+            a.record(self.record(f, outcome, elapsed, tokens));
+        }
         if self.gw.access_log.enabled() {
-            let fields = self.fields(outcome, detail, elapsed, tokens);
+            let mut fields = self.fields(outcome, detail, elapsed, tokens);
+            if let Some(f) = &self.fingerprint {
+                fingerprint_fields(&mut fields, f, tokens);
+            }
             self.gw.access_log.write(&fields);
         }
     }
@@ -302,13 +312,43 @@ impl RequestLog {
         }
     }
 
+    /// What the live analysis keeps of a fingerprinted request (see `analysis`).
+    fn record(
+        &self,
+        f: &keel_core::analyze::Fingerprint,
+        outcome: &str,
+        elapsed: Duration,
+        tokens: Option<Totals>,
+    ) -> keel_core::analyze::report::Record {
+        let key64 = |hex: &str| u64::from_str_radix(hex.get(..16).unwrap_or("0"), 16).ok();
+        let end_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as i64;
+        keel_core::analyze::report::Record {
+            pool: self.pool.clone(),
+            end_ms,
+            total_ms: elapsed.as_secs_f64() * 1000.0,
+            ok: self.status == 200 && outcome == "ok",
+            key_raw: key64(&f.key_raw),
+            key_norm: key64(&f.key_norm),
+            template: Some(f.template),
+            deterministic: f.deterministic,
+            temperature: f.temperature,
+            tools: f.tools,
+            tokens_in: tokens.map_or(0, |t| t.input),
+            tokens_out: tokens.map_or(0, |t| t.output),
+            spend_usd: tokens.map_or(0.0, |t| t.spend_micros as f64 / 1e6),
+        }
+    }
+
     /// The access line's fields, in a fixed order.
     fn fields(
         &self,
         outcome: &'static str,
         detail: Option<&str>,
         elapsed: Duration,
-        tokens: Option<(u64, u64)>,
+        tokens: Option<Totals>,
     ) -> Map<String, Value> {
         let ms = |d: Duration| (d.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0;
         let known = |s: &str| (s != "-").then(|| s.to_owned());
@@ -332,8 +372,8 @@ impl RequestLog {
             "detail": detail,
             "ttft_ms": self.ttft.map(ms),
             "total_ms": ms(elapsed),
-            "tokens_in": tokens.map(|t| t.0),
-            "tokens_out": tokens.map(|t| t.1),
+            "tokens_in": tokens.map(|t| t.input),
+            "tokens_out": tokens.map(|t| t.output),
             "overhead_us": self.overhead_us,
             "cache": self.cache,
             "cached_from": self.cached_from,
@@ -343,6 +383,33 @@ impl RequestLog {
             Value::Object(m) => m,
             _ => Map::new(),
         }
+    }
+}
+
+/// A fingerprinted request's fields (see `keel_core::analyze`): the key the pool's cache
+/// uses, the key before normalization and, where the pool does not normalize, the key
+/// `syntax` would give; its template id, its policy facts and the price of what it used.
+fn fingerprint_fields(
+    fields: &mut Map<String, Value>,
+    f: &keel_core::analyze::Fingerprint,
+    tokens: Option<Totals>,
+) {
+    let spend = tokens.map(|t| t.spend_micros as f64 / 1e6);
+    let syntax = (!f.normalizes).then_some(&f.key_norm);
+    for (k, v) in [
+        ("cache_key", json!(f.cache_key())),
+        ("cache_key_raw", json!(f.key_raw)),
+        ("cache_key_syntax", json!(syntax)),
+        (
+            "template",
+            json!(keel_core::analyze::template_hex(f.template)),
+        ),
+        ("deterministic", json!(f.deterministic)),
+        ("temperature", json!(f.temperature)),
+        ("tools", json!(f.tools)),
+        ("spend_usd", json!(spend)),
+    ] {
+        fields.insert(k.to_owned(), v);
     }
 }
 

@@ -60,6 +60,7 @@
 
 //! | `keel_cache_lookups_total` | pool, result | response cache lookups: `hit`, `semantic_hit`, `coalesced` (answered by an identical request in flight: its stored answer, or its stream followed live), `miss`, `bypass` (not cacheable by policy, or `x-keel-cache`/`cache-control` said so) |
 //! | `keel_cache_stored_total` | pool | answers stored in the response cache |
+//! | `keel_fingerprinted_requests_total` | pool | generation requests fingerprinted for workload analysis (pools with `fingerprint = true`: cache keys and a template id in the access line, see `analysis`) |
 //! | `keel_cache_skipped_total` | reason | answers not stored: `incomplete` (error, truncated, client gone), `invalid` (no finish reason, structured output off its schema), `too_large` |
 //! | `keel_cache_bytes` |  | bytes held by the in-process response cache |
 //! | `keel_cache_evictions_total` | cause | in-process cache entries evicted: `size` (over `[cache] max_bytes`), `expired` (TTL) |

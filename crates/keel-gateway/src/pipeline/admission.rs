@@ -29,6 +29,8 @@ pub struct Admitted {
     pub req: CanonicalRequest,
     pub pool: Arc<Pool>,
     pub ctx: RequestCtx,
+    /// The request's fingerprint, for the access log (pools with `fingerprint = true`).
+    pub fingerprint: Option<keel_core::analyze::Fingerprint>,
 }
 
 fn header<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
@@ -284,8 +286,13 @@ pub async fn admit(
         }
         None => None,
     };
+    let namespace = match pool.analysis {
+        Some(_) => crate::pipeline::cache::namespace_of(key.as_deref()),
+        None => String::new(),
+    };
     let prepared =
-        crate::pipeline::prompt_work::prepare(pool, plan, endpoint, req, bytes.len()).await?;
+        crate::pipeline::prompt_work::prepare(pool, plan, endpoint, req, bytes.len(), namespace)
+            .await?;
     let req = prepared.req;
     let grant = match pending {
         Some(p) => Some(Arc::new(
@@ -321,5 +328,6 @@ pub async fn admit(
         req,
         pool: pool.clone(),
         ctx,
+        fingerprint: prepared.fingerprint,
     })
 }

@@ -149,8 +149,14 @@ impl<'g> Flight<'g> {
         started: Instant,
         trace: Option<RequestSpan>,
     ) -> Flight<'g> {
-        let Admitted { req, pool, mut ctx } = admitted;
+        let Admitted {
+            req,
+            pool,
+            mut ctx,
+            fingerprint,
+        } = admitted;
         let mut log = RequestLog::new(gw, id, started, api.label(), &pool.cfg.name);
+        log.fingerprint = fingerprint;
         log.usage = Some((ctx.meter.clone(), req.estimated_input_tokens));
         log.trace = trace.clone();
         ctx.trace = trace;

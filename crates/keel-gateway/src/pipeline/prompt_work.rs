@@ -49,9 +49,12 @@
 use std::sync::Arc;
 
 use http::request::Parts;
+use keel_core::analyze;
+use keel_core::cache_key;
 use keel_core::normalize::{self, Edit, Edits, Mode, RepairBudget};
 use keel_core::protocol::{Endpoint, ErrorKind};
 use keel_core::request::CanonicalRequest;
+use serde_json::{Map, Value};
 
 use crate::config::KeyConfig;
 use crate::pipeline::context_fit;
@@ -80,6 +83,8 @@ pub struct Prepared {
     pub repair: RepairBudget,
     /// How many of `fixes` normalization applied (the rest are context fit's).
     normalized: usize,
+    /// The request's fingerprint, where the pool takes them (`fingerprint = true`).
+    pub fingerprint: Option<keel_core::analyze::Fingerprint>,
 }
 
 fn mode_name(mode: Mode) -> &'static str {
@@ -151,18 +156,24 @@ pub async fn prepare(
     endpoint: Endpoint,
     req: CanonicalRequest,
     body_bytes: usize,
+    namespace: String,
 ) -> Result<Prepared, GatewayError> {
     let prepared = if plan.mode != Mode::Full && body_bytes <= context_fit::BLOCKING_BYTES {
-        work(pool, plan, endpoint, req)
+        work(pool, plan, endpoint, req, &namespace)
     } else {
         let pool = pool.clone();
-        tokio::task::spawn_blocking(move || work(&pool, plan, endpoint, req))
+        tokio::task::spawn_blocking(move || work(&pool, plan, endpoint, req, &namespace))
             .await
             .map_err(|_| {
                 GatewayError::new(ErrorKind::Internal, "keel: preparing the prompt failed")
             })?
     };
     let name = pool.cfg.name.as_str();
+    if prepared.fingerprint.is_some() {
+        pool.metrics
+            .counter("keel_fingerprinted_requests_total", &[("pool", name)])
+            .increment(1);
+    }
     for code in &prepared.fixes[..prepared.normalized] {
         pool.metrics
             .counter("keel_prompt_fixes_total", &[("pool", name), ("fix", code)])
@@ -183,7 +194,19 @@ pub async fn prepare(
 
 /// The work itself, wherever it runs. Normalization is skipped in safe mode and after the
 /// `#keel-no-normalize` opt-out line (removed before forwarding; fix code `opt_out`).
-fn work(pool: &Pool, plan: Plan, endpoint: Endpoint, mut req: CanonicalRequest) -> Prepared {
+/// `namespace`: the response cache's, for the fingerprint.
+fn work(
+    pool: &Pool,
+    plan: Plan,
+    endpoint: Endpoint,
+    mut req: CanonicalRequest,
+    namespace: &str,
+) -> Prepared {
+    let fingerprinted = pool.analysis.is_some()
+        && cache_key::bypass_reason(endpoint, &Map::new(), analyze::DETERMINISTIC)
+            != Some("endpoint");
+    let key_raw = fingerprinted
+        .then(|| cache_key::fingerprint(namespace, endpoint, &pool.cfg.name, &req.body));
     let mut edits = match plan.keep_edits {
         true => Edits::kept(),
         false => Edits::default(),
@@ -208,7 +231,14 @@ fn work(pool: &Pool, plan: Plan, endpoint: Endpoint, mut req: CanonicalRequest) 
     if trimmed > 0 {
         fixes.push(context_fit::MIDDLE_OUT_FIX.to_owned());
     }
+    // No fix at all (normalization's or context fit's): the body is the one the raw key hashed.
+    let unchanged = fixes.is_empty();
+    let fingerprint = key_raw.map(|k| {
+        let keys = (k, unchanged);
+        fingerprint(pool, plan.mode, endpoint, namespace, keys, &req.body)
+    });
     Prepared {
+        fingerprint,
         req,
         fixes,
         edits: edits.into_list(),
@@ -216,4 +246,48 @@ fn work(pool: &Pool, plan: Plan, endpoint: Endpoint, mut req: CanonicalRequest) 
         repair,
         normalized,
     }
+}
+
+/// The fingerprint of a request whose cache key before normalization is `key_raw` and whose
+/// body is now `body`: the normalized key is the pool's (or, where it normalizes nothing,
+/// `syntax`'s on a copy: what normalizing would merge).
+fn fingerprint(
+    pool: &Pool,
+    mode: Mode,
+    endpoint: Endpoint,
+    namespace: &str,
+    (key_raw, unchanged): (String, bool),
+    body: &Map<String, Value>,
+) -> analyze::Fingerprint {
+    let syntax;
+    let mut unchanged = unchanged;
+    let normalized = if mode == Mode::Off {
+        let mut copy = body.clone();
+        let fixes = normalize::normalize_request_within(
+            endpoint,
+            &mut copy,
+            Mode::Syntax,
+            &pool.cfg.normalize_full,
+            &mut Edits::default(),
+            &mut RepairBudget::default(),
+        );
+        unchanged &= fixes.is_empty();
+        syntax = copy;
+        &syntax
+    } else {
+        body
+    };
+    let mut f = analyze::fingerprint(
+        namespace,
+        endpoint,
+        &pool.cfg.name,
+        (key_raw, unchanged),
+        normalized,
+        |t| match &pool.analysis {
+            Some(a) => a.mine(t),
+            None => analyze::template::id_of(t),
+        },
+    );
+    f.normalizes = mode != Mode::Off;
+    f
 }

@@ -3,6 +3,7 @@
 //! [`safe_mode`]), keys and quotas ([`keys`], [`quota`]) and what replicas tell each other
 //! ([`signals`]).
 
+pub mod analysis;
 pub mod canary;
 pub mod capacity;
 pub mod keys;

@@ -66,6 +66,8 @@ pub enum Target {
     Events,
     /// The dashboard page.
     Dashboard,
+    /// `GET /keel/analyze`: workload analysis of the recent fingerprinted requests.
+    Analyze,
 }
 
 /// Who may use a route. The server checks it once, before the route's handler runs
@@ -129,6 +131,7 @@ impl Target {
             | Target::OpenApi
             | Target::KeyUsage
             | Target::Shadow
+            | Target::Analyze
             | Target::Events => Access::Ops,
         }
     }
@@ -201,6 +204,7 @@ pub const ROUTES: &[Route] = &[
     route(Verb::Get, "/keel/live", Target::Live),
     route(Verb::Get, "/keel/events", Target::Events),
     route(Verb::Get, "/keel/dashboard", Target::Dashboard),
+    route(Verb::Get, "/keel/analyze", Target::Analyze),
 ];
 
 /// Where a request goes.

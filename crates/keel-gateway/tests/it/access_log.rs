@@ -203,3 +203,153 @@ async fn a_migrated_stream_logs_its_move_and_the_usage_of_both_segments() {
     assert!(l["tokens_out"].as_u64().unwrap() > 4, "{l}");
     let _ = std::fs::remove_file(&path);
 }
+
+#[tokio::test]
+async fn fingerprinted_pools_log_keys_and_templates_never_text() {
+    let path = log_path("access-fingerprint");
+    let top = format!("[log]\naccess = {:?}\n", path.display().to_string());
+    let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
+    let cfg = format!(
+        "{top}\n{}\n{}",
+        pool_over(&fleet, "p", "openai", 1, "fingerprint = true"),
+        pool_over(&fleet, "q", "openai", 1, "")
+    );
+    let h = Harness::start(fleet, &cfg).await;
+    let ask = |model: &str, text: &str, extra: Value| {
+        let mut b = json!({"model": model, "temperature": 0, "max_tokens": 8,
+            "messages": [{"role": "user", "content": text}]});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let bodies = [
+        ask(
+            "p",
+            "Summarize order 12 for Alice, secret-word-zq",
+            json!({}),
+        ),
+        // The same but for a doubled space: raw keys differ, `syntax` merges them.
+        ask(
+            "p",
+            "Summarize  order 12 for Alice, secret-word-zq",
+            json!({}),
+        ),
+        ask(
+            "p",
+            "Summarize order 99 for Bob, secret-word-zq",
+            json!({"temperature": 0.7}),
+        ),
+        ask(
+            "q",
+            "Summarize order 12 for Alice, secret-word-zq",
+            json!({}),
+        ),
+    ];
+    for (i, b) in bodies.iter().enumerate() {
+        assert_eq!(h.post("/v1/chat/completions", b).await.status(), 200);
+        wait_for!("the access line", lines(&path).len() == i + 1);
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    for word in ["secret-word-zq", "Summarize", "Alice"] {
+        assert!(!text.contains(word), "`{word}` in the log: {text}");
+    }
+    let l: Vec<Value> = lines(&path)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let key = |i: usize, f: &str| l[i][f].as_str().unwrap_or("").to_owned();
+    assert_eq!(key(0, "cache_key").len(), 64, "{}", l[0]);
+    // No normalization on the pool: its cache uses the raw key.
+    assert_eq!(key(0, "cache_key"), key(0, "cache_key_raw"));
+    assert_ne!(key(0, "cache_key_raw"), key(1, "cache_key_raw"));
+    assert_eq!(key(0, "cache_key_syntax"), key(1, "cache_key_syntax"));
+    assert_eq!(key(0, "template"), key(1, "template"));
+    assert_eq!(key(0, "template").len(), 16);
+    assert_eq!(l[0]["deterministic"], true);
+    assert_eq!(l[2]["deterministic"], false);
+    assert_eq!(l[2]["temperature"], 0.7);
+    assert_eq!(l[0]["tools"], false);
+    assert!(l[0]["spend_usd"].is_number(), "{}", l[0]);
+    // A pool that does not fingerprint logs none of it.
+    assert_eq!(l[3]["pool"], "q");
+    for f in [
+        "cache_key",
+        "cache_key_raw",
+        "template",
+        "deterministic",
+        "spend_usd",
+    ] {
+        assert!(l[3].get(f).is_none(), "{f} in {}", l[3]);
+    }
+    for (pool, n) in [("p", 3.0), ("q", 0.0)] {
+        let counted = h
+            .metric("keel_fingerprinted_requests_total", &[("pool", pool)])
+            .await;
+        assert_eq!(counted, n, "{pool}");
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test]
+async fn the_live_analysis_answers_only_the_operations_plane() {
+    const ADMIN: &str = "sk-keel-analyze-admin-0123456789";
+    const TEAM_A: &str = "sk-keel-analyze-team-a-012345678";
+    const TEAM_B: &str = "sk-keel-analyze-team-b-012345678";
+    let h_ = |k: &str| hash_text(&hash_secret(k));
+    let top = format!(
+        "[log]\naccess = \"off\"\n[admin]\nkey_hash = \"{}\"\n[[keys]]\nid = \"a\"\nhash = \"{}\"\ntenant = \"team-a\"\n[[keys]]\nid = \"b\"\nhash = \"{}\"\ntenant = \"team-b\"\n",
+        h_(ADMIN),
+        h_(TEAM_A),
+        h_(TEAM_B)
+    );
+    let fleet = Fleet::start_n(1, ServerConfig::fast("s")).await.unwrap();
+    let cfg = format!(
+        "{top}\n{}",
+        pool_over(&fleet, "p", "openai", 1, "fingerprint = true")
+    );
+    let h = Harness::start(fleet, &cfg).await;
+    let body = |text: &str| {
+        json!({"model": "p", "temperature": 0, "max_tokens": 8,
+            "messages": [{"role": "user", "content": text}]})
+    };
+    // Team a asks one question three times and another once; team b asks the first once (its
+    // own namespace: not a repeat of team a's).
+    for (key, text) in [
+        (TEAM_A, "Summarize order 1"),
+        (TEAM_A, "Summarize order 1"),
+        (TEAM_A, "Summarize order 1"),
+        (TEAM_A, "Summarize order 2"),
+        (TEAM_B, "Summarize order 1"),
+    ] {
+        let auth = format!("Bearer {key}");
+        let r = h
+            .post_with(
+                "/v1/chat/completions",
+                &[("authorization", &auth)],
+                &body(text),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+    }
+    let get = |key: Option<&'static str>| {
+        let mut req = keel_sim::http_client().get(h.url("/keel/analyze"));
+        if let Some(k) = key {
+            req = req.header("authorization", format!("Bearer {k}"));
+        }
+        req.send()
+    };
+    assert_eq!(get(None).await.unwrap().status(), 401);
+    assert_eq!(get(Some(TEAM_A)).await.unwrap().status(), 403);
+    let r = get(Some(ADMIN)).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let doc: Value = r.json().await.unwrap();
+    assert_eq!(doc["window"]["fingerprinting_pools"], json!(["p"]), "{doc}");
+    let p = &doc["report"]["pools"][0];
+    assert_eq!(p["pool"], "p", "{doc}");
+    assert_eq!(p["requests"], 5, "{doc}");
+    assert_eq!(p["repeats_raw"], 2, "{doc}");
+    // Two of the five would have been answered from a cache.
+    assert_eq!(p["simulated"]["hits"], 2, "{doc}");
+    assert!(doc.to_string().find("Summarize").is_none(), "{doc}");
+}

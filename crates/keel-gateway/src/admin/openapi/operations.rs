@@ -594,6 +594,7 @@ fn operation(r: &Route) -> Value {
         Target::KeyUsage => key_usage(),
         Target::SafeMode => safe_mode(),
         Target::Shadow => super::rollout::shadow(),
+        Target::Analyze => super::rollout::analyze(),
         Target::CanaryPromote => super::rollout::canary(true),
         Target::CanaryRollback => super::rollout::canary(false),
 

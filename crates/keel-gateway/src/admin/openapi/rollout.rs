@@ -1,4 +1,5 @@
-//! The operations of shadow traffic and canaries (`rollout_api`).
+//! The operations of shadow traffic and canaries (`rollout_api`), and the workload analysis that
+//! tells what turning on the cache would save (`analysis`).
 
 use keel_core::protocol::Protocol;
 use serde_json::{json, Value};
@@ -110,4 +111,57 @@ pub(super) fn canary(promote: bool) -> Value {
         )],
     );
     op
+}
+
+/// `GET /keel/analyze`.
+pub(super) fn analyze() -> Value {
+    let count = json!({"type": "integer", "minimum": 0});
+    let figures = json!({
+        "requests": count, "fingerprinted": count, "repeats_raw": count,
+        "repeats_normalized": count, "deterministic": count, "sampled": count, "tools": count,
+        "spend_usd": {"type": "number"}, "templates": count,
+        "template_entropy_bits": {"type": "number"},
+        "simulated": {"type": "object", "description": "What the simulated cache's hits save: hits, tokens_in, tokens_out, spend_usd, latency_ms."},
+        "simulated_hit_rate": {"type": "number"}
+    });
+    keel_get(
+        "analyze",
+        "Workload analysis of the recent requests of pools with `fingerprint = true`: repeats, templates, the response cache replayed over them, what it would save, recommendations (admin key or `ops` role)",
+        "keel",
+        ok_response(
+            "The window (the latest requests kept per pool) and the report, in the shape of `keel analyze`'s report.json.",
+            json!({
+                "type": "object",
+                "required": ["window", "report"],
+                "properties": {
+                    "window": {"type": "object", "properties": {
+                        "per_pool": count, "requests": count,
+                        "fingerprinting_pools": {"type": "array", "items": {"type": "string"}}
+                    }},
+                    "report": {"type": "object", "required": ["pools", "recommendations"], "properties": {
+                        "first_ms": {"type": ["integer", "null"]},
+                        "last_ms": {"type": ["integer", "null"]},
+                        "days": {"type": "number"},
+                        "approximate": {"type": "boolean"},
+                        "pools": {"type": "array", "items": {"type": "object", "properties": figures}},
+                        "recommendations": {"type": "array", "items": {
+                            "type": "object",
+                            "required": ["pool", "kind", "text"],
+                            "properties": {
+                                "pool": {"type": "string"},
+                                "kind": {"type": "string", "enum": ["cache", "normalize", "temperature", "stable_template"]},
+                                "text": {"type": "string"},
+                                "requests": count,
+                                "share": {"type": "number"},
+                                "usd_per_day": {"type": "number"},
+                                "ttl_ms": {"type": "integer"}
+                            }
+                        }}
+                    }}
+                }
+            }),
+            None,
+            json!({}),
+        ),
+    )
 }

@@ -249,9 +249,14 @@ impl ResponseCache {
 
 /// The tenant's namespace: its tenant, or the key's id when it has none; `open` without keys.
 fn namespace(ctx: &RequestCtx) -> String {
-    match &ctx.grant {
-        Some(g) if !g.key.tenant.is_empty() => format!("tenant:{}", g.key.tenant),
-        Some(g) => format!("key:{}", g.key.id),
+    namespace_of(ctx.grant.as_ref().map(|g| &*g.key))
+}
+
+/// The namespace of a key's requests (see [`namespace`]).
+pub fn namespace_of(key: Option<&crate::config::KeyConfig>) -> String {
+    match key {
+        Some(k) if !k.tenant.is_empty() => format!("tenant:{}", k.tenant),
+        Some(k) => format!("key:{}", k.id),
         None => "open".to_owned(),
     }
 }

@@ -146,6 +146,9 @@ pub struct Pool {
     pub canary: Option<crate::state::canary::CanaryRuntime>,
     /// `[pools.shadow]`'s variants and their comparisons (see `shadow`).
     pub shadow: Option<crate::state::shadow::Shadow>,
+    /// The template miner and recent requests of a pool that fingerprints its requests
+    /// (`fingerprint = true`; see `state::analysis`).
+    pub analysis: Option<crate::state::analysis::Analysis>,
 }
 
 /// Bounds on what keel reads from an upstream (see `attempt`).
@@ -290,6 +293,7 @@ impl Pool {
                 epoch.elapsed().as_millis() as u64,
             ),
             shadow: crate::state::shadow::Shadow::new(cfg.shadow.as_ref()),
+            analysis: cfg.fingerprint.then(Default::default),
             protocol,
             variants,
             client,
