@@ -100,94 +100,15 @@ pub fn parse_request(
         Some(_) => return Err("`stop` must be a string or an array of strings".into()),
     };
 
-    let mut ends_with_assistant = false;
-    let mut instruction = false;
-    let (mode, context, prefill) = match endpoint {
-        Endpoint::Completions => {
-            let prompt = match obj.get("prompt") {
-                Some(Value::String(p)) => p.clone(),
-                Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-                    a[0].as_str().unwrap_or_default().to_owned()
-                }
-                _ => return Err("`prompt` must be a string".into()),
-            };
-            (Mode::Completion, prompt, String::new())
-        }
-        _ => {
-            let msgs = obj
-                .get("messages")
-                .and_then(Value::as_array)
-                .ok_or("missing required field `messages`")?;
-            if msgs.is_empty() {
-                return Err("`messages` must not be empty".into());
-            }
-            let continue_final = obj
-                .get("continue_final_message")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
-            let add_generation_prompt = obj
-                .get("add_generation_prompt")
-                .and_then(Value::as_bool)
-                .unwrap_or(true);
-            if continue_final && add_generation_prompt && obj.contains_key("add_generation_prompt")
-            {
-                return Err(
-                    "continue_final_message and add_generation_prompt cannot both be true".into(),
-                );
-            }
-            let last_is_assistant = msgs
-                .last()
-                .and_then(|m| m.get("role"))
-                .and_then(Value::as_str)
-                == Some("assistant");
-            ends_with_assistant = last_is_assistant;
-            let role_at = |i: usize| {
-                msgs.get(i)
-                    .and_then(|m| m.get("role"))
-                    .and_then(Value::as_str)
-            };
-            // [… assistant: partial answer, user: "… continue …"]: keel's instruction mode.
-            instruction = msgs.len() >= 2
-                && role_at(msgs.len() - 1) == Some("user")
-                && role_at(msgs.len() - 2) == Some("assistant")
-                && content_text(msgs[msgs.len() - 1].get("content").unwrap_or(&Value::Null))
-                    .to_ascii_lowercase()
-                    .contains("continue");
-            let prefill_final = last_is_assistant
-                && match endpoint {
-                    Endpoint::Messages => true,
-                    _ => continue_final || prefill_convention == PrefillConvention::Always,
-                };
-            let mut context = String::new();
-            if let Some(system) = obj.get("system") {
-                context.push_str("system: ");
-                context.push_str(&content_text(system));
-                context.push('\n');
-            }
-            let upto = if instruction {
-                msgs.len() - 2
-            } else if prefill_final {
-                msgs.len() - 1
-            } else {
-                msgs.len()
-            };
-            for (i, m) in msgs[..upto].iter().enumerate() {
-                let role = m
-                    .get("role")
-                    .and_then(Value::as_str)
-                    .ok_or(format!("missing required field `messages[{i}].role`"))?;
-                context.push_str(role);
-                context.push_str(": ");
-                context.push_str(&content_text(m.get("content").unwrap_or(&Value::Null)));
-                context.push('\n');
-            }
-            let prefill = if prefill_final || instruction {
-                content_text(msgs[upto].get("content").unwrap_or(&Value::Null))
-            } else {
-                String::new()
-            };
-            (Mode::Chat, context, prefill)
-        }
+    let Prompt {
+        mode,
+        context,
+        prefill,
+        ends_with_assistant,
+        instruction,
+    } = match endpoint {
+        Endpoint::Completions => completion_prompt(obj)?,
+        _ => chat_prompt(obj, endpoint, prefill_convention)?,
     };
     let tool_call = if endpoint == Endpoint::Completions {
         None
@@ -216,6 +137,119 @@ pub fn parse_request(
         structured,
         prompt_tokens,
         tools_text,
+    })
+}
+
+/// The prompt as the simulated model reads it: the context, and the text a continuation
+/// carries (an assistant prefill, or the answer an instruction asks to continue).
+struct Prompt {
+    mode: Mode,
+    context: String,
+    prefill: String,
+    ends_with_assistant: bool,
+    instruction: bool,
+}
+
+/// `/v1/completions`: the prompt string.
+fn completion_prompt(obj: &serde_json::Map<String, Value>) -> Result<Prompt, String> {
+    let prompt = match obj.get("prompt") {
+        Some(Value::String(p)) => p.clone(),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            a[0].as_str().unwrap_or_default().to_owned()
+        }
+        _ => return Err("`prompt` must be a string".into()),
+    };
+    Ok(Prompt {
+        mode: Mode::Completion,
+        context: prompt,
+        prefill: String::new(),
+        ends_with_assistant: false,
+        instruction: false,
+    })
+}
+
+/// Chat and Messages: the conversation as context, and a final assistant message as prefill
+/// (Messages always; Chat with `continue_final_message` or the prefill convention) or as the
+/// answer a user's "continue" asks for (keel's instruction mode).
+fn chat_prompt(
+    obj: &serde_json::Map<String, Value>,
+    endpoint: Endpoint,
+    prefill_convention: PrefillConvention,
+) -> Result<Prompt, String> {
+    let msgs = obj
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or("missing required field `messages`")?;
+    if msgs.is_empty() {
+        return Err("`messages` must not be empty".into());
+    }
+    let continue_final = obj
+        .get("continue_final_message")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let add_generation_prompt = obj
+        .get("add_generation_prompt")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    if continue_final && add_generation_prompt && obj.contains_key("add_generation_prompt") {
+        return Err("continue_final_message and add_generation_prompt cannot both be true".into());
+    }
+    let last_is_assistant = msgs
+        .last()
+        .and_then(|m| m.get("role"))
+        .and_then(Value::as_str)
+        == Some("assistant");
+    let role_at = |i: usize| {
+        msgs.get(i)
+            .and_then(|m| m.get("role"))
+            .and_then(Value::as_str)
+    };
+    // [… assistant: partial answer, user: "… continue …"]: keel's instruction mode.
+    let instruction = msgs.len() >= 2
+        && role_at(msgs.len() - 1) == Some("user")
+        && role_at(msgs.len() - 2) == Some("assistant")
+        && content_text(msgs[msgs.len() - 1].get("content").unwrap_or(&Value::Null))
+            .to_ascii_lowercase()
+            .contains("continue");
+    let prefill_final = last_is_assistant
+        && match endpoint {
+            Endpoint::Messages => true,
+            _ => continue_final || prefill_convention == PrefillConvention::Always,
+        };
+    let mut context = String::new();
+    if let Some(system) = obj.get("system") {
+        context.push_str("system: ");
+        context.push_str(&content_text(system));
+        context.push('\n');
+    }
+    let upto = if instruction {
+        msgs.len() - 2
+    } else if prefill_final {
+        msgs.len() - 1
+    } else {
+        msgs.len()
+    };
+    for (i, m) in msgs[..upto].iter().enumerate() {
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or(format!("missing required field `messages[{i}].role`"))?;
+        context.push_str(role);
+        context.push_str(": ");
+        context.push_str(&content_text(m.get("content").unwrap_or(&Value::Null)));
+        context.push('\n');
+    }
+    let prefill = if prefill_final || instruction {
+        content_text(msgs[upto].get("content").unwrap_or(&Value::Null))
+    } else {
+        String::new()
+    };
+    Ok(Prompt {
+        mode: Mode::Chat,
+        context,
+        prefill,
+        ends_with_assistant: last_is_assistant,
+        instruction,
     })
 }
 
