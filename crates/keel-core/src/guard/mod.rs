@@ -17,8 +17,10 @@
 //! Pure: text in, findings out; the masking of findings and the per-request placeholder map are
 //! in [`mask`], policies in [`policy`].
 
+pub mod body;
 mod custom;
 mod detect;
+pub mod eval;
 pub mod mask;
 pub mod policy;
 mod validate;

@@ -372,3 +372,93 @@ proptest! {
         prop_assert_eq!(one(&text), Some(("card", s.as_str())));
     }
 }
+
+fn data_set() -> Vec<eval::Item> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bench/data/guard/texts.jsonl"
+    );
+    let text = std::fs::read_to_string(path).expect("bench/data/guard/texts.jsonl");
+    eval::parse_jsonl(&text).expect("data set parses")
+}
+
+#[test]
+fn labelled_data_set_meets_the_precision_and_recall_goals() {
+    let items = data_set();
+    assert!(items.len() >= 2000);
+    let report = eval::evaluate(&Guard::builtin(), &items);
+    let checked = ["card", "iban", "ssn", "secret"];
+    for (entity, t) in &report {
+        let goal = if checked.contains(&entity.as_str()) {
+            0.99
+        } else {
+            0.95
+        };
+        assert!(
+            t.precision() >= goal && t.recall() >= goal,
+            "{entity}: precision {:.3} recall {:.3} ({t:?})",
+            t.precision(),
+            t.recall()
+        );
+    }
+    assert_eq!(report.len(), 8, "{report:?}");
+}
+
+#[test]
+fn data_set_values_survive_masking_and_chunked_restoring() {
+    let g = Guard::builtin();
+    let p = Policy::parse(&g, [("default", "mask")]).unwrap();
+    for item in data_set().iter().take(400) {
+        let mut m = Masker::default();
+        let Some(masked) = apply(&g, &p, &item.text, &mut m, &mut Counts::default()) else {
+            continue;
+        };
+        let mut r = Restorer::default();
+        let mut out = String::new();
+        let mut last = 0;
+        let cuts: Vec<usize> = masked.char_indices().map(|(i, _)| i).step_by(3).collect();
+        for &c in cuts.iter().chain([masked.len()].iter()) {
+            out.push_str(&r.push(&m, &masked[last..c]));
+            last = c;
+        }
+        out.push_str(&r.finish(&m));
+        assert_eq!(out, item.text, "item {}", item.id);
+    }
+}
+
+#[test]
+fn request_bodies_are_masked_where_models_read_them() {
+    let g = Guard::builtin();
+    let p = Policy::parse(&g, [("default", "mask"), ("secret", "block")]).unwrap();
+    let mut body = serde_json::json!({
+        "model": "a@b.com-model",
+        "system": [{"type": "text", "text": "Reply to jane\u{200B}@corp.example"}],
+        "messages": [
+            {"role": "user", "content": "mail jane@corp.example, key AKIAIOSFODNN7EXAMPLE"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+              "function": {"name": "send", "arguments": "{\"to\":\"jane@corp.example\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sent to bob@corp.example"},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abcdefghijklmnop"}}]}
+        ],
+        "tools": [{"type": "function", "function": {"name": "send", "description": "sends to ops@corp.example"}}]
+    });
+    let mut m = Masker::default();
+    let mut c = Counts::default();
+    body::apply_body(&g, &p, &mut body, &mut m, &mut c);
+    assert_eq!(body["model"], "a@b.com-model");
+    assert_eq!(body["system"][0]["text"], "Reply to <EMAIL_1>");
+    assert_eq!(
+        body["messages"][0]["content"],
+        "mail <EMAIL_1>, key AKIAIOSFODNN7EXAMPLE"
+    );
+    assert_eq!(
+        body["messages"][1]["tool_calls"][0]["function"]["arguments"],
+        "{\"to\":\"<EMAIL_1>\"}"
+    );
+    assert_eq!(body["messages"][2]["content"], "sent to <EMAIL_2>");
+    assert_eq!(
+        body["tools"][0]["function"]["description"],
+        "sends to <EMAIL_3>"
+    );
+    assert_eq!(c.header(), "masked=email:5;blocked=secret:1");
+}

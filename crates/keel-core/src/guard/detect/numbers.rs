@@ -7,6 +7,9 @@ use crate::guard::{Entity, Finding};
 /// At most this many digit groups make one number.
 const MAX_GROUPS: usize = 8;
 
+/// The separators that join digit groups into one number, longest first.
+const GAPS: &[&[u8]] = &[b") ", b")-", b" (", b" ", b"-", b".", b")"];
+
 /// A run of digits and the separator bytes that follow it before the next run.
 #[derive(Debug, Clone, Copy)]
 struct Group {
@@ -28,19 +31,11 @@ fn groups(b: &[u8], i: usize) -> Vec<Group> {
         if out.len() == MAX_GROUPS {
             break;
         }
-        let mut j = e;
-        let (mut spaces, mut marks, mut parens) = (0, 0, 0);
-        while j < b.len() && j - e < 3 {
-            match b[j] {
-                b' ' => spaces += 1,
-                b'-' | b'.' => marks += 1,
-                b'(' | b')' => parens += 1,
-                _ => break,
-            }
-            j += 1;
-        }
-        let gap_ok = j > e && spaces <= 1 && marks <= 1 && parens <= 1;
-        if !gap_ok || j >= b.len() || !b[j].is_ascii_digit() {
+        let Some(len) = GAPS.iter().find(|g| b[e..].starts_with(g)).map(|g| g.len()) else {
+            break;
+        };
+        let j = e + len;
+        if !b.get(j).is_some_and(u8::is_ascii_digit) {
             break;
         }
         s = j;
