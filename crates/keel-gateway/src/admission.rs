@@ -282,7 +282,9 @@ pub async fn admit(
         Some(key) => Some(crate::keys::limits::admit_request(gw, key, pool, &req, protocol).await?),
         None => None,
     };
-    let prepared = crate::prompt_work::prepare(pool, plan, endpoint, req, bytes.len()).await?;
+    let mut prepared = crate::prompt_work::prepare(pool, plan, endpoint, req, bytes.len()).await?;
+    // After normalization, before the token limits and the cache: see `guard`.
+    let guard = crate::guard::admit(pool, key.clone(), &mut prepared, bytes.len()).await?;
     let req = prepared.req;
     let grant = match pending {
         Some(p) => Some(Arc::new(
@@ -313,6 +315,7 @@ pub async fn admit(
         prompt_edits: prepared.edits,
         trimmed_messages: prepared.trimmed,
         consensus,
+        guard,
     };
     Ok(Admitted {
         req,

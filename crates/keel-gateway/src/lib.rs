@@ -39,6 +39,7 @@ pub mod execution;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod graceful;
+pub mod guard;
 pub mod h2_head;
 pub mod hooks;
 pub mod keys;

@@ -8,7 +8,7 @@
 //! obfuscated with them (`jane\u{200B}@example.com`) is still found; a string with no finding
 //! keeps them.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::mask::{apply, Counts, Masker};
 use super::policy::Policy;
@@ -60,18 +60,18 @@ pub fn apply_text(
     apply(guard, policy, text, masker, counts)
 }
 
-/// Applies `policy` to every scanned string of `body`, in place.
+/// Applies `policy` to every scanned string of a request body (a JSON object), in place.
 pub fn apply_body(
     guard: &Guard,
     policy: &Policy,
-    body: &mut Value,
+    body: &mut Map<String, Value>,
     masker: &mut Masker,
     counts: &mut Counts,
 ) {
     if policy.is_empty() {
         return;
     }
-    walk(guard, policy, body, masker, counts);
+    walk_object(guard, policy, body, masker, counts);
 }
 
 fn walk(guard: &Guard, policy: &Policy, v: &mut Value, masker: &mut Masker, counts: &mut Counts) {
@@ -89,14 +89,22 @@ fn walk(guard: &Guard, policy: &Policy, v: &mut Value, masker: &mut Masker, coun
                 walk(guard, policy, item, masker, counts);
             }
         }
-        Value::Object(map) => {
-            for (k, item) in map.iter_mut() {
-                if item.is_string() && SKIPPED.contains(&k.as_str()) {
-                    continue;
-                }
-                walk(guard, policy, item, masker, counts);
-            }
-        }
+        Value::Object(map) => walk_object(guard, policy, map, masker, counts),
         _ => {}
+    }
+}
+
+fn walk_object(
+    guard: &Guard,
+    policy: &Policy,
+    map: &mut Map<String, Value>,
+    masker: &mut Masker,
+    counts: &mut Counts,
+) {
+    for (k, item) in map.iter_mut() {
+        if item.is_string() && SKIPPED.contains(&k.as_str()) {
+            continue;
+        }
+        walk(guard, policy, item, masker, counts);
     }
 }

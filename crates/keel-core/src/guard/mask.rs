@@ -11,7 +11,7 @@
 //! placeholder split across deltas is never emitted half-restored.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use super::policy::{Action, Policy};
@@ -76,6 +76,9 @@ impl Counts {
 pub struct Masker {
     /// (value, placeholder), in issue order.
     pairs: Vec<(String, String)>,
+    /// Index into `pairs` by value and by placeholder (a request may carry many values).
+    by_value: HashMap<String, usize>,
+    by_placeholder: HashMap<String, usize>,
     /// Placeholders issued per entity name, for numbering.
     issued: BTreeMap<String, u32>,
     longest: usize,
@@ -89,15 +92,18 @@ impl Masker {
     /// The placeholder for `value` of `entity`: the one issued before for the same value, else
     /// a new `<ENTITY_n>`.
     fn placeholder(&mut self, entity: &str, value: &str) -> &str {
-        if let Some(i) = self.pairs.iter().position(|(v, _)| v == value) {
+        if let Some(&i) = self.by_value.get(value) {
             return &self.pairs[i].1;
         }
         let n = self.issued.entry(entity.to_string()).or_default();
         *n += 1;
         let p = format!("<{}_{}>", tag(entity), n);
         self.longest = self.longest.max(p.len());
+        let i = self.pairs.len();
+        self.by_value.insert(value.to_string(), i);
+        self.by_placeholder.insert(p.clone(), i);
         self.pairs.push((value.to_string(), p));
-        &self.pairs[self.pairs.len() - 1].1
+        &self.pairs[i].1
     }
 
     pub fn is_empty(&self) -> bool {
@@ -111,14 +117,26 @@ impl Masker {
 
     /// The value a placeholder stands for.
     pub fn value_of(&self, placeholder: &str) -> Option<&str> {
-        self.pairs
-            .iter()
-            .find(|(_, p)| p == placeholder)
-            .map(|(v, _)| v.as_str())
+        self.by_placeholder
+            .get(placeholder)
+            .map(|&i| self.pairs[i].0.as_str())
     }
 
     /// `text` with every issued placeholder replaced by its value.
     pub fn restore<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        self.restore_with(text, |out, v| out.push_str(v))
+    }
+
+    /// [`Masker::restore`] inside JSON text (a whole answer's body, an event's data): each value
+    /// is written JSON-escaped, as the placeholder stood inside a JSON string.
+    pub fn restore_json<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        self.restore_with(text, |out, v| {
+            let quoted = serde_json::Value::from(v).to_string();
+            out.push_str(&quoted[1..quoted.len() - 1]);
+        })
+    }
+
+    fn restore_with<'a>(&self, text: &'a str, put: impl Fn(&mut String, &str)) -> Cow<'a, str> {
         if self.pairs.is_empty() || !text.contains('<') {
             return Cow::Borrowed(text);
         }
@@ -133,7 +151,7 @@ impl Masker {
                 .and_then(|gt| self.value_of(&tail[..=gt]).map(|v| (v, gt)));
             match hit {
                 Some((v, gt)) => {
-                    out.push_str(v);
+                    put(&mut out, v);
                     rest = &tail[gt + 1..];
                 }
                 None => {

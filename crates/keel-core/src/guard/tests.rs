@@ -444,7 +444,7 @@ fn request_bodies_are_masked_where_models_read_them() {
     });
     let mut m = Masker::default();
     let mut c = Counts::default();
-    body::apply_body(&g, &p, &mut body, &mut m, &mut c);
+    body::apply_body(&g, &p, body.as_object_mut().unwrap(), &mut m, &mut c);
     assert_eq!(body["model"], "a@b.com-model");
     assert_eq!(body["system"][0]["text"], "Reply to <EMAIL_1>");
     assert_eq!(
@@ -461,4 +461,18 @@ fn request_bodies_are_masked_where_models_read_them() {
         "sends to <EMAIL_3>"
     );
     assert_eq!(c.header(), "masked=email:5;blocked=secret:1");
+}
+
+#[test]
+fn restoring_inside_json_escapes_the_value() {
+    let g = Guard::builtin();
+    let p = Policy::parse(&g, [("secret", "mask")]).unwrap();
+    let pem = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----";
+    let mut m = Masker::default();
+    let masked = apply(&g, &p, pem, &mut m, &mut Counts::default()).unwrap();
+    assert_eq!(masked, "<SECRET_1>");
+    let answer = serde_json::json!({"content": "your key: <SECRET_1>"}).to_string();
+    let restored = m.restore_json(&answer);
+    let v: serde_json::Value = serde_json::from_str(&restored).unwrap();
+    assert_eq!(v["content"], format!("your key: {pem}"));
 }

@@ -1,0 +1,208 @@
+//! The PII and secret guard in the request's path: what reaches the upstream, what the client
+//! gets back, what is refused, and what the operator sees (header, metric, access log).
+
+use keel_gateway::Config;
+use keel_sim::{Fleet, ServerConfig};
+use serde_json::json;
+
+use crate::harness::*;
+
+const EMAIL: &str = "jane.doe@corp.example";
+const AWS_KEY: &str = "AKIAIOSFODNN7EXAMPLE";
+const GUARD: &str =
+    "[pools.guard]\nrequest = { default = \"mask\", secret = \"block\", ip = \"redact\" }\n";
+
+/// One fast server answering `answer`, behind pool `p` of `protocol` with `pool_extra`.
+async fn guarded(protocol: &str, answer: Option<&str>, top: &str, pool_extra: &str) -> Harness {
+    let cfg = ServerConfig {
+        answer: answer.map(str::to_owned),
+        ..ServerConfig::fast("s")
+    };
+    let fleet = Fleet::start_n(1, cfg).await.unwrap();
+    let config = format!(
+        "{top}\n{}",
+        pool_over(
+            &fleet,
+            "p",
+            protocol,
+            1,
+            &format!("hedge = \"off\"\n{pool_extra}")
+        )
+    );
+    Harness::start(fleet, &config).await
+}
+
+#[tokio::test]
+async fn masked_values_never_reach_the_upstream_and_come_back_restored() {
+    let h = guarded("openai", Some("I wrote to <EMAIL_1> as asked."), "", GUARD).await;
+    let prompt = format!("Email {EMAIL} from 10.1.2.3; cc {EMAIL}");
+    let r = h.post("/v1/chat/completions", &chat_body(&prompt)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        header(r.headers(), "x-keel-guard"),
+        "masked=email:2;redacted=ip:1"
+    );
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        format!("I wrote to {EMAIL} as asked.")
+    );
+    let sent = h.server(0).state.last_body();
+    assert_eq!(
+        sent["messages"][0]["content"],
+        "Email <EMAIL_1> from [REDACTED_IP]; cc <EMAIL_1>"
+    );
+    assert_eq!(
+        h.metric(
+            "keel_guard_findings_total",
+            &[
+                ("entity", "email"),
+                ("action", "mask"),
+                ("direction", "request")
+            ]
+        )
+        .await,
+        2.0
+    );
+    let metrics = h.metrics().await;
+    assert!(!metrics.contains(EMAIL) && !metrics.contains("10.1.2.3"));
+}
+
+#[tokio::test]
+async fn a_zero_width_obfuscated_value_is_still_found() {
+    let h = guarded("openai", None, "", GUARD).await;
+    let r = h
+        .post(
+            "/v1/chat/completions",
+            &chat_body("mail jane.doe\u{200B}@corp.example"),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        h.server(0).state.last_body()["messages"][0]["content"],
+        "mail <EMAIL_1>"
+    );
+}
+
+#[tokio::test]
+async fn block_is_a_400_in_the_clients_protocol_naming_types_never_values() {
+    for protocol in ["openai", "anthropic"] {
+        let h = guarded(protocol, None, "", GUARD).await;
+        let before = h.server(0).state.last_body();
+        let prompt = format!("my key is {AWS_KEY}, mail {EMAIL}");
+        let (path, body) = if protocol == "openai" {
+            ("/v1/chat/completions", chat_body(&prompt))
+        } else {
+            (
+                "/v1/messages",
+                json!({"model": "p", "max_tokens": 16, "messages": [{"role": "user", "content": prompt}]}),
+            )
+        };
+        let r = h.post(path, &body).await;
+        assert_eq!(r.status(), 400, "{protocol}");
+        let text = r.text().await.unwrap();
+        let err: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(message.contains("secret: 1"), "{message}");
+        assert!(!text.contains(AWS_KEY) && !text.contains(EMAIL), "{text}");
+        if protocol == "anthropic" {
+            assert_eq!(err["type"], "error");
+            assert_eq!(err["error"]["type"], "invalid_request_error");
+        } else {
+            assert_eq!(err["error"]["type"], "invalid_request_error");
+        }
+        assert_eq!(
+            h.server(0).state.last_body(),
+            before,
+            "nothing reached the upstream"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_keys_policy_overrides_its_pools_entity_by_entity() {
+    let secret = "sk-keel-guard-test-key";
+    let top = format!(
+        "[[keys]]\nid = \"k\"\nhash = \"{}\"\nguard = {{ request = {{ email = \"detect\" }} }}\n",
+        keel_gateway::keys::hash_text(&keel_gateway::keys::hash_secret(secret))
+    );
+    let h = guarded("openai", None, &top, GUARD).await;
+    let r = keel_sim::http_client()
+        .post(h.url("/v1/chat/completions"))
+        .bearer_auth(secret)
+        .json(&chat_body(&format!("mail {EMAIL} key {AWS_KEY}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "the pool's secret = block still applies");
+    let r = keel_sim::http_client()
+        .post(h.url("/v1/chat/completions"))
+        .bearer_auth(secret)
+        .json(&chat_body(&format!("mail {EMAIL}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(r.headers(), "x-keel-guard"), "detected=email:1");
+    assert_eq!(
+        h.server(0).state.last_body()["messages"][0]["content"],
+        format!("mail {EMAIL}")
+    );
+}
+
+fn config_error(pool_extra: &str) -> String {
+    let toml = format!(
+        "[[pools]]\nname = \"p\"\n{pool_extra}\n{}",
+        variant("a", "http://127.0.0.1:9/v1", "openai", 1)
+    );
+    match Config::parse(&toml, "test.toml", &Default::default()) {
+        Ok(_) => panic!("accepted: {pool_extra}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_guard_config_is_refused_naming_the_key() {
+    let e = config_error("[pools.guard]\nrequest = { mail = \"mask\" }\n");
+    assert!(
+        e.contains("pools[0].guard.request.mail") && e.contains("unknown entity"),
+        "{e}"
+    );
+    let e = config_error("[pools.guard]\nrequest = { email = \"hide\" }\n");
+    assert!(
+        e.contains("pools[0].guard.request.email") && e.contains("`hide`"),
+        "{e}"
+    );
+    let e = config_error("[pools.guard]\nanswer = { email = \"mask\" }\n");
+    assert!(e.contains("pools[0].guard.answer.email"), "{e}");
+    let e = config_error(
+        "[pools.guard]\n[[pools.guard.patterns]]\nname = \"ticket\"\nregex = \"(TCK\"\n",
+    );
+    assert!(
+        e.contains("\"ticket\"") && e.contains("does not compile"),
+        "{e}"
+    );
+    let e = config_error("[pools.guard]\n[[pools.guard.patterns]]\nname = \"t\"\nregex = \"x*\"\n");
+    assert!(e.contains("empty string"), "{e}");
+}
+
+#[tokio::test]
+async fn operator_patterns_join_the_policy() {
+    let extra = "[pools.guard]\nrequest = { ticket = \"redact\", codename = \"mask\" }\n[[pools.guard.patterns]]\nname = \"ticket\"\nregex = \"TCK-[0-9]{6}\"\n[[pools.guard.patterns]]\nname = \"codename\"\nwords = [\"bluebird\"]\n";
+    let h = guarded("openai", None, "", extra).await;
+    let r = h
+        .post(
+            "/v1/chat/completions",
+            &chat_body("TCK-123456 is about Bluebird"),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        header(r.headers(), "x-keel-guard"),
+        "masked=codename:1;redacted=ticket:1"
+    );
+    assert_eq!(
+        h.server(0).state.last_body()["messages"][0]["content"],
+        "[REDACTED_TICKET] is about <CODENAME_1>"
+    );
+}
