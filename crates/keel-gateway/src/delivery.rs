@@ -371,6 +371,7 @@ pub async fn deliver(
     // Ended by an error event if still running at the drain deadline (before the Responses
     // front, which translates it like the relay's own error events).
     let mut body = gw.process.cut_at_deadline(body, protocol);
+    body = crate::guard_stream::restore(body, protocol, ctx.guard.as_ref());
     if let Some(front) = &ctx.responses {
         body = front.stream(&ctx.id, body);
     }

@@ -40,6 +40,7 @@ pub mod execution;
 pub mod fuzzing;
 pub mod graceful;
 pub mod guard;
+pub mod guard_stream;
 pub mod h2_head;
 pub mod hooks;
 pub mod keys;

@@ -219,9 +219,27 @@ pub fn apply(
 #[derive(Debug, Default)]
 pub struct Restorer {
     held: String,
+    /// The deltas are JSON text (tool-call arguments): values are written JSON-escaped.
+    json: bool,
 }
 
 impl Restorer {
+    /// A restorer for deltas of JSON text (streamed tool-call arguments).
+    pub fn json() -> Restorer {
+        Restorer {
+            held: String::new(),
+            json: true,
+        }
+    }
+
+    fn restore(&self, masker: &Masker, s: &str) -> String {
+        if self.json {
+            masker.restore_json(s).into_owned()
+        } else {
+            masker.restore(s).into_owned()
+        }
+    }
+
     /// The restored text that can be emitted after `delta`; the rest is held.
     pub fn push(&mut self, masker: &Masker, delta: &str) -> String {
         if masker.is_empty() {
@@ -230,13 +248,13 @@ impl Restorer {
         self.held.push_str(delta);
         let cut = hold_from(masker, &self.held);
         let ready: String = self.held.drain(..cut).collect();
-        masker.restore(&ready).into_owned()
+        self.restore(masker, &ready)
     }
 
     /// Whatever is still held, restored (the stream ended).
     pub fn finish(&mut self, masker: &Masker) -> String {
         let rest = std::mem::take(&mut self.held);
-        masker.restore(&rest).into_owned()
+        self.restore(masker, &rest)
     }
 
     /// Bytes held back now.

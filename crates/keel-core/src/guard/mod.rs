@@ -23,6 +23,7 @@ mod detect;
 pub mod eval;
 pub mod mask;
 pub mod policy;
+pub mod stream;
 mod validate;
 
 use std::fmt;
@@ -183,5 +184,7 @@ impl fmt::Display for Entity {
     }
 }
 
+#[cfg(test)]
+mod stream_tests;
 #[cfg(test)]
 mod tests;

@@ -206,3 +206,36 @@ async fn operator_patterns_join_the_policy() {
         "[REDACTED_TICKET] is about <CODENAME_1>"
     );
 }
+
+#[tokio::test]
+async fn streamed_answers_are_restored_in_both_protocols() {
+    for protocol in ["openai", "anthropic"] {
+        let h = guarded(protocol, Some("Done: <EMAIL_1> is on file."), "", GUARD).await;
+        let prompt = format!("remember {EMAIL}");
+        let (path, body) = if protocol == "openai" {
+            ("/v1/chat/completions", stream_body(&prompt))
+        } else {
+            (
+                "/v1/messages",
+                json!({"model": "p", "max_tokens": 64, "stream": true, "messages": [{"role": "user", "content": prompt}]}),
+            )
+        };
+        let r = h.post(path, &body).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(r.headers(), "x-keel-guard"), "masked=email:1");
+        let events = read_stream(r).await;
+        let mut text = String::new();
+        for ev in &events {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&ev.data) else {
+                continue;
+            };
+            let piece = v["choices"][0]["delta"]["content"]
+                .as_str()
+                .or(v["delta"]["text"].as_str())
+                .unwrap_or("");
+            assert!(!piece.contains("<EMAIL"), "{protocol}: {piece:?}");
+            text.push_str(piece);
+        }
+        assert_eq!(text, format!("Done: {EMAIL} is on file."), "{protocol}");
+    }
+}
