@@ -41,6 +41,9 @@ pub struct Guarded {
     /// The answer direction's policy (pool's, with the key's over it).
     pub answer: Policy,
     pub guard: keel_core::guard::Guard,
+    /// For the answer direction's counts (`keel_guard_findings_total`).
+    pool: String,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Guarded {
@@ -84,6 +87,8 @@ pub fn apply_request(
         counts,
         answer,
         guard: cfg.guard.clone(),
+        pool: pool.cfg.name.clone(),
+        metrics: pool.metrics.clone(),
     })))
 }
 
@@ -100,12 +105,16 @@ fn overlay(
 
 /// Counts findings in `keel_guard_findings_total{pool,entity,action,direction}`.
 pub fn count(pool: &Pool, counts: &Counts, direction: &str) {
+    count_in(&pool.metrics, &pool.cfg.name, counts, direction);
+}
+
+fn count_in(metrics: &crate::metrics::Metrics, pool: &str, counts: &Counts, direction: &str) {
     for (action, entity, n) in counts.iter() {
-        pool.metrics
+        metrics
             .counter(
                 "keel_guard_findings_total",
                 &[
-                    ("pool", &pool.cfg.name),
+                    ("pool", pool),
                     ("entity", entity),
                     ("action", action.name()),
                     ("direction", direction),
@@ -115,11 +124,31 @@ pub fn count(pool: &Pool, counts: &Counts, direction: &str) {
     }
 }
 
-/// A whole answer's body with the request's placeholders put back.
+impl Guarded {
+    /// Counts the answer direction's findings of one answer.
+    pub fn count_answer(&self, counts: &Counts) {
+        count_in(&self.metrics, &self.pool, counts, "answer");
+    }
+}
+
+/// A whole answer's body with the answer policy applied to its texts (on the upstream's,
+/// masked form) and the request's placeholders put back.
 pub fn restore_whole(guarded: Option<&Guarded>, body: bytes::Bytes) -> bytes::Bytes {
-    let Some(g) = guarded.filter(|g| !g.masker.is_empty()) else {
+    let Some(g) = guarded.filter(|g| !g.masker.is_empty() || !g.answer.is_empty()) else {
         return body;
     };
+    let mut body = body;
+    if !g.answer.is_empty() {
+        if let Ok(serde_json::Value::Object(mut answer)) = serde_json::from_slice(&body) {
+            let mut counts = Counts::default();
+            let mut unused = Masker::default();
+            apply_body(&g.guard, &g.answer, &mut answer, &mut unused, &mut counts);
+            g.count_answer(&counts);
+            if !counts.is_empty() {
+                body = bytes::Bytes::from(serde_json::Value::Object(answer).to_string());
+            }
+        }
+    }
     let Ok(text) = std::str::from_utf8(&body) else {
         return body;
     };

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Frame;
-use keel_core::guard::stream::StreamRestorer;
+use keel_core::guard::mask::Counts;
+use keel_core::guard::stream::{Answering, StreamRestorer};
 use keel_core::protocol::Protocol;
 use keel_core::sse::{SseDecoder, SseEvent};
 
@@ -18,7 +19,7 @@ use crate::guard::Guarded;
 
 /// `body` with the request's placeholders restored, or `body` itself when nothing was masked.
 pub fn restore(body: Body, protocol: Protocol, guarded: Option<&Arc<Guarded>>) -> Body {
-    let Some(g) = guarded.filter(|g| !g.masker.is_empty()) else {
+    let Some(g) = guarded.filter(|g| !g.masker.is_empty() || !g.answer.is_empty()) else {
         return body;
     };
     let state = Restoring {
@@ -26,6 +27,7 @@ pub fn restore(body: Body, protocol: Protocol, guarded: Option<&Arc<Guarded>>) -
         decoder: SseDecoder::new(),
         restorer: StreamRestorer::new(protocol),
         guarded: g.clone(),
+        counts: Counts::default(),
         finished: false,
     };
     let frames = futures_util::stream::unfold(state, |mut s| async move {
@@ -40,7 +42,15 @@ struct Restoring {
     decoder: SseDecoder,
     restorer: StreamRestorer,
     guarded: Arc<Guarded>,
+    /// The answer direction's findings, counted when the stream ends.
+    counts: Counts,
     finished: bool,
+}
+
+impl Drop for Restoring {
+    fn drop(&mut self) {
+        self.guarded.count_answer(&self.counts);
+    }
 }
 
 impl Restoring {
@@ -81,8 +91,15 @@ impl Restoring {
 
     fn pass(&mut self, events: &[SseEvent]) -> Vec<u8> {
         let mut out = Vec::new();
+        let g = &self.guarded;
+        let mut a = Answering {
+            masker: &g.masker,
+            guard: &g.guard,
+            policy: &g.answer,
+            counts: &mut self.counts,
+        };
         for ev in events {
-            self.restorer.event(&self.guarded.masker, ev, &mut out);
+            self.restorer.event(&mut a, ev, &mut out);
         }
         out
     }

@@ -17,6 +17,7 @@
 //! Pure: text in, findings out; the masking of findings and the per-request placeholder map are
 //! in [`mask`], policies in [`policy`].
 
+pub mod answer;
 pub mod body;
 mod custom;
 mod detect;

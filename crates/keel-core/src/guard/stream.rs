@@ -16,18 +16,73 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
-use super::mask::{Masker, Restorer};
+use super::answer::Redactor;
+use super::mask::{Counts, Masker, Restorer};
+use super::policy::Policy;
+use super::Guard;
 use crate::protocol::Protocol;
 use crate::sse::SseEvent;
 
-/// One stream's restorers, by channel.
+/// What one request's answer is treated with: its placeholder map, and the answer policy with
+/// its detectors; the answer direction's findings are counted in `counts`.
+pub struct Answering<'a> {
+    pub masker: &'a Masker,
+    pub guard: &'a Guard,
+    pub policy: &'a Policy,
+    pub counts: &'a mut Counts,
+}
+
+impl Answering<'_> {
+    fn active(&self) -> bool {
+        !self.masker.is_empty() || !self.policy.is_empty()
+    }
+}
+
+/// One channel of text (a text block, a tool call's arguments): answer redaction on the
+/// upstream's form, then restoring.
+#[derive(Debug, Default)]
+struct Channel {
+    redactor: Redactor,
+    restorer: Restorer,
+}
+
+impl Channel {
+    fn json() -> Channel {
+        Channel {
+            redactor: Redactor::default(),
+            restorer: Restorer::json(),
+        }
+    }
+
+    fn push(&mut self, a: &mut Answering, delta: &str) -> String {
+        let clear = if a.policy.is_empty() {
+            delta.to_owned()
+        } else {
+            self.redactor.push(a.guard, a.policy, delta, a.counts)
+        };
+        self.restorer.push(a.masker, &clear)
+    }
+
+    fn finish(&mut self, a: &mut Answering) -> String {
+        let clear = self.redactor.finish(a.guard, a.policy, a.counts);
+        let mut out = self.restorer.push(a.masker, &clear);
+        out.push_str(&self.restorer.finish(a.masker));
+        out
+    }
+
+    fn held(&self) -> usize {
+        self.redactor.held() + self.restorer.held()
+    }
+}
+
+/// One stream's channels.
 #[derive(Debug)]
 pub struct StreamRestorer {
     protocol: Protocol,
     /// OpenAI: the text of choice 0. Anthropic: text blocks by index.
-    text: BTreeMap<u64, Restorer>,
+    text: BTreeMap<u64, Channel>,
     /// Tool-call arguments: OpenAI by tool-call index, Anthropic by block index.
-    args: BTreeMap<u64, Restorer>,
+    args: BTreeMap<u64, Channel>,
 }
 
 impl StreamRestorer {
@@ -44,25 +99,25 @@ impl StreamRestorer {
         self.text
             .values()
             .chain(self.args.values())
-            .map(Restorer::held)
+            .map(Channel::held)
             .sum()
     }
 
     /// Appends the client's bytes for upstream event `ev` to `out`.
-    pub fn event(&mut self, masker: &Masker, ev: &SseEvent, out: &mut Vec<u8>) {
-        if ev.comment_only || masker.is_empty() {
+    pub fn event(&mut self, a: &mut Answering, ev: &SseEvent, out: &mut Vec<u8>) {
+        if ev.comment_only || !a.active() {
             out.extend_from_slice(&ev.raw);
             return;
         }
         match self.protocol {
-            Protocol::OpenAi => self.openai(masker, ev, out),
-            Protocol::Anthropic => self.anthropic(masker, ev, out),
+            Protocol::OpenAi => self.openai(a, ev, out),
+            Protocol::Anthropic => self.anthropic(a, ev, out),
         }
     }
 
-    fn openai(&mut self, masker: &Masker, ev: &SseEvent, out: &mut Vec<u8>) {
+    fn openai(&mut self, a: &mut Answering, ev: &SseEvent, out: &mut Vec<u8>) {
         if ev.data == "[DONE]" {
-            self.openai_flush(masker, out);
+            self.openai_flush(a, out);
             out.extend_from_slice(&ev.raw);
             return;
         }
@@ -86,14 +141,14 @@ impl StreamRestorer {
         let mut changed = false;
         if let Some(Value::String(t)) = delta.get_mut("content") {
             let r = self.text.entry(0).or_default();
-            let mut s = r.push(masker, t);
+            let mut s = r.push(a, t);
             if finishing {
-                s.push_str(&r.finish(masker));
+                s.push_str(&r.finish(a));
             }
             changed |= s != *t;
             *t = s;
         } else if finishing {
-            let held = self.text.entry(0).or_default().finish(masker);
+            let held = self.text.entry(0).or_default().finish(a);
             if !held.is_empty() {
                 delta.insert("content".into(), Value::String(held));
                 changed = true;
@@ -105,19 +160,19 @@ impl StreamRestorer {
                 let args = call
                     .get_mut("function")
                     .and_then(|f| f.get_mut("arguments"));
-                if let Some(Value::String(a)) = args {
-                    let r = self.args.entry(i).or_insert_with(Restorer::json);
-                    let mut s = r.push(masker, a);
+                if let Some(Value::String(args)) = args {
+                    let r = self.args.entry(i).or_insert_with(Channel::json);
+                    let mut s = r.push(a, args);
                     if finishing {
-                        s.push_str(&r.finish(masker));
+                        s.push_str(&r.finish(a));
                     }
-                    changed |= s != *a;
-                    *a = s;
+                    changed |= s != *args;
+                    *args = s;
                 }
             }
         }
         if finishing {
-            changed |= self.openai_flush_args(masker, delta);
+            changed |= self.openai_flush_args(a, delta);
         }
         if changed {
             out.extend_from_slice(
@@ -129,10 +184,10 @@ impl StreamRestorer {
     }
 
     /// Tool-call arguments still held when the choice finishes: added to its last delta.
-    fn openai_flush_args(&mut self, masker: &Masker, delta: &mut Map<String, Value>) -> bool {
+    fn openai_flush_args(&mut self, a: &mut Answering, delta: &mut Map<String, Value>) -> bool {
         let mut extra = Vec::new();
         for (i, r) in self.args.iter_mut() {
-            let held = r.finish(masker);
+            let held = r.finish(a);
             if !held.is_empty() {
                 extra.push(json!({"index": i, "function": {"arguments": held}}));
             }
@@ -150,25 +205,25 @@ impl StreamRestorer {
     }
 
     /// Whatever is still held when the stream ends without a finishing chunk.
-    fn openai_flush(&mut self, masker: &Masker, out: &mut Vec<u8>) {
-        let text = self.text.entry(0).or_default().finish(masker);
+    fn openai_flush(&mut self, a: &mut Answering, out: &mut Vec<u8>) {
+        let text = self.text.entry(0).or_default().finish(a);
         let mut delta = Map::new();
         if !text.is_empty() {
             delta.insert("content".into(), Value::String(text));
         }
-        self.openai_flush_args(masker, &mut delta);
+        self.openai_flush_args(a, &mut delta);
         if !delta.is_empty() {
             let chunk = json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": null}]});
             out.extend_from_slice(&SseEvent::new(None, &chunk.to_string()).raw);
         }
     }
 
-    fn anthropic(&mut self, masker: &Masker, ev: &SseEvent, out: &mut Vec<u8>) {
+    fn anthropic(&mut self, a: &mut Answering, ev: &SseEvent, out: &mut Vec<u8>) {
         match ev.event.as_deref() {
             Some("content_block_delta") => {}
             Some("content_block_stop") => {
                 if let Some(i) = block_index(&ev.data) {
-                    self.anthropic_flush(masker, i, out);
+                    self.anthropic_flush(a, i, out);
                 }
                 out.extend_from_slice(&ev.raw);
                 return;
@@ -176,7 +231,7 @@ impl StreamRestorer {
             Some("message_stop") | Some("message_delta") => {
                 let open: Vec<u64> = self.text.keys().chain(self.args.keys()).copied().collect();
                 for i in open {
-                    self.anthropic_flush(masker, i, out);
+                    self.anthropic_flush(a, i, out);
                 }
                 out.extend_from_slice(&ev.raw);
                 return;
@@ -199,7 +254,7 @@ impl StreamRestorer {
             Some("text_delta") => ("text", self.text.entry(i).or_default()),
             Some("input_json_delta") => (
                 "partial_json",
-                self.args.entry(i).or_insert_with(Restorer::json),
+                self.args.entry(i).or_insert_with(Channel::json),
             ),
             _ => {
                 out.extend_from_slice(&ev.raw);
@@ -210,7 +265,7 @@ impl StreamRestorer {
             out.extend_from_slice(&ev.raw);
             return;
         };
-        let s = r.push(masker, t);
+        let s = r.push(a, t);
         if s == *t {
             out.extend_from_slice(&ev.raw);
             return;
@@ -222,10 +277,10 @@ impl StreamRestorer {
     }
 
     /// A block's held text, as one more delta of that block.
-    fn anthropic_flush(&mut self, masker: &Masker, i: u64, out: &mut Vec<u8>) {
-        let flush = |r: Option<Restorer>, kind: &str, field: &str, out: &mut Vec<u8>| {
+    fn anthropic_flush(&mut self, a: &mut Answering, i: u64, out: &mut Vec<u8>) {
+        let mut flush = |r: Option<Channel>, kind: &str, field: &str, out: &mut Vec<u8>| {
             let Some(mut r) = r else { return };
-            let held = r.finish(masker);
+            let held = r.finish(a);
             if held.is_empty() {
                 return;
             }

@@ -2,7 +2,7 @@ use serde_json::{json, Value};
 
 use super::mask::{apply, Counts, Masker};
 use super::policy::Policy;
-use super::stream::StreamRestorer;
+use super::stream::{Answering, StreamRestorer};
 use super::Guard;
 use crate::protocol::Protocol;
 use crate::sse::{SseDecoder, SseEvent};
@@ -21,16 +21,34 @@ fn masker() -> Masker {
 
 /// Runs events through a restorer and decodes what the client gets.
 fn run(protocol: Protocol, m: &Masker, events: &[SseEvent]) -> (Vec<SseEvent>, usize) {
+    run_with(protocol, m, &Policy::default(), events).0
+}
+
+/// [`run`] with an answer policy; also returns the answer direction's counts.
+fn run_with(
+    protocol: Protocol,
+    m: &Masker,
+    policy: &Policy,
+    events: &[SseEvent],
+) -> ((Vec<SseEvent>, usize), Counts) {
+    let guard = Guard::builtin();
+    let mut counts = Counts::default();
+    let mut a = Answering {
+        masker: m,
+        guard: &guard,
+        policy,
+        counts: &mut counts,
+    };
     let mut r = StreamRestorer::new(protocol);
     let mut out = Vec::new();
     let mut max_held = 0;
     for ev in events {
-        r.event(m, ev, &mut out);
+        r.event(&mut a, ev, &mut out);
         max_held = max_held.max(r.held());
     }
     let mut decoded = Vec::new();
     SseDecoder::new().feed(&out, &mut decoded).unwrap();
-    (decoded, max_held)
+    ((decoded, max_held), counts)
 }
 
 fn openai_chunk(delta: Value, finish: Option<&str>) -> SseEvent {
@@ -197,11 +215,48 @@ fn events_without_placeholders_pass_through_byte_for_byte() {
             r#"{"error":{"message":"refused","type":"invalid_request_error"}}"#,
         ),
     ];
+    let guard = Guard::builtin();
+    let mut counts = Counts::default();
+    let mut a = Answering {
+        masker: &m,
+        guard: &guard,
+        policy: &Policy::default(),
+        counts: &mut counts,
+    };
     let mut r = StreamRestorer::new(Protocol::OpenAi);
     let mut out = Vec::new();
     for ev in &events {
-        r.event(&m, ev, &mut out);
+        r.event(&mut a, ev, &mut out);
     }
     let raw: Vec<u8> = events.iter().flat_map(|e| e.raw.clone()).collect();
     assert_eq!(out, raw);
+}
+
+#[test]
+fn answer_secrets_are_redacted_at_any_split_with_a_bounded_hold_back() {
+    let m = Masker::default();
+    let g = Guard::builtin();
+    let policy = Policy::parse(&g, [("default", "redact"), ("email", "detect")]).unwrap();
+    let filler = "The deployment finished and everything looks healthy. ".repeat(8);
+    let answer = format!("{filler}Use AKIAIOSFODNN7EXAMPLE then mail ops@corp.example. {filler}");
+    for cut in (0..=answer.len()).step_by(7) {
+        let events = [
+            openai_chunk(json!({"content": &answer[..cut]}), None),
+            openai_chunk(json!({"content": &answer[cut..]}), None),
+            openai_chunk(json!({}), Some("stop")),
+            SseEvent::new(None, "[DONE]"),
+        ];
+        let ((out, held), counts) = run_with(Protocol::OpenAi, &m, &policy, &events);
+        assert!(
+            held <= answer.len().min(super::answer::HOLD + 20),
+            "held {held}"
+        );
+        let text = openai_text(&out).0;
+        assert_eq!(
+            text,
+            answer.replace("AKIAIOSFODNN7EXAMPLE", "[REDACTED_SECRET]"),
+            "cut {cut}"
+        );
+        assert_eq!(counts.header(), "detected=email:1;redacted=secret:1");
+    }
 }

@@ -239,3 +239,29 @@ async fn streamed_answers_are_restored_in_both_protocols() {
         assert_eq!(text, format!("Done: {EMAIL} is on file."), "{protocol}");
     }
 }
+
+#[tokio::test]
+async fn secrets_a_model_emits_are_redacted_in_whole_and_streamed_answers() {
+    let leak = format!("Sure, the key is {AWS_KEY}; write to {EMAIL}.");
+    let extra = "[pools.guard]\nanswer = { secret = \"redact\", email = \"detect\" }\n";
+    let h = guarded("openai", Some(&leak), "", extra).await;
+    let want = leak.replace(AWS_KEY, "[REDACTED_SECRET]");
+    let (status, _, body) = h.chat(&chat_body("what is the key?")).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["choices"][0]["message"]["content"], want);
+    let r = h.post("/v1/chat/completions", &stream_body("again?")).await;
+    let text = openai_stream_text(&read_stream(r).await);
+    assert_eq!(text, want);
+    assert_eq!(
+        h.metric(
+            "keel_guard_findings_total",
+            &[
+                ("entity", "secret"),
+                ("action", "redact"),
+                ("direction", "answer")
+            ]
+        )
+        .await,
+        2.0
+    );
+}
