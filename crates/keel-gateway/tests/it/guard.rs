@@ -265,3 +265,62 @@ async fn secrets_a_model_emits_are_redacted_in_whole_and_streamed_answers() {
         2.0
     );
 }
+
+#[tokio::test]
+async fn a_migrated_stream_continues_from_the_masked_text_and_the_client_sees_its_own() {
+    let answer = "Done: <EMAIL_1> is on file, and a copy went to <EMAIL_1> as well.";
+    let mut prefills_with_placeholder = 0;
+    for after in [2, 4, 7, 12] {
+        let cfg = ServerConfig {
+            answer: Some(answer.to_owned()),
+            ..ServerConfig::fast("s")
+        };
+        let fleet = Fleet::start_n(2, cfg).await.unwrap();
+        let config = format!(
+            "allow_force_variant = true\n{}",
+            pool_over(
+                &fleet,
+                "p",
+                "openai",
+                1,
+                &format!("hedge = \"off\"\n{GUARD}")
+            )
+        );
+        let h = Harness::start(fleet, &config).await;
+        add_fault(h.server(0), json!({"kind": "close", "after_tokens": after})).await;
+        let first = h.server(0).name.clone();
+        let r = h
+            .post_with(
+                "/v1/chat/completions",
+                &[("x-keel-force-variant", first.as_str())],
+                &stream_body(&format!("file {EMAIL}")),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+        let text = openai_stream_text(&read_stream(r).await);
+        assert_eq!(
+            text,
+            answer.replace("<EMAIL_1>", EMAIL),
+            "cut after {after} tokens"
+        );
+        let continuation = h.server(1).state.last_body();
+        assert!(!continuation.to_string().contains(EMAIL), "{continuation}");
+        let last = &continuation["messages"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .clone();
+        assert_eq!(
+            last["role"], "assistant",
+            "continued by prefill: {continuation}"
+        );
+        if last["content"].as_str().unwrap().contains("<EMAIL_1>") {
+            prefills_with_placeholder += 1;
+        }
+    }
+    assert!(
+        prefills_with_placeholder >= 1,
+        "some cut fell after the placeholder"
+    );
+}
