@@ -324,3 +324,104 @@ async fn a_migrated_stream_continues_from_the_masked_text_and_the_client_sees_it
         "some cut fell after the placeholder"
     );
 }
+
+/// Requests the simulated fleet received.
+fn upstream(h: &Harness) -> u64 {
+    h.fleet
+        .servers
+        .iter()
+        .map(|s| s.state.stats().requests)
+        .sum()
+}
+
+#[tokio::test]
+async fn the_cache_keys_on_the_masked_form_and_each_client_sees_its_own_values() {
+    let h = guarded(
+        "openai",
+        Some("Noted: <EMAIL_1>."),
+        "",
+        &format!("{GUARD}[pools.cache]\n"),
+    )
+    .await;
+    let ask = |email: &str, stream: bool| {
+        json!({"model": "p", "temperature": 0, "max_tokens": 24, "stream": stream,
+            "messages": [{"role": "user", "content": format!("note {email}")}]})
+    };
+    let r = h.post("/v1/chat/completions", &ask(EMAIL, false)).await;
+    assert_eq!(header(r.headers(), "x-keel-cache"), "stored");
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        format!("Noted: {EMAIL}.")
+    );
+    let other = "max.mustermann@firma.example";
+    let r = h.post("/v1/chat/completions", &ask(other, false)).await;
+    assert_eq!(header(r.headers(), "x-keel-cache"), "hit");
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        format!("Noted: {other}.")
+    );
+    let r = h.post("/v1/chat/completions", &ask(other, true)).await;
+    assert_eq!(header(r.headers(), "x-keel-cache"), "hit");
+    assert_eq!(
+        openai_stream_text(&read_stream(r).await),
+        format!("Noted: {other}.")
+    );
+    assert_eq!(upstream(&h), 1);
+}
+
+#[tokio::test]
+async fn no_value_reaches_the_access_log_decision_records_or_metrics() {
+    let path = std::env::temp_dir().join(format!("keel-guard-access-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let top = format!(
+        "[log]\nformat = \"json\"\naccess = {:?}\n",
+        path.display().to_string()
+    );
+    let extra = format!("normalize = \"syntax\"\n{GUARD}");
+    let h = guarded("openai", Some("Mailed <EMAIL_1>."), &top, &extra).await;
+    let obfuscated = "jane.doe\u{200B}@corp.example";
+    let r = h
+        .post(
+            "/v1/chat/completions",
+            &chat_body(&format!("mail {obfuscated} from 10.9.8.7")),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let id = header(r.headers(), "x-keel-request-id").to_owned();
+    let blocked = h
+        .post(
+            "/v1/chat/completions",
+            &chat_body(&format!("key {AWS_KEY}")),
+        )
+        .await;
+    assert_eq!(blocked.status(), 400);
+    wait_for!(
+        "two access lines",
+        std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .count()
+            == 2
+    );
+    let log = std::fs::read_to_string(&path).unwrap();
+    let record = h
+        .get_json(&format!("/keel/decisions/{id}"))
+        .await
+        .to_string();
+    let metrics = h.metrics().await;
+    for (what, text) in [
+        ("access log", &log),
+        ("decision record", &record),
+        ("metrics", &metrics),
+    ] {
+        for value in [EMAIL, obfuscated, "10.9.8.7", AWS_KEY, "jane.doe"] {
+            assert!(!text.contains(value), "`{value}` in the {what}: {text}");
+        }
+    }
+    let line: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    assert_eq!(line["guard"], "masked=email:1;redacted=ip:1");
+    assert!(record.contains("masked=email:1;redacted=ip:1"), "{record}");
+    let _ = std::fs::remove_file(&path);
+}
