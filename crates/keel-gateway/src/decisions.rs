@@ -349,7 +349,7 @@ impl OverheadStamp {
             let guard = h
                 .get(crate::guard::HEADER)
                 .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
+                .map(|s| Box::new(s.to_owned()));
             d.update(|r| {
                 r.overhead_us = Some(us);
                 r.prompt_fixes = fixes;
