@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
+use aho_corasick::{AhoCorasick, MatchKind};
 use regex::Regex;
 
 use super::detect::is_word;
@@ -82,7 +82,6 @@ impl Custom {
             let ac = AhoCorasick::builder()
                 .ascii_case_insensitive(true)
                 .match_kind(MatchKind::LeftmostLongest)
-                .kind(Some(AhoCorasickKind::DFA))
                 .build(&words)
                 .map_err(|e| CustomError {
                     name: "words".into(),

@@ -134,13 +134,15 @@ impl StreamRestorer {
             return;
         };
         let finishing = choice.get("finish_reason").is_some_and(|f| !f.is_null());
+        // Each choice (`n` > 1) is a channel of its own.
+        let ci = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
         let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut) else {
             out.extend_from_slice(&ev.raw);
             return;
         };
         let mut changed = false;
         if let Some(Value::String(t)) = delta.get_mut("content") {
-            let r = self.text.entry(0).or_default();
+            let r = self.text.entry(ci).or_default();
             let mut s = r.push(a, t);
             if finishing {
                 s.push_str(&r.finish(a));
@@ -148,7 +150,7 @@ impl StreamRestorer {
             changed |= s != *t;
             *t = s;
         } else if finishing {
-            let held = self.text.entry(0).or_default().finish(a);
+            let held = self.text.entry(ci).or_default().finish(a);
             if !held.is_empty() {
                 delta.insert("content".into(), Value::String(held));
                 changed = true;
@@ -161,7 +163,10 @@ impl StreamRestorer {
                     .get_mut("function")
                     .and_then(|f| f.get_mut("arguments"));
                 if let Some(Value::String(args)) = args {
-                    let r = self.args.entry(i).or_insert_with(Channel::json);
+                    let r = self
+                        .args
+                        .entry(call_key(ci, i))
+                        .or_insert_with(Channel::json);
                     let mut s = r.push(a, args);
                     if finishing {
                         s.push_str(&r.finish(a));
@@ -172,7 +177,7 @@ impl StreamRestorer {
             }
         }
         if finishing {
-            changed |= self.openai_flush_args(a, delta);
+            changed |= self.openai_flush_args(a, ci, delta);
         }
         if changed {
             out.extend_from_slice(
@@ -183,12 +188,21 @@ impl StreamRestorer {
         }
     }
 
-    /// Tool-call arguments still held when the choice finishes: added to its last delta.
-    fn openai_flush_args(&mut self, a: &mut Answering, delta: &mut Map<String, Value>) -> bool {
+    /// Choice `ci`'s tool-call arguments still held when it finishes: added to its last delta.
+    fn openai_flush_args(
+        &mut self,
+        a: &mut Answering,
+        ci: u64,
+        delta: &mut Map<String, Value>,
+    ) -> bool {
         let mut extra = Vec::new();
-        for (i, r) in self.args.iter_mut() {
+        for (key, r) in self
+            .args
+            .range_mut(call_key(ci, 0)..=call_key(ci, u64::from(u32::MAX)))
+        {
             let held = r.finish(a);
             if !held.is_empty() {
+                let i = key & u64::from(u32::MAX);
                 extra.push(json!({"index": i, "function": {"arguments": held}}));
             }
         }
@@ -206,15 +220,21 @@ impl StreamRestorer {
 
     /// Whatever is still held when the stream ends without a finishing chunk.
     fn openai_flush(&mut self, a: &mut Answering, out: &mut Vec<u8>) {
-        let text = self.text.entry(0).or_default().finish(a);
-        let mut delta = Map::new();
-        if !text.is_empty() {
-            delta.insert("content".into(), Value::String(text));
-        }
-        self.openai_flush_args(a, &mut delta);
-        if !delta.is_empty() {
-            let chunk = json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": null}]});
-            out.extend_from_slice(&SseEvent::new(None, &chunk.to_string()).raw);
+        let mut choices: Vec<u64> = self.text.keys().copied().collect();
+        choices.extend(self.args.keys().map(|k| k >> 32));
+        choices.sort_unstable();
+        choices.dedup();
+        for ci in choices {
+            let text = self.text.entry(ci).or_default().finish(a);
+            let mut delta = Map::new();
+            if !text.is_empty() {
+                delta.insert("content".into(), Value::String(text));
+            }
+            self.openai_flush_args(a, ci, &mut delta);
+            if !delta.is_empty() {
+                let chunk = json!({"object": "chat.completion.chunk", "choices": [{"index": ci, "delta": delta, "finish_reason": null}]});
+                out.extend_from_slice(&SseEvent::new(None, &chunk.to_string()).raw);
+            }
         }
     }
 
@@ -297,6 +317,11 @@ impl StreamRestorer {
             out,
         );
     }
+}
+
+/// The channel key of choice `ci`'s tool call `i` (a choice index above 2^32 is no real one).
+fn call_key(ci: u64, i: u64) -> u64 {
+    (ci.min(u64::from(u32::MAX)) << 32) | i.min(u64::from(u32::MAX))
 }
 
 fn block_index(data: &str) -> Option<u64> {

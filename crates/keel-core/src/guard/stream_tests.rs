@@ -260,3 +260,29 @@ fn answer_secrets_are_redacted_at_any_split_with_a_bounded_hold_back() {
         assert_eq!(counts.header(), "detected=email:1;redacted=secret:1");
     }
 }
+
+#[test]
+fn choices_of_an_n_gt_1_stream_are_restored_separately() {
+    let m = masker();
+    let chunk = |ci: u64, text: &str| {
+        let data =
+            json!({"choices": [{"index": ci, "delta": {"content": text}, "finish_reason": null}]});
+        SseEvent::new(None, &data.to_string())
+    };
+    let events = [
+        chunk(0, "a <EMA"),
+        chunk(1, "b <EMAIL_"),
+        chunk(0, "IL_1> x"),
+        chunk(1, "1> y"),
+        SseEvent::new(None, "[DONE]"),
+    ];
+    let (out, _) = run(Protocol::OpenAi, &m, &events);
+    let mut texts = [String::new(), String::new()];
+    for ev in out.iter().filter(|e| e.data != "[DONE]") {
+        let v: Value = serde_json::from_str(&ev.data).unwrap();
+        let c = &v["choices"][0];
+        texts[c["index"].as_u64().unwrap() as usize]
+            .push_str(c["delta"]["content"].as_str().unwrap_or(""));
+    }
+    assert_eq!(texts, [format!("a {EMAIL} x"), format!("b {EMAIL} y")]);
+}
