@@ -1,11 +1,14 @@
 //! The answer direction: values a model emits (a secret, someone's PII) redacted before the
 //! client sees them, in a stream with a bounded hold-back.
 //!
-//! A [`Redactor`] keeps the last [`HOLD`] bytes of a stream's text unsent, so that a value
-//! still arriving is seen whole before anything of it leaves; text before that is scanned
-//! (with the held tail as context, so a value crossing the line is seen whole too) and sent
-//! with the policy applied. A value longer than the hold (a PEM key block) is held until it is
-//! complete, up to [`MAX_HOLD`] bytes.
+//! A [`Redactor`] holds back the tail of a stream's text that could still be the start of a
+//! value: everything after the last *quiet* space, one that follows a word without digits
+//! after a word without digits (built-in values hold no such space: phone numbers, cards and
+//! IBANs are digit groups, the rest hold no space at all), at most [`HOLD`] bytes; an
+//! unfinished PEM block is held from its `-----BEGIN` until its end, up to [`MAX_HOLD`] bytes.
+//! When the policy names an operator pattern (whose matches may hold any space), the last
+//! [`HOLD`] bytes are held. Text before the cut is scanned with the held tail as context (a
+//! value crossing the cut moves the cut to its start) and sent with the policy applied.
 
 use super::mask::{apply, Counts, Masker};
 use super::policy::Policy;
@@ -39,13 +42,17 @@ impl Redactor {
         counts: &mut Counts,
     ) -> String {
         self.held.push_str(delta);
-        if self.held.len() <= HOLD {
-            return String::new();
-        }
-        let mut cut = floor_boundary(&self.held, self.held.len() - HOLD);
+        let mut cut = if custom_in(policy) {
+            floor_boundary(&self.held, self.held.len().saturating_sub(HOLD))
+        } else {
+            quiet_cut(&self.held)
+        };
         if self.held.len() <= MAX_HOLD {
+            let len = self.held.len();
             for f in guard.scan(&self.held) {
-                if f.range.start < cut && f.range.end > cut && policy.action(f.entity).is_some() {
+                // A value reaching the end of what arrived may still grow.
+                let open = f.range.end > cut || f.range.end == len;
+                if f.range.start < cut && open && policy.action(f.entity).is_some() {
                     cut = f.range.start;
                 }
             }
@@ -67,6 +74,54 @@ impl Redactor {
     pub fn held(&self) -> usize {
         self.held.len()
     }
+}
+
+/// Whether `policy` acts on an operator pattern.
+fn custom_in(policy: &Policy) -> bool {
+    policy.names_custom()
+}
+
+/// Where the sendable text ends: after the last quiet space (see the module doc), never more
+/// than [`HOLD`] bytes before the end, never after an unfinished `-----BEGIN`.
+fn quiet_cut(s: &str) -> usize {
+    let b = s.as_bytes();
+    let floor = floor_boundary(s, s.len().saturating_sub(HOLD));
+    let mut cut = floor;
+    let mut i = b.len();
+    while i > floor {
+        i -= 1;
+        if matches!(b[i], b' ' | b'\n' | b'\t') && quiet(b, i) {
+            cut = i + 1;
+            break;
+        }
+    }
+    if let Some(begin) = s.rfind("-----BEGIN") {
+        if !s[begin..].contains("-----END") && s.len() - begin <= MAX_HOLD {
+            cut = cut.min(begin);
+        }
+    }
+    cut
+}
+
+/// Whether the space at `i` follows two words without digits (a `)` counts as a digit: the
+/// area code of a phone number).
+fn quiet(b: &[u8], i: usize) -> bool {
+    let mut j = i;
+    for _ in 0..2 {
+        while j > 0 && b[j - 1].is_ascii_whitespace() {
+            j -= 1;
+        }
+        if j == 0 {
+            return true;
+        }
+        while j > 0 && !b[j - 1].is_ascii_whitespace() {
+            if b[j - 1].is_ascii_digit() || b[j - 1] == b')' {
+                return false;
+            }
+            j -= 1;
+        }
+    }
+    true
 }
 
 /// `text` with `policy` applied (an answer policy redacts or detects; it never masks).

@@ -113,6 +113,13 @@ impl Policy {
             .or(self.default)
     }
 
+    /// Whether an entry names an operator pattern.
+    pub fn names_custom(&self) -> bool {
+        self.by_entity
+            .iter()
+            .any(|(e, _)| matches!(e, Entity::Custom(_)))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.default.is_none() && self.by_entity.is_empty()
     }

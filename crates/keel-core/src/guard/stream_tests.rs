@@ -286,3 +286,49 @@ fn choices_of_an_n_gt_1_stream_are_restored_separately() {
     }
     assert_eq!(texts, [format!("a {EMAIL} x"), format!("b {EMAIL} y")]);
 }
+
+#[test]
+fn answer_values_of_every_kind_are_redacted_at_every_split_and_prose_flows() {
+    let m = Masker::default();
+    let g = Guard::builtin();
+    let policy = Policy::parse(&g, [("default", "redact")]).unwrap();
+    let values = [
+        "GB82 WEST 1234 5698 7654 32",
+        "(415) 555-0132",
+        "+44 20 7946 0958",
+        "4111 1111 1111 1111",
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEow IBAAKCAQ EA1234\n-----END RSA PRIVATE KEY-----",
+        "jane.doe@corp.example",
+        "postgres://admin:s3cr3t@db.internal",
+    ];
+    for value in values {
+        let answer = format!("Here it is, as you asked: {value} and nothing more to add here.");
+        let want = emit_all(&g, &policy, &answer);
+        assert!(!want.contains(value), "{want}");
+        for cut in 0..=answer.len() {
+            if !answer.is_char_boundary(cut) {
+                continue;
+            }
+            let events = [
+                openai_chunk(json!({"content": &answer[..cut]}), None),
+                openai_chunk(json!({"content": &answer[cut..]}), None),
+                openai_chunk(json!({}), Some("stop")),
+            ];
+            let ((out, _), _) = run_with(Protocol::OpenAi, &m, &policy, &events);
+            assert_eq!(openai_text(&out).0, want, "{value:?} cut at {cut}");
+        }
+    }
+    // Prose with no value in sight is sent up to its last quiet space at once.
+    let mut r = super::answer::Redactor::default();
+    let sent = r.push(
+        &g,
+        &policy,
+        "The deployment finished and looks healthy now",
+        &mut Counts::default(),
+    );
+    assert_eq!(sent, "The deployment finished and looks healthy ");
+}
+
+fn emit_all(g: &Guard, p: &Policy, text: &str) -> String {
+    super::answer::emit(g, p, text, &mut Counts::default())
+}
