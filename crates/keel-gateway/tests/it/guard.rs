@@ -425,3 +425,34 @@ async fn no_value_reaches_the_access_log_decision_records_or_metrics() {
     assert!(record.contains("masked=email:1;redacted=ip:1"), "{record}");
     let _ = std::fs::remove_file(&path);
 }
+
+#[tokio::test]
+async fn an_upstream_refusal_passes_through_the_guard_unchanged() {
+    let h = guarded(
+        "openai",
+        Some("I cannot help with <EMAIL_1> at all, sorry."),
+        "",
+        GUARD,
+    )
+    .await;
+    add_fault(h.server(0), json!({"kind": "refusal", "after_tokens": 3})).await;
+    let r = h
+        .post(
+            "/v1/chat/completions",
+            &stream_body(&format!("write to {EMAIL}")),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let events = read_stream(r).await;
+    let finish: Vec<String> = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<serde_json::Value>(&e.data).ok())
+        .filter_map(|v| v["choices"][0]["finish_reason"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        finish,
+        ["content_filter"],
+        "the refusal reaches the client as it was given"
+    );
+    assert_eq!(upstream(&h), 1, "the guard does not route around it");
+}
