@@ -127,7 +127,7 @@ test("openai SDK: models.list and errors", async () => {
   const client = openai();
   const models = [];
   for await (const m of client.models.list()) models.push(m.id);
-  assert.deepEqual(models, ["demo-gpt", "gpt-4o-mini", "demo-claude", "demo-mixed", "demo-clouds", "demo-embed"]);
+  assert.deepEqual(models, ["demo-gpt", "gpt-4o-mini", "demo-claude", "demo-mixed", "demo-clouds", "demo-embed", "demo-guarded"]);
   await assert.rejects(
     client.chat.completions.create({ model: "no-such-model", messages: [{ role: "user", content: "hi" }] }),
     (e) => e instanceof OpenAI.NotFoundError && /models you may use/.test(e.message),

@@ -41,7 +41,7 @@ def test_openai_headers_and_errors(keel_demo):
     except openai.NotFoundError as e:
         assert "models you may use" in str(e)
     models = [m.id for m in client.models.list()]
-    assert models == ["demo-gpt", "gpt-4o-mini", "demo-claude", "demo-mixed", "demo-clouds", "demo-embed"]
+    assert models == ["demo-gpt", "gpt-4o-mini", "demo-claude", "demo-mixed", "demo-clouds", "demo-embed", "demo-guarded"]
 
 
 def test_anthropic_stream_and_message(keel_demo):

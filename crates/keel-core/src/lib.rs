@@ -21,6 +21,7 @@ pub mod embeddings;
 pub mod fit;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod guard;
 pub mod health;
 pub mod health_colour;
 pub mod integrity;

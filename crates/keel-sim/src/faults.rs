@@ -67,6 +67,10 @@ pub enum FaultKind {
     /// `finishReason: "SAFETY"`, Bedrock `stopReason: "content_filtered"`, Responses
     /// `incomplete` for `content_filter`): a finished answer, not an error.
     Refusal,
+    /// Answer text replies with `body` (as a fixed answer: its text after any prefill),
+    /// streamed token by token; tool calls are left alone. Not a failure: a script for tests
+    /// that need to know what the model says (keel's guard restoring placeholders).
+    Answer,
 }
 
 /// One configured fault.
@@ -157,6 +161,9 @@ impl FaultSpec {
                 Err("ms: required for kind \"refuse\" (how long connections are refused)".into())
             }
             FaultKind::Raw if self.body.is_none() => Err("body: required for kind \"raw\"".into()),
+            FaultKind::Answer if self.body.is_none() => {
+                Err("body: required for kind \"answer\" (the answer's text)".into())
+            }
             FaultKind::Degraded if self.error_rate.is_some_and(|r| !(0.0..=1.0).contains(&r)) => {
                 Err("error_rate: must be between 0 and 1".into())
             }
@@ -197,6 +204,8 @@ pub struct RequestFaults {
     pub stream_error: Option<(u64, u16)>,
     /// End the reply with a safety stop after this many tokens.
     pub refuse_after: Option<u64>,
+    /// The text to answer with (`answer`).
+    pub answer: Option<String>,
 }
 
 /// A server's active faults with their remaining counts (and, for a timed `loading`, when
@@ -302,6 +311,7 @@ impl FaultSet {
                 FaultKind::Truncate => out.truncate_after = Some(f.after_tokens.unwrap_or(0)),
                 FaultKind::InvalidJson => out.invalid_json = true,
                 FaultKind::Refusal => out.refuse_after = Some(f.after_tokens.unwrap_or(0)),
+                FaultKind::Answer => out.answer = f.body.clone(),
                 FaultKind::StreamError => {
                     out.stream_error = Some((f.after_tokens.unwrap_or(0), f.status.unwrap_or(529)))
                 }

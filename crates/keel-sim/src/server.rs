@@ -848,7 +848,8 @@ impl SimServer {
             return answer;
         }
         let asked_json = sreq.structured.is_some();
-        if let (Some(answer), None) = (&self.cfg.answer, &sreq.tool_call) {
+        let answer = faults.answer.as_ref().or(self.cfg.answer.as_ref());
+        if let (Some(answer), None) = (answer, &sreq.tool_call) {
             // A fixed answer is served as a structured reply is: its text after the prefill.
             sreq.structured = Some(answer.clone());
         }

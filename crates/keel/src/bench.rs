@@ -147,6 +147,20 @@ pub enum BenchCommand {
         #[arg(long, default_value = "bench/out/soak")]
         out: PathBuf,
     },
+    /// The guard's PII and secret detectors on the labelled data set: precision and recall per
+    /// entity and throughput, beside Presidio's analyzer when `--presidio-python` is given.
+    Guard {
+        /// The data set (JSON Lines, as bench/data/guard/generate.py writes it).
+        #[arg(long, default_value = "bench/data/guard/texts.jsonl")]
+        data: PathBuf,
+        /// A Python with presidio-analyzer installed: runs bench/scripts/guard_presidio.py on the
+        /// same texts for the side-by-side columns.
+        #[arg(long)]
+        presidio_python: Option<PathBuf>,
+        /// List every text where keel's findings and the labels disagree.
+        #[arg(long)]
+        misses: bool,
+    },
     /// Repeated deterministic requests through the response cache: upstream requests saved,
     /// hit rate with normalization off and `syntax`, TTFT of hits and misses.
     Cache {
@@ -300,6 +314,15 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             ttl_ms,
             out,
         } => analyze(requests, concurrency, seed, log_mb, ttl_ms, &out).await,
+        BenchCommand::Guard {
+            data,
+            presidio_python,
+            misses,
+        } => crate::guard_bench::run(crate::guard_bench::Options {
+            data,
+            presidio_python,
+            misses,
+        }),
         BenchCommand::Cache {
             requests,
             repeat_share,

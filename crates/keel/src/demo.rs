@@ -137,8 +137,8 @@ async fn start_real(args: &DemoArgs) -> Result<(RealFleet, String), String> {
 const DEMO_CONTEXT_WINDOW: u64 = 128_000;
 
 /// The embedded config; `{P0}`…`{P5}` are the simulated servers' ports.
-const DEMO_CONFIG: &str = r#"# keel demo configuration: five pools (demo-gpt, demo-claude, demo-mixed, demo-clouds,
-# demo-embed) over six simulated model servers (keel sim).
+const DEMO_CONFIG: &str = r#"# keel demo configuration: six pools (demo-gpt, demo-claude, demo-mixed, demo-clouds,
+# demo-embed, demo-guarded) over six simulated model servers (keel sim).
 # Copy it as a starting point for your own keel.toml: point `url` at real servers,
 # set `api_key = "${OPENAI_API_KEY}"` (environment interpolation), and tune the timeouts.
 listen = "{LISTEN}"
@@ -319,6 +319,30 @@ name = "embed-flaky"
 url = "http://127.0.0.1:{P3}/v1"
 protocol = "openai"
 upstream_model = "sim"
+
+# The PII and secret guard: emails, cards, phones ... reach the servers as placeholders
+# (`<EMAIL_1>`) and come back restored; a secret (an API key, a private key) refuses the request
+# with a 400; a secret the model writes is redacted. `x-keel-guard` says what was found.
+[[pools]]
+name = "demo-guarded"
+
+[pools.guard]
+request = { default = "mask", secret = "block" }
+answer = { secret = "redact" }
+
+[[pools.variants]]
+name = "guarded-a"
+url = "http://127.0.0.1:{P1}/v1"
+protocol = "openai"
+upstream_model = "sim"
+context_window = 128000
+
+[[pools.variants]]
+name = "guarded-b"
+url = "http://127.0.0.1:{P2}/v1"
+protocol = "openai"
+upstream_model = "sim"
+context_window = 128000
 "#;
 
 fn config_text(args: &DemoArgs) -> String {

@@ -9,6 +9,7 @@ mod bench;
 #[cfg(test)]
 mod command_table;
 mod demo;
+mod guard_bench;
 mod keel_process;
 mod overhead;
 mod scenario;

@@ -57,6 +57,9 @@ pub struct KeyConfig {
     /// The modes the key's clients may choose with `x-keel-normalize` (`client_normalize`);
     /// replaces the pool's list when written.
     pub client_normalize: Option<Vec<keel_core::normalize::Mode>>,
+    /// `guard = { request = {...}, answer = {...} }`: the key's PII and secret policies, over
+    /// its pool's (entry by entry).
+    pub guard: Option<super::guard::KeyGuard>,
 }
 
 impl KeyConfig {
@@ -199,6 +202,7 @@ pub(super) fn read_keys(
     pools: &[PoolConfig],
     issues: &mut Issues,
 ) -> Vec<KeyConfig> {
+    let patterns = super::guard::pattern_names(pools);
     let mut ids: HashMap<String, String> = HashMap::new();
     let mut hashes: HashMap<[u8; 32], String> = HashMap::new();
     let mut keys = Vec::new();
@@ -259,7 +263,12 @@ pub(super) fn read_keys(
             }
         }
         let client_normalize = super::normalize::read_client_modes(&mut t, issues);
+        let guard = {
+            let g = t.table("guard", issues);
+            super::guard::read_key(g, &patterns, issues)
+        };
         let key = KeyConfig {
+            guard,
             id: String::new(),
             hash: [0; 32],
             tenant: String::new(),

@@ -21,6 +21,7 @@ mod budget;
 pub mod cache;
 pub mod cloud;
 mod forward;
+pub mod guard;
 mod health;
 mod integrity;
 mod keys;

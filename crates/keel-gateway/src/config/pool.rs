@@ -91,6 +91,8 @@ pub struct PoolConfig {
     /// `off` and `syntax`: `full` costs far more CPU and only the operator may offer it). A
     /// key's own list replaces this one.
     pub client_normalize: Vec<keel_core::normalize::Mode>,
+    /// `[pools.guard]`: PII and secret policies for requests and answers (none when absent).
+    pub guard: Option<std::sync::Arc<super::guard::PoolGuard>>,
     pub hold_tool_calls: bool,
     pub assemble_non_streaming: bool,
     pub health: HealthConfig,
@@ -209,7 +211,12 @@ pub(super) fn read(
     let normalize_full = super::normalize::read(&mut t, issues);
     let client_normalize = super::normalize::read_client_modes(&mut t, issues)
         .unwrap_or_else(|| super::normalize::DEFAULT_CLIENT_MODES.to_vec());
+    let guard = {
+        let g = t.table("guard", issues);
+        super::guard::read_pool(g, issues)
+    };
     let pool = PoolConfig {
+        guard,
         name,
         aliases,
         response_model,

@@ -475,6 +475,40 @@ impl<'t, 'i> Table<'t, 'i> {
         out
     }
 
+    /// `key = { name = "value", ... }`: each entry's name and string value (entries that are
+    /// not strings are reported and skipped).
+    pub(super) fn string_entries(
+        &mut self,
+        key: &'static str,
+        issues: &mut Issues,
+    ) -> Vec<(String, Val<String>)> {
+        let Some(raw) = self.raw(key) else {
+            return Vec::new();
+        };
+        let path = self.field_path(key);
+        let DeValue::Table(t) = raw.get_ref() else {
+            issues.expected(raw, &path, "a table of names and strings");
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (k, v) in t.iter() {
+            let name: &str = k.get_ref();
+            let item_path = format!("{path}.{name}");
+            match v.get_ref().as_str() {
+                Some(s) => out.push((
+                    name.to_owned(),
+                    Val {
+                        value: s.to_owned(),
+                        at: v.span().start,
+                        path: item_path,
+                    },
+                )),
+                None => issues.expected(v, &item_path, String::EXPECTED),
+            }
+        }
+        out
+    }
+
     /// A table of request fields, as JSON (None when absent or not a table).
     pub(super) fn json_table(
         &mut self,

@@ -120,6 +120,8 @@ pub struct RequestLog {
     pub migrations: u32,
     /// `x-keel-prompt-fix` codes: what keel changed in the prompt.
     pub prompt_fixes: Vec<String>,
+    /// `x-keel-guard`: what the PII and secret guard found and did, types and counts only.
+    pub guard: Option<String>,
     pub started: Instant,
     pub status: u16,
     pub ttft: Option<Duration>,
@@ -177,6 +179,7 @@ impl RequestLog {
             hedges: 0,
             migrations: 0,
             prompt_fixes: Vec::new(),
+            guard: None,
             started,
             status: 0,
             ttft: None,
@@ -367,6 +370,7 @@ impl RequestLog {
             "hedges": self.hedges,
             "migrations": self.migrations,
             "prompt_fixes": self.prompt_fixes,
+            "guard": self.guard,
             "status": self.status,
             "outcome": outcome,
             "detail": detail,

@@ -324,9 +324,16 @@ impl OverheadStamp {
                 .filter(|f| !f.is_empty())
                 .map(str::to_owned)
                 .collect();
+            let guard = h
+                .get(crate::pipeline::guard::HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(|s| Box::new(s.to_owned()));
             d.update(|r| {
                 r.overhead_us = Some(us);
                 r.prompt_fixes = fixes;
+                if guard.is_some() {
+                    r.guard = guard;
+                }
             });
         }
         us

@@ -143,6 +143,10 @@ pub struct DecisionRecord {
     pub migrations: Vec<MigrationRecord>,
     /// `x-keel-prompt-fix` codes.
     pub prompt_fixes: Vec<String>,
+    /// `x-keel-guard`: what the PII and secret guard found and did (types and counts only).
+    /// Boxed: most records have none, and the record's size is budgeted (see `decisions`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guard: Option<Box<String>>,
     /// What normalization changed: the text around each change, before and after (see
     /// `keel_core::normalize::Edits`; off with `decision_prompt_edits = false`).
     #[serde(skip_serializing_if = "Vec::is_empty")]

@@ -290,9 +290,12 @@ pub async fn admit(
         Some(_) => crate::pipeline::cache::namespace_of(key.as_deref()),
         None => String::new(),
     };
-    let prepared =
+    let mut prepared =
         crate::pipeline::prompt_work::prepare(pool, plan, endpoint, req, bytes.len(), namespace)
             .await?;
+    // After normalization, before the token limits and the cache: see `guard`.
+    let guard =
+        crate::pipeline::guard::admit(pool, key.clone(), &mut prepared, bytes.len()).await?;
     let req = prepared.req;
     let grant = match pending {
         Some(p) => Some(Arc::new(
@@ -323,6 +326,7 @@ pub async fn admit(
         prompt_edits: prepared.edits,
         trimmed_messages: prepared.trimmed,
         consensus,
+        guard,
     };
     Ok(Admitted {
         req,

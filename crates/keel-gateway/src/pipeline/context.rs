@@ -55,4 +55,7 @@ pub struct RequestCtx {
     pub trace: Option<crate::observe::telemetry::RequestSpan>,
     /// `x-keel-consensus`: the variants to ask at once (see `consensus`).
     pub consensus: Option<usize>,
+    /// What the PII and secret guard did to the request, and its placeholder map (request
+    /// memory only; see `guard`). `None` when the pool has no guard.
+    pub guard: Option<std::sync::Arc<crate::pipeline::guard::Guarded>>,
 }

@@ -64,6 +64,7 @@ pub(crate) fn integrity_header(h: &mut HeaderMap, flags: &[&str]) {
 /// Adds what admission and the Responses front changed to `x-keel-prompt-fix` (before the
 /// attempt's fixes), and how many messages middle-out dropped.
 pub(crate) fn front_fixes(h: &mut HeaderMap, ctx: &RequestCtx) {
+    crate::pipeline::guard::header(h, ctx.guard.as_deref());
     let front = ctx.responses.iter().flat_map(|f| f.fixes.iter());
     let mut all: Vec<&str> = ctx
         .prompt_fixes
@@ -103,9 +104,13 @@ pub(crate) fn answer_body(
     status: StatusCode,
     body: bytes::Bytes,
 ) -> bytes::Bytes {
+    if !status.is_success() {
+        return body;
+    }
+    let body = crate::pipeline::guard::restore_whole(ctx.guard.as_deref(), body);
     match &ctx.responses {
-        Some(front) if status.is_success() => front.whole(&ctx.id, &body),
-        _ => body,
+        Some(front) => front.whole(&ctx.id, &body),
+        None => body,
     }
 }
 
@@ -366,6 +371,7 @@ pub async fn deliver(
     // Ended by an error event if still running at the drain deadline (before the Responses
     // front, which translates it like the relay's own error events).
     let mut body = gw.process.cut_at_deadline(body, protocol);
+    body = crate::pipeline::guard_stream::restore(body, protocol, ctx.guard.as_ref());
     if let Some(front) = &ctx.responses {
         body = front.stream(&ctx.id, body);
     }

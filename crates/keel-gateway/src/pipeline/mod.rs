@@ -14,6 +14,8 @@ pub mod context_fit;
 pub mod decision_candidates;
 pub mod delivery;
 pub mod execution;
+pub mod guard;
+pub mod guard_stream;
 pub mod monitor;
 pub mod phases;
 pub mod prompt_work;

@@ -132,6 +132,7 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         meter: Default::default(),
         trace: None,
         consensus: None,
+        guard: None,
     };
     let mut attempts = Attempts::new(&gw, &pool, None);
     let Ok(entered) = attempts.enter(vi, kind, ctx.deadline).await else {

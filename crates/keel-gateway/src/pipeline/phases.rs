@@ -161,6 +161,11 @@ impl<'g> Flight<'g> {
         log.trace = trace.clone();
         ctx.trace = trace;
         log.health_of = Some(pool.clone());
+        log.guard = ctx
+            .guard
+            .as_ref()
+            .map(|g| g.summary())
+            .filter(|s| !s.is_empty());
         if let Some(grant) = &ctx.grant {
             log.key = grant.key.id.clone();
             log.tenant = grant.key.tenant.clone();

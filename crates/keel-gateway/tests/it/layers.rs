@@ -28,8 +28,8 @@ const LAYERS: &[(&str, &str)] = &[
 
 /// Upward imports not yet removed: (file under src/, the layer it reaches up to).
 const KNOWN_UPWARD: &[(&str, &str)] = &[
-    // The gateway holds the dashboard's hub and the process's drain state (admin) and the
-    // response cache and decision records' type (pipeline): their state parts belong below it.
+    // The gateway holds the dashboard's hub and the process's drain state with its reload
+    // handle (admin), and the response cache (pipeline): their state parts belong below it.
     ("lib.rs", "admin"),
     ("lib.rs", "pipeline"),
     // A request's access-log entry and decision draft are finished by the pipeline's types

@@ -17,6 +17,7 @@ mod embeddings;
 mod events;
 mod failover;
 mod fuzz_corpus;
+mod guard;
 mod harness;
 mod hedging;
 mod hostile;

@@ -485,6 +485,7 @@ fn keel_schemas() -> [(&'static str, Value); 2] {
                     "hedges": {"type": "array", "items": {"type": "object"}},
                     "migrations": {"type": "array", "items": {"type": "object"}},
                     "prompt_fixes": {"type": "array", "items": {"type": "string"}},
+                    "guard": {"type": "string", "description": "What the PII and secret guard found and did, as `x-keel-guard`: `masked=email:2;blocked=secret:1` (types and counts, never values; present when it found anything)."},
                     "prompt_edits": {"type": "array", "description": "What normalization changed (present when anything did, unless `decision_prompt_edits = false`): at most 8 edits, each the text around one change before and after, invisible characters written as escapes.", "items": {"type": "object", "required": ["at", "before", "after"], "properties": {"at": {"type": "string", "description": "`system`, `messages[i]` or `messages[i].text[k]`"}, "before": {"type": "string"}, "after": {"type": "string"}}}},
                     "route": {"type": "string"},
                     "variant": {"type": "string"},

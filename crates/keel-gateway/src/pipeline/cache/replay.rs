@@ -128,7 +128,9 @@ fn stamp(resp: &mut Response<Body>, ctx: &RequestCtx, log: &mut RequestLog, vari
 /// A streamed hit's head, the sender of its body, and the driver that runs what feeds it inside
 /// the body's polls (see `body::driven`).
 fn stream_head(ctx: &RequestCtx, protocol: Protocol) -> (Response<Body>, BodySender, Driver) {
-    let (tx, mut body, driver) = driven(protocol);
+    let (tx, body, driver) = driven(protocol);
+    // A hit or a follower gets the masked answer: restored with this request's own map.
+    let mut body = crate::pipeline::guard_stream::restore(body, protocol, ctx.guard.as_ref());
     if let Some(front) = &ctx.responses {
         body = front.stream(&ctx.id, body);
     }
