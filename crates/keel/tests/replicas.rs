@@ -537,3 +537,101 @@ async fn a_near_prompt_finds_another_replicas_answer_through_redis() {
     let (cache, _) = cache_headers(b_port, &ask("Write a poem about dragons and gold")).await;
     assert_eq!(cache, "stored");
 }
+
+/// A guarded pool with the response cache in Redis: what Redis holds after masked requests
+/// were answered, stored and replayed is searched byte by byte (an uncompressed snapshot of
+/// every key) for the values, and none is there; the entries themselves are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_masked_value_reaches_redis() {
+    let redis_port = free_port();
+    let dir = scratch("guard-redis.keep", "")
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &redis_port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--appendonly",
+            "no",
+        ])
+        .args([
+            "--dir",
+            dir.to_str().unwrap(),
+            "--dbfilename",
+            "guard.rdb",
+            "--save",
+            "",
+        ])
+        .args(["--rdbcompression", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    wait_listening(redis_port, "redis-server");
+    let _redis = Proc(child);
+    // The simulated model answers with the placeholder it was sent, as a model would repeat a
+    // name it was given.
+    let sim_port = free_port();
+    let sim_cfg = scratch(
+        &format!("sim-{sim_port}.toml"),
+        &format!("[[servers]]\nname = \"s{sim_port}\"\nttft_ms = 2\nttft_sigma = 0\nprefill_us_per_token = 0\ngap_ms = 1\ngap_sigma = 0\ncapacity = 256\nanswer = \"Noted: <EMAIL_1> at <IP_1>.\"\n"),
+    );
+    let _sim = Proc(
+        Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args([
+                "sim",
+                "--config",
+                sim_cfg.to_str().unwrap(),
+                "--base-port",
+                &sim_port.to_string(),
+            ])
+            .env("KEEL_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start keel sim"),
+    );
+    wait_listening(sim_port, "keel sim");
+    let guard = "[pools.guard]\nrequest = { default = \"mask\" }\n[pools.cache]\n";
+    let (_keel, port) = replica_with(sim_port, Some(redis_port), "", "closed", guard);
+    let values = ["jane.doe@corp.example", "10.9.8.7"];
+    for stream in [false, true, false] {
+        let body = json!({"model": "p", "temperature": 0, "max_tokens": 16, "stream": stream,
+            "messages": [{"role": "user", "content": format!("note {} from {}", values[0], values[1])}]});
+        let r = keel_sim::http_client()
+            .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .timeout(Duration::from_secs(15))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let text = r.text().await.unwrap();
+        // The client sees its own values.
+        assert!(text.contains(values[0]), "{text}");
+    }
+    let cached = redis_keys(redis_port, "keel:cache:*");
+    assert!(!cached.is_empty(), "the answer was stored in Redis");
+    let save = Command::new("redis-cli")
+        .args(["-p", &redis_port.to_string(), "SAVE"])
+        .output()
+        .expect("redis-cli");
+    assert!(String::from_utf8_lossy(&save.stdout).contains("OK"));
+    let snapshot = std::fs::read(dir.join("guard.rdb")).unwrap();
+    assert!(
+        snapshot
+            .windows(b"Noted: <EMAIL_1>".len())
+            .any(|w| w == b"Noted: <EMAIL_1>"),
+        "the snapshot holds the stored (masked) answer"
+    );
+    for value in values.iter().chain(&["jane.doe"]) {
+        assert!(
+            !snapshot.windows(value.len()).any(|w| w == value.as_bytes()),
+            "`{value}` is in Redis"
+        );
+    }
+}
