@@ -100,3 +100,53 @@ def test_no_value_reaches_the_servers_records_or_metrics(faults):
     assert EMAIL not in metrics
     guard_lines = [line for line in metrics.splitlines() if line.startswith("keel_guard_findings_total")]
     assert any('entity="email"' in line and 'action="mask"' in line for line in guard_lines), guard_lines
+
+
+# A tool whose schema makes the simulated model put the placeholder it was given into the
+# call's arguments, as a model fills a tool call with a value from the conversation.
+SEND_REPORT = {
+    "name": "send_report",
+    "description": "Send the report by email.",
+    "parameters": {
+        "type": "object",
+        "properties": {"to": {"type": "string", "const": "<EMAIL_1>"}},
+        "required": ["to"],
+    },
+}
+
+
+def test_a_masked_email_is_restored_in_streamed_tool_call_arguments_openai(faults):
+    stream = openai_client(faults).chat.completions.create(
+        model=POOL,
+        messages=ask(),
+        max_tokens=64,
+        stream=True,
+        tools=[{"type": "function", "function": SEND_REPORT}],
+        tool_choice={"type": "function", "function": {"name": "send_report"}},
+    )
+    arguments = ""
+    for chunk in stream:
+        for choice in chunk.choices:
+            for call in choice.delta.tool_calls or []:
+                arguments += call.function.arguments or ""
+    assert json.loads(arguments)["to"] == EMAIL
+    assert "<EMAIL_1>" not in arguments
+
+
+def test_a_masked_email_is_restored_in_streamed_tool_use_input_anthropic(faults):
+    tool = {
+        "name": SEND_REPORT["name"],
+        "description": SEND_REPORT["description"],
+        "input_schema": SEND_REPORT["parameters"],
+    }
+    client = anthropic_client(faults)
+    with client.messages.stream(
+        model=POOL,
+        max_tokens=64,
+        messages=ask(),
+        tools=[tool],
+        tool_choice={"type": "tool", "name": "send_report"},
+    ) as s:
+        final = s.get_final_message()
+    uses = [b for b in final.content if b.type == "tool_use"]
+    assert uses and uses[0].input["to"] == EMAIL
