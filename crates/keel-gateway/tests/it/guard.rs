@@ -456,3 +456,34 @@ async fn an_upstream_refusal_passes_through_the_guard_unchanged() {
     );
     assert_eq!(upstream(&h), 1, "the guard does not route around it");
 }
+
+/// Shadow copies are of the request as the upstream saw it: masked, never the client's values.
+#[tokio::test]
+async fn shadow_copies_carry_the_masked_form() {
+    let cfg = ServerConfig {
+        answer: Some("Sent to <EMAIL_1>.".to_owned()),
+        ..ServerConfig::fast("s")
+    };
+    let fleet = Fleet::start_n(2, cfg).await.unwrap();
+    let config = format!(
+        "[[pools]]\nname = \"p\"\nhedge = \"off\"\n{GUARD}[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n{}\
+         [pools.shadow]\nsample = 1.0\nmax_in_flight = 8\nmax_per_minute = 1000\n\
+         [[pools.shadow.variants]]\nname = \"shadow\"\nurl = \"{}\"\nprotocol = \"openai\"\nupstream_model = \"sim\"\n",
+        variant("s-0", &fleet.get(0).openai_base(), "openai", 1),
+        fleet.get(1).openai_base(),
+    );
+    let h = Harness::start(fleet, &config).await;
+    let r = h
+        .post("/v1/chat/completions", &chat_body(&format!("mail {EMAIL}")))
+        .await;
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        format!("Sent to {EMAIL}.")
+    );
+    wait_for!("the shadow copy", h.server(1).state.stats().requests >= 1);
+    let copy = h.server(1).state.last_body().to_string();
+    assert!(copy.contains("<EMAIL_1>"), "{copy}");
+    assert!(!copy.contains(EMAIL), "{copy}");
+}
