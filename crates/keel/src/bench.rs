@@ -45,6 +45,10 @@ pub enum BenchCommand {
         /// compare keel with a setting and without it, run by run).
         #[arg(long, default_value = "")]
         keel_top: String,
+        /// The user message every request sends (default: a short question), e.g. one that
+        /// holds values a guarded pool masks.
+        #[arg(long)]
+        prompt: Option<String>,
         /// Skip the ramp that finds each gateway's highest sustainable rate.
         #[arg(long)]
         no_max_rate: bool,
@@ -231,6 +235,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
             keel_threads,
             keel_pool,
             keel_top,
+            prompt,
             no_max_rate,
             no_pin,
             translated,
@@ -248,6 +253,7 @@ pub async fn run(cmd: BenchCommand) -> Result<(), String> {
                 keel_threads,
                 keel_pool,
                 keel_top,
+                prompt,
                 max_rate: !no_max_rate,
                 pin: !no_pin,
                 out,

@@ -56,6 +56,8 @@ pub struct Options {
     pub keel_pool: String,
     /// Extra top-level lines for keel's config.
     pub keel_top: String,
+    /// The user message every request sends (`--prompt`); `None`: the load generator's own.
+    pub prompt: Option<String>,
     pub max_rate: bool,
     pub pin: bool,
     pub out: Option<PathBuf>,
@@ -453,6 +455,7 @@ async fn load(
     c.stream = stream;
     c.max_tokens = 16;
     c.headers = t.headers.clone();
+    use_prompt(&mut c);
     keel_sim::load::run_with_client(c, client.clone()).await
 }
 
@@ -685,7 +688,20 @@ fn http_client() -> Result<reqwest::Client, String> {
         .map_err(|e| e.to_string())
 }
 
+/// The user message every request of this run sends, when `--prompt` set one.
+static PROMPT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Makes `c` send the run's `--prompt`, if any.
+fn use_prompt(c: &mut LoadConfig) {
+    if let Some(p) = PROMPT.get() {
+        c.prompts = vec![p.clone()];
+    }
+}
+
 pub async fn run(mut o: Options) -> Result<(), String> {
+    if let Some(p) = &o.prompt {
+        let _ = PROMPT.set(p.clone());
+    }
     // A gateway pinned to one core runs one worker thread, as nginx runs one worker process:
     // more threads on one core only preempt each other.
     if cpu_plan(o.pin).0 && o.keel_threads.is_none() {
@@ -996,6 +1012,7 @@ mod tests {
             keel_threads: None,
             keel_pool: String::new(),
             keel_top: String::new(),
+            prompt: None,
             max_rate: true,
             pin: false,
             out: None,

@@ -75,6 +75,7 @@ async fn run(client: &reqwest::Client, t: &Target, n: usize) -> Run {
     c.stream = true;
     c.max_tokens = TOKENS;
     c.headers = t.headers.clone();
+    super::use_prompt(&mut c);
     // Sample the gateway's memory while the load runs.
     let done = Arc::new(AtomicBool::new(false));
     let peak = Arc::new(AtomicU64::new(0));
