@@ -487,3 +487,57 @@ async fn shadow_copies_carry_the_masked_form() {
     assert!(copy.contains("<EMAIL_1>"), "{copy}");
     assert!(!copy.contains(EMAIL), "{copy}");
 }
+
+/// The semantic cache embeds the masked prompt (the embeddings pool's upstream never sees a
+/// value) and a near prompt with another person's value is answered from the masked entry,
+/// restored with that request's own value.
+#[tokio::test]
+async fn the_semantic_cache_embeds_and_keys_the_masked_form() {
+    let cfg = ServerConfig {
+        answer: Some("Noted: <EMAIL_1>.".to_owned()),
+        ..ServerConfig::fast("s")
+    };
+    let fleet = Fleet::start_n(2, cfg).await.unwrap();
+    let config = format!(
+        "[[pools]]\nname = \"p\"\nhedge = \"off\"\n{GUARD}[pools.cache]\nsemantic = {{ embeddings_pool = \"e\", max_distance = 0.15 }}\n\
+         [pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n{}\
+         [[pools]]\nname = \"e\"\nhedge = \"off\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n{}",
+        variant("s-0", &fleet.get(0).openai_base(), "openai", 1),
+        variant("e-0", &fleet.get(1).openai_base(), "openai", 1),
+    );
+    let h = Harness::start(fleet, &config).await;
+    let ask = |text: &str| {
+        json!({"model": "p", "temperature": 0, "max_tokens": 24,
+            "messages": [{"role": "user", "content": text}]})
+    };
+    let other = "max.mustermann@firma.example";
+    let r = h
+        .post(
+            "/v1/chat/completions",
+            &ask(&format!(
+                "Please email the quarterly report to {EMAIL} today."
+            )),
+        )
+        .await;
+    assert_eq!(header(r.headers(), "x-keel-cache"), "stored");
+    let embedded = h.server(1).state.last_body().to_string();
+    assert!(embedded.contains("<EMAIL_1>"), "{embedded}");
+    assert!(!embedded.contains(EMAIL), "{embedded}");
+    let r = h
+        .post(
+            "/v1/chat/completions",
+            &ask(&format!(
+                "please email the quarterly report to {other} today"
+            )),
+        )
+        .await;
+    assert_eq!(header(r.headers(), "x-keel-cache"), "hit");
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        format!("Noted: {other}.")
+    );
+    let embedded = h.server(1).state.last_body().to_string();
+    assert!(!embedded.contains(other), "{embedded}");
+    assert_eq!(h.server(0).state.stats().requests, 1);
+}
