@@ -55,14 +55,13 @@ fn examples(block: &str, into: &mut HashMap<(String, String), Example>) {
                     }
                 }
             }
-            let column = comment;
             let known = into.entry(entry.clone()).or_insert(Example {
                 value: value.to_owned(),
                 meaning: String::new(),
             });
             if known.meaning.is_empty() {
                 known.meaning = meaning.unwrap_or_default();
-                last = column.map(|_| entry);
+                last = comment.map(|_| entry);
             } else {
                 last = None;
             }
