@@ -23,6 +23,7 @@ pub mod fit;
 pub mod fuzzing;
 pub mod guard;
 pub mod health;
+pub mod hedge;
 pub mod health_colour;
 pub mod integrity;
 pub mod normalize;

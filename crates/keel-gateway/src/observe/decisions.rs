@@ -229,13 +229,15 @@ impl Draft {
         s.waited + s.busy_since.map_or(Duration::ZERO, |t| t.elapsed())
     }
 
-    pub fn note_hedge(&self, from: &str, to: &str) {
+    /// A hedge sent: `reason` is `first_token_late` (at the hedge delay) or `first_token_stuck`
+    /// (a primary hedged only when far later, its pool's hedges at the delay not paying).
+    pub fn note_hedge(&self, from: &str, to: &str, reason: &'static str) {
         let at_ms = self.offset_ms(Instant::now());
         self.update(|r| {
             r.hedges.push(HedgeRecord {
                 from: from.to_owned(),
                 to: to.to_owned(),
-                reason: "first_token_late",
+                reason,
                 at_ms,
             })
         });

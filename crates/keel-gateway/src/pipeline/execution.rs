@@ -212,11 +212,58 @@ struct Race {
 /// One racer's attempt, tagged with its slot in the race.
 type Racer<'a> = std::pin::Pin<Box<dyn Future<Output = (usize, AttemptResult)> + Send + 'a>>;
 
+/// How many times the hedge delay a primary must wait before it is hedged even though the
+/// pool's record says hedges at the delay do not pay: a first token that late is stuck rather
+/// than slow (under a smooth tail of σ 0.6, three times the P95 is beyond the P99.9).
+const STUCK_FACTOR: u32 = 3;
+
+/// What one race teaches the pool's hedge record (`keel_core::hedge`): a hedge sent at the
+/// delay won or lost; a hedge withheld there would have won or lost, by when the primary
+/// answered.
+struct Lesson {
+    start: Instant,
+    /// A hedge withheld at the delay: the delay and the target's median TTFT (ms).
+    withheld: Option<(f64, f64)>,
+    /// A hedge was sent at the delay (not later, as a stuck primary's).
+    sent_at_delay: bool,
+}
+
+impl Lesson {
+    /// The primary answered (`failed`: or failed): what the withheld hedge would have done.
+    fn primary_done(&mut self, pool: &Pool, failed: bool) {
+        if let Some((delay, median)) = self.withheld.take() {
+            let ttft = (!failed).then(|| self.start.elapsed().as_secs_f64() * 1e3);
+            pool.record_hedge_payoff(keel_core::hedge::would_have_won(ttft, delay, median));
+        }
+    }
+    /// The primary is still waiting now: once that is past the withheld hedge's likely
+    /// answer, the hedge would have won (otherwise the primary's answer will tell).
+    fn still_waiting(&mut self, pool: &Pool) {
+        let waited = self.start.elapsed().as_secs_f64() * 1e3;
+        if let Some((delay, median)) = self.withheld {
+            if keel_core::hedge::would_have_won(Some(waited), delay, median) {
+                self.withheld = None;
+                pool.record_hedge_payoff(true);
+            }
+        }
+    }
+    /// The race was decided with a hedge running: did the hedge sent at the delay win?
+    fn decided(&self, pool: &Pool, hedge_won: bool) {
+        if self.sent_at_delay {
+            pool.record_hedge_payoff(hedge_won);
+        }
+    }
+}
+
 /// Runs the primary; if its first token is late by `delay`, races it against a hedge on the
 /// variant of `others` most likely to answer first then; if that hedge is late too (by its own
 /// target's delay), another, up to the pool's `max_hedges` while the hedge budget allows. The
 /// first to produce a token wins and the others are dropped at once (their connections close,
 /// so the upstreams stop generating). A racer that fails leaves the others running.
+///
+/// The first hedge is withheld while the pool's record says hedges at the delay do not pay
+/// (`Pool::hedge_pays`); the primary is then hedged only once it is [`STUCK_FACTOR`] times the
+/// delay late.
 async fn race(
     attempts: &mut Attempts,
     pool: &Arc<Pool>,
@@ -244,17 +291,27 @@ async fn race(
     // Slot 0 is the primary, slots 1.. the hedges in the order they started.
     let mut entered: Vec<Option<Entered>> = vec![Some(primary)];
     let mut finished = Vec::new();
-    let mut next_hedge = Some(Instant::now() + delay).filter(|at| *at < ctx.deadline);
+    let mut lesson = Lesson {
+        start: Instant::now(),
+        withheld: None,
+        sent_at_delay: false,
+    };
+    let mut stuck = false;
+    let mut next_hedge = Some(lesson.start + delay).filter(|at| *at < ctx.deadline);
     loop {
         tokio::select! {
             Some((slot, r)) = running.next() => {
                 let done = entered[slot].take().expect("a racer finishes once");
                 let won = !matches!(r, AttemptResult::Failed(_));
+                if slot == 0 {
+                    lesson.primary_done(pool, !won);
+                }
                 finished.push((done, r));
                 let hedges = entered.len() - 1;
                 if won {
                     if hedges > 0 {
                         label(if slot == 0 { "lost" } else { "won" });
+                        lesson.decided(pool, slot > 0);
                     }
                     return Race {
                         finished,
@@ -280,13 +337,29 @@ async fn race(
                     .chain(finished.iter().map(|(e, _)| e.vi))
                     .collect();
                 let free: Vec<usize> = others.iter().copied().filter(|j| !busy.contains(j)).collect();
-                let Some(h) = pool.try_hedge(&free) else { continue };
+                let Some(h) = pool.hedge_target(&free) else { continue };
+                let first = entered.len() == 1;
+                if first && !stuck && !pool.hedge_pays() {
+                    let median = pool.median_ttft_ms(h).unwrap_or(0.0);
+                    lesson.withheld = Some((delay.as_secs_f64() * 1e3, median));
+                    label("withheld");
+                    stuck = true;
+                    next_hedge = Some(lesson.start + delay * STUCK_FACTOR)
+                        .filter(|at| *at < ctx.deadline);
+                    continue;
+                }
+                lesson.still_waiting(pool);
+                if !pool.hedge_budget_allows() {
+                    continue;
+                }
                 let Ok(hedge) = attempts.enter(h, AttemptKind::Hedge, ctx.deadline).await else {
                     continue;
                 };
+                lesson.sent_at_delay |= first && !stuck;
                 if let Some(d) = attempts.decision() {
                     let variant = |i: usize| pool.variants[i].cfg.name.as_str();
-                    d.note_hedge(variant(primary_vi), variant(h));
+                    let reason = if stuck { "first_token_stuck" } else { "first_token_late" };
+                    d.note_hedge(variant(primary_vi), variant(h), reason);
                 }
                 running.push(racer(entered.len(), &hedge));
                 entered.push(Some(hedge));

@@ -200,3 +200,76 @@ async fn max_hedges_bounds_the_race() {
     let raced: u64 = (0..4).map(|i| h.server(i).state.stats().requests).sum();
     assert_eq!(raced, 2, "the primary and one hedge");
 }
+
+/// Sends `n` forced-to-sim-0 streams at once; each must answer 200. Returns their routes.
+async fn forced_batch(h: &Harness, n: usize) -> Vec<String> {
+    let sends = (0..n).map(|i| async move {
+        let resp = forced_sim0(h, &stream_body(&format!("late {i}"))).await;
+        assert_eq!(resp.status(), 200);
+        let route = header(resp.headers(), "x-keel-route").to_owned();
+        read_stream(resp).await;
+        route
+    });
+    futures_util::future::join_all(sends).await
+}
+
+#[tokio::test]
+async fn hedges_that_never_win_are_withheld_until_the_tail_grows_heavy() {
+    // sim-1, the hedge target, answers in about 200 ms, so an auto hedge goes out once the
+    // primary is about 200 ms late and would answer some 200 ms after that. (Safe mode, which
+    // turns hedging off, stays off: every request here is slow on purpose.)
+    let h = Harness::openai(
+        2,
+        1,
+        "allow_force_variant = true",
+        "hedge = \"auto\"\nhedge_budget = 1\n[pools.safe_mode]\nauto = false",
+    )
+    .await;
+    add_fault(h.server(1), json!({"kind": "delay", "ms": 200})).await;
+    for _ in 0..8 {
+        let resp = h
+            .post_with(
+                "/v1/chat/completions",
+                &[("x-keel-force-variant", "sim-1")],
+                &stream_body("warm"),
+            )
+            .await;
+        read_stream(resp).await;
+    }
+    let withheld = [("pool", "p"), ("outcome", "withheld")];
+    let lost = [("pool", "p"), ("outcome", "lost")];
+
+    // The primary is late past the hedge delay but always answers before a hedge would: every
+    // hedge loses, and once the record has seen enough of them, hedges are withheld.
+    add_fault(h.server(0), json!({"kind": "delay", "ms": 320})).await;
+    for _ in 0..10 {
+        forced_batch(&h, 4).await;
+    }
+    let m = h.metrics().await;
+    let lines: Vec<&str> = m.lines().filter(|l| l.starts_with("keel_hedges_total")).collect();
+    assert!(h.metric("keel_hedges_total", &lost).await >= 32.0, "{lines:?}");
+    let sim1 = h.server(1).state.stats().requests;
+    let before = h.metric("keel_hedges_total", &withheld).await;
+    for route in forced_batch(&h, 8).await {
+        assert_eq!(route, "direct");
+    }
+    assert_eq!(h.metric("keel_hedges_total", &withheld).await - before, 8.0);
+    assert_eq!(h.server(1).state.stats().requests, sim1, "no hedge was sent");
+
+    // Now the primary is stuck: a withheld hedge goes out once the primary is three delays
+    // late and wins, and these wins bring hedging at the delay back within a few requests.
+    h.server(0).state.clear_faults();
+    add_fault(h.server(0), json!({"kind": "delay", "ms": 2000})).await;
+    let mut back = false;
+    for _ in 0..5 {
+        let before = h.metric("keel_hedges_total", &withheld).await;
+        for route in forced_batch(&h, 4).await {
+            assert_eq!(route, "hedged", "a stuck primary is hedged");
+        }
+        if h.metric("keel_hedges_total", &withheld).await == before {
+            back = true;
+            break;
+        }
+    }
+    assert!(back, "hedging at the delay came back");
+}

@@ -128,6 +128,8 @@ pub struct Pool {
     pub(crate) selector: Box<dyn Selector>,
     /// Hedges may add at most `hedge_budget` of the pool's requests (sliding 10 s window).
     hedges: ShardedBudget,
+    /// Whether hedges at the delay win often enough to send them (`keel_core::hedge`).
+    hedge_payoff: std::sync::Mutex<keel_core::hedge::Payoff>,
     /// Refresh probes may add at most `probe_budget` of the pool's requests (10 s window).
     probes: ShardedBudget,
     /// The gateway's clock origin: `now_ms` is milliseconds since then.
@@ -303,6 +305,7 @@ impl Pool {
                 window_ms: 10_000,
                 min_retries_per_sec: 0,
             }),
+            hedge_payoff: Default::default(),
             probes: ShardedBudget::new(RetryBudgetConfig {
                 ratio: cfg.probe_budget,
                 window_ms: 10_000,

@@ -29,6 +29,7 @@ impl Pool {
         for (to, from) in self.ttft.all().iter_mut().zip(from.iter()) {
             **to = (**from).clone();
         }
+        *self.hedge_payoff() = old.hedge_payoff().clone();
     }
     /// The pool-wide TTFT quantile `q` over the last 60 s.
     pub(super) fn pool_ttft(&self, q: f64) -> Option<f64> {
@@ -156,8 +157,36 @@ impl Pool {
     /// more (then counted).
     pub fn try_hedge(&self, candidates: &[usize]) -> Option<usize> {
         let target = self.hedge_target(candidates)?;
-        let now = self.now_ms();
-        self.hedges.try_retry(now).then_some(target)
+        self.hedge_budget_allows().then_some(target)
+    }
+    /// Whether the hedge budget allows one more hedge now (then counted).
+    pub fn hedge_budget_allows(&self) -> bool {
+        self.hedges.try_retry(self.now_ms())
+    }
+    /// Whether a hedge sent at the delay pays in this pool now (`keel_core::hedge`): always for
+    /// a configured delay (`hedge = <ms>`: the operator's choice); for `auto`, while the pool's
+    /// record says hedges at the delay win often enough.
+    pub fn hedge_pays(&self) -> bool {
+        !matches!(self.cfg.hedge, crate::config::Hedge::Auto) || self.hedge_payoff().pays()
+    }
+    /// Records a request that reached the hedge delay: whether its hedge won, or would have.
+    pub fn record_hedge_payoff(&self, won: bool) {
+        self.hedge_payoff().record(won);
+    }
+    /// The share of hedges at the delay that win (or would have), once the record knows.
+    pub fn hedge_win_share(&self) -> Option<f64> {
+        self.hedge_payoff().win_share()
+    }
+    fn hedge_payoff(&self) -> std::sync::MutexGuard<'_, keel_core::hedge::Payoff> {
+        // Only requests that reach the hedge delay take this lock (a few in a hundred); the
+        // record is a few plain numbers, so a poisoned lock still holds a usable one.
+        self.hedge_payoff
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    /// The median TTFT a hedge on `target` would likely take (its own, or the pool's).
+    pub fn median_ttft_ms(&self, target: usize) -> Option<f64> {
+        self.live(target).p50_ttft_ms.or_else(|| self.pool_ttft(0.5))
     }
     /// The variant's baseline inter-token gap, for slowdown detection.
     pub fn baseline_gap_ms(&self, index: usize) -> Option<f64> {

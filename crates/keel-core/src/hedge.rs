@@ -1,0 +1,153 @@
+//! Whether hedging a late first token pays in a pool: the share of late requests that a hedge
+//! sent at the hedge delay would have answered first.
+//!
+//! A hedge costs a whole extra upstream request and helps only when the primary is still
+//! waiting when the hedge answers. Whether that happens depends on the shape of the pool's
+//! TTFT tail, not on the delay alone: under a smooth tail (a lognormal of σ 0.3, say) a request
+//! late at the P95 almost always answers moments later, and a hedge sent then wins about one
+//! time in thirty; under a heavy tail (a few requests ten times slower) a request that late is
+//! usually one of the slow ones, and the hedge wins most of the time. So keel keeps a record
+//! of that very event for each pool and hedges only while it says hedges win often enough.
+//!
+//! The record learns from every request that reaches the hedge delay, hedged or not:
+//! - a hedge that was sent won or lost the race: that is the observation;
+//! - a request that was not hedged (the record said it would not pay) still tells what a hedge
+//!   would have done: it would have won if the primary's first token came later than the delay
+//!   plus the hedge target's median TTFT (or the primary failed), so the record keeps learning
+//!   while no hedge is sent, and hedging resumes as soon as the tail grows heavy.
+//!
+//! Until it has [`MIN_OBSERVATIONS`] the record says hedging pays (keel hedges as it would
+//! without it). Observations are weighed by an exponential moving average over about the last
+//! [`MEMORY`] of them, so the record follows a pool whose tail changes.
+
+/// Observations before the record decides; until then hedging is taken to pay.
+pub const MIN_OBSERVATIONS: u32 = 32;
+
+/// The moving average's horizon in observations (its weight is 1 / `MEMORY`).
+pub const MEMORY: u32 = 64;
+
+/// The share of hedges that must win for hedging to pay: one hedge in six. Below it a hedge is
+/// mostly an extra request for nothing; above it the requests it helps are the tail's.
+pub const PAYS_AT: f64 = 1.0 / 6.0;
+
+/// A pool's record of how often a hedge at the delay answers first.
+#[derive(Clone, Debug, Default)]
+pub struct Payoff {
+    /// Observations so far (saturating at `MIN_OBSERVATIONS`: only the warm-up needs a count).
+    seen: u32,
+    /// The moving share of observations in which the hedge won (or would have).
+    wins: f64,
+}
+
+impl Payoff {
+    /// Records one request that reached the hedge delay: `won` when the hedge answered first,
+    /// or would have.
+    pub fn record(&mut self, won: bool) {
+        let x = if won { 1.0 } else { 0.0 };
+        // A plain mean while warming up, so the first observations weigh what later ones do.
+        let weight = 1.0 / f64::from((self.seen + 1).min(MEMORY));
+        self.wins += (x - self.wins) * weight;
+        self.seen = (self.seen + 1).min(MEMORY);
+    }
+
+    /// Whether a hedge at the delay pays now: too few observations to say, or hedges win at
+    /// least [`PAYS_AT`] of the time.
+    pub fn pays(&self) -> bool {
+        self.seen < MIN_OBSERVATIONS || self.wins >= PAYS_AT
+    }
+
+    /// The share of hedges that win (or would have), once the record has enough observations.
+    pub fn win_share(&self) -> Option<f64> {
+        (self.seen >= MIN_OBSERVATIONS).then_some(self.wins)
+    }
+}
+
+/// What a request that was not hedged at the delay says about a hedge it could have had: it
+/// would have won when the primary's first token (or failure, `ttft_ms = None`) came after the
+/// hedge's likely answer, the delay plus the target's median TTFT.
+pub fn would_have_won(ttft_ms: Option<f64>, delay_ms: f64, target_median_ms: f64) -> bool {
+    ttft_ms.is_none_or(|t| t > delay_ms + target_median_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    /// Hedging pays until the record has seen enough, then follows the share of wins.
+    #[test]
+    fn pays_until_it_knows_then_follows_the_wins() {
+        let mut p = Payoff::default();
+        for _ in 0..MIN_OBSERVATIONS - 1 {
+            p.record(false);
+            assert!(p.pays(), "undecided until {MIN_OBSERVATIONS} observations");
+        }
+        assert_eq!(p.win_share(), None);
+        p.record(false);
+        assert!(!p.pays());
+        assert_eq!(p.win_share(), Some(0.0));
+        // Wins bring it back within a few observations.
+        let mut n = 0;
+        while !p.pays() {
+            p.record(true);
+            n += 1;
+        }
+        assert!(n <= 12, "came back after {n} wins");
+    }
+
+    /// The moving share: one win in three stays one in three, steadily.
+    #[test]
+    fn the_share_is_a_moving_average() {
+        let mut p = Payoff::default();
+        for i in 0..3_000 {
+            p.record(i % 3 == 0);
+        }
+        let share = p.win_share().unwrap();
+        assert!((share - 1.0 / 3.0).abs() < 0.02, "{share}");
+        assert!(p.pays());
+    }
+
+    /// A primary late at the delay would have lost to a hedge answering after the target's
+    /// median when it answered first; a failed primary always loses.
+    #[test]
+    fn what_an_unhedged_request_says() {
+        assert!(!would_have_won(Some(150.0), 100.0, 60.0));
+        assert!(would_have_won(Some(170.0), 100.0, 60.0));
+        assert!(would_have_won(None, 100.0, 60.0));
+    }
+
+    /// Draws a TTFT (ms) from a lognormal body of median 100 ms and σ 0.3, with a `heavy` share
+    /// ten times slower.
+    fn ttft(rng: &mut Rng, heavy: f64) -> f64 {
+        let body = rng.lognormal(100.0, 0.3);
+        if rng.next_f64() < heavy {
+            body * 10.0
+        } else {
+            body
+        }
+    }
+
+    /// The two tails the record tells apart: fed what unhedged requests late at the P95 would
+    /// have said, it withholds hedges under a smooth lognormal tail and keeps them under a
+    /// heavy one (2% of requests ten times slower).
+    #[test]
+    fn a_smooth_tail_does_not_pay_a_heavy_one_does() {
+        let share = |heavy: f64| {
+            let mut rng = Rng::new(7);
+            let mut draws: Vec<f64> = (0..20_000).map(|_| ttft(&mut rng, heavy)).collect();
+            let mut sorted = draws.clone();
+            sorted.sort_by(f64::total_cmp);
+            let p95 = sorted[sorted.len() * 95 / 100];
+            let median = sorted[sorted.len() / 2];
+            let mut p = Payoff::default();
+            for t in draws.drain(..).filter(|t| *t > p95) {
+                p.record(would_have_won(Some(t), p95, median));
+            }
+            (p.pays(), p.win_share().unwrap())
+        };
+        let (smooth_pays, smooth) = share(0.0);
+        let (heavy_pays, heavy) = share(0.02);
+        assert!(!smooth_pays && smooth < 0.1, "smooth tail: {smooth}");
+        assert!(heavy_pays && heavy > 0.25, "heavy tail: {heavy}");
+    }
+}
