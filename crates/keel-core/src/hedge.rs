@@ -16,12 +16,17 @@
 //!   plus the hedge target's median TTFT (or the primary failed), so the record keeps learning
 //!   while no hedge is sent, and hedging resumes as soon as the tail grows heavy.
 //!
-//! Until it has [`MIN_OBSERVATIONS`] the record says hedging pays (keel hedges as it would
-//! without it). Observations are weighed by an exponential moving average over about the last
+//! Until it has [`MIN_OBSERVATIONS`] the record says hedging at the delay does not pay, and the
+//! gateway hedges only a primary far later than the delay (`execution::VERY_LATE`), which
+//! still cuts a heavy tail's slowest answers while the record learns, at a fraction of the
+//! cost. Observations are weighed by an exponential moving average over about the last
 //! [`MEMORY`] of them, so the record follows a pool whose tail changes.
 
-/// Observations before the record decides; until then hedging is taken to pay.
-pub const MIN_OBSERVATIONS: u32 = 32;
+/// Observations before the record decides (until then hedging at the delay is not taken to
+/// pay). Sixteen tell the two tails apart: with one win in thirty, three or more wins in
+/// sixteen (enough to pay) come up 1.5% of the time; with two in five, two or fewer 1.8% of the
+/// time.
+pub const MIN_OBSERVATIONS: u32 = 16;
 
 /// The moving average's horizon in observations (its weight is 1 / `MEMORY`).
 pub const MEMORY: u32 = 64;
@@ -50,10 +55,10 @@ impl Payoff {
         self.seen = (self.seen + 1).min(MEMORY);
     }
 
-    /// Whether a hedge at the delay pays now: too few observations to say, or hedges win at
+    /// Whether a hedge at the delay pays now: the record has seen enough, and hedges win at
     /// least [`PAYS_AT`] of the time.
     pub fn pays(&self) -> bool {
-        self.seen < MIN_OBSERVATIONS || self.wins >= PAYS_AT
+        self.seen >= MIN_OBSERVATIONS && self.wins >= PAYS_AT
     }
 
     /// The share of hedges that win (or would have), once the record has enough observations.
@@ -74,25 +79,32 @@ mod tests {
     use super::*;
     use crate::rng::Rng;
 
-    /// Hedging pays until the record has seen enough, then follows the share of wins.
+    /// Hedging does not pay until the record has seen enough, then follows the share of wins.
     #[test]
-    fn pays_until_it_knows_then_follows_the_wins() {
+    fn learns_before_it_pays_then_follows_the_wins() {
         let mut p = Payoff::default();
         for _ in 0..MIN_OBSERVATIONS - 1 {
-            p.record(false);
-            assert!(p.pays(), "undecided until {MIN_OBSERVATIONS} observations");
+            p.record(true);
+            assert!(!p.pays(), "undecided until {MIN_OBSERVATIONS} observations");
         }
         assert_eq!(p.win_share(), None);
-        p.record(false);
-        assert!(!p.pays());
-        assert_eq!(p.win_share(), Some(0.0));
-        // Wins bring it back within a few observations.
+        p.record(true);
+        assert!(p.pays());
+        assert_eq!(p.win_share(), Some(1.0));
+        // Losses turn it off (the record forgets over about `MEMORY` observations), and wins
+        // bring it back.
+        let mut n = 0;
+        while p.pays() {
+            p.record(false);
+            n += 1;
+        }
+        assert!(n <= 2 * MEMORY, "off after {n} losses");
         let mut n = 0;
         while !p.pays() {
             p.record(true);
             n += 1;
         }
-        assert!(n <= 12, "came back after {n} wins");
+        assert!(n <= 3, "back after {n} wins");
     }
 
     /// The moving share: one win in three stays one in three, steadily.

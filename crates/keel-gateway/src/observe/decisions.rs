@@ -229,8 +229,9 @@ impl Draft {
         s.waited + s.busy_since.map_or(Duration::ZERO, |t| t.elapsed())
     }
 
-    /// A hedge sent: `reason` is `first_token_late` (at the hedge delay) or `first_token_stuck`
-    /// (a primary hedged only when far later, its pool's hedges at the delay not paying).
+    /// A hedge sent: `reason` is `first_token_late` (at the hedge delay) or
+    /// `first_token_very_late` (later, while the pool's record does not say hedges at the delay
+    /// pay).
     pub fn note_hedge(&self, from: &str, to: &str, reason: &'static str) {
         let at_ms = self.offset_ms(Instant::now());
         self.update(|r| {

@@ -212,10 +212,11 @@ struct Race {
 /// One racer's attempt, tagged with its slot in the race.
 type Racer<'a> = std::pin::Pin<Box<dyn Future<Output = (usize, AttemptResult)> + Send + 'a>>;
 
-/// How many times the hedge delay a primary must wait before it is hedged even though the
-/// pool's record says hedges at the delay do not pay: a first token that late is stuck rather
-/// than slow (under a smooth tail of σ 0.6, three times the P95 is beyond the P99.9).
-const STUCK_FACTOR: u32 = 3;
+/// How late, in hedge delays, a primary is hedged while its pool's record does not (yet) say
+/// that hedges at the delay pay (`Pool::hedge_pays`). Under a smooth tail a first token this
+/// late is rare (past the P99.9 for a lognormal of σ 0.3, the P99.3 for σ 0.5), so few hedges
+/// go out; under a heavy tail it is one of the slow ones, cut well before it would answer.
+const VERY_LATE: f64 = 1.5;
 
 /// What one race teaches the pool's hedge record (`keel_core::hedge`): a hedge sent at the
 /// delay won or lost; a hedge withheld there would have won or lost, by when the primary
@@ -224,7 +225,7 @@ struct Lesson {
     start: Instant,
     /// A hedge withheld at the delay: the delay and the target's median TTFT (ms).
     withheld: Option<(f64, f64)>,
-    /// A hedge was sent at the delay (not later, as a stuck primary's).
+    /// A hedge was sent at the delay (not later, as a very late primary's).
     sent_at_delay: bool,
 }
 
@@ -247,10 +248,14 @@ impl Lesson {
             }
         }
     }
-    /// The race was decided with a hedge running: did the hedge sent at the delay win?
-    fn decided(&self, pool: &Pool, hedge_won: bool) {
+    /// The race was decided with a hedge running: did the hedge sent at the delay win? (A
+    /// hedge sent later that won tells of the one withheld at the delay as far as the primary
+    /// was still waiting.)
+    fn decided(&mut self, pool: &Pool, hedge_won: bool) {
         if self.sent_at_delay {
             pool.record_hedge_payoff(hedge_won);
+        } else if hedge_won {
+            self.still_waiting(pool);
         }
     }
 }
@@ -261,9 +266,8 @@ impl Lesson {
 /// first to produce a token wins and the others are dropped at once (their connections close,
 /// so the upstreams stop generating). A racer that fails leaves the others running.
 ///
-/// The first hedge is withheld while the pool's record says hedges at the delay do not pay
-/// (`Pool::hedge_pays`); the primary is then hedged only once it is [`STUCK_FACTOR`] times the
-/// delay late.
+/// The first hedge is withheld while the pool's record does not say hedges at the delay pay
+/// (`Pool::hedge_pays`); the primary is then hedged only once it is [`VERY_LATE`] delays late.
 async fn race(
     attempts: &mut Attempts,
     pool: &Arc<Pool>,
@@ -296,7 +300,7 @@ async fn race(
         withheld: None,
         sent_at_delay: false,
     };
-    let mut stuck = false;
+    let mut very_late = false;
     let mut next_hedge = Some(lesson.start + delay).filter(|at| *at < ctx.deadline);
     loop {
         tokio::select! {
@@ -339,12 +343,12 @@ async fn race(
                 let free: Vec<usize> = others.iter().copied().filter(|j| !busy.contains(j)).collect();
                 let Some(h) = pool.hedge_target(&free) else { continue };
                 let first = entered.len() == 1;
-                if first && !stuck && !pool.hedge_pays() {
+                if first && !very_late && !pool.hedge_pays() {
                     let median = pool.median_ttft_ms(h).unwrap_or(0.0);
                     lesson.withheld = Some((delay.as_secs_f64() * 1e3, median));
                     label("withheld");
-                    stuck = true;
-                    next_hedge = Some(lesson.start + delay * STUCK_FACTOR)
+                    very_late = true;
+                    next_hedge = Some(lesson.start + delay.mul_f64(VERY_LATE))
                         .filter(|at| *at < ctx.deadline);
                     continue;
                 }
@@ -355,10 +359,10 @@ async fn race(
                 let Ok(hedge) = attempts.enter(h, AttemptKind::Hedge, ctx.deadline).await else {
                     continue;
                 };
-                lesson.sent_at_delay |= first && !stuck;
+                lesson.sent_at_delay |= first && !very_late;
                 if let Some(d) = attempts.decision() {
                     let variant = |i: usize| pool.variants[i].cfg.name.as_str();
-                    let reason = if stuck { "first_token_stuck" } else { "first_token_late" };
+                    let reason = if very_late { "first_token_very_late" } else { "first_token_late" };
                     d.note_hedge(variant(primary_vi), variant(h), reason);
                 }
                 running.push(racer(entered.len(), &hedge));

@@ -186,7 +186,9 @@ impl Pool {
     }
     /// The median TTFT a hedge on `target` would likely take (its own, or the pool's).
     pub fn median_ttft_ms(&self, target: usize) -> Option<f64> {
-        self.live(target).p50_ttft_ms.or_else(|| self.pool_ttft(0.5))
+        self.live(target)
+            .p50_ttft_ms
+            .or_else(|| self.pool_ttft(0.5))
     }
     /// The variant's baseline inter-token gap, for slowdown detection.
     pub fn baseline_gap_ms(&self, index: usize) -> Option<f64> {
