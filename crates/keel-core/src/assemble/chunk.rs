@@ -16,7 +16,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::protocol::{borrowed_text, MapOnly};
+use crate::protocol::{borrowed_text, read_choices, MapOnly, ReadChoices};
 
 #[derive(Debug, Default, PartialEq, Deserialize)]
 pub(crate) struct Chunk<'a> {
@@ -31,7 +31,7 @@ pub(crate) struct Chunk<'a> {
     pub model: Option<Value>,
     #[serde(default)]
     pub usage: Option<Value>,
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "read_choices")]
     pub choices: Option<FirstChoice<'a>>,
 }
 
@@ -82,24 +82,11 @@ pub(crate) struct Function<'a> {
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct FirstChoice<'a>(pub Option<Choice<'a>>);
 
-impl<'de: 'a, 'a> Deserialize<'de> for FirstChoice<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
-            type Value = FirstChoice<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an array of choices")
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Self::Value, A::Error> {
-                let first = seq.next_element::<MapOnly<Choice<'a>>>()?.map(|c| c.0);
-                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                Ok(FirstChoice(first))
-            }
-        }
-        d.deserialize_seq(Visit(std::marker::PhantomData))
+impl<'de: 'a, 'a> ReadChoices<'de> for FirstChoice<'a> {
+    fn read<A: serde::de::SeqAccess<'de>>(mut seq: A) -> Result<Self, A::Error> {
+        let first = seq.next_element::<MapOnly<Choice<'a>>>()?.map(|c| c.0);
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(FirstChoice(first))
     }
 }
 
