@@ -765,48 +765,4 @@ mod tests {
             .unwrap()
             .has_error());
     }
-
-    /// Both readings of a chunk's `choices` (this view's and the assembler's) go through
-    /// [`read_choices`]: `null` and absent are no choices, another type than an array fails
-    /// the reading, and each keeps what it needs of the elements after the first.
-    #[test]
-    fn choices_are_read_without_a_vector_by_both_views() {
-        use crate::assemble::chunk::Chunk;
-        for data in [r#"{"choices":null}"#, "{}"] {
-            let view = ChunkView::parse(data).unwrap();
-            assert!(view.choices.is_none() && !view.has_output(), "{data}");
-            assert_eq!(Chunk::parse(data).unwrap().choices, None, "{data}");
-        }
-        for data in [
-            r#"{"choices":7}"#,
-            r#"{"choices":{"text":"a"}}"#,
-            r#"{"choices":"a"}"#,
-        ] {
-            assert!(ChunkView::parse(data).is_none(), "{data}");
-            assert!(Chunk::parse(data).is_err(), "{data}");
-        }
-        let two = r#"{"choices":[{"delta":{"content":"a"}},{"delta":{},"finish_reason":"stop"}]}"#;
-        let view = ChunkView::parse(two).unwrap();
-        let choices = view.choices.as_ref().unwrap();
-        assert_eq!((choices.count, choices.rest_have_output), (2, true));
-        assert_eq!(view.text(), Some("a"));
-        assert!(!view.is_plain_text(), "two choices need the tree");
-        let chunk = Chunk::parse(two).unwrap();
-        let first = chunk.choices.unwrap().0.unwrap();
-        assert_eq!(
-            first.finish_reason, None,
-            "the assembler keeps the first choice only"
-        );
-        // An element after the first that is not a choice: the view reads every element as a
-        // choice and fails, the assembler skips it unread.
-        let odd = r#"{"choices":[{"text":"a"},7]}"#;
-        assert!(ChunkView::parse(odd).is_none());
-        assert!(Chunk::parse(odd).unwrap().choices.unwrap().0.is_some());
-        assert!(Chunk::parse(r#"{"choices":[]}"#)
-            .unwrap()
-            .choices
-            .unwrap()
-            .0
-            .is_none());
-    }
 }

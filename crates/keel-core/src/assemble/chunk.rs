@@ -322,6 +322,45 @@ mod tests {
         assert!(Chunk::parse(r#"{"choices":[{"delta":{"content":7}}]}"#).is_err());
     }
 
+    /// Both readings of a chunk's `choices` (the assembler's and the relay's
+    /// [`ChunkView`](crate::protocol::ChunkView)) go through [`read_choices`]: `null` and absent
+    /// are no choices, another type than an array fails the reading, and each keeps what it
+    /// needs of the elements after the first.
+    #[test]
+    fn choices_are_read_without_a_vector_by_both_views() {
+        use crate::protocol::ChunkView;
+        for data in [r#"{"choices":null}"#, "{}"] {
+            assert_eq!(Chunk::parse(data).unwrap().choices, None, "{data}");
+            let view = ChunkView::parse(data).unwrap();
+            assert!(!view.has_output() && !view.is_plain_text(), "{data}");
+        }
+        for data in [
+            r#"{"choices":7}"#,
+            r#"{"choices":{"text":"a"}}"#,
+            r#"{"choices":"a"}"#,
+        ] {
+            assert!(Chunk::parse(data).is_err(), "{data}");
+            assert!(ChunkView::parse(data).is_none(), "{data}");
+        }
+        let two = r#"{"choices":[{"delta":{}},{"delta":{"content":"b"},"finish_reason":"stop"}]}"#;
+        let first = Chunk::parse(two).unwrap().choices.unwrap().0.unwrap();
+        assert_eq!(
+            first.finish_reason, None,
+            "the assembler keeps the first choice only"
+        );
+        let view = ChunkView::parse(two).unwrap();
+        assert!(view.has_output(), "the view sees output in a later choice");
+        assert!(!view.is_plain_text(), "two choices need the tree");
+        assert_eq!(view.text(), None);
+        // An element after the first that is not a choice: the view reads every element as a
+        // choice and fails, the assembler skips it unread.
+        let odd = r#"{"choices":[{"text":"a"},7]}"#;
+        assert!(ChunkView::parse(odd).is_none());
+        assert!(Chunk::parse(odd).unwrap().choices.unwrap().0.is_some());
+        let none = Chunk::parse(r#"{"choices":[]}"#).unwrap();
+        assert_eq!(none.choices, Some(FirstChoice(None)));
+    }
+
     proptest::proptest! {
         /// Whatever a content block delta holds, reading it without a tree, where that
         /// succeeds, gives what reading its tree gives.
