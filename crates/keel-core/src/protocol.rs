@@ -264,7 +264,7 @@ pub fn event_role(protocol: Protocol, ev: &SseEvent) -> EventRole {
 pub struct ChunkView<'a> {
     #[serde(default)]
     error: Option<serde::de::IgnoredAny>,
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "read_choices")]
     choices: Option<Choices<'a>>,
     #[serde(default)]
     usage: Option<serde::de::IgnoredAny>,
@@ -291,31 +291,18 @@ struct Choices<'a> {
     rest_have_output: bool,
 }
 
-impl<'de: 'a, 'a> serde::Deserialize<'de> for Choices<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
-            type Value = Choices<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an array of choices")
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Self::Value, A::Error> {
-                let mut choices = Choices::default();
-                while let Some(MapOnly(c)) = seq.next_element::<MapOnly<ChoiceView<'a>>>()? {
-                    choices.count += 1;
-                    if choices.first.is_none() {
-                        choices.first = Some(c);
-                    } else {
-                        choices.rest_have_output |= c.has_output();
-                    }
-                }
-                Ok(choices)
+impl<'de: 'a, 'a> ReadChoices<'de> for Choices<'a> {
+    fn read<A: serde::de::SeqAccess<'de>>(mut seq: A) -> Result<Self, A::Error> {
+        let mut choices = Choices::default();
+        while let Some(MapOnly(c)) = seq.next_element::<MapOnly<ChoiceView<'a>>>()? {
+            choices.count += 1;
+            if choices.first.is_none() {
+                choices.first = Some(c);
+            } else {
+                choices.rest_have_output |= c.has_output();
             }
         }
-        d.deserialize_seq(Visit(std::marker::PhantomData))
+        Ok(choices)
     }
 }
 
@@ -425,6 +412,40 @@ impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
         }
         d.deserialize_map(Visit(std::marker::PhantomData))
     }
+}
+
+/// A stream chunk's `choices` read element by element, without a vector in between (a chunk
+/// almost always holds one choice, and it is read on every event). Each reading says what it
+/// keeps of the elements; [`read_choices`] is the serde side around it.
+pub(crate) trait ReadChoices<'de>: Sized {
+    fn read<A: serde::de::SeqAccess<'de>>(seq: A) -> Result<Self, A::Error>;
+}
+
+/// A chunk's `choices` field (`#[serde(deserialize_with)]`) read by `T`: `null` is absent, any
+/// other JSON type than an array is an error.
+pub(crate) fn read_choices<'de, D: serde::Deserializer<'de>, T: ReadChoices<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    struct Visit<T>(std::marker::PhantomData<T>);
+    impl<'de, T: ReadChoices<'de>> serde::de::Visitor<'de> for Visit<T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an array of choices")
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_seq(self)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            T::read(seq).map(Some)
+        }
+    }
+    d.deserialize_option(Visit(std::marker::PhantomData))
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

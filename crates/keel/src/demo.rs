@@ -418,49 +418,48 @@ async fn health_line(client: &reqwest::Client, addr: std::net::SocketAddr) -> St
     }
 }
 
-pub async fn run(args: DemoArgs) -> Result<(), String> {
-    if args.print_config {
-        print!("{}", config_text(&args));
-        return Ok(());
-    }
-    let mut _real = None;
-    let mut _sim = None;
-    let (config, models, servers): (String, Vec<&str>, usize) = if args.real {
-        let (fleet, cfg) = start_real(&args).await?;
-        _real = Some(fleet);
-        (cfg, vec!["demo-gemma"], 2)
-    } else {
-        let fleet = Fleet::start(&fleet_config(args.sim_base_port, args.faults))
-            .await
-            .map_err(|e| {
-                format!(
-                    "cannot start the simulated fleet on ports {}-{}: {e} (try --sim-base-port)",
-                    args.sim_base_port,
-                    args.sim_base_port + 5
-                )
-            })?;
-        let n = fleet.servers.len();
-        _sim = Some(fleet);
-        (config_text(&args), vec!["demo-gpt", "demo-claude"], n)
-    };
-    let mut cfg =
-        Config::parse(&config, "<demo config>", &Default::default()).map_err(|e| e.to_string())?;
-    cfg.log.format = args.log_format;
-    cfg.log.access = keel_gateway::config::AccessLogTarget::Stderr;
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e} (try --listen)", args.listen))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let gw = Gateway::new(cfg);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(keel_gateway::http::server::serve(
-        gw,
-        listener,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+/// The servers behind the gateway (stopped when dropped), the config that points at them, the
+/// public models the sample requests use (OpenAI protocol first) and how many servers run.
+struct Upstreams {
+    _real: Option<RealFleet>,
+    _sim: Option<Fleet>,
+    config: String,
+    models: Vec<&'static str>,
+    servers: usize,
+}
 
+async fn start_upstreams(args: &DemoArgs) -> Result<Upstreams, String> {
+    if args.real {
+        let (fleet, config) = start_real(args).await?;
+        return Ok(Upstreams {
+            _real: Some(fleet),
+            _sim: None,
+            config,
+            models: vec!["demo-gemma"],
+            servers: 2,
+        });
+    }
+    let fleet = Fleet::start(&fleet_config(args.sim_base_port, args.faults))
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot start the simulated fleet on ports {}-{}: {e} (try --sim-base-port)",
+                args.sim_base_port,
+                args.sim_base_port + 5
+            )
+        })?;
+    Ok(Upstreams {
+        servers: fleet.servers.len(),
+        _real: None,
+        _sim: Some(fleet),
+        config: config_text(args),
+        models: vec!["demo-gpt", "demo-claude"],
+    })
+}
+
+/// Where to reach the gateway, what to try, and the sample table's head.
+fn print_intro(args: &DemoArgs, addr: std::net::SocketAddr, up: &Upstreams) {
+    let (servers, models) = (up.servers, &up.models);
     let kind = if args.real {
         "real llama.cpp servers (Gemma 3 270M)"
     } else {
@@ -498,67 +497,100 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         "  {:<4} {:<12} {:<7} {:<10} {:<9} {:>8} {:>6}  status",
         "#", "model", "stream", "variant", "route", "attempts", "ms"
     );
+}
+
+/// Sample request `i` (every fifth to the second model, where there is one; streams and whole
+/// answers alternating) and its row of the table: whether it was served intact.
+async fn sample(
+    client: &reqwest::Client,
+    addr: std::net::SocketAddr,
+    models: &[&str],
+    i: usize,
+) -> Result<bool, String> {
+    let (model, stream) = if i % 5 == 4 && models.len() > 1 {
+        (models[1], i.is_multiple_of(2))
+    } else {
+        (models[0], i % 2 == 1)
+    };
+    let path = if model == "demo-claude" {
+        "/v1/messages"
+    } else {
+        "/v1/chat/completions"
+    };
+    let body = json!({"model": model, "max_tokens": 40, "stream": stream, "messages": [{"role": "user", "content": format!("sample {i}")}]});
+    let t = Instant::now();
+    let r = client
+        .post(format!("http://{addr}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let h = |n: &str| {
+        r.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_owned()
+    };
+    let (variant, route, attempts, status) = (
+        h("x-keel-variant"),
+        h("x-keel-route"),
+        h("x-keel-attempts"),
+        r.status(),
+    );
+    let body = r.bytes().await.map_err(|e| e.to_string())?;
+    let complete = if stream {
+        let text = String::from_utf8_lossy(&body);
+        text.contains("[DONE]") || text.contains("message_stop")
+    } else {
+        serde_json::from_slice::<Value>(&body).is_ok()
+    };
+    println!(
+        "  {:<4} {:<12} {:<7} {:<10} {:<9} {:>8} {:>6}  {}{}",
+        i,
+        model,
+        stream,
+        variant,
+        route,
+        attempts,
+        t.elapsed().as_millis(),
+        status.as_u16(),
+        if complete { "" } else { " (incomplete)" }
+    );
+    Ok(status.is_success() && complete)
+}
+
+pub async fn run(args: DemoArgs) -> Result<(), String> {
+    if args.print_config {
+        print!("{}", config_text(&args));
+        return Ok(());
+    }
+    let up = start_upstreams(&args).await?;
+    let mut cfg = Config::parse(&up.config, "<demo config>", &Default::default())
+        .map_err(|e| e.to_string())?;
+    cfg.log.format = args.log_format;
+    cfg.log.access = keel_gateway::config::AccessLogTarget::Stderr;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e} (try --listen)", args.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let gw = Gateway::new(cfg);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(keel_gateway::http::server::serve(
+        gw,
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    print_intro(&args, addr, &up);
     let client = keel_sim::http_client();
     let mut ok = 0;
     for i in 0..10 {
-        let (model, stream) = if i % 5 == 4 && models.len() > 1 {
-            (models[1], i % 2 == 0)
-        } else {
-            (models[0], i % 2 == 1)
-        };
-        let (path, body) = if model == "demo-claude" {
-            (
-                "/v1/messages",
-                json!({"model": model, "max_tokens": 40, "stream": stream, "messages": [{"role": "user", "content": format!("sample {i}")}]}),
-            )
-        } else {
-            (
-                "/v1/chat/completions",
-                json!({"model": model, "max_tokens": 40, "stream": stream, "messages": [{"role": "user", "content": format!("sample {i}")}]}),
-            )
-        };
-        let t = Instant::now();
-        let r = client
-            .post(format!("http://{addr}{path}"))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let h = |n: &str| {
-            r.headers()
-                .get(n)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("-")
-                .to_owned()
-        };
-        let (variant, route, attempts, status) = (
-            h("x-keel-variant"),
-            h("x-keel-route"),
-            h("x-keel-attempts"),
-            r.status(),
-        );
-        let body = r.bytes().await.map_err(|e| e.to_string())?;
-        let complete = if stream {
-            let text = String::from_utf8_lossy(&body);
-            text.contains("[DONE]") || text.contains("message_stop")
-        } else {
-            serde_json::from_slice::<Value>(&body).is_ok()
-        };
-        if status.is_success() && complete {
+        if sample(&client, addr, &up.models, i).await? {
             ok += 1;
         }
-        println!(
-            "  {:<4} {:<12} {:<7} {:<10} {:<9} {:>8} {:>6}  {}{}",
-            i,
-            model,
-            stream,
-            variant,
-            route,
-            attempts,
-            t.elapsed().as_millis(),
-            status.as_u16(),
-            if complete { "" } else { " (incomplete)" }
-        );
     }
     if args.real {
         println!("\n{ok}/10 sample requests served intact (try `kill -STOP` on a llama.cpp server mid-stream: keel migrates the stream).");

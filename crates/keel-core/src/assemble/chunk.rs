@@ -16,7 +16,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::protocol::{borrowed_text, MapOnly};
+use crate::protocol::{borrowed_text, read_choices, MapOnly, ReadChoices};
 
 #[derive(Debug, Default, PartialEq, Deserialize)]
 pub(crate) struct Chunk<'a> {
@@ -31,7 +31,7 @@ pub(crate) struct Chunk<'a> {
     pub model: Option<Value>,
     #[serde(default)]
     pub usage: Option<Value>,
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "read_choices")]
     pub choices: Option<FirstChoice<'a>>,
 }
 
@@ -82,24 +82,11 @@ pub(crate) struct Function<'a> {
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct FirstChoice<'a>(pub Option<Choice<'a>>);
 
-impl<'de: 'a, 'a> Deserialize<'de> for FirstChoice<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
-            type Value = FirstChoice<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an array of choices")
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Self::Value, A::Error> {
-                let first = seq.next_element::<MapOnly<Choice<'a>>>()?.map(|c| c.0);
-                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                Ok(FirstChoice(first))
-            }
-        }
-        d.deserialize_seq(Visit(std::marker::PhantomData))
+impl<'de: 'a, 'a> ReadChoices<'de> for FirstChoice<'a> {
+    fn read<A: serde::de::SeqAccess<'de>>(mut seq: A) -> Result<Self, A::Error> {
+        let first = seq.next_element::<MapOnly<Choice<'a>>>()?.map(|c| c.0);
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(FirstChoice(first))
     }
 }
 
@@ -333,6 +320,45 @@ mod tests {
         );
         // A field of another type is not guessed at: the tree reads it.
         assert!(Chunk::parse(r#"{"choices":[{"delta":{"content":7}}]}"#).is_err());
+    }
+
+    /// Both readings of a chunk's `choices` (the assembler's and the relay's
+    /// [`ChunkView`](crate::protocol::ChunkView)) go through [`read_choices`]: `null` and absent
+    /// are no choices, another type than an array fails the reading, and each keeps what it
+    /// needs of the elements after the first.
+    #[test]
+    fn choices_are_read_without_a_vector_by_both_views() {
+        use crate::protocol::ChunkView;
+        for data in [r#"{"choices":null}"#, "{}"] {
+            assert_eq!(Chunk::parse(data).unwrap().choices, None, "{data}");
+            let view = ChunkView::parse(data).unwrap();
+            assert!(!view.has_output() && !view.is_plain_text(), "{data}");
+        }
+        for data in [
+            r#"{"choices":7}"#,
+            r#"{"choices":{"text":"a"}}"#,
+            r#"{"choices":"a"}"#,
+        ] {
+            assert!(Chunk::parse(data).is_err(), "{data}");
+            assert!(ChunkView::parse(data).is_none(), "{data}");
+        }
+        let two = r#"{"choices":[{"delta":{}},{"delta":{"content":"b"},"finish_reason":"stop"}]}"#;
+        let first = Chunk::parse(two).unwrap().choices.unwrap().0.unwrap();
+        assert_eq!(
+            first.finish_reason, None,
+            "the assembler keeps the first choice only"
+        );
+        let view = ChunkView::parse(two).unwrap();
+        assert!(view.has_output(), "the view sees output in a later choice");
+        assert!(!view.is_plain_text(), "two choices need the tree");
+        assert_eq!(view.text(), None);
+        // An element after the first that is not a choice: the view reads every element as a
+        // choice and fails, the assembler skips it unread.
+        let odd = r#"{"choices":[{"text":"a"},7]}"#;
+        assert!(ChunkView::parse(odd).is_none());
+        assert!(Chunk::parse(odd).unwrap().choices.unwrap().0.is_some());
+        let none = Chunk::parse(r#"{"choices":[]}"#).unwrap();
+        assert_eq!(none.choices, Some(FirstChoice(None)));
     }
 
     proptest::proptest! {

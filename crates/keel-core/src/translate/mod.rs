@@ -72,6 +72,7 @@ mod tools;
 use serde_json::{Map, Value};
 
 use crate::request::RequestError;
+use crate::sse::SseEvent;
 
 pub use request_to_anthropic::chat_to_messages;
 pub use request_to_openai::messages_to_chat;
@@ -137,6 +138,19 @@ pub(crate) fn unsupported(
     RequestError::invalid(format!(
         "{path}: {what} is not supported by {target}-protocol variants"
     ))
+}
+
+/// The opening every stream translator's `push` shares: once the stream has ended (`done`)
+/// an event is dropped, and a comment-only event (a keep-alive) is copied to `out` as it came.
+/// `true`: the event is dealt with and has nothing to translate.
+pub(crate) fn passes_untranslated(done: bool, ev: &SseEvent, out: &mut Vec<SseEvent>) -> bool {
+    if done {
+        return true;
+    }
+    if ev.comment_only {
+        out.push(ev.clone());
+    }
+    ev.comment_only
 }
 
 /// Anthropic `stop_reason` → OpenAI `finish_reason`.

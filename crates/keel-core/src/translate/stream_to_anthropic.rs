@@ -11,7 +11,7 @@ use std::borrow::Cow;
 
 use serde_json::{json, Value};
 
-use super::{stop_reason_of, usage_to_anthropic};
+use super::{passes_untranslated, stop_reason_of, usage_to_anthropic};
 use crate::assemble::chunk::{Call, Chunk};
 use crate::assemble::{MAX_ASSEMBLED_BYTES, MAX_TOOL_CALLS};
 use crate::protocol::MapOnly;
@@ -77,11 +77,7 @@ impl ChatToAnthropicStream {
     /// Translates one upstream event, appending the client's events to `out`. `Err` is a
     /// malformed upstream event (bad JSON, an out-of-range or resumed tool call).
     pub fn push(&mut self, ev: &SseEvent, out: &mut Vec<SseEvent>) -> Result<(), String> {
-        if self.done {
-            return Ok(());
-        }
-        if ev.comment_only {
-            out.push(ev.clone());
+        if passes_untranslated(self.done, ev, out) {
             return Ok(());
         }
         if ev.data == "[DONE]" {

@@ -6,7 +6,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::{finish_reason_of, usage_to_openai, ResponseContext};
+use super::{finish_reason_of, passes_untranslated, usage_to_openai, ResponseContext};
 use crate::assemble::chunk::BlockDelta;
 use crate::assemble::MAX_CONTENT_BLOCKS;
 use crate::protocol::Protocol;
@@ -69,11 +69,7 @@ impl AnthropicToChatStream {
     /// Translates one upstream event, appending the client's events to `out`. `Err` is a
     /// malformed upstream event (bad JSON, an out-of-range block index).
     pub fn push(&mut self, ev: &SseEvent, out: &mut Vec<SseEvent>) -> Result<(), String> {
-        if self.done {
-            return Ok(());
-        }
-        if ev.comment_only {
-            out.push(ev.clone());
+        if passes_untranslated(self.done, ev, out) {
             return Ok(());
         }
         // Text deltas, nearly every event, are read without a JSON tree where they have the

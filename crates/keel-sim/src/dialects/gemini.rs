@@ -28,59 +28,11 @@ pub fn to_hub(route: &Route, obj: &Map<String, Value>) -> Result<HubRequest, Str
     if contents.is_empty() {
         return Err("contents: must not be empty".into());
     }
-    let mut messages = Vec::new();
-    for (i, c) in contents.iter().enumerate() {
-        let role = match c.get("role").and_then(Value::as_str).unwrap_or("user") {
-            "user" => "user",
-            "model" => "assistant",
-            other => {
-                return Err(format!(
-                    "contents[{i}].role: Please use a valid role: user, model (got `{other}`)"
-                ))
-            }
-        };
-        let parts = c
-            .get("parts")
-            .and_then(Value::as_array)
-            .ok_or(format!("contents[{i}].parts: required"))?;
-        let mut blocks = Vec::new();
-        for (j, p) in parts.iter().enumerate() {
-            let Some(p) = p.as_object() else {
-                return Err(format!("contents[{i}].parts[{j}]: must be an object"));
-            };
-            if p.get("thought").and_then(Value::as_bool) == Some(true) {
-                continue;
-            }
-            if let Some(t) = p.get("text").and_then(Value::as_str) {
-                blocks.push(json!({"type": "text", "text": t}));
-            } else if let Some(d) = field(p, "inlineData", "inline_data") {
-                blocks.push(json!({"type": "image", "source": {"type": "base64",
-                    "media_type": field(d.as_object().unwrap_or(&Map::new()), "mimeType", "mime_type").cloned().unwrap_or(json!("application/octet-stream")),
-                    "data": d.get("data").cloned().unwrap_or(json!(""))}}));
-            } else if let Some(f) = field(p, "functionCall", "function_call") {
-                let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
-                let id = f
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| format!("toolu_{name}"));
-                blocks.push(json!({"type": "tool_use", "id": id, "name": name,
-                    "input": f.get("args").cloned().unwrap_or(json!({}))}));
-            } else if let Some(f) = field(p, "functionResponse", "function_response") {
-                let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
-                let id = f
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| format!("toolu_{name}"));
-                blocks.push(json!({"type": "tool_result", "tool_use_id": id,
-                    "content": f.get("response").map(Value::to_string).unwrap_or_default()}));
-            } else if let Some(kind) = p.keys().next() {
-                blocks.push(json!({ "type": kind }));
-            }
-        }
-        messages.push(json!({"role": role, "content": blocks}));
-    }
+    let messages = contents
+        .iter()
+        .enumerate()
+        .map(|(i, c)| message(i, c))
+        .collect::<Result<Vec<Value>, String>>()?;
     let mut hub = Map::new();
     hub.insert(
         "model".into(),
@@ -101,16 +53,100 @@ pub fn to_hub(route: &Route, obj: &Map<String, Value>) -> Result<HubRequest, Str
         .and_then(Value::as_object)
         .cloned()
         .unwrap_or_default();
-    let max = field(&config, "maxOutputTokens", "max_output_tokens")
+    let schema = generation(&config, &mut hub)?;
+    let tools = tools(obj);
+    if !tools.is_empty() {
+        hub.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(choice) = tool_choice(obj) {
+        hub.insert("tool_choice".into(), choice);
+    }
+    hub.insert("stream".into(), json!(route.stream));
+    Ok(HubRequest {
+        body: Value::Object(hub),
+        schema,
+    })
+}
+
+/// `contents[i]` as a Messages message: its role, its parts as content blocks (thoughts left
+/// out, a part of an unknown kind kept as a block of that type for the hub to refuse).
+fn message(i: usize, c: &Value) -> Result<Value, String> {
+    let role = match c.get("role").and_then(Value::as_str).unwrap_or("user") {
+        "user" => "user",
+        "model" => "assistant",
+        other => {
+            return Err(format!(
+                "contents[{i}].role: Please use a valid role: user, model (got `{other}`)"
+            ))
+        }
+    };
+    let parts = c
+        .get("parts")
+        .and_then(Value::as_array)
+        .ok_or(format!("contents[{i}].parts: required"))?;
+    let mut blocks = Vec::new();
+    for (j, p) in parts.iter().enumerate() {
+        let Some(p) = p.as_object() else {
+            return Err(format!("contents[{i}].parts[{j}]: must be an object"));
+        };
+        if p.get("thought").and_then(Value::as_bool) == Some(true) {
+            continue;
+        }
+        blocks.extend(block(p));
+    }
+    Ok(json!({"role": role, "content": blocks}))
+}
+
+/// One part as a Messages content block; `None` for an empty part.
+fn block(p: &Map<String, Value>) -> Option<Value> {
+    if let Some(t) = p.get("text").and_then(Value::as_str) {
+        Some(json!({"type": "text", "text": t}))
+    } else if let Some(d) = field(p, "inlineData", "inline_data") {
+        Some(json!({"type": "image", "source": {"type": "base64",
+            "media_type": field(d.as_object().unwrap_or(&Map::new()), "mimeType", "mime_type").cloned().unwrap_or(json!("application/octet-stream")),
+            "data": d.get("data").cloned().unwrap_or(json!(""))}}))
+    } else if let Some(f) = field(p, "functionCall", "function_call") {
+        Some(
+            json!({"type": "tool_use", "id": call_id(f), "name": call_name(f),
+            "input": f.get("args").cloned().unwrap_or(json!({}))}),
+        )
+    } else if let Some(f) = field(p, "functionResponse", "function_response") {
+        Some(json!({"type": "tool_result", "tool_use_id": call_id(f),
+            "content": f.get("response").map(Value::to_string).unwrap_or_default()}))
+    } else {
+        p.keys().next().map(|kind| json!({ "type": kind }))
+    }
+}
+
+fn call_name(f: &Value) -> &str {
+    f.get("name").and_then(Value::as_str).unwrap_or_default()
+}
+
+/// A function call's or response's id; without one, an id made of the function's name, so
+/// that a call and its response still pair up.
+fn call_id(f: &Value) -> String {
+    f.get("id")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("toolu_{}", call_name(f)))
+}
+
+/// `generationConfig` into the hub request (`max_tokens`, `stop_sequences`, sampling); the
+/// JSON schema the answer must follow, if it sets one (a JSON MIME type alone: any object).
+fn generation(
+    config: &Map<String, Value>,
+    hub: &mut Map<String, Value>,
+) -> Result<Option<Value>, String> {
+    let max = field(config, "maxOutputTokens", "max_output_tokens")
         .and_then(Value::as_u64)
         .unwrap_or(8192);
     hub.insert("max_tokens".into(), json!(max));
-    if let Some(n) = field(&config, "candidateCount", "candidate_count").and_then(Value::as_u64) {
+    if let Some(n) = field(config, "candidateCount", "candidate_count").and_then(Value::as_u64) {
         if n != 1 {
             return Err("generationConfig.candidateCount: only 1 is supported".into());
         }
     }
-    if let Some(stop) = field(&config, "stopSequences", "stop_sequences") {
+    if let Some(stop) = field(config, "stopSequences", "stop_sequences") {
         hub.insert("stop_sequences".into(), stop.clone());
     }
     for (camel, snake, hub_name) in [
@@ -118,21 +154,24 @@ pub fn to_hub(route: &Route, obj: &Map<String, Value>) -> Result<HubRequest, Str
         ("topP", "top_p", "top_p"),
         ("topK", "top_k", "top_k"),
     ] {
-        if let Some(v) = field(&config, camel, snake) {
+        if let Some(v) = field(config, camel, snake) {
             hub.insert(hub_name.into(), v.clone());
         }
     }
-    let schema = field(&config, "responseJsonSchema", "response_json_schema")
-        .or_else(|| field(&config, "responseSchema", "response_schema"))
+    let schema = field(config, "responseJsonSchema", "response_json_schema")
+        .or_else(|| field(config, "responseSchema", "response_schema"))
         .map(lowercase_types);
-    let json_mime = field(&config, "responseMimeType", "response_mime_type")
-        .and_then(Value::as_str)
+    let json_mime = field(config, "responseMimeType", "response_mime_type").and_then(Value::as_str)
         == Some("application/json");
-    let schema = match (schema, json_mime) {
+    Ok(match (schema, json_mime) {
         (Some(s), _) => Some(s),
         (None, true) => Some(json!({"type": "object"})),
         (None, false) => None,
-    };
+    })
+}
+
+/// Every `tools[].functionDeclarations` entry as a Messages tool.
+fn tools(obj: &Map<String, Value>) -> Vec<Value> {
     let mut tools = Vec::new();
     for t in obj
         .get("tools")
@@ -162,19 +201,22 @@ pub fn to_hub(route: &Route, obj: &Map<String, Value>) -> Result<HubRequest, Str
             tools.push(tool);
         }
     }
-    if !tools.is_empty() {
-        hub.insert("tools".into(), Value::Array(tools));
-    }
+    tools
+}
+
+/// `toolConfig.functionCallingConfig` as a Messages `tool_choice` (`ANY` with one allowed
+/// function: that tool).
+fn tool_choice(obj: &Map<String, Value>) -> Option<Value> {
     let calling = field(obj, "toolConfig", "tool_config").and_then(|c| {
         c.get("functionCallingConfig")
             .or_else(|| c.get("function_calling_config"))
-    });
-    if let Some(calling) = calling {
-        let allowed = calling
-            .get("allowedFunctionNames")
-            .or_else(|| calling.get("allowed_function_names"))
-            .and_then(Value::as_array);
-        let choice = match calling
+    })?;
+    let allowed = calling
+        .get("allowedFunctionNames")
+        .or_else(|| calling.get("allowed_function_names"))
+        .and_then(Value::as_array);
+    Some(
+        match calling
             .get("mode")
             .and_then(Value::as_str)
             .unwrap_or("AUTO")
@@ -185,14 +227,8 @@ pub fn to_hub(route: &Route, obj: &Map<String, Value>) -> Result<HubRequest, Str
             },
             "NONE" => json!({"type": "none"}),
             _ => json!({"type": "auto"}),
-        };
-        hub.insert("tool_choice".into(), choice);
-    }
-    hub.insert("stream".into(), json!(route.stream));
-    Ok(HubRequest {
-        body: Value::Object(hub),
-        schema,
-    })
+        },
+    )
 }
 
 /// A Gemini schema (OpenAPI subset, `"type": "OBJECT"`) as JSON Schema (`"object"`).

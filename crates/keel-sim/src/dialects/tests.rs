@@ -147,6 +147,55 @@ fn gemini_request_reads_as_anthropic_messages() {
 }
 
 #[test]
+fn gemini_request_errors_name_the_field_and_thoughts_are_left_out() {
+    let route = route_of("/v1beta/models/gemini-2.0-flash:streamGenerateContent");
+    let err = |body: Value| to_hub(&route, &body).err().unwrap_or_default();
+    assert_eq!(err(json!({})), "contents: required");
+    assert_eq!(err(json!({"contents": []})), "contents: must not be empty");
+    assert!(err(json!({"contents": [{"role": "system", "parts": []}]}))
+        .starts_with("contents[0].role: Please use a valid role"));
+    assert_eq!(
+        err(json!({"contents": [{"role": "user"}]})),
+        "contents[0].parts: required"
+    );
+    assert_eq!(
+        err(json!({"contents": [{"parts": [{"text": "a"}, "b"]}]})),
+        "contents[0].parts[1]: must be an object"
+    );
+    assert_eq!(
+        err(
+            json!({"contents": [{"parts": [{"text": "a"}]}], "generationConfig": {"candidateCount": 2}})
+        ),
+        "generationConfig.candidateCount: only 1 is supported"
+    );
+    let body = json!({"contents": [{"role": "model", "parts": [
+            {"text": "plan", "thought": true}, {"text": "answer"}, {"fileData": {}}, {}]}],
+        "generationConfig": {"responseMimeType": "application/json"},
+        "toolConfig": {"function_calling_config": {"mode": "NONE"}}});
+    let hub = to_hub(&route, &body).unwrap();
+    assert_eq!(
+        hub.body["messages"][0]["content"],
+        json!([{"type": "text", "text": "answer"}, {"type": "fileData"}])
+    );
+    assert_eq!(hub.body["max_tokens"], 8192);
+    assert_eq!(hub.body["stream"], true);
+    assert_eq!(hub.body["tool_choice"], json!({"type": "none"}));
+    assert!(hub.body.get("tools").is_none());
+    assert_eq!(
+        hub.schema,
+        Some(json!({"type": "object"})),
+        "a JSON MIME type alone: any object"
+    );
+    let schema = json!({"type": "OBJECT", "properties": {"n": {"type": "INTEGER"}}});
+    let body = json!({"contents": [{"parts": [{"text": "a"}]}],
+        "generationConfig": {"responseSchema": schema}});
+    assert_eq!(
+        to_hub(&route, &body).unwrap().schema,
+        Some(json!({"type": "object", "properties": {"n": {"type": "integer"}}}))
+    );
+}
+
+#[test]
 fn bedrock_request_reads_as_anthropic_messages() {
     let body = json!({
         "system": [{"text": "Be brief."}],

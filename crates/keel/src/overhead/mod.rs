@@ -28,6 +28,7 @@
 //! [`sequential`].
 
 pub mod bounds;
+mod fixed;
 pub mod plain_proxy;
 mod sequential;
 mod streams;
@@ -724,6 +725,12 @@ pub async fn run(mut o: Options) -> Result<(), String> {
     if o.sequential {
         return sequential::run(o).await;
     }
+    compare(&o).await
+}
+
+/// The default mode: every contender's ramps (`--max-rate`), then its fixed-rate runs, each
+/// against the upstream called directly; the ratios between contenders; the files in `--out`.
+async fn compare(o: &Options) -> Result<(), String> {
     let fleet = zero_latency_upstream().await?;
     let peers_dir = o
         .out
@@ -754,186 +761,57 @@ pub async fn run(mut o: Options) -> Result<(), String> {
         gw_cpu: pinned.then_some(gw_cpu.as_str()),
     };
     let ramps = if o.max_rate {
-        Some(ramp_rounds(&o, &bench, &mut lines).await?)
+        Some(ramp_rounds(o, &bench, &mut lines).await?)
     } else {
         None
     };
     for (c, name) in o.contenders.iter().enumerate() {
         let rounds = ramps.as_ref().map(|r| r[c].as_slice());
-        if rounds.is_some_and(|r| r.is_empty()) {
-            continue;
+        if let Some(entry) = fixed::contender(o, &bench, name, rounds, &mut lines).await? {
+            report.push(entry);
         }
-        // The ramp ends in overload, which leaves any process holding more memory than it
-        // needs: the fixed-rate runs get a fresh start of the gateway.
-        let Some(mut target) =
-            // Its own directory: a peer's pid file must not be removed by the ramp's instance
-            // as it exits.
-            start_target(name, &fleet, &o, &peers_dir.join("fixed"), &mut lines).await?
-        else {
-            continue;
-        };
-        prepare(&client, &direct, &target, bench.gw_cpu).await;
-        let mut by_rate = Vec::new();
-        let mut sustainable = Vec::new();
-        for (i, stream) in [false, true].into_iter().enumerate() {
-            let mode = mode_name(stream);
-            sustainable.push(match rounds {
-                Some(r) => sustained_over_rounds(mode, r, i),
-                None => json!({"mode": mode, "max_sustainable_rps": null}),
-            });
-            let max = sustainable[i]["max_sustainable_rps"].as_f64();
-            for &rps in &o.rates {
-                if let Some(m) = max.filter(|m| rps > *m) {
-                    let line = format!(
-                        "{name:<8} {rps:>6} {mode:<7} over its sustainable rate ({m} req/s): not run\n"
-                    );
-                    print!("{line}");
-                    lines.push_str(&line);
-                    continue;
-                }
-                let (mut d, mut g, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
-                for _ in 0..o.rounds {
-                    d.push(load(&client, &direct, rps, o.duration, stream).await);
-                    let run = measure(&client, &target, rps, o.duration, stream).await;
-                    cpu.extend(run.cpu_us_per_request());
-                    g.push(run.report);
-                }
-                let (d, mut g) = (row(&d), row(&g));
-                g["cpu_us_per_request"] = median_or_null(cpu);
-                let added = |k: &str| {
-                    (g[k].as_f64().unwrap_or(0.0) - d[k].as_f64().unwrap_or(0.0)) * 1000.0
-                };
-                let line = format!(
-                    "{name:<8} {rps:>6} {mode:<7} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>8} {:>8} {:>8}\n",
-                    added("ttfb_p50_ms"),
-                    added("ttfb_p99_ms"),
-                    added("total_p50_ms"),
-                    added("total_p99_ms"),
-                    g["errors"],
-                    g["requests"],
-                    g["cpu_us_per_request"]
-                        .as_f64()
-                        .map_or("—".into(), |c| format!("{c:.0}"))
-                );
-                print!("{line}");
-                lines.push_str(&line);
-                by_rate.push(json!({"rps": rps, "mode": mode, "direct": d, "gateway": g,
-                    "added_us": {"ttfb_p50": added("ttfb_p50_ms"), "ttfb_p99": added("ttfb_p99_ms"),
-                                 "total_p50": added("total_p50_ms"), "total_p99": added("total_p99_ms")}}));
-            }
-        }
-        let peak = target.pid.and_then(peak_rss_mib);
-        let max = |i: usize| {
-            let s = &sustainable[i];
-            let cores = s["gateway_cores_where_missed"]
-                .as_f64()
-                .map_or(String::new(), |c| {
-                    let what = if c >= SATURATED {
-                        "saturated"
-                    } else {
-                        "not saturated: the limit was elsewhere"
-                    };
-                    format!(", the gateway at {c:.2} of its core there, {what}")
-                });
-            let failed = s["first_unsustained_rps"]
-                .as_f64()
-                .map_or(String::new(), |f| format!(" ({f} not{cores})"));
-            let each =
-                s["rounds_rps"]
-                    .as_array()
-                    .filter(|r| r.len() > 1)
-                    .map_or(String::new(), |r| {
-                        let r: Vec<String> = r
-                            .iter()
-                            .filter_map(Value::as_f64)
-                            .map(|v| format!("{v:.0}"))
-                            .collect();
-                        format!(" [rounds {}]", r.join(", "))
-                    });
-            s["max_sustainable_rps"]
-                .as_f64()
-                .map_or("not measured".into(), |m| {
-                    format!("{m} req/s{failed}{each}")
-                })
-        };
-        let line = format!(
-            "{name:<8} highest sustainable rate: whole {}, stream {}; peak memory {}\n",
-            max(0),
-            max(1),
-            peak.map_or("unknown".into(), |m| format!("{m:.1} MiB"))
-        );
-        print!("{line}");
-        lines.push_str(&line);
-        report.push(json!({"contender": name, "sustainable": sustainable, "peak_rss_mib": peak, "rates": by_rate}));
-        stop_target(&mut target);
     }
     let ratios = ramps
         .as_ref()
-        .map_or_else(Vec::new, |r| ratios_to_keel(&o, r));
+        .map_or_else(Vec::new, |r| ratios_to_keel(o, r));
     for (peer, modes) in &ratios {
-        let mode = |i: usize| {
-            let m = &modes[i];
-            let each: Vec<String> = m["keel_over_peer_per_round"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_f64)
-                .map(|r| format!("{r:.2}"))
-                .collect();
-            m["median"].as_f64().map_or("none".into(), |med| {
-                format!("{med:.2}× (rounds {})", each.join(", "))
-            })
-        };
-        let line = format!(
-            "keel's highest sustainable rate over {peer}'s, the same round: whole {}, stream {}\n",
-            mode(0),
-            mode(1)
+        say(
+            &mut lines,
+            &format!(
+                "keel's highest sustainable rate over {peer}'s, the same round: whole {}, stream {}\n",
+                ratio_text(&modes[0]),
+                ratio_text(&modes[1])
+            ),
         );
-        print!("{line}");
-        lines.push_str(&line);
     }
     let ratios: serde_json::Map<String, Value> = ratios.into_iter().collect();
-    for line in cpu_ratios(&report) {
-        print!("{line}");
-        lines.push_str(&line);
+    for line in fixed::cpu_ratios(&report) {
+        say(&mut lines, &line);
     }
     if let Some(dir) = &o.out {
-        write_out(dir, &o, pinned, &report, &ratios, &lines)?;
+        write_out(dir, o, pinned, &report, &ratios, &lines)?;
     }
     Ok(())
 }
 
-/// Per peer, rate and mode both ran: the peer's CPU per request over keel's at that rate (how
-/// many of keel's requests a core second serves for each of the peer's). It compares the
-/// gateways' cost alone, where the ramp compares whatever saturates first (on a machine whose
-/// load generator shares a core with the upstream, that can be the generator). It is not a
-/// capacity: CPU per request falls as the rate rises (more requests a wake-up).
-fn cpu_ratios(report: &[Value]) -> Vec<String> {
-    let cpu_of = |c: &Value, rps: &Value, mode: &Value| {
-        c["rates"]
-            .as_array()?
-            .iter()
-            .find(|r| &r["rps"] == rps && &r["mode"] == mode)?["gateway"]["cpu_us_per_request"]
-            .as_f64()
-    };
-    let Some(keel) = report.iter().find(|c| c["contender"] == "keel") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for peer in report.iter().filter(|c| c["contender"] != "keel") {
-        let name = peer["contender"].as_str().unwrap_or("?");
-        for r in keel["rates"].as_array().into_iter().flatten() {
-            let (rps, mode) = (&r["rps"], &r["mode"]);
-            if let (Some(k), Some(p)) = (cpu_of(keel, rps, mode), cpu_of(peer, rps, mode)) {
-                out.push(format!(
-                    "CPU per request at {rps} req/s, {name}'s over keel's, {}: {:.2}× (keel {k:.0} µs, {name} {p:.0} µs a request)\n",
-                    mode.as_str().unwrap_or("?"),
-                    p / k,
-                ));
-            }
-        }
-    }
-    out
+/// Prints a line of the report and keeps it for `overhead.txt`.
+fn say(lines: &mut String, line: &str) {
+    print!("{line}");
+    lines.push_str(line);
+}
+
+/// One mode's entry of [`ratios_to_keel`] in words: the median and each round's ratio.
+fn ratio_text(m: &Value) -> String {
+    let each: Vec<String> = m["keel_over_peer_per_round"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_f64)
+        .map(|r| format!("{r:.2}"))
+        .collect();
+    m["median"].as_f64().map_or("none".into(), |med| {
+        format!("{med:.2}× (rounds {})", each.join(", "))
+    })
 }
 
 /// Writes a mode's `{name}.json` (`rows` with the run's settings) and `{name}.txt` (`text`) into
@@ -1111,23 +989,10 @@ mod tests {
     }
 
     #[test]
-    fn cpu_ratios_compare_each_rate_and_mode_both_ran() {
-        let rate = |rps: f64, mode: &str, cpu: Option<f64>| json!({"rps": rps, "mode": mode, "gateway": {"cpu_us_per_request": cpu}});
-        let report = vec![
-            json!({"contender": "nginx", "rates": [rate(1000.0, "whole", Some(100.0)), rate(1000.0, "stream", Some(150.0))]}),
-            json!({"contender": "keel", "rates": [rate(1000.0, "whole", Some(200.0)), rate(1000.0, "stream", None), rate(10.0, "whole", Some(900.0))]}),
-        ];
-        let lines = cpu_ratios(&report);
-        assert_eq!(lines.len(), 1, "{lines:?}");
-        assert!(
-            lines[0].contains("nginx's over keel's, whole: 0.50×"),
-            "{}",
-            lines[0]
-        );
-        assert!(
-            lines[0].contains("keel 200 µs, nginx 100 µs"),
-            "{}",
-            lines[0]
-        );
+    fn a_ratio_reads_as_the_median_and_each_round() {
+        let m = json!({"keel_over_peer_per_round": [1.0, 0.75, 0.8], "median": 0.8});
+        assert_eq!(ratio_text(&m), "0.80× (rounds 1.00, 0.75, 0.80)");
+        let none = json!({"keel_over_peer_per_round": [], "median": null});
+        assert_eq!(ratio_text(&none), "none");
     }
 }

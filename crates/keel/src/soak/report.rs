@@ -91,6 +91,188 @@ fn pct(start: u64, end: u64) -> f64 {
     100.0 * (end as f64 - start as f64) / start.max(1) as f64
 }
 
+/// How many answers got each verdict.
+struct Tally {
+    intact: usize,
+    duplicated: usize,
+    lost: usize,
+    truncated: usize,
+    errors: usize,
+}
+
+impl Tally {
+    fn of(seen: &[(Planned, Seen)]) -> Tally {
+        let count =
+            |f: &dyn Fn(&Verdict) -> bool| seen.iter().filter(|(_, s)| f(&s.verdict)).count();
+        Tally {
+            intact: count(&|v| *v == Verdict::Intact),
+            duplicated: count(&|v| *v == Verdict::Corrupt { duplicated: true }),
+            lost: count(&|v| *v == Verdict::Corrupt { duplicated: false }),
+            truncated: count(&|v| *v == Verdict::Truncated),
+            errors: count(&|v| *v == Verdict::Error),
+        }
+    }
+}
+
+/// Answers by the route header they came with (`(none)` for none).
+fn routes(seen: &[(Planned, Seen)]) -> BTreeMap<String, usize> {
+    let mut routes: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, s) in seen {
+        let r = if s.route.is_empty() {
+            "(none)"
+        } else {
+            &s.route
+        };
+        *routes.entry(r.to_owned()).or_default() += 1;
+    }
+    routes
+}
+
+/// P50, P99 and max of the intact answers' total time: all of them, streams, whole answers.
+fn latency_ms(seen: &[(Planned, Seen)]) -> Result<Value, String> {
+    let latency = |stream: bool| {
+        percentiles_ms(
+            seen.iter()
+                .filter(|(p, s)| s.verdict == Verdict::Intact && p.stream == stream)
+                .map(|(_, s)| s.total_us),
+        )
+    };
+    let all_ms = percentiles_ms(
+        seen.iter()
+            .filter(|(_, s)| s.verdict == Verdict::Intact)
+            .map(|(_, s)| s.total_us),
+    )?;
+    let (stream_ms, whole_ms) = (latency(true)?, latency(false)?);
+    Ok(json!({"p50": all_ms[0], "p99": all_ms[1], "max": all_ms[2],
+        "stream": {"p50": stream_ms[0], "p99": stream_ms[1], "max": stream_ms[2]},
+        "whole": {"p50": whole_ms[0], "p99": whole_ms[1], "max": whole_ms[2]}}))
+}
+
+/// The RSS and descriptor growth goals from the medians after warm-up (`start`) and at the end
+/// (see [`median_in`]). RSS is judged on a long run only; a run without both windows is
+/// judged unmeasured only when the gateway is `gone`.
+fn growth_goals(
+    start: Option<(u64, u64, u64)>,
+    end: Option<(u64, u64, u64)>,
+    long_run: bool,
+    gone: bool,
+) -> (Goal, Goal) {
+    let (Some((r0, f0, all0)), Some((r1, f1, all1))) = (start, end) else {
+        let unmeasured = |name, goal: &str| Goal {
+            name,
+            goal: goal.into(),
+            measured: "not measured (run too short or gateway gone)".into(),
+            met: false,
+            judged: gone,
+        };
+        return (
+            unmeasured("RSS growth", "< 10% after warm-up"),
+            unmeasured("fd growth", "< 10% after warm-up"),
+        );
+    };
+    let fd_slack = FD_SLACK.max(f0 / 10);
+    (
+        Goal {
+            name: "RSS growth",
+            goal: "< 10% after warm-up".into(),
+            measured: format!(
+                "{:+.1}% ({:.1} → {:.1} MiB)",
+                pct(r0, r1),
+                r0 as f64 / 1024.0,
+                r1 as f64 / 1024.0
+            ),
+            met: pct(r0, r1) < 10.0,
+            judged: long_run,
+        },
+        Goal {
+            name: "fd growth",
+            goal: format!("< 10% after warm-up, connections aside (fails beyond +{fd_slack})"),
+            measured: format!(
+                "{:+.1}% ({f0} → {f1}; with connections {all0} → {all1})",
+                pct(f0, f1)
+            ),
+            met: f1 <= f0 + fd_slack,
+            judged: true,
+        },
+    )
+}
+
+/// Every goal of the run, in the order of the table: the zero goals on answers, the growth
+/// goals, open upstream streams, and the gateway's exit where it exited.
+fn goals(
+    tally: &Tally,
+    (rss_goal, fd_goal): (Goal, Goal),
+    open_upstream: u64,
+    exited: Option<std::process::ExitStatus>,
+) -> Vec<Goal> {
+    let zero = |name, n: usize, what: &str| Goal {
+        name,
+        goal: "0".into(),
+        measured: format!("{n} {what}").trim_end().to_owned(),
+        met: n == 0,
+        judged: true,
+    };
+    let Tally {
+        lost,
+        duplicated,
+        truncated,
+        errors,
+        ..
+    } = *tally;
+    let mut goals = vec![
+        zero(
+            "lost or duplicated text",
+            lost + duplicated,
+            &format!("({lost} lost, {duplicated} duplicated)"),
+        ),
+        zero("silent truncations", truncated, ""),
+        zero(
+            "client-visible errors",
+            errors,
+            "(a healthy variant existed throughout)",
+        ),
+        rss_goal,
+        fd_goal,
+        zero(
+            "upstream streams left open",
+            open_upstream as usize,
+            "after every answer was in",
+        ),
+    ];
+    if let Some(status) = exited {
+        goals.push(Goal {
+            name: "gateway up",
+            goal: "runs to the end".into(),
+            measured: format!("exited: {status}"),
+            met: false,
+            judged: true,
+        });
+    }
+    goals
+}
+
+/// The first [`LISTED_FAILURES`] answers that were not intact, each with the fault windows
+/// open in its pool when it was sent.
+fn failures(o: &Options, windows: &[Window], seen: &[(Planned, Seen)]) -> Vec<Value> {
+    seen.iter()
+        .filter(|(_, s)| s.verdict != Verdict::Intact)
+        .take(LISTED_FAILURES)
+        .map(|(p, s)| {
+            let at_ms = (p.index as f64 / o.rps * 1000.0) as u64;
+            let active: Vec<Value> = windows
+                .iter()
+                .filter(|w| w.pool == p.pool && w.start_ms <= at_ms && at_ms < w.end_ms)
+                .map(|w| json!({"variant": w.variant, "fault": w.fault}))
+                .collect();
+            json!({"request": p.index, "sent_at_s": at_ms as f64 / 1000.0,
+                "pool": POOLS[p.pool].0, "stream": p.stream, "verdict": format!("{:?}", s.verdict),
+                "detail": s.detail, "route": s.route, "variant": s.variant, "request_id": s.request_id,
+                "text_bytes": s.text_len, "reference_bytes": p.reference.len(),
+                "faults_in_pool_at_send": active})
+        })
+        .collect()
+}
+
 impl Report {
     pub fn build(
         o: &Options,
@@ -106,38 +288,11 @@ impl Report {
             exited,
             dispatch_lag_ms,
         } = res;
-        let count =
-            |f: &dyn Fn(&Verdict) -> bool| seen.iter().filter(|(_, s)| f(&s.verdict)).count();
-        let intact = count(&|v| *v == Verdict::Intact);
-        let duplicated = count(&|v| *v == Verdict::Corrupt { duplicated: true });
-        let lost = count(&|v| *v == Verdict::Corrupt { duplicated: false });
-        let truncated = count(&|v| *v == Verdict::Truncated);
-        let errors = count(&|v| *v == Verdict::Error);
-        let mut routes: BTreeMap<String, usize> = BTreeMap::new();
-        for (_, s) in seen {
-            let r = if s.route.is_empty() {
-                "(none)"
-            } else {
-                &s.route
-            };
-            *routes.entry(r.to_owned()).or_default() += 1;
-        }
+        let tally = Tally::of(seen);
         let comments: u64 = seen.iter().map(|(_, s)| s.migrated_comments as u64).sum();
         // A stream's route header left before any migration: its comments tell.
         let migrated_streams = seen.iter().filter(|(_, s)| s.migrated_comments > 0).count();
-        let latency = |stream: bool| {
-            percentiles_ms(
-                seen.iter()
-                    .filter(|(p, s)| s.verdict == Verdict::Intact && p.stream == stream)
-                    .map(|(_, s)| s.total_us),
-            )
-        };
-        let all_ms = percentiles_ms(
-            seen.iter()
-                .filter(|(_, s)| s.verdict == Verdict::Intact)
-                .map(|(_, s)| s.total_us),
-        )?;
-        let (stream_ms, whole_ms) = (latency(true)?, latency(false)?);
+        let latency = latency_ms(seen)?;
         let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
         for w in windows {
             *kinds.entry(w.fault.name()).or_default() += 1;
@@ -148,105 +303,15 @@ impl Report {
         let start = median_in(&samples, warmup, 2.0 * warmup);
         let end = median_in(&samples, arrivals_s - warmup, arrivals_s + 1.0);
         let long_run = o.duration >= RSS_JUDGED_FROM;
-        let (rss_goal, fd_goal) = match (start, end) {
-            (Some((r0, f0, all0)), Some((r1, f1, all1))) => {
-                let fd_slack = FD_SLACK.max(f0 / 10);
-                (
-                    Goal {
-                        name: "RSS growth",
-                        goal: "< 10% after warm-up".into(),
-                        measured: format!(
-                            "{:+.1}% ({:.1} → {:.1} MiB)",
-                            pct(r0, r1),
-                            r0 as f64 / 1024.0,
-                            r1 as f64 / 1024.0
-                        ),
-                        met: pct(r0, r1) < 10.0,
-                        judged: long_run,
-                    },
-                    Goal {
-                        name: "fd growth",
-                        goal: format!(
-                            "< 10% after warm-up, connections aside (fails beyond +{fd_slack})"
-                        ),
-                        measured: format!(
-                            "{:+.1}% ({f0} → {f1}; with connections {all0} → {all1})",
-                            pct(f0, f1)
-                        ),
-                        met: f1 <= f0 + fd_slack,
-                        judged: true,
-                    },
-                )
-            }
-            _ => {
-                let unmeasured = |name, goal: &str| Goal {
-                    name,
-                    goal: goal.into(),
-                    measured: "not measured (run too short or gateway gone)".into(),
-                    met: false,
-                    judged: exited.is_some(),
-                };
-                (
-                    unmeasured("RSS growth", "< 10% after warm-up"),
-                    unmeasured("fd growth", "< 10% after warm-up"),
-                )
-            }
-        };
-        let zero = |name, n: usize, what: &str| Goal {
-            name,
-            goal: "0".into(),
-            measured: format!("{n} {what}").trim_end().to_owned(),
-            met: n == 0,
-            judged: true,
-        };
-        let mut goals = vec![
-            zero(
-                "lost or duplicated text",
-                lost + duplicated,
-                &format!("({lost} lost, {duplicated} duplicated)"),
-            ),
-            zero("silent truncations", truncated, ""),
-            zero(
-                "client-visible errors",
-                errors,
-                "(a healthy variant existed throughout)",
-            ),
-            rss_goal,
-            fd_goal,
-            zero(
-                "upstream streams left open",
-                open_upstream as usize,
-                "after every answer was in",
-            ),
-        ];
-        if let Some(status) = exited {
-            goals.push(Goal {
-                name: "gateway up",
-                goal: "runs to the end".into(),
-                measured: format!("exited: {status}"),
-                met: false,
-                judged: true,
-            });
-        }
-
-        let failures: Vec<Value> = seen
-            .iter()
-            .filter(|(_, s)| s.verdict != Verdict::Intact)
-            .take(LISTED_FAILURES)
-            .map(|(p, s)| {
-                let at_ms = (p.index as f64 / o.rps * 1000.0) as u64;
-                let active: Vec<Value> = windows
-                    .iter()
-                    .filter(|w| w.pool == p.pool && w.start_ms <= at_ms && at_ms < w.end_ms)
-                    .map(|w| json!({"variant": w.variant, "fault": w.fault}))
-                    .collect();
-                json!({"request": p.index, "sent_at_s": at_ms as f64 / 1000.0,
-                    "pool": POOLS[p.pool].0, "stream": p.stream, "verdict": format!("{:?}", s.verdict),
-                    "detail": s.detail, "route": s.route, "variant": s.variant, "request_id": s.request_id,
-                    "text_bytes": s.text_len, "reference_bytes": p.reference.len(),
-                    "faults_in_pool_at_send": active})
-            })
-            .collect();
+        let growth = growth_goals(start, end, long_run, exited.is_some());
+        let goals = goals(&tally, growth, open_upstream, exited);
+        let Tally {
+            intact,
+            duplicated,
+            lost,
+            truncated,
+            errors,
+        } = tally;
         let doc = json!({
             "command": std::env::args().collect::<Vec<_>>().join(" "),
             "finished_unix_s": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)
@@ -258,16 +323,14 @@ impl Report {
                 "silent_truncations": truncated, "errors": errors,
                 "streams": seen.iter().filter(|(p, _)| p.stream).count()},
             "dispatch_lag_ms": {"p50": dispatch_lag_ms[0], "p99": dispatch_lag_ms[1], "max": dispatch_lag_ms[2]},
-            "routes": routes, "migrated_comments": comments, "migrated_streams": migrated_streams,
-            "latency_ms_intact": {"p50": all_ms[0], "p99": all_ms[1], "max": all_ms[2],
-                "stream": {"p50": stream_ms[0], "p99": stream_ms[1], "max": stream_ms[2]},
-                "whole": {"p50": whole_ms[0], "p99": whole_ms[1], "max": whole_ms[2]}},
+            "routes": routes(seen), "migrated_comments": comments, "migrated_streams": migrated_streams,
+            "latency_ms_intact": latency,
             "faults": {"windows": windows.len(), "by_kind": kinds, "schedule": windows},
             "resources": {"warmup_s": warmup,
                 "start": start.map(|(r, f, all)| json!({"rss_kib": r, "fds_other": f, "fds": all})),
                 "end": end.map(|(r, f, all)| json!({"rss_kib": r, "fds_other": f, "fds": all})),
                 "drained": drained, "samples": samples},
-            "goals": goals, "failures": failures,
+            "goals": goals, "failures": failures(o, windows, seen),
             "passed": goals.iter().all(|g| g.met || !g.judged),
         });
         Ok(Report { doc, goals })
@@ -407,4 +470,63 @@ fn machine() -> String {
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     format!("{cores} cores, {model}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn growth_goals_judge_rss_on_long_runs_and_descriptors_with_slack() {
+        let (rss, fd) = growth_goals(Some((1024, 40, 60)), Some((1100, 56, 90)), false, false);
+        assert!(rss.met && !rss.judged, "{rss:?}");
+        assert_eq!(rss.measured, "+7.4% (1.0 → 1.1 MiB)");
+        // 40 → 56 is within the slack of 16 descriptors; connections do not count.
+        assert!(fd.met && fd.judged, "{fd:?}");
+        let (rss, fd) = growth_goals(Some((1000, 40, 60)), Some((1200, 57, 60)), true, false);
+        assert!(!rss.met && rss.judged, "{rss:?}");
+        assert!(!fd.met, "{fd:?}");
+        // Without both windows nothing is measured; that fails the run only if the gateway went.
+        let (rss, fd) = growth_goals(None, Some((1, 1, 1)), true, false);
+        assert!(!rss.met && !rss.judged && !fd.judged);
+        assert!(fd.measured.starts_with("not measured"));
+        assert!(growth_goals(Some((1, 1, 1)), None, true, true).1.judged);
+    }
+
+    #[test]
+    fn goals_list_every_zero_goal_and_a_gateway_that_exited() {
+        let tally = Tally {
+            intact: 9,
+            duplicated: 1,
+            lost: 2,
+            truncated: 0,
+            errors: 0,
+        };
+        let growth = growth_goals(Some((1, 1, 1)), Some((1, 1, 1)), true, false);
+        let g = goals(&tally, growth, 0, None);
+        let names: Vec<&str> = g.iter().map(|g| g.name).collect();
+        assert_eq!(
+            names,
+            [
+                "lost or duplicated text",
+                "silent truncations",
+                "client-visible errors",
+                "RSS growth",
+                "fd growth",
+                "upstream streams left open"
+            ]
+        );
+        assert_eq!(g[0].measured, "3 (2 lost, 1 duplicated)");
+        assert!(!g[0].met && g[1].met && g[5].met);
+        assert_eq!(g[1].measured, "0");
+        let growth = growth_goals(None, None, true, true);
+        let status = std::process::Command::new("false")
+            .status()
+            .expect("`false` runs");
+        let g = goals(&tally, growth, 2, Some(status));
+        assert_eq!(g.len(), 7);
+        assert!(!g[5].met && g[5].measured.starts_with("2 "));
+        assert_eq!(g[6].name, "gateway up");
+        assert!(!g[6].met && g[6].judged);
+    }
 }

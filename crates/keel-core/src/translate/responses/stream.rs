@@ -14,6 +14,7 @@ use super::{
 };
 use crate::assemble::MAX_TOOL_CALLS;
 use crate::sse::SseEvent;
+use crate::translate::passes_untranslated;
 
 /// One content part of a message item: `output_text` or `refusal`.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,11 +94,7 @@ impl ChatToResponsesStream {
     /// Translates one Chat event, appending the client's events to `out`. `Err`: a malformed
     /// event (not JSON, an out-of-range tool call index).
     pub fn push(&mut self, ev: &SseEvent, out: &mut Vec<SseEvent>) -> Result<(), String> {
-        if self.done {
-            return Ok(());
-        }
-        if ev.comment_only {
-            out.push(ev.clone());
+        if passes_untranslated(self.done, ev, out) {
             return Ok(());
         }
         if ev.data.trim() == "[DONE]" {

@@ -356,6 +356,53 @@ fn upstream_error_events_become_the_clients_error_event() {
     );
 }
 
+/// Every stream translator copies a keep-alive comment as it came, and writes nothing more once
+/// its stream has ended.
+#[test]
+fn keep_alives_pass_through_and_nothing_follows_the_end() {
+    use crate::translate::responses::{ChatToResponsesStream, ResponseIds, ResponsesContext};
+    let comment = crate::sse::decode_all(b": keep-alive\n\n")
+        .unwrap()
+        .remove(0);
+    assert!(comment.comment_only);
+    let done = SseEvent::new(None, "[DONE]");
+    let error = ev(
+        "error",
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}),
+    );
+    type Push<'a> = dyn FnMut(&SseEvent, &mut Vec<SseEvent>) -> Result<(), String> + 'a;
+    let check = |push: &mut Push<'_>, end: &SseEvent| {
+        let mut out = Vec::new();
+        push(&comment, &mut out).unwrap();
+        assert_eq!(out, std::slice::from_ref(&comment));
+        push(end, &mut out).unwrap();
+        let ended = out.len();
+        assert!(ended > 1, "the end writes its events");
+        for ev in [
+            &comment,
+            end,
+            &chunk(json!({"content": "late"}), Value::Null),
+        ] {
+            push(ev, &mut out).unwrap();
+        }
+        assert_eq!(out.len(), ended, "nothing after the end: {out:?}");
+    };
+    let mut to_chat = AnthropicToChatStream::new(ResponseContext::default(), "m", 1);
+    check(&mut |e, o| to_chat.push(e, o), &error);
+    assert!(to_chat.is_done());
+    let mut to_messages = ChatToAnthropicStream::new("m");
+    check(&mut |e, o| to_messages.push(e, o), &done);
+    assert!(to_messages.is_done());
+    let ids = ResponseIds {
+        id: "resp_1".into(),
+        model: "m".into(),
+        created_at: 1,
+    };
+    let mut to_responses = ChatToResponsesStream::new(ResponsesContext::default(), ids);
+    check(&mut |e, o| to_responses.push(e, o), &done);
+    assert!(to_responses.is_done());
+}
+
 #[test]
 fn hostile_indexes_and_bad_json_are_errors_not_panics() {
     let mut s = AnthropicToChatStream::new(ResponseContext::default(), "pub", 1);
