@@ -75,6 +75,9 @@ pub struct Line<T> {
     entries: BTreeMap<Place, T>,
     capacity: usize,
     next_seq: u64,
+    /// Entries at each priority (as [`Priority::ALL`]), kept as they join and leave: the
+    /// gauges read them on every change, and a burst can put tens of thousands in line.
+    depths: [usize; 3],
 }
 
 impl<T> Line<T> {
@@ -84,6 +87,7 @@ impl<T> Line<T> {
             entries: BTreeMap::new(),
             capacity,
             next_seq: 0,
+            depths: [0; 3],
         }
     }
 
@@ -101,13 +105,17 @@ impl<T> Line<T> {
     /// after `place`. A place may leave and rejoin (it keeps its rank: its sequence number).
     pub fn join(&mut self, place: Place, item: T) -> Joined<T> {
         if self.entries.len() < self.capacity {
-            self.entries.insert(place, item);
+            if self.entries.insert(place, item).is_none() {
+                self.depths[place.priority as usize] += 1;
+            }
             return Joined::Queued;
         }
         match self.entries.last_key_value() {
             Some((last, _)) if *last > place => {
                 let (last, victim) = self.entries.pop_last().expect("the line is not empty");
+                self.depths[last.priority as usize] -= 1;
                 self.entries.insert(place, item);
+                self.depths[place.priority as usize] += 1;
                 Joined::Displaced(last, victim)
             }
             _ => Joined::Full,
@@ -123,19 +131,32 @@ impl<T> Line<T> {
                 .is_some_and(|(l, _)| l > place)
     }
 
-    /// How many requests in line rank before `place`.
+    /// How many requests in line rank before `place`: at once for a place after everyone (the
+    /// common case, an arrival at the back), else by counting.
     pub fn ahead(&self, place: &Place) -> usize {
-        self.entries.range(..*place).count()
+        match self.entries.last_key_value() {
+            Some((last, _)) if last < place => self.entries.len(),
+            _ => self.entries.range(..*place).count(),
+        }
+    }
+
+    /// The first request in line, without taking it out.
+    pub fn first(&self) -> Option<(&Place, &T)> {
+        self.entries.first_key_value()
     }
 
     /// The first request in line leaves it (a slot freed for it).
     pub fn pop(&mut self) -> Option<(Place, T)> {
-        self.entries.pop_first()
+        let first = self.entries.pop_first()?;
+        self.depths[first.0.priority as usize] -= 1;
+        Some(first)
     }
 
     /// `place` leaves the line (served, refused or gone); its item if it was there.
     pub fn remove(&mut self, place: &Place) -> Option<T> {
-        self.entries.remove(place)
+        let item = self.entries.remove(place)?;
+        self.depths[place.priority as usize] -= 1;
+        Some(item)
     }
 
     pub fn contains(&self, place: &Place) -> bool {
@@ -152,11 +173,7 @@ impl<T> Line<T> {
 
     /// Requests waiting at each priority, highest first (as [`Priority::ALL`]).
     pub fn depths(&self) -> [usize; 3] {
-        let mut d = [0; 3];
-        for p in self.entries.keys() {
-            d[p.priority as usize] += 1;
-        }
-        d
+        self.depths
     }
 }
 
@@ -277,6 +294,42 @@ impl Measured {
 mod tests {
     use super::*;
     use Priority::*;
+
+    /// The kept depths and the quick `ahead` agree with counting the line, through joins,
+    /// displacements, pops and removals in any order.
+    #[test]
+    fn depths_and_ahead_agree_with_counting() {
+        let mut rng = crate::rng::Rng::new(3);
+        let mut line = Line::new(40);
+        let mut places = Vec::new();
+        for step in 0..4_000u64 {
+            match rng.next_u64() % 4 {
+                0 | 1 => {
+                    let priority = Priority::ALL[(rng.next_u64() % 3) as usize];
+                    let place = line.place(priority, rng.next_u64() % 50);
+                    if line.join(place, step) != Joined::Full {
+                        places.push(place);
+                    }
+                }
+                2 => {
+                    line.pop();
+                }
+                _ => {
+                    if !places.is_empty() {
+                        let p = places.swap_remove((rng.next_u64() as usize) % places.len());
+                        line.remove(&p);
+                    }
+                }
+            }
+            let mut counted = [0; 3];
+            for p in line.entries.keys() {
+                counted[p.priority as usize] += 1;
+            }
+            assert_eq!(line.depths(), counted, "step {step}");
+            let probe = line.place(Priority::ALL[(step % 3) as usize], rng.next_u64() % 60);
+            assert_eq!(line.ahead(&probe), line.entries.range(..probe).count());
+        }
+    }
 
     #[test]
     fn priority_parses_and_orders_high_first() {

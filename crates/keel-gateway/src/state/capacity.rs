@@ -412,18 +412,26 @@ impl Ticket<'_> {
         if self.waiter.displaced.load(Ordering::Relaxed) {
             return Wake::Displaced;
         }
-        {
+        let first = {
             let mut inner = self.line.lock();
             if !inner.line.contains(&self.place) && !self.line.enter(&mut inner, self) {
                 return Wake::Displaced;
             }
-        }
+            inner.line.first().is_some_and(|(p, _)| *p == self.place)
+        };
         let now = Instant::now();
         if now >= until {
             return Wake::TimedOut;
         }
-        let _ =
-            tokio::time::timeout_at((now + RECHECK).min(until), self.waiter.wake.notified()).await;
+        // Only the first in line looks again on its own (capacity that comes back without a
+        // freed slot is its to take first); the rest wait to be woken. A burst puts tens of
+        // thousands in line, and each looking every `RECHECK` would keep a core busy.
+        let look_at = if first {
+            (now + RECHECK).min(until)
+        } else {
+            until
+        };
+        let _ = tokio::time::timeout_at(look_at, self.waiter.wake.notified()).await;
         // It looks now: a slot handed to it is its own to take (or to give back by rejoining).
         self.waiter.woken.store(false, Ordering::Relaxed);
         if self.waiter.displaced.load(Ordering::Relaxed) {
@@ -437,11 +445,18 @@ impl Ticket<'_> {
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         let mut inner = self.line.lock();
+        let was_first = inner.line.first().is_some_and(|(p, _)| *p == self.place);
         let was_in_line = inner.line.remove(&self.place).is_some();
-        // Handed a slot it will not use (it left, e.g. its client went away): the next one
-        // gets it.
         if !was_in_line && self.waiter.woken.load(Ordering::Relaxed) {
+            // Handed a slot it will not use (it left, e.g. its client went away): the next one
+            // gets it.
             WaitLine::wake_first(&mut inner);
+        } else if was_first || !was_in_line {
+            // It was first in line (or handed a slot, and so first until then): the new first
+            // looks at once, and from then on by itself (see `Ticket::wait`).
+            if let Some((_, w)) = inner.line.first() {
+                w.wake.notify_one();
+            }
         }
         self.line.changed(&inner);
     }
