@@ -50,7 +50,8 @@ nstat -n
     sleep 0.5
     echo "  t=${i}×0.5 s: client connections $(ss -tn state established "( sport = :$port )" | tail -n +2 | wc -l), upstream connections $(ss -tn state established '( dport = :19401 )' | tail -n +2 | wc -l)"
   done ) & SAMPLER=$!
-taskset -c 0 "$K" sim load --url "http://127.0.0.1:$port/v1" --model bench --max-tokens 16 --rps "$RPS" --duration 2 2>&1 | head -3
+taskset -c 0 "$K" sim load --url "http://127.0.0.1:$port/v1" --model bench --max-tokens 16 --rps "$RPS" --duration 2 --json "$W/load.json" 2>&1 | head -3
+echo "  errors by kind: $(python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get('error_kinds', '?'))" "$W/load.json" 2>/dev/null)"
 wait "$SAMPLER"
 c1=$(cpu); t1=$(date +%s.%N)
 o=$(nstat | awk '/TcpExtListenOverflows/ {print $2}' | head -1); echo "  listen-queue overflows: ${o:-0}"
