@@ -341,7 +341,10 @@ async fn race(
                     .chain(finished.iter().map(|(e, _)| e.vi))
                     .collect();
                 let free: Vec<usize> = others.iter().copied().filter(|j| !busy.contains(j)).collect();
-                let Some(h) = pool.hedge_target(&free) else { continue };
+                let Some(h) = pool.hedge_target(&free) else {
+                    label("no_variant");
+                    continue;
+                };
                 let first = entered.len() == 1;
                 if first && !very_late && !pool.hedge_pays() {
                     let median = pool.median_ttft_ms(h).unwrap_or(0.0);
@@ -354,9 +357,11 @@ async fn race(
                 }
                 lesson.still_waiting(pool);
                 if !pool.hedge_budget_allows() {
+                    label("over_budget");
                     continue;
                 }
                 let Ok(hedge) = attempts.enter(h, AttemptKind::Hedge, ctx.deadline).await else {
+                    label("no_variant");
                     continue;
                 };
                 lesson.sent_at_delay |= first && !very_late;
