@@ -140,9 +140,9 @@ impl<T> Line<T> {
         }
     }
 
-    /// The first request in line, without taking it out.
-    pub fn first(&self) -> Option<(&Place, &T)> {
-        self.entries.first_key_value()
+    /// The item waiting at `place`, if it is in line.
+    pub fn get(&self, place: &Place) -> Option<&T> {
+        self.entries.get(place)
     }
 
     /// The first request in line leaves it (a slot freed for it).

@@ -395,10 +395,13 @@ pub async fn select_or_wait(
         }
         let t = match &ticket {
             Some(t) => t,
-            None => match pool
-                .line
-                .join(controls.priority, deadline, line_deadline, pool.running())
-            {
+            None => match pool.line.join(
+                None,
+                controls.priority,
+                deadline,
+                line_deadline,
+                pool.running(),
+            ) {
                 Ok(t) => {
                     // Look again at once: a slot may have freed before it joined.
                     ticket = Some(t);

@@ -22,7 +22,8 @@
 //! waits, up to what it may). A request waiting at the back is displaced by a higher-ranked
 //! newcomer when the line is full, and refused with 429 and retry-after.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -137,9 +138,14 @@ pub struct Throttle {
 /// One waiting request's signals.
 #[derive(Debug, Default)]
 struct Waiter {
+    /// The variant it waits for a slot on; `None`: any of the pool's (a request not yet
+    /// planned, waiting in selection).
+    variant: Option<usize>,
     wake: Notify,
     /// A freed slot was handed to it and it has not looked yet.
     woken: AtomicBool,
+    /// The variant of the slot last handed to it.
+    handed_on: AtomicUsize,
     /// A higher-ranked request took its place.
     displaced: AtomicBool,
 }
@@ -147,6 +153,32 @@ struct Waiter {
 #[derive(Debug)]
 struct Inner {
     line: Line<Arc<Waiter>>,
+    /// The same places by the variant they wait for, in the line's order: a slot freed on a
+    /// variant goes to the first waiting for that variant, found at once.
+    by_variant: HashMap<Option<usize>, BTreeSet<Place>>,
+}
+
+impl Inner {
+    /// The first place in line waiting for `variant` (`None`: for any).
+    fn first_for(&self, variant: Option<usize>) -> Option<Place> {
+        self.by_variant.get(&variant)?.first().copied()
+    }
+
+    /// Takes `place` out of the line (both orders); its waiter if it was there.
+    fn remove(&mut self, place: &Place) -> Option<Arc<Waiter>> {
+        let w = self.line.remove(place)?;
+        self.forget(w.variant, place);
+        Some(w)
+    }
+
+    fn forget(&mut self, variant: Option<usize>, place: &Place) {
+        if let Some(set) = self.by_variant.get_mut(&variant) {
+            set.remove(place);
+            if set.is_empty() {
+                self.by_variant.remove(&variant);
+            }
+        }
+    }
 }
 
 /// The pool's line of requests waiting for a slot.
@@ -188,6 +220,7 @@ impl WaitLine {
         WaitLine {
             inner: Mutex::new(Inner {
                 line: Line::new(capacity),
+                by_variant: HashMap::new(),
             }),
             drain: PerThread::new(|| DrainRate::new(DRAIN_WINDOW_MS)),
             epoch: Instant::now(),
@@ -219,14 +252,14 @@ impl WaitLine {
         }
     }
 
-    /// A slot was freed, after serving a request for `held_us` (`None`: it served none). The
-    /// first in line gets it.
+    /// A slot was freed on `variant`, after serving a request for `held_us` (`None`: it served
+    /// none). The first in line waiting for that variant gets it.
     ///
     /// With nobody waiting it takes no shared lock. The slot itself was given back before this
     /// call (`InFlight::drop`), and a waiter looks for a free slot after joining the line
     /// (`Pool::wait_for_slot`): the fences here and in `changed` order the two sides, so either
     /// the waiter finds the slot or this call sees it waiting and wakes it.
-    pub fn freed(&self, held_us: Option<f64>) {
+    pub fn freed(&self, variant: usize, held_us: Option<f64>) {
         if let Some(held_us) = held_us {
             let now = self.ms(Instant::now());
             self.hold(held_us);
@@ -237,12 +270,19 @@ impl WaitLine {
             return;
         }
         let mut inner = self.lock();
-        Self::wake_first(&mut inner);
+        Self::hand_to_first(&mut inner, variant);
         self.changed(&inner);
     }
 
-    fn wake_first(inner: &mut Inner) {
-        if let Some((_, w)) = inner.line.pop() {
+    /// Hands a slot freed on `variant` to the first in line that could take it (waiting for
+    /// that variant, or for any): it leaves the line and looks.
+    fn hand_to_first(inner: &mut Inner, variant: usize) {
+        let first = [inner.first_for(Some(variant)), inner.first_for(None)]
+            .into_iter()
+            .flatten()
+            .min();
+        if let Some(w) = first.and_then(|p| inner.remove(&p)) {
+            w.handed_on.store(variant, Ordering::Relaxed);
             w.woken.store(true, Ordering::Relaxed);
             w.wake.notify_one();
         }
@@ -319,11 +359,14 @@ impl WaitLine {
         inner.line.ahead(&place) > 0
     }
 
-    /// Joins the line at the place of a request of `priority` due at `deadline`, which may wait
-    /// until `wait_until`; `running`: requests holding the pool's slots. Refused at once when
-    /// the line is full for its priority or its expected wait ends after `wait_until`.
+    /// Joins the line at the place of a request for a slot on `variant` (`None`: on any of the
+    /// pool's) of `priority` due at
+    /// `deadline`, which may wait until `wait_until`; `running`: requests holding the pool's
+    /// slots. Refused at once when the line is full for its priority or its expected wait ends
+    /// after `wait_until`.
     pub fn join(
         &self,
+        variant: Option<usize>,
         priority: Priority,
         deadline: Instant,
         wait_until: Instant,
@@ -354,7 +397,10 @@ impl WaitLine {
         let ticket = Ticket {
             line: self,
             place,
-            waiter: Arc::new(Waiter::default()),
+            waiter: Arc::new(Waiter {
+                variant,
+                ..Waiter::default()
+            }),
         };
         self.enter(&mut inner, &ticket);
         Ok(ticket)
@@ -364,13 +410,21 @@ impl WaitLine {
     fn enter(&self, inner: &mut Inner, t: &Ticket<'_>) -> bool {
         let joined = match inner.line.join(t.place, t.waiter.clone()) {
             Joined::Queued => true,
-            Joined::Displaced(_, victim) => {
+            Joined::Displaced(last, victim) => {
+                inner.forget(victim.variant, &last);
                 victim.displaced.store(true, Ordering::Relaxed);
                 victim.wake.notify_one();
                 true
             }
             Joined::Full => false,
         };
+        if joined {
+            inner
+                .by_variant
+                .entry(t.waiter.variant)
+                .or_default()
+                .insert(t.place);
+        }
         self.changed(inner);
         joined
     }
@@ -417,15 +471,16 @@ impl Ticket<'_> {
             if !inner.line.contains(&self.place) && !self.line.enter(&mut inner, self) {
                 return Wake::Displaced;
             }
-            inner.line.first().is_some_and(|(p, _)| *p == self.place)
+            inner.first_for(self.waiter.variant) == Some(self.place)
         };
         let now = Instant::now();
         if now >= until {
             return Wake::TimedOut;
         }
-        // Only the first in line looks again on its own (capacity that comes back without a
-        // freed slot is its to take first); the rest wait to be woken. A burst puts tens of
-        // thousands in line, and each looking every `RECHECK` would keep a core busy.
+        // Only the first in line for its variant looks again on its own (capacity that comes
+        // back there without a freed slot is its to take first); the rest wait to be woken. A
+        // burst puts tens of thousands in line, and each looking every `RECHECK` would keep a
+        // core busy.
         let look_at = if first {
             (now + RECHECK).min(until)
         } else {
@@ -445,16 +500,18 @@ impl Ticket<'_> {
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         let mut inner = self.line.lock();
-        let was_first = inner.line.first().is_some_and(|(p, _)| *p == self.place);
-        let was_in_line = inner.line.remove(&self.place).is_some();
+        let variant = self.waiter.variant;
+        let was_first = inner.first_for(variant) == Some(self.place);
+        let was_in_line = inner.remove(&self.place).is_some();
         if !was_in_line && self.waiter.woken.load(Ordering::Relaxed) {
             // Handed a slot it will not use (it left, e.g. its client went away): the next one
             // gets it.
-            WaitLine::wake_first(&mut inner);
+            let on = self.waiter.handed_on.load(Ordering::Relaxed);
+            WaitLine::hand_to_first(&mut inner, on);
         } else if was_first || !was_in_line {
-            // It was first in line (or handed a slot, and so first until then): the new first
-            // looks at once, and from then on by itself (see `Ticket::wait`).
-            if let Some((_, w)) = inner.line.first() {
+            // It was first in line for its variant (or handed a slot, and so first until then):
+            // the new first looks at once, and from then on by itself (see `Ticket::wait`).
+            if let Some(w) = inner.first_for(variant).and_then(|p| inner.line.get(&p)) {
                 w.wake.notify_one();
             }
         }
@@ -511,22 +568,47 @@ mod tests {
     fn before_a_drain_rate_the_wait_follows_littles_law() {
         let line = WaitLine::new(8, None);
         assert_eq!(line.expected_wait_ms(0, 4), None);
-        line.freed(None);
+        line.freed(0, None);
         assert_eq!(line.expected_wait_ms(0, 4), None);
-        line.freed(Some(800_000.0));
+        line.freed(0, Some(800_000.0));
         // 8 slots held 800 ms each free one every 100 ms: the 3rd in line waits 300 ms.
         assert_eq!(line.expected_wait_ms(2, 8), Some(300));
+    }
+
+    /// A slot freed on a variant goes to the first waiting for that variant or for any, not to
+    /// one ahead of them waiting for another variant; handed back unused, it goes to the next
+    /// that could take it.
+    #[tokio::test]
+    async fn a_freed_slot_goes_to_the_first_that_can_take_it() {
+        let line = WaitLine::new(8, None);
+        let on_a = line
+            .join(Some(0), Priority::Normal, far(), far(), 1)
+            .unwrap();
+        let on_b = line
+            .join(Some(1), Priority::Normal, far(), far(), 1)
+            .unwrap();
+        let any = line.join(None, Priority::Normal, far(), far(), 1).unwrap();
+        let woken = |t: &Ticket<'_>| t.waiter.woken.load(Ordering::Relaxed);
+        line.freed(1, None);
+        assert!(woken(&on_b) && !woken(&on_a) && !woken(&any));
+        // `on_b` leaves without the slot: the next that could take a slot on variant 1 is
+        // `any` (`on_a` waits for variant 0).
+        drop(on_b);
+        assert!(woken(&any) && !woken(&on_a));
+        line.freed(0, None);
+        assert!(woken(&on_a));
+        assert_eq!(line.waiting(), 0);
     }
 
     #[tokio::test]
     async fn a_freed_slot_goes_to_the_highest_priority_and_tickets_leave_when_dropped() {
         let line = WaitLine::new(8, None);
-        let low = line.join(Priority::Low, far(), far(), 1).unwrap();
-        let normal = line.join(Priority::Normal, far(), far(), 1).unwrap();
-        let high = line.join(Priority::High, far(), far(), 1).unwrap();
+        let low = line.join(None, Priority::Low, far(), far(), 1).unwrap();
+        let normal = line.join(None, Priority::Normal, far(), far(), 1).unwrap();
+        let high = line.join(None, Priority::High, far(), far(), 1).unwrap();
         assert_eq!(line.waiting(), 3);
         assert_eq!((high.ahead(), normal.ahead(), low.ahead()), (0, 1, 2));
-        line.freed(None);
+        line.freed(0, None);
         assert!(high.waiter.woken.load(Ordering::Relaxed));
         assert!(!low.waiter.woken.load(Ordering::Relaxed));
         assert_eq!(line.waiting(), 2);
@@ -553,18 +635,18 @@ mod tests {
             line.drain.own().record(now_ms - 400 + 100 * i);
         }
         let ahead: Vec<_> = (0..9)
-            .map(|_| line.join(Priority::Normal, far(), far(), 1).unwrap())
+            .map(|_| line.join(None, Priority::Normal, far(), far(), 1).unwrap())
             .collect();
         // Nine ahead: ten frees, expected in about 1 s, plausibly in 0.5 s (a little later on
         // a slow machine: the span grows while the test runs, hence the margins).
         let ms = |d| Instant::now() + Duration::from_millis(d);
-        let patient = line.join(Priority::Normal, far(), ms(900), 1);
+        let patient = line.join(None, Priority::Normal, far(), ms(900), 1);
         assert!(patient.is_ok(), "refused although it may be served in time");
         drop(patient);
         // Even at the fastest plausible rate 300 ms is too short: refused at once, with the
         // expected wait as retry-after.
         let hurried = line
-            .join(Priority::Normal, far(), ms(300), 1)
+            .join(None, Priority::Normal, far(), ms(300), 1)
             .err()
             .unwrap();
         assert_eq!(hurried.reason, ThrottleReason::Deadline);
@@ -580,14 +662,17 @@ mod tests {
     #[tokio::test]
     async fn a_full_line_refuses_or_displaces_with_retry_after() {
         let line = WaitLine::new(1, None);
-        line.freed(Some(500_000.0));
-        let low = line.join(Priority::Low, far(), far(), 5).unwrap();
-        let refused = line.join(Priority::Low, far(), far(), 5).err().unwrap();
+        line.freed(0, Some(500_000.0));
+        let low = line.join(None, Priority::Low, far(), far(), 5).unwrap();
+        let refused = line
+            .join(None, Priority::Low, far(), far(), 5)
+            .err()
+            .unwrap();
         assert_eq!(refused.reason, ThrottleReason::Full);
         assert!(refused.reason.line_full());
         // One ahead, 5 slots held 500 ms each: two frees at one per 100 ms.
         assert_eq!((refused.ahead, refused.retry_after_ms), (1, 200));
-        let high = line.join(Priority::High, far(), far(), 5).unwrap();
+        let high = line.join(None, Priority::High, far(), far(), 5).unwrap();
         assert_eq!(low.wait(far()).await, Wake::Displaced);
         assert_eq!(line.waiting(), 1);
         drop(low);
@@ -598,10 +683,13 @@ mod tests {
     #[test]
     fn a_wait_longer_than_allowed_is_refused_at_once() {
         let line = WaitLine::new(8, None);
-        line.freed(Some(1_000_000.0));
+        line.freed(0, Some(1_000_000.0));
         // One slot, held 1 s: the first in line waits 1 s, more than the 100 ms allowed.
         let soon = Instant::now() + Duration::from_millis(100);
-        let t = line.join(Priority::High, soon, soon, 1).err().unwrap();
+        let t = line
+            .join(None, Priority::High, soon, soon, 1)
+            .err()
+            .unwrap();
         assert_eq!(t.reason, ThrottleReason::Deadline);
         assert!(!t.reason.line_full());
         assert_eq!(t.retry_after_ms, 1000);

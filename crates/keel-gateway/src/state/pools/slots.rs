@@ -31,7 +31,9 @@ impl Drop for InFlight {
             .in_flight
             .fetch_sub(1, Ordering::Relaxed);
         let held_us = self.since.elapsed().as_secs_f64() * 1e6;
-        self.pool.line.freed(self.serving.then_some(held_us));
+        self.pool
+            .line
+            .freed(self.index, self.serving.then_some(held_us));
     }
 }
 
@@ -133,7 +135,7 @@ impl Pool {
         .min(deadline);
         let ticket = self
             .line
-            .join(priority, deadline, until, self.running())
+            .join(Some(index), priority, deadline, until, self.running())
             .ok()?;
         loop {
             if let Some(slot) = self.try_enter(index, priority) {
