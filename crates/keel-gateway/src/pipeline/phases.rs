@@ -121,15 +121,15 @@ pub async fn run(
 
 /// An admitted request on its way through the phases after admission.
 pub struct Flight<'g> {
-    gw: &'g Arc<Gateway>,
+    pub(super) gw: &'g Arc<Gateway>,
     id: &'g str,
     started: Instant,
     endpoint: Endpoint,
-    pool: Arc<Pool>,
-    req: CanonicalRequest,
-    ctx: RequestCtx,
+    pub(super) pool: Arc<Pool>,
+    pub(super) req: CanonicalRequest,
+    pub(super) ctx: RequestCtx,
     /// The request's access-log entry, finished when the request ends.
-    log: RequestLog,
+    pub(super) log: RequestLog,
 }
 
 /// What planning decided: the variants to try in order, the attempt ledger it began, and the
@@ -182,7 +182,7 @@ impl<'g> Flight<'g> {
         }
     }
 
-    fn protocol(&self) -> Protocol {
+    pub(super) fn protocol(&self) -> Protocol {
         self.endpoint.protocol()
     }
 
@@ -219,19 +219,7 @@ impl<'g> Flight<'g> {
             Ok(done) => done,
             Err(answer) => return self.answer(answer),
         };
-        let protocol = self.protocol();
-        let Flight {
-            gw,
-            log,
-            pool,
-            ctx,
-            req,
-            ..
-        } = self;
-        let mut resp = delivery::deliver(
-            gw, log, &pool, &ctx, protocol, executed, req, order, capture,
-        )
-        .await;
+        let mut resp = self.deliver(executed, order, capture).await;
         cache::stamp(resp.headers_mut(), cache_state);
         resp
     }

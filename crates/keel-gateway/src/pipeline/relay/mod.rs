@@ -68,6 +68,19 @@ pub struct Relay {
     integrity_state: integrity::State,
 }
 
+/// What a relay takes over at the commit point: the request and its plan.
+pub struct Handover {
+    pub gw: Arc<Gateway>,
+    pub protocol: Protocol,
+    pub pool: Arc<Pool>,
+    pub req: CanonicalRequest,
+    pub ctx: RequestCtx,
+    /// The plan: candidates for continuations, in order.
+    pub order: Vec<usize>,
+    /// The request's attempts so far; continuations join them.
+    pub attempts: Attempts,
+}
+
 /// How one segment ended (or paused).
 enum SegmentEnd {
     Complete,
@@ -164,24 +177,23 @@ struct Course {
 }
 
 impl Relay {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        gw: &Arc<Gateway>,
-        sink: Sink,
-        protocol: Protocol,
-        pool: &Arc<Pool>,
-        req: CanonicalRequest,
-        ctx: &RequestCtx,
-        order: Vec<usize>,
-        attempts: Attempts,
-    ) -> Relay {
+    pub fn new(handover: Handover, sink: Sink) -> Relay {
+        let Handover {
+            gw,
+            protocol,
+            pool,
+            req,
+            ctx,
+            order,
+            attempts,
+        } = handover;
         Relay {
-            gw: gw.clone(),
+            gw,
             sink,
             protocol,
-            pool: pool.clone(),
+            pool,
             req,
-            ctx: ctx.clone(),
+            ctx,
             order,
             attempts,
             sent: AtomicUsize::new(0),
