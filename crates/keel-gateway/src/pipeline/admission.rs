@@ -19,6 +19,7 @@ use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 use keel_core::request::{self, CanonicalRequest};
 use keel_core::selection::Preference;
 
+use crate::config::KeyConfig;
 use crate::pipeline::context::{ClientApi, Priority, RequestCtx};
 use crate::state::pools::Pool;
 use crate::wire::errors::GatewayError;
@@ -154,124 +155,14 @@ pub async fn admit(
     if let Some(s) = header(parts, "x-keel-session") {
         req.session = Some(s.to_owned());
     }
-    let pool = gw.pool(&req.model).ok_or_else(|| {
-        // Only the models this caller may use: the others' names are not its business.
-        let usable: Vec<&str> = gw
-            .model_names()
-            .into_iter()
-            .filter(|m| key.as_ref().is_none_or(|k| k.allows(m)))
-            .collect();
-        GatewayError::new(
-            ErrorKind::NotFound,
-            format!(
-                "model `{}` is not served here; models you may use: {}",
-                req.model,
-                if usable.is_empty() {
-                    "none".to_owned()
-                } else {
-                    usable.join(", ")
-                }
-            ),
-        )
-    })?;
-    if let Some(key) = &key {
-        crate::state::keys::check_pool(key, &pool.cfg.name)?;
-    }
+    let pool = resolve(gw, &req, key.as_deref())?;
     if pool.cfg.canonical_tools {
         keel_core::request::canonicalize_tools(&mut req.body);
     }
-    // Chat Completions and Messages reach a variant of either protocol (translated at the
-    // attempt); /v1/completions and /v1/embeddings only an OpenAI-protocol one. count_tokens is
-    // answered locally when no variant speaks Anthropic (see server).
-    if endpoint == Endpoint::Embeddings && !pool.speaks(Protocol::OpenAi) {
-        return Err(GatewayError::new(
-            ErrorKind::InvalidRequest,
-            format!(
-                "model `{}` (pool `{}`) has no OpenAI-protocol variant, and only those serve /v1/embeddings (the Anthropic API has no embeddings)",
-                req.model, pool.cfg.name
-            ),
-        ));
-    }
-    if endpoint == Endpoint::Completions && !pool.speaks(Protocol::OpenAi) {
-        return Err(GatewayError::new(
-            ErrorKind::InvalidRequest,
-            format!(
-                "model `{}` is served over the anthropic protocol, which has no /v1/completions; call it through /v1/messages or /v1/chat/completions",
-                req.model
-            ),
-        ));
-    }
+    served_here(pool, endpoint, &req)?;
     // Every header is read before the key's limits: a bad request costs the key nothing.
     let plan = crate::pipeline::prompt_work::plan(gw, pool, key.as_deref(), parts)?;
-    let mut total = Duration::from_millis(pool.cfg.timeouts.total_ms);
-    if let Some(v) = header(parts, "x-keel-timeout-ms") {
-        let ms: u64 = v.trim().parse().ok().filter(|ms| *ms > 0).ok_or_else(|| {
-            GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!("x-keel-timeout-ms must be a positive integer of milliseconds, got `{v}`"),
-            )
-        })?;
-        total = total.min(Duration::from_millis(ms));
-    }
-    let force_variant = match header(parts, "x-keel-force-variant") {
-        Some(_) if !gw.cfg.allow_force_variant => {
-            return Err(GatewayError::new(
-                ErrorKind::InvalidRequest,
-                "x-keel-force-variant is disabled on this gateway (set allow_force_variant = true to enable it)",
-            ))
-        }
-        Some(v) => Some(v.to_owned()),
-        None => None,
-    };
-    let preference = match header(parts, "x-keel-preference") {
-        None => Preference::default(),
-        Some(v) => Preference::parse(v.trim()).ok_or_else(|| {
-            GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!(
-                    "x-keel-preference must be low-latency, high-fidelity or low-cost, got `{v}`"
-                ),
-            )
-        })?,
-    };
-    let min_tier = match header(parts, "x-keel-min-tier") {
-        None => None,
-        Some(v) => Some(
-            v.trim()
-                .parse::<u8>()
-                .ok()
-                .filter(|t| *t >= 1)
-                .ok_or_else(|| {
-                    GatewayError::new(
-                        ErrorKind::InvalidRequest,
-                        format!(
-                            "x-keel-min-tier must be a tier number (1 = best fidelity), got `{v}`"
-                        ),
-                    )
-                })?,
-        ),
-    };
-    // A key's tier floor narrows the client's (1 is the best tier).
-    let min_tier = match (min_tier, key.as_ref().and_then(|k| k.min_tier)) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    // `x-keel-priority` may lower a request's rank, never raise it above its key's (without
-    // keys it is taken as sent).
-    let asked = match header(parts, "x-keel-priority") {
-        None => None,
-        Some(v) => Some(Priority::parse(v).ok_or_else(|| {
-            GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!("x-keel-priority must be high, normal or low, got `{v}`"),
-            )
-        })?),
-    };
-    let priority = match (asked, key.as_ref().map(|k| k.priority)) {
-        // `Ord` ranks High first: the larger is the lower priority.
-        (Some(a), Some(k)) => a.max(k),
-        (a, k) => a.or(k).unwrap_or_default(),
-    };
+    let controls = Controls::read(gw, pool, key.as_deref(), parts)?;
     let consensus = crate::pipeline::consensus::requested(&parts.headers, pool, endpoint, &req)?;
     // A consensus asks `n` variants for an answer each: the key's limits reserve every one.
     if let Some(n) = consensus {
@@ -310,17 +201,17 @@ pub async fn admit(
         meter,
         trace: None,
         grant,
-        preference,
-        priority,
-        min_tier,
+        preference: controls.preference,
+        priority: controls.priority,
+        min_tier: controls.min_tier,
         id: id.to_owned(),
         started,
         endpoint,
         forwarded: upstream::forwarded_headers(&parts.headers),
-        deadline: started + total,
+        deadline: started + controls.total,
         client_stream: req.stream,
         assembled: !req.stream,
-        force_variant,
+        force_variant: controls.force_variant,
         responses,
         prompt_fixes: prepared.fixes,
         prompt_edits: prepared.edits,
@@ -334,4 +225,150 @@ pub async fn admit(
         ctx,
         fingerprint: prepared.fingerprint,
     })
+}
+
+/// The pool serving the request's model, or a 404 naming the models this caller may use
+/// (the others' names are not its business).
+fn resolve<'g>(
+    gw: &'g Gateway,
+    req: &CanonicalRequest,
+    key: Option<&KeyConfig>,
+) -> Result<&'g Arc<Pool>, GatewayError> {
+    let pool = gw.pool(&req.model).ok_or_else(|| {
+        let usable: Vec<&str> = gw
+            .model_names()
+            .into_iter()
+            .filter(|m| key.is_none_or(|k| k.allows(m)))
+            .collect();
+        GatewayError::new(
+            ErrorKind::NotFound,
+            format!(
+                "model `{}` is not served here; models you may use: {}",
+                req.model,
+                if usable.is_empty() {
+                    "none".to_owned()
+                } else {
+                    usable.join(", ")
+                }
+            ),
+        )
+    })?;
+    if let Some(key) = key {
+        crate::state::keys::check_pool(key, &pool.cfg.name)?;
+    }
+    Ok(pool)
+}
+
+/// Chat Completions and Messages reach a variant of either protocol (translated at the
+/// attempt); /v1/completions and /v1/embeddings only an OpenAI-protocol one. count_tokens is
+/// answered locally when no variant speaks Anthropic (see server).
+fn served_here(
+    pool: &Pool,
+    endpoint: Endpoint,
+    req: &CanonicalRequest,
+) -> Result<(), GatewayError> {
+    if endpoint == Endpoint::Embeddings && !pool.speaks(Protocol::OpenAi) {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "model `{}` (pool `{}`) has no OpenAI-protocol variant, and only those serve /v1/embeddings (the Anthropic API has no embeddings)",
+                req.model, pool.cfg.name
+            ),
+        ));
+    }
+    if endpoint == Endpoint::Completions && !pool.speaks(Protocol::OpenAi) {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "model `{}` is served over the anthropic protocol, which has no /v1/completions; call it through /v1/messages or /v1/chat/completions",
+                req.model
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The request's controls from its `x-keel-*` headers, narrowed by its key's.
+struct Controls {
+    /// The request's total time (`timeouts.total_ms`, or less by `x-keel-timeout-ms`).
+    total: Duration,
+    force_variant: Option<String>,
+    preference: Preference,
+    min_tier: Option<u8>,
+    priority: Priority,
+}
+
+impl Controls {
+    fn read(
+        gw: &Gateway,
+        pool: &Pool,
+        key: Option<&KeyConfig>,
+        parts: &Parts,
+    ) -> Result<Controls, GatewayError> {
+        let invalid = |message: String| GatewayError::new(ErrorKind::InvalidRequest, message);
+        let mut total = Duration::from_millis(pool.cfg.timeouts.total_ms);
+        if let Some(v) = header(parts, "x-keel-timeout-ms") {
+            let ms: u64 = v.trim().parse().ok().filter(|ms| *ms > 0).ok_or_else(|| {
+                invalid(format!(
+                    "x-keel-timeout-ms must be a positive integer of milliseconds, got `{v}`"
+                ))
+            })?;
+            total = total.min(Duration::from_millis(ms));
+        }
+        let force_variant = match header(parts, "x-keel-force-variant") {
+            Some(_) if !gw.cfg.allow_force_variant => {
+                return Err(invalid(
+                    "x-keel-force-variant is disabled on this gateway (set allow_force_variant = true to enable it)".into(),
+                ))
+            }
+            Some(v) => Some(v.to_owned()),
+            None => None,
+        };
+        let preference = match header(parts, "x-keel-preference") {
+            None => Preference::default(),
+            Some(v) => Preference::parse(v.trim()).ok_or_else(|| {
+                invalid(format!(
+                    "x-keel-preference must be low-latency, high-fidelity or low-cost, got `{v}`"
+                ))
+            })?,
+        };
+        let min_tier =
+            match header(parts, "x-keel-min-tier") {
+                None => None,
+                Some(v) => Some(v.trim().parse::<u8>().ok().filter(|t| *t >= 1).ok_or_else(
+                    || {
+                        invalid(format!(
+                            "x-keel-min-tier must be a tier number (1 = best fidelity), got `{v}`"
+                        ))
+                    },
+                )?),
+            };
+        // A key's tier floor narrows the client's (1 is the best tier).
+        let min_tier = match (min_tier, key.and_then(|k| k.min_tier)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        // `x-keel-priority` may lower a request's rank, never raise it above its key's (without
+        // keys it is taken as sent).
+        let asked = match header(parts, "x-keel-priority") {
+            None => None,
+            Some(v) => Some(Priority::parse(v).ok_or_else(|| {
+                invalid(format!(
+                    "x-keel-priority must be high, normal or low, got `{v}`"
+                ))
+            })?),
+        };
+        let priority = match (asked, key.map(|k| k.priority)) {
+            // `Ord` ranks High first: the larger is the lower priority.
+            (Some(a), Some(k)) => a.max(k),
+            (a, k) => a.or(k).unwrap_or_default(),
+        };
+        Ok(Controls {
+            total,
+            force_variant,
+            preference,
+            min_tier,
+            priority,
+        })
+    }
 }
