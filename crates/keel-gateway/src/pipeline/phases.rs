@@ -203,16 +203,7 @@ impl<'g> Flight<'g> {
         // A consensus asks several variants at once and merges their answers (execution and
         // delivery in one).
         if let Some(n) = self.ctx.consensus {
-            let Flight {
-                log,
-                pool,
-                ctx,
-                req,
-                ..
-            } = self;
-            let (order, attempts) = (&plan.order, plan.attempts);
-            return crate::pipeline::consensus::run(log, &pool, &ctx, &req, order, attempts, n)
-                .await;
+            return crate::pipeline::consensus::run(self, &plan.order, plan.attempts, n).await;
         }
         self.stream_upstream();
         let (executed, order) = match self.execute(plan).await {
