@@ -32,6 +32,7 @@ use crate::pipeline::settlement::MAX_COOLDOWN_MS;
 use crate::state::pools::Pool;
 use crate::upstream;
 use crate::upstream::translation::{self, ModelRename, StreamTranslator, PROMPT_FIX_HEADER};
+use crate::wire::errors::{ErrorKind, GatewayError};
 
 /// Largest error body read from an upstream (only its message is used).
 pub const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
@@ -84,7 +85,7 @@ pub enum ReadEnd {
     Timeout,
     /// The upstream closed the stream.
     Closed,
-    Transport(upstream::Error),
+    Transport(GatewayError),
     Framing(SseError),
     /// A cross-protocol stream's event could not be translated (or broke a bound).
     Translation(String),
@@ -287,12 +288,14 @@ fn timeout_failure(hit_total: bool, started: Instant) -> AttemptFailure {
     }
 }
 
-/// What a transport error means for the attempt.
-pub fn transport_error(e: upstream::Error) -> AttemptFailure {
+/// What an upstream's error means for the attempt.
+pub fn transport_error(e: GatewayError) -> AttemptFailure {
     match e.kind {
-        upstream::ErrorKind::Refused => AttemptFailure::Refused(e.message),
-        upstream::ErrorKind::Connect => AttemptFailure::Connect(e.message),
-        upstream::ErrorKind::Io => AttemptFailure::Io(e.message),
+        ErrorKind::Refused => AttemptFailure::Refused(e.message),
+        ErrorKind::Connect => AttemptFailure::Connect(e.message),
+        ErrorKind::Malformed => AttemptFailure::Malformed(e.message),
+        // keel's own answers are not an upstream's: none reaches here.
+        ErrorKind::Io | ErrorKind::Answer(_) => AttemptFailure::Io(e.message),
     }
 }
 

@@ -21,9 +21,10 @@ use keel_core::dialect::{self, DialectRequest, StreamToHub};
 use keel_core::protocol::{error_body, ErrorKind, Protocol};
 use keel_core::request::RequestError;
 
-use super::{Body, BodyStream, Error, ErrorKind as TransportError, Request, Response};
+use super::{Body, BodyStream, Request, Response};
 use crate::config::cloud::{Dialect, ServiceAccount, VertexAuth};
 use crate::config::VariantConfig;
+use crate::wire::errors::{ErrorKind as TransportError, GatewayError};
 
 /// The most of a whole answer or an error body the edge reads to translate it.
 const MAX_TRANSLATED_BYTES: usize = 64 << 20;
@@ -92,7 +93,7 @@ impl Edge {
         &self,
         mut req: Request,
         http: &reqwest::Client,
-    ) -> Result<(Request, Pending), Result<Response, Error>> {
+    ) -> Result<(Request, Pending), Result<Response, GatewayError>> {
         let hub: Map<String, Value> = match serde_json::from_slice(&req.body) {
             Ok(Value::Object(m)) => m,
             _ => {
@@ -121,7 +122,11 @@ impl Edge {
 
     /// Adds the dialect's credentials to `req` (the variant's static ones were not added for
     /// dialects: see `upstream::request`).
-    async fn authorize(&self, req: &mut Request, http: &reqwest::Client) -> Result<(), Error> {
+    async fn authorize(
+        &self,
+        req: &mut Request,
+        http: &reqwest::Client,
+    ) -> Result<(), GatewayError> {
         let key = self.variant.api_key.as_deref();
         let h = &mut req.headers;
         match &self.variant.dialect {
@@ -336,12 +341,14 @@ pub fn sign_sigv4(
     req: &mut Request,
     region: &str,
     keys: &crate::config::cloud::AwsKeys,
-) -> Result<(), Error> {
+) -> Result<(), GatewayError> {
     use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
     use aws_sigv4::sign::v4;
-    let fail = |what: &str, e: &dyn std::fmt::Display| Error {
-        kind: TransportError::Connect,
-        message: format!("cannot sign the request ({what}): {e}"),
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        GatewayError::new(
+            TransportError::Connect,
+            format!("cannot sign the request ({what}): {e}"),
+        )
     };
     let identity = aws_credential_types::Credentials::new(
         &keys.access_key_id,
@@ -399,7 +406,7 @@ pub(super) struct Pending {
 impl Pending {
     /// The dialect's answer as the hub's: an error body or a whole answer read and translated
     /// here, a stream translated as it is read.
-    pub(super) async fn inbound(self, mut resp: Response) -> Result<Response, Error> {
+    pub(super) async fn inbound(self, mut resp: Response) -> Result<Response, GatewayError> {
         let error_type = resp
             .headers
             .get("x-amzn-errortype")
@@ -492,15 +499,15 @@ fn google_retry_delay(body: &[u8]) -> Option<u64> {
     })
 }
 
-async fn read_all(body: &mut Body) -> Result<Vec<u8>, Error> {
+async fn read_all(body: &mut Body) -> Result<Vec<u8>, GatewayError> {
     let mut out = Vec::new();
     while let Some(chunk) = body.next().await {
         let chunk = chunk?;
         if out.len() + chunk.len() > MAX_TRANSLATED_BYTES {
-            return Err(Error {
-                kind: TransportError::Io,
-                message: format!("the answer exceeds {MAX_TRANSLATED_BYTES} bytes"),
-            });
+            return Err(GatewayError::new(
+                TransportError::Io,
+                format!("the answer exceeds {MAX_TRANSLATED_BYTES} bytes"),
+            ));
         }
         out.extend_from_slice(&chunk);
     }
@@ -516,7 +523,7 @@ struct Translated {
 }
 
 impl Stream for Translated {
-    type Item = Result<Bytes, Error>;
+    type Item = Result<Bytes, GatewayError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
@@ -536,10 +543,10 @@ impl Stream for Translated {
             };
             if let Err(e) = step {
                 this.ended = true;
-                return Poll::Ready(Some(Err(Error {
-                    kind: TransportError::Io,
-                    message: format!("malformed upstream stream: {e}"),
-                })));
+                return Poll::Ready(Some(Err(GatewayError::new(
+                    TransportError::Io,
+                    format!("malformed upstream stream: {e}"),
+                ))));
             }
             if !out.is_empty() {
                 return Poll::Ready(Some(Ok(Bytes::from(out))));
@@ -582,7 +589,7 @@ impl TokenSource {
     /// The `Authorization` value. Waits only when no unexpired token is held (the first
     /// request, or after a long failure to refresh); otherwise a token close to expiry is
     /// refreshed by a task of its own while this request uses it.
-    async fn bearer(self: &Arc<Self>, http: &reqwest::Client) -> Result<String, Error> {
+    async fn bearer(self: &Arc<Self>, http: &reqwest::Client) -> Result<String, GatewayError> {
         let now = tokio::time::Instant::now();
         {
             let held = self.current.lock().await;
@@ -609,7 +616,7 @@ impl TokenSource {
     }
 
     /// Fetches a token unless another fetch made a fresh one meanwhile.
-    async fn refresh(&self, http: &reqwest::Client) -> Result<String, Error> {
+    async fn refresh(&self, http: &reqwest::Client) -> Result<String, GatewayError> {
         let mut held = self.current.lock().await;
         let now = tokio::time::Instant::now();
         if let Some(t) = held
@@ -624,11 +631,8 @@ impl TokenSource {
         Ok(bearer)
     }
 
-    async fn fetch(&self, http: &reqwest::Client) -> Result<Token, Error> {
-        let fail = |message: String| Error {
-            kind: TransportError::Connect,
-            message,
-        };
+    async fn fetch(&self, http: &reqwest::Client) -> Result<Token, GatewayError> {
+        let fail = |message: String| GatewayError::new(TransportError::Connect, message);
         self.fetches.increment(1);
         let assertion = grant_assertion(&self.account, unix_now()).map_err(fail)?;
         let form = format!(
@@ -645,12 +649,14 @@ impl TokenSource {
             .timeout(Duration::from_secs(10))
             .send()
             .await
-            .map_err(|e| fail(format!("the token endpoint: {}", Error::from(e))))?;
+            .map_err(|e| fail(format!("the token endpoint: {}", GatewayError::from(e))))?;
         let status = resp.status();
-        let body: Value = resp
-            .json()
-            .await
-            .map_err(|e| fail(format!("the token endpoint's answer: {}", Error::from(e))))?;
+        let body: Value = resp.json().await.map_err(|e| {
+            fail(format!(
+                "the token endpoint's answer: {}",
+                GatewayError::from(e)
+            ))
+        })?;
         let token = body.get("access_token").and_then(Value::as_str);
         let (true, Some(token)) = (status.is_success(), token) else {
             return Err(fail(format!(
