@@ -212,7 +212,8 @@ impl Source {
                     "an index of {i} (more than {MAX_OUTPUT_INDEX})"
                 )));
             }
-            t.push(ev, out).map_err(ReadEnd::Translation)?;
+            t.push(ev, out)
+                .map_err(|e| ReadEnd::Translation(e.message))?;
         }
         Ok(())
     }
@@ -294,6 +295,7 @@ pub fn transport_error(e: GatewayError) -> AttemptFailure {
         ErrorKind::Refused => AttemptFailure::Refused(e.message),
         ErrorKind::Connect => AttemptFailure::Connect(e.message),
         ErrorKind::Malformed => AttemptFailure::Malformed(e.message),
+        ErrorKind::Upstream => AttemptFailure::Io(e.message),
         // keel's own answers are not an upstream's: none reaches here.
         ErrorKind::Io | ErrorKind::Answer(_) => AttemptFailure::Io(e.message),
     }

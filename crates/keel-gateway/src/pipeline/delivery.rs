@@ -381,11 +381,11 @@ impl Flight<'_> {
         };
         let mut stored = false;
         let mut resp = match failure {
-            Some(m) => {
+            Some(e) => {
                 if let Some(c) = capture {
                     c.incomplete();
                 }
-                GatewayError::new(ErrorKind::BadGateway, m).to_response(protocol)
+                e.to_response(protocol)
             }
             None => {
                 let answer = assembler.finish(ctx.endpoint);

@@ -63,6 +63,12 @@ enum Answer {
     Follow(cache::flight::Follower),
 }
 
+impl From<GatewayError> for Answer {
+    fn from(e: GatewayError) -> Self {
+        Answer::Error(e)
+    }
+}
+
 /// Runs every phase, in order, for one generation request.
 pub async fn run(
     gw: &Arc<Gateway>,
@@ -348,7 +354,7 @@ impl<'g> Flight<'g> {
         if matches!(selection, Selection::Throttled(_) | Selection::Full) {
             self.log.route = "throttled";
         }
-        plan_or_error(&self.pool, selection).map_err(Answer::Error)
+        Ok(plan_or_error(&self.pool, selection)?)
     }
 
     /// The request as it goes upstream. A non-streaming generation is streamed upstream (and

@@ -634,7 +634,7 @@ impl TokenSource {
     async fn fetch(&self, http: &reqwest::Client) -> Result<Token, GatewayError> {
         let fail = |message: String| GatewayError::new(TransportError::Connect, message);
         self.fetches.increment(1);
-        let assertion = grant_assertion(&self.account, unix_now()).map_err(fail)?;
+        let assertion = grant_assertion(&self.account, unix_now())?;
         let form = format!(
             "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion={assertion}"
         );
@@ -684,7 +684,8 @@ fn unix_now() -> u64 {
 
 /// The RS256-signed JWT a service account presents for a token (RFC 7523, as Google's client
 /// libraries build it).
-fn grant_assertion(sa: &ServiceAccount, now: u64) -> Result<String, String> {
+fn grant_assertion(sa: &ServiceAccount, now: u64) -> Result<String, GatewayError> {
+    let failed = |why: String| GatewayError::new(TransportError::Connect, why);
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
     header.kid = sa.private_key_id.clone();
     let claims = serde_json::json!({
@@ -695,8 +696,9 @@ fn grant_assertion(sa: &ServiceAccount, now: u64) -> Result<String, String> {
         "exp": now + 3600,
     });
     let key = jsonwebtoken::EncodingKey::from_rsa_pem(sa.private_key.as_bytes())
-        .map_err(|e| format!("the service account's key: {e}"))?;
-    jsonwebtoken::encode(&header, &claims, &key).map_err(|e| format!("signing the grant: {e}"))
+        .map_err(|e| failed(format!("the service account's key: {e}")))?;
+    jsonwebtoken::encode(&header, &claims, &key)
+        .map_err(|e| failed(format!("signing the grant: {e}")))
 }
 
 #[cfg(test)]

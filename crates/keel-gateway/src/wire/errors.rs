@@ -34,6 +34,9 @@ pub enum ErrorKind {
     Io,
     /// The upstream's answer could not be used (not translatable, not assembled).
     Malformed,
+    /// The upstream could not serve otherwise: an error status, a whole answer where a stream
+    /// was needed, an attempt that failed (each variant's reason in the message).
+    Upstream,
 }
 
 impl ErrorKind {
@@ -41,9 +44,11 @@ impl ErrorKind {
     pub fn class(self) -> protocol::ErrorKind {
         match self {
             ErrorKind::Answer(k) => k,
-            ErrorKind::Refused | ErrorKind::Connect | ErrorKind::Io | ErrorKind::Malformed => {
-                protocol::ErrorKind::BadGateway
-            }
+            ErrorKind::Refused
+            | ErrorKind::Connect
+            | ErrorKind::Io
+            | ErrorKind::Malformed
+            | ErrorKind::Upstream => protocol::ErrorKind::BadGateway,
         }
     }
 
@@ -181,6 +186,7 @@ mod tests {
             ErrorKind::Connect,
             ErrorKind::Io,
             ErrorKind::Malformed,
+            ErrorKind::Upstream,
         ] {
             let e = GatewayError::new(kind, "x");
             assert!(e.retryable(), "{kind:?}");

@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use keel_core::continuation::{ResumeMode, Stitcher};
 use keel_core::outcome::AttemptFailure;
-use keel_core::protocol::{stream_error_event, ErrorKind, Protocol};
+use keel_core::protocol::{ErrorKind, Protocol};
 use keel_core::request::CanonicalRequest;
 use keel_core::sse::SseEvent;
 
@@ -48,6 +48,7 @@ use crate::pipeline::attempt::StreamStart;
 use crate::pipeline::context::RequestCtx;
 use crate::pipeline::settlement::{Attempts, Committed, StreamEnd};
 use crate::state::pools::Pool;
+use crate::wire::errors::GatewayError;
 use crate::Gateway;
 
 /// Everything needed to relay a stream and continue it elsewhere.
@@ -469,11 +470,8 @@ impl Relay {
                 false
             }
             Ending::GiveUp(message) => {
-                let ev = stream_error_event(
-                    self.protocol,
-                    ErrorKind::BadGateway,
-                    &format!("keel: {message}; the response is incomplete"),
-                );
+                let why = format!("keel: {message}; the response is incomplete");
+                let ev = GatewayError::new(ErrorKind::BadGateway, why).to_event(self.protocol);
                 log.finish("incomplete", Some(&message));
                 self.send(ev.raw).await
             }
