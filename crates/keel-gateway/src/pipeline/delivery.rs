@@ -346,17 +346,11 @@ impl Flight<'_> {
     /// A non-streaming request that keel streamed upstream: relayed in place into an
     /// assembler, and answered whole.
     async fn assembled(mut self, stream: Committing, capture: Option<Capture>) -> Response<Body> {
-        let Committing {
-            committed,
-            start,
-            order,
-            attempts,
-        } = stream;
         // The assembled answer's `model`: the name the client asked for, unless the pool keeps
         // the upstream's (its events are not renamed, see `RequestCtx::assembled`).
         let answer_as =
             (self.pool.cfg.response_model == ResponseModel::Public).then(|| self.req.model.clone());
-        let fixes = start.headers.get(PROMPT_FIX_HEADER).cloned();
+        let fixes = stream.start.headers.get(PROMPT_FIX_HEADER).cloned();
         let mut fixed = HeaderMap::new();
         if let Some(v) = &fixes {
             fixed.insert(PROMPT_FIX_HEADER, v.clone());
@@ -370,11 +364,11 @@ impl Flight<'_> {
                 .map_or_else(Assembler::new, Assembler::answering_as),
             ..Assembled::default()
         }));
-        let start_at = start.first_token_at;
+        let start_at = stream.start.first_token_at;
         let protocol = self.protocol();
-        let (handover, ctx, log) = self.hand_over(order, attempts);
+        let (handover, ctx, log) = self.hand_over(stream.order, stream.attempts);
         let relay = Relay::new(handover, Sink::Assemble(assembled.clone()));
-        let summary: Summary = relay.run(committed, start, log).await;
+        let summary: Summary = relay.run(stream.committed, stream.start, log).await;
         let (failure, assembler) = {
             let mut a = assembled.lock().unwrap_or_else(|e| e.into_inner());
             (a.failure.take(), std::mem::take(&mut a.body))
@@ -427,12 +421,6 @@ impl Flight<'_> {
     /// A stream: the response head now, and the relay inside the client's body (no task of its
     /// own; see `body::driven`), except a coalescing leader's.
     fn streamed(mut self, stream: Committing, capture: Option<Capture>) -> Response<Body> {
-        let Committing {
-            committed,
-            start,
-            order,
-            attempts,
-        } = stream;
         let protocol = self.protocol();
         let mut headers = response_headers();
         headers.insert(
@@ -440,7 +428,7 @@ impl Flight<'_> {
             HeaderValue::from_static("text/event-stream; charset=utf-8"),
         );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        for (k, v) in &start.headers {
+        for (k, v) in &stream.start.headers {
             if k != header::CONTENT_TYPE {
                 headers.insert(k.clone(), v.clone());
             }
@@ -459,11 +447,11 @@ impl Flight<'_> {
         if let Some(front) = &ctx.responses {
             body = front.stream(&ctx.id, body);
         }
-        let (handover, ctx, log) = self.hand_over(order, attempts);
+        let (handover, ctx, log) = self.hand_over(stream.order, stream.attempts);
         match capture {
             None => {
                 let relay = Relay::new(handover, Sink::Client(tx));
-                driver.run(relay.run(committed, start, log));
+                driver.run(relay.run(stream.committed, stream.start, log));
             }
             Some(mut c) => {
                 // The client's events are assembled on the side and stored if the stream completes.
@@ -491,9 +479,9 @@ impl Flight<'_> {
                     }
                 };
                 let relay = Relay::new(handover, sink);
-                let (endpoint, id, first) = (ctx.endpoint, ctx.id, start.first_token_at);
+                let (endpoint, id, first) = (ctx.endpoint, ctx.id, stream.start.first_token_at);
                 let generate = async move {
-                    let summary = relay.run(committed, start, log).await;
+                    let summary = relay.run(stream.committed, stream.start, log).await;
                     let (failure, body) = {
                         let mut a = copy.lock().unwrap_or_else(|e| e.into_inner());
                         (a.failure.take(), std::mem::take(&mut a.body))
