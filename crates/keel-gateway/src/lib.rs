@@ -206,6 +206,17 @@ impl Gateway {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    /// What a key's admission reads of this generation (see `keys::limits`).
+    pub fn quotas(&self) -> state::keys::limits::Quotas<'_> {
+        state::keys::limits::Quotas {
+            store: &self.quota,
+            metrics: &self.metrics,
+            keys: &self.keys,
+            fail_mode: self.cfg.quota_fail_mode,
+            slot_ttl_ms: self.cfg.quota_slot_ttl_ms,
+        }
+    }
+
     pub fn pool(&self, model: &str) -> Option<&Arc<Pool>> {
         self.by_name.get(model).map(|i| &self.pools[*i])
     }

@@ -172,9 +172,10 @@ pub async fn admit(
     // its token limits after, once the estimate is known (see `prompt_work`).
     let protocol = endpoint.protocol();
     let pending = match &key {
-        Some(key) => {
-            Some(crate::state::keys::limits::admit_request(gw, key, pool, &req, protocol).await?)
-        }
+        Some(key) => Some(
+            crate::state::keys::limits::admit_request(&gw.quotas(), key, pool, &req, protocol)
+                .await?,
+        ),
         None => None,
     };
     let namespace = match pool.analysis {
@@ -190,7 +191,7 @@ pub async fn admit(
     let req = prepared.req;
     let grant = match pending {
         Some(p) => Some(Arc::new(
-            crate::state::keys::limits::admit_tokens(gw, p, pool, &req, protocol).await?,
+            crate::state::keys::limits::admit_tokens(&gw.quotas(), p, pool, &req, protocol).await?,
         )),
         None => None,
     };

@@ -37,8 +37,6 @@ const KNOWN_UPWARD: &[(&str, &str)] = &[
     ("observe/access_log.rs", "pipeline"),
     ("observe/access_log.rs", "root"),
     ("observe/access_log.rs", "state"),
-    // A key's admission (limits, quotas) reads the gateway's quota store and metrics.
-    ("state/keys/limits.rs", "root"),
     // The signal link subscribes through the gateway.
     ("state/signals/link.rs", "root"),
 ];
