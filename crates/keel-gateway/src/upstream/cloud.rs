@@ -18,7 +18,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use serde_json::{Map, Value};
 
 use keel_core::dialect::{self, DialectRequest, StreamToHub};
-use keel_core::protocol::{error_body, ErrorKind, Protocol};
+use keel_core::protocol::{ErrorKind, Protocol};
 use keel_core::request::RequestError;
 
 use super::{Body, BodyStream, Request, Response};
@@ -308,7 +308,9 @@ fn insert_secret(h: &mut HeaderMap, name: HeaderName, value: &str) {
 /// A 400 in the hub's words: the dialect cannot express the request (execution checked
 /// beforehand, so this is the rare case a continuation cannot be expressed).
 fn refusal(protocol: Protocol, message: &str) -> Response {
-    let body = error_body(protocol, ErrorKind::InvalidRequest, message).to_string();
+    let body = GatewayError::new(ErrorKind::InvalidRequest, message)
+        .body(protocol)
+        .to_string();
     whole_response(
         StatusCode::BAD_REQUEST,
         HeaderMap::new(),

@@ -124,13 +124,18 @@ impl GatewayError {
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
-    /// The response in the client's protocol.
-    pub fn to_response(&self, protocol: Protocol) -> Response<Body> {
+    /// The body in the client's protocol's error shape.
+    pub fn body(&self, protocol: Protocol) -> serde_json::Value {
         let mut body = error_body(protocol, self.kind.class(), &self.message);
         if let (Some(code), Protocol::OpenAi) = (self.code, protocol) {
             body["error"]["code"] = code.into();
         }
-        let body = body.to_string();
+        body
+    }
+
+    /// The response in the client's protocol.
+    pub fn to_response(&self, protocol: Protocol) -> Response<Body> {
+        let body = self.body(protocol).to_string();
         let mut resp = crate::full_body(self.status(), "application/json", Bytes::from(body));
         for (k, v) in self.headers.iter().flat_map(|h| h.iter()) {
             resp.headers_mut().insert(k.clone(), v.clone());
