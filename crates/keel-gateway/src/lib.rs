@@ -206,6 +206,16 @@ impl Gateway {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    /// What the shared signals task reads of this generation (see `state::signals`).
+    pub fn signals_generation(&self) -> state::signals::Generation {
+        state::signals::Generation {
+            pools: self.pools.clone(),
+            redis: self.cfg.redis.clone(),
+            metrics: self.metrics.clone(),
+            epoch: self.epoch,
+        }
+    }
+
     /// What a key's admission reads of this generation (see `keys::limits`).
     pub fn quotas(&self) -> state::keys::limits::Quotas<'_> {
         state::keys::limits::Quotas {

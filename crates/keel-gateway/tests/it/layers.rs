@@ -37,8 +37,6 @@ const KNOWN_UPWARD: &[(&str, &str)] = &[
     ("observe/access_log.rs", "pipeline"),
     ("observe/access_log.rs", "root"),
     ("observe/access_log.rs", "state"),
-    // The signal link subscribes through the gateway.
-    ("state/signals/link.rs", "root"),
 ];
 
 fn src() -> PathBuf {

@@ -391,6 +391,6 @@ fn spawn_tasks(gw: &Arc<Gateway>) -> Vec<JoinHandle<()>> {
         tokio::spawn(crate::admin::events::run(gw.clone())),
     ];
     // Shared signals (`[redis] share_signals`) follow the current generation's pools too.
-    tasks.extend(crate::state::signals::spawn(gw.clone()));
+    tasks.extend(crate::state::signals::spawn(gw.signals_generation()));
     tasks
 }
