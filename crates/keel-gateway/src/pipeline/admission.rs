@@ -162,7 +162,7 @@ pub async fn admit(
     served_here(pool, endpoint, &req)?;
     // Every header is read before the key's limits: a bad request costs the key nothing.
     let plan = crate::pipeline::prompt_work::plan(gw, pool, key.as_deref(), parts)?;
-    let controls = Controls::read(gw, pool, key.as_deref(), parts)?;
+    let controls = HeaderControls::read(gw, pool, key.as_deref(), parts)?;
     let consensus = crate::pipeline::consensus::requested(&parts.headers, pool, endpoint, &req)?;
     // A consensus asks `n` variants for an answer each: the key's limits reserve every one.
     if let Some(n) = consensus {
@@ -290,7 +290,7 @@ fn served_here(
 }
 
 /// The request's controls from its `x-keel-*` headers, narrowed by its key's.
-struct Controls {
+struct HeaderControls {
     /// The request's total time (`timeouts.total_ms`, or less by `x-keel-timeout-ms`).
     total: Duration,
     force_variant: Option<String>,
@@ -299,13 +299,13 @@ struct Controls {
     priority: Priority,
 }
 
-impl Controls {
+impl HeaderControls {
     fn read(
         gw: &Gateway,
         pool: &Pool,
         key: Option<&KeyConfig>,
         parts: &Parts,
-    ) -> Result<Controls, GatewayError> {
+    ) -> Result<HeaderControls, GatewayError> {
         let invalid = |message: String| GatewayError::new(ErrorKind::InvalidRequest, message);
         let mut total = Duration::from_millis(pool.cfg.timeouts.total_ms);
         if let Some(v) = header(parts, "x-keel-timeout-ms") {
@@ -364,7 +364,7 @@ impl Controls {
             (Some(a), Some(k)) => a.max(k),
             (a, k) => a.or(k).unwrap_or_default(),
         };
-        Ok(Controls {
+        Ok(HeaderControls {
             total,
             force_variant,
             preference,

@@ -295,9 +295,9 @@ pub fn transport_error(e: GatewayError) -> AttemptFailure {
         ErrorKind::Refused => AttemptFailure::Refused(e.message),
         ErrorKind::Connect => AttemptFailure::Connect(e.message),
         ErrorKind::Malformed => AttemptFailure::Malformed(e.message),
-        ErrorKind::Upstream => AttemptFailure::Io(e.message),
-        // keel's own answers are not an upstream's: none reaches here.
-        ErrorKind::Io | ErrorKind::Answer(_) => AttemptFailure::Io(e.message),
+        // A transport reports only the kinds above and `Io`; the rest are counted as its
+        // connection's failure should one ever come this way.
+        ErrorKind::Io | ErrorKind::Upstream | ErrorKind::Answer(_) => AttemptFailure::Io(e.message),
     }
 }
 

@@ -204,7 +204,7 @@ fn shadow_whole(
 }
 
 /// A stream committed to the client, and what a continuation of it may use.
-struct Committing {
+struct CommittedStream {
     committed: Committed,
     start: StreamStart,
     /// The plan: candidates for continuations, in order.
@@ -272,7 +272,7 @@ impl Flight<'_> {
         };
         self.log.status = 200;
         self.log.ttft = Some(start.first_token_at.duration_since(self.log.started));
-        let stream = Committing {
+        let stream = CommittedStream {
             committed,
             start,
             order,
@@ -345,7 +345,11 @@ impl Flight<'_> {
 
     /// A non-streaming request that keel streamed upstream: relayed in place into an
     /// assembler, and answered whole.
-    async fn assembled(mut self, stream: Committing, capture: Option<Capture>) -> Response<Body> {
+    async fn assembled(
+        mut self,
+        stream: CommittedStream,
+        capture: Option<Capture>,
+    ) -> Response<Body> {
         // The assembled answer's `model`: the name the client asked for, unless the pool keeps
         // the upstream's (its events are not renamed, see `RequestCtx::assembled`).
         let answer_as =
@@ -420,7 +424,7 @@ impl Flight<'_> {
 
     /// A stream: the response head now, and the relay inside the client's body (no task of its
     /// own; see `body::driven`), except a coalescing leader's.
-    fn streamed(mut self, stream: Committing, capture: Option<Capture>) -> Response<Body> {
+    fn streamed(mut self, stream: CommittedStream, capture: Option<Capture>) -> Response<Body> {
         let protocol = self.protocol();
         let mut headers = response_headers();
         headers.insert(

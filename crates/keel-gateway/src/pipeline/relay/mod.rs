@@ -233,7 +233,7 @@ impl Relay {
         // locals they are moved into), ≈ 1.9 KB more for every live stream.
         async move {
             let ending = loop {
-                let (slow_allowed, quiet) = self.watch_for(&mut course, &seg);
+                let (slow_allowed, quiet) = self.start_turn(&mut course, &seg);
                 let c = &mut course;
                 let end = self
                     .segment(&mut seg, &mut c.stitcher, &mut c.trim, slow_allowed, quiet)
@@ -250,10 +250,11 @@ impl Relay {
         }
     }
 
-    /// What the next segment's pump watches for: whether slowness may end it, and after how
-    /// long a silence it is worth racing a continuation. Reads the pool's `max_migrations`
-    /// for this turn: a pool that enters safe mode mid-stream stops migrating.
-    fn watch_for(&self, c: &mut Course, seg: &Segment) -> (bool, Option<u64>) {
+    /// Starts a turn of the relay's loop: reads the pool's `max_migrations` for it (a pool
+    /// that enters safe mode mid-stream stops migrating), and returns what the segment's pump
+    /// watches for: whether slowness may end it, and after how long a silence it is worth
+    /// racing a continuation.
+    fn start_turn(&self, c: &mut Course, seg: &Segment) -> (bool, Option<u64>) {
         c.max_migrations = self.pool.max_migrations();
         // Slowness alone is only worth a migration when there is somewhere to go: a slow stream
         // beats an error. The same goes for racing a quiet stream.
