@@ -85,7 +85,9 @@ pub enum ReadEnd {
     Timeout,
     /// The upstream closed the stream.
     Closed,
-    Transport(GatewayError),
+    /// Boxed: a read's result is part of the relay's future, which every live stream holds,
+    /// and an error is rare.
+    Transport(Box<GatewayError>),
     Framing(SseError),
     /// A cross-protocol stream's event could not be translated (or broke a bound).
     Translation(String),
@@ -98,7 +100,7 @@ impl ReadEnd {
         match self {
             ReadEnd::Timeout => AttemptFailure::Io(format!("timed out {what}")),
             ReadEnd::Closed => AttemptFailure::Io(format!("the upstream closed the stream {what}")),
-            ReadEnd::Transport(e) => transport_error(e),
+            ReadEnd::Transport(e) => transport_error(*e),
             ReadEnd::Framing(e) => AttemptFailure::Malformed(format!("stream framing: {e}")),
             ReadEnd::Translation(m) => {
                 AttemptFailure::Malformed(format!("translating the stream: {m}"))
@@ -129,7 +131,7 @@ pub async fn next_events(
                 Err(ReadEnd::Closed)
             };
         }
-        Ok(Some(Err(e))) => return Err(ReadEnd::Transport(e)),
+        Ok(Some(Err(e))) => return Err(ReadEnd::Transport(Box::new(e))),
         Ok(Some(Ok(c))) => c,
     };
     decoder.feed(&chunk, out).map_err(ReadEnd::Framing)
