@@ -206,6 +206,18 @@ impl Gateway {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    /// A new request's access-log entry (see `observe::access_log`).
+    pub fn request_log(
+        &self,
+        id: &str,
+        started: tokio::time::Instant,
+        endpoint: &'static str,
+        pool: &str,
+    ) -> observe::access_log::RequestLog {
+        let (log, metrics) = (self.access_log.clone(), self.metrics.clone());
+        observe::access_log::RequestLog::new(log, metrics, id, started, endpoint, pool)
+    }
+
     /// What the shared signals task reads of this generation (see `state::signals`).
     pub fn signals_generation(&self) -> state::signals::Generation {
         state::signals::Generation {

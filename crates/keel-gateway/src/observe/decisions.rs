@@ -343,7 +343,7 @@ impl OverheadStamp {
 impl RequestLog {
     pub(crate) fn overhead_stamp(&self) -> OverheadStamp {
         OverheadStamp {
-            metrics: self.gw.metrics.clone(),
+            metrics: self.metrics.clone(),
             pool: self.pool.clone(),
             endpoint: self.endpoint,
             started: self.started,

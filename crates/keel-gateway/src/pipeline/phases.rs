@@ -89,7 +89,7 @@ pub async fn run(
     let admitted = match admission::admit(gw, api, &parts, body, &id, started).await {
         Ok(a) => a,
         Err(e) => {
-            let mut log = RequestLog::new(gw, &id, started, api.label(), "none");
+            let mut log = gw.request_log(&id, started, api.label(), "none");
             log.trace = trace;
             let record = DecisionRecord::bare(&id, "none");
             log.decision = Some(Draft::new(gw.decision_log(), started, record));
@@ -112,7 +112,7 @@ pub async fn run(
             flight.fly(control).await
         }
         Err(e) => {
-            let mut log = RequestLog::new(gw, &id, started, api.label(), &admitted.pool.cfg.name);
+            let mut log = gw.request_log(&id, started, api.label(), &admitted.pool.cfg.name);
             log.trace = trace;
             delivery::error_response(log, protocol, &e)
         }
@@ -161,7 +161,7 @@ impl<'g> Flight<'g> {
             mut ctx,
             fingerprint,
         } = admitted;
-        let mut log = RequestLog::new(gw, id, started, api.label(), &pool.cfg.name);
+        let mut log = gw.request_log(id, started, api.label(), &pool.cfg.name);
         log.fingerprint = fingerprint;
         log.usage = Some((ctx.meter.clone(), req.estimated_input_tokens));
         log.trace = trace.clone();
@@ -225,16 +225,22 @@ impl<'g> Flight<'g> {
     fn answer(self, answer: Answer) -> Response<Body> {
         let protocol = self.protocol();
         let Flight {
+            gw,
             pool,
             req,
             ctx,
             log,
             ..
         } = self;
+        let decisions = gw.decision_log();
         match answer {
             Answer::Error(e) => delivery::error_response(log, protocol, &e),
-            Answer::Cached(entry) => cache::replay::respond(&pool, &ctx, &req.model, entry, log),
-            Answer::Follow(follower) => cache::replay::follow(&pool, &ctx, follower, log),
+            Answer::Cached(entry) => {
+                cache::replay::respond(&pool, &ctx, &req.model, entry, log, decisions)
+            }
+            Answer::Follow(follower) => {
+                cache::replay::follow(&pool, &ctx, follower, log, decisions)
+            }
         }
     }
 

@@ -32,10 +32,8 @@ const KNOWN_UPWARD: &[(&str, &str)] = &[
     // handle (admin), and the response cache (pipeline): their state parts belong below it.
     ("lib.rs", "admin"),
     ("lib.rs", "pipeline"),
-    // A request's access-log entry and decision draft are finished by the pipeline's types
-    // (attempts, the selection's record): the per-request halves belong to the pipeline.
-    ("observe/access_log.rs", "pipeline"),
-    ("observe/access_log.rs", "root"),
+    // A request's access-log entry reads its key's usage meter and counts in its pool's
+    // health window: the per-request halves belong to the pipeline.
     ("observe/access_log.rs", "state"),
 ];
 
