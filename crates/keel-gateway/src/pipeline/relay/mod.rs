@@ -273,6 +273,10 @@ impl Relay {
 
     /// What follows the end of segment `seg`: the segment to relay next (the same one, or a
     /// continuation spliced in), or how the relay ends, every segment then settled.
+    ///
+    /// Awaited boxed once per segment end; its own rare branches (a race, a migration, a
+    /// splice, a JSON retry, a length stop) are boxed in turn, so that this box stays small
+    /// and each of theirs is allocated only when taken.
     async fn after_segment(
         &mut self,
         c: &mut Course,
@@ -285,7 +289,7 @@ impl Relay {
                 let silent_ms = seg.silent_ms();
                 // The race won elsewhere retires the original as stalled (or as the failure it
                 // met meanwhile) and splices the continuation in.
-                match self.speculate(&mut seg, &c.stitcher, &mut c.tried).await {
+                match Box::pin(self.speculate(&mut seg, &c.stitcher, &mut c.tried)).await {
                     Speculated::NotRaced | Speculated::Resumed => {
                         return ControlFlow::Continue(seg)
                     }
@@ -293,11 +297,11 @@ impl Relay {
                     Speculated::Won(next, mode) => {
                         c.migrations += 1;
                         let stall = AttemptFailure::Stall { silent_ms };
-                        return self.switch(c, seg, *next, stall, mode).await;
+                        return Box::pin(self.switch(c, seg, *next, stall, mode)).await;
                     }
                     Speculated::Rescued(failure, next, mode) => {
                         c.migrations += 1;
-                        return self.switch(c, seg, *next, failure, mode).await;
+                        return Box::pin(self.switch(c, seg, *next, failure, mode)).await;
                     }
                 }
             }
@@ -343,7 +347,7 @@ impl Relay {
 
     /// After a whole answer: its JSON retry's first segment (relayed afresh), or the end.
     async fn checked_json(&mut self, c: &mut Course) -> ControlFlow<Ending, Segment> {
-        let Some(retry) = self.check_json(&c.stitcher, &mut c.log).await else {
+        let Some(retry) = Box::pin(self.check_json(&c.stitcher, &mut c.log)).await else {
             return ControlFlow::Break(Ending::Complete);
         };
         // A whole answer that is not the JSON asked for: once more, afresh.
@@ -369,7 +373,7 @@ impl Relay {
             tool_call: truncation.as_ref().is_some_and(|t| t.saw_tool_call()),
         };
         self.settle_complete(seg);
-        match self.after_length_stop(from, held, facts, c).await {
+        match Box::pin(self.after_length_stop(from, held, facts, c)).await {
             integrity::AfterLength::Continued(next) => ControlFlow::Continue(*next),
             integrity::AfterLength::ClientGone => ControlFlow::Break(Ending::ClientGone),
             integrity::AfterLength::Ended => self.checked_json(c).await,
@@ -384,10 +388,10 @@ impl Relay {
         mut seg: Segment,
         failure: AttemptFailure,
     ) -> ControlFlow<Ending, Segment> {
-        match self.migrate(&c.stitcher, &mut c.tried, false).await {
+        match Box::pin(self.migrate(&c.stitcher, &mut c.tried, false)).await {
             Ok((next, mode)) => {
                 c.slow_migrations += 1;
-                self.switch(c, seg, *next, failure, mode).await
+                Box::pin(self.switch(c, seg, *next, failure, mode)).await
             }
             Err(_) => {
                 self.count_migration(failure.migration_reason(), "failed");
@@ -427,10 +431,10 @@ impl Relay {
                 seam.detail
             ));
         }
-        match self.migrate(&c.stitcher, &mut c.tried, true).await {
+        match Box::pin(self.migrate(&c.stitcher, &mut c.tried, true)).await {
             Ok((next, mode)) => {
                 c.migrations += 1;
-                self.splice_or_settle(c, *next, &seam, mode).await
+                Box::pin(self.splice_or_settle(c, *next, &seam, mode)).await
             }
             Err(why) => {
                 self.count_migration(seam.reason, "failed");
@@ -606,5 +610,12 @@ mod tests {
         let size = returned_size(super::Relay::run);
         eprintln!("Relay::run's future: {size} bytes");
         assert!(size <= 3_500, "Relay::run's future is {size} bytes");
+        // Allocated at each segment's end (every stream's, at least).
+        let size = returned_size(super::Relay::after_segment);
+        eprintln!("Relay::after_segment's future: {size} bytes");
+        assert!(
+            size <= 4_096,
+            "Relay::after_segment's future is {size} bytes"
+        );
     }
 }
