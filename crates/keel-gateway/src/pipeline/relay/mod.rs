@@ -205,13 +205,15 @@ impl Relay {
     /// Relays the committed stream to its end, migrating as needed, and accounts for it.
     ///
     /// This future lives as long as its stream, so its size is memory every live stream holds
-    /// (3.6 KB; `cargo +nightly rustc -p keel-gateway --lib -- -Zprint-type-sizes` prints it,
-    /// and `a_live_streams_relay_future_stays_small` bounds it). Only the segment's pump is
-    /// awaited inline: what follows a segment's end (a race, a migration, a splice, a JSON
-    /// retry, a length stop) is awaited boxed, and so is the ending, because a future's state
-    /// is as large as its largest await plus what is held across any await. Inline they made
-    /// every live stream carry 13.4 KB, then 6.8 KB
-    /// (bench/history/2026-12-01-overhead-stops-1-5.md).
+    /// (3.5 KB in a release build; `cargo +nightly rustc --release -p keel-gateway --lib --
+    /// -Zprint-type-sizes` prints it, and `a_live_streams_relay_future_stays_small` bounds it).
+    /// Only the segment's pump is awaited inline: what follows a segment's end (a race, a
+    /// migration, a splice, a JSON retry, a length stop) is awaited boxed, and so is the
+    /// ending, because a future's state is as large as its largest await plus what is held
+    /// across any await. Inline they made every live stream carry 13.4 KB, then 6.8 KB
+    /// (bench/history/2026-12-01-overhead-stops-1-5.md). Even a complete stream's end goes
+    /// through the boxed step (one allocation of ≈ 3.3 KB, freed at once): inline, its JSON
+    /// check would add 48 bytes to every live stream.
     pub fn run(
         mut self,
         committed: Committed,
