@@ -206,6 +206,39 @@ impl Gateway {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    /// A new request's access-log entry (see `observe::access_log`).
+    pub fn request_log(
+        &self,
+        id: &str,
+        started: tokio::time::Instant,
+        endpoint: &'static str,
+        pool: &str,
+    ) -> observe::access_log::RequestLog {
+        let (log, metrics) = (self.access_log.clone(), self.metrics.clone());
+        observe::access_log::RequestLog::new(log, metrics, id, started, endpoint, pool)
+    }
+
+    /// What the shared signals task reads of this generation (see `state::signals`).
+    pub fn signals_generation(&self) -> state::signals::Generation {
+        state::signals::Generation {
+            pools: self.pools.clone(),
+            redis: self.cfg.redis.clone(),
+            metrics: self.metrics.clone(),
+            epoch: self.epoch,
+        }
+    }
+
+    /// What a key's admission reads of this generation (see `keys::limits`).
+    pub fn quotas(&self) -> state::keys::limits::Quotas<'_> {
+        state::keys::limits::Quotas {
+            store: &self.quota,
+            metrics: &self.metrics,
+            keys: &self.keys,
+            fail_mode: self.cfg.quota_fail_mode,
+            slot_ttl_ms: self.cfg.quota_slot_ttl_ms,
+        }
+    }
+
     pub fn pool(&self, model: &str) -> Option<&Arc<Pool>> {
         self.by_name.get(model).map(|i| &self.pools[*i])
     }

@@ -14,12 +14,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_core::protocol::{error_body, ErrorKind, Protocol};
+use keel_core::protocol::{ErrorKind, Protocol};
 use metrics::{Counter, Gauge};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::observe::metrics::Metrics;
+use crate::wire::errors::GatewayError;
 
 /// How long a refused connection gets to take its answer (and close) before it is dropped.
 const REFUSAL_TIME: Duration = Duration::from_secs(1);
@@ -52,14 +53,12 @@ pub struct Slot {
 
 impl ConnLimit {
     pub fn new(max: usize, metrics: &Metrics) -> Arc<ConnLimit> {
-        let body = error_body(
-            Protocol::OpenAi,
-            ErrorKind::Overloaded,
-            &format!(
-                "keel has as many connections open as it serves at once (max_connections = {max}): retry shortly, or reuse an open connection"
-            ),
-        )
-        .to_string();
+        let why = format!(
+            "keel has as many connections open as it serves at once (max_connections = {max}): retry shortly, or reuse an open connection"
+        );
+        let body = GatewayError::new(ErrorKind::Overloaded, why)
+            .body(Protocol::OpenAi)
+            .to_string();
         // keel's own answers carry its headers (as `delivery::keel_headers` sets them).
         let refusal_head = format!(
             "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\nx-keel-route: unavailable\r\nx-keel-variant: none\r\nx-keel-attempts: 0\r\n",

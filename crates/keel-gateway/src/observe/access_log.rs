@@ -7,7 +7,6 @@
 //! The line (see [`AccessLog`] for where it goes) holds what keel decided and measured, never
 //! a secret: no header values, no key, no prompt or output, only the key's id and tenant.
 
-use crate::observe::record::AttemptKind;
 use std::fs::OpenOptions;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -17,10 +16,9 @@ use tokio::time::Instant;
 
 use crate::config::{AccessLogTarget, LogConfig, LogFormat, VariantConfig};
 use crate::observe::log_writer::{self, Dest};
+use crate::observe::metrics::Metrics;
 use crate::observe::telemetry::{RequestEnd, RequestSpan};
-use crate::pipeline::settlement::Attempts;
 use crate::state::keys::meter::{Meter, Totals};
-use crate::Gateway;
 
 /// Where access lines are written, and how: by the log writer's thread ([`crate::observe::log_writer`]),
 /// never by the request's task.
@@ -105,7 +103,9 @@ fn text_line(fields: &Map<String, Value>) -> String {
 /// What one request leaves in metrics, the log and its trace, recorded once by
 /// [`RequestLog::finish`].
 pub struct RequestLog {
-    pub(crate) gw: Arc<Gateway>,
+    /// Where the line goes, and the registry the request is counted in.
+    access_log: Arc<AccessLog>,
+    pub(crate) metrics: Arc<Metrics>,
     pub id: String,
     pub pool: String,
     /// The API the client called (`chat_completions`, `messages`, `responses`, …).
@@ -158,17 +158,17 @@ pub struct RequestLog {
 
 impl RequestLog {
     pub fn new(
-        gw: &Arc<Gateway>,
+        access_log: Arc<AccessLog>,
+        metrics: Arc<Metrics>,
         id: &str,
         started: Instant,
         endpoint: &'static str,
         pool: &str,
     ) -> Self {
-        gw.metrics
-            .gauge("keel_requests_in_flight", &[])
-            .increment(1.0);
+        metrics.gauge("keel_requests_in_flight", &[]).increment(1.0);
         RequestLog {
-            gw: gw.clone(),
+            access_log,
+            metrics,
             id: id.to_owned(),
             pool: pool.to_owned(),
             endpoint,
@@ -205,17 +205,6 @@ impl RequestLog {
         self.variant = variant.name.clone();
         self.response_model = Some(variant.upstream_model.clone());
         self.provider = Some(variant.dialect.name());
-    }
-
-    /// Takes the attempts' count, order and hedges from the request's ledger.
-    pub fn note_attempts(&mut self, attempts: &Attempts) {
-        let records = attempts.records();
-        self.attempts = records.len();
-        self.tried = records.iter().map(|r| r.variant.clone()).collect();
-        self.hedges = records
-            .iter()
-            .filter(|r| r.kind == AttemptKind::Hedge)
-            .count();
     }
 
     /// Records the request's end: `outcome` is `ok`, `client_error`, `error`, `incomplete` or
@@ -276,17 +265,17 @@ impl RequestLog {
         ) {
             a.record(self.record(f, outcome, elapsed, tokens));
         }
-        if self.gw.access_log.enabled() {
+        if self.access_log.enabled() {
             let mut fields = self.fields(outcome, detail, elapsed, tokens);
             if let Some(f) = &self.fingerprint {
                 fingerprint_fields(&mut fields, f, tokens);
             }
-            self.gw.access_log.write(&fields);
+            self.access_log.write(&fields);
         }
     }
 
     fn count(&self, outcome: &'static str, elapsed: Duration) {
-        let m = &self.gw.metrics;
+        let m = &self.metrics;
         // The dashboard's recent route mix and TTFT window.
         m.recent.record(&self.pool, self.route, self.ttft);
         m.gauge("keel_requests_in_flight", &[]).decrement(1.0);

@@ -3,9 +3,9 @@
 //!
 //! A record is started by selection (`selection::DecisionRecord`: the candidates and every
 //! factor of their cost, the plan) and completed by the two things that outlive it: the
-//! request's [`crate::pipeline::settlement::Attempts`] (every attempt with its timings, hedges,
-//! migrations, the time spent waiting on upstreams) and its [`RequestLog`] (route, status,
-//! overhead, totals). Both hold one [`Draft`]; whichever lets go last drops it, and the drop
+//! request's attempts (the pipeline's `settlement::Attempts`: every attempt with its timings,
+//! hedges, migrations, the time spent waiting on upstreams) and its [`RequestLog`] (route,
+//! status, overhead, totals). Both hold one [`Draft`]; whichever lets go last drops it, and the drop
 //! pushes the finished record into the ring. The ring takes no lock: a push is one atomic add on
 //! the write position and one atomic swap of the slot (every request pushes one, from any
 //! thread); a lookup or a query walks the ring from the newest record (an admin's read: a
@@ -328,7 +328,7 @@ impl OverheadStamp {
                 .map(str::to_owned)
                 .collect();
             let guard = h
-                .get(crate::pipeline::guard::HEADER)
+                .get(crate::wire::GUARD_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .map(|s| Box::new(s.to_owned()));
             d.update(|r| {
@@ -346,7 +346,7 @@ impl OverheadStamp {
 impl RequestLog {
     pub(crate) fn overhead_stamp(&self) -> OverheadStamp {
         OverheadStamp {
-            metrics: self.gw.metrics.clone(),
+            metrics: self.metrics.clone(),
             pool: self.pool.clone(),
             endpoint: self.endpoint,
             started: self.started,

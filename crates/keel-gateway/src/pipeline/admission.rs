@@ -19,6 +19,7 @@ use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 use keel_core::request::{self, CanonicalRequest};
 use keel_core::selection::Preference;
 
+use crate::config::KeyConfig;
 use crate::pipeline::context::{ClientApi, Priority, RequestCtx};
 use crate::state::pools::Pool;
 use crate::wire::errors::GatewayError;
@@ -154,12 +155,91 @@ pub async fn admit(
     if let Some(s) = header(parts, "x-keel-session") {
         req.session = Some(s.to_owned());
     }
+    let pool = resolve(gw, &req, key.as_deref())?;
+    if pool.cfg.canonical_tools {
+        keel_core::request::canonicalize_tools(&mut req.body);
+    }
+    served_here(pool, endpoint, &req)?;
+    // Every header is read before the key's limits: a bad request costs the key nothing.
+    let plan = crate::pipeline::prompt_work::plan(gw, pool, key.as_deref(), parts)?;
+    let controls = HeaderControls::read(gw, pool, key.as_deref(), parts)?;
+    let consensus = crate::pipeline::consensus::requested(&parts.headers, pool, endpoint, &req)?;
+    // A consensus asks `n` variants for an answer each: the key's limits reserve every one.
+    if let Some(n) = consensus {
+        req.answers = req.answers.saturating_mul(n as u64);
+    }
+    // The key's request limits (a slot, one request) before the costly work on the prompt,
+    // its token limits after, once the estimate is known (see `prompt_work`).
+    let protocol = endpoint.protocol();
+    let pending = match &key {
+        Some(key) => Some(
+            crate::state::keys::limits::admit_request(&gw.quotas(), key, pool, &req, protocol)
+                .await?,
+        ),
+        None => None,
+    };
+    let namespace = match pool.analysis {
+        Some(_) => crate::pipeline::cache::namespace_of(key.as_deref()),
+        None => String::new(),
+    };
+    let mut prepared =
+        crate::pipeline::prompt_work::prepare(pool, plan, endpoint, req, bytes.len(), namespace)
+            .await?;
+    // After normalization, before the token limits and the cache: see `guard`.
+    let guard =
+        crate::pipeline::guard::admit(pool, key.clone(), &mut prepared, bytes.len()).await?;
+    let req = prepared.req;
+    let grant = match pending {
+        Some(p) => Some(Arc::new(
+            crate::state::keys::limits::admit_tokens(&gw.quotas(), p, pool, &req, protocol).await?,
+        )),
+        None => None,
+    };
+    let meter = grant
+        .as_ref()
+        .map_or_else(Default::default, |g| g.meter.clone());
+    let ctx = RequestCtx {
+        meter,
+        trace: None,
+        grant,
+        preference: controls.preference,
+        priority: controls.priority,
+        min_tier: controls.min_tier,
+        id: id.to_owned(),
+        started,
+        endpoint,
+        forwarded: upstream::forwarded_headers(&parts.headers),
+        deadline: started + controls.total,
+        client_stream: req.stream,
+        assembled: !req.stream,
+        force_variant: controls.force_variant,
+        responses,
+        prompt_fixes: prepared.fixes,
+        prompt_edits: prepared.edits,
+        trimmed_messages: prepared.trimmed,
+        consensus,
+        guard,
+    };
+    Ok(Admitted {
+        req,
+        pool: pool.clone(),
+        ctx,
+        fingerprint: prepared.fingerprint,
+    })
+}
+
+/// The pool serving the request's model, or a 404 naming the models this caller may use
+/// (the others' names are not its business).
+fn resolve<'g>(
+    gw: &'g Gateway,
+    req: &CanonicalRequest,
+    key: Option<&KeyConfig>,
+) -> Result<&'g Arc<Pool>, GatewayError> {
     let pool = gw.pool(&req.model).ok_or_else(|| {
-        // Only the models this caller may use: the others' names are not its business.
         let usable: Vec<&str> = gw
             .model_names()
             .into_iter()
-            .filter(|m| key.as_ref().is_none_or(|k| k.allows(m)))
+            .filter(|m| key.is_none_or(|k| k.allows(m)))
             .collect();
         GatewayError::new(
             ErrorKind::NotFound,
@@ -174,15 +254,20 @@ pub async fn admit(
             ),
         )
     })?;
-    if let Some(key) = &key {
+    if let Some(key) = key {
         crate::state::keys::check_pool(key, &pool.cfg.name)?;
     }
-    if pool.cfg.canonical_tools {
-        keel_core::request::canonicalize_tools(&mut req.body);
-    }
-    // Chat Completions and Messages reach a variant of either protocol (translated at the
-    // attempt); /v1/completions and /v1/embeddings only an OpenAI-protocol one. count_tokens is
-    // answered locally when no variant speaks Anthropic (see server).
+    Ok(pool)
+}
+
+/// Chat Completions and Messages reach a variant of either protocol (translated at the
+/// attempt); /v1/completions and /v1/embeddings only an OpenAI-protocol one. count_tokens is
+/// answered locally when no variant speaks Anthropic (see server).
+fn served_here(
+    pool: &Pool,
+    endpoint: Endpoint,
+    req: &CanonicalRequest,
+) -> Result<(), GatewayError> {
     if endpoint == Endpoint::Embeddings && !pool.speaks(Protocol::OpenAi) {
         return Err(GatewayError::new(
             ErrorKind::InvalidRequest,
@@ -201,137 +286,90 @@ pub async fn admit(
             ),
         ));
     }
-    // Every header is read before the key's limits: a bad request costs the key nothing.
-    let plan = crate::pipeline::prompt_work::plan(gw, pool, key.as_deref(), parts)?;
-    let mut total = Duration::from_millis(pool.cfg.timeouts.total_ms);
-    if let Some(v) = header(parts, "x-keel-timeout-ms") {
-        let ms: u64 = v.trim().parse().ok().filter(|ms| *ms > 0).ok_or_else(|| {
-            GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!("x-keel-timeout-ms must be a positive integer of milliseconds, got `{v}`"),
-            )
-        })?;
-        total = total.min(Duration::from_millis(ms));
-    }
-    let force_variant = match header(parts, "x-keel-force-variant") {
-        Some(_) if !gw.cfg.allow_force_variant => {
-            return Err(GatewayError::new(
-                ErrorKind::InvalidRequest,
-                "x-keel-force-variant is disabled on this gateway (set allow_force_variant = true to enable it)",
-            ))
+    Ok(())
+}
+
+/// The request's controls from its `x-keel-*` headers, narrowed by its key's.
+struct HeaderControls {
+    /// The request's total time (`timeouts.total_ms`, or less by `x-keel-timeout-ms`).
+    total: Duration,
+    force_variant: Option<String>,
+    preference: Preference,
+    min_tier: Option<u8>,
+    priority: Priority,
+}
+
+impl HeaderControls {
+    fn read(
+        gw: &Gateway,
+        pool: &Pool,
+        key: Option<&KeyConfig>,
+        parts: &Parts,
+    ) -> Result<HeaderControls, GatewayError> {
+        let invalid = |message: String| GatewayError::new(ErrorKind::InvalidRequest, message);
+        let mut total = Duration::from_millis(pool.cfg.timeouts.total_ms);
+        if let Some(v) = header(parts, "x-keel-timeout-ms") {
+            let ms: u64 = v.trim().parse().ok().filter(|ms| *ms > 0).ok_or_else(|| {
+                invalid(format!(
+                    "x-keel-timeout-ms must be a positive integer of milliseconds, got `{v}`"
+                ))
+            })?;
+            total = total.min(Duration::from_millis(ms));
         }
-        Some(v) => Some(v.to_owned()),
-        None => None,
-    };
-    let preference = match header(parts, "x-keel-preference") {
-        None => Preference::default(),
-        Some(v) => Preference::parse(v.trim()).ok_or_else(|| {
-            GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!(
+        let force_variant = match header(parts, "x-keel-force-variant") {
+            Some(_) if !gw.cfg.allow_force_variant => {
+                return Err(invalid(
+                    "x-keel-force-variant is disabled on this gateway (set allow_force_variant = true to enable it)".into(),
+                ))
+            }
+            Some(v) => Some(v.to_owned()),
+            None => None,
+        };
+        let preference = match header(parts, "x-keel-preference") {
+            None => Preference::default(),
+            Some(v) => Preference::parse(v.trim()).ok_or_else(|| {
+                invalid(format!(
                     "x-keel-preference must be low-latency, high-fidelity or low-cost, got `{v}`"
-                ),
-            )
-        })?,
-    };
-    let min_tier = match header(parts, "x-keel-min-tier") {
-        None => None,
-        Some(v) => Some(
-            v.trim()
-                .parse::<u8>()
-                .ok()
-                .filter(|t| *t >= 1)
-                .ok_or_else(|| {
-                    GatewayError::new(
-                        ErrorKind::InvalidRequest,
-                        format!(
+                ))
+            })?,
+        };
+        let min_tier =
+            match header(parts, "x-keel-min-tier") {
+                None => None,
+                Some(v) => Some(v.trim().parse::<u8>().ok().filter(|t| *t >= 1).ok_or_else(
+                    || {
+                        invalid(format!(
                             "x-keel-min-tier must be a tier number (1 = best fidelity), got `{v}`"
-                        ),
-                    )
-                })?,
-        ),
-    };
-    // A key's tier floor narrows the client's (1 is the best tier).
-    let min_tier = match (min_tier, key.as_ref().and_then(|k| k.min_tier)) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    // `x-keel-priority` may lower a request's rank, never raise it above its key's (without
-    // keys it is taken as sent).
-    let asked = match header(parts, "x-keel-priority") {
-        None => None,
-        Some(v) => Some(Priority::parse(v).ok_or_else(|| {
-            GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!("x-keel-priority must be high, normal or low, got `{v}`"),
-            )
-        })?),
-    };
-    let priority = match (asked, key.as_ref().map(|k| k.priority)) {
-        // `Ord` ranks High first: the larger is the lower priority.
-        (Some(a), Some(k)) => a.max(k),
-        (a, k) => a.or(k).unwrap_or_default(),
-    };
-    let consensus = crate::pipeline::consensus::requested(&parts.headers, pool, endpoint, &req)?;
-    // A consensus asks `n` variants for an answer each: the key's limits reserve every one.
-    if let Some(n) = consensus {
-        req.answers = req.answers.saturating_mul(n as u64);
+                        ))
+                    },
+                )?),
+            };
+        // A key's tier floor narrows the client's (1 is the best tier).
+        let min_tier = match (min_tier, key.and_then(|k| k.min_tier)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        // `x-keel-priority` may lower a request's rank, never raise it above its key's (without
+        // keys it is taken as sent).
+        let asked = match header(parts, "x-keel-priority") {
+            None => None,
+            Some(v) => Some(Priority::parse(v).ok_or_else(|| {
+                invalid(format!(
+                    "x-keel-priority must be high, normal or low, got `{v}`"
+                ))
+            })?),
+        };
+        let priority = match (asked, key.map(|k| k.priority)) {
+            // `Ord` ranks High first: the larger is the lower priority.
+            (Some(a), Some(k)) => a.max(k),
+            (a, k) => a.or(k).unwrap_or_default(),
+        };
+        Ok(HeaderControls {
+            total,
+            force_variant,
+            preference,
+            min_tier,
+            priority,
+        })
     }
-    // The key's request limits (a slot, one request) before the costly work on the prompt,
-    // its token limits after, once the estimate is known (see `prompt_work`).
-    let protocol = endpoint.protocol();
-    let pending = match &key {
-        Some(key) => {
-            Some(crate::state::keys::limits::admit_request(gw, key, pool, &req, protocol).await?)
-        }
-        None => None,
-    };
-    let namespace = match pool.analysis {
-        Some(_) => crate::pipeline::cache::namespace_of(key.as_deref()),
-        None => String::new(),
-    };
-    let mut prepared =
-        crate::pipeline::prompt_work::prepare(pool, plan, endpoint, req, bytes.len(), namespace)
-            .await?;
-    // After normalization, before the token limits and the cache: see `guard`.
-    let guard =
-        crate::pipeline::guard::admit(pool, key.clone(), &mut prepared, bytes.len()).await?;
-    let req = prepared.req;
-    let grant = match pending {
-        Some(p) => Some(Arc::new(
-            crate::state::keys::limits::admit_tokens(gw, p, pool, &req, protocol).await?,
-        )),
-        None => None,
-    };
-    let meter = grant
-        .as_ref()
-        .map_or_else(Default::default, |g| g.meter.clone());
-    let ctx = RequestCtx {
-        meter,
-        trace: None,
-        grant,
-        preference,
-        priority,
-        min_tier,
-        id: id.to_owned(),
-        started,
-        endpoint,
-        forwarded: upstream::forwarded_headers(&parts.headers),
-        deadline: started + total,
-        client_stream: req.stream,
-        assembled: !req.stream,
-        force_variant,
-        responses,
-        prompt_fixes: prepared.fixes,
-        prompt_edits: prepared.edits,
-        trimmed_messages: prepared.trimmed,
-        consensus,
-        guard,
-    };
-    Ok(Admitted {
-        req,
-        pool: pool.clone(),
-        ctx,
-        fingerprint: prepared.fingerprint,
-    })
 }

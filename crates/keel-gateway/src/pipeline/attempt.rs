@@ -32,6 +32,7 @@ use crate::pipeline::settlement::MAX_COOLDOWN_MS;
 use crate::state::pools::Pool;
 use crate::upstream;
 use crate::upstream::translation::{self, ModelRename, StreamTranslator, PROMPT_FIX_HEADER};
+use crate::wire::errors::{ErrorKind, GatewayError};
 
 /// Largest error body read from an upstream (only its message is used).
 pub const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
@@ -84,7 +85,9 @@ pub enum ReadEnd {
     Timeout,
     /// The upstream closed the stream.
     Closed,
-    Transport(upstream::Error),
+    /// Boxed: a read's result is part of the relay's future, which every live stream holds,
+    /// and an error is rare.
+    Transport(Box<GatewayError>),
     Framing(SseError),
     /// A cross-protocol stream's event could not be translated (or broke a bound).
     Translation(String),
@@ -97,7 +100,7 @@ impl ReadEnd {
         match self {
             ReadEnd::Timeout => AttemptFailure::Io(format!("timed out {what}")),
             ReadEnd::Closed => AttemptFailure::Io(format!("the upstream closed the stream {what}")),
-            ReadEnd::Transport(e) => transport_error(e),
+            ReadEnd::Transport(e) => transport_error(*e),
             ReadEnd::Framing(e) => AttemptFailure::Malformed(format!("stream framing: {e}")),
             ReadEnd::Translation(m) => {
                 AttemptFailure::Malformed(format!("translating the stream: {m}"))
@@ -128,7 +131,7 @@ pub async fn next_events(
                 Err(ReadEnd::Closed)
             };
         }
-        Ok(Some(Err(e))) => return Err(ReadEnd::Transport(e)),
+        Ok(Some(Err(e))) => return Err(ReadEnd::Transport(Box::new(e))),
         Ok(Some(Ok(c))) => c,
     };
     decoder.feed(&chunk, out).map_err(ReadEnd::Framing)
@@ -211,7 +214,8 @@ impl Source {
                     "an index of {i} (more than {MAX_OUTPUT_INDEX})"
                 )));
             }
-            t.push(ev, out).map_err(ReadEnd::Translation)?;
+            t.push(ev, out)
+                .map_err(|e| ReadEnd::Translation(e.message))?;
         }
         Ok(())
     }
@@ -287,12 +291,15 @@ fn timeout_failure(hit_total: bool, started: Instant) -> AttemptFailure {
     }
 }
 
-/// What a transport error means for the attempt.
-pub fn transport_error(e: upstream::Error) -> AttemptFailure {
+/// What an upstream's error means for the attempt.
+pub fn transport_error(e: GatewayError) -> AttemptFailure {
     match e.kind {
-        upstream::ErrorKind::Refused => AttemptFailure::Refused(e.message),
-        upstream::ErrorKind::Connect => AttemptFailure::Connect(e.message),
-        upstream::ErrorKind::Io => AttemptFailure::Io(e.message),
+        ErrorKind::Refused => AttemptFailure::Refused(e.message),
+        ErrorKind::Connect => AttemptFailure::Connect(e.message),
+        ErrorKind::Malformed => AttemptFailure::Malformed(e.message),
+        // A transport reports only the kinds above and `Io`; the rest are counted as its
+        // connection's failure should one ever come this way.
+        ErrorKind::Io | ErrorKind::Upstream | ErrorKind::Answer(_) => AttemptFailure::Io(e.message),
     }
 }
 

@@ -37,9 +37,9 @@ use keel_core::outcome::AttemptFailure;
 use keel_core::protocol::{Endpoint, ErrorKind};
 use keel_core::request::CanonicalRequest;
 
-use crate::observe::access_log::RequestLog;
 use crate::pipeline::attempt::{attempt, Served};
 use crate::pipeline::context::RequestCtx;
+use crate::pipeline::phases::Flight;
 use crate::pipeline::settlement::{Attempts, Entered, Settled, StreamEnd};
 use crate::state::pools::Pool;
 use crate::wire::body::Body;
@@ -102,17 +102,21 @@ struct Answer {
     body: bytes::Bytes,
 }
 
-/// Runs a consensus of `n` over `order` and answers the client.
-#[allow(clippy::too_many_arguments)]
+/// Runs a consensus of `n` over `order` for the request in `flight` and answers the client.
 pub async fn run(
-    mut log: RequestLog,
-    pool: &Arc<Pool>,
-    ctx: &RequestCtx,
-    req: &CanonicalRequest,
+    flight: Flight<'_>,
     order: &[usize],
     mut attempts: Attempts,
     n: usize,
 ) -> http::Response<Body> {
+    let Flight {
+        mut log,
+        pool,
+        ctx,
+        req,
+        ..
+    } = flight;
+    let (pool, ctx, req) = (&pool, &ctx, &req);
     pool.count_request();
     let protocol = ctx.endpoint.protocol();
     let entered = enter(pool, ctx, req, order, &mut attempts, n).await;

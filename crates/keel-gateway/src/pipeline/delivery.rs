@@ -15,16 +15,17 @@ use keel_core::request::CanonicalRequest;
 
 use crate::config::ResponseModel;
 use crate::observe::access_log::RequestLog;
-use crate::pipeline::attempt::Served;
+use crate::pipeline::attempt::{Served, StreamStart};
 use crate::pipeline::cache::{self, Capture};
 use crate::pipeline::context::RequestCtx;
 use crate::pipeline::execution::{Executed, Outcome};
-use crate::pipeline::relay::{Assembled, Relay, Sink, Summary};
+use crate::pipeline::phases::Flight;
+use crate::pipeline::relay::{Assembled, Handover, Relay, Sink, Summary};
+use crate::pipeline::settlement::{Attempts, Committed};
 use crate::state::pools::Pool;
 use crate::upstream::translation::PROMPT_FIX_HEADER;
 use crate::wire::body::{driven, full_body, response_headers, Body};
 use crate::wire::errors::GatewayError;
-use crate::Gateway;
 
 /// Sets the `x-keel-*` headers.
 pub(crate) fn keel_headers(
@@ -202,117 +203,187 @@ fn shadow_whole(
     }
 }
 
-/// Turns stage 2's result into the client's response. A stream may be continued on another
-/// variant of `order` (see `relay`); when the client asked for a whole response the relayed
-/// events are assembled into one body. A cache miss's `capture` stores the complete answer the
-/// client was given (see `cache`); dropped on any other end.
-#[allow(clippy::too_many_arguments)]
-pub async fn deliver(
-    gw: &Arc<Gateway>,
-    mut log: RequestLog,
-    pool: &Arc<Pool>,
-    ctx: &RequestCtx,
-    protocol: Protocol,
-    executed: Executed,
-    req: CanonicalRequest,
+/// A stream committed to the client, and what a continuation of it may use.
+struct CommittedStream {
+    committed: Committed,
+    start: StreamStart,
+    /// The plan: candidates for continuations, in order.
     order: Vec<usize>,
-    capture: Option<Capture>,
-) -> Response<Body> {
-    let Executed {
-        outcome,
-        attempts,
-        route,
-    } = executed;
-    log.note_attempts(&attempts);
-    log.route = route.unwrap_or(if attempts.len() > 1 {
-        "fallback"
-    } else {
-        "direct"
-    });
-    let (committed, served) = match outcome {
-        Outcome::Served(c, s) => (c, s),
-        Outcome::ClientError(Served::Whole {
-            status,
-            headers,
-            body,
-        }) => {
-            log.variant = attempts
-                .records()
-                .last()
-                .map_or("none".into(), |r| r.variant.clone());
-            return whole(log, ctx, status, headers, body);
-        }
-        Outcome::ClientError(Served::Stream(_)) => {
-            let e = GatewayError::new(ErrorKind::BadGateway, "upstream rejected the request");
-            return error_response(log, protocol, &e);
-        }
-        Outcome::Failed(e) => return error_response(log, protocol, &e),
-    };
-    log.serving(&pool.variants[committed.vi].cfg);
-    let start = match served {
-        Served::Whole {
-            status,
-            headers,
-            body,
-        } => {
-            ctx.meter.whole(&pool.variants[committed.vi].cfg, &body);
-            drop(committed);
-            shadow_whole(pool, &req, ctx, &log, &body);
-            let flags = crate::pipeline::relay::whole_flags(pool.cfg.integrity, &req, &body);
-            let stored = match capture {
-                Some(c) if status.is_success() => {
-                    let answer = serde_json::from_slice(&body).unwrap_or_default();
-                    c.store(&answer, &log.variant, &ctx.id, log.started.elapsed())
-                }
-                _ => false,
-            };
-            if stored {
-                log.cache = "stored";
+    attempts: Attempts,
+}
+
+impl Flight<'_> {
+    /// Turns stage 2's result into the client's response. A stream may be continued on another
+    /// variant of `order` (see `relay`); when the client asked for a whole response the relayed
+    /// events are assembled into one body. A cache miss's `capture` stores the complete answer
+    /// the client was given (see `cache`); dropped on any other end.
+    pub(super) async fn deliver(
+        mut self,
+        executed: Executed,
+        order: Vec<usize>,
+        capture: Option<Capture>,
+    ) -> Response<Body> {
+        let protocol = self.protocol();
+        let Executed {
+            outcome,
+            attempts,
+            route,
+        } = executed;
+        let log = &mut self.log;
+        log.note_attempts(&attempts);
+        log.route = route.unwrap_or(if attempts.len() > 1 {
+            "fallback"
+        } else {
+            "direct"
+        });
+        let (committed, served) = match outcome {
+            Outcome::Served(c, s) => (c, s),
+            Outcome::ClientError(Served::Whole {
+                status,
+                headers,
+                body,
+            }) => {
+                log.variant = attempts
+                    .records()
+                    .last()
+                    .map_or("none".into(), |r| r.variant.clone());
+                return whole(self.log, &self.ctx, status, headers, body);
             }
-            let mut resp = whole(log, ctx, status, headers, body);
-            integrity_header(resp.headers_mut(), &flags);
-            if stored {
-                cache::stamp(resp.headers_mut(), "stored");
+            Outcome::ClientError(Served::Stream(_)) => {
+                let e = GatewayError::new(ErrorKind::BadGateway, "upstream rejected the request");
+                return error_response(self.log, protocol, &e);
             }
-            return resp;
+            Outcome::Failed(e) => return error_response(self.log, protocol, &e),
+        };
+        log.serving(&self.pool.variants[committed.vi].cfg);
+        let start = match served {
+            Served::Whole {
+                status,
+                headers,
+                body,
+            } => {
+                self.ctx
+                    .meter
+                    .whole(&self.pool.variants[committed.vi].cfg, &body);
+                drop(committed);
+                return self.whole_answer(status, headers, body, capture);
+            }
+            Served::Stream(start) => start,
+        };
+        self.log.status = 200;
+        self.log.ttft = Some(start.first_token_at.duration_since(self.log.started));
+        let stream = CommittedStream {
+            committed,
+            start,
+            order,
+            attempts,
+        };
+        if self.ctx.client_stream {
+            self.streamed(stream, capture)
+        } else {
+            self.assembled(stream, capture).await
         }
-        Served::Stream(start) => start,
-    };
-    log.status = 200;
-    log.ttft = Some(start.first_token_at.duration_since(log.started));
-    // The assembled answer's `model`: the name the client asked for, unless the pool keeps
-    // the upstream's (its events are not renamed, see `RequestCtx::assembled`).
-    let answer_as = (pool.cfg.response_model == ResponseModel::Public).then(|| req.model.clone());
-    let relay = |sink| Relay::new(gw, sink, protocol, pool, req, ctx, order, attempts);
-    if !ctx.client_stream {
-        let fixes = start.headers.get(PROMPT_FIX_HEADER).cloned();
+    }
+
+    /// A whole answer from the upstream, stored in the cache when it is a success.
+    fn whole_answer(
+        mut self,
+        status: StatusCode,
+        headers: HeaderMap,
+        body: bytes::Bytes,
+        capture: Option<Capture>,
+    ) -> Response<Body> {
+        let Flight { pool, req, ctx, .. } = &self;
+        shadow_whole(pool, req, ctx, &self.log, &body);
+        let flags = crate::pipeline::relay::whole_flags(pool.cfg.integrity, req, &body);
+        let stored = match capture {
+            Some(c) if status.is_success() => {
+                let answer = serde_json::from_slice(&body).unwrap_or_default();
+                let log = &self.log;
+                c.store(&answer, &log.variant, &ctx.id, log.started.elapsed())
+            }
+            _ => false,
+        };
+        if stored {
+            self.log.cache = "stored";
+        }
+        let mut resp = whole(self.log, &self.ctx, status, headers, body);
+        integrity_header(resp.headers_mut(), &flags);
+        if stored {
+            cache::stamp(resp.headers_mut(), "stored");
+        }
+        resp
+    }
+
+    /// Splits the flight at the commit point: the relay's share (the request itself, a copy
+    /// of its context, the plan) and delivery's (the context and the access-log entry).
+    fn hand_over(
+        self,
+        order: Vec<usize>,
+        attempts: Attempts,
+    ) -> (Handover, RequestCtx, RequestLog) {
+        let protocol = self.protocol();
+        let Flight {
+            gw,
+            pool,
+            req,
+            ctx,
+            log,
+            ..
+        } = self;
+        let handover = Handover {
+            gw: gw.clone(),
+            protocol,
+            pool,
+            req,
+            ctx: ctx.clone(),
+            order,
+            attempts,
+        };
+        (handover, ctx, log)
+    }
+
+    /// A non-streaming request that keel streamed upstream: relayed in place into an
+    /// assembler, and answered whole.
+    async fn assembled(
+        mut self,
+        stream: CommittedStream,
+        capture: Option<Capture>,
+    ) -> Response<Body> {
+        // The assembled answer's `model`: the name the client asked for, unless the pool keeps
+        // the upstream's (its events are not renamed, see `RequestCtx::assembled`).
+        let answer_as =
+            (self.pool.cfg.response_model == ResponseModel::Public).then(|| self.req.model.clone());
+        let fixes = stream.start.headers.get(PROMPT_FIX_HEADER).cloned();
         let mut fixed = HeaderMap::new();
         if let Some(v) = &fixes {
             fixed.insert(PROMPT_FIX_HEADER, v.clone());
         }
-        front_fixes(&mut fixed, ctx);
-        log.prompt_fixes = fix_codes(&fixed);
-        let stamp = log.overhead_stamp();
+        front_fixes(&mut fixed, &self.ctx);
+        self.log.prompt_fixes = fix_codes(&fixed);
+        let stamp = self.log.overhead_stamp();
         let assembled = Arc::new(Mutex::new(Assembled {
             body: answer_as
                 .as_deref()
                 .map_or_else(Assembler::new, Assembler::answering_as),
             ..Assembled::default()
         }));
-        let start_at = start.first_token_at;
-        let relay = relay(Sink::Assemble(assembled.clone()));
-        let summary: Summary = relay.run(committed, start, log).await;
+        let start_at = stream.start.first_token_at;
+        let protocol = self.protocol();
+        let (handover, ctx, log) = self.hand_over(stream.order, stream.attempts);
+        let relay = Relay::new(handover, Sink::Assemble(assembled.clone()));
+        let summary: Summary = relay.run(stream.committed, stream.start, log).await;
         let (failure, assembler) = {
             let mut a = assembled.lock().unwrap_or_else(|e| e.into_inner());
             (a.failure.take(), std::mem::take(&mut a.body))
         };
         let mut stored = false;
         let mut resp = match failure {
-            Some(m) => {
+            Some(e) => {
                 if let Some(c) = capture {
                     c.incomplete();
                 }
-                GatewayError::new(ErrorKind::BadGateway, m).to_response(protocol)
+                e.to_response(protocol)
             }
             None => {
                 let answer = assembler.finish(ctx.endpoint);
@@ -328,14 +399,14 @@ pub async fn deliver(
                 full_body(
                     StatusCode::OK,
                     "application/json",
-                    answer_body(ctx, StatusCode::OK, body),
+                    answer_body(&ctx, StatusCode::OK, body),
                 )
             }
         };
         if let Some(v) = fixes {
             resp.headers_mut().insert(PROMPT_FIX_HEADER, v);
         }
-        front_fixes(resp.headers_mut(), ctx);
+        front_fixes(resp.headers_mut(), &ctx);
         keel_headers(
             resp.headers_mut(),
             &ctx.id,
@@ -348,88 +419,96 @@ pub async fn deliver(
         if stored {
             cache::stamp(resp.headers_mut(), "stored");
         }
-        return resp;
+        resp
     }
-    let mut headers = response_headers();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    for (k, v) in &start.headers {
-        if k != header::CONTENT_TYPE {
-            headers.insert(k.clone(), v.clone());
-        }
-    }
-    log_headers(&mut headers, &log);
-    front_fixes(&mut headers, ctx);
-    log.prompt_fixes = fix_codes(&headers);
-    log.stamp_overhead(&mut headers);
-    // The relay runs inside the client's body (no task of its own; see `body::driven`), except a
-    // coalescing leader's (below).
-    let (tx, body, driver) = driven(protocol);
-    // Ended by an error event if still running at the drain deadline (before the Responses
-    // front, which translates it like the relay's own error events).
-    let mut body = gw.process.cut_at_deadline(body, protocol);
-    body = crate::pipeline::guard_stream::restore(body, protocol, ctx.guard.as_ref());
-    if let Some(front) = &ctx.responses {
-        body = front.stream(&ctx.id, body);
-    }
-    match capture {
-        None => {
-            driver.run(relay(Sink::Client(tx)).run(committed, start, log));
-        }
-        Some(mut c) => {
-            // The client's events are assembled on the side and stored if the stream completes.
-            let copy = Arc::new(Mutex::new(Assembled::default()));
-            // A coalescing leader's relay writes the flight's live log instead of this client's
-            // body, and runs in a task of its own: this client reads the log as every follower
-            // does, so no reader's pace (this client's included) holds back the generation or
-            // the others.
-            let (sink, reader) = match c.take_live() {
-                Some(live) => {
-                    live.serving(&log.variant);
-                    let reader = live.live().reader();
-                    let sink = Sink::Shared {
-                        copy: copy.clone(),
-                        live,
-                    };
-                    (sink, Some((reader, tx)))
-                }
-                None => {
-                    let sink = Sink::Tee {
-                        client: tx,
-                        copy: copy.clone(),
-                    };
-                    (sink, None)
-                }
-            };
-            let relay = relay(sink);
-            let (endpoint, id, first) = (ctx.endpoint, ctx.id.clone(), start.first_token_at);
-            let generate = async move {
-                let summary = relay.run(committed, start, log).await;
-                let (failure, body) = {
-                    let mut a = copy.lock().unwrap_or_else(|e| e.into_inner());
-                    (a.failure.take(), std::mem::take(&mut a.body))
-                };
-                if summary.complete && failure.is_none() {
-                    let answer = body.finish(endpoint).to_value();
-                    c.store(&answer, &summary.variant, &id, first.elapsed());
-                } else {
-                    c.incomplete();
-                }
-            };
-            match reader {
-                Some((reader, tx)) => {
-                    tokio::spawn(generate);
-                    driver.run(cache::flight::forward(reader, tx));
-                }
-                None => driver.run(generate),
+
+    /// A stream: the response head now, and the relay inside the client's body (no task of its
+    /// own; see `body::driven`), except a coalescing leader's.
+    fn streamed(mut self, stream: CommittedStream, capture: Option<Capture>) -> Response<Body> {
+        let protocol = self.protocol();
+        let mut headers = response_headers();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream; charset=utf-8"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        for (k, v) in &stream.start.headers {
+            if k != header::CONTENT_TYPE {
+                headers.insert(k.clone(), v.clone());
             }
         }
+        let log = &mut self.log;
+        log_headers(&mut headers, log);
+        front_fixes(&mut headers, &self.ctx);
+        log.prompt_fixes = fix_codes(&headers);
+        log.stamp_overhead(&mut headers);
+        let (tx, body, driver) = driven(protocol);
+        // Ended by an error event if still running at the drain deadline (before the Responses
+        // front, which translates it like the relay's own error events).
+        let mut body = self.gw.process.cut_at_deadline(body, protocol);
+        let ctx = &self.ctx;
+        body = crate::pipeline::guard_stream::restore(body, protocol, ctx.guard.as_ref());
+        if let Some(front) = &ctx.responses {
+            body = front.stream(&ctx.id, body);
+        }
+        let (handover, ctx, log) = self.hand_over(stream.order, stream.attempts);
+        match capture {
+            None => {
+                let relay = Relay::new(handover, Sink::Client(tx));
+                driver.run(relay.run(stream.committed, stream.start, log));
+            }
+            Some(mut c) => {
+                // The client's events are assembled on the side and stored if the stream completes.
+                let copy = Arc::new(Mutex::new(Assembled::default()));
+                // A coalescing leader's relay writes the flight's live log instead of this
+                // client's body, and runs in a task of its own: this client reads the log as
+                // every follower does, so no reader's pace (this client's included) holds back
+                // the generation or the others.
+                let (sink, reader) = match c.take_live() {
+                    Some(live) => {
+                        live.serving(&log.variant);
+                        let reader = live.live().reader();
+                        let sink = Sink::Shared {
+                            copy: copy.clone(),
+                            live,
+                        };
+                        (sink, Some((reader, tx)))
+                    }
+                    None => {
+                        let sink = Sink::Tee {
+                            client: tx,
+                            copy: copy.clone(),
+                        };
+                        (sink, None)
+                    }
+                };
+                let relay = Relay::new(handover, sink);
+                let (endpoint, id, first) = (ctx.endpoint, ctx.id, stream.start.first_token_at);
+                let generate = async move {
+                    let summary = relay.run(stream.committed, stream.start, log).await;
+                    let (failure, body) = {
+                        let mut a = copy.lock().unwrap_or_else(|e| e.into_inner());
+                        (a.failure.take(), std::mem::take(&mut a.body))
+                    };
+                    if summary.complete && failure.is_none() {
+                        let answer = body.finish(endpoint).to_value();
+                        c.store(&answer, &summary.variant, &id, first.elapsed());
+                    } else {
+                        c.incomplete();
+                    }
+                };
+                match reader {
+                    Some((reader, tx)) => {
+                        tokio::spawn(generate);
+                        driver.run(cache::flight::forward(reader, tx));
+                    }
+                    None => driver.run(generate),
+                }
+            }
+        }
+        let mut resp = Response::new(body);
+        *resp.status_mut() = StatusCode::OK;
+        *resp.headers_mut() = headers;
+        resp
     }
-    let mut resp = Response::new(body);
-    *resp.status_mut() = StatusCode::OK;
-    *resp.headers_mut() = headers;
-    resp
 }

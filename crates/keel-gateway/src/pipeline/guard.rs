@@ -30,8 +30,7 @@ use crate::config::KeyConfig;
 use crate::state::pools::Pool;
 use crate::wire::errors::GatewayError;
 
-/// The response header naming what the guard found and did.
-pub const HEADER: &str = "x-keel-guard";
+pub use crate::wire::GUARD_HEADER as HEADER;
 
 /// What the guard did to one request, and the placeholder map its answer is restored with.
 #[derive(Debug)]

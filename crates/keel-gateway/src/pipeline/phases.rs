@@ -63,6 +63,12 @@ enum Answer {
     Follow(cache::flight::Follower),
 }
 
+impl From<GatewayError> for Answer {
+    fn from(e: GatewayError) -> Self {
+        Answer::Error(e)
+    }
+}
+
 /// Runs every phase, in order, for one generation request.
 pub async fn run(
     gw: &Arc<Gateway>,
@@ -83,7 +89,7 @@ pub async fn run(
     let admitted = match admission::admit(gw, api, &parts, body, &id, started).await {
         Ok(a) => a,
         Err(e) => {
-            let mut log = RequestLog::new(gw, &id, started, api.label(), "none");
+            let mut log = gw.request_log(&id, started, api.label(), "none");
             log.trace = trace;
             let record = DecisionRecord::bare(&id, "none");
             log.decision = Some(Draft::new(gw.decision_log(), started, record));
@@ -106,7 +112,7 @@ pub async fn run(
             flight.fly(control).await
         }
         Err(e) => {
-            let mut log = RequestLog::new(gw, &id, started, api.label(), &admitted.pool.cfg.name);
+            let mut log = gw.request_log(&id, started, api.label(), &admitted.pool.cfg.name);
             log.trace = trace;
             delivery::error_response(log, protocol, &e)
         }
@@ -121,15 +127,15 @@ pub async fn run(
 
 /// An admitted request on its way through the phases after admission.
 pub struct Flight<'g> {
-    gw: &'g Arc<Gateway>,
+    pub(super) gw: &'g Arc<Gateway>,
     id: &'g str,
     started: Instant,
     endpoint: Endpoint,
-    pool: Arc<Pool>,
-    req: CanonicalRequest,
-    ctx: RequestCtx,
+    pub(super) pool: Arc<Pool>,
+    pub(super) req: CanonicalRequest,
+    pub(super) ctx: RequestCtx,
     /// The request's access-log entry, finished when the request ends.
-    log: RequestLog,
+    pub(super) log: RequestLog,
 }
 
 /// What planning decided: the variants to try in order, the attempt ledger it began, and the
@@ -155,7 +161,7 @@ impl<'g> Flight<'g> {
             mut ctx,
             fingerprint,
         } = admitted;
-        let mut log = RequestLog::new(gw, id, started, api.label(), &pool.cfg.name);
+        let mut log = gw.request_log(id, started, api.label(), &pool.cfg.name);
         log.fingerprint = fingerprint;
         log.usage = Some((ctx.meter.clone(), req.estimated_input_tokens));
         log.trace = trace.clone();
@@ -182,7 +188,7 @@ impl<'g> Flight<'g> {
         }
     }
 
-    fn protocol(&self) -> Protocol {
+    pub(super) fn protocol(&self) -> Protocol {
         self.endpoint.protocol()
     }
 
@@ -203,35 +209,14 @@ impl<'g> Flight<'g> {
         // A consensus asks several variants at once and merges their answers (execution and
         // delivery in one).
         if let Some(n) = self.ctx.consensus {
-            let Flight {
-                log,
-                pool,
-                ctx,
-                req,
-                ..
-            } = self;
-            let (order, attempts) = (&plan.order, plan.attempts);
-            return crate::pipeline::consensus::run(log, &pool, &ctx, &req, order, attempts, n)
-                .await;
+            return crate::pipeline::consensus::run(self, &plan.order, plan.attempts, n).await;
         }
         self.stream_upstream();
         let (executed, order) = match self.execute(plan).await {
             Ok(done) => done,
             Err(answer) => return self.answer(answer),
         };
-        let protocol = self.protocol();
-        let Flight {
-            gw,
-            log,
-            pool,
-            ctx,
-            req,
-            ..
-        } = self;
-        let mut resp = delivery::deliver(
-            gw, log, &pool, &ctx, protocol, executed, req, order, capture,
-        )
-        .await;
+        let mut resp = self.deliver(executed, order, capture).await;
         cache::stamp(resp.headers_mut(), cache_state);
         resp
     }
@@ -240,16 +225,22 @@ impl<'g> Flight<'g> {
     fn answer(self, answer: Answer) -> Response<Body> {
         let protocol = self.protocol();
         let Flight {
+            gw,
             pool,
             req,
             ctx,
             log,
             ..
         } = self;
+        let decisions = gw.decision_log();
         match answer {
             Answer::Error(e) => delivery::error_response(log, protocol, &e),
-            Answer::Cached(entry) => cache::replay::respond(&pool, &ctx, &req.model, entry, log),
-            Answer::Follow(follower) => cache::replay::follow(&pool, &ctx, follower, log),
+            Answer::Cached(entry) => {
+                cache::replay::respond(&pool, &ctx, &req.model, entry, log, decisions)
+            }
+            Answer::Follow(follower) => {
+                cache::replay::follow(&pool, &ctx, follower, log, decisions)
+            }
         }
     }
 
@@ -369,7 +360,7 @@ impl<'g> Flight<'g> {
         if matches!(selection, Selection::Throttled(_) | Selection::Full) {
             self.log.route = "throttled";
         }
-        plan_or_error(&self.pool, selection).map_err(Answer::Error)
+        Ok(plan_or_error(&self.pool, selection)?)
     }
 
     /// The request as it goes upstream. A non-streaming generation is streamed upstream (and

@@ -34,6 +34,7 @@ use tokio::time::Instant;
 use keel_core::outcome::{AttemptFailure, Verdict};
 use keel_core::protocol::ErrorKind;
 
+use crate::observe::access_log::RequestLog;
 use crate::observe::decisions::Draft;
 use crate::observe::telemetry::{AttemptSpan, RequestSpan};
 use crate::pipeline::attempt::{AttemptResult, Served};
@@ -776,4 +777,17 @@ fn is_full(f: &AttemptFailure, pool: &Pool, vi: usize) -> bool {
     matches!(f, AttemptFailure::Status { status: 429, retry_after_ms, .. }
         if retry_after_ms.is_none_or(|ms| ms <= FULL_RETRY_AFTER_MAX_MS))
         && pool.variants[vi].in_flight.load(Ordering::Relaxed) >= 2
+}
+
+impl RequestLog {
+    /// Takes the attempts' count, order and hedges from the request's ledger.
+    pub fn note_attempts(&mut self, attempts: &Attempts) {
+        let records = attempts.records();
+        self.attempts = records.len();
+        self.tried = records.iter().map(|r| r.variant.clone()).collect();
+        self.hedges = records
+            .iter()
+            .filter(|r| r.kind == AttemptKind::Hedge)
+            .count();
+    }
 }

@@ -19,13 +19,14 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use keel_core::compare::{answer_text, compare};
-use keel_core::protocol::Endpoint;
+use keel_core::protocol::{self, Endpoint};
 use keel_core::request::CanonicalRequest;
 use keel_core::tokens;
 
 use crate::config::VariantConfig;
 use crate::pipeline::context::RequestCtx;
 use crate::state::pools::Pool;
+use crate::wire::errors::{ErrorKind, GatewayError};
 
 /// What the client was served, for the comparison.
 pub struct ServedAnswer {
@@ -83,20 +84,20 @@ pub fn after_served(
 fn copy_for(
     variant: &VariantConfig,
     req: &CanonicalRequest,
-) -> Result<(Endpoint, Vec<u8>), String> {
+) -> Result<(Endpoint, Vec<u8>), GatewayError> {
     let (endpoint, mut body) = match crate::upstream::translation::translate_request(variant, req) {
         Ok(None) => (
             req.endpoint,
             req.upstream_body(&variant.upstream_model, &variant.params),
         ),
         Ok(Some(t)) => (t.endpoint, t.body),
-        Err(e) => return Err(e.message),
+        Err(e) => return Err(e.into()),
     };
     body.insert("stream".into(), Value::Bool(false));
     body.remove("stream_options");
     serde_json::to_vec(&body)
         .map(|b| (endpoint, b))
-        .map_err(|e| e.to_string())
+        .map_err(|e| GatewayError::new(protocol::ErrorKind::Internal, e.to_string()))
 }
 
 /// The shadow's answer text and how long it took (ms), or why there is none.
@@ -105,7 +106,8 @@ async fn send(
     variant: &VariantConfig,
     (endpoint, body): (Endpoint, Vec<u8>),
     forwarded: &http::HeaderMap,
-) -> Result<(String, f64), String> {
+) -> Result<(String, f64), GatewayError> {
+    let failed = |kind: ErrorKind, why: String| GatewayError::new(kind, why);
     let started = Instant::now();
     let deadline = started + Duration::from_millis(pool.cfg.timeouts.total_ms);
     let send = pool.client.send(
@@ -113,24 +115,27 @@ async fn send(
         crate::upstream::request(variant, endpoint, forwarded, None, body),
     );
     let resp = match tokio::time::timeout_at(deadline, send).await {
-        Err(_) => return Err("timed out".into()),
-        Ok(Err(e)) => return Err(format!("transport: {e}")),
+        Err(_) => return Err(failed(ErrorKind::Io, "timed out".into())),
+        Ok(Err(e)) => return Err(failed(e.kind, format!("transport: {e}"))),
         Ok(Ok(r)) => r,
     };
     if !resp.status.is_success() {
-        return Err(format!("status {}", resp.status.as_u16()));
+        let status = resp.status.as_u16();
+        return Err(failed(ErrorKind::Upstream, format!("status {status}")));
     }
     let bytes =
         crate::pipeline::attempt::read_body(resp, pool.limits.max_body_bytes, deadline, started)
             .await
-            .map_err(|f| f.label())?;
-    let v: Value = serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}"))?;
-    let text = answer_text(&v).ok_or("no answer text")?;
+            .map_err(|f| failed(ErrorKind::Upstream, f.label()))?;
+    let v: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| failed(ErrorKind::Malformed, format!("not JSON: {e}")))?;
+    let text =
+        answer_text(&v).ok_or_else(|| failed(ErrorKind::Malformed, "no answer text".into()))?;
     Ok((text, started.elapsed().as_secs_f64() * 1000.0))
 }
 
 /// Records one copy's result.
-fn settle(pool: &Pool, i: usize, served: &ServedAnswer, got: Result<(String, f64), String>) {
+fn settle(pool: &Pool, i: usize, served: &ServedAnswer, got: Result<(String, f64), GatewayError>) {
     let Some(shadow) = &pool.shadow else {
         return;
     };

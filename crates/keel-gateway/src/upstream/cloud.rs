@@ -18,12 +18,13 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use serde_json::{Map, Value};
 
 use keel_core::dialect::{self, DialectRequest, StreamToHub};
-use keel_core::protocol::{error_body, ErrorKind, Protocol};
+use keel_core::protocol::{ErrorKind, Protocol};
 use keel_core::request::RequestError;
 
-use super::{Body, BodyStream, Error, ErrorKind as TransportError, Request, Response};
+use super::{Body, BodyStream, Request, Response};
 use crate::config::cloud::{Dialect, ServiceAccount, VertexAuth};
 use crate::config::VariantConfig;
+use crate::wire::errors::{ErrorKind as TransportError, GatewayError};
 
 /// The most of a whole answer or an error body the edge reads to translate it.
 const MAX_TRANSLATED_BYTES: usize = 64 << 20;
@@ -92,7 +93,7 @@ impl Edge {
         &self,
         mut req: Request,
         http: &reqwest::Client,
-    ) -> Result<(Request, Pending), Result<Response, Error>> {
+    ) -> Result<(Request, Pending), Result<Response, GatewayError>> {
         let hub: Map<String, Value> = match serde_json::from_slice(&req.body) {
             Ok(Value::Object(m)) => m,
             _ => {
@@ -121,7 +122,11 @@ impl Edge {
 
     /// Adds the dialect's credentials to `req` (the variant's static ones were not added for
     /// dialects: see `upstream::request`).
-    async fn authorize(&self, req: &mut Request, http: &reqwest::Client) -> Result<(), Error> {
+    async fn authorize(
+        &self,
+        req: &mut Request,
+        http: &reqwest::Client,
+    ) -> Result<(), GatewayError> {
         let key = self.variant.api_key.as_deref();
         let h = &mut req.headers;
         match &self.variant.dialect {
@@ -303,7 +308,9 @@ fn insert_secret(h: &mut HeaderMap, name: HeaderName, value: &str) {
 /// A 400 in the hub's words: the dialect cannot express the request (execution checked
 /// beforehand, so this is the rare case a continuation cannot be expressed).
 fn refusal(protocol: Protocol, message: &str) -> Response {
-    let body = error_body(protocol, ErrorKind::InvalidRequest, message).to_string();
+    let body = GatewayError::new(ErrorKind::InvalidRequest, message)
+        .body(protocol)
+        .to_string();
     whole_response(
         StatusCode::BAD_REQUEST,
         HeaderMap::new(),
@@ -336,12 +343,14 @@ pub fn sign_sigv4(
     req: &mut Request,
     region: &str,
     keys: &crate::config::cloud::AwsKeys,
-) -> Result<(), Error> {
+) -> Result<(), GatewayError> {
     use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
     use aws_sigv4::sign::v4;
-    let fail = |what: &str, e: &dyn std::fmt::Display| Error {
-        kind: TransportError::Connect,
-        message: format!("cannot sign the request ({what}): {e}"),
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        GatewayError::new(
+            TransportError::Connect,
+            format!("cannot sign the request ({what}): {e}"),
+        )
     };
     let identity = aws_credential_types::Credentials::new(
         &keys.access_key_id,
@@ -399,7 +408,7 @@ pub(super) struct Pending {
 impl Pending {
     /// The dialect's answer as the hub's: an error body or a whole answer read and translated
     /// here, a stream translated as it is read.
-    pub(super) async fn inbound(self, mut resp: Response) -> Result<Response, Error> {
+    pub(super) async fn inbound(self, mut resp: Response) -> Result<Response, GatewayError> {
         let error_type = resp
             .headers
             .get("x-amzn-errortype")
@@ -492,15 +501,15 @@ fn google_retry_delay(body: &[u8]) -> Option<u64> {
     })
 }
 
-async fn read_all(body: &mut Body) -> Result<Vec<u8>, Error> {
+async fn read_all(body: &mut Body) -> Result<Vec<u8>, GatewayError> {
     let mut out = Vec::new();
     while let Some(chunk) = body.next().await {
         let chunk = chunk?;
         if out.len() + chunk.len() > MAX_TRANSLATED_BYTES {
-            return Err(Error {
-                kind: TransportError::Io,
-                message: format!("the answer exceeds {MAX_TRANSLATED_BYTES} bytes"),
-            });
+            return Err(GatewayError::new(
+                TransportError::Io,
+                format!("the answer exceeds {MAX_TRANSLATED_BYTES} bytes"),
+            ));
         }
         out.extend_from_slice(&chunk);
     }
@@ -516,7 +525,7 @@ struct Translated {
 }
 
 impl Stream for Translated {
-    type Item = Result<Bytes, Error>;
+    type Item = Result<Bytes, GatewayError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
@@ -536,10 +545,10 @@ impl Stream for Translated {
             };
             if let Err(e) = step {
                 this.ended = true;
-                return Poll::Ready(Some(Err(Error {
-                    kind: TransportError::Io,
-                    message: format!("malformed upstream stream: {e}"),
-                })));
+                return Poll::Ready(Some(Err(GatewayError::new(
+                    TransportError::Io,
+                    format!("malformed upstream stream: {e}"),
+                ))));
             }
             if !out.is_empty() {
                 return Poll::Ready(Some(Ok(Bytes::from(out))));
@@ -582,7 +591,7 @@ impl TokenSource {
     /// The `Authorization` value. Waits only when no unexpired token is held (the first
     /// request, or after a long failure to refresh); otherwise a token close to expiry is
     /// refreshed by a task of its own while this request uses it.
-    async fn bearer(self: &Arc<Self>, http: &reqwest::Client) -> Result<String, Error> {
+    async fn bearer(self: &Arc<Self>, http: &reqwest::Client) -> Result<String, GatewayError> {
         let now = tokio::time::Instant::now();
         {
             let held = self.current.lock().await;
@@ -609,7 +618,7 @@ impl TokenSource {
     }
 
     /// Fetches a token unless another fetch made a fresh one meanwhile.
-    async fn refresh(&self, http: &reqwest::Client) -> Result<String, Error> {
+    async fn refresh(&self, http: &reqwest::Client) -> Result<String, GatewayError> {
         let mut held = self.current.lock().await;
         let now = tokio::time::Instant::now();
         if let Some(t) = held
@@ -624,13 +633,10 @@ impl TokenSource {
         Ok(bearer)
     }
 
-    async fn fetch(&self, http: &reqwest::Client) -> Result<Token, Error> {
-        let fail = |message: String| Error {
-            kind: TransportError::Connect,
-            message,
-        };
+    async fn fetch(&self, http: &reqwest::Client) -> Result<Token, GatewayError> {
+        let fail = |message: String| GatewayError::new(TransportError::Connect, message);
         self.fetches.increment(1);
-        let assertion = grant_assertion(&self.account, unix_now()).map_err(fail)?;
+        let assertion = grant_assertion(&self.account, unix_now())?;
         let form = format!(
             "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion={assertion}"
         );
@@ -645,12 +651,14 @@ impl TokenSource {
             .timeout(Duration::from_secs(10))
             .send()
             .await
-            .map_err(|e| fail(format!("the token endpoint: {}", Error::from(e))))?;
+            .map_err(|e| fail(format!("the token endpoint: {}", GatewayError::from(e))))?;
         let status = resp.status();
-        let body: Value = resp
-            .json()
-            .await
-            .map_err(|e| fail(format!("the token endpoint's answer: {}", Error::from(e))))?;
+        let body: Value = resp.json().await.map_err(|e| {
+            fail(format!(
+                "the token endpoint's answer: {}",
+                GatewayError::from(e)
+            ))
+        })?;
         let token = body.get("access_token").and_then(Value::as_str);
         let (true, Some(token)) = (status.is_success(), token) else {
             return Err(fail(format!(
@@ -678,7 +686,8 @@ fn unix_now() -> u64 {
 
 /// The RS256-signed JWT a service account presents for a token (RFC 7523, as Google's client
 /// libraries build it).
-fn grant_assertion(sa: &ServiceAccount, now: u64) -> Result<String, String> {
+fn grant_assertion(sa: &ServiceAccount, now: u64) -> Result<String, GatewayError> {
+    let failed = |why: String| GatewayError::new(TransportError::Connect, why);
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
     header.kid = sa.private_key_id.clone();
     let claims = serde_json::json!({
@@ -689,8 +698,9 @@ fn grant_assertion(sa: &ServiceAccount, now: u64) -> Result<String, String> {
         "exp": now + 3600,
     });
     let key = jsonwebtoken::EncodingKey::from_rsa_pem(sa.private_key.as_bytes())
-        .map_err(|e| format!("the service account's key: {e}"))?;
-    jsonwebtoken::encode(&header, &claims, &key).map_err(|e| format!("signing the grant: {e}"))
+        .map_err(|e| failed(format!("the service account's key: {e}")))?;
+    jsonwebtoken::encode(&header, &claims, &key)
+        .map_err(|e| failed(format!("signing the grant: {e}")))
 }
 
 #[cfg(test)]

@@ -49,8 +49,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use super::{BodyStream, Error, ErrorKind, Response};
+use super::{BodyStream, Response};
 use crate::per_thread::PerThread;
+use crate::wire::errors::{ErrorKind, GatewayError};
 
 /// How long an idle connection is kept.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -257,7 +258,7 @@ impl Direct {
         cap: Option<&Arc<Cap>>,
         mut headers: HeaderMap,
         body: Bytes,
-    ) -> Result<Response, Error> {
+    ) -> Result<Response, GatewayError> {
         headers.insert(http::header::HOST, target.host.clone());
         let mut req = http::Request::new(Full::new(body));
         *req.method_mut() = Method::POST;
@@ -315,12 +316,9 @@ impl Direct {
                         // Idle connections have the small buffer: not kept.
                         self.idle.all().iter_mut().for_each(|q| q.clear());
                     }
-                    return Err(Error {
-                        kind: ErrorKind::Io,
-                        message: format!(
+                    return Err(GatewayError::new(ErrorKind::Io, format!(
                             "the upstream's response head is larger than {READ_BUF} bytes; this pool's connections read larger heads from now on"
-                        ),
-                    });
+                        )));
                 }
                 Err(Sent::NotWritten(e, _)) | Err(Sent::Failed(e)) => return Err(e),
             }
@@ -330,7 +328,11 @@ impl Direct {
     /// A connection under `cap` to `authority`: an idle one, else a new one when the cap has a
     /// slot free, else the first of those to come (a check-in, or a close freeing a slot).
     /// Whether it was reused comes with it.
-    async fn open_capped(&self, authority: &str, cap: &Arc<Cap>) -> Result<(Conn, bool), Error> {
+    async fn open_capped(
+        &self,
+        authority: &str,
+        cap: &Arc<Cap>,
+    ) -> Result<(Conn, bool), GatewayError> {
         loop {
             // Registered before looking, so a check-in between the look and the wait wakes it.
             let returned = cap.returned.notified();
@@ -459,17 +461,17 @@ impl Direct {
 
     /// Opens a connection to `authority`; `slot`: its cap's slot, held for the connection's
     /// life (given back at once if connecting fails).
-    async fn connect(&self, authority: &str, slot: Option<Slot>) -> Result<Conn, Error> {
+    async fn connect(&self, authority: &str, slot: Option<Slot>) -> Result<Conn, GatewayError> {
         let stream =
             match tokio::time::timeout(self.connect_timeout, TcpStream::connect(authority)).await {
                 Err(_) => {
-                    return Err(Error {
-                        kind: ErrorKind::Connect,
-                        message: format!(
+                    return Err(GatewayError::new(
+                        ErrorKind::Connect,
+                        format!(
                             "connecting timed out after {} ms",
                             self.connect_timeout.as_millis()
                         ),
-                    })
+                    ))
                 }
                 Ok(Err(e)) => {
                     let kind = if e.kind() == std::io::ErrorKind::ConnectionRefused {
@@ -477,10 +479,7 @@ impl Direct {
                     } else {
                         ErrorKind::Connect
                     };
-                    return Err(Error {
-                        kind,
-                        message: format!("error connecting: {e}"),
-                    });
+                    return Err(GatewayError::new(kind, format!("error connecting: {e}")));
                 }
                 Ok(Ok(s)) => s,
             };
@@ -492,7 +491,7 @@ impl Direct {
         let (send, driver) = builder
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| Error::new(ErrorKind::Connect, &e))?;
+            .map_err(|e| GatewayError::upstream(ErrorKind::Connect, &e))?;
         self.opened.increment(1);
         Ok(Conn { send, driver, slot })
     }
@@ -501,10 +500,10 @@ impl Direct {
 /// How sending a request failed.
 enum Sent {
     /// Before hyper wrote any of it: the request, to send elsewhere.
-    NotWritten(Error, Box<http::Request<Full<Bytes>>>),
+    NotWritten(GatewayError, Box<http::Request<Full<Bytes>>>),
     /// The response head did not fit the read buffer.
     HeadTooLarge,
-    Failed(Error),
+    Failed(GatewayError),
 }
 
 /// Drives `driver` until the response head of `sent` is in.
@@ -539,18 +538,18 @@ where
         Some(Ok(resp)) => Ok(resp),
         Some(Err(e)) if e.error().is_parse_too_large() => Err(Sent::HeadTooLarge),
         Some(Err(mut e)) => {
-            let error = Error::new(ErrorKind::Io, e.error());
+            let error = GatewayError::upstream(ErrorKind::Io, e.error());
             match e.take_message() {
                 Some(req) => Err(Sent::NotWritten(error, Box::new(req))),
                 None => Err(Sent::Failed(error)),
             }
         }
         None => Err(Sent::Failed(match closed {
-            Some(Err(e)) => Error::new(ErrorKind::Io, &e),
-            _ => Error {
-                kind: ErrorKind::Io,
-                message: "the upstream connection closed before the response".into(),
-            },
+            Some(Err(e)) => GatewayError::upstream(ErrorKind::Io, &e),
+            _ => GatewayError::new(
+                ErrorKind::Io,
+                "the upstream connection closed before the response",
+            ),
         })),
     }
 }
@@ -587,7 +586,7 @@ struct Reading {
 }
 
 /// A body's next step.
-type Next = Poll<Option<Result<Bytes, Error>>>;
+type Next = Poll<Option<Result<Bytes, GatewayError>>>;
 
 impl Reading {
     /// The next data frame, if the body has one ready (trailers are skipped).
@@ -598,7 +597,9 @@ impl Reading {
                     Ok(data) if !data.is_empty() => Poll::Ready(Some(Ok(data))),
                     _ => continue,
                 },
-                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Error::new(ErrorKind::Io, &e)))),
+                Poll::Ready(Some(Err(e))) => {
+                    Poll::Ready(Some(Err(GatewayError::upstream(ErrorKind::Io, &e))))
+                }
                 Poll::Ready(None) => Poll::Ready(None),
                 Poll::Pending => Poll::Pending,
             };
@@ -613,10 +614,10 @@ impl Reading {
             }
             if self.driver_done {
                 // The connection ended and left the body unfinished.
-                return Poll::Ready(Some(Err(Error {
-                    kind: ErrorKind::Io,
-                    message: "the upstream connection ended inside the body".into(),
-                })));
+                return Poll::Ready(Some(Err(GatewayError::new(
+                    ErrorKind::Io,
+                    "the upstream connection ended inside the body",
+                ))));
             }
             // The body's request for more was just made, so the connection reads now.
             match Pin::new(&mut self.conn.driver).poll(cx) {
@@ -655,7 +656,7 @@ impl Reading {
 }
 
 impl Stream for DrivenBody {
-    type Item = Result<Bytes, Error>;
+    type Item = Result<Bytes, GatewayError>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();

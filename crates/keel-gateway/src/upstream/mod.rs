@@ -25,6 +25,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use keel_core::protocol::{Endpoint, Protocol};
 
 use crate::config::VariantConfig;
+use crate::wire::errors::{chain, ErrorKind, GatewayError};
 
 /// The default `anthropic-version` when a client does not send one.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -40,16 +41,19 @@ pub type Body = Pin<Box<dyn BodyStream>>;
 /// client gone, a stall left for another variant, a hedge's loser): the upstream should see
 /// the connection close at once and stop generating. [`BodyStream::reached_end`] says the
 /// first; without it a dropped body is given up.
-pub trait BodyStream: Stream<Item = Result<Bytes, Error>> + Send {
+pub trait BodyStream: Stream<Item = Result<Bytes, GatewayError>> + Send {
     /// The reader saw the response's last event; nothing it needs is left to read.
     fn reached_end(self: Pin<&mut Self>) {}
 }
 
 /// reqwest's bodies: its connection pool finishes or closes a dropped body itself.
-impl<S: Stream<Item = Result<Bytes, Error>> + Send> BodyStream for futures_util::stream::Fuse<S> {}
+impl<S: Stream<Item = Result<Bytes, GatewayError>> + Send> BodyStream
+    for futures_util::stream::Fuse<S>
+{
+}
 
 /// A body with nothing in it.
-impl BodyStream for futures_util::stream::Empty<Result<Bytes, Error>> {}
+impl BodyStream for futures_util::stream::Empty<Result<Bytes, GatewayError>> {}
 
 /// An upstream's answer: its head, and its body still to read.
 pub struct Response {
@@ -70,51 +74,6 @@ impl Response {
     }
 }
 
-/// Why an upstream request failed below HTTP: connecting (refused, or anything else), or the
-/// connection failing later. Messages never carry the URL (keel prints no more of an upstream
-/// than its variant name).
-#[derive(Debug)]
-pub struct Error {
-    pub kind: ErrorKind,
-    pub message: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// The connection was refused: nothing listens (a restarting server).
-    Refused,
-    /// Connecting failed otherwise (timeout, unreachable, DNS).
-    Connect,
-    /// The connection failed after it was made.
-    Io,
-}
-
-impl Error {
-    fn new(kind: ErrorKind, e: &dyn std::error::Error) -> Error {
-        Error {
-            kind,
-            message: chain(e),
-        }
-    }
-}
-
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-/// An error and its sources, as one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        msg = format!("{msg}: {s}");
-        src = s.source();
-    }
-    msg
-}
-
 /// Whether an io error (anywhere in `e`'s sources) is a refused connection.
 fn refused(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut src = Some(e);
@@ -129,8 +88,10 @@ fn refused(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-impl From<reqwest::Error> for Error {
-    fn from(e: reqwest::Error) -> Error {
+/// Why an upstream request failed below HTTP: connecting (refused, or anything else), or the
+/// connection failing later. The message never carries the URL.
+impl From<reqwest::Error> for GatewayError {
+    fn from(e: reqwest::Error) -> GatewayError {
         let connect = e.is_connect();
         let e = e.without_url();
         let kind = match (connect, refused(&e)) {
@@ -138,7 +99,7 @@ impl From<reqwest::Error> for Error {
             (true, false) => ErrorKind::Connect,
             _ => ErrorKind::Io,
         };
-        Error::new(kind, &e)
+        GatewayError::upstream(kind, &e)
     }
 }
 
@@ -281,7 +242,7 @@ impl Client {
     /// Sends one request to `variant` and returns the response head; the body is read from
     /// the response. A dialect variant's request leaves, and its answer arrives, through its
     /// edge (see [`cloud`]): the caller sends and reads the hub protocol.
-    pub async fn send(&self, variant: &str, req: Request) -> Result<Response, Error> {
+    pub async fn send(&self, variant: &str, req: Request) -> Result<Response, GatewayError> {
         let Some((_, edge)) = self.edges.iter().find(|(name, _)| name == variant) else {
             return self.transport(variant, req).await;
         };
@@ -292,7 +253,7 @@ impl Client {
         pending.inbound(self.transport(variant, req).await?).await
     }
 
-    async fn transport(&self, variant: &str, req: Request) -> Result<Response, Error> {
+    async fn transport(&self, variant: &str, req: Request) -> Result<Response, GatewayError> {
         if let Some(direct) = &self.direct {
             if let Some(target) = direct::Target::of(&req.url) {
                 return direct
@@ -310,7 +271,7 @@ impl Client {
         Ok(Response {
             status: resp.status(),
             headers: resp.headers().clone(),
-            body: Box::pin(resp.bytes_stream().map_err(Error::from).fuse()),
+            body: Box::pin(resp.bytes_stream().map_err(GatewayError::from).fuse()),
             fixes: Vec::new(),
         })
     }

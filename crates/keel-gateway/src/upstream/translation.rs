@@ -26,6 +26,7 @@ use keel_core::translate::{
 };
 
 use crate::config::VariantConfig;
+use crate::wire::errors::{ErrorKind, GatewayError};
 use keel_core::continuation::ResumeMode;
 
 /// The response header that lists the translation's fix codes.
@@ -155,14 +156,15 @@ impl ResponseTranslator {
         self.public_model = model.to_owned();
     }
 
-    /// A whole success body.
-    pub fn whole(&self, v: &Value) -> Result<Value, String> {
+    /// A whole success body (`Err`: one that cannot be translated).
+    pub fn whole(&self, v: &Value) -> Result<Value, GatewayError> {
         match self.client {
             Protocol::OpenAi => {
                 message_to_chat_completion(v, &self.ctx, &self.public_model, self.created_s)
             }
             Protocol::Anthropic => chat_completion_to_message(v, &self.public_model),
         }
+        .map_err(malformed)
     }
 
     /// An error body (any shape, possibly not JSON) in the client's shape.
@@ -213,12 +215,18 @@ impl StreamTranslator {
     }
 
     /// Translates one upstream event into `out` (`Err`: a malformed upstream event).
-    pub fn push(&mut self, ev: &SseEvent, out: &mut Vec<SseEvent>) -> Result<(), String> {
+    pub fn push(&mut self, ev: &SseEvent, out: &mut Vec<SseEvent>) -> Result<(), GatewayError> {
         match self {
             StreamTranslator::ToChat(t) => t.push(ev, out),
             StreamTranslator::ToMessages(t) => t.push(ev, out),
         }
+        .map_err(malformed)
     }
+}
+
+/// An upstream answer the translation refused.
+fn malformed(why: String) -> GatewayError {
+    GatewayError::new(ErrorKind::Malformed, why)
 }
 
 /// The `x-keel-prompt-fix` value for fix codes (`None` when there are none).

@@ -8,3 +8,6 @@ pub mod errors;
 pub mod request_id;
 pub mod responses;
 pub mod routes;
+
+/// The response header naming what a pool's guard found in the request and did about it.
+pub const GUARD_HEADER: &str = "x-keel-guard";

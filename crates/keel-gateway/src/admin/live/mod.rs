@@ -35,8 +35,9 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use keel_core::protocol::{stream_error_event, ErrorKind, Protocol};
+use keel_core::protocol::{ErrorKind, Protocol};
 
+use crate::wire::errors::GatewayError;
 use crate::{Body, Config, Gateway};
 
 /// The message of the error event that ends a stream still running at the drain deadline.
@@ -103,7 +104,8 @@ impl Process {
             tokio::select! {
                 biased;
                 _ = cut => {
-                    let ev = stream_error_event(protocol, ErrorKind::Overloaded, CUT_MESSAGE);
+                    let cut = GatewayError::new(ErrorKind::Overloaded, CUT_MESSAGE);
+                    let ev = cut.to_event(protocol);
                     Some((Ok(Frame::data(Bytes::from(ev.raw))), None))
                 }
                 frame = body.frame() => frame.map(|f| (f, Some((body, cutoff)))),
@@ -389,6 +391,6 @@ fn spawn_tasks(gw: &Arc<Gateway>) -> Vec<JoinHandle<()>> {
         tokio::spawn(crate::admin::events::run(gw.clone())),
     ];
     // Shared signals (`[redis] share_signals`) follow the current generation's pools too.
-    tasks.extend(crate::state::signals::spawn(gw.clone()));
+    tasks.extend(crate::state::signals::spawn(gw.signals_generation()));
     tasks
 }

@@ -187,8 +187,13 @@ impl ResponseCache {
                 };
             }
             if let Some(s) = &cfg.semantic {
-                match semantic::nearest(gw, s, &namespace, ctx, req, name, &self.stores, ttl).await
-                {
+                let asked = semantic::Asked {
+                    namespace: &namespace,
+                    pool: name,
+                    ctx,
+                    req,
+                };
+                match semantic::nearest(gw, s, asked, &self.stores, ttl).await {
                     semantic::Found::Hit(entry) => {
                         self.count(name, "semantic_hit");
                         return Lookup::Hit {

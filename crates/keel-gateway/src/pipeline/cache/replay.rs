@@ -19,7 +19,7 @@ use keel_core::sse::SseEvent;
 
 use crate::config::ResponseModel;
 use crate::observe::access_log::RequestLog;
-use crate::observe::decisions::Draft;
+use crate::observe::decisions::{DecisionLog, Draft};
 use crate::observe::record::DecisionRecord;
 use crate::pipeline::context::RequestCtx;
 use crate::pipeline::delivery;
@@ -41,9 +41,16 @@ pub fn respond(
     model: &str,
     entry: Arc<Entry>,
     mut log: RequestLog,
+    decisions: &Arc<DecisionLog>,
 ) -> Response<Body> {
     let protocol = ctx.endpoint.protocol();
-    account(pool, ctx, &mut log, &entry.variant, &entry.request_id);
+    account(
+        pool,
+        ctx,
+        &mut log,
+        decisions,
+        (&entry.variant, &entry.request_id),
+    );
     let mut body = entry.body.clone();
     if pool.cfg.response_model == ResponseModel::Public {
         // The entry may have been stored under another of the pool's names.
@@ -91,9 +98,16 @@ pub fn follow(
     ctx: &RequestCtx,
     follower: Follower,
     mut log: RequestLog,
+    decisions: &Arc<DecisionLog>,
 ) -> Response<Body> {
     let variant = follower.variant();
-    account(pool, ctx, &mut log, &variant, follower.origin());
+    account(
+        pool,
+        ctx,
+        &mut log,
+        decisions,
+        (&variant, follower.origin()),
+    );
     let (mut resp, tx, driver) = stream_head(ctx, ctx.endpoint.protocol());
     stamp(&mut resp, ctx, &mut log, &variant);
     driver.run(send_followed(tx, follower, log));
@@ -101,8 +115,14 @@ pub fn follow(
 }
 
 /// A hit is accounted for as answered by `variant` with `origin`'s answer: route `cached`, no
-/// attempts, and a decision record that names the original.
-fn account(pool: &Pool, ctx: &RequestCtx, log: &mut RequestLog, variant: &str, origin: &str) {
+/// attempts, and a decision record (kept in `decisions`) that names the original.
+fn account(
+    pool: &Pool,
+    ctx: &RequestCtx,
+    log: &mut RequestLog,
+    decisions: &Arc<DecisionLog>,
+    (variant, origin): (&str, &str),
+) {
     log.route = "cached";
     log.cache = "hit";
     log.variant = variant.to_owned();
@@ -110,7 +130,7 @@ fn account(pool: &Pool, ctx: &RequestCtx, log: &mut RequestLog, variant: &str, o
     let mut record = DecisionRecord::bare(&ctx.id, &pool.cfg.name);
     record.reason = "cached";
     record.prompt_edits = ctx.prompt_edits.clone();
-    log.decision = Some(Draft::new(log.gw.decision_log(), log.started, record));
+    log.decision = Some(Draft::new(decisions, log.started, record));
 }
 
 /// A hit's headers, and its log's status and first-byte time.

@@ -43,18 +43,31 @@ pub struct Probe {
     pub parameters: String,
 }
 
-/// The closest cached answer within `cfg.max_distance`, if any.
-#[allow(clippy::too_many_arguments)]
+/// The request a scan is for.
+pub struct Asked<'a> {
+    /// Its cache namespace (see `namespace_of`).
+    pub namespace: &'a str,
+    /// Its pool's name.
+    pub pool: &'a str,
+    pub ctx: &'a RequestCtx,
+    pub req: &'a CanonicalRequest,
+}
+
+/// The closest cached answer within `cfg.max_distance`, if any, among `stores`' entries not
+/// older than `ttl`.
 pub async fn nearest(
     gw: &Arc<Gateway>,
     cfg: &SemanticConfig,
-    namespace: &str,
-    ctx: &RequestCtx,
-    req: &CanonicalRequest,
-    pool: &str,
+    asked: Asked<'_>,
     stores: &Stores,
     ttl: Duration,
 ) -> Found {
+    let Asked {
+        namespace,
+        pool,
+        ctx,
+        req,
+    } = asked;
     let parameters = cache_key::parameters_fingerprint(namespace, ctx.endpoint, pool, &req.body);
     let text = cache_key::prompt_text(&req.body);
     let Some(embedding) = embed(gw, cfg, ctx, &text).await else {

@@ -26,7 +26,7 @@ use keel_core::integrity::{self, json, truncation, Flag};
 use keel_core::sse::SseEvent;
 use tokio::time::Instant;
 
-use super::{Relay, Segment, Sink};
+use super::{Course, Relay, Segment, Sink};
 use crate::config::IntegrityConfig;
 use crate::observe::access_log::RequestLog;
 use crate::pipeline::attempt::attempt;
@@ -39,6 +39,16 @@ pub struct State {
     pub json_retried: bool,
     /// Flags of the answer as delivered.
     pub flags: Vec<Flag>,
+}
+
+/// What a segment that stopped for length had said about its output.
+pub(super) struct LengthStop {
+    /// The output tokens its upstream reported.
+    pub(super) reported: Option<u64>,
+    /// Tokens delivered before it.
+    pub(super) tokens_before: u64,
+    /// It carried a tool call.
+    pub(super) tool_call: bool,
 }
 
 /// How a segment that stopped for length went on.
@@ -75,19 +85,25 @@ impl Relay {
         }
     }
 
-    /// A segment (`from`, already settled) ended for length with `held` as its ending;
-    /// `reported`: the output tokens its upstream reported; `tokens_before`: tokens delivered
-    /// before it; `tool_call`: it carried a tool call.
-    #[allow(clippy::too_many_arguments)]
+    /// A segment (`from`, already settled) ended for length with `held` as its ending.
     pub(super) async fn after_length_stop(
         &mut self,
         from: usize,
         held: Vec<SseEvent>,
-        (reported, tokens_before, tool_call): (Option<u64>, u64, bool),
-        stitcher: &mut Stitcher,
-        trim: &mut bool,
-        log: &mut RequestLog,
+        stop: LengthStop,
+        c: &mut Course,
     ) -> AfterLength {
+        let LengthStop {
+            reported,
+            tokens_before,
+            tool_call,
+        } = stop;
+        let Course {
+            stitcher,
+            trim,
+            log,
+            ..
+        } = c;
         let generated = reported.map_or(stitcher.delivered_tokens(), |r| tokens_before + r);
         let limit = integrity::client_output_limit(&self.req.body);
         let truncated = integrity::below_client_limit(limit, generated);

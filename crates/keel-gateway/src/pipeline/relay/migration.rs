@@ -27,6 +27,8 @@ use crate::upstream::translation;
 use keel_core::continuation::is_prefill_refusal;
 use keel_core::protocol::error_message;
 
+use crate::wire::errors::{ErrorKind, GatewayError};
+
 /// How often a stream waiting for a restarting fleet looks again.
 const FLEET_POLL: Duration = Duration::from_millis(50);
 /// Passes over a restarting fleet in which a connection may break without ending the wait.
@@ -121,7 +123,7 @@ impl Relay {
         &mut self,
         stitcher: &Stitcher,
         c: Continuation,
-    ) -> (Result<Segment, String>, ResumeMode) {
+    ) -> (Result<Segment, GatewayError>, ResumeMode) {
         let tp = c.entered.traceparent();
         let result = attempt(&self.pool, c.entered.vi, &c.req, &c.ctx, tp).await;
         self.finish(stitcher, c, result).await
@@ -139,7 +141,7 @@ impl Relay {
         stitcher: &Stitcher,
         c: Continuation,
         result: AttemptResult,
-    ) -> (Result<Segment, String>, ResumeMode) {
+    ) -> (Result<Segment, GatewayError>, ResumeMode) {
         if !(c.resume == ResumeMode::Prefill && refuses_prefill(&result)) {
             return (self.conclude(c.entered, result), c.resume);
         }
@@ -162,7 +164,10 @@ impl Relay {
                 let result = attempt(&self.pool, vi, &c.req, &c.ctx, tp).await;
                 (self.conclude(c.entered, result), c.resume)
             }
-            Err(s) => (Err(s.reason), ResumeMode::Instruction),
+            Err(s) => {
+                let e = GatewayError::new(ErrorKind::Upstream, s.reason);
+                (Err(e), ResumeMode::Instruction)
+            }
         }
     }
 
@@ -171,8 +176,9 @@ impl Relay {
         &mut self,
         entered: Entered,
         result: AttemptResult,
-    ) -> Result<Segment, String> {
+    ) -> Result<Segment, GatewayError> {
         let name = self.pool.variants[entered.vi].cfg.name.clone();
+        let unserved = |why: String| Err(GatewayError::new(ErrorKind::Upstream, why));
         match self.attempts.settle(entered, result) {
             Settled::Served(committed, Served::Stream(start)) => Ok(Segment::new(committed, start)),
             Settled::Served(committed, Served::Whole { .. }) => {
@@ -180,13 +186,13 @@ impl Relay {
                     AttemptFailure::Malformed("answered a continuation without a stream".into());
                 let reason = format!("{name}: {}", f.describe());
                 self.attempts.settle_end(committed, StreamEnd::Failed(f));
-                Err(reason)
+                unserved(reason)
             }
             Settled::ClientError(Served::Whole { status, .. }) => {
-                Err(format!("{name}: continuation rejected with HTTP {status}"))
+                unserved(format!("{name}: continuation rejected with HTTP {status}"))
             }
-            Settled::ClientError(_) => Err(format!("{name}: continuation rejected")),
-            Settled::Failed => Err(format!(
+            Settled::ClientError(_) => unserved(format!("{name}: continuation rejected")),
+            Settled::Failed => unserved(format!(
                 "{name}: {}",
                 self.attempts.last_failure().unwrap_or_default()
             )),
@@ -206,7 +212,7 @@ impl Relay {
         stitcher: &Stitcher,
         tried: &mut Vec<usize>,
         wait_for_fleet: bool,
-    ) -> Result<(Box<Segment>, ResumeMode), String> {
+    ) -> Result<(Box<Segment>, ResumeMode), GatewayError> {
         let mut transport_rounds = 0;
         loop {
             let before = self.attempts.failure_marks();
@@ -282,7 +288,7 @@ impl Relay {
         &mut self,
         stitcher: &Stitcher,
         tried: &mut Vec<usize>,
-    ) -> Result<(Segment, ResumeMode), (String, bool)> {
+    ) -> Result<(Segment, ResumeMode), (GatewayError, bool)> {
         let mut reasons = Vec::new();
         let mut stopped = false;
         // The plan first; then the pool's other variants, which may have recovered since the
@@ -319,13 +325,14 @@ impl Relay {
             tried.push(vi);
             match self.send_continuation(stitcher, c).await {
                 (Ok(next), resume) => return Ok((next, resume)),
-                (Err(reason), _) => reasons.push(reason),
+                (Err(e), _) => reasons.push(e.message),
             }
         }
         if reasons.is_empty() {
             reasons.push("no other variant in the plan".into());
         }
-        Err((reasons.join("; "), stopped))
+        let why = GatewayError::new(ErrorKind::Upstream, reasons.join("; "));
+        Err((why, stopped))
     }
 }
 

@@ -29,12 +29,13 @@ mod sink;
 mod speculation;
 
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use keel_core::continuation::{ResumeMode, Stitcher};
 use keel_core::outcome::AttemptFailure;
-use keel_core::protocol::{stream_error_event, ErrorKind, Protocol};
+use keel_core::protocol::{ErrorKind, Protocol};
 use keel_core::request::CanonicalRequest;
 use keel_core::sse::SseEvent;
 
@@ -47,6 +48,7 @@ use crate::pipeline::attempt::StreamStart;
 use crate::pipeline::context::RequestCtx;
 use crate::pipeline::settlement::{Attempts, Committed, StreamEnd};
 use crate::state::pools::Pool;
+use crate::wire::errors::GatewayError;
 use crate::Gateway;
 
 /// Everything needed to relay a stream and continue it elsewhere.
@@ -65,6 +67,19 @@ pub struct Relay {
     sent: AtomicUsize,
     /// Continuations for truncation, the JSON retry, and the answer's flags.
     integrity_state: integrity::State,
+}
+
+/// What a relay takes over at the commit point: the request and its plan.
+pub struct Handover {
+    pub gw: Arc<Gateway>,
+    pub protocol: Protocol,
+    pub pool: Arc<Pool>,
+    pub req: CanonicalRequest,
+    pub ctx: RequestCtx,
+    /// The plan: candidates for continuations, in order.
+    pub order: Vec<usize>,
+    /// The request's attempts so far; continuations join them.
+    pub attempts: Attempts,
 }
 
 /// How one segment ended (or paused).
@@ -143,25 +158,43 @@ enum Ending {
     GiveUp(String),
 }
 
+/// The relay's course through one client stream, past the segment being relayed: what the
+/// client has been sent, the access line that records where it came from, and the
+/// migrations spent.
+struct Course {
+    stitcher: Stitcher,
+    /// The next events' overlap with the text already delivered is trimmed (an instruction
+    /// continuation's).
+    trim: bool,
+    log: RequestLog,
+    /// The variants this stream has been on since its answer began.
+    tried: Vec<usize>,
+    /// Migrations for failures (stall, error) and for slowness are counted apart, so that
+    /// slowness never spends what a failure needs (see MAX_SLOW_MIGRATIONS).
+    migrations: u32,
+    slow_migrations: u32,
+    /// The pool's `max_migrations` as read at this segment's start.
+    max_migrations: u32,
+}
+
 impl Relay {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        gw: &Arc<Gateway>,
-        sink: Sink,
-        protocol: Protocol,
-        pool: &Arc<Pool>,
-        req: CanonicalRequest,
-        ctx: &RequestCtx,
-        order: Vec<usize>,
-        attempts: Attempts,
-    ) -> Relay {
+    pub fn new(handover: Handover, sink: Sink) -> Relay {
+        let Handover {
+            gw,
+            protocol,
+            pool,
+            req,
+            ctx,
+            order,
+            attempts,
+        } = handover;
         Relay {
-            gw: gw.clone(),
+            gw,
             sink,
             protocol,
-            pool: pool.clone(),
+            pool,
             req,
-            ctx: ctx.clone(),
+            ctx,
             order,
             attempts,
             sent: AtomicUsize::new(0),
@@ -172,240 +205,243 @@ impl Relay {
     /// Relays the committed stream to its end, migrating as needed, and accounts for it.
     ///
     /// This future lives as long as its stream, so its size is memory every live stream holds
-    /// (3.6 KB; `cargo +nightly rustc -p keel-gateway --lib -- -Zprint-type-sizes` prints it).
-    /// The rare branches (a race, a migration, a splice, a JSON retry, a length stop, the
-    /// ending) are awaited boxed, and so is a migration's next segment: a future's state is as
-    /// large as its largest await plus what is held across any await. Inline they made every
-    /// live stream carry 13.4 KB, then 6.8 KB (bench/history/2026-12-01-overhead-stops-1-5.md).
-    /// They allocate only when taken.
+    /// (3.5 KB in a release build; `cargo +nightly rustc --release -p keel-gateway --lib --
+    /// -Zprint-type-sizes` prints it, and `a_live_streams_relay_future_stays_small` bounds it).
+    /// Only the segment's pump is awaited inline: what follows a segment's end (a race, a
+    /// migration, a splice, a JSON retry, a length stop) is awaited boxed, and so is the
+    /// ending, because a future's state is as large as its largest await plus what is held
+    /// across any await. Inline they made every live stream carry 13.4 KB, then 6.8 KB
+    /// (bench/history/2026-12-01-overhead-stops-1-5.md). Even a complete stream's end goes
+    /// through the boxed step (one allocation of ≈ 3.3 KB, freed at once): inline, its JSON
+    /// check would add 48 bytes to every live stream.
     pub fn run(
         mut self,
         committed: Committed,
         start: StreamStart,
-        mut log: RequestLog,
+        log: RequestLog,
     ) -> impl Future<Output = Summary> + Send {
-        let mut stitcher = Stitcher::new(self.protocol);
-        let mut tried = vec![committed.vi];
+        let mut course = Course {
+            stitcher: Stitcher::new(self.protocol),
+            trim: false,
+            log,
+            tried: vec![committed.vi],
+            migrations: 0,
+            slow_migrations: 0,
+            max_migrations: 0,
+        };
         let mut seg = Segment::new(committed, start);
         // The state is made here and captured by the async block, not passed to an async fn:
         // an async fn keeps its by-value arguments twice in its state (as arguments, and as the
         // locals they are moved into), ≈ 1.9 KB more for every live stream.
         async move {
-            // Migrations for failures (stall, error) and for slowness are counted apart, so that
-            // slowness never spends what a failure needs (see MAX_SLOW_MIGRATIONS).
-            let (mut migrations, mut slow_migrations) = (0u32, 0u32);
-            let mut trim = false;
             let ending = loop {
-                // Read at each turn: a pool that enters safe mode mid-stream stops migrating.
-                let max_migrations = self.pool.max_migrations();
-                // Slowness alone is only worth a migration when there is somewhere to go: a slow
-                // stream beats an error. The same goes for racing a quiet stream.
-                let now = self.pool.now_ms();
-                let elsewhere = self
-                    .order
-                    .iter()
-                    .any(|i| !tried.contains(i) && self.pool.can_take(*i, now));
-                let slow_allowed =
-                    elsewhere && max_migrations > 0 && slow_migrations < MAX_SLOW_MIGRATIONS;
-                let quiet = (elsewhere && migrations < max_migrations && !seg.raced)
-                    .then(|| self.pool.quiet_threshold_ms(seg.committed.vi))
-                    .flatten();
-                let mut end = self
-                    .segment(&mut seg, &mut stitcher, &mut trim, slow_allowed, quiet)
+                let (slow_allowed, quiet) = self.start_turn(&mut course, &seg);
+                let c = &mut course;
+                let end = self
+                    .segment(&mut seg, &mut c.stitcher, &mut c.trim, slow_allowed, quiet)
                     .await;
-                if let SegmentEnd::Quiet = end {
-                    seg.raced = true;
-                    let silent_ms = seg.silent_ms();
-                    let (next, mode, failure) =
-                        match Box::pin(self.speculate(&mut seg, &stitcher, &mut tried)).await {
-                            Speculated::NotRaced | Speculated::Resumed => continue,
-                            Speculated::Ended(e) => {
-                                end = e;
-                                (None, ResumeMode::None, None)
-                            }
-                            Speculated::Won(next, mode) => {
-                                (Some(next), mode, Some(AttemptFailure::Stall { silent_ms }))
-                            }
-                            Speculated::Rescued(f, next, mode) => (Some(next), mode, Some(f)),
-                        };
-                    if let (Some(next), Some(failure)) = (next, failure) {
-                        // The race was won elsewhere: the original is retired as stalled (or as
-                        // the failure it met meanwhile) and the continuation spliced in.
-                        let seam =
-                            Seam::new(&self.pool.variants[seg.committed.vi].cfg.name, &failure);
-                        migrations += 1;
-                        let spliced = Box::pin(self.switch(
-                            &mut seg,
-                            next,
-                            failure,
-                            &seam,
-                            mode,
-                            &mut stitcher,
-                            &mut trim,
-                            &mut log,
-                        ))
-                        .await;
-                        if !spliced {
-                            self.attempts
-                                .settle_end(seg.committed, StreamEnd::ClientGone);
-                            break Ending::ClientGone;
-                        }
-                        continue;
-                    }
-                }
-                let failure = match end {
-                    SegmentEnd::Complete => {
-                        seg.start.source.reached_end();
-                        let gaps_ms = std::mem::take(&mut seg.watch.gaps);
-                        self.attempts
-                            .settle_end(seg.committed, StreamEnd::Complete { gaps_ms });
-                        if let Some(retry) = Box::pin(self.check_json(&stitcher, &mut log)).await {
-                            // A whole answer that is not the JSON asked for: once more, afresh.
-                            tried = vec![retry.committed.vi];
-                            seg = retry;
-                            stitcher = Stitcher::new(self.protocol);
-                            trim = false;
-                            continue;
-                        }
-                        break Ending::Complete;
-                    }
-                    SegmentEnd::LengthStop(held) => {
-                        seg.start.source.reached_end();
-                        let from = seg.committed.vi;
-                        let truncation = seg.watch.truncation.take();
-                        let facts = (
-                            truncation.as_ref().and_then(|t| t.reported_output()),
-                            seg.watch.tokens_before,
-                            truncation.as_ref().is_some_and(|t| t.saw_tool_call()),
-                        );
-                        let gaps_ms = std::mem::take(&mut seg.watch.gaps);
-                        self.attempts
-                            .settle_end(seg.committed, StreamEnd::Complete { gaps_ms });
-                        match Box::pin(self.after_length_stop(
-                            from,
-                            held,
-                            facts,
-                            &mut stitcher,
-                            &mut trim,
-                            &mut log,
-                        ))
-                        .await
-                        {
-                            integrity::AfterLength::Continued(next) => {
-                                seg = *next;
-                                continue;
-                            }
-                            integrity::AfterLength::ClientGone => break Ending::ClientGone,
-                            integrity::AfterLength::Ended => {
-                                if let Some(retry) =
-                                    Box::pin(self.check_json(&stitcher, &mut log)).await
-                                {
-                                    tried = vec![retry.committed.vi];
-                                    seg = retry;
-                                    stitcher = Stitcher::new(self.protocol);
-                                    trim = false;
-                                    continue;
-                                }
-                                break Ending::Complete;
-                            }
-                        }
-                    }
-                    SegmentEnd::ClientGone => {
-                        self.attempts
-                            .settle_end(seg.committed, StreamEnd::ClientGone);
-                        break Ending::ClientGone;
-                    }
-                    SegmentEnd::Deadline => {
-                        self.attempts.settle_end(seg.committed, StreamEnd::Deadline);
-                        break Ending::GiveUp("the request's total deadline was reached".into());
-                    }
-                    SegmentEnd::Failed(f) => f,
-                    // Only a speculation sees these, and it has turned them into one of the above.
-                    SegmentEnd::Quiet | SegmentEnd::Resumed => continue,
-                };
-                let seam = Seam::new(&self.pool.variants[seg.committed.vi].cfg.name, &failure);
-                // Slowness was only detected while a slow migration was allowed.
-                let slow = matches!(failure, AttemptFailure::Slow(_));
-                if slow {
-                    // A slow stream is still a stream: it is retired only once a continuation
-                    // has its first token; if none can be had, it goes on where it is.
-                    match Box::pin(self.migrate(&stitcher, &mut tried, false)).await {
-                        Ok((next, mode)) => {
-                            slow_migrations += 1;
-                            let spliced = Box::pin(self.switch(
-                                &mut seg,
-                                next,
-                                failure,
-                                &seam,
-                                mode,
-                                &mut stitcher,
-                                &mut trim,
-                                &mut log,
-                            ))
-                            .await;
-                            if !spliced {
-                                self.attempts
-                                    .settle_end(seg.committed, StreamEnd::ClientGone);
-                                break Ending::ClientGone;
-                            }
-                        }
-                        Err(_) => {
-                            self.count_migration(seam.reason, "failed");
-                            slow_migrations = MAX_SLOW_MIGRATIONS;
-                            seg.watch.slow = None;
-                            // The time spent looking elsewhere was not the stream's silence.
-                            seg.watch.last_output = tokio::time::Instant::now();
-                            seg.watch.last_token = None;
-                        }
-                    }
-                    continue;
-                }
-                self.attempts
-                    .settle_end(seg.committed, StreamEnd::Failed(failure));
-                if self.pool.safety.active() {
-                    break Ending::GiveUp(format!(
-                        "{}; pool `{}` is in safe mode (no migration)",
-                        seam.detail, self.pool.cfg.name
-                    ));
-                }
-                if migrations >= max_migrations {
-                    break Ending::GiveUp(format!(
-                        "{}; no migration left (max_migrations = {max_migrations})",
-                        seam.detail
-                    ));
-                }
-                match Box::pin(self.migrate(&stitcher, &mut tried, true)).await {
-                    Ok((next, mode)) => {
-                        migrations += 1;
-                        seg = *next;
-                        let to = seg.committed.vi;
-                        let spliced = Box::pin(self.splice(
-                            to,
-                            &seam,
-                            mode,
-                            &mut stitcher,
-                            &mut trim,
-                            &mut log,
-                        ))
-                        .await;
-                        if !spliced {
-                            self.attempts
-                                .settle_end(seg.committed, StreamEnd::ClientGone);
-                            break Ending::ClientGone;
-                        }
-                    }
-                    Err(why) => {
-                        self.count_migration(seam.reason, "failed");
-                        break Ending::GiveUp(format!(
-                            "{}; migration impossible: {why}",
-                            seam.detail
-                        ));
-                    }
+                match Box::pin(self.after_segment(&mut course, seg, end)).await {
+                    ControlFlow::Continue(next) => seg = next,
+                    ControlFlow::Break(ending) => break ending,
                 }
             };
+            let Course { stitcher, log, .. } = course;
             // The ending runs boxed: its locals would otherwise take room in this future's
             // state, which every live stream holds (see `close`).
             Box::pin(self.close(ending, stitcher, log)).await
+        }
+    }
+
+    /// Starts a turn of the relay's loop: reads the pool's `max_migrations` for it (a pool
+    /// that enters safe mode mid-stream stops migrating), and returns what the segment's pump
+    /// watches for: whether slowness may end it, and after how long a silence it is worth
+    /// racing a continuation.
+    fn start_turn(&self, c: &mut Course, seg: &Segment) -> (bool, Option<u64>) {
+        c.max_migrations = self.pool.max_migrations();
+        // Slowness alone is only worth a migration when there is somewhere to go: a slow stream
+        // beats an error. The same goes for racing a quiet stream.
+        let now = self.pool.now_ms();
+        let elsewhere = self
+            .order
+            .iter()
+            .any(|i| !c.tried.contains(i) && self.pool.can_take(*i, now));
+        let slow_allowed =
+            elsewhere && c.max_migrations > 0 && c.slow_migrations < MAX_SLOW_MIGRATIONS;
+        let quiet = (elsewhere && c.migrations < c.max_migrations && !seg.raced)
+            .then(|| self.pool.quiet_threshold_ms(seg.committed.vi))
+            .flatten();
+        (slow_allowed, quiet)
+    }
+
+    /// What follows the end of segment `seg`: the segment to relay next (the same one, or a
+    /// continuation spliced in), or how the relay ends, every segment then settled.
+    ///
+    /// Awaited boxed once per segment end; its own rare branches (a race, a migration, a
+    /// splice, a JSON retry, a length stop) are boxed in turn, so that this box stays small
+    /// and each of theirs is allocated only when taken.
+    async fn after_segment(
+        &mut self,
+        c: &mut Course,
+        mut seg: Segment,
+        end: SegmentEnd,
+    ) -> ControlFlow<Ending, Segment> {
+        let end = match end {
+            SegmentEnd::Quiet => {
+                seg.raced = true;
+                let silent_ms = seg.silent_ms();
+                // The race won elsewhere retires the original as stalled (or as the failure it
+                // met meanwhile) and splices the continuation in.
+                match Box::pin(self.speculate(&mut seg, &c.stitcher, &mut c.tried)).await {
+                    Speculated::NotRaced | Speculated::Resumed => {
+                        return ControlFlow::Continue(seg)
+                    }
+                    Speculated::Ended(end) => end,
+                    Speculated::Won(next, mode) => {
+                        c.migrations += 1;
+                        let stall = AttemptFailure::Stall { silent_ms };
+                        return Box::pin(self.switch(c, seg, *next, stall, mode)).await;
+                    }
+                    Speculated::Rescued(failure, next, mode) => {
+                        c.migrations += 1;
+                        return Box::pin(self.switch(c, seg, *next, failure, mode)).await;
+                    }
+                }
+            }
+            end => end,
+        };
+        let failure = match end {
+            SegmentEnd::Complete => {
+                self.settle_complete(seg);
+                return self.checked_json(c).await;
+            }
+            SegmentEnd::LengthStop(held) => return self.after_length(c, seg, held).await,
+            SegmentEnd::ClientGone => return self.client_gone(seg),
+            SegmentEnd::Deadline => {
+                self.attempts.settle_end(seg.committed, StreamEnd::Deadline);
+                let why = "the request's total deadline was reached";
+                return ControlFlow::Break(Ending::GiveUp(why.into()));
+            }
+            SegmentEnd::Failed(f) => f,
+            // Only a speculation sees these, and it has turned them into one of the above.
+            SegmentEnd::Quiet | SegmentEnd::Resumed => return ControlFlow::Continue(seg),
+        };
+        // Slowness was only detected while a slow migration was allowed.
+        if matches!(failure, AttemptFailure::Slow(_)) {
+            return self.after_slow(c, seg, failure).await;
+        }
+        self.after_failure(c, seg, failure).await
+    }
+
+    /// Settles a segment that reached its upstream's terminal event.
+    fn settle_complete(&mut self, mut seg: Segment) {
+        seg.start.source.reached_end();
+        let gaps_ms = std::mem::take(&mut seg.watch.gaps);
+        self.attempts
+            .settle_end(seg.committed, StreamEnd::Complete { gaps_ms });
+    }
+
+    /// Settles `seg` as left by its client, which ends the relay.
+    fn client_gone(&mut self, seg: Segment) -> ControlFlow<Ending, Segment> {
+        self.attempts
+            .settle_end(seg.committed, StreamEnd::ClientGone);
+        ControlFlow::Break(Ending::ClientGone)
+    }
+
+    /// After a whole answer: its JSON retry's first segment (relayed afresh), or the end.
+    async fn checked_json(&mut self, c: &mut Course) -> ControlFlow<Ending, Segment> {
+        let Some(retry) = Box::pin(self.check_json(&c.stitcher, &mut c.log)).await else {
+            return ControlFlow::Break(Ending::Complete);
+        };
+        // A whole answer that is not the JSON asked for: once more, afresh.
+        c.tried = vec![retry.committed.vi];
+        c.stitcher = Stitcher::new(self.protocol);
+        c.trim = false;
+        ControlFlow::Continue(retry)
+    }
+
+    /// After a segment that stopped for length, with `held` its ending: a continuation, or the
+    /// ending released (see `integrity`).
+    async fn after_length(
+        &mut self,
+        c: &mut Course,
+        mut seg: Segment,
+        held: Vec<SseEvent>,
+    ) -> ControlFlow<Ending, Segment> {
+        let from = seg.committed.vi;
+        let truncation = seg.watch.truncation.take();
+        let facts = integrity::LengthStop {
+            reported: truncation.as_ref().and_then(|t| t.reported_output()),
+            tokens_before: seg.watch.tokens_before,
+            tool_call: truncation.as_ref().is_some_and(|t| t.saw_tool_call()),
+        };
+        self.settle_complete(seg);
+        match Box::pin(self.after_length_stop(from, held, facts, c)).await {
+            integrity::AfterLength::Continued(next) => ControlFlow::Continue(*next),
+            integrity::AfterLength::ClientGone => ControlFlow::Break(Ending::ClientGone),
+            integrity::AfterLength::Ended => self.checked_json(c).await,
+        }
+    }
+
+    /// After a segment found slow: a slow stream is still a stream, so it is retired only once
+    /// a continuation has its first token; if none can be had, it goes on where it is.
+    async fn after_slow(
+        &mut self,
+        c: &mut Course,
+        mut seg: Segment,
+        failure: AttemptFailure,
+    ) -> ControlFlow<Ending, Segment> {
+        match Box::pin(self.migrate(&c.stitcher, &mut c.tried, false)).await {
+            Ok((next, mode)) => {
+                c.slow_migrations += 1;
+                Box::pin(self.switch(c, seg, *next, failure, mode)).await
+            }
+            Err(_) => {
+                self.count_migration(failure.migration_reason(), "failed");
+                c.slow_migrations = MAX_SLOW_MIGRATIONS;
+                seg.watch.slow = None;
+                // The time spent looking elsewhere was not the stream's silence.
+                seg.watch.last_output = tokio::time::Instant::now();
+                seg.watch.last_token = None;
+                ControlFlow::Continue(seg)
+            }
+        }
+    }
+
+    /// After a segment that failed: settled as failed, then a continuation spliced in, or an
+    /// error event when none may or can be had.
+    async fn after_failure(
+        &mut self,
+        c: &mut Course,
+        seg: Segment,
+        failure: AttemptFailure,
+    ) -> ControlFlow<Ending, Segment> {
+        let seam = Seam::new(&self.pool.variants[seg.committed.vi].cfg.name, &failure);
+        self.attempts
+            .settle_end(seg.committed, StreamEnd::Failed(failure));
+        let give_up = |why: String| ControlFlow::Break(Ending::GiveUp(why));
+        if self.pool.safety.active() {
+            let pool = &self.pool.cfg.name;
+            return give_up(format!(
+                "{}; pool `{pool}` is in safe mode (no migration)",
+                seam.detail
+            ));
+        }
+        if c.migrations >= c.max_migrations {
+            let max = c.max_migrations;
+            return give_up(format!(
+                "{}; no migration left (max_migrations = {max})",
+                seam.detail
+            ));
+        }
+        match Box::pin(self.migrate(&c.stitcher, &mut c.tried, true)).await {
+            Ok((next, mode)) => {
+                c.migrations += 1;
+                Box::pin(self.splice_or_settle(c, *next, &seam, mode)).await
+            }
+            Err(why) => {
+                self.count_migration(seam.reason, "failed");
+                give_up(format!("{}; migration impossible: {why}", seam.detail))
+            }
         }
     }
 
@@ -441,11 +477,8 @@ impl Relay {
                 false
             }
             Ending::GiveUp(message) => {
-                let ev = stream_error_event(
-                    self.protocol,
-                    ErrorKind::BadGateway,
-                    &format!("keel: {message}; the response is incomplete"),
-                );
+                let why = format!("keel: {message}; the response is incomplete");
+                let ev = GatewayError::new(ErrorKind::BadGateway, why).to_event(self.protocol);
                 log.finish("incomplete", Some(&message));
                 self.send(ev.raw).await
             }
@@ -474,40 +507,42 @@ impl Relay {
             .increment(1);
     }
 
-    /// Retires `seg` as `failure` and splices `next` in its place; false when the client is
-    /// gone (the new segment is then the caller's to settle).
-    #[allow(clippy::too_many_arguments)]
+    /// Retires `old` as `failure` and splices `next` in its place.
     async fn switch(
         &mut self,
-        seg: &mut Segment,
-        next: Box<Segment>,
+        c: &mut Course,
+        old: Segment,
+        next: Segment,
         failure: AttemptFailure,
-        seam: &Seam,
         mode: ResumeMode,
-        stitcher: &mut Stitcher,
-        trim: &mut bool,
-        log: &mut RequestLog,
-    ) -> bool {
-        let old = std::mem::replace(seg, *next);
+    ) -> ControlFlow<Ending, Segment> {
+        let seam = Seam::new(&self.pool.variants[old.committed.vi].cfg.name, &failure);
         self.attempts
             .settle_end(old.committed, StreamEnd::Failed(failure));
-        let to = seg.committed.vi;
-        self.splice(to, seam, mode, stitcher, trim, log).await
+        self.splice_or_settle(c, next, &seam, mode).await
+    }
+
+    /// Splices `next` in and relays it on; when the client is gone, `next` is settled and the
+    /// relay ends.
+    async fn splice_or_settle(
+        &mut self,
+        c: &mut Course,
+        next: Segment,
+        seam: &Seam,
+        mode: ResumeMode,
+    ) -> ControlFlow<Ending, Segment> {
+        if self.splice(next.committed.vi, seam, mode, c).await {
+            ControlFlow::Continue(next)
+        } else {
+            self.client_gone(next)
+        }
     }
 
     /// Splices the continuation on variant `to` in: the note at the seam
     /// (`: keel migrated from=… to=… reason=… after_tokens=…`, with `silent_ms=…` for a stall),
     /// the request's route and variant, and the stitcher's new segment. False when the client
     /// is gone.
-    async fn splice(
-        &self,
-        to: usize,
-        seam: &Seam,
-        mode: ResumeMode,
-        stitcher: &mut Stitcher,
-        trim: &mut bool,
-        log: &mut RequestLog,
-    ) -> bool {
+    async fn splice(&self, to: usize, seam: &Seam, mode: ResumeMode, c: &mut Course) -> bool {
         let Seam {
             from,
             reason,
@@ -523,20 +558,20 @@ impl Relay {
         };
         let note = format!(
             "keel migrated from={from} to={to} reason={reason} after_tokens={}{silent}",
-            stitcher.delivered_tokens()
+            c.stitcher.delivered_tokens()
         );
         tracing::info!(request_id = %self.ctx.id, pool = %self.pool.cfg.name, from = %from, to = %to, reason, detail, resume = ?mode, "migrated");
         if let Some(d) = self.attempts.decision() {
-            d.note_migration(from, &to, reason, stitcher.delivered_tokens());
+            d.note_migration(from, &to, reason, c.stitcher.delivered_tokens());
         }
         if !self.send(SseEvent::comment(&note)).await {
             return false;
         }
-        log.route = "migrated";
-        log.migrations += 1;
-        log.serving(&self.pool.variants[to_vi].cfg);
-        stitcher.begin_segment();
-        *trim = mode == ResumeMode::Instruction;
+        c.log.route = "migrated";
+        c.log.migrations += 1;
+        c.log.serving(&self.pool.variants[to_vi].cfg);
+        c.stitcher.begin_segment();
+        c.trim = mode == ResumeMode::Instruction;
         true
     }
 
@@ -560,5 +595,29 @@ impl Relay {
     fn count_block(&self) {
         let sent = self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         self.gw.hooks.before_send(sent);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The size of the value `f` returns, without calling it.
+    fn returned_size<A, B, C, D, R>(_: impl FnOnce(A, B, C, D) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// Every live stream holds its relay's future: its size is memory per stream. The bound is
+    /// the test profile's (unoptimized, larger than a release build's).
+    #[test]
+    fn a_live_streams_relay_future_stays_small() {
+        let size = returned_size(super::Relay::run);
+        eprintln!("Relay::run's future: {size} bytes");
+        assert!(size <= 3_500, "Relay::run's future is {size} bytes");
+        // Allocated at each segment's end (every stream's, at least).
+        let size = returned_size(super::Relay::after_segment);
+        eprintln!("Relay::after_segment's future: {size} bytes");
+        assert!(
+            size <= 4_096,
+            "Relay::after_segment's future is {size} bytes"
+        );
     }
 }

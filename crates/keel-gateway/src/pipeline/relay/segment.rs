@@ -176,7 +176,7 @@ impl Relay {
         match self.deliver(batch).await {
             Sent::Ok => end,
             Sent::ClientGone => Some(SegmentEnd::ClientGone),
-            Sent::Refused(m) => Some(SegmentEnd::Failed(AttemptFailure::Malformed(m))),
+            Sent::Refused(e) => Some(SegmentEnd::Failed(AttemptFailure::Malformed(e.message))),
         }
     }
 

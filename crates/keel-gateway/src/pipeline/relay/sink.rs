@@ -9,11 +9,12 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use keel_core::assemble::Assembler;
-use keel_core::protocol::{event_role, EventRole, Protocol};
+use keel_core::protocol::{self, event_role, EventRole, Protocol};
 use keel_core::sse::SseDecoder;
 
 use crate::pipeline::cache::flight::LeaderWriter;
 use crate::wire::body::BodySender;
+use crate::wire::errors::{ErrorKind, GatewayError};
 
 /// Where relayed events go.
 pub enum Sink {
@@ -41,8 +42,9 @@ pub enum Sink {
 pub struct Assembled {
     pub decoder: SseDecoder,
     pub body: Assembler,
-    /// The error the relay ended with, if any.
-    pub failure: Option<String>,
+    /// The error the relay ended with, if any (keel's own error event, or an answer that
+    /// could not be assembled).
+    pub failure: Option<GatewayError>,
 }
 
 /// What became of bytes handed to a sink.
@@ -51,7 +53,7 @@ pub enum Sent {
     /// The client went away.
     ClientGone,
     /// The assembler refused them (a bound broken): the segment is `malformed`.
-    Refused(String),
+    Refused(GatewayError),
 }
 
 impl Sink {
@@ -86,9 +88,12 @@ impl Sink {
                 if live.append(Bytes::from(bytes)) {
                     Sent::Ok
                 } else {
-                    Sent::Refused(format!(
-                        "the streamed answer exceeds {} bytes (adding {n})",
-                        crate::pipeline::cache::flight::MAX_LIVE_BYTES
+                    Sent::Refused(GatewayError::new(
+                        ErrorKind::Malformed,
+                        format!(
+                            "the streamed answer exceeds {} bytes (adding {n})",
+                            crate::pipeline::cache::flight::MAX_LIVE_BYTES
+                        ),
                     ))
                 }
             }
@@ -136,16 +141,22 @@ fn copy_aside(copy: &Mutex<Assembled>, protocol: Protocol, bytes: &[u8]) {
 
 /// Feeds bytes of whole events to an assembler; `Err` when a bound was broken. keel's own
 /// error event (nothing could complete the response) is kept as the failure.
-fn assemble(a: &Mutex<Assembled>, protocol: Protocol, bytes: &[u8]) -> Result<(), String> {
+fn assemble(a: &Mutex<Assembled>, protocol: Protocol, bytes: &[u8]) -> Result<(), GatewayError> {
     let mut a = a.lock().unwrap_or_else(|e| e.into_inner());
     let mut events = Vec::new();
     if let Err(e) = a.decoder.feed(bytes, &mut events) {
-        return Err(format!("cannot assemble the response: {e}"));
+        let why = format!("cannot assemble the response: {e}");
+        return Err(GatewayError::new(ErrorKind::Malformed, why));
     }
     for ev in &events {
         match event_role(protocol, ev) {
-            EventRole::Error(m) => a.failure = Some(m),
-            _ => a.body.push(protocol, ev)?,
+            EventRole::Error(m) => {
+                a.failure = Some(GatewayError::new(protocol::ErrorKind::BadGateway, m))
+            }
+            _ => a
+                .body
+                .push(protocol, ev)
+                .map_err(|why| GatewayError::new(ErrorKind::Malformed, why))?,
         }
     }
     Ok(())

@@ -46,7 +46,6 @@ use crate::observe::metrics::Metrics;
 use crate::state::pools::Pool;
 use crate::state::quota::{BudgetSpec, BudgetUnit, Held, Limit, Store, StoreError, STORE_TIMEOUT};
 use crate::wire::errors::GatewayError;
-use crate::Gateway;
 
 /// Seconds since the Unix epoch (the budgets' calendar clock).
 pub fn unix_now() -> u64 {
@@ -305,15 +304,25 @@ impl Settle {
     }
 }
 
+/// What a key's admission reads of the gateway: the quota store, the metrics, the keys' state
+/// (which paces the store's error log) and the quota settings.
+pub struct Quotas<'a> {
+    pub store: &'a Arc<Store>,
+    pub metrics: &'a Arc<Metrics>,
+    pub keys: &'a super::Keys,
+    pub fail_mode: FailMode,
+    pub slot_ttl_ms: u64,
+}
+
 /// A refusal: `kind` is the `keel_ratelimited_total` label.
 fn refuse(
-    gw: &Gateway,
+    q: &Quotas<'_>,
     key: &KeyConfig,
     kind: &'static str,
     wait_ms: u64,
     message: String,
 ) -> GatewayError {
-    gw.metrics
+    q.metrics
         .counter(
             "keel_ratelimited_total",
             &[("key", &key.id), ("kind", kind)],
@@ -323,12 +332,12 @@ fn refuse(
 }
 
 /// A store that could not answer: open admits (and counts it), closed refuses with 503.
-fn store_failed(gw: &Gateway, key: &KeyConfig, e: StoreError) -> Result<(), GatewayError> {
-    gw.metrics
+fn store_failed(q: &Quotas<'_>, key: &KeyConfig, e: StoreError) -> Result<(), GatewayError> {
+    q.metrics
         .counter("keel_quota_store_errors_total", &[])
         .increment(1);
-    let mode = gw.cfg.quota_fail_mode;
-    if gw.keys.should_log_store_error() {
+    let mode = q.fail_mode;
+    if q.keys.should_log_store_error() {
         tracing::warn!(key = %key.id, error = %e.0, fail_mode = ?mode, "quota store unavailable");
     }
     match mode {
@@ -420,7 +429,7 @@ fn with_headers(mut e: GatewayError, grant: &Grant, protocol: Protocol) -> Gatew
 /// rate-limit headers in `protocol`). A request whose answers alone exceed a whole limit is a
 /// 400 before anything is taken.
 pub async fn admit_request(
-    gw: &Gateway,
+    q: &Quotas<'_>,
     key: &Arc<KeyConfig>,
     pool: &Pool,
     req: &CanonicalRequest,
@@ -429,8 +438,8 @@ pub async fn admit_request(
     check_fits(key, &cost(pool, req, 0), req.answers)?;
     let mut grant = Grant {
         key: key.clone(),
-        store: gw.quota.clone(),
-        metrics: gw.metrics.clone(),
+        store: q.store.clone(),
+        metrics: q.metrics.clone(),
         estimated_input: req.estimated_input_tokens,
         rpm_taken: false,
         worked: false,
@@ -441,7 +450,7 @@ pub async fn admit_request(
         views: Vec::new(),
         meter: Arc::default(),
     };
-    match take_request(gw, &mut grant).await {
+    match take_request(q, &mut grant).await {
         Ok(()) => Ok(Pending(grant)),
         Err(e) => Err(with_headers(e, &grant, protocol)),
     }
@@ -450,7 +459,7 @@ pub async fn admit_request(
 /// Phase 2, once the prompt is estimated (`req.estimated_input_tokens`): the request's tokens
 /// from `tpm` and its budget reservations, or a refusal (carrying the rate-limit headers).
 pub async fn admit_tokens(
-    gw: &Gateway,
+    q: &Quotas<'_>,
     pending: Pending,
     pool: &Pool,
     req: &CanonicalRequest,
@@ -461,7 +470,7 @@ pub async fn admit_tokens(
     grant.estimated_input = req.estimated_input_tokens;
     let cost = cost(pool, req, req.estimated_input_tokens);
     let result = match check_fits(&grant.key, &cost, req.answers) {
-        Ok(()) => take_tokens(gw, &mut grant, &cost).await,
+        Ok(()) => take_tokens(q, &mut grant, &cost).await,
         Err(e) => Err(e),
     };
     match result {
@@ -474,20 +483,20 @@ pub async fn admit_tokens(
 }
 
 /// Phase 1's steps, recording in `grant` what was taken.
-async fn take_request(gw: &Gateway, grant: &mut Grant) -> Result<(), GatewayError> {
+async fn take_request(q: &Quotas<'_>, grant: &mut Grant) -> Result<(), GatewayError> {
     let key = grant.key.clone();
     let id = key.id.as_str();
-    let store = gw.quota.clone();
+    let store = q.store.clone();
     if let Some(max) = key.max_concurrency {
         // A shared store expires a slot a crashed replica never released.
         // A shared store renews held slots well within the TTL; a crashed replica's come back
         // after it (`[quota] slot_ttl_ms`).
-        let ttl = Duration::from_millis(gw.cfg.quota_slot_ttl_ms);
+        let ttl = Duration::from_millis(q.slot_ttl_ms);
         match bounded(store.acquire(id, max, ttl)).await {
             Ok(Some(h)) => grant.held = Some(h),
             Ok(None) => {
                 return Err(refuse(
-                    gw,
+                    q,
                     &key,
                     "concurrency",
                     1000,
@@ -496,18 +505,18 @@ async fn take_request(gw: &Gateway, grant: &mut Grant) -> Result<(), GatewayErro
                     ),
                 ))
             }
-            Err(e) => store_failed(gw, &key, e)?,
+            Err(e) => store_failed(q, &key, e)?,
         }
     }
     if let Some(max) = key.rpm {
-        take_rate(gw, grant, Limit::Requests, max, 1).await?;
+        take_rate(q, grant, Limit::Requests, max, 1).await?;
     }
     Ok(())
 }
 
 /// Takes `units` from a rate limit of `max` per minute, recording it in `grant`.
 async fn take_rate(
-    gw: &Gateway,
+    q: &Quotas<'_>,
     grant: &mut Grant,
     limit: Limit,
     max: u64,
@@ -515,7 +524,7 @@ async fn take_rate(
 ) -> Result<(), GatewayError> {
     let key = grant.key.clone();
     let id = key.id.as_str();
-    match bounded(gw.quota.take(id, limit, Rate::per_minute(max), units)).await {
+    match bounded(q.store.take(id, limit, Rate::per_minute(max), units)).await {
         Ok(d) => {
             grant.views.push(view(limit, max, &d));
             if let Decision::Denied { retry_after_ns, .. } = d {
@@ -532,7 +541,7 @@ async fn take_rate(
                     ),
                 };
                 return Err(refuse(
-                    gw,
+                    q,
                     &key,
                     kind,
                     retry_after_ns.div_ceil(1_000_000),
@@ -545,17 +554,17 @@ async fn take_rate(
             }
             Ok(())
         }
-        Err(e) => store_failed(gw, &key, e),
+        Err(e) => store_failed(q, &key, e),
     }
 }
 
 /// Phase 2's steps, recording in `grant` what was taken.
-async fn take_tokens(gw: &Gateway, grant: &mut Grant, cost: &Cost) -> Result<(), GatewayError> {
+async fn take_tokens(q: &Quotas<'_>, grant: &mut Grant, cost: &Cost) -> Result<(), GatewayError> {
     let key = grant.key.clone();
     let id = key.id.as_str();
-    let store = gw.quota.clone();
+    let store = q.store.clone();
     if let Some(max) = key.tpm {
-        take_rate(gw, grant, Limit::Tokens, max, cost.tokens).await?;
+        take_rate(q, grant, Limit::Tokens, max, cost.tokens).await?;
     }
     let now = unix_now();
     for b in budgets(&key) {
@@ -567,7 +576,7 @@ async fn take_tokens(gw: &Gateway, grant: &mut Grant, cost: &Cost) -> Result<(),
             Ok(Ok(())) => grant.reserved.push((b, amount)),
             Ok(Err(x)) => {
                 return Err(refuse(
-                    gw,
+                    q,
                     &key,
                     "budget",
                     x.retry_after_secs.saturating_mul(1000),
@@ -578,7 +587,7 @@ async fn take_tokens(gw: &Gateway, grant: &mut Grant, cost: &Cost) -> Result<(),
                     ),
                 ))
             }
-            Err(e) => store_failed(gw, &key, e)?,
+            Err(e) => store_failed(q, &key, e)?,
         }
     }
     Ok(())

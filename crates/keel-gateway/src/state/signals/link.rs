@@ -16,8 +16,8 @@ use tokio::task::JoinHandle;
 use super::{news, pool_named, Caps, Kind, Said, Signal, TICK};
 use crate::config::{redact_url, RedisConfig};
 use crate::observe::metrics::Metrics;
+use crate::state::pools::Pool;
 use crate::state::quota::redis::connect_lazily;
-use crate::Gateway;
 
 /// Waits between subscription attempts: doubled after each failure, from the first to the last.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
@@ -26,10 +26,25 @@ const REDIS_TIMEOUT: Duration = Duration::from_secs(1);
 /// At most one warning per this, however many failures.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
+/// What the signals task reads of one generation of the config.
+pub struct Generation {
+    pub pools: Vec<Arc<Pool>>,
+    pub redis: Option<RedisConfig>,
+    pub metrics: Arc<Metrics>,
+    /// The generation's clock (see `Gateway::now_ms`).
+    pub epoch: Instant,
+}
+
+impl Generation {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+}
+
 /// Starts sharing signals when `[redis]` is configured with `share_signals` (else `None`).
 /// Aborting the handle ends the subscription too.
-pub fn spawn(gw: Arc<Gateway>) -> Option<JoinHandle<()>> {
-    let cfg = gw.cfg.redis.clone().filter(|r| r.share_signals)?;
+pub fn spawn(gen: Generation) -> Option<JoinHandle<()>> {
+    let cfg = gen.redis.clone().filter(|r| r.share_signals)?;
     let (client, conn) = match connect_lazily(&cfg) {
         Ok(c) => c,
         Err(e) => {
@@ -42,14 +57,14 @@ pub fn spawn(gw: Arc<Gateway>) -> Option<JoinHandle<()>> {
         replica: replica_id(),
         ttl_ms: cfg.signal_ttl_ms,
         conn,
-        metrics: gw.metrics.clone(),
+        metrics: gen.metrics.clone(),
     };
     tracing::info!(channel = %link.channel, replica = %link.replica, ttl_ms = link.ttl_ms, "sharing variant signals through Redis");
     let (tx, rx) = mpsc::channel(1024);
     let subscription = tokio::spawn(subscribe(client, cfg, link.channel.clone(), tx));
     Some(tokio::spawn(async move {
         let _subscription = AbortOnDrop(subscription);
-        link.run(gw, rx).await
+        link.run(gen, rx).await
     }))
 }
 
@@ -90,7 +105,7 @@ struct Link {
 }
 
 impl Link {
-    async fn run(self, gw: Arc<Gateway>, mut rx: mpsc::Receiver<Signal>) {
+    async fn run(self, gen: Generation, mut rx: mpsc::Receiver<Signal>) {
         let mut said: HashMap<(String, String), Said> = HashMap::new();
         let mut caps = Caps::default();
         let mut tick = tokio::time::interval(TICK);
@@ -98,17 +113,17 @@ impl Link {
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    self.publish_news(&gw, &mut said);
-                    lift_lapsed(&gw, &mut caps);
+                    self.publish_news(&gen, &mut said);
+                    lift_lapsed(&gen, &mut caps);
                 }
-                Some(s) = rx.recv() => self.apply(&gw, &mut caps, s),
+                Some(s) = rx.recv() => self.apply(&gen, &mut caps, s),
             }
         }
     }
 
     /// Publishes what changed in this replica's own findings since the last tick.
-    fn publish_news(&self, gw: &Gateway, said: &mut HashMap<(String, String), Said>) {
-        for pool in gw.pools() {
+    fn publish_news(&self, gen: &Generation, said: &mut HashMap<(String, String), Said>) {
+        for pool in &gen.pools {
             let now = pool.now_ms();
             for (i, v) in pool.variants.iter().enumerate() {
                 let key = (pool.cfg.name.clone(), v.cfg.name.clone());
@@ -138,12 +153,12 @@ impl Link {
     }
 
     /// Applies another replica's signal (see the merge rule in the module docs).
-    fn apply(&self, gw: &Gateway, caps: &mut Caps, s: Signal) {
+    fn apply(&self, gen: &Generation, caps: &mut Caps, s: Signal) {
         if s.replica == self.replica {
             return;
         }
         let Some((pool, i)) =
-            pool_named(gw, &s.pool).and_then(|p| Some((p, p.variant_index(&s.variant)?)))
+            pool_named(&gen.pools, &s.pool).and_then(|p| Some((p, p.variant_index(&s.variant)?)))
         else {
             // Another config (a rollout in progress): nothing here to apply it to.
             tracing::debug!(pool = %s.pool, variant = %s.variant, "signal for an unknown variant ignored");
@@ -151,7 +166,7 @@ impl Link {
         };
         match s.kind {
             Kind::Limit => {
-                let Some(cap) = caps.merge(&s, gw.now_ms(), self.ttl_ms) else {
+                let Some(cap) = caps.merge(&s, gen.now_ms(), self.ttl_ms) else {
                     return;
                 };
                 pool.variants[i].limit.set_shared(Some(cap));
@@ -166,10 +181,10 @@ impl Link {
 }
 
 /// Lifts the shared concurrency caps whose signal lapsed.
-fn lift_lapsed(gw: &Gateway, caps: &mut Caps) {
-    for (pool, variant) in caps.lapsed(gw.now_ms()) {
+fn lift_lapsed(gen: &Generation, caps: &mut Caps) {
+    for (pool, variant) in caps.lapsed(gen.now_ms()) {
         if let Some((p, i)) =
-            pool_named(gw, &pool).and_then(|p| Some((p, p.variant_index(&variant)?)))
+            pool_named(&gen.pools, &pool).and_then(|p| Some((p, p.variant_index(&variant)?)))
         {
             p.variants[i].limit.set_shared(None);
         }

@@ -46,9 +46,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::state::pools::Pool;
-use crate::Gateway;
 
-pub use link::spawn;
+pub use link::{spawn, Generation};
 
 /// How often the variants' state is looked at and expired caps are lifted. Short: a replica
 /// sends a dead variant a request every few tens of milliseconds under load, and each tick
@@ -185,7 +184,7 @@ pub fn hold_until(current_ms: u64, now_ms: u64, s: &Signal, own_ttl_ms: u64) -> 
 }
 
 /// Shared concurrency caps in force, by (pool, variant): the cap and when it lapses
-/// (`Gateway::now_ms`).
+/// (the generation's clock, as `Gateway::now_ms` reads it).
 #[derive(Debug, Default)]
 pub struct Caps(HashMap<(String, String), (u32, u64)>);
 
@@ -219,6 +218,6 @@ impl Caps {
 }
 
 /// The pool called `name` (not an alias: replicas name variants by pool name).
-fn pool_named<'g>(gw: &'g Gateway, name: &str) -> Option<&'g Arc<Pool>> {
-    gw.pools().iter().find(|p| p.cfg.name == name)
+fn pool_named<'g>(pools: &'g [Arc<Pool>], name: &str) -> Option<&'g Arc<Pool>> {
+    pools.iter().find(|p| p.cfg.name == name)
 }

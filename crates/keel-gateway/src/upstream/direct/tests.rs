@@ -122,7 +122,7 @@ fn pool() -> Arc<Direct> {
     ))
 }
 
-async fn post(pool: &Arc<Direct>, url: &str) -> Result<Response, Error> {
+async fn post(pool: &Arc<Direct>, url: &str) -> Result<Response, GatewayError> {
     pool.send(
         Target::of(url).unwrap(),
         None,

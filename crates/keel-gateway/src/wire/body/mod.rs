@@ -24,7 +24,9 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use tokio::sync::mpsc;
 
-use keel_core::protocol::{stream_error_event, ErrorKind, Protocol};
+use keel_core::protocol::{ErrorKind, Protocol};
+
+use crate::wire::errors::GatewayError;
 
 pub use driven::{driven, Driver, QUEUE_BLOCKS};
 
@@ -108,11 +110,8 @@ impl BodySender {
 
 /// The error event a client gets when its stream's producer vanished before the end.
 fn vanished_event(protocol: Protocol) -> Bytes {
-    let ev = stream_error_event(
-        protocol,
-        ErrorKind::Internal,
-        "keel: internal error, the response is incomplete",
-    );
+    let why = "keel: internal error, the response is incomplete";
+    let ev = GatewayError::new(ErrorKind::Internal, why).to_event(protocol);
     Bytes::from(ev.raw)
 }
 
