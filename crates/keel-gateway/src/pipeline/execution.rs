@@ -346,9 +346,19 @@ async fn race(
                     continue;
                 };
                 let first = entered.len() == 1;
-                if first && !very_late && !pool.hedge_pays() {
-                    let median = pool.median_ttft_ms(h).unwrap_or(0.0);
-                    lesson.withheld = Some((delay.as_secs_f64() * 1e3, median));
+                let (delay_ms, median) = (
+                    delay.as_secs_f64() * 1e3,
+                    pool.median_ttft_ms(h).unwrap_or(0.0),
+                );
+                // A primary slow by nature (its usual first token comes after the hedge's likely
+                // answer: a far zone, a degraded replica) is hedged at the delay whatever the
+                // tail: the hedge usually wins, and its race says nothing of the tail's shape.
+                let slow_by_nature = pool
+                    .median_ttft_ms(primary_vi)
+                    .is_some_and(|m| m > delay_ms + median);
+                let asks_the_record = first && !very_late && !slow_by_nature;
+                if asks_the_record && !pool.hedge_pays() {
+                    lesson.withheld = Some((delay_ms, median));
                     label("withheld");
                     very_late = true;
                     next_hedge = Some(lesson.start + delay.mul_f64(VERY_LATE))
@@ -364,7 +374,7 @@ async fn race(
                     label("no_variant");
                     continue;
                 };
-                lesson.sent_at_delay |= first && !very_late;
+                lesson.sent_at_delay |= asks_the_record;
                 if let Some(d) = attempts.decision() {
                     let variant = |i: usize| pool.variants[i].cfg.name.as_str();
                     let reason = if very_late { "first_token_very_late" } else { "first_token_late" };
