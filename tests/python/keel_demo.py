@@ -66,6 +66,10 @@ class Demo:
         for server in set(self.servers.values()):
             _http("DELETE", server + "/sim/faults")
 
+    def safe_mode(self, mode: str) -> None:
+        """Forces every pool's safe mode `on` or `off`, or hands it back (`auto`)."""
+        _http("POST", self.url + "/keel/admin/safe-mode", {"pool": None, "mode": mode})
+
     def decision(self, request_id: str) -> dict:
         """keel's decision record for one request: the plan and every attempt made."""
         for d in _http("GET", self.url + "/keel/decisions"):
