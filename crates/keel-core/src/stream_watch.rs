@@ -17,7 +17,7 @@ use crate::sse::SseEvent;
 
 /// Whether an OpenAI chunk's text names `tool_calls` at all: most chunks are text, and this
 /// rules them out without parsing. memchr's searcher, built once: `str::contains` on every
-/// event, twice, was 2% of keel's instructions a streamed request (callgrind).
+/// event, twice, costs 2% of keel's instructions a streamed request (callgrind).
 fn mentions_tool_calls(data: &str) -> bool {
     static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
         std::sync::LazyLock::new(|| memchr::memmem::Finder::new("tool_calls"));

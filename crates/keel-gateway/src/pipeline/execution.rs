@@ -214,7 +214,7 @@ type Racer<'a> = std::pin::Pin<Box<dyn Future<Output = (usize, AttemptResult)> +
 
 /// How late, in hedge delays, a primary is hedged while its pool's record does not (yet) say
 /// that hedges at the delay pay (`Pool::hedge_pays`). Under a smooth tail a first token this
-/// late is rare (past the P99.9 for a lognormal of σ 0.3, the P99.3 for σ 0.5), so few hedges
+/// late is rare (about the P99.9 of a lognormal of σ 0.3, the P99.3 of σ 0.5), so few hedges
 /// go out; under a heavy tail it is one of the slow ones, cut well before it would answer.
 const VERY_LATE: f64 = 1.5;
 

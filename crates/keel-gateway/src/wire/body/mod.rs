@@ -35,8 +35,9 @@ pub type Body = BoxBody<Bytes, io::Error>;
 
 /// Room for a response's headers: keel's own (`x-keel-*`: request id, route, variant,
 /// attempts, overhead, cache) and the content type make seven, which is one more than an
-/// empty map's first allocation holds; growing it rehashed the map on every answer (1% of a
-/// whole answer's instructions, bench/history/2026-12-03-overhead-stops-19-20.md). Twelve is what it grew to.
+/// empty map's first allocation holds; growing it rehashes the map on every answer (1% of a
+/// whole answer's instructions, bench/history/2026-12-03-overhead-stops-19-20.md). Twelve is
+/// the capacity a grown map has.
 pub fn response_headers() -> HeaderMap {
     HeaderMap::with_capacity(12)
 }
