@@ -100,11 +100,15 @@ async fn a_variant_twice_as_slow_as_its_peers_gets_a_few_percent_at_most() {
         share <= 0.05,
         "the slow variant served {share:.3} of {total} requests: {served:?}"
     );
-    // The two fast ones share the rest evenly.
+    // The two fast ones share the rest evenly. Of the three pairs the draw can make, two hold
+    // the slow variant and go to whichever fast one was drawn beside it: a coin toss per
+    // request, about two thirds of them. Over ~75 requests that alone moves a fast variant's
+    // share by 0.045 (one standard deviation), so the bound is four of them: a starved or
+    // favoured variant fails it, chance does not.
     for v in ["v0", "v1"] {
         let share = *served.get(v).unwrap_or(&0) as f64 / total as f64;
         assert!(
-            (share - 0.5).abs() <= 0.1,
+            (share - 0.5).abs() <= 0.18,
             "{v} served {share:.3}: {served:?}"
         );
     }
