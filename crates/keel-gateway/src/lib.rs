@@ -66,14 +66,14 @@ pub struct Gateway {
     /// `[telemetry]`: the OTLP trace exporter, when configured.
     pub telemetry: Arc<observe::telemetry::Telemetry>,
     /// The dashboard's snapshot stream (`/keel/events`).
-    pub events: Arc<admin::events::Hub>,
+    pub events: Arc<observe::events::Hub>,
     /// The process around the generations: draining, the reload handle (see `live`).
-    pub process: Arc<admin::live::Process>,
+    pub process: Arc<state::process::Process>,
     /// 1 for the first config, one more for each reload.
     pub generation: u64,
     /// The response cache (`[pools.cache]`, `[cache]`); kept across a reload that changes
     /// neither `[cache]` nor `[redis]`.
-    pub cache: Arc<pipeline::cache::ResponseCache>,
+    pub cache: Arc<state::cache::ResponseCache>,
 }
 
 impl Gateway {
@@ -82,7 +82,7 @@ impl Gateway {
     }
 
     /// A generation of `cfg`; `prev`: the generation it replaces on a reload, whose lasting
-    /// state it carries over (see `admin::live::carry`).
+    /// state it carries over (see [`Lasting`] and `state::pools::carry`).
     pub(crate) fn build(cfg: Config, prev: Option<&Gateway>) -> Arc<Gateway> {
         // One clock for every generation: variant state carried over holds times on it.
         let epoch = prev.map_or_else(Instant::now, |g| g.epoch);
@@ -99,7 +99,7 @@ impl Gateway {
                 by_name.insert(a.clone(), i);
             }
             let old = prev.and_then(|g| g.pools.iter().find(|o| o.cfg.name == p.name));
-            pools.push(admin::live::carry::pool(old, p, limits, || {
+            pools.push(state::pools::carry::carried(old, p, limits, || {
                 Pool::new(
                     p.clone(),
                     upstream::client(
@@ -141,7 +141,7 @@ impl Gateway {
         // The connection is made lazily: a Redis that is down at startup is the fail mode's
         // business per request, not a reason to refuse to start. Only a URL the client library
         // rejects (config validation accepts only `redis://`) ends here.
-        let carried = admin::live::carry::Lasting::from(prev, &cfg);
+        let carried = Lasting::from(prev, &cfg);
         let quota = carried.quota.unwrap_or_else(|| {
             let quota = state::quota::Store::from_config(cfg.redis.as_ref(), metrics.clone()).unwrap_or_else(|e| {
                 tracing::error!(error = %e.0, "[redis] unusable: quota state stays in this process (limits are per replica)");
@@ -170,7 +170,7 @@ impl Gateway {
         let cache = match prev {
             Some(g) if g.cfg.cache == cfg.cache && g.cfg.redis == cfg.redis => g.cache.clone(),
             _ => {
-                let cache = pipeline::cache::ResponseCache::new(&cfg, metrics.clone());
+                let cache = state::cache::ResponseCache::new(&cfg, metrics.clone());
                 if cache.shared() {
                     tracing::info!("cached answers shared through Redis");
                 }
@@ -278,5 +278,48 @@ impl Gateway {
     pub(crate) fn try_retry(&self) -> bool {
         let now = self.now_ms();
         self.budget.try_retry(now)
+    }
+}
+
+/// The gateway-wide state a generation takes over from the one it replaces (`None`: build it
+/// from the new config). Process-wide state is always carried (metrics, test hooks, the events
+/// hub, the drain state); state tied to a section of the config is carried while that section
+/// is unchanged (the quota store with `[redis]`, the access log with `[log]`, the trace exporter
+/// with `[telemetry]`, the decision ring with `decisions_kept`). Pools carry their own (see
+/// `state::pools::carry`).
+struct Lasting {
+    quota: Option<Arc<state::quota::Store>>,
+    access_log: Option<Arc<observe::access_log::AccessLog>>,
+    telemetry: Option<Arc<observe::telemetry::Telemetry>>,
+    decisions: Option<Arc<observe::decisions::DecisionLog>>,
+    hooks: Arc<hooks::TestHooks>,
+    events: Arc<observe::events::Hub>,
+    process: Arc<state::process::Process>,
+}
+
+impl Lasting {
+    fn from(prev: Option<&Gateway>, cfg: &Config) -> Lasting {
+        let Some(g) = prev else {
+            return Lasting {
+                quota: None,
+                access_log: None,
+                telemetry: None,
+                decisions: None,
+                hooks: Arc::default(),
+                events: Arc::default(),
+                process: Arc::default(),
+            };
+        };
+        let keep = |unchanged: bool| unchanged.then_some(());
+        Lasting {
+            quota: keep(g.cfg.redis == cfg.redis).map(|_| g.quota.clone()),
+            access_log: keep(g.cfg.log == cfg.log).map(|_| g.access_log.clone()),
+            telemetry: keep(g.cfg.telemetry == cfg.telemetry).map(|_| g.telemetry.clone()),
+            decisions: keep(g.cfg.decisions_kept == cfg.decisions_kept)
+                .map(|_| g.decisions.clone()),
+            hooks: g.hooks.clone(),
+            events: g.events.clone(),
+            process: g.process.clone(),
+        }
     }
 }

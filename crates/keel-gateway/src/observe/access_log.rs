@@ -16,9 +16,9 @@ use tokio::time::Instant;
 
 use crate::config::{AccessLogTarget, LogConfig, LogFormat, VariantConfig};
 use crate::observe::log_writer::{self, Dest};
+use crate::observe::meter::{Meter, Totals};
 use crate::observe::metrics::Metrics;
 use crate::observe::telemetry::{RequestEnd, RequestSpan};
-use crate::state::keys::meter::{Meter, Totals};
 
 /// Where access lines are written, and how: by the log writer's thread ([`crate::observe::log_writer`]),
 /// never by the request's task.
@@ -100,6 +100,17 @@ fn text_line(fields: &Map<String, Value>) -> String {
     s
 }
 
+/// Where a finished request is counted beyond metrics and its line: its pool's health window
+/// and, where the pool fingerprints requests, its live analysis (`state::pools::Pool`).
+pub trait PoolRecords: Send + Sync {
+    /// Counts the request in the pool's health window (see `state::safe_mode`).
+    fn request_ended(&self, route: &'static str, outcome: &'static str);
+    /// Whether the pool keeps a live analysis of its requests.
+    fn analyses(&self) -> bool;
+    /// Keeps a fingerprinted request's record in the pool's live analysis.
+    fn analyse(&self, record: keel_core::analyze::report::Record);
+}
+
 /// What one request leaves in metrics, the log and its trace, recorded once by
 /// [`RequestLog::finish`].
 pub struct RequestLog {
@@ -142,7 +153,7 @@ pub struct RequestLog {
     /// The request's decision record, completed from this log when it finishes.
     pub decision: Option<Arc<crate::observe::decisions::Draft>>,
     /// The pool whose health window counts this request (see `safe_mode`), once known.
-    pub health_of: Option<Arc<crate::state::pools::Pool>>,
+    pub health_of: Option<Arc<dyn PoolRecords>>,
     /// What the response cache did (`hit`, `miss`, `stored`, `bypass`; see `cache`).
     pub cache: &'static str,
     /// For a hit: the request whose answer was replayed.
@@ -225,7 +236,7 @@ impl RequestLog {
         let elapsed = self.started.elapsed();
         self.count(outcome, elapsed);
         if let Some(p) = &self.health_of {
-            p.safety.record_request(p.now_ms(), self.route, outcome);
+            p.request_ended(self.route, outcome);
         }
         if let Some(d) = self.decision.take() {
             if self.overhead_us.is_none() {
@@ -259,11 +270,11 @@ impl RequestLog {
                 tokens: tokens.map(|t| (t.input, t.output)),
             });
         }
-        if let (Some(f), Some(a)) = (
+        if let (Some(f), Some(p)) = (
             &self.fingerprint,
-            self.health_of.as_ref().and_then(|p| p.analysis.as_ref()),
+            self.health_of.as_ref().filter(|p| p.analyses()),
         ) {
-            a.record(self.record(f, outcome, elapsed, tokens));
+            p.analyse(self.record(f, outcome, elapsed, tokens));
         }
         if self.access_log.enabled() {
             let mut fields = self.fields(outcome, detail, elapsed, tokens);

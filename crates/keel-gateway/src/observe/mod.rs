@@ -3,7 +3,9 @@
 
 pub mod access_log;
 pub mod decisions;
+pub mod events;
 pub mod log_writer;
+pub mod meter;
 pub mod metrics;
 pub mod record;
 pub mod telemetry;

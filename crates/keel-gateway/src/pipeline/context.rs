@@ -50,7 +50,7 @@ pub struct RequestCtx {
     pub trimmed_messages: usize,
     /// The tokens the attempts used (the key's meter when there is one), for the access log,
     /// the trace and the key's reconciliation.
-    pub meter: std::sync::Arc<crate::state::keys::meter::Meter>,
+    pub meter: std::sync::Arc<crate::observe::meter::Meter>,
     /// The request's trace span (tracing on only); attempts become its children.
     pub trace: Option<crate::observe::telemetry::RequestSpan>,
     /// `x-keel-consensus`: the variants to ask at once (see `consensus`).

@@ -4,10 +4,12 @@
 //! ([`signals`]).
 
 pub mod analysis;
+pub mod cache;
 pub mod canary;
 pub mod capacity;
 pub mod keys;
 pub mod pools;
+pub mod process;
 pub mod quota;
 pub mod retry_budget;
 pub mod safe_mode;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use keel_gateway::admin::live::{Live, CUT_MESSAGE};
+use keel_gateway::admin::live::{Reloader, CUT_MESSAGE};
 use keel_gateway::Config;
 use keel_sim::{Fleet, ServerConfig};
 use serde_json::{json, Value};
@@ -116,9 +116,11 @@ pub(crate) fn config(text: &str) -> Config {
 }
 
 /// The reload handle of a harness's gateway (the server task makes it when it starts).
-pub(crate) async fn live_of(h: &Harness) -> Arc<Live> {
-    wait_for!("the server to start", h.gw.process.live().is_some());
-    h.gw.process.live().expect("served under a reload handle")
+pub(crate) async fn live_of(h: &Harness) -> Arc<dyn Reloader> {
+    wait_for!("the server to start", h.gw.process.reloader().is_some());
+    h.gw.process
+        .reloader()
+        .expect("served under a reload handle")
 }
 
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! `GET /keel/events` and `GET /keel/dashboard`: the live view of the fleet.
 //!
 //! One ticker ([`run`], started beside the monitor) builds a snapshot once per [`TICK`] while
-//! anybody is subscribed, serializes it once, and publishes the bytes on a watch channel; every
+//! anybody is subscribed, serializes it once, and publishes the bytes on the gateway's hub
+//! ([`crate::observe::events::Hub`], which outlives reloads); every
 //! subscriber's stream only copies the latest bytes out. An open page therefore costs one
 //! snapshot per second in total however many pages are open, and nothing on the request path
 //! beyond the [`window::Recent`] counters (one short lock per request). Subscribers are capped
@@ -17,7 +18,6 @@
 //!   the full record is at `/keel/decisions/{request_id}`).
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +27,6 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use keel_core::protocol::{ErrorKind, Protocol};
 use serde_json::{json, Value};
-use tokio::sync::watch;
 
 use crate::wire::errors::GatewayError;
 use crate::{full_body, Body, Gateway};
@@ -42,37 +41,6 @@ const LATEST_DECISIONS: usize = 20;
 /// The dashboard page, embedded in the binary.
 const DASHBOARD_HTML: &str = include_str!("dashboard.html");
 
-/// The published snapshots and who listens.
-pub struct Hub {
-    latest: watch::Sender<Bytes>,
-    subscribers: Arc<AtomicUsize>,
-}
-
-impl Default for Hub {
-    fn default() -> Self {
-        Hub {
-            latest: watch::Sender::new(Bytes::new()),
-            subscribers: Arc::new(AtomicUsize::new(0)),
-        }
-    }
-}
-
-impl Hub {
-    /// Subscribers now.
-    pub fn subscribers(&self) -> usize {
-        self.subscribers.load(Ordering::Relaxed)
-    }
-}
-
-/// Releases a subscriber's place when its stream is dropped (the client went away).
-struct Place(Arc<AtomicUsize>);
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// Publishes a snapshot every [`TICK`] while anybody listens; runs until aborted.
 pub async fn run(gw: Arc<Gateway>) {
     let mut tick = tokio::time::interval(TICK);
@@ -80,11 +48,9 @@ pub async fn run(gw: Arc<Gateway>) {
     loop {
         tick.tick().await;
         if gw.events.subscribers() > 0 {
-            gw.events.latest.send_replace(sse_event(&snapshot(&gw)));
-        } else if !gw.events.latest.borrow().is_empty() {
-            // Nobody listens: drop the last snapshot, so that the next subscriber gets a fresh
-            // one rather than one from before a quiet spell.
-            gw.events.latest.send_replace(Bytes::new());
+            gw.events.publish(sse_event(&snapshot(&gw)));
+        } else {
+            gw.events.forget();
         }
     }
 }
@@ -144,22 +110,14 @@ fn decision_summary(d: &Value) -> Value {
 
 /// `GET /keel/events`: the snapshot stream, or 503 when [`MAX_SUBSCRIBERS`] already listen.
 pub fn subscribe(gw: &Gateway) -> Response<Body> {
-    let hub = &gw.events;
-    let taken = hub
-        .subscribers
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-            (n < MAX_SUBSCRIBERS).then_some(n + 1)
-        });
-    if taken.is_err() {
+    let Some((place, mut rx)) = gw.events.join(MAX_SUBSCRIBERS) else {
         return GatewayError::new(
             ErrorKind::Overloaded,
             format!("/keel/events already has {MAX_SUBSCRIBERS} subscribers: close a dashboard and try again"),
         )
         .with_retry_after(5000)
         .to_response(Protocol::OpenAi);
-    }
-    let place = Place(hub.subscribers.clone());
-    let mut rx = hub.latest.subscribe();
+    };
     // The first event goes out at once: the latest snapshot if there is one, else a fresh one
     // (the first subscriber after a quiet spell would otherwise wait a tick for anything).
     let first = match rx.borrow_and_update().clone() {

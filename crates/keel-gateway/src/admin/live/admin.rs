@@ -16,7 +16,7 @@ use crate::Gateway;
 
 /// `POST /keel/admin/reload`: re-reads the config file now (who may: `routes::Access::Admin`).
 pub async fn reload(gw: &Gateway) -> Result<Value, GatewayError> {
-    let Some(live) = gw.process.live() else {
+    let Some(live) = gw.process.reloader() else {
         return Err(GatewayError::new(
             ErrorKind::InvalidRequest,
             "reload: this gateway does not run under a reload handle",

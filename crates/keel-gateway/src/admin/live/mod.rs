@@ -11,7 +11,7 @@
 //! change of `listen` is refused (the socket is bound once), and so is turning `[tls]` on or
 //! off; its certificate files are read again, and connections accepted after the reload get
 //! the new certificate. A valid config becomes the next
-//! generation, built with the lasting state of the current one (see [`carry`]), and the
+//! generation, built with the lasting state of the current one (see `Gateway::build`), and the
 //! background tasks (monitor, events) move to it.
 //!
 //! Graceful restart: on shutdown the server stops accepting, marks the process draining
@@ -20,121 +20,27 @@
 //! with an explicit error event in its protocol ([`Process::cut_streams`]) before exiting.
 
 pub mod admin;
-pub mod carry;
+pub mod changes;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use http_body_util::{BodyExt, StreamBody};
-use hyper::body::Frame;
 use serde_json::{json, Value};
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use keel_core::protocol::{ErrorKind, Protocol};
-
-use crate::wire::errors::GatewayError;
-use crate::{Body, Config, Gateway};
-
-/// The message of the error event that ends a stream still running at the drain deadline.
-pub const CUT_MESSAGE: &str =
-    "keel is shutting down and the drain deadline passed: the response is incomplete; retry it";
+pub use crate::state::process::{Process, ReloadError, Reloader, CUT_MESSAGE};
+use crate::{Config, Gateway};
 
 /// How often `[reload] watch` looks at the config file.
 const WATCH_POLL: Duration = Duration::from_secs(1);
-
-/// State of the process that every generation shares.
-pub struct Process {
-    draining: AtomicBool,
-    /// Turns true at the drain deadline: streams still running end with an error event.
-    cutoff: watch::Sender<bool>,
-    /// The reload handle, once the gateway runs under one (the admin endpoint reaches it here).
-    live: OnceLock<Weak<Live>>,
-}
-
-impl Default for Process {
-    fn default() -> Self {
-        Process {
-            draining: AtomicBool::new(false),
-            cutoff: watch::Sender::new(false),
-            live: OnceLock::new(),
-        }
-    }
-}
-
-impl Process {
-    /// Whether shutdown has begun (readiness fails, new work is refused).
-    pub fn draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
-    }
-
-    /// Shutdown begins: readiness fails from now on.
-    pub fn begin_drain(&self) {
-        if !self.draining.swap(true, Ordering::Relaxed) {
-            tracing::info!("draining: readiness fails, no new requests");
-        }
-    }
-
-    /// The drain deadline passed: every stream still running ends with an explicit error event.
-    pub fn cut_streams(&self) {
-        self.cutoff.send_replace(true);
-    }
-
-    /// The reload handle this gateway runs under, if any.
-    pub fn live(&self) -> Option<Arc<Live>> {
-        self.live.get().and_then(Weak::upgrade)
-    }
-
-    /// `body`, a stream in `protocol` made of whole events, ended at the drain deadline by the
-    /// protocol's error event (instead of being cut off mid-answer by the process exit).
-    pub fn cut_at_deadline(&self, body: Body, protocol: Protocol) -> Body {
-        let cutoff = self.cutoff.subscribe();
-        let stream = futures_util::stream::unfold(Some((body, cutoff)), move |st| async move {
-            let (mut body, mut cutoff) = st?;
-            let cut = async {
-                // The sender lives as long as the process state; should it go, never cut.
-                if cutoff.wait_for(|c| *c).await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            };
-            tokio::select! {
-                biased;
-                _ = cut => {
-                    let cut = GatewayError::new(ErrorKind::Overloaded, CUT_MESSAGE);
-                    let ev = cut.to_event(protocol);
-                    Some((Ok(Frame::data(Bytes::from(ev.raw))), None))
-                }
-                frame = body.frame() => frame.map(|f| (f, Some((body, cutoff)))),
-            }
-        });
-        StreamBody::new(stream).boxed()
-    }
-}
 
 /// Where a reload reads the config, and what the command line overrides in it.
 pub struct ConfigSource {
     pub path: PathBuf,
     /// Applied to every config read (`keel serve --listen`, `--log-format`).
     pub adjust: Box<dyn Fn(&mut Config) + Send + Sync>,
-}
-
-/// A refused reload: why, and how it is counted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReloadError {
-    /// `invalid` (the file cannot be read or has errors), `refused` (a change that needs a
-    /// restart, such as `listen`), `unavailable` (no config file to re-read).
-    pub outcome: &'static str,
-    pub message: String,
-}
-
-impl std::fmt::Display for ReloadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
 }
 
 /// The running generation, and the tasks that follow it.
@@ -156,7 +62,8 @@ impl Live {
             reloading: Mutex::new(()),
             tasks: Mutex::new(None),
         });
-        let _ = gw.process.live.set(Arc::downgrade(&live));
+        gw.process
+            .set_reloader(Arc::downgrade(&live) as Weak<dyn Reloader>);
         live
     }
 
@@ -271,7 +178,7 @@ impl Live {
         for w in &cfg.warnings {
             tracing::warn!("{w}");
         }
-        let changes = carry::changes(&old.cfg, &cfg);
+        let changes = changes::changes(&old.cfg, &cfg);
         let next = Gateway::build(cfg, Some(&old));
         self.current.store(next.clone());
         // The tasks follow the current generation (requests on the old one need none).
@@ -354,6 +261,16 @@ impl Live {
                 let _ = live.reload();
             }
         });
+    }
+}
+
+impl Reloader for Live {
+    fn reload(&self) -> Result<Value, ReloadError> {
+        Live::reload(self)
+    }
+
+    fn apply(&self, cfg: Config) -> Result<Value, ReloadError> {
+        Live::apply(self, cfg)
     }
 }
 

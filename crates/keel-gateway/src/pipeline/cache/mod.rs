@@ -24,11 +24,8 @@
 //! (went upstream; a streamed answer may still be stored at its end, the access log's `cache`
 //! says so), `bypass` (not cacheable, or the cache is off).
 
-pub mod flight;
 pub mod replay;
 pub mod semantic;
-pub mod semantic_index;
-pub mod store;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,14 +37,12 @@ use keel_core::cache_key::{self, Policy};
 use keel_core::protocol::{Endpoint, ErrorKind};
 use keel_core::request::CanonicalRequest;
 
-use crate::observe::metrics::Metrics;
 use crate::pipeline::context::RequestCtx;
+pub use crate::state::cache::{flight, store, Entry, ResponseCache};
 use crate::state::pools::Pool;
 use crate::wire::errors::GatewayError;
 use crate::Gateway;
-use flight::{Flight, Flights, Follower, Joined, LeaderWriter};
-pub use store::Entry;
-use store::Stores;
+use flight::{Flight, Follower, Joined, LeaderWriter};
 
 /// The response header that says what the cache did.
 pub const HEADER: &str = "x-keel-cache";
@@ -108,44 +103,7 @@ pub enum Lookup {
     Miss(Box<Capture>),
 }
 
-/// The response cache of one gateway.
-pub struct ResponseCache {
-    stores: Stores,
-    flights: Arc<Flights>,
-    metrics: Arc<Metrics>,
-}
-
 impl ResponseCache {
-    /// Redis is only connected when some pool caches.
-    pub fn new(cfg: &crate::Config, metrics: Arc<Metrics>) -> Arc<ResponseCache> {
-        let used = cfg.pools.iter().any(|p| p.cache.enabled);
-        let redis = cfg.redis.as_ref().filter(|_| used);
-        Arc::new(ResponseCache {
-            stores: Stores::new(cfg.cache, redis, metrics.clone()),
-            flights: Arc::new(Flights::default()),
-            metrics,
-        })
-    }
-
-    /// Whether answers are shared with other replicas through Redis.
-    pub fn shared(&self) -> bool {
-        self.stores.shared()
-    }
-
-    /// Generations in progress that others wait on (tests).
-    pub fn in_flight(&self) -> usize {
-        self.flights.len()
-    }
-
-    fn count(&self, pool: &str, result: &'static str) {
-        self.metrics
-            .counter(
-                "keel_cache_lookups_total",
-                &[("pool", pool), ("result", result)],
-            )
-            .increment(1);
-    }
-
     /// Stage 0's last step (see the module doc).
     pub async fn lookup(
         self: &Arc<Self>,

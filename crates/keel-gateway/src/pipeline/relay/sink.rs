@@ -2,7 +2,7 @@
 //! response a non-streaming client asked for, or both (a streamed answer the response cache
 //! will store: the client's events are assembled on the side), or — a streaming request that
 //! leads a coalesced flight — the flight's live log, which the leader's own client and every
-//! identical streaming request read at their own pace (see `cache::flight`).
+//! identical streaming request read at their own pace (see `state::cache::flight`).
 
 use std::sync::{Arc, Mutex};
 
@@ -12,7 +12,7 @@ use keel_core::assemble::Assembler;
 use keel_core::protocol::{self, event_role, EventRole, Protocol};
 use keel_core::sse::SseDecoder;
 
-use crate::pipeline::cache::flight::LeaderWriter;
+use crate::state::cache::flight::LeaderWriter;
 use crate::wire::body::BodySender;
 use crate::wire::errors::{ErrorKind, GatewayError};
 
@@ -92,7 +92,7 @@ impl Sink {
                         ErrorKind::Malformed,
                         format!(
                             "the streamed answer exceeds {} bytes (adding {n})",
-                            crate::pipeline::cache::flight::MAX_LIVE_BYTES
+                            crate::state::cache::flight::MAX_LIVE_BYTES
                         ),
                     ))
                 }

@@ -40,8 +40,8 @@ use keel_core::quota::gcra::{Decision, Rate};
 use keel_core::request::CanonicalRequest;
 
 use super::headers::RateView;
-use super::meter::{Meter, Totals};
 use crate::config::{FailMode, KeyConfig};
+use crate::observe::meter::{Meter, Totals};
 use crate::observe::metrics::Metrics;
 use crate::state::pools::Pool;
 use crate::state::quota::{BudgetSpec, BudgetUnit, Held, Limit, Store, StoreError, STORE_TIMEOUT};

@@ -6,13 +6,12 @@
 //!   or leaks the secret.
 //! * [`limits`]: what admission takes for a keyed request (rpm, tpm, budgets, a concurrency
 //!   slot), held in a [`Grant`] that reconciles with the real usage when the request ends.
-//! * [`meter`]: the tokens each attempt used, from the upstream's `usage` or keel's own count.
+//! * `observe::meter`: the tokens each attempt used, which limits reconcile with.
 //! * [`headers`]: the rate-limit headers in the client's protocol.
 //! * [`admin`]: `GET /keel/keys/{id}/usage`.
 
 pub mod headers;
 pub mod limits;
-pub mod meter;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

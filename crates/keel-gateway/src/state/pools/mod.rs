@@ -43,6 +43,7 @@ use keel_core::selection::{self, Availability, Selector};
 use crate::config::{Affinity, PoolConfig, VariantConfig};
 use crate::observe::metrics::Metrics;
 
+pub(crate) mod carry;
 mod lifecycle;
 mod shared;
 mod slots;
@@ -193,6 +194,23 @@ impl Variant {
     /// first time (the caller logs it once).
     pub fn learn_instruction(&self) -> bool {
         !self.prefill_refused.swap(true, Ordering::Relaxed)
+    }
+}
+
+/// A finished request's place in the pool's health window and live analysis.
+impl crate::observe::access_log::PoolRecords for Pool {
+    fn request_ended(&self, route: &'static str, outcome: &'static str) {
+        self.safety.record_request(self.now_ms(), route, outcome);
+    }
+
+    fn analyses(&self) -> bool {
+        self.analysis.is_some()
+    }
+
+    fn analyse(&self, record: keel_core::analyze::report::Record) {
+        if let Some(a) = &self.analysis {
+            a.record(record);
+        }
     }
 }
 
