@@ -25,6 +25,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use tokio::time::Instant;
 
+use keel_core::hedge::{Tier, VERY_LATE};
 use keel_core::request::CanonicalRequest;
 
 use crate::pipeline::attempt::{attempt, AttemptResult, Served};
@@ -50,7 +51,8 @@ pub struct Executed {
     pub outcome: Outcome,
     /// Every attempt so far; the relay continues the same ledger.
     pub attempts: Attempts,
-    /// `hedged` when a hedge won; otherwise the route follows from the attempts.
+    /// After a hedge race, `hedged` when a hedge won and `direct` when the primary did;
+    /// otherwise the route follows from the attempts.
     pub route: Option<&'static str>,
 }
 
@@ -63,7 +65,8 @@ pub async fn execute(
     mut attempts: Attempts,
 ) -> Executed {
     let max_attempts = pool.cfg.max_attempts as usize;
-    let mut hedged = false;
+    // Set by a race whose winner is being settled.
+    let mut route = None;
     pool.count_request();
 
     // A variant of the other protocol that cannot be given this request (a field its protocol
@@ -143,7 +146,9 @@ pub async fn execute(
                         Duration::from_millis(delay),
                     )
                     .await;
-                    hedged = race.hedge_won == Some(true);
+                    route = race
+                        .hedge_won
+                        .map(|won| if won { "hedged" } else { "direct" });
                     for loser in race.cancelled {
                         attempts.cancelled(loser);
                     }
@@ -163,9 +168,11 @@ pub async fn execute(
                 return Executed {
                     outcome,
                     attempts,
-                    route: hedged.then_some("hedged"),
+                    route,
                 };
             }
+            // Nothing served: the attempts from here on are fallbacks.
+            route = None;
             if attempts.gave_up() {
                 break 'rounds;
             }
@@ -212,49 +219,60 @@ struct Race {
 /// One racer's attempt, tagged with its slot in the race.
 type Racer<'a> = std::pin::Pin<Box<dyn Future<Output = (usize, AttemptResult)> + Send + 'a>>;
 
-/// How late, in hedge delays, a primary is hedged while its pool's record does not (yet) say
-/// that hedges at the delay pay (`Pool::hedge_pays`). Under a smooth tail a first token this
-/// late is rare (about the P99.9 of a lognormal of σ 0.3, the P99.3 of σ 0.5), so few hedges
-/// go out; under a heavy tail it is one of the slow ones, cut well before it would answer.
-const VERY_LATE: f64 = 1.5;
-
-/// What one race teaches the pool's hedge record (`keel_core::hedge`): a hedge sent at the
-/// delay won or lost; a hedge withheld there would have won or lost, by when the primary
-/// answered.
+/// What one race teaches the pool's hedge records (`keel_core::hedge`): a first hedge sent at
+/// its tier's moment won or lost; a hedge withheld there would have won or lost, by when the
+/// primary answered.
 struct Lesson {
     start: Instant,
-    /// A hedge withheld at the delay: the delay and the target's median TTFT (ms).
-    withheld: Option<(f64, f64)>,
-    /// A hedge was sent at the delay (not later, as a very late primary's).
-    sent_at_delay: bool,
+    /// Hedges withheld, by tier: when each was due (ms after the start) and its target's median
+    /// TTFT (ms).
+    withheld: [Option<(f64, f64)>; 2],
+    /// The tier of the first hedge sent, if one was.
+    sent: Option<Tier>,
 }
 
 impl Lesson {
-    /// The primary answered (`failed`: or failed): what the withheld hedge would have done.
-    fn primary_done(&mut self, pool: &Pool, failed: bool) {
-        if let Some((delay, median)) = self.withheld.take() {
-            let ttft = (!failed).then(|| self.start.elapsed().as_secs_f64() * 1e3);
-            pool.record_hedge_payoff(keel_core::hedge::would_have_won(ttft, delay, median));
+    fn slot(tier: Tier) -> usize {
+        match tier {
+            Tier::AtDelay => 0,
+            Tier::VeryLate => 1,
         }
     }
-    /// The primary is still waiting now: once that is past the withheld hedge's likely
-    /// answer, the hedge would have won (otherwise the primary's answer will tell).
-    fn still_waiting(&mut self, pool: &Pool) {
-        let waited = self.start.elapsed().as_secs_f64() * 1e3;
-        if let Some((delay, median)) = self.withheld {
-            if keel_core::hedge::would_have_won(Some(waited), delay, median) {
-                self.withheld = None;
-                pool.record_hedge_payoff(true);
+    fn withhold(&mut self, tier: Tier, due_ms: f64, median_ms: f64) {
+        self.withheld[Self::slot(tier)] = Some((due_ms, median_ms));
+    }
+    /// The primary answered (`failed`: or failed): what each withheld hedge would have done.
+    fn primary_done(&mut self, pool: &Pool, failed: bool) {
+        let ttft = (!failed).then(|| self.start.elapsed().as_secs_f64() * 1e3);
+        for tier in [Tier::AtDelay, Tier::VeryLate] {
+            if let Some((due, median)) = self.withheld[Self::slot(tier)].take() {
+                let won = keel_core::hedge::would_have_won(ttft, due, median);
+                pool.record_hedge_payoff(tier, won);
             }
         }
     }
-    /// The race was decided with a hedge running: did the hedge sent at the delay win? (A
-    /// hedge sent later that won tells of the one withheld at the delay as far as the primary
-    /// was still waiting.)
+    /// The primary is still waiting now: a withheld hedge whose likely answer is past would
+    /// have won (otherwise the primary's answer will tell).
+    fn still_waiting(&mut self, pool: &Pool) {
+        let waited = self.start.elapsed().as_secs_f64() * 1e3;
+        for tier in [Tier::AtDelay, Tier::VeryLate] {
+            let slot = &mut self.withheld[Self::slot(tier)];
+            if slot.is_some_and(|(due, median)| {
+                keel_core::hedge::would_have_won(Some(waited), due, median)
+            }) {
+                *slot = None;
+                pool.record_hedge_payoff(tier, true);
+            }
+        }
+    }
+    /// The race was decided with a hedge running: the first hedge's tier learns whether it won;
+    /// a hedge that won tells of the ones withheld before it as far as the primary was still
+    /// waiting.
     fn decided(&mut self, pool: &Pool, hedge_won: bool) {
-        if self.sent_at_delay {
-            pool.record_hedge_payoff(hedge_won);
-        } else if hedge_won {
+        if let Some(tier) = self.sent {
+            pool.record_hedge_payoff(tier, hedge_won);
+        }
+        if hedge_won {
             self.still_waiting(pool);
         }
     }
@@ -267,7 +285,8 @@ impl Lesson {
 /// so the upstreams stop generating). A racer that fails leaves the others running.
 ///
 /// The first hedge is withheld while the pool's record does not say hedges at the delay pay
-/// (`Pool::hedge_pays`); the primary is then hedged only once it is [`VERY_LATE`] delays late.
+/// (`Pool::hedge_sends`); the primary is then hedged only once it is `hedge::VERY_LATE` delays
+/// late, and only while the record of such hedges does not say they rarely win.
 async fn race(
     attempts: &mut Attempts,
     pool: &Arc<Pool>,
@@ -297,8 +316,8 @@ async fn race(
     let mut finished = Vec::new();
     let mut lesson = Lesson {
         start: Instant::now(),
-        withheld: None,
-        sent_at_delay: false,
+        withheld: [None, None],
+        sent: None,
     };
     let mut very_late = false;
     let mut next_hedge = Some(lesson.start + delay).filter(|at| *at < ctx.deadline);
@@ -356,13 +375,23 @@ async fn race(
                 let slow_by_nature = pool
                     .median_ttft_ms(primary_vi)
                     .is_some_and(|m| m > delay_ms + median);
-                let asks_the_record = first && !very_late && !slow_by_nature;
-                if asks_the_record && !pool.hedge_pays() {
-                    lesson.withheld = Some((delay_ms, median));
-                    label("withheld");
-                    very_late = true;
-                    next_hedge = Some(lesson.start + delay.mul_f64(VERY_LATE))
-                        .filter(|at| *at < ctx.deadline);
+                let tier = (first && !slow_by_nature).then_some(if very_late {
+                    Tier::VeryLate
+                } else {
+                    Tier::AtDelay
+                });
+                if let Some(tier) = tier.filter(|t| !pool.hedge_sends(*t)) {
+                    let due_ms = match tier {
+                        Tier::AtDelay => delay_ms,
+                        Tier::VeryLate => delay_ms * VERY_LATE,
+                    };
+                    lesson.withhold(tier, due_ms, median);
+                    if tier == Tier::AtDelay {
+                        label("withheld");
+                        very_late = true;
+                        next_hedge = Some(lesson.start + delay.mul_f64(VERY_LATE))
+                            .filter(|at| *at < ctx.deadline);
+                    }
                     continue;
                 }
                 lesson.still_waiting(pool);
@@ -374,7 +403,9 @@ async fn race(
                     label("no_variant");
                     continue;
                 };
-                lesson.sent_at_delay |= asks_the_record;
+                if lesson.sent.is_none() {
+                    lesson.sent = tier;
+                }
                 if let Some(d) = attempts.decision() {
                     let variant = |i: usize| pool.variants[i].cfg.name.as_str();
                     let reason = if very_late { "first_token_very_late" } else { "first_token_late" };

@@ -276,3 +276,51 @@ async fn hedges_wait_until_the_pool_shows_they_would_win() {
     }
     assert!(batches >= 2, "the record first had to learn");
 }
+
+#[tokio::test]
+async fn very_late_hedges_stop_once_the_pool_shows_they_lose() {
+    // sim-1, the hedge target, answers in about 300 ms: the auto delay is about 300 ms, and a
+    // very late hedge goes out at about 450 ms. The primary answers at about 500 ms, before any
+    // such hedge could (about 750 ms): the record of very late hedges learns that they lose,
+    // and they stop. The primary's answer is the route: `direct`, not a fallback.
+    let h = Harness::openai(
+        2,
+        1,
+        "allow_force_variant = true",
+        "hedge = \"auto\"\nhedge_budget = 1\n[pools.safe_mode]\nauto = false",
+    )
+    .await;
+    add_fault(h.server(1), json!({"kind": "delay", "ms": 300})).await;
+    for _ in 0..8 {
+        let resp = h
+            .post_with(
+                "/v1/chat/completions",
+                &[("x-keel-force-variant", "sim-1")],
+                &stream_body("warm"),
+            )
+            .await;
+        read_stream(resp).await;
+    }
+    add_fault(h.server(0), json!({"kind": "delay", "ms": 500})).await;
+    let lost = [("pool", "p"), ("outcome", "lost")];
+    let mut batches = 0;
+    loop {
+        let sim1 = h.server(1).state.stats().requests;
+        for route in forced_batch(&h, 4).await {
+            assert_eq!(route, "direct", "the primary answered first");
+        }
+        batches += 1;
+        if h.server(1).state.stats().requests == sim1 {
+            break;
+        }
+        assert!(batches < 6, "very late hedges did not stop");
+    }
+    assert!(
+        h.metric("keel_hedges_total", &lost).await >= f64::from(keel_core::hedge::MIN_OBSERVATIONS),
+        "hedged very late while the record learned"
+    );
+    // And they stay stopped.
+    let sim1 = h.server(1).state.stats().requests;
+    forced_batch(&h, 4).await;
+    assert_eq!(h.server(1).state.stats().requests, sim1);
+}

@@ -129,8 +129,9 @@ pub struct Pool {
     pub(crate) selector: Box<dyn Selector>,
     /// Hedges may add at most `hedge_budget` of the pool's requests (sliding 10 s window).
     hedges: ShardedBudget,
-    /// Whether hedges at the delay win often enough to send them (`keel_core::hedge`).
-    hedge_payoff: std::sync::Mutex<keel_core::hedge::Payoff>,
+    /// Whether hedges at the delay, and very late ones, win often enough to send them
+    /// (`keel_core::hedge`).
+    hedge_payoff: std::sync::Mutex<keel_core::hedge::Record>,
     /// Refresh probes may add at most `probe_budget` of the pool's requests (10 s window).
     probes: ShardedBudget,
     /// The gateway's clock origin: `now_ms` is milliseconds since then.

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use keel_core::health::{State, TtftWindow};
+use keel_core::hedge::Tier;
 
 use crate::config::PoolConfig;
 
@@ -29,7 +30,7 @@ impl Pool {
         for (to, from) in self.ttft.all().iter_mut().zip(from.iter()) {
             **to = (**from).clone();
         }
-        *self.hedge_payoff() = old.hedge_payoff().clone();
+        *self.hedge_record() = old.hedge_record().clone();
     }
     /// The pool-wide TTFT quantile `q` over the last 60 s.
     pub(super) fn pool_ttft(&self, q: f64) -> Option<f64> {
@@ -163,21 +164,17 @@ impl Pool {
     pub fn hedge_budget_allows(&self) -> bool {
         self.hedges.try_retry(self.now_ms())
     }
-    /// Whether a hedge sent at the delay pays in this pool now (`keel_core::hedge`): always for
-    /// a configured delay (`hedge = <ms>`: the operator's choice); for `auto`, while the pool's
-    /// record says hedges at the delay win often enough.
-    pub fn hedge_pays(&self) -> bool {
-        !matches!(self.cfg.hedge, crate::config::Hedge::Auto) || self.hedge_payoff().pays()
+    /// Whether a first hedge of `tier` goes out in this pool now (`keel_core::hedge`): always
+    /// for a configured delay (`hedge = <ms>`: the operator's choice); for `auto`, as the
+    /// pool's record of that tier says.
+    pub fn hedge_sends(&self, tier: Tier) -> bool {
+        !matches!(self.cfg.hedge, crate::config::Hedge::Auto) || self.hedge_record().sends(tier)
     }
-    /// Records a request that reached the hedge delay: whether its hedge won, or would have.
-    pub fn record_hedge_payoff(&self, won: bool) {
-        self.hedge_payoff().record(won);
+    /// Records a request that reached `tier`'s moment: whether its hedge won, or would have.
+    pub fn record_hedge_payoff(&self, tier: Tier, won: bool) {
+        self.hedge_record().record(tier, won);
     }
-    /// The share of hedges at the delay that win (or would have), once the record knows.
-    pub fn hedge_win_share(&self) -> Option<f64> {
-        self.hedge_payoff().win_share()
-    }
-    fn hedge_payoff(&self) -> std::sync::MutexGuard<'_, keel_core::hedge::Payoff> {
+    fn hedge_record(&self) -> std::sync::MutexGuard<'_, keel_core::hedge::Record> {
         // Only requests that reach the hedge delay take this lock (a few in a hundred); the
         // record is a few plain numbers, so a poisoned lock still holds a usable one.
         self.hedge_payoff
