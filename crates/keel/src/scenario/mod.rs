@@ -427,7 +427,7 @@ async fn save_keel_state(
     out: &Path,
 ) {
     for (path, what) in [
-        ("/keel/decisions", "decisions.json"),
+        ("/keel/decisions?limit=1000", "decisions.json"),
         ("/metrics", "metrics.txt"),
     ] {
         let url = chat_url.replace("/v1/chat/completions", path);
