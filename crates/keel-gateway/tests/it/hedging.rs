@@ -213,11 +213,11 @@ async fn forced_batch(h: &Harness, n: usize) -> Vec<String> {
     futures_util::future::join_all(sends).await
 }
 
-#[tokio::test]
-async fn hedges_wait_until_the_pool_shows_they_would_win() {
-    // sim-1, the hedge target, answers in about 300 ms, so an auto hedge is due once the
-    // primary is about 300 ms late, and would answer some 300 ms after that. (Safe mode, which
-    // turns hedging off, stays off: every request here is slow on purpose.)
+/// Two variants with an auto hedge and the whole hedge budget: sim-1, the hedge target, answers
+/// in about 300 ms and has eight answers measured, so an auto hedge is due once the primary is
+/// about 300 ms late, and would answer some 300 ms after that. (Safe mode, which turns hedging
+/// off, stays off: every request here is slow on purpose.)
+async fn slow_hedge_target() -> Harness {
     let h = Harness::openai(
         2,
         1,
@@ -236,6 +236,12 @@ async fn hedges_wait_until_the_pool_shows_they_would_win() {
             .await;
         read_stream(resp).await;
     }
+    h
+}
+
+#[tokio::test]
+async fn hedges_wait_until_the_pool_shows_they_would_win() {
+    let h = slow_hedge_target().await;
     let withheld = [("pool", "p"), ("outcome", "withheld")];
 
     // The primary is late past the hedge delay, but not very late, and always answers before
@@ -279,28 +285,11 @@ async fn hedges_wait_until_the_pool_shows_they_would_win() {
 
 #[tokio::test]
 async fn very_late_hedges_stop_once_the_pool_shows_they_lose() {
-    // sim-1, the hedge target, answers in about 300 ms: the auto delay is about 300 ms, and a
-    // very late hedge goes out at about 450 ms. The primary answers at about 500 ms, before any
-    // such hedge could (about 750 ms): the record of very late hedges learns that they lose,
-    // and they stop. The primary's answer is the route: `direct`, not a fallback.
-    let h = Harness::openai(
-        2,
-        1,
-        "allow_force_variant = true",
-        "hedge = \"auto\"\nhedge_budget = 1\n[pools.safe_mode]\nauto = false",
-    )
-    .await;
-    add_fault(h.server(1), json!({"kind": "delay", "ms": 300})).await;
-    for _ in 0..8 {
-        let resp = h
-            .post_with(
-                "/v1/chat/completions",
-                &[("x-keel-force-variant", "sim-1")],
-                &stream_body("warm"),
-            )
-            .await;
-        read_stream(resp).await;
-    }
+    // The auto delay is about 300 ms, and a very late hedge goes out at about 450 ms. The
+    // primary answers at about 500 ms, before any such hedge could (about 750 ms): the record
+    // of very late hedges learns that they lose, and they stop. The primary's answer is the
+    // route: `direct`, not a fallback.
+    let h = slow_hedge_target().await;
     add_fault(h.server(0), json!({"kind": "delay", "ms": 500})).await;
     let lost = [("pool", "p"), ("outcome", "lost")];
     let mut batches = 0;
