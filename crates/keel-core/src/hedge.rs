@@ -25,9 +25,9 @@
 //! That later hedge has a record of its own ([`Tier::VeryLate`]), learned the same way from the
 //! requests still waiting at [`VERY_LATE`] delays: it is sent while that record learns, and
 //! afterwards only while it says such hedges win often enough. Under a smooth tail a primary
-//! that late still answers before a hedge would in most cases (in keel-sim's fleets, 17 races
-//! of 19 in a 20 s run), so a pool whose tail is smooth stops paying for either hedge once both
-//! records know it; a heavy tail keeps both.
+//! that late still answers before a hedge would in most cases (a lognormal of σ 0.3: fewer than
+//! one in ten, the test below), so a pool whose tail is smooth stops paying for either hedge
+//! once both records know it; a heavy tail keeps both.
 
 /// Observations before the record decides (until then hedging at the delay is not taken to
 /// pay). Few, because the record keeps learning either way and so corrects a wrong start: with
@@ -43,8 +43,9 @@ pub const MEMORY: u32 = 64;
 /// The share of hedges that must win for hedging to pay: one hedge in four. Below it a hedge is
 /// mostly an extra request for nothing; above it the requests it helps are the tail's. The two
 /// tails keel-sim's scenarios draw sit on either side with room: a smooth one wins about one
-/// race in eight (so a record of a few dozen observations, at one in six, said "pays" for half
-/// a run by chance, and its hedges then lost), a heavy one about two in five.
+/// race in eight, a heavy one about two in five. A threshold close to one in eight would be
+/// crossed by chance in a record of a few dozen observations, and the hedges it then sent would
+/// lose.
 pub const PAYS_AT: f64 = 0.25;
 
 /// How late, in hedge delays, a primary is hedged while hedges at the delay do not pay (or
@@ -60,42 +61,50 @@ pub enum Tier {
     VeryLate,
 }
 
+impl Tier {
+    /// Both tiers, in the order their moments come.
+    pub const ALL: [Tier; 2] = [Tier::AtDelay, Tier::VeryLate];
+
+    /// The tier's place in a per-tier array.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// When the tier's hedge is due, for a hedge delay of `delay_ms`.
+    pub fn due_ms(self, delay_ms: f64) -> f64 {
+        match self {
+            Tier::AtDelay => delay_ms,
+            Tier::VeryLate => delay_ms * VERY_LATE,
+        }
+    }
+}
+
 /// A pool's records of both tiers.
 #[derive(Clone, Debug, Default)]
 pub struct Record {
-    at_delay: Payoff,
-    very_late: Payoff,
+    by_tier: [Payoff; 2],
 }
 
 impl Record {
-    fn tier(&mut self, tier: Tier) -> &mut Payoff {
-        match tier {
-            Tier::AtDelay => &mut self.at_delay,
-            Tier::VeryLate => &mut self.very_late,
-        }
-    }
-
     /// Whether a first hedge of `tier` is sent: at the delay, once the record shows it pays;
     /// very late, while its record learns and then while it shows it pays.
     pub fn sends(&self, tier: Tier) -> bool {
+        let record = &self.by_tier[tier.index()];
         match tier {
-            Tier::AtDelay => self.at_delay.pays(),
-            Tier::VeryLate => self.very_late.win_share().is_none() || self.very_late.pays(),
+            Tier::AtDelay => record.pays(),
+            Tier::VeryLate => record.win_share().is_none() || record.pays(),
         }
     }
 
     /// Records one request that reached `tier`'s moment: `won` when that tier's hedge answered
     /// first, or would have.
     pub fn record(&mut self, tier: Tier, won: bool) {
-        self.tier(tier).record(won);
+        self.by_tier[tier.index()].record(won);
     }
 
     /// The share of `tier`'s hedges that win (or would have), once its record knows.
     pub fn win_share(&self, tier: Tier) -> Option<f64> {
-        match tier {
-            Tier::AtDelay => self.at_delay.win_share(),
-            Tier::VeryLate => self.very_late.win_share(),
-        }
+        self.by_tier[tier.index()].win_share()
     }
 }
 
@@ -238,17 +247,14 @@ mod tests {
             sorted.sort_by(f64::total_cmp);
             let p95 = sorted[sorted.len() * 95 / 100];
             let median = sorted[sorted.len() / 2];
-            let due = match tier {
-                Tier::AtDelay => p95,
-                Tier::VeryLate => p95 * VERY_LATE,
-            };
+            let due = tier.due_ms(p95);
             let mut r = Record::default();
             for t in draws.drain(..).filter(|t| *t > due) {
                 r.record(tier, would_have_won(Some(t), due, median));
             }
             (r.sends(tier), r.win_share(tier).unwrap())
         };
-        for tier in [Tier::AtDelay, Tier::VeryLate] {
+        for tier in Tier::ALL {
             let (smooth_sends, smooth) = share(0.0, tier);
             let (heavy_sends, heavy) = share(0.02, tier);
             assert!(

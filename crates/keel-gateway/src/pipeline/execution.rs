@@ -232,20 +232,14 @@ struct Lesson {
 }
 
 impl Lesson {
-    fn slot(tier: Tier) -> usize {
-        match tier {
-            Tier::AtDelay => 0,
-            Tier::VeryLate => 1,
-        }
-    }
     fn withhold(&mut self, tier: Tier, due_ms: f64, median_ms: f64) {
-        self.withheld[Self::slot(tier)] = Some((due_ms, median_ms));
+        self.withheld[tier.index()] = Some((due_ms, median_ms));
     }
     /// The primary answered (`failed`: or failed): what each withheld hedge would have done.
     fn primary_done(&mut self, pool: &Pool, failed: bool) {
         let ttft = (!failed).then(|| self.start.elapsed().as_secs_f64() * 1e3);
-        for tier in [Tier::AtDelay, Tier::VeryLate] {
-            if let Some((due, median)) = self.withheld[Self::slot(tier)].take() {
+        for tier in Tier::ALL {
+            if let Some((due, median)) = self.withheld[tier.index()].take() {
                 let won = keel_core::hedge::would_have_won(ttft, due, median);
                 pool.record_hedge_payoff(tier, won);
             }
@@ -255,8 +249,8 @@ impl Lesson {
     /// have won (otherwise the primary's answer will tell).
     fn still_waiting(&mut self, pool: &Pool) {
         let waited = self.start.elapsed().as_secs_f64() * 1e3;
-        for tier in [Tier::AtDelay, Tier::VeryLate] {
-            let slot = &mut self.withheld[Self::slot(tier)];
+        for tier in Tier::ALL {
+            let slot = &mut self.withheld[tier.index()];
             if slot.is_some_and(|(due, median)| {
                 keel_core::hedge::would_have_won(Some(waited), due, median)
             }) {
@@ -381,11 +375,7 @@ async fn race(
                     Tier::AtDelay
                 });
                 if let Some(tier) = tier.filter(|t| !pool.hedge_sends(*t)) {
-                    let due_ms = match tier {
-                        Tier::AtDelay => delay_ms,
-                        Tier::VeryLate => delay_ms * VERY_LATE,
-                    };
-                    lesson.withhold(tier, due_ms, median);
+                    lesson.withhold(tier, tier.due_ms(delay_ms), median);
                     if tier == Tier::AtDelay {
                         label("withheld");
                         very_late = true;

@@ -784,11 +784,14 @@ impl RequestLog {
     pub fn note_attempts(&mut self, attempts: &Attempts) {
         let records = attempts.records();
         self.attempts = records.len();
-        // In the order they started (the ledger holds them as they ended: a hedge that lost
-        // ends before the primary that beat it).
-        let mut started: Vec<&AttemptRecord> = records.iter().collect();
-        started.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
-        self.tried = started.iter().map(|r| r.variant.clone()).collect();
+        // In the order they started. The ledger holds them as they ended, which is the same
+        // order unless a race ran: a hedge that lost ends before the primary that beat it.
+        self.tried = records.iter().map(|r| r.variant.clone()).collect();
+        if !records.is_sorted_by(|a, b| a.start_ms <= b.start_ms) {
+            let mut started: Vec<&AttemptRecord> = records.iter().collect();
+            started.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
+            self.tried = started.iter().map(|r| r.variant.clone()).collect();
+        }
         self.hedges = records
             .iter()
             .filter(|r| r.kind == AttemptKind::Hedge)
