@@ -21,7 +21,11 @@ fn pool(n: usize) -> (Vec<VariantHealth>, HealthConfig) {
             for t in 0..64u64 {
                 h.record_ttft(t * 50, rng.lognormal(80.0 + i as f64, 0.3), &cfg);
                 h.record_outcome(t * 50, rng.next_f64() > 0.01, &cfg);
-                h.record_stream_gaps(t * 50, &[10.0, 12.0, 9.0, 11.0, 30.0], &cfg);
+                h.record_stream_gaps(
+                    t * 50,
+                    &[10.0, 12.0, 9.0, 11.0, 30.0].into_iter().collect(),
+                    &cfg,
+                );
             }
             h
         })

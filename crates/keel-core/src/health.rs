@@ -636,18 +636,23 @@ impl VariantHealth {
         self.tick(now_ms, cfg);
     }
 
-    /// Inter-token gaps of one stream (in order) and its TGSV over the last 10.
-    pub fn record_stream_gaps(&mut self, now_ms: u64, gaps_ms: &[f64], cfg: &HealthConfig) {
-        if gaps_ms.is_empty() {
+    /// Inter-token gaps of one stream: their mean, and its TGSV over the last 10.
+    pub fn record_stream_gaps(
+        &mut self,
+        now_ms: u64,
+        gaps: &crate::stream_watch::Gaps,
+        cfg: &HealthConfig,
+    ) {
+        let Some(mean) = gaps.mean_ms() else {
             return;
-        }
-        let mean = gaps_ms.iter().sum::<f64>() / gaps_ms.len() as f64;
+        };
         self.est.gap_ms.record(now_ms, mean, cfg.decay_ms, false);
         Self::record_baseline(&mut self.est.baseline_gap_ms, now_ms, mean, cfg);
-        let last = &gaps_ms[gaps_ms.len().saturating_sub(10)..];
+        let last = gaps.recent();
         if last.len() >= 2 {
-            let m = last.iter().sum::<f64>() / last.len() as f64;
-            let var = last.iter().map(|g| (g - m) * (g - m)).sum::<f64>() / (last.len() - 1) as f64;
+            let n = last.len() as f64;
+            let m = last.clone().sum::<f64>() / n;
+            let var = last.map(|g| (g - m) * (g - m)).sum::<f64>() / (n - 1.0);
             let tgsv = var.sqrt();
             let severe = self
                 .est
@@ -878,7 +883,7 @@ mod tests {
         for t in 50..60 {
             h.record_ttft(t * 100, 260.0, &c);
             h.record_outcome(t * 100, t % 3 != 0, &c);
-            h.record_stream_gaps(t * 100, &[30.0, 32.0, 29.0], &c);
+            h.record_stream_gaps(t * 100, &[30.0, 32.0, 29.0].into_iter().collect(), &c);
         }
         let est = h.est;
         let published = 6_000;

@@ -362,6 +362,58 @@ pub const SLOW_CHECKS: u32 = 3;
 /// A token rate this far below the baseline is slow (40% below): mean gap × 0.6 > baseline.
 pub const SLOW_RATE: f64 = 0.6;
 
+/// A stream's inter-token gaps as they are read: their count and sum (the mean the health
+/// record takes) and the last [`SlowRate::WINDOW`] of them (the TGSV and the slowdown check),
+/// in the same few bytes whatever the stream's length. A list of every gap grew with the
+/// answer (16 KiB for 2,000 tokens) and was held for the stream's whole life.
+///
+/// The ring holds `f32`s (a gap in milliseconds to seven digits): every live stream's relay
+/// holds one inline.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Gaps {
+    count: u32,
+    sum_ms: f64,
+    /// A ring: gap `i` is at `i % WINDOW`.
+    recent: [f32; SlowRate::WINDOW],
+}
+
+impl Gaps {
+    pub fn push(&mut self, gap_ms: f64) {
+        self.recent[self.count as usize % SlowRate::WINDOW] = gap_ms as f32;
+        self.count = self.count.saturating_add(1);
+        self.sum_ms += gap_ms;
+    }
+
+    /// How many gaps were pushed.
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The mean of every gap pushed.
+    pub fn mean_ms(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum_ms / self.count as f64)
+    }
+
+    /// The last `WINDOW` gaps (fewer while fewer were pushed), in no particular order.
+    pub fn recent(&self) -> impl ExactSizeIterator<Item = f64> + Clone + '_ {
+        self.recent[..self.len().min(SlowRate::WINDOW)]
+            .iter()
+            .map(|&g| f64::from(g))
+    }
+}
+
+impl FromIterator<f64> for Gaps {
+    fn from_iter<I: IntoIterator<Item = f64>>(gaps: I) -> Gaps {
+        let mut g = Gaps::default();
+        gaps.into_iter().for_each(|x| g.push(x));
+        g
+    }
+}
+
 /// Slowdown detection over a segment's inter-token gaps.
 #[derive(Debug, Clone)]
 pub struct SlowRate {
@@ -380,16 +432,15 @@ impl SlowRate {
         }
     }
 
-    /// Called after each token event with every inter-token gap of the segment so far. Every
-    /// `WINDOW` gaps it compares the mean of the last `WINDOW` with the baseline; returns true
-    /// on the `SLOW_CHECKS`th slow check in a row.
-    pub fn check(&mut self, gaps_ms: &[f64]) -> bool {
-        let n = gaps_ms.len();
+    /// Called after each token event with the segment's gaps so far. Every `WINDOW` gaps it
+    /// compares the mean of the last `WINDOW` with the baseline; returns true on the
+    /// `SLOW_CHECKS`th slow check in a row.
+    pub fn check(&mut self, gaps: &Gaps) -> bool {
+        let n = gaps.len();
         if n < Self::WINDOW || !n.is_multiple_of(Self::WINDOW) {
             return false;
         }
-        let window = &gaps_ms[n - Self::WINDOW..];
-        let mean = window.iter().sum::<f64>() / Self::WINDOW as f64;
+        let mean = gaps.recent().sum::<f64>() / Self::WINDOW as f64;
         // Gaps below 5 ms are dominated by scheduling noise: never call those slow.
         if mean > 5.0 && mean * SLOW_RATE > self.baseline_gap_ms {
             self.slow_checks += 1;
@@ -671,7 +722,7 @@ mod tests {
     #[test]
     fn slow_after_three_slow_windows_in_a_row() {
         let mut s = SlowRate::new(10.0);
-        let mut gaps = Vec::new();
+        let mut gaps = Gaps::default();
         let mut fired_at = None;
         for i in 0..40 {
             gaps.push(20.0); // 20 × 0.6 = 12 > 10: slow
@@ -686,20 +737,36 @@ mod tests {
     #[test]
     fn a_normal_window_resets_the_count_and_tiny_gaps_never_count() {
         let mut s = SlowRate::new(10.0);
-        let mut gaps = vec![20.0; 20];
-        for n in 1..=gaps.len() {
-            assert!(!s.check(&gaps[..n]));
+        let mut gaps = Gaps::default();
+        for _ in 0..20 {
+            gaps.push(20.0);
+            assert!(!s.check(&gaps));
         }
-        gaps.extend([10.0; 10]); // back to normal
+        (0..10).for_each(|_| gaps.push(10.0)); // back to normal
         assert!(!s.check(&gaps));
-        gaps.extend([20.0; 20]);
-        assert!(!s.check(&gaps[..gaps.len() - 10]));
-        assert!(!s.check(&gaps));
+        for _ in 0..2 {
+            (0..10).for_each(|_| gaps.push(20.0));
+            assert!(!s.check(&gaps));
+        }
         let mut tiny = SlowRate::new(1.0);
-        let g = [4.0; 30];
-        for n in 1..=g.len() {
-            assert!(!tiny.check(&g[..n]));
+        let mut g = Gaps::default();
+        for _ in 0..30 {
+            g.push(4.0);
+            assert!(!tiny.check(&g));
         }
+    }
+
+    #[test]
+    fn gaps_keep_the_mean_of_all_and_the_last_window_in_fixed_space() {
+        let g: Gaps = (1..=25).map(f64::from).collect();
+        assert_eq!(g.len(), 25);
+        assert_eq!(g.mean_ms(), Some(13.0));
+        let mut recent: Vec<f64> = g.recent().collect();
+        recent.sort_by(f64::total_cmp);
+        assert_eq!(recent, (16..=25).map(f64::from).collect::<Vec<_>>());
+        let few: Gaps = [3.0, 5.0].into_iter().collect();
+        assert_eq!(few.recent().len(), 2);
+        assert_eq!(Gaps::default().mean_ms(), None);
     }
 
     /// An OpenAI chunk of stream `id` whose first choice's delta is `delta` (JSON).

@@ -55,7 +55,7 @@ fn pool(variants: usize) -> Arc<Pool> {
     for round in 0..64 {
         for i in 0..variants {
             pool.record_attempt(i, true, Some(80.0 + (i * 7 + round) as f64 % 40.0));
-            pool.record_stream(i, &[10.0, 12.0, 9.0, 11.0]);
+            pool.record_stream(i, &[10.0, 12.0, 9.0, 11.0].into_iter().collect());
         }
     }
     pool
@@ -83,7 +83,7 @@ fn request(pool: &Arc<Pool>, req: &keel_core::request::CanonicalRequest) {
     let slot = pool.try_enter(v, Priority::Normal).expect("a free slot");
     pool.record_attempt(v, true, Some(90.0));
     pool.record_success(v);
-    pool.record_stream(v, &[10.0, 11.0, 12.0]);
+    pool.record_stream(v, &[10.0, 11.0, 12.0].into_iter().collect());
     drop(slot);
     pool.safety.record_request(pool.now_ms(), "direct", "ok");
 }

@@ -479,7 +479,7 @@ fn decision(variants: usize, iterations: usize) -> Result<(), String> {
                 rng.next_f64() > 0.02,
                 Some(rng.lognormal(80.0 + i as f64 * 3.0, 0.3)),
             );
-            pool.record_stream(i, &[10.0, 11.0, 9.0, 12.0, 10.0]);
+            pool.record_stream(i, &[10.0, 11.0, 9.0, 12.0, 10.0].into_iter().collect());
         }
     }
     let req = keel_core::request::parse(

@@ -33,6 +33,7 @@ use tokio::time::Instant;
 
 use keel_core::outcome::{AttemptFailure, Verdict};
 use keel_core::protocol::ErrorKind;
+use keel_core::stream_watch::Gaps;
 
 use crate::observe::access_log::RequestLog;
 use crate::observe::decisions::Draft;
@@ -125,8 +126,8 @@ pub enum Settled {
 
 /// How a committed stream ended.
 pub enum StreamEnd {
-    /// Its terminal event arrived; `gaps_ms` are its inter-token gaps (the first is the TTFT).
-    Complete { gaps_ms: Vec<f64> },
+    /// Its terminal event arrived; `gaps`: its inter-token gaps (the first is the TTFT).
+    Complete { gaps: Gaps },
     /// It failed after its first token.
     Failed(AttemptFailure),
     /// The client went away.
@@ -501,7 +502,7 @@ impl Attempts {
             r.end_ms = Some(end_ms);
         }
         match end {
-            StreamEnd::Complete { gaps_ms } => self.pool.record_stream(vi, &gaps_ms),
+            StreamEnd::Complete { gaps } => self.pool.record_stream(vi, &gaps),
             StreamEnd::Failed(f) => self.fail(vi, f, record),
             StreamEnd::ClientGone | StreamEnd::Deadline => {}
         }

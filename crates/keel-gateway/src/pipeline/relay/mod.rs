@@ -335,9 +335,9 @@ impl Relay {
     /// Settles a segment that reached its upstream's terminal event.
     fn settle_complete(&mut self, mut seg: Segment) {
         seg.start.source.reached_end();
-        let gaps_ms = std::mem::take(&mut seg.watch.gaps);
+        let gaps = seg.watch.gaps;
         self.attempts
-            .settle_end(seg.committed, StreamEnd::Complete { gaps_ms });
+            .settle_end(seg.committed, StreamEnd::Complete { gaps });
     }
 
     /// Settles `seg` as left by its client, which ends the relay.
@@ -606,12 +606,13 @@ mod tests {
     }
 
     /// Every live stream holds its relay's future: its size is memory per stream. The bound is
-    /// the test profile's (unoptimized, larger than a release build's).
+    /// the test profile's (unoptimized, larger than a release build's). It holds the stream's
+    /// inter-token gaps inline, in fixed space (`keel_core::stream_watch::Gaps`).
     #[test]
     fn a_live_streams_relay_future_stays_small() {
         let size = returned_size(super::Relay::run);
         eprintln!("Relay::run's future: {size} bytes");
-        assert!(size <= 3_500, "Relay::run's future is {size} bytes");
+        assert!(size <= 3_550, "Relay::run's future is {size} bytes");
         // Allocated at each segment's end (every stream's, at least).
         let size = returned_size(super::Relay::after_segment);
         eprintln!("Relay::after_segment's future: {size} bytes");

@@ -11,7 +11,7 @@ use keel_core::outcome::AttemptFailure;
 use keel_core::protocol::{event_role, EventRole};
 use keel_core::sse::SseEvent;
 use keel_core::stream_watch::{
-    read_event_in, ChunkTemplate, EventFacts, Hold, SlowRate, ToolCallHold, MAX_OUTPUT_INDEX,
+    read_event_in, ChunkTemplate, EventFacts, Gaps, Hold, SlowRate, ToolCallHold, MAX_OUTPUT_INDEX,
     SLOW_CHECKS, SLOW_RATE,
 };
 
@@ -32,7 +32,7 @@ pub(super) struct Watch {
     pub(super) slow: Option<SlowRate>,
     slow_checked: bool,
     /// Gaps between outputs (the first is the time to the first token).
-    pub(super) gaps: Vec<f64>,
+    pub(super) gaps: Gaps,
     /// Holds the stream's ending while it may be a stop for length (pools with
     /// `[pools.integrity]`; see `integrity`).
     pub(super) truncation: Option<TruncationWatch>,
@@ -51,7 +51,7 @@ impl Segment {
                 template,
                 slow: None,
                 slow_checked: false,
-                gaps: Vec::new(),
+                gaps: Gaps::default(),
                 truncation: None,
                 tokens_before: 0,
             },

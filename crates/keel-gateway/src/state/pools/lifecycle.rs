@@ -167,11 +167,11 @@ impl Pool {
         self.update(index, |st| st.health.record_late_ttft(now, ms, &hc));
     }
     /// Feeds a finished stream's inter-token gaps.
-    pub fn record_stream(&self, index: usize, gaps_ms: &[f64]) {
+    pub fn record_stream(&self, index: usize, gaps: &keel_core::stream_watch::Gaps) {
         let now = self.now_ms();
         let hc = self.cfg.health;
         self.update(index, |st| {
-            st.health.record_stream_gaps(now, gaps_ms, &hc);
+            st.health.record_stream_gaps(now, gaps, &hc);
             st.health.tick(now, &hc);
         });
     }

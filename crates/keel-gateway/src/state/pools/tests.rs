@@ -148,7 +148,7 @@ fn every_update_publishes_the_variants_view() {
         ("failure", Box::new(|p| p.record_attempt(0, false, None))),
         (
             "stream",
-            Box::new(|p| p.record_stream(0, &[10.0, 30.0, 12.0])),
+            Box::new(|p| p.record_stream(0, &[10.0, 30.0, 12.0].into_iter().collect())),
         ),
         ("late ttft", Box::new(|p| p.record_late_ttft(0, 400.0))),
         (
@@ -221,7 +221,7 @@ fn concurrent_updates_leave_every_view_current() {
                     };
                     let ttft = 50.0 + f64::from((t * 500 + n) % 97);
                     p.record_attempt(order[0], n % 50 != 0, Some(ttft));
-                    p.record_stream(order[0], &[10.0, 11.0]);
+                    p.record_stream(order[0], &[10.0, 11.0].into_iter().collect());
                 }
             });
         }
