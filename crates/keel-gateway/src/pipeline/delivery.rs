@@ -281,7 +281,10 @@ impl Flight<'_> {
         if self.ctx.client_stream {
             self.streamed(stream, capture)
         } else {
-            self.assembled(stream, capture).await
+            // Boxed: assembling is this future's only await, and inline its state (the relay
+            // run to the end) would make every request's handler that much larger, streams'
+            // included, which is copied into its box once a request.
+            Box::pin(self.assembled(stream, capture)).await
         }
     }
 

@@ -525,3 +525,21 @@ fn too_long(pool: &Pool, needed: u64, largest: u64, lower_bound: bool) -> Gatewa
     )
     .with_code("context_length_exceeded")
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every request's handler future is built on the stack and moved into its box (see
+    /// `http::server::handle`): its size is bytes copied a request, and memory held until the
+    /// response head is out. Stages awaited only on some paths are boxed where they are taken
+    /// (assembling a whole answer: `delivery`) so that they do not enlarge every request's. The
+    /// bound is the test profile's (unoptimized: 12.2 KB, 19.0 KB with the assembly inline).
+    #[test]
+    fn a_requests_handler_future_stays_small() {
+        fn returned_size<A, B, C, D, R>(_: impl FnOnce(A, B, C, D) -> R) -> usize {
+            std::mem::size_of::<R>()
+        }
+        let size = returned_size(super::run);
+        eprintln!("phases::run's future: {size} bytes");
+        assert!(size <= 14_000, "phases::run's future is {size} bytes");
+    }
+}
