@@ -364,8 +364,8 @@ pub const SLOW_RATE: f64 = 0.6;
 
 /// A stream's inter-token gaps as they are read: their count and sum (the mean the health
 /// record takes) and the last [`SlowRate::WINDOW`] of them (the TGSV and the slowdown check),
-/// in the same few bytes whatever the stream's length: a list of every gap would grow with the
-/// answer (16 KiB for 2,000 tokens) and be held for the stream's whole life.
+/// in the same few bytes whatever the stream's length (keeping every gap would take 8 bytes a
+/// token, 16 KiB for 2,000 tokens, for the stream's whole life).
 ///
 /// The ring holds `f32`s (a gap in milliseconds to seven digits): every live stream's relay
 /// holds one inline.
@@ -742,7 +742,7 @@ mod tests {
             gaps.push(20.0);
             assert!(!s.check(&gaps));
         }
-        (0..10).for_each(|_| gaps.push(10.0)); // back to normal
+        (0..10).for_each(|_| gaps.push(10.0)); // a window at the baseline
         assert!(!s.check(&gaps));
         for _ in 0..2 {
             (0..10).for_each(|_| gaps.push(20.0));

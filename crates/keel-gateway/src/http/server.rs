@@ -161,14 +161,13 @@ pub async fn serve_live(
         // The task lives as long as the connection, and its future is as large as the largest
         // of its branches: TLS (a handshake and a TLS stream) is boxed, so a plain connection's
         // task holds only what plain HTTP needs.
-        let task = async move {
+        tokio::spawn(async move {
             match tls {
                 Some(tls) => Box::pin(crate::http::tls::serve(http, tls, tcp, svc, watcher)).await,
                 None => http.serve(tcp, svc, watcher).await,
             }
             drop(slot);
-        };
-        tokio::spawn(task);
+        });
     }
     let process = first.process.clone();
     process.begin_drain();

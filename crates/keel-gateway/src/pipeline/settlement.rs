@@ -126,7 +126,7 @@ pub enum Settled {
 
 /// How a committed stream ended.
 pub enum StreamEnd {
-    /// Its terminal event arrived; `gaps`: its inter-token gaps (the first is the TTFT).
+    /// Its terminal event arrived; `gaps`: the gaps between its outputs.
     Complete { gaps: Gaps },
     /// It failed after its first token.
     Failed(AttemptFailure),

@@ -31,7 +31,7 @@ pub(super) struct Watch {
     template: ChunkTemplate,
     pub(super) slow: Option<SlowRate>,
     slow_checked: bool,
-    /// Gaps between outputs (the first is the time to the first token).
+    /// Gaps between outputs (from the first output on).
     pub(super) gaps: Gaps,
     /// Holds the stream's ending while it may be a stop for length (pools with
     /// `[pools.integrity]`; see `integrity`).
