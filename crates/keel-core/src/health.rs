@@ -346,7 +346,13 @@ pub struct Factors {
 
 impl Factors {
     pub fn product(&self) -> f64 {
-        self.ttft * self.tgsv * self.errors * self.kv * self.waiting * self.ramp
+        self.health() * self.ramp
+    }
+
+    /// The product of the factors that judge how the variant serves: all but the slow-start
+    /// ramp, which says only how recently it joined.
+    pub fn health(&self) -> f64 {
+        self.ttft * self.tgsv * self.errors * self.kv * self.waiting
     }
 }
 

@@ -285,3 +285,31 @@ fn a_decision_reads_views_published_since_its_thread_last_decided() {
     assert!(matches!(p.views(), Views::Cached(_)));
     assert_eq!(sorted(plan()), [0, 1]);
 }
+
+/// A pool whose variants all joined together (a start, a reload) has hedge targets from its
+/// first request: each is at the bottom of its slow-start ramp, which is no judgement of its
+/// health. A variant its health floors is still no target.
+#[test]
+fn variants_in_slow_start_together_take_hedges() {
+    let p = pool_of(3, 8);
+    for i in 0..3 {
+        while !matches!(p.live(i).est.state, State::SlowStart { .. }) {
+            p.maintenance_done(Maintenance::WarmUp(i), true, Some(60.0));
+        }
+    }
+    let hc = p.cfg.health;
+    let now = p.now_ms();
+    assert!(
+        p.live(1).est.weight(now, &hc) <= keel_core::health::FLOOR,
+        "the ramp starts at the floor"
+    );
+    assert!(p.hedge_target(&[1, 2]).is_some(), "a hedge target at the start");
+    // Variant 1's answers fail: its health floors it, and it is no target.
+    p.update(1, |st| {
+        for _ in 0..20 {
+            st.health.record_outcome(now, false, &hc);
+        }
+    });
+    assert_eq!(p.hedge_target(&[1]), None);
+    assert_eq!(p.hedge_target(&[1, 2]), Some(2));
+}

@@ -126,6 +126,11 @@ impl Pool {
     /// concurrency limit, not ejected, warming or floored by its health) and would most likely
     /// answer first: the lowest recent median TTFT × (in flight + 1).
     ///
+    /// Its health, not its weight: the slow-start ramp starts at the floor, so a pool whose
+    /// variants all joined together (a start, a reload) would have no hedge target for its
+    /// first second, when its hedge delays are most needed; one extra request does not load a
+    /// variant the ramp is easing traffic onto.
+    ///
     /// Not simply the plan's next variant: the plan ranks by peak-EWMA estimates (which jump on
     /// one slow answer and fade slowly), while the race is won by whoever usually answers
     /// first now: the recent median, weighed by the requests already running there.
@@ -143,7 +148,7 @@ impl Pool {
                 live.availability.available(now)
                     && !live.availability.shared_ejected(now)
                     && matches!(live.est.state, State::Healthy | State::SlowStart { .. })
-                    && live.est.weight(now, &hc) > keel_core::health::FLOOR
+                    && live.est.factors(now, &hc).health() > keel_core::health::FLOOR
                     && v.in_flight.load(Ordering::Relaxed) < v.concurrency_limit()
             })
             .map(|(i, live)| {
