@@ -357,10 +357,13 @@ pub fn read_event_in<'a>(
     facts
 }
 
-/// Consecutive slow checks (of [`SlowRate::WINDOW`] tokens each) that count as a slowdown.
-pub const SLOW_CHECKS: u32 = 3;
 /// A token rate this far below the baseline is slow (40% below): mean gap × 0.6 > baseline.
 pub const SLOW_RATE: f64 = 0.6;
+/// The evidence of a slowdown the relay acts on (see [`SlowRate::check`]): a stream three times
+/// slower than its baseline over one window of [`SlowRate::WINDOW`] tokens, √3 (1.73) times as
+/// slow over two windows in a row, or only just slow (gaps over 1 / [`SLOW_RATE`] of the
+/// baseline) over three.
+pub const SLOW_EVIDENCE: f64 = 1.098_612_288_668_109_8; // ln 3
 
 /// A stream's inter-token gaps as they are read: their count and sum (the mean the health
 /// record takes) and the last [`SlowRate::WINDOW`] of them (the TGSV and the slowdown check),
@@ -415,10 +418,21 @@ impl FromIterator<f64> for Gaps {
 }
 
 /// Slowdown detection over a segment's inter-token gaps.
+///
+/// Evidence is weighed by how much slower the stream runs: every [`SlowRate::WINDOW`] gaps, a
+/// window whose mean gap is slow (over 1 / [`SLOW_RATE`] of the baseline) adds the log of its
+/// median gap's ratio to the baseline, and never less than the log of 1 / [`SLOW_RATE`]; a
+/// window that is not slow clears it. A stream is slow once the evidence reaches
+/// [`SLOW_EVIDENCE`]. A server that fell to a third of its speed or less (a degraded
+/// instance) is left after ten tokens instead of thirty, while a mild slowdown still needs
+/// three windows in a row; the median, not the mean, so that one long pause (the server prefilling another
+/// request) counts as no more than a mild slowdown.
 #[derive(Debug, Clone)]
 pub struct SlowRate {
     baseline_gap_ms: f64,
-    slow_checks: u32,
+    evidence: f32,
+    /// Slow windows in a row behind the evidence.
+    windows: u32,
 }
 
 impl SlowRate {
@@ -428,13 +442,14 @@ impl SlowRate {
     pub fn new(baseline_gap_ms: f64) -> Self {
         SlowRate {
             baseline_gap_ms,
-            slow_checks: 0,
+            evidence: 0.0,
+            windows: 0,
         }
     }
 
     /// Called after each token event with the segment's gaps so far. Every `WINDOW` gaps it
-    /// compares the mean of the last `WINDOW` with the baseline; returns true on the
-    /// `SLOW_CHECKS`th slow check in a row.
+    /// weighs the last `WINDOW` against the baseline; returns true once the evidence of a
+    /// slowdown reaches [`SLOW_EVIDENCE`].
     pub fn check(&mut self, gaps: &Gaps) -> bool {
         let n = gaps.len();
         if n < Self::WINDOW || !n.is_multiple_of(Self::WINDOW) {
@@ -443,11 +458,27 @@ impl SlowRate {
         let mean = gaps.recent().sum::<f64>() / Self::WINDOW as f64;
         // Gaps below 5 ms are dominated by scheduling noise: never call those slow.
         if mean > 5.0 && mean * SLOW_RATE > self.baseline_gap_ms {
-            self.slow_checks += 1;
+            let mut window = [0.0; Self::WINDOW];
+            window
+                .iter_mut()
+                .zip(gaps.recent())
+                .for_each(|(w, g)| *w = g);
+            window.sort_unstable_by(f64::total_cmp);
+            let median = (window[Self::WINDOW / 2 - 1] + window[Self::WINDOW / 2]) / 2.0;
+            let ratio = (median / self.baseline_gap_ms).max(1.0 / SLOW_RATE);
+            self.evidence += ratio.ln() as f32;
+            self.windows += 1;
         } else {
-            self.slow_checks = 0;
+            self.evidence = 0.0;
+            self.windows = 0;
         }
-        self.slow_checks >= SLOW_CHECKS
+        // Within rounding of the bound: one window exactly three times as slow reaches it.
+        f64::from(self.evidence) >= SLOW_EVIDENCE - 1e-6
+    }
+
+    /// The tokens over which the evidence of a slowdown was gathered.
+    pub fn slow_tokens(&self) -> usize {
+        self.windows as usize * Self::WINDOW
     }
 }
 
@@ -719,19 +750,42 @@ mod tests {
         );
     }
 
-    #[test]
-    fn slow_after_three_slow_windows_in_a_row() {
+    /// The first token at which a stream whose gaps are all `gap` ms is found slow against a
+    /// 10 ms baseline.
+    fn slow_at(gaps_ms: impl Fn(usize) -> f64) -> Option<usize> {
         let mut s = SlowRate::new(10.0);
         let mut gaps = Gaps::default();
-        let mut fired_at = None;
-        for i in 0..40 {
-            gaps.push(20.0); // 20 × 0.6 = 12 > 10: slow
-            if s.check(&gaps) {
-                fired_at = Some(i + 1);
-                break;
-            }
-        }
-        assert_eq!(fired_at, Some(30));
+        (0..60).find_map(|i| {
+            gaps.push(gaps_ms(i));
+            s.check(&gaps).then_some(i + 1)
+        })
+    }
+
+    #[test]
+    fn the_slower_the_stream_the_sooner_it_is_found_slow() {
+        // Only just slow (17 × 0.6 = 10.2 > 10): three windows in a row.
+        assert_eq!(slow_at(|_| 17.0), Some(30));
+        // 1.8 and twice as slow: two windows; three times or more: one.
+        assert_eq!(slow_at(|_| 18.0), Some(20));
+        assert_eq!(slow_at(|_| 20.0), Some(20));
+        assert_eq!(slow_at(|_| 30.0), Some(10));
+        assert_eq!(slow_at(|_| 80.0), Some(10));
+        assert!((SLOW_EVIDENCE - 3f64.ln()).abs() < 1e-12);
+        // Not slow at all.
+        assert_eq!(slow_at(|_| 16.0), None);
+    }
+
+    #[test]
+    fn one_long_pause_weighs_as_a_mild_slowdown() {
+        // A window of baseline gaps but one of 300 ms: its mean (39 ms) is nearly four times
+        // the baseline, its median is the baseline. Each such window is mildly slow evidence.
+        let pause_each_window = |i: usize| if i % 10 == 4 { 300.0 } else { 10.0 };
+        assert_eq!(slow_at(pause_each_window), Some(30));
+        let mut s = SlowRate::new(10.0);
+        let mut gaps = Gaps::default();
+        (0..10).for_each(|i| gaps.push(pause_each_window(i)));
+        assert!(!s.check(&gaps));
+        assert_eq!(s.slow_tokens(), 10);
     }
 
     #[test]
@@ -739,13 +793,13 @@ mod tests {
         let mut s = SlowRate::new(10.0);
         let mut gaps = Gaps::default();
         for _ in 0..20 {
-            gaps.push(20.0);
+            gaps.push(17.0); // only just slow
             assert!(!s.check(&gaps));
         }
         (0..10).for_each(|_| gaps.push(10.0)); // a window at the baseline
         assert!(!s.check(&gaps));
         for _ in 0..2 {
-            (0..10).for_each(|_| gaps.push(20.0));
+            (0..10).for_each(|_| gaps.push(17.0));
             assert!(!s.check(&gaps));
         }
         let mut tiny = SlowRate::new(1.0);

@@ -382,3 +382,66 @@ async fn non_streaming_requests_are_protected_and_assembled() {
         want["usage"]["output_tokens"]
     );
 }
+
+/// A token rate fallen below the variant's baseline: a stream four times slower than its
+/// variant's usual leaves after its first window of ten tokens (not three windows), and the client's text is still byte-identical to the uninterrupted generation.
+#[tokio::test]
+async fn a_stream_four_times_slower_than_its_baseline_moves_after_ten_tokens() {
+    let fleet = keel_sim::Fleet::start_n(
+        2,
+        keel_sim::ServerConfig {
+            gap_ms: 8.0,
+            ..keel_sim::ServerConfig::fast("s")
+        },
+    )
+    .await
+    .unwrap();
+    let cfg = format!(
+        "allow_force_variant = true\n{}",
+        pool_over(&fleet, "p", "openai", 1, "")
+    );
+    let h = Harness::start(fleet, &cfg).await;
+    let body = |i: usize| json!({"model": "p", "stream": true, "max_tokens": 60, "messages": [{"role": "user", "content": format!("a long answer about rivers {i}")}]});
+    // Streams at the usual pace give sim-0 its baseline gap.
+    for i in 0..3 {
+        let events = read_stream(forced(&h, "/v1/chat/completions", &body(i), "sim-0").await).await;
+        assert!(comments(&events).is_empty());
+    }
+    add_fault(
+        h.server(0),
+        json!({"kind": "slowdown", "factor": 4, "count": 1}),
+    )
+    .await;
+    let slow = body(9);
+    let want = reference(&h, 1, "/v1/chat/completions", &slow).await;
+    let tokens = want["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(
+        tokens >= 40,
+        "an answer long enough to tell 10 tokens from 30: {tokens}"
+    );
+    let events = read_stream(forced(&h, "/v1/chat/completions", &slow, "sim-0").await).await;
+    let notes = comments(&events);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    let after: usize = notes[0]
+        .strip_prefix(": keel migrated from=sim-0 to=sim-1 reason=slow after_tokens=")
+        .unwrap_or_else(|| panic!("{notes:?}"))
+        .parse()
+        .unwrap();
+    // Found slow at the tenth token; a few more may reach the client while the continuation
+    // starts (three windows, the rule for a mild slowdown, would be 30).
+    assert!((10..=20).contains(&after), "moved after {after} tokens");
+    let text: String = events
+        .iter()
+        .filter(|e| !e.comment_only && e.data != "[DONE]")
+        .filter_map(|e| {
+            let c: Value = serde_json::from_str(&e.data).ok()?;
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(
+        text,
+        want["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+}

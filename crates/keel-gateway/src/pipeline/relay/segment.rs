@@ -12,7 +12,7 @@ use keel_core::protocol::{event_role, EventRole};
 use keel_core::sse::SseEvent;
 use keel_core::stream_watch::{
     read_event_in, ChunkTemplate, EventFacts, Gaps, Hold, SlowRate, ToolCallHold, MAX_OUTPUT_INDEX,
-    SLOW_CHECKS, SLOW_RATE,
+    SLOW_RATE,
 };
 
 use super::{Relay, Segment, SegmentEnd, Sent};
@@ -240,8 +240,9 @@ impl Relay {
             .meter
             .event(&self.pool.variants[vi].cfg, &ev, tokens, plain);
         // Checked now, acted on once this event is forwarded: whether the stream moves or
-        // goes on where it is, its text reaches the client exactly once.
-        let mut slow = false;
+        // goes on where it is, its text reaches the client exactly once. When slow: the tokens
+        // over which it was found so.
+        let mut slow = None;
         match role {
             EventRole::Malformed(m) => {
                 return Some(SegmentEnd::Failed(AttemptFailure::Malformed(format!(
@@ -256,7 +257,10 @@ impl Relay {
                     // A finish or usage chunk: no gap to measure.
                 } else if let Some(last) = w.last_token.replace(now) {
                     w.gaps.push(now.duration_since(last).as_secs_f64() * 1000.0);
-                    slow = w.slow.as_mut().is_some_and(|s| s.check(&w.gaps));
+                    slow = w
+                        .slow
+                        .as_mut()
+                        .and_then(|s| s.check(&w.gaps).then(|| s.slow_tokens()));
                 }
             }
             _ => {}
@@ -345,10 +349,10 @@ impl Relay {
 
     /// How the segment goes on once an event's bytes are in the batch: a slowdown seen on it
     /// moves the stream, its terminal event completes the segment.
-    fn after_forwarding(&self, slow: bool, terminal: bool) -> Option<SegmentEnd> {
-        if slow {
+    fn after_forwarding(&self, slow: Option<usize>, terminal: bool) -> Option<SegmentEnd> {
+        if let Some(tokens) = slow {
             return Some(SegmentEnd::Failed(AttemptFailure::Slow(format!(
-                "token rate below {:.0}% of the variant's baseline on {SLOW_CHECKS} checks in a row",
+                "token rate below {:.0}% of the variant's baseline over the last {tokens} tokens",
                 SLOW_RATE * 100.0
             ))));
         }

@@ -303,7 +303,10 @@ fn variants_in_slow_start_together_take_hedges() {
         p.live(1).est.weight(now, &hc) <= keel_core::health::FLOOR,
         "the ramp starts at the floor"
     );
-    assert!(p.hedge_target(&[1, 2]).is_some(), "a hedge target at the start");
+    assert!(
+        p.hedge_target(&[1, 2]).is_some(),
+        "a hedge target at the start"
+    );
     // Variant 1's answers fail: its health floors it, and it is no target.
     p.update(1, |st| {
         for _ in 0..20 {
