@@ -429,6 +429,7 @@ async fn a_stream_four_times_slower_than_its_baseline_moves_after_ten_tokens() {
         .unwrap();
     // Found slow at the tenth token; a few more may reach the client while the continuation
     // starts (three windows, the rule for a mild slowdown, would be 30).
+    eprintln!("a stream four times slower moved after {after} of {tokens} tokens");
     assert!((10..=20).contains(&after), "moved after {after} tokens");
     let text: String = events
         .iter()
