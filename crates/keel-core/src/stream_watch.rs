@@ -425,8 +425,8 @@ impl FromIterator<f64> for Gaps {
 /// window that is not slow clears it. A stream is slow once the evidence reaches
 /// [`SLOW_EVIDENCE`]. A server that fell to a third of its speed or less (a degraded
 /// instance) is left after ten tokens instead of thirty, while a mild slowdown still needs
-/// three windows in a row; the median, not the mean, so that one long pause (the server prefilling another
-/// request) counts as no more than a mild slowdown.
+/// three windows in a row. The median, not the mean, so that one long pause (the server
+/// prefilling another request) counts as no more than a mild slowdown.
 #[derive(Debug, Clone)]
 pub struct SlowRate {
     baseline_gap_ms: f64,

@@ -84,14 +84,22 @@ async fn three_equal_variants_share_evenly_when_the_third_is_added_by_a_reload()
     }
 }
 
-#[tokio::test]
-async fn a_variant_twice_as_slow_as_its_peers_gets_a_few_percent_at_most() {
-    let mut fleet = Fleet::start_n(2, server(40.0)).await.unwrap();
-    let slow = Fleet::start_n(1, server(80.0)).await.unwrap();
-    fleet.servers.extend(slow.servers);
+/// Pool `p` over two servers configured as `fast` (`v0`, `v1`) and one as `slow` (`v2`), once
+/// all three are healthy.
+async fn two_and_one(fast: ServerConfig, slow: ServerConfig) -> Harness {
+    let mut fleet = Fleet::start_n(2, fast).await.unwrap();
+    fleet
+        .servers
+        .extend(Fleet::start_n(1, slow).await.unwrap().servers);
     let urls: Vec<String> = fleet.servers.iter().map(|s| s.openai_base()).collect();
     let h = Harness::start(fleet, &pool(&urls)).await;
     wait_for!("three variants healthy", states(&h).await == ["healthy"; 3]);
+    h
+}
+
+#[tokio::test]
+async fn a_variant_twice_as_slow_as_its_peers_gets_a_few_percent_at_most() {
+    let h = two_and_one(server(40.0), server(80.0)).await;
     let served = shares(&h, Duration::from_secs(8)).await;
     let total: u32 = served.values().sum();
     eprintln!("two at 40 ms and one at 80 ms, {total} sequential requests: {served:?}");
@@ -126,12 +134,7 @@ async fn a_variant_that_decodes_four_times_slower_starts_few_streams() {
         gap_ms,
         ..server(20.0)
     };
-    let mut fleet = Fleet::start_n(2, paced(8.0)).await.unwrap();
-    let slow = Fleet::start_n(1, paced(32.0)).await.unwrap();
-    fleet.servers.extend(slow.servers);
-    let urls: Vec<String> = fleet.servers.iter().map(|s| s.openai_base()).collect();
-    let h = Harness::start(fleet, &pool(&urls)).await;
-    wait_for!("three variants healthy", states(&h).await == ["healthy"; 3]);
+    let h = two_and_one(paced(8.0), paced(32.0)).await;
     let mut started: HashMap<String, u32> = HashMap::new();
     let end = Instant::now() + Duration::from_secs(15);
     for n in 0.. {

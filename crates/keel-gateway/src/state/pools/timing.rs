@@ -148,7 +148,7 @@ impl Pool {
                 live.availability.available(now)
                     && !live.availability.shared_ejected(now)
                     && matches!(live.est.state, State::Healthy | State::SlowStart { .. })
-                    && live.est.factors(now, &hc).health() > keel_core::health::FLOOR
+                    && live.health_at(now, &hc).factors.health() > keel_core::health::FLOOR
                     && v.in_flight.load(Ordering::Relaxed) < v.concurrency_limit()
             })
             .map(|(i, live)| {
