@@ -50,6 +50,8 @@ fn decide(
             health: h.weight(now, cfg),
             predicted_ttft_ms: h.predicted_ttft_ms(now, cfg),
             ttft_samples: h.est.ttft_ms.evidence(),
+            gap_ms: h.est.gap_ms.get(),
+            gap_trust: h.est.gap_trust(now, cfg),
             in_flight: (i % 3) as u32,
             tier: 1,
             price: 1.0,

@@ -429,6 +429,24 @@ impl Estimates {
             .unwrap_or(100.0)
     }
 
+    /// How far the inter-token gap estimate (`gap_ms`) still holds at `now_ms`, in 0..=1: 1
+    /// while its last sample is within the grace (streams and refresh probes measure it), then
+    /// fading over `decay_ms`, as the TTFT estimate relaxes: a variant priced out for a slow
+    /// pace that nothing measures again (probes off) is tried again in time. 1 before any
+    /// sample (there is nothing to trust less).
+    pub fn gap_trust(&self, now_ms: u64, cfg: &HealthConfig) -> f64 {
+        match self
+            .gap_ms
+            .relaxed(self.relax_clock(now_ms, cfg), 0.0, cfg.decay_ms)
+        {
+            Some(relaxed) => match self.gap_ms.get() {
+                Some(v) if v > 0.0 => (relaxed / v).clamp(0.0, 1.0),
+                _ => 1.0,
+            },
+            None => 1.0,
+        }
+    }
+
     /// The slow-start factor at `now_ms`: from [`FLOOR`] to 1 over `slow_start_ms` after slow
     /// start began, 1 in any other state.
     pub fn ramp(&self, now_ms: u64, cfg: &HealthConfig) -> f64 {
@@ -470,16 +488,18 @@ impl Estimates {
         }
     }
 
-    /// The last moment (inclusive) up to which [`Estimates::predicted_ttft_ms`] and every
-    /// factor of [`Estimates::factors`] but the slow-start ramp give exactly what they give now,
+    /// The last moment (inclusive) up to which [`Estimates::predicted_ttft_ms`],
+    /// [`Estimates::gap_trust`] and every factor of [`Estimates::factors`] but the slow-start
+    /// ramp give exactly what they give now,
     /// if `now_ms` is within it: while every estimate's last sample is within the grace, nothing
     /// relaxes, so those figures do not depend on the time. Lets a reader compute them once per
     /// update instead of once per read, and only the ramp ([`Estimates::ramp`], one division)
     /// per read during slow start.
     pub fn steady_until_ms(&self, cfg: &HealthConfig) -> Option<u64> {
         let grace = STALE_GRACE * cfg.refresh_after_ms;
-        // The estimates `factors` and `predicted_ttft_ms` relax (see `relax_clock`).
-        [&self.ttft_ms, &self.tgsv_ms, &self.error_rate]
+        // The estimates `factors`, `predicted_ttft_ms` and `gap_trust` relax (see
+        // `relax_clock`).
+        [&self.ttft_ms, &self.tgsv_ms, &self.error_rate, &self.gap_ms]
             .iter()
             .map(|e| match e.value {
                 Some(_) => e.at_ms.saturating_add(grace),
@@ -613,17 +633,25 @@ impl VariantHealth {
     }
 
     /// A refresh probe's result: its answer time as a TTFT sample, or a failure as an error
-    /// outcome; either way it is fresh evidence.
+    /// outcome; either way it is fresh evidence. `pace_agrees`: whatever its stream showed of
+    /// the decode pace agreed with the estimate (see [`VariantHealth::record_probe_gaps`]).
     ///
     /// A probe that answers in at most 1 / [`PEAK_JUMP`] of the estimate replaces it, the
     /// mirror of the jump: the estimate was one outlier (a heavy-tail first token), and the
     /// probe was sent because that outlier keeps clients away; blended at the EWMA's pace it
     /// would keep them away for several `decay_ms`, re-measured every second for nothing.
-    pub fn refresh_result(&mut self, now_ms: u64, ttft_ms: Option<f64>, cfg: &HealthConfig) {
-        let agrees = match (ttft_ms, self.est.ttft_ms.get()) {
-            (Some(t), Some(v)) if v > 0.0 => (t / v).max(v / t) <= REFRESH_AGREES,
-            _ => false,
-        };
+    pub fn refresh_result(
+        &mut self,
+        now_ms: u64,
+        ttft_ms: Option<f64>,
+        pace_agrees: bool,
+        cfg: &HealthConfig,
+    ) {
+        let agrees = pace_agrees
+            && match (ttft_ms, self.est.ttft_ms.get()) {
+                (Some(t), Some(v)) if v > 0.0 => (t / v).max(v / t) <= REFRESH_AGREES,
+                _ => false,
+            };
         self.refresh_agreed = if agrees {
             self.refresh_agreed.saturating_add(1)
         } else {
@@ -672,6 +700,30 @@ impl VariantHealth {
             };
             self.est.tgsv_ms.record(now_ms, tgsv, cfg.decay_ms, false);
         }
+    }
+
+    /// The inter-token gaps of a probe's or warm-up's stream, recorded as a client stream's
+    /// are; returns whether their pace agrees with the estimate (within [`REFRESH_AGREES`]
+    /// either way; a first measurement does not). A pace at most 1 / [`PEAK_JUMP`] of the
+    /// estimate replaces it, as a refresh's TTFT does: a variant priced out for a slow pace
+    /// gets no client streams, so probes alone measure it, and a recovered one blended back at
+    /// the EWMA's pace would wait several `decay_ms` for its share.
+    pub fn record_probe_gaps(
+        &mut self,
+        now_ms: u64,
+        gaps: &crate::stream_watch::Gaps,
+        cfg: &HealthConfig,
+    ) -> bool {
+        let Some(pace) = gaps.mean_ms() else {
+            return true;
+        };
+        let estimate = self.est.gap_ms.get().filter(|v| *v > 0.0);
+        let agrees = estimate.is_some_and(|v| (pace / v).max(v / pace) <= REFRESH_AGREES);
+        if estimate.is_some_and(|v| pace * PEAK_JUMP <= v) {
+            self.est.gap_ms.reset();
+        }
+        self.record_stream_gaps(now_ms, gaps, cfg);
+        agrees
     }
 
     /// An attempt's outcome: `true` when it served, `false` for a backend failure.
@@ -1014,7 +1066,7 @@ mod tests {
             let mut h = VariantHealth::new(0);
             h.record_ttft(0, start, &c);
             for i in 1..=5 {
-                h.refresh_result(i * 1_000, Some(42.0), &c);
+                h.refresh_result(i * 1_000, Some(42.0), true, &c);
             }
             let p = h.predicted_ttft_ms(5_000, &c);
             assert!((p - 42.0).abs() <= 0.15 * 42.0, "from {start} ms: {p} ms");
@@ -1196,14 +1248,14 @@ mod tests {
         assert!(h.predicted_ttft_ms(grace + c.decay_ms as u64, &c) < 360.0);
         // A refresh probe's answer is fresh evidence: blended in when it confirms the estimate
         // roughly, replacing it when the estimate was an outlier (twice the probe or more).
-        h.refresh_result(2_000, Some(200.0), &c);
+        h.refresh_result(2_000, Some(200.0), true, &c);
         assert!(!h.needs_refresh(2_500, &c));
         let p = h.predicted_ttft_ms(2_000, &c);
         assert!(p < 360.0 && p > 200.0, "{p}");
-        h.refresh_result(2_100, Some(60.0), &c);
+        h.refresh_result(2_100, Some(60.0), true, &c);
         assert_eq!(h.predicted_ttft_ms(2_100, &c), 60.0);
         // A failed probe is an error outcome, and evidence too.
-        h.refresh_result(3_000, None, &c);
+        h.refresh_result(3_000, None, true, &c);
         assert_eq!(h.last_sample_ms, Some(3_000));
         assert!(h.est.error_rate.get().unwrap() > 0.0);
         // Ejected and warming variants have their own probes.
@@ -1230,22 +1282,72 @@ mod tests {
             assert!(!h.needs_refresh(at + wait - 1, &c), "{wait}");
             assert!(h.needs_refresh(at + wait, &c), "{wait}");
             at += wait;
-            h.refresh_result(at, Some(380.0), &c);
+            h.refresh_result(at, Some(380.0), true, &c);
         }
         assert!(
             4 * r < STALE_GRACE * r,
             "spread within the grace: the estimate never relaxes"
         );
         // The zone recovered: the probe disagrees, the next one is due a second later.
-        h.refresh_result(at, Some(60.0), &c);
+        h.refresh_result(at, Some(60.0), true, &c);
         assert!(h.needs_refresh(at + r, &c));
-        h.refresh_result(at + r, Some(61.0), &c);
+        h.refresh_result(at + r, Some(61.0), true, &c);
         assert!(!h.needs_refresh(at + 2 * r, &c));
-        h.refresh_result(at + 3 * r, None, &c);
+        h.refresh_result(at + 3 * r, None, true, &c);
         assert!(
             h.needs_refresh(at + 4 * r, &c),
             "a failure resets the spread"
         );
+    }
+
+    fn gaps_of(ms: f64, n: usize) -> crate::stream_watch::Gaps {
+        std::iter::repeat_n(ms, n).collect()
+    }
+
+    /// A probe's pace refreshes the gap estimate: blended when it agrees, replacing it when
+    /// the variant is twice as fast as estimated or more (a slow decoder recovered), and a
+    /// pace that changed brings the refresh interval back to a second.
+    #[test]
+    fn a_probes_pace_refreshes_the_gap_estimate() {
+        let c = cfg();
+        let r = c.refresh_after_ms;
+        let mut h = VariantHealth::new(0);
+        h.record_ttft(0, 20.0, &c);
+        assert!(
+            !h.record_probe_gaps(0, &gaps_of(32.0, 7), &c),
+            "a first pace"
+        );
+        assert_eq!(h.est.gap_ms.get(), Some(32.0));
+        assert!(h.record_probe_gaps(r, &gaps_of(30.0, 7), &c));
+        let blended = h.est.gap_ms.get().unwrap();
+        assert!(blended > 30.0 && blended < 32.0, "{blended}");
+        // Agreeing probes spread out…
+        h.refresh_result(r, Some(20.0), true, &c);
+        assert!(!h.needs_refresh(3 * r - 1, &c));
+        // …until the pace changes: replaced, and the next probe a second later.
+        let at = 3 * r;
+        let agrees = h.record_probe_gaps(at, &gaps_of(8.0, 7), &c);
+        assert!(!agrees);
+        assert_eq!(h.est.gap_ms.get(), Some(8.0));
+        h.refresh_result(at, Some(20.0), agrees, &c);
+        assert!(h.needs_refresh(at + r, &c));
+        // A stream without gaps (a single token) says nothing of the pace.
+        assert!(h.record_probe_gaps(at, &gaps_of(0.0, 0), &c));
+        assert_eq!(h.est.gap_ms.get(), Some(8.0));
+    }
+
+    /// The gap estimate's trust holds within the grace, then fades over `decay_ms`.
+    #[test]
+    fn the_gap_estimate_is_trusted_less_once_nothing_measures_it() {
+        let c = cfg();
+        let mut h = VariantHealth::new(0);
+        assert_eq!(h.est.gap_trust(0, &c), 1.0);
+        h.record_stream_gaps(1_000, &gaps_of(32.0, 20), &c);
+        let grace = STALE_GRACE * c.refresh_after_ms;
+        assert_eq!(h.est.gap_trust(1_000 + grace, &c), 1.0);
+        let later = h.est.gap_trust(1_000 + grace + c.decay_ms as u64, &c);
+        assert!((later - (-1f64).exp()).abs() < 1e-9, "{later}");
+        assert!(h.est.steady_until_ms(&c).unwrap() <= 1_000 + grace);
     }
 
     /// Windows counted apart combine as one window over all their recent samples.

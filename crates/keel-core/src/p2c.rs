@@ -1,10 +1,15 @@
 //! keel's default selection policy: power of two choices over a live cost, with optional
 //! affinity (rendezvous hashing with bounded load).
 //!
-//! **Cost** (lower is better): `predicted TTFT × (1 + in-flight / 4) / (configured weight ×
-//! health)`, the shape of tower's PeakEwma balancer (with in-flight requests weighed for a
-//! batching server, see [`IN_FLIGHT_COST`]) and keel's health weight as a divisor, so a degraded
-//! variant looks proportionally more expensive. `x-keel-preference` reshapes it: `high-fidelity`
+//! **Cost** (lower is better): `predicted TTFT × decode factor × (1 + in-flight / 4) /
+//! (configured weight × health)`, the shape of tower's PeakEwma balancer (with in-flight
+//! requests weighed for a batching server, see [`IN_FLIGHT_COST`]) and keel's health weight as
+//! a divisor, so a degraded variant looks proportionally more expensive. The decode factor
+//! ([`decode_factor`]) prices the rest of the answer: how many times longer the whole answer
+//! takes at this variant's inter-token pace than at the fastest candidate's. Without it a
+//! variant that answers its first token as fast as its peers but streams four times slower
+//! took a full share of the streams, each four times as long; the health weight cannot see
+//! that, since it compares a variant with its own baseline, which for a slow decoder is slow. `x-keel-preference` reshapes it: `high-fidelity`
 //! multiplies by 1000^(tier−1), which orders by tier first (tier 1 = best); `low-cost` multiplies
 //! by the variant's `price`.
 //!
@@ -234,20 +239,82 @@ impl Clone for PowerOfTwo {
     }
 }
 
-/// The cost of a candidate under a preference.
-pub fn cost(c: &Candidate, pref: Preference) -> f64 {
-    unloaded_cost(c, pref) * (1.0 + c.in_flight as f64 * IN_FLIGHT_COST)
+/// What one request's costs are computed with: its preference, and what the decode term
+/// (see [`decode_factor`]) needs: the tokens its answer is expected to stream and the fastest
+/// pace among the candidates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pricing {
+    pub preference: Preference,
+    pub answer_tokens: f64,
+    /// The smallest measured inter-token gap among the candidates, ms.
+    pub fastest_gap_ms: Option<f64>,
+}
+
+impl Pricing {
+    /// The pricing of a request with `signals` among `candidates`.
+    pub fn new<'a>(
+        candidates: impl IntoIterator<Item = &'a Candidate>,
+        signals: &RequestSignals,
+    ) -> Pricing {
+        let fastest_gap_ms = candidates
+            .into_iter()
+            .filter_map(|c| c.gap_ms)
+            .filter(|g| *g > 0.0)
+            .min_by(f64::total_cmp);
+        Pricing {
+            preference: signals.preference,
+            answer_tokens: signals.answer_tokens,
+            fastest_gap_ms,
+        }
+    }
+}
+
+/// The cost of a candidate (see the module doc).
+pub fn cost(c: &Candidate, pricing: &Pricing) -> f64 {
+    unloaded_cost(c, pricing) * (1.0 + c.in_flight as f64 * IN_FLIGHT_COST)
 }
 
 /// [`cost`] without the requests in flight: what the variant's answers cost when it is idle.
-pub fn unloaded_cost(c: &Candidate, pref: Preference) -> f64 {
+pub fn unloaded_cost(c: &Candidate, pricing: &Pricing) -> f64 {
     let weight = (c.weight as f64 * c.health).max(1e-9);
-    let base = c.predicted_ttft_ms.max(0.001) / weight;
-    match pref {
+    let base = c.predicted_ttft_ms.max(0.001) / weight * decode_factor(c, pricing);
+    match pricing.preference {
         Preference::LowLatency => base,
         Preference::HighFidelity => base * 1000f64.powi(c.tier.saturating_sub(1) as i32),
         Preference::LowCost => base * c.price.max(1e-9),
     }
+}
+
+/// Paces within this ratio of the fastest one count as the fastest. A pace is measured at the
+/// gateway from the times events arrive, with the network's and the scheduler's jitter in it
+/// (a millisecond gap can read as 1.3 on a busy host), and a server's pace changes with its
+/// batch; the decode term is there for a variant gone or built slow (a smaller GPU, a sick
+/// one, a far region's network pacing the stream), not to move traffic on such noise.
+pub const PACE_TOLERANCE: f64 = 1.25;
+
+/// How many times longer the whole answer takes on this candidate than it would at the
+/// fastest candidate's decode pace (1 for the fastest, for one not measured yet, and for a
+/// request whose answer is not expected to stream more than one token): `(TTFT + n × gap) /
+/// (TTFT + n × par)` for the `n` gaps between the answer's tokens, `par` being the fastest
+/// gap × [`PACE_TOLERANCE`] (and the factor 1 for any gap within it). The decode time every candidate would take cancels out, so variants that
+/// decode alike compare on their TTFT exactly as without the term, and a few percent of noise
+/// between equal paces costs a few percent, within [`EQUIVALENT`]; a variant decoding four
+/// times slower costs nearly four times as much for a long answer, and is left out of the draw
+/// ([`COMPETITIVE`]). The excess fades with the candidate's `gap_trust`, so a pace not measured
+/// again (probes off) is tried again in time.
+pub fn decode_factor(c: &Candidate, pricing: &Pricing) -> f64 {
+    let (Some(gap), Some(fastest)) = (c.gap_ms, pricing.fastest_gap_ms) else {
+        return 1.0;
+    };
+    // The gaps come after the first token, which the TTFT prices.
+    let n = pricing.answer_tokens - 1.0;
+    let par = fastest * PACE_TOLERANCE;
+    if n <= 0.0 || gap <= par {
+        return 1.0;
+    }
+    let ttft = c.predicted_ttft_ms.max(0.001);
+    let ratio = (ttft + n * gap) / (ttft + n * par);
+    1.0 + c.gap_trust.clamp(0.0, 1.0) * (ratio - 1.0)
 }
 
 /// The fallbacks' order as one integer per candidate: its cost in `f64::total_cmp`'s order in
@@ -341,9 +408,10 @@ impl Selector for PowerOfTwo {
         } else {
             (&inside, false)
         };
+        let pricing = Pricing::new(eligible.iter().copied(), signals);
         let costs: Vec<(usize, f64)> = eligible
             .iter()
-            .map(|c| (c.index, cost(c, signals.preference)))
+            .map(|c| (c.index, cost(c, &pricing)))
             .collect();
         // Costs by candidate index, for the lookups below: a search of `costs` per lookup made
         // a decision quadratic in the pool's size (256 variants: 20× the time of 16).
@@ -380,12 +448,12 @@ impl Selector for PowerOfTwo {
                 .fold(f64::INFINITY, f64::min);
             let fastest = pick_from
                 .iter()
-                .map(|c| unloaded_cost(c, signals.preference))
+                .map(|c| unloaded_cost(c, &pricing))
                 .fold(f64::INFINITY, f64::min);
             let mut competitive: Vec<&Candidate> = Vec::with_capacity(pick_from.len());
             competitive.extend(pick_from.iter().copied().filter(|c| {
                 cost_of(c.index) <= cheapest * COMPETITIVE
-                    && unloaded_cost(c, signals.preference) <= fastest * COMPETITIVE
+                    && unloaded_cost(c, &pricing) <= fastest * COMPETITIVE
             }));
             let pick_from = competitive;
             if pick_from.len() == 1 {
@@ -630,6 +698,88 @@ mod tests {
         }
     }
 
+    /// Two variants decoding at 8 ms a token and one at 32 ms, all with the same TTFT.
+    fn paced(gaps: [f64; 3]) -> Vec<Candidate> {
+        let mut c = cands(3);
+        for (c, g) in c.iter_mut().zip(gaps) {
+            c.predicted_ttft_ms = 20.0;
+            c.gap_ms = Some(g);
+        }
+        c
+    }
+
+    fn answer_of(tokens: f64) -> RequestSignals {
+        RequestSignals {
+            answer_tokens: tokens,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_decode_factor_is_the_whole_answers_ratio_to_the_fastest_pace() {
+        let c = paced([8.0, 8.0, 32.0]);
+        let pricing = Pricing::new(&c, &answer_of(40.0));
+        assert_eq!(pricing.fastest_gap_ms, Some(8.0));
+        assert_eq!(decode_factor(&c[0], &pricing), 1.0);
+        // 39 gaps after the first of 40 tokens, against 10 ms (8 × the tolerance):
+        // (20 + 39 × 32) / (20 + 39 × 10) = 1268 / 410.
+        let f = decode_factor(&c[2], &pricing);
+        assert!((f - 1268.0 / 410.0).abs() < 1e-12, "{f}");
+        assert!((cost(&c[2], &pricing) / cost(&c[0], &pricing) - f).abs() < 1e-12);
+        // A one-token answer (a classification) has no gaps, and none expected at all (no
+        // stream finished yet) prices none: decode does not weigh.
+        for tokens in [0.0, 1.0] {
+            let pricing = Pricing::new(&c, &answer_of(tokens));
+            assert_eq!(decode_factor(&c[2], &pricing), 1.0);
+        }
+        // A pace not measured yet counts as the fastest; so do all when none is measured.
+        let mut unmeasured = c.clone();
+        unmeasured[2].gap_ms = None;
+        let pricing = Pricing::new(&unmeasured, &answer_of(40.0));
+        assert_eq!(decode_factor(&unmeasured[2], &pricing), 1.0);
+        // A stale pace weighs less as its trust fades.
+        let mut stale = c.clone();
+        stale[2].gap_trust = 0.5;
+        let pricing = Pricing::new(&stale, &answer_of(40.0));
+        let half = decode_factor(&stale[2], &pricing);
+        assert!((half - (1.0 + (1268.0 / 410.0 - 1.0) / 2.0)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_variant_decoding_four_times_slower_never_starts_a_long_answer() {
+        let c = paced([8.0, 8.0, 32.0]);
+        let p = PowerOfTwo::new(Rng::new(5), 3);
+        let mut wins = [0; 3];
+        for _ in 0..1_000 {
+            let plan = p.plan(&c, &answer_of(40.0));
+            wins[plan.order[0]] += 1;
+            assert_eq!(plan.order[2], 2, "the slow decoder is the last fallback");
+        }
+        assert_eq!(wins[2], 0, "{wins:?}");
+        assert!(wins[0] > 400 && wins[1] > 400, "{wins:?}");
+        // For a one-token answer only the TTFT counts, and the three share alike.
+        let mut wins = [0; 3];
+        for _ in 0..900 {
+            wins[p.plan(&c, &answer_of(1.0)).order[0]] += 1;
+        }
+        assert!(wins.iter().all(|w| *w > 200), "{wins:?}");
+    }
+
+    /// Paces apart by the noise of their measurement are equal: the decode term does not
+    /// starve a variant for the jitter in its gap estimate.
+    #[test]
+    fn paces_within_the_tolerance_share_alike() {
+        let c = paced([8.0, 8.8, 8.0 * PACE_TOLERANCE]);
+        let pricing = Pricing::new(&c, &answer_of(200.0));
+        assert!(c.iter().all(|c| decode_factor(c, &pricing) == 1.0));
+        let p = PowerOfTwo::new(Rng::new(7), 3);
+        let mut wins = [0; 3];
+        for _ in 0..900 {
+            wins[p.plan(&c, &answer_of(200.0)).order[0]] += 1;
+        }
+        assert!(wins.iter().all(|w| (250..=350).contains(w)), "{wins:?}");
+    }
+
     #[test]
     fn cheaper_variant_wins_every_pair() {
         let mut c = cands(2);
@@ -727,7 +877,8 @@ mod tests {
         c[0].queued = true;
         c[1].health = 0.1;
         c[1].predicted_ttft_ms = 377.0;
-        assert!(cost(&c[0], Preference::LowLatency) < cost(&c[1], Preference::LowLatency));
+        let pricing = Pricing::new(&c, &RequestSignals::default());
+        assert!(cost(&c[0], &pricing) < cost(&c[1], &pricing));
         let p = PowerOfTwo::new(Rng::new(3), 64);
         let keyed = RequestSignals {
             affinity_key: Some(mix(42)),

@@ -33,6 +33,11 @@ pub struct Candidate {
     /// The samples behind `predicted_ttft_ms` (see [`crate::health::Ewma::evidence`]): how far
     /// it can be trusted when two costs are close (see [`crate::p2c::equivalent_band`]).
     pub ttft_samples: f64,
+    /// Mean inter-token gap of its recent streams, ms (`None`: not measured yet).
+    pub gap_ms: Option<f64>,
+    /// How far `gap_ms` still holds, in 0..=1: 1 while fresh, fading once no stream or probe
+    /// has measured it for longer than the grace (see [`crate::health::Estimates::gap_trust`]).
+    pub gap_trust: f64,
     pub in_flight: u32,
     /// 1 = best fidelity.
     pub tier: u8,
@@ -57,6 +62,8 @@ impl Candidate {
             health: 1.0,
             predicted_ttft_ms: 100.0,
             ttft_samples: f64::INFINITY,
+            gap_ms: None,
+            gap_trust: 1.0,
             in_flight: 0,
             tier: 1,
             price: 1.0,
@@ -95,6 +102,10 @@ pub struct RequestSignals {
     pub preference: Preference,
     /// The pool's `slo_ttft_p95_ms`.
     pub slo_ttft_p95_ms: Option<f64>,
+    /// Tokens the answer is expected to stream (the pool's typical answer, at most the
+    /// request's `max_tokens`): how much a variant's decode pace weighs in its cost (0: not at
+    /// all; see [`crate::p2c::decode_factor`]).
+    pub answer_tokens: f64,
 }
 
 /// Why the primary was chosen (decision records).

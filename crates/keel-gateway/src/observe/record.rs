@@ -36,7 +36,7 @@ pub enum AttemptKind {
     Hedge,
     /// A new attempt after bytes reached the client, continuing from the text already sent.
     Continuation,
-    /// A synthetic one-token request that re-measures an ejected variant (the monitor's).
+    /// A synthetic short request that re-measures a variant (the monitor's probes and refreshes).
     Probe,
     /// A synthetic request that warms a new or returning variant before client traffic.
     WarmUp,
@@ -95,6 +95,9 @@ pub struct CandidateRecord {
     /// Peak-EWMA time-to-first-token estimate, ms.
     pub predicted_ttft_ms: f64,
     pub p95_ttft_ms: Option<f64>,
+    /// Mean inter-token gap of its recent streams, ms: its decode pace, which prices the
+    /// rest of the answer against the fastest candidate's (see `decision.answer_tokens`).
+    pub gap_ms: Option<f64>,
     /// Time-between-tokens standard deviation (gap variance), ms.
     pub tgsv_ms: Option<f64>,
     pub error_rate: Option<f64>,
@@ -127,6 +130,9 @@ pub struct DecisionRecord {
     pub reason: &'static str,
     /// The affinity key's hash (hex), when the pool uses affinity and the request has one.
     pub affinity_key: Option<String>,
+    /// Tokens the answer was expected to stream, with which selection weighed each
+    /// candidate's decode pace (`gap_ms`) into its cost; 0: not weighed.
+    pub answer_tokens: f64,
     /// The plan's first [`CANDIDATES_KEPT`] variants (every one in pools no larger).
     pub plan: Vec<String>,
     /// Every candidate in pools of up to [`CANDIDATES_KEPT`] variants; in larger ones, the

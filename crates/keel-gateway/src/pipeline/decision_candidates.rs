@@ -127,6 +127,8 @@ mod tests {
             health: 1.0,
             predicted_ttft_ms: 10.0,
             ttft_samples: f64::INFINITY,
+            gap_ms: None,
+            gap_trust: 1.0,
             in_flight: 0,
             tier: 1,
             price: 0.0,

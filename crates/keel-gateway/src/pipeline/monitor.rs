@@ -18,7 +18,7 @@ use serde_json::json;
 
 use keel_core::protocol::{Endpoint, EventRole, Protocol};
 use keel_core::sse::SseEvent;
-use keel_core::stream_watch::read_event_in;
+use keel_core::stream_watch::{read_event_in, Gaps};
 
 use crate::pipeline::attempt::{attempt, AttemptResult, Served, StreamStart};
 use crate::pipeline::context::RequestCtx;
@@ -67,11 +67,18 @@ pub async fn run(gw: Arc<Gateway>) {
     }
 }
 
-/// A minimal generation: one output token, streamed, so that its sample is the time to the
-/// first token as a client's streamed attempt measures it (see [`read_to_end`]).
+/// Tokens a probe or warm-up asks for: enough gaps between them to measure the variant's
+/// decode pace (selection prices it, see `keel_core::p2c::decode_factor`), so that a variant
+/// priced out for a slow pace is measured again without client streams and comes back once
+/// it is fast; few enough to cost little more than one token.
+const PROBE_TOKENS: u32 = 8;
+
+/// A minimal generation: [`PROBE_TOKENS`] output tokens, streamed, so that its sample is the
+/// time to the first token as a client's streamed attempt measures it, and the gaps after it
+/// are the variant's pace (see [`read_to_end`]).
 fn tiny_request(pool: &Pool, vi: usize) -> (Endpoint, Vec<u8>) {
     let v = &pool.variants[vi].cfg;
-    let body = json!({"model": v.upstream_model, "max_tokens": 1, "stream": true, "messages": [{"role": "user", "content": "ping"}]});
+    let body = json!({"model": v.upstream_model, "max_tokens": PROBE_TOKENS, "stream": true, "messages": [{"role": "user", "content": "ping"}]});
     let endpoint = match v.protocol {
         Protocol::OpenAi => Endpoint::ChatCompletions,
         Protocol::Anthropic => Endpoint::Messages,
@@ -95,7 +102,7 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
     if matches!(m, Maintenance::Ready(_) | Maintenance::Probe(_))
         && !check_ready(&pool, vi, matches!(m, Maintenance::Ready(_))).await
     {
-        pool.maintenance_done(m, false, None);
+        pool.maintenance_done(m, false, None, None);
         return;
     }
     let m = match m {
@@ -107,7 +114,7 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         Ok(r) => r,
         Err(e) => {
             tracing::error!(error = %e.message, "cannot build a probe request");
-            pool.maintenance_done(m, false, None);
+            pool.maintenance_done(m, false, None, None);
             return;
         }
     };
@@ -141,8 +148,9 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
         return;
     };
     let mut result = attempt(&pool, vi, &req, &ctx, None).await;
+    let mut paced = None;
     if let AttemptResult::Served(Served::Stream(start)) = &mut result {
-        read_to_end(start, endpoint.protocol(), ctx.deadline).await;
+        paced = read_to_end(start, endpoint.protocol(), ctx.deadline).await;
     }
     let ttft_ms = attempts.settle_maintenance(entered, result);
     let ok = ttft_ms.is_some();
@@ -157,30 +165,43 @@ async fn maintain(gw: Arc<Gateway>, pool: Arc<Pool>, m: Maintenance) {
             ],
         )
         .increment(1);
-    pool.maintenance_done(m, ok, ttft_ms);
+    pool.maintenance_done(m, ok, ttft_ms, paced.as_ref());
 }
 
-/// Reads the rest of a probe's stream (its one token's end) up to its terminal event, so that
-/// its upstream connection is kept for the next request; a stream dropped before its end has
-/// its connection closed, which a client would pay for with a new connection (a TLS handshake
-/// to a hosted API). Its sample is already taken at the first token; what happens after it
-/// says nothing more about the variant's time to first token, so a failure here is only the
-/// end of the read.
-async fn read_to_end(start: &mut StreamStart, protocol: Protocol, deadline: tokio::time::Instant) {
+/// Reads the rest of a probe's stream up to its terminal event, so that its upstream
+/// connection is kept for the next request; a stream dropped before its end has its
+/// connection closed, which a client would pay for with a new connection (a TLS handshake to a
+/// hosted API). Returns the gaps between its tokens when it reached its end (a stream cut
+/// short says nothing sure about the pace). Its TTFT sample is already taken at the first
+/// token; a failure here is only the end of the read.
+async fn read_to_end(
+    start: &mut StreamStart,
+    protocol: Protocol,
+    deadline: tokio::time::Instant,
+) -> Option<Gaps> {
     let mut events: Vec<SseEvent> = start.head.drain(..).collect();
     events.append(&mut start.pending);
+    let mut gaps = Gaps::default();
+    let mut last_token: Option<Instant> = None;
     loop {
         for ev in events.drain(..) {
-            if matches!(
-                read_event_in(protocol, &ev, &mut start.template).role,
-                EventRole::Terminal
-            ) {
-                start.source.reached_end();
-                return;
+            let facts = read_event_in(protocol, &ev, &mut start.template);
+            match facts.role {
+                EventRole::Terminal => {
+                    start.source.reached_end();
+                    return Some(gaps);
+                }
+                EventRole::Output if facts.tokens => {
+                    let now = Instant::now();
+                    if let Some(last) = last_token.replace(now) {
+                        gaps.push(now.duration_since(last).as_secs_f64() * 1000.0);
+                    }
+                }
+                _ => {}
             }
         }
         if start.source.next(deadline, &mut events).await.is_err() {
-            return;
+            return None;
         }
     }
 }

@@ -78,6 +78,7 @@ pub fn select(
         affinity_key: pool.affinity_key(req),
         preference: controls.preference,
         slo_ttft_p95_ms: pool.cfg.slo_ttft_p95_ms,
+        answer_tokens: pool.answer_tokens(req.max_tokens),
     };
     // The variants' published views (see `Pool::views`), read without waiting for any
     // lock: every figure below, the decision record's included, comes from these views.
@@ -102,6 +103,7 @@ pub fn select(
     let refusal = deciding.refusal(&plan.order);
     let mut record = deciding.record(request_id, &candidates, &plan);
     record.affinity_key = signals.affinity_key.map(|k| format!("{k:016x}"));
+    record.answer_tokens = signals.answer_tokens;
     let duration = started.elapsed();
     record.duration_us = duration.as_secs_f64() * 1e6;
     pool.metrics
@@ -218,6 +220,8 @@ impl Deciding<'_> {
                     },
                     predicted_ttft_ms: health.predicted_ttft_ms,
                     ttft_samples: health.ttft_samples,
+                    gap_ms: health.gap_ms,
+                    gap_trust: health.gap_trust,
                     in_flight,
                     tier: v.cfg.tier,
                     price: v.cfg.price,
@@ -321,6 +325,7 @@ impl Deciding<'_> {
             factors: view.health_at(self.now_ms, &self.hc).factors,
             predicted_ttft_ms: c.predicted_ttft_ms,
             p95_ttft_ms: c.p95_ttft_ms,
+            gap_ms: c.gap_ms,
             tgsv_ms: view.est.tgsv_ms.get(),
             error_rate: view.est.error_rate.get(),
             kv_usage: view.est.kv_usage,

@@ -166,8 +166,13 @@ impl Pool {
         let hc = self.cfg.health;
         self.update(index, |st| st.health.record_late_ttft(now, ms, &hc));
     }
-    /// Feeds a finished stream's inter-token gaps.
+    /// Feeds a finished client stream: its inter-token gaps, and its length for the pool's
+    /// typical answer.
     pub fn record_stream(&self, index: usize, gaps: &keel_core::stream_watch::Gaps) {
+        if !gaps.is_empty() {
+            // A stream of n tokens has n − 1 gaps between them.
+            self.record_answer_tokens(gaps.len() as f64 + 1.0);
+        }
         let now = self.now_ms();
         let hc = self.cfg.health;
         self.update(index, |st| {
@@ -238,9 +243,17 @@ impl Pool {
         self.variant_state(m.variant()).maintenance_busy = false;
     }
     /// The result of a probe or warm-up request.
-    pub fn maintenance_done(&self, m: Maintenance, ok: bool, ttft_ms: Option<f64>) {
+    /// A probe's or warm-up's end: `ok` when it served, with its TTFT, and the gaps between
+    /// its tokens when its stream reached its end.
+    pub fn maintenance_done(
+        &self,
+        m: Maintenance,
+        ok: bool,
+        ttft_ms: Option<f64>,
+        gaps: Option<&keel_core::stream_watch::Gaps>,
+    ) {
         self.update(m.variant(), |st| {
-            self.maintenance_result(st, m, ok, ttft_ms)
+            self.maintenance_result(st, m, ok, ttft_ms, gaps)
         });
     }
     pub(super) fn maintenance_result(
@@ -249,9 +262,15 @@ impl Pool {
         m: Maintenance,
         ok: bool,
         ttft_ms: Option<f64>,
+        gaps: Option<&keel_core::stream_watch::Gaps>,
     ) {
         let now = self.now_ms();
         let hc = self.cfg.health;
+        // The pace its stream showed, and whether that agrees with the estimate.
+        let pace_agrees = match gaps.filter(|_| ok) {
+            Some(g) => st.health.record_probe_gaps(now, g, &hc),
+            None => true,
+        };
         match m {
             Maintenance::Probe(_) => {
                 st.maintenance_busy = false;
@@ -282,7 +301,8 @@ impl Pool {
             }
             Maintenance::Refresh(_) => {
                 st.maintenance_busy = false;
-                st.health.refresh_result(now, ttft_ms.filter(|_| ok), &hc);
+                st.health
+                    .refresh_result(now, ttft_ms.filter(|_| ok), pace_agrees, &hc);
             }
             // Its outcome was settled as evidence of keel's own (see `settlement`).
             Maintenance::Confirm(_) => {

@@ -144,6 +144,9 @@ pub struct Pool {
     pub limits: UpstreamLimits,
     /// When (`now_ms` + 1) the pool last admitted a high-priority request; 0: never.
     high_seen: AtomicU64,
+    /// Tokens a client stream of this pool carries, smoothed (`f64` bits; see
+    /// [`Pool::answer_tokens`]).
+    answer_tokens: AtomicU64,
     /// The pool's health colour and safe mode (see `safe_mode`); kept across a config reload.
     pub safety: Arc<crate::state::safe_mode::Safety>,
     /// `[pools.canary]`'s split and its state (see `canary`).
@@ -342,6 +345,7 @@ impl Pool {
             metrics,
             limits,
             high_seen: AtomicU64::new(0),
+            answer_tokens: AtomicU64::new(0f64.to_bits()),
         }
     }
     pub fn now_ms(&self) -> u64 {

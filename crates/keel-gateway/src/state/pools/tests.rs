@@ -121,7 +121,7 @@ fn failed_warm_ups_back_off() {
             .any(|m| matches!(m, Maintenance::WarmUp(0)))
     };
     assert!(warm_up(&p), "a new variant warms up");
-    p.maintenance_done(Maintenance::WarmUp(0), false, None);
+    p.maintenance_done(Maintenance::WarmUp(0), false, None, None);
     assert_eq!(p.variant_state(0).warm_up_failures, 1);
     // Its backoff not yet over (the failure dated ahead of the clock, so the test does not
     // depend on how fast it runs): nothing due.
@@ -130,7 +130,7 @@ fn failed_warm_ups_back_off() {
     p.variant_state(0).warm_up_failed_at_ms = 0;
     p.variant_state(0).warm_up_failures = 0;
     assert!(warm_up(&p), "due again once the backoff is over");
-    p.maintenance_done(Maintenance::WarmUp(0), true, Some(50.0));
+    p.maintenance_done(Maintenance::WarmUp(0), true, Some(50.0), None);
     assert_eq!(p.variant_state(0).warm_up_failures, 0);
 }
 
@@ -173,7 +173,7 @@ fn every_update_publishes_the_variants_view() {
             "maintenance",
             Box::new(|p| {
                 for m in p.maintenance() {
-                    p.maintenance_done(m, true, Some(90.0));
+                    p.maintenance_done(m, true, Some(90.0), None);
                 }
             }),
         ),
@@ -294,7 +294,7 @@ fn variants_in_slow_start_together_take_hedges() {
     let p = pool_of(3, 8);
     for i in 0..3 {
         while !matches!(p.live(i).est.state, State::SlowStart { .. }) {
-            p.maintenance_done(Maintenance::WarmUp(i), true, Some(60.0));
+            p.maintenance_done(Maintenance::WarmUp(i), true, Some(60.0), None);
         }
     }
     let hc = p.cfg.health;

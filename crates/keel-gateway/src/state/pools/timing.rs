@@ -19,6 +19,9 @@ pub(super) fn hedge_quantile(cfg: &PoolConfig) -> f64 {
 /// a loaded machine alone would start races.
 pub const QUIET_FLOOR_MS: u64 = 40;
 
+/// Weight of each finished stream in the pool's typical answer length.
+const ANSWER_SMOOTHING: f64 = 1.0 / 32.0;
+
 impl Pool {
     /// A client TTFT for the pool's window (this thread's shard).
     pub(super) fn record_pool_ttft(&self, now_ms: u64, ms: f64) {
@@ -31,6 +34,32 @@ impl Pool {
             **to = (**from).clone();
         }
         *self.hedge_record() = old.hedge_record().clone();
+        self.answer_tokens
+            .store(old.answer_tokens.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+    /// How many tokens this pool's answers stream, as selection weighs decode paces (see
+    /// `keel_core::p2c::decode_factor`): the smoothed length of its finished client streams
+    /// (about the last [`ANSWER_SMOOTHING`]⁻¹), at most the request's `max_tokens`. 0 before
+    /// any stream has finished.
+    pub(crate) fn answer_tokens(&self, max_tokens: Option<u64>) -> f64 {
+        let typical = f64::from_bits(self.answer_tokens.load(Ordering::Relaxed));
+        max_tokens.map_or(typical, |m| typical.min(m as f64))
+    }
+    /// A finished client stream of `tokens` tokens, for [`Pool::answer_tokens`]. The first
+    /// one stands for the pool's answers until more come.
+    pub(super) fn record_answer_tokens(&self, tokens: f64) {
+        // Always `Some`: the update cannot fail, only retry when another stream wrote.
+        let _ = self
+            .answer_tokens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                let v = f64::from_bits(bits);
+                let next = if v == 0.0 {
+                    tokens
+                } else {
+                    v + ANSWER_SMOOTHING * (tokens - v)
+                };
+                Some(next.to_bits())
+            });
     }
     /// The pool-wide TTFT quantile `q` over the last 60 s.
     pub(super) fn pool_ttft(&self, q: f64) -> Option<f64> {

@@ -62,6 +62,9 @@ pub(crate) struct HealthNow {
     pub(crate) predicted_ttft_ms: f64,
     /// The samples behind `predicted_ttft_ms`.
     pub(crate) ttft_samples: f64,
+    /// The mean inter-token gap estimate, and how far it still holds.
+    pub(crate) gap_ms: Option<f64>,
+    pub(crate) gap_trust: f64,
 }
 
 impl HealthNow {
@@ -72,6 +75,8 @@ impl HealthNow {
             weight: est.weight_of(&factors),
             predicted_ttft_ms: est.predicted_ttft_ms(now_ms, hc),
             ttft_samples: est.ttft_ms.evidence(),
+            gap_ms: est.gap_ms.get(),
+            gap_trust: est.gap_trust(now_ms, hc),
         }
     }
 }
