@@ -633,25 +633,20 @@ impl VariantHealth {
     }
 
     /// A refresh probe's result: its answer time as a TTFT sample, or a failure as an error
-    /// outcome; either way it is fresh evidence. `pace_agrees`: whatever its stream showed of
-    /// the decode pace agreed with the estimate (see [`VariantHealth::record_probe_gaps`]).
+    /// outcome; either way it is fresh evidence. (Its stream's pace is recorded apart, see
+    /// [`VariantHealth::record_probe_gaps`]: a pace that differs does not bring the next probe
+    /// closer, since a server's pace moves with its batch, idle for a probe and loaded for
+    /// clients, and every probe measures it anyway.)
     ///
     /// A probe that answers in at most 1 / [`PEAK_JUMP`] of the estimate replaces it, the
     /// mirror of the jump: the estimate was one outlier (a heavy-tail first token), and the
     /// probe was sent because that outlier keeps clients away; blended at the EWMA's pace it
     /// would keep them away for several `decay_ms`, re-measured every second for nothing.
-    pub fn refresh_result(
-        &mut self,
-        now_ms: u64,
-        ttft_ms: Option<f64>,
-        pace_agrees: bool,
-        cfg: &HealthConfig,
-    ) {
-        let agrees = pace_agrees
-            && match (ttft_ms, self.est.ttft_ms.get()) {
-                (Some(t), Some(v)) if v > 0.0 => (t / v).max(v / t) <= REFRESH_AGREES,
-                _ => false,
-            };
+    pub fn refresh_result(&mut self, now_ms: u64, ttft_ms: Option<f64>, cfg: &HealthConfig) {
+        let agrees = match (ttft_ms, self.est.ttft_ms.get()) {
+            (Some(t), Some(v)) if v > 0.0 => (t / v).max(v / t) <= REFRESH_AGREES,
+            _ => false,
+        };
         self.refresh_agreed = if agrees {
             self.refresh_agreed.saturating_add(1)
         } else {
@@ -703,27 +698,23 @@ impl VariantHealth {
     }
 
     /// The inter-token gaps of a probe's or warm-up's stream, recorded as a client stream's
-    /// are; returns whether their pace agrees with the estimate (within [`REFRESH_AGREES`]
-    /// either way; a first measurement does not). A pace at most 1 / [`PEAK_JUMP`] of the
-    /// estimate replaces it, as a refresh's TTFT does: a variant priced out for a slow pace
-    /// gets no client streams, so probes alone measure it, and a recovered one blended back at
-    /// the EWMA's pace would wait several `decay_ms` for its share.
+    /// are. A pace at most 1 / [`PEAK_JUMP`] of the estimate replaces it, as a refresh's TTFT
+    /// does: a variant priced out for a slow pace gets no client streams, so probes alone
+    /// measure it, and a recovered one blended back at the EWMA's pace would wait several
+    /// `decay_ms` for its share.
     pub fn record_probe_gaps(
         &mut self,
         now_ms: u64,
         gaps: &crate::stream_watch::Gaps,
         cfg: &HealthConfig,
-    ) -> bool {
+    ) {
         let Some(pace) = gaps.mean_ms() else {
-            return true;
+            return;
         };
-        let estimate = self.est.gap_ms.get().filter(|v| *v > 0.0);
-        let agrees = estimate.is_some_and(|v| (pace / v).max(v / pace) <= REFRESH_AGREES);
-        if estimate.is_some_and(|v| pace * PEAK_JUMP <= v) {
+        if self.est.gap_ms.get().is_some_and(|v| pace * PEAK_JUMP <= v) {
             self.est.gap_ms.reset();
         }
         self.record_stream_gaps(now_ms, gaps, cfg);
-        agrees
     }
 
     /// An attempt's outcome: `true` when it served, `false` for a backend failure.
@@ -1066,7 +1057,7 @@ mod tests {
             let mut h = VariantHealth::new(0);
             h.record_ttft(0, start, &c);
             for i in 1..=5 {
-                h.refresh_result(i * 1_000, Some(42.0), true, &c);
+                h.refresh_result(i * 1_000, Some(42.0), &c);
             }
             let p = h.predicted_ttft_ms(5_000, &c);
             assert!((p - 42.0).abs() <= 0.15 * 42.0, "from {start} ms: {p} ms");
@@ -1248,14 +1239,14 @@ mod tests {
         assert!(h.predicted_ttft_ms(grace + c.decay_ms as u64, &c) < 360.0);
         // A refresh probe's answer is fresh evidence: blended in when it confirms the estimate
         // roughly, replacing it when the estimate was an outlier (twice the probe or more).
-        h.refresh_result(2_000, Some(200.0), true, &c);
+        h.refresh_result(2_000, Some(200.0), &c);
         assert!(!h.needs_refresh(2_500, &c));
         let p = h.predicted_ttft_ms(2_000, &c);
         assert!(p < 360.0 && p > 200.0, "{p}");
-        h.refresh_result(2_100, Some(60.0), true, &c);
+        h.refresh_result(2_100, Some(60.0), &c);
         assert_eq!(h.predicted_ttft_ms(2_100, &c), 60.0);
         // A failed probe is an error outcome, and evidence too.
-        h.refresh_result(3_000, None, true, &c);
+        h.refresh_result(3_000, None, &c);
         assert_eq!(h.last_sample_ms, Some(3_000));
         assert!(h.est.error_rate.get().unwrap() > 0.0);
         // Ejected and warming variants have their own probes.
@@ -1282,18 +1273,18 @@ mod tests {
             assert!(!h.needs_refresh(at + wait - 1, &c), "{wait}");
             assert!(h.needs_refresh(at + wait, &c), "{wait}");
             at += wait;
-            h.refresh_result(at, Some(380.0), true, &c);
+            h.refresh_result(at, Some(380.0), &c);
         }
         assert!(
             4 * r < STALE_GRACE * r,
             "spread within the grace: the estimate never relaxes"
         );
         // The zone recovered: the probe disagrees, the next one is due a second later.
-        h.refresh_result(at, Some(60.0), true, &c);
+        h.refresh_result(at, Some(60.0), &c);
         assert!(h.needs_refresh(at + r, &c));
-        h.refresh_result(at + r, Some(61.0), true, &c);
+        h.refresh_result(at + r, Some(61.0), &c);
         assert!(!h.needs_refresh(at + 2 * r, &c));
-        h.refresh_result(at + 3 * r, None, true, &c);
+        h.refresh_result(at + 3 * r, None, &c);
         assert!(
             h.needs_refresh(at + 4 * r, &c),
             "a failure resets the spread"
@@ -1304,35 +1295,22 @@ mod tests {
         std::iter::repeat_n(ms, n).collect()
     }
 
-    /// A probe's pace refreshes the gap estimate: blended when it agrees, replacing it when
-    /// the variant is twice as fast as estimated or more (a slow decoder recovered), and a
-    /// pace that changed brings the refresh interval back to a second.
+    /// A probe's pace refreshes the gap estimate: blended in, or replacing it when the variant
+    /// is twice as fast as estimated or more (a slow decoder recovered).
     #[test]
     fn a_probes_pace_refreshes_the_gap_estimate() {
         let c = cfg();
         let r = c.refresh_after_ms;
         let mut h = VariantHealth::new(0);
-        h.record_ttft(0, 20.0, &c);
-        assert!(
-            !h.record_probe_gaps(0, &gaps_of(32.0, 7), &c),
-            "a first pace"
-        );
+        h.record_probe_gaps(0, &gaps_of(32.0, 7), &c);
         assert_eq!(h.est.gap_ms.get(), Some(32.0));
-        assert!(h.record_probe_gaps(r, &gaps_of(30.0, 7), &c));
+        h.record_probe_gaps(r, &gaps_of(30.0, 7), &c);
         let blended = h.est.gap_ms.get().unwrap();
         assert!(blended > 30.0 && blended < 32.0, "{blended}");
-        // Agreeing probes spread out…
-        h.refresh_result(r, Some(20.0), true, &c);
-        assert!(!h.needs_refresh(3 * r - 1, &c));
-        // …until the pace changes: replaced, and the next probe a second later.
-        let at = 3 * r;
-        let agrees = h.record_probe_gaps(at, &gaps_of(8.0, 7), &c);
-        assert!(!agrees);
+        h.record_probe_gaps(2 * r, &gaps_of(8.0, 7), &c);
         assert_eq!(h.est.gap_ms.get(), Some(8.0));
-        h.refresh_result(at, Some(20.0), agrees, &c);
-        assert!(h.needs_refresh(at + r, &c));
         // A stream without gaps (a single token) says nothing of the pace.
-        assert!(h.record_probe_gaps(at, &gaps_of(0.0, 0), &c));
+        h.record_probe_gaps(3 * r, &gaps_of(0.0, 0), &c);
         assert_eq!(h.est.gap_ms.get(), Some(8.0));
     }
 

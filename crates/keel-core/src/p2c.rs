@@ -303,18 +303,26 @@ pub const PACE_TOLERANCE: f64 = 1.25;
 /// ([`COMPETITIVE`]). The excess fades with the candidate's `gap_trust`, so a pace not measured
 /// again (probes off) is tried again in time.
 pub fn decode_factor(c: &Candidate, pricing: &Pricing) -> f64 {
-    let (Some(gap), Some(fastest)) = (c.gap_ms, pricing.fastest_gap_ms) else {
-        return 1.0;
-    };
-    // The gaps come after the first token, which the TTFT prices.
-    let n = pricing.answer_tokens - 1.0;
-    let par = fastest * PACE_TOLERANCE;
-    if n <= 0.0 || gap <= par {
-        return 1.0;
+    pricing.decode_factor(c.predicted_ttft_ms, c.gap_ms, c.gap_trust)
+}
+
+impl Pricing {
+    /// [`decode_factor`] of a variant answering its first token in `ttft_ms`, at `gap_ms`
+    /// between tokens, trusted as far as `gap_trust`.
+    pub fn decode_factor(&self, ttft_ms: f64, gap_ms: Option<f64>, gap_trust: f64) -> f64 {
+        let (Some(gap), Some(fastest)) = (gap_ms, self.fastest_gap_ms) else {
+            return 1.0;
+        };
+        // The gaps come after the first token, which the TTFT prices.
+        let n = self.answer_tokens - 1.0;
+        let par = fastest * PACE_TOLERANCE;
+        if n <= 0.0 || gap <= par {
+            return 1.0;
+        }
+        let ttft = ttft_ms.max(0.001);
+        let ratio = (ttft + n * gap) / (ttft + n * par);
+        1.0 + gap_trust.clamp(0.0, 1.0) * (ratio - 1.0)
     }
-    let ttft = c.predicted_ttft_ms.max(0.001);
-    let ratio = (ttft + n * gap) / (ttft + n * par);
-    1.0 + c.gap_trust.clamp(0.0, 1.0) * (ratio - 1.0)
 }
 
 /// The fallbacks' order as one integer per candidate: its cost in `f64::total_cmp`'s order in

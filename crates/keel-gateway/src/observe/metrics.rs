@@ -43,6 +43,7 @@
 //! | `keel_resume_learned_total` | pool, variant | variants found to refuse assistant prefill (they continue in `instruction` mode from then on) |
 //! | `keel_variant_weight` | pool, variant | the variant's routing weight now (health × configured weight) |
 //! | `keel_variant_ttft_seconds` | pool, variant | its smoothed TTFT estimate |
+//! | `keel_variant_gap_seconds` | pool, variant | its decode pace: the smoothed mean inter-token gap, which selection prices against the fastest variant's |
 //! | `keel_variant_tgsv_seconds` | pool, variant | its inter-token gap spread (TGSV) |
 //! | `keel_variant_inflight` | pool, variant | its requests in flight |
 //! | `keel_variant_state` | pool, variant | 0 healthy, 1 slow start, 2 warming, 3 ejected |

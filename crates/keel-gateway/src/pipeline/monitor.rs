@@ -317,6 +317,8 @@ fn publish_gauges(pool: &Pool) {
         m.gauge("keel_variant_weight", &labels).set(s.weight);
         m.gauge("keel_variant_ttft_seconds", &labels)
             .set(s.ttft_ms.unwrap_or(0.0) / 1000.0);
+        m.gauge("keel_variant_gap_seconds", &labels)
+            .set(s.gap_ms.unwrap_or(0.0) / 1000.0);
         m.gauge("keel_variant_tgsv_seconds", &labels)
             .set(s.tgsv_ms.unwrap_or(0.0) / 1000.0);
         m.gauge("keel_variant_inflight", &labels)

@@ -266,11 +266,10 @@ impl Pool {
     ) {
         let now = self.now_ms();
         let hc = self.cfg.health;
-        // The pace its stream showed, and whether that agrees with the estimate.
-        let pace_agrees = match gaps.filter(|_| ok) {
-            Some(g) => st.health.record_probe_gaps(now, g, &hc),
-            None => true,
-        };
+        // The pace its stream showed.
+        if let Some(g) = gaps.filter(|_| ok) {
+            st.health.record_probe_gaps(now, g, &hc);
+        }
         match m {
             Maintenance::Probe(_) => {
                 st.maintenance_busy = false;
@@ -301,8 +300,7 @@ impl Pool {
             }
             Maintenance::Refresh(_) => {
                 st.maintenance_busy = false;
-                st.health
-                    .refresh_result(now, ttft_ms.filter(|_| ok), pace_agrees, &hc);
+                st.health.refresh_result(now, ttft_ms.filter(|_| ok), &hc);
             }
             // Its outcome was settled as evidence of keel's own (see `settlement`).
             Maintenance::Confirm(_) => {

@@ -316,3 +316,32 @@ fn variants_in_slow_start_together_take_hedges() {
     assert_eq!(p.hedge_target(&[1]), None);
     assert_eq!(p.hedge_target(&[1, 2]), Some(2));
 }
+
+/// A hedge's winner streams the whole answer, so the target is judged by its decode pace too:
+/// of two variants answering first tokens alike, the hedge goes to the one that decodes at its
+/// peers' pace, not to one four times slower (which selection leaves out of the draw too).
+#[test]
+fn a_hedge_goes_to_a_variant_that_decodes_at_its_peers_pace() {
+    let p = pool_of(3, 8);
+    let hc = p.cfg.health;
+    let now = p.now_ms();
+    let gaps = |ms: f64| -> keel_core::stream_watch::Gaps { std::iter::repeat_n(ms, 39).collect() };
+    for (i, gap) in [(0, 8.0), (1, 32.0), (2, 8.0)] {
+        p.update(i, |st| {
+            st.health = keel_core::health::VariantHealth::new(0);
+            for _ in 0..5 {
+                st.health.record_ttft(now, 20.0, &hc);
+            }
+        });
+        p.record_stream(i, &gaps(gap));
+    }
+    assert_eq!(p.answer_tokens(None), 40.0);
+    assert_eq!(p.answer_tokens(Some(10)), 10.0);
+    // Variant 2 has a request running, variant 1 none: on first tokens alone, 1 is the target.
+    p.variants[2].in_flight.fetch_add(1, Ordering::Relaxed);
+    assert_eq!(p.hedge_target(&[1, 2]), Some(2));
+    // Alike in pace, the idle one is.
+    p.record_stream(1, &gaps(8.0));
+    p.update(1, |st| st.health.record_probe_gaps(now, &gaps(8.0), &hc));
+    assert_eq!(p.hedge_target(&[1, 2]), Some(1));
+}

@@ -162,14 +162,16 @@ impl Pool {
     ///
     /// Not simply the plan's next variant: the plan ranks by peak-EWMA estimates (which jump on
     /// one slow answer and fade slowly), while the race is won by whoever usually answers
-    /// first now: the recent median, weighed by the requests already running there.
+    /// first now: the recent median, weighed by the requests already running there, and by
+    /// its decode pace as selection prices it (the winner streams the whole answer: a first
+    /// token won on a variant four times slower to decode is no win).
     pub fn hedge_target(&self, candidates: &[usize]) -> Option<usize> {
         let now = self.now_ms();
         let hc = self.cfg.health;
         // The pool's median, for candidates without samples of their own (read only then).
         let unknown = std::cell::OnceCell::new();
         let unknown = || *unknown.get_or_init(|| self.pool_ttft(0.5).unwrap_or(0.0));
-        candidates
+        let targets: Vec<(usize, arc_swap::Guard<Arc<Published>>)> = candidates
             .iter()
             .map(|&i| (i, self.live(i)))
             .filter(|(i, live)| {
@@ -180,10 +182,27 @@ impl Pool {
                     && live.health_at(now, &hc).factors.health() > keel_core::health::FLOOR
                     && v.in_flight.load(Ordering::Relaxed) < v.concurrency_limit()
             })
+            .collect();
+        let pricing = keel_core::p2c::Pricing {
+            preference: Default::default(),
+            answer_tokens: self.answer_tokens(None),
+            fastest_gap_ms: targets
+                .iter()
+                .filter_map(|(_, live)| live.est.gap_ms.get())
+                .filter(|g| *g > 0.0)
+                .min_by(f64::total_cmp),
+        };
+        targets
+            .iter()
             .map(|(i, live)| {
                 let median = live.p50_ttft_ms.unwrap_or_else(unknown);
-                let load = self.variants[i].in_flight.load(Ordering::Relaxed) as f64 + 1.0;
-                (i, median * load)
+                let load = self.variants[*i].in_flight.load(Ordering::Relaxed) as f64 + 1.0;
+                let pace = pricing.decode_factor(
+                    median,
+                    live.est.gap_ms.get(),
+                    live.est.gap_trust(now, &hc),
+                );
+                (*i, median * load * pace)
             })
             .min_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(i, _)| i)

@@ -148,6 +148,8 @@ pub struct VariantSnapshot {
     pub weight: f64,
     pub ttft_ms: Option<f64>,
     pub p95_ttft_ms: Option<f64>,
+    /// Its decode pace: the mean inter-token gap of its recent streams (and probes).
+    pub gap_ms: Option<f64>,
     pub tgsv_ms: Option<f64>,
     pub error_rate: Option<f64>,
     pub kv_usage: Option<f64>,
@@ -218,6 +220,7 @@ impl Pool {
                     weight: h.weight(now, &hc) * v.cfg.weight as f64,
                     ttft_ms: h.est.ttft_ms.get(),
                     p95_ttft_ms: h.p95_ttft_ms(),
+                    gap_ms: h.est.gap_ms.get(),
                     tgsv_ms: h.est.tgsv_ms.get(),
                     error_rate: h.est.error_rate.get(),
                     kv_usage: h.est.kv_usage,
