@@ -271,6 +271,29 @@ impl FleetConfig {
         Ok(())
     }
 
+    /// This fleet as run `seed` of a benchmark draws it: replicas expanded, and each server
+    /// that sets no `seed` of its own seeded from `seed` and its place in the fleet, so that
+    /// runs with different seeds draw different latencies and faults (with the servers' own
+    /// default seeds every run drew alike, whatever its arrivals), and runs with one seed
+    /// alike. Seed 1 draws as the fleet started as it is.
+    pub fn seeded(&self, seed: u64) -> FleetConfig {
+        let own: Vec<bool> = self
+            .servers
+            .iter()
+            .flat_map(|s| std::iter::repeat_n(s.seed.is_some(), s.replicas as usize))
+            .collect();
+        let mut servers = self.expanded();
+        for (i, (c, own)) in servers.iter_mut().zip(own).enumerate() {
+            if !own {
+                c.seed = Some((seed.wrapping_sub(1) << 32).wrapping_add(i as u64 + 1));
+            }
+        }
+        FleetConfig {
+            generation: self.generation,
+            servers,
+        }
+    }
+
     /// The servers to start, with replicas expanded and names filled in.
     pub fn expanded(&self) -> Vec<ServerConfig> {
         let mut out = Vec::new();
@@ -324,5 +347,28 @@ mod tests {
         let c = FleetConfig::from_toml("[[servers]]\nname = \"gpu\"\nreplicas = 3\n", "x").unwrap();
         let names: Vec<_> = c.expanded().into_iter().map(|s| s.name).collect();
         assert_eq!(names, vec!["gpu-0", "gpu-1", "gpu-2"]);
+    }
+
+    #[test]
+    fn a_runs_seed_seeds_every_server_without_its_own() {
+        let c = FleetConfig::from_toml(
+            "[[servers]]\nname = \"gpu\"\nreplicas = 2\n[[servers]]\nname = \"own\"\nseed = 7\n",
+            "x",
+        )
+        .unwrap();
+        let seeds = |run: u64| -> Vec<Option<u64>> {
+            c.seeded(run).servers.iter().map(|s| s.seed).collect()
+        };
+        // Seed 1 draws as the fleet does unseeded; another run differently; a set seed stays.
+        let plain: Vec<Option<u64>> = c.expanded().iter().map(|s| s.seed).collect();
+        assert_eq!(seeds(1), plain);
+        assert_eq!(seeds(2), [Some((1 << 32) + 1), Some((1 << 32) + 2), Some(7)]);
+        assert_eq!(seeds(2), seeds(2));
+        let names: Vec<String> = c.seeded(2).servers.into_iter().map(|s| s.name).collect();
+        assert_eq!(names, ["gpu-0", "gpu-1", "own"]);
+        // Started again from its expanded form, the fleet keeps its names and seeds.
+        let again = c.seeded(3);
+        assert_eq!(again.seeded(3).servers.len(), 3);
+        assert_eq!(again.expanded()[1].seed, again.servers[1].seed);
     }
 }

@@ -258,7 +258,9 @@ async fn run_contender(
     seed: u64,
     out: &Path,
 ) -> Result<Figures, String> {
-    let fleet = Fleet::start(&s.fleet).await.map_err(|e| e.to_string())?;
+    let fleet = Fleet::start(&s.fleet.seeded(seed))
+        .await
+        .map_err(|e| e.to_string())?;
     let running = start_contender(s, &fleet, name, out).await?;
     let planned = plan(s, duration, seed);
     let client = reqwest::Client::builder()
