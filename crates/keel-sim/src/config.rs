@@ -362,7 +362,10 @@ mod tests {
         // Seed 1 draws as the fleet does unseeded; another run differently; a set seed stays.
         let plain: Vec<Option<u64>> = c.expanded().iter().map(|s| s.seed).collect();
         assert_eq!(seeds(1), plain);
-        assert_eq!(seeds(2), [Some((1 << 32) + 1), Some((1 << 32) + 2), Some(7)]);
+        assert_eq!(
+            seeds(2),
+            [Some((1 << 32) + 1), Some((1 << 32) + 2), Some(7)]
+        );
         assert_eq!(seeds(2), seeds(2));
         let names: Vec<String> = c.seeded(2).servers.into_iter().map(|s| s.name).collect();
         assert_eq!(names, ["gpu-0", "gpu-1", "own"]);
