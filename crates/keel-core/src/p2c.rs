@@ -463,6 +463,21 @@ impl Selector for PowerOfTwo {
                 cost_of(c.index) <= cheapest * COMPETITIVE
                     && unloaded_cost(c, &pricing) <= fastest * COMPETITIVE
             }));
+            if competitive.is_empty() {
+                // Both bounds can leave no one: the cheapest over three times slower than the
+                // fastest when idle, and the fastest so busy that it costs over three times the
+                // cheapest. The costs decide then (and with costs that do not compare, every
+                // candidate is drawn).
+                competitive.extend(
+                    pick_from
+                        .iter()
+                        .copied()
+                        .filter(|c| cost_of(c.index) <= cheapest * COMPETITIVE),
+                );
+                if competitive.is_empty() {
+                    competitive.extend(pick_from.iter().copied());
+                }
+            }
             let pick_from = competitive;
             if pick_from.len() == 1 {
                 (pick_from[0].index, Reason::PowerOfTwo)
@@ -704,6 +719,30 @@ mod tests {
                 assert_ne!(p.plan(&c, &RequestSignals::default()).order[0], 2);
             }
         }
+    }
+
+    /// The draw is never empty. The cheapest candidate (idle) costs over three times the
+    /// fastest one's unloaded cost, and the fastest, with 40 requests in flight, costs over
+    /// three times the cheapest's: each is out by one of the two bounds, and the cheapest
+    /// takes the request.
+    #[test]
+    fn a_draw_that_both_bounds_would_empty_goes_by_cost() {
+        let mut c = cands(3);
+        c[0].predicted_ttft_ms = 10.0;
+        c[0].in_flight = 40; // cost 10 × 11 = 110
+        c[1].predicted_ttft_ms = 35.0; // idle: cost 35, over 3 × 10 unloaded
+        c[2].predicted_ttft_ms = 36.0;
+        c[2].in_flight = 200;
+        let p = PowerOfTwo::new(Rng::new(3), 3);
+        for _ in 0..100 {
+            let plan = p.plan(&c, &RequestSignals::default());
+            assert_eq!(plan.order[0], 1, "{plan:?}");
+        }
+        // Costs that do not compare (NaN) still make a plan.
+        c[1].predicted_ttft_ms = f64::NAN;
+        c[0].predicted_ttft_ms = f64::NAN;
+        c[2].predicted_ttft_ms = f64::NAN;
+        assert_eq!(p.plan(&c, &RequestSignals::default()).order.len(), 3);
     }
 
     /// Two variants decoding at 8 ms a token and one at 32 ms, all with the same TTFT.

@@ -240,3 +240,87 @@ async fn a_slow_stream_with_nowhere_to_go_goes_on_where_it_is() {
     let failed = [("reason", "slow"), ("outcome", "failed")];
     assert_eq!(h.metric("keel_migrations_total", &failed).await, 1.0);
 }
+
+/// A continuation whose variant hangs before its first token is given up once it is later than
+/// that variant's first tokens usually are, and the next candidate continues the stream: the
+/// stream does not wait for `first_token_ms` (15 s) on it while the stalled original has
+/// nothing more to give.
+#[tokio::test]
+async fn a_continuation_that_hangs_is_given_up_for_the_next_candidate() {
+    let server = |i: usize| keel_sim::ServerConfig {
+        name: format!("sim-{i}"),
+        seed: Some(i as u64 + 1),
+        gap_ms: 8.0,
+        ..keel_sim::ServerConfig::fast("s")
+    };
+    let fleet = keel_sim::Fleet::start(&keel_sim::FleetConfig {
+        generation: keel_sim::GenerationConfig {
+            min_reply_tokens: 40,
+            mean_reply_tokens: 60,
+        },
+        servers: (0..3).map(server).collect(),
+    })
+    .await
+    .unwrap();
+    // sim-1 is by far the cheapest, so a stream forced onto sim-0 continues there first.
+    let mut cfg = String::from(
+        "allow_force_variant = true\n[[pools]]\nname = \"p\"\nhedge = \"off\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n",
+    );
+    for (i, w) in [1, 10, 1].into_iter().enumerate() {
+        let s = fleet.get(i);
+        cfg.push_str(&variant(&s.name, &s.openai_base(), "openai", w));
+    }
+    let h = Harness::start(fleet, &cfg).await;
+    // Streams on each variant: gap statistics and first-token times for every one of them.
+    for i in 0..3 {
+        for n in 0..3 {
+            let body = stream_body(&format!("warm up {n}"));
+            let resp = h
+                .post_with(
+                    "/v1/chat/completions",
+                    &[("x-keel-force-variant", &format!("sim-{i}"))],
+                    &body,
+                )
+                .await;
+            read_stream(resp).await;
+        }
+    }
+    add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 6})).await;
+    add_fault(h.server(1), json!({"kind": "hang"})).await;
+    let body = stream_body("tell me a long story about the river");
+    let want = want_text(&reference(&h, 2, "/v1/chat/completions", &body).await);
+    let resp = forced_sim0(&h, &body).await;
+    let id = header(resp.headers(), "x-keel-request-id").to_owned();
+    let events = read_stream(resp).await;
+    assert_eq!(openai_stream_text(&events), want, "byte for byte");
+    let url = h.url(&format!("/keel/decisions/{id}"));
+    let mut record = None;
+    wait_for!("the decision record", {
+        let r = keel_sim::http_client().get(&url).send().await.unwrap();
+        if r.status() == 200 {
+            record = Some(r.json::<Value>().await.unwrap());
+        }
+        record.is_some()
+    });
+    let record = record.unwrap();
+    let attempts: Vec<(String, String)> = record["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["variant"].as_str().unwrap().to_owned(),
+                a["outcome"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    eprintln!("attempts: {attempts:?}, total {} ms", record["total_ms"]);
+    let on = |v: &str| {
+        attempts
+            .iter()
+            .find(|(name, _)| name == v)
+            .map(|(_, o)| o.as_str())
+    };
+    assert_eq!(on("sim-1"), Some("race_cancelled"), "{attempts:?}");
+    assert_eq!(on("sim-2"), Some("ok"), "{attempts:?}");
+}

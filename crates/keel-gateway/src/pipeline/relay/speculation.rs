@@ -10,7 +10,12 @@
 //! While the race runs nothing is forwarded from the original (`Relay::wait_for_more` only
 //! reads), so abandoning it loses and duplicates nothing; the continuation is built from
 //! exactly the text the client has. One race per segment; it is a continuation attempt like any
-//! other (it enters its variant and spends the retry budget through `settlement`).
+//! other (it enters its variant and spends the retry budget through `settlement`). A
+//! continuation later to its first token than its variant's first tokens usually are (twice the
+//! quantile the hedge delay uses) is cancelled, and the next candidate races instead (two at
+//! most); so is one still silent when the original fails, and the migration goes on elsewhere.
+
+use std::time::Duration;
 
 use keel_core::continuation::{ResumeMode, Stitcher};
 use keel_core::outcome::AttemptFailure;
@@ -34,75 +39,100 @@ pub(super) enum Speculated {
     Ended(SegmentEnd),
 }
 
+/// Continuations one race may try: a continuation that does not answer within its patience
+/// (see `Pool::continuation_patience_ms`) is cancelled for the next candidate, once.
+const RACED_CONTINUATIONS: usize = 2;
+
 enum First {
     Original(SegmentEnd),
     Continuation(Box<AttemptResult>),
+    /// The continuation's patience ran out before its first token.
+    Impatient,
 }
 
 impl Relay {
-    /// Races a continuation against the quiet segment `seg`.
+    /// Races a continuation against the quiet segment `seg`: up to [`RACED_CONTINUATIONS`] in
+    /// turn, each given up once it is later to its first token than its variant's first
+    /// tokens usually are.
     pub(super) async fn speculate(
         &mut self,
         seg: &mut Segment,
         stitcher: &Stitcher,
         tried: &mut Vec<usize>,
     ) -> Speculated {
-        let now = self.pool.now_ms();
-        let Some(vi) = self
-            .order
-            .iter()
-            .copied()
-            .find(|i| !tried.contains(i) && self.pool.can_take(*i, now))
-        else {
-            return Speculated::NotRaced;
-        };
-        let Ok(c) = self.prepare(stitcher, vi).await else {
-            return Speculated::NotRaced;
-        };
-        let pool = self.pool.clone();
-        // Its own copy: `c` goes on to be settled (and, refused, rebuilt) while this runs.
-        let (req, ctx) = (c.req.clone(), c.ctx.clone());
-        let cont = attempt(&pool, vi, &req, &ctx, c.entered.traceparent());
-        tokio::pin!(cont);
-        let first = {
-            let original = self.wait_for_more(seg);
-            tokio::pin!(original);
-            tokio::select! {
-                // The original first: a token that arrives as the continuation answers keeps
-                // the stream where it is.
-                biased;
-                end = &mut original => First::Original(end),
-                r = &mut cont => First::Continuation(Box::new(r)),
-            }
-        };
-        match first {
-            // A refused prefill is retried in `instruction` mode at once (`finish`), the
-            // original waiting meanwhile (it is not read; nothing of it is lost).
-            First::Continuation(result) => {
-                tried.push(vi);
-                match self.finish(stitcher, c, *result).await {
-                    (Ok(next), resume) => Speculated::Won(Box::new(next), resume),
-                    (Err(_), _) => Speculated::NotRaced,
+        for _ in 0..RACED_CONTINUATIONS {
+            let now = self.pool.now_ms();
+            let Some(vi) = self
+                .order
+                .iter()
+                .copied()
+                .find(|i| !tried.contains(i) && self.pool.can_take(*i, now))
+            else {
+                return Speculated::NotRaced;
+            };
+            let Ok(c) = self.prepare(stitcher, vi).await else {
+                return Speculated::NotRaced;
+            };
+            let pool = self.pool.clone();
+            let patience = Duration::from_millis(pool.continuation_patience_ms(vi));
+            let give_up = tokio::time::Instant::now() + patience;
+            // Its own copy: `c` goes on to be settled (and, refused, rebuilt) while this runs.
+            let (req, ctx) = (c.req.clone(), c.ctx.clone());
+            let cont = attempt(&pool, vi, &req, &ctx, c.entered.traceparent());
+            tokio::pin!(cont);
+            let first = {
+                let original = self.wait_for_more(seg);
+                tokio::pin!(original);
+                tokio::select! {
+                    // The original first: a token that arrives as the continuation answers
+                    // keeps the stream where it is.
+                    biased;
+                    end = &mut original => First::Original(end),
+                    r = &mut cont => First::Continuation(Box::new(r)),
+                    _ = tokio::time::sleep_until(give_up) => First::Impatient,
                 }
-            }
-            First::Original(SegmentEnd::Failed(f)) => {
-                // The original is gone: the continuation already under way is its migration.
-                tried.push(vi);
-                let result = cont.await;
-                match self.finish(stitcher, c, result).await {
-                    (Ok(next), resume) => Speculated::Rescued(f, Box::new(next), resume),
-                    (Err(_), _) => Speculated::Ended(SegmentEnd::Failed(f)),
+            };
+            match first {
+                // A refused prefill is retried in `instruction` mode at once (`finish`), the
+                // original waiting meanwhile (it is not read; nothing of it is lost).
+                First::Continuation(result) => {
+                    tried.push(vi);
+                    return match self.finish(stitcher, c, *result).await {
+                        (Ok(next), resume) => Speculated::Won(Box::new(next), resume),
+                        (Err(_), _) => Speculated::NotRaced,
+                    };
                 }
-            }
-            First::Original(end) => {
-                // Resumed, ended cleanly, client gone or deadline: the continuation is not
-                // needed. Dropping its future closes its connection.
-                self.attempts.cancelled(c.entered);
-                match end {
-                    SegmentEnd::Resumed => Speculated::Resumed,
-                    other => Speculated::Ended(other),
+                First::Original(SegmentEnd::Failed(f)) => {
+                    // The original is gone: the continuation already under way is its
+                    // migration, if it answers within its patience; past it, the migration
+                    // goes on to the next candidate.
+                    tried.push(vi);
+                    let Ok(result) = tokio::time::timeout_at(give_up, cont).await else {
+                        self.attempts.cancelled(c.entered);
+                        return Speculated::Ended(SegmentEnd::Failed(f));
+                    };
+                    return match self.finish(stitcher, c, result).await {
+                        (Ok(next), resume) => Speculated::Rescued(f, Box::new(next), resume),
+                        (Err(_), _) => Speculated::Ended(SegmentEnd::Failed(f)),
+                    };
+                }
+                First::Original(end) => {
+                    // Resumed, ended cleanly, client gone or deadline: the continuation is not
+                    // needed. Dropping its future closes its connection.
+                    self.attempts.cancelled(c.entered);
+                    return match end {
+                        SegmentEnd::Resumed => Speculated::Resumed,
+                        other => Speculated::Ended(other),
+                    };
+                }
+                // Cancelled (its wait is a lower bound of its variant's TTFT); the original is
+                // still read, and the next candidate races it.
+                First::Impatient => {
+                    tried.push(vi);
+                    self.attempts.cancelled(c.entered);
                 }
             }
         }
+        Speculated::NotRaced
     }
 }

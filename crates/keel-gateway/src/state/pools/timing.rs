@@ -234,6 +234,19 @@ impl Pool {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+    /// How long a continuation on `target` may take to its first token before it is given up
+    /// for the next candidate (see `relay::speculation`): twice the TTFT quantile the auto
+    /// hedge delay uses (its own, else the pool's; a continuation prefills the text already
+    /// sent as well as the prompt), 100 ms–4 s (4 s before any sample). Without it, a
+    /// continuation whose variant hung before its first token held the stream until
+    /// `first_token_ms` (15 s) while the stalled original had nothing more to give.
+    pub fn continuation_patience_ms(&self, target: usize) -> u64 {
+        let quantile = self
+            .live(target)
+            .hedge_ttft_ms
+            .or_else(|| self.pool_ttft(hedge_quantile(&self.cfg)));
+        quantile.map_or(4000, |q| (2.0 * q).clamp(100.0, 4000.0) as u64)
+    }
     /// The median TTFT a hedge on `target` would likely take (its own, or the pool's).
     pub fn median_ttft_ms(&self, target: usize) -> Option<f64> {
         self.live(target)
