@@ -9,7 +9,7 @@ use keel_core::sse::SseEvent;
 use crate::harness::*;
 
 /// Servers with 8 ms gaps and replies of 80+ tokens (long enough for slowness checks), one per
-/// weight, in a round-robin pool with `extra` settings.
+/// weight, in a pool with `extra` settings (its policy among them; P2C by default).
 async fn long_reply_fleet(weights: &[u32], extra: &str) -> Harness {
     let server = |i: usize| keel_sim::ServerConfig {
         name: format!("sim-{i}"),
@@ -27,7 +27,7 @@ async fn long_reply_fleet(weights: &[u32], extra: &str) -> Harness {
     .await
     .unwrap();
     let mut cfg = format!(
-        "allow_force_variant = true\n[[pools]]\nname = \"p\"\npolicy = \"round_robin\"\nhedge = \"off\"\n{extra}\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n"
+        "allow_force_variant = true\n[[pools]]\nname = \"p\"\nhedge = \"off\"\n{extra}\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n"
     );
     for (i, w) in weights.iter().enumerate() {
         let s = fleet.get(i);
@@ -173,7 +173,7 @@ async fn slowness_never_spends_the_migration_a_stall_needs() {
     // for a stall that followed, and the stream ended with an error although sim-2 was fine.
     // Smooth weighted round robin picks sim-1 (weight 100) for its first 34 requests and
     // orders fallbacks by weight, ties by index: after the forced sim-0, sim-1 then sim-2.
-    let h = long_reply_fleet(&[1, 100, 1], "max_migrations = 1").await;
+    let h = long_reply_fleet(&[1, 100, 1], "policy = \"round_robin\"\nmax_migrations = 1").await;
     for v in ["sim-0", "sim-1"] {
         for _ in 0..3 {
             let r = h
@@ -214,7 +214,7 @@ async fn slowness_never_spends_the_migration_a_stall_needs() {
 async fn a_slow_stream_with_nowhere_to_go_goes_on_where_it_is() {
     // Found by the soak: a migration for slowness that could not start ended the stream with
     // an error although the slow stream was still producing.
-    let h = long_reply_fleet(&[1, 1], "").await;
+    let h = long_reply_fleet(&[1, 1], "policy = \"round_robin\"").await;
     for _ in 0..3 {
         let r = forced_sim0(&h, &stream_body("warm up")).await;
         assert_eq!(read_stream(r).await.last().unwrap().data, "[DONE]");
@@ -247,30 +247,8 @@ async fn a_slow_stream_with_nowhere_to_go_goes_on_where_it_is() {
 /// nothing more to give.
 #[tokio::test]
 async fn a_continuation_that_hangs_is_given_up_for_the_next_candidate() {
-    let server = |i: usize| keel_sim::ServerConfig {
-        name: format!("sim-{i}"),
-        seed: Some(i as u64 + 1),
-        gap_ms: 8.0,
-        ..keel_sim::ServerConfig::fast("s")
-    };
-    let fleet = keel_sim::Fleet::start(&keel_sim::FleetConfig {
-        generation: keel_sim::GenerationConfig {
-            min_reply_tokens: 40,
-            mean_reply_tokens: 60,
-        },
-        servers: (0..3).map(server).collect(),
-    })
-    .await
-    .unwrap();
     // sim-1 is by far the cheapest, so a stream forced onto sim-0 continues there first.
-    let mut cfg = String::from(
-        "allow_force_variant = true\n[[pools]]\nname = \"p\"\nhedge = \"off\"\n[pools.health]\nprewarm_requests = 0\nrefresh_after_ms = 0\n",
-    );
-    for (i, w) in [1, 10, 1].into_iter().enumerate() {
-        let s = fleet.get(i);
-        cfg.push_str(&variant(&s.name, &s.openai_base(), "openai", w));
-    }
-    let h = Harness::start(fleet, &cfg).await;
+    let h = long_reply_fleet(&[1, 10, 1], "").await;
     // Streams on each variant: gap statistics and first-token times for every one of them.
     for i in 0..3 {
         for n in 0..3 {
