@@ -9,7 +9,8 @@
 //! takes at this variant's inter-token pace than at the fastest candidate's. Without it a
 //! variant that answers its first token as fast as its peers but streams four times slower
 //! took a full share of the streams, each four times as long; the health weight cannot see
-//! that, since it compares a variant with its own baseline, which for a slow decoder is slow. `x-keel-preference` reshapes it: `high-fidelity`
+//! that, since it compares a variant with its own baseline, which for a slow decoder is slow.
+//! `x-keel-preference` reshapes it: `high-fidelity`
 //! multiplies by 1000^(tier−1), which orders by tier first (tier 1 = best); `low-cost` multiplies
 //! by the variant's `price`.
 //!
@@ -256,22 +257,47 @@ impl Pricing {
         candidates: impl IntoIterator<Item = &'a Candidate>,
         signals: &RequestSignals,
     ) -> Pricing {
-        let fastest_gap_ms = candidates
-            .into_iter()
-            .filter_map(|c| c.gap_ms)
-            .filter(|g| *g > 0.0)
-            .min_by(f64::total_cmp);
         Pricing {
             preference: signals.preference,
             answer_tokens: signals.answer_tokens,
-            fastest_gap_ms,
+            fastest_gap_ms: fastest_gap_ms(candidates.into_iter().map(|c| c.gap_ms)),
         }
     }
+
+    /// [`decode_factor`] of a variant answering its first token in `ttft_ms`, at `gap_ms`
+    /// between tokens, trusted as far as `gap_trust`.
+    pub fn decode_factor(&self, ttft_ms: f64, gap_ms: Option<f64>, gap_trust: f64) -> f64 {
+        let (Some(gap), Some(fastest)) = (gap_ms, self.fastest_gap_ms) else {
+            return 1.0;
+        };
+        // The gaps come after the first token, which the TTFT prices.
+        let n = self.answer_tokens - 1.0;
+        let par = fastest * PACE_TOLERANCE;
+        if n <= 0.0 || gap <= par {
+            return 1.0;
+        }
+        let ttft = ttft_ms.max(0.001);
+        let ratio = (ttft + n * gap) / (ttft + n * par);
+        1.0 + gap_trust.clamp(0.0, 1.0) * (ratio - 1.0)
+    }
+}
+
+/// The smallest measured inter-token gap of `gaps` (one per candidate; `None`: not measured).
+pub fn fastest_gap_ms(gaps: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
+    gaps.into_iter()
+        .flatten()
+        .filter(|g| *g > 0.0)
+        .min_by(f64::total_cmp)
 }
 
 /// The cost of a candidate (see the module doc).
 pub fn cost(c: &Candidate, pricing: &Pricing) -> f64 {
-    unloaded_cost(c, pricing) * (1.0 + c.in_flight as f64 * IN_FLIGHT_COST)
+    with_load(unloaded_cost(c, pricing), c)
+}
+
+/// An unloaded cost with the candidate's requests in flight weighed in.
+fn with_load(unloaded: f64, c: &Candidate) -> f64 {
+    unloaded * (1.0 + c.in_flight as f64 * IN_FLIGHT_COST)
 }
 
 /// [`cost`] without the requests in flight: what the variant's answers cost when it is idle.
@@ -296,33 +322,13 @@ pub const PACE_TOLERANCE: f64 = 1.25;
 /// fastest candidate's decode pace (1 for the fastest, for one not measured yet, and for a
 /// request whose answer is not expected to stream more than one token): `(TTFT + n × gap) /
 /// (TTFT + n × par)` for the `n` gaps between the answer's tokens, `par` being the fastest
-/// gap × [`PACE_TOLERANCE`] (and the factor 1 for any gap within it). The decode time every candidate would take cancels out, so variants that
-/// decode alike compare on their TTFT exactly as without the term, and a few percent of noise
-/// between equal paces costs a few percent, within [`EQUIVALENT`]; a variant decoding four
-/// times slower costs nearly four times as much for a long answer, and is left out of the draw
-/// ([`COMPETITIVE`]). The excess fades with the candidate's `gap_trust`, so a pace not measured
+/// gap × [`PACE_TOLERANCE`] (and the factor 1 for any gap within it). The decode time every
+/// candidate would take cancels out, so variants that decode alike compare on their TTFT
+/// exactly as without the term; a variant decoding four times slower costs about three times
+/// as much for a long answer, and is left out of the draw ([`COMPETITIVE`]). The excess fades with the candidate's `gap_trust`, so a pace not measured
 /// again (probes off) is tried again in time.
 pub fn decode_factor(c: &Candidate, pricing: &Pricing) -> f64 {
     pricing.decode_factor(c.predicted_ttft_ms, c.gap_ms, c.gap_trust)
-}
-
-impl Pricing {
-    /// [`decode_factor`] of a variant answering its first token in `ttft_ms`, at `gap_ms`
-    /// between tokens, trusted as far as `gap_trust`.
-    pub fn decode_factor(&self, ttft_ms: f64, gap_ms: Option<f64>, gap_trust: f64) -> f64 {
-        let (Some(gap), Some(fastest)) = (gap_ms, self.fastest_gap_ms) else {
-            return 1.0;
-        };
-        // The gaps come after the first token, which the TTFT prices.
-        let n = self.answer_tokens - 1.0;
-        let par = fastest * PACE_TOLERANCE;
-        if n <= 0.0 || gap <= par {
-            return 1.0;
-        }
-        let ttft = ttft_ms.max(0.001);
-        let ratio = (ttft + n * gap) / (ttft + n * par);
-        1.0 + gap_trust.clamp(0.0, 1.0) * (ratio - 1.0)
-    }
 }
 
 /// The fallbacks' order as one integer per candidate: its cost in `f64::total_cmp`'s order in
@@ -417,18 +423,22 @@ impl Selector for PowerOfTwo {
             (&inside, false)
         };
         let pricing = Pricing::new(eligible.iter().copied(), signals);
+        // Costs by candidate index, with their unloaded part, each computed once, for the
+        // lookups below: a search per lookup made a decision quadratic in the pool's size
+        // (256 variants: 20× the time of 16).
+        let indices = candidates.iter().map(|c| c.index + 1).max().unwrap_or(0);
+        let mut by_index = vec![(f64::INFINITY, f64::INFINITY); indices];
         let costs: Vec<(usize, f64)> = eligible
             .iter()
-            .map(|c| (c.index, cost(c, &pricing)))
+            .map(|c| {
+                let unloaded = unloaded_cost(c, &pricing);
+                let cost = with_load(unloaded, c);
+                by_index[c.index] = (cost, unloaded);
+                (c.index, cost)
+            })
             .collect();
-        // Costs by candidate index, for the lookups below: a search of `costs` per lookup made
-        // a decision quadratic in the pool's size (256 variants: 20× the time of 16).
-        let indices = candidates.iter().map(|c| c.index + 1).max().unwrap_or(0);
-        let mut by_index = vec![f64::INFINITY; indices];
-        for &(i, c) in &costs {
-            by_index[i] = c;
-        }
-        let cost_of = |i: usize| by_index.get(i).copied().unwrap_or(f64::INFINITY);
+        let cost_of = |i: usize| by_index.get(i).map_or(f64::INFINITY, |c| c.0);
+        let unloaded_of = |i: usize| by_index.get(i).map_or(f64::INFINITY, |c| c.1);
 
         let (primary, reason) = if let Some(key) = signals.affinity_key {
             let total: u32 = pick_from.iter().map(|c| c.in_flight).sum();
@@ -456,18 +466,18 @@ impl Selector for PowerOfTwo {
                 .fold(f64::INFINITY, f64::min);
             let fastest = pick_from
                 .iter()
-                .map(|c| unloaded_cost(c, &pricing))
+                .map(|c| unloaded_of(c.index))
                 .fold(f64::INFINITY, f64::min);
             let mut competitive: Vec<&Candidate> = Vec::with_capacity(pick_from.len());
             competitive.extend(pick_from.iter().copied().filter(|c| {
                 cost_of(c.index) <= cheapest * COMPETITIVE
-                    && unloaded_cost(c, &pricing) <= fastest * COMPETITIVE
+                    && unloaded_of(c.index) <= fastest * COMPETITIVE
             }));
             if competitive.is_empty() {
                 // Both bounds can leave no one: the cheapest over three times slower than the
                 // fastest when idle, and the fastest so busy that it costs over three times the
-                // cheapest. The costs decide then (and with costs that do not compare, every
-                // candidate is drawn).
+                // cheapest. The costs decide then; every candidate is drawn if even they leave
+                // no one (costs that do not compare), so the draw below always has one.
                 competitive.extend(
                     pick_from
                         .iter()
@@ -738,11 +748,6 @@ mod tests {
             let plan = p.plan(&c, &RequestSignals::default());
             assert_eq!(plan.order[0], 1, "{plan:?}");
         }
-        // Costs that do not compare (NaN) still make a plan.
-        c[1].predicted_ttft_ms = f64::NAN;
-        c[0].predicted_ttft_ms = f64::NAN;
-        c[2].predicted_ttft_ms = f64::NAN;
-        assert_eq!(p.plan(&c, &RequestSignals::default()).order.len(), 3);
     }
 
     /// Two variants decoding at 8 ms a token and one at 32 ms, all with the same TTFT.

@@ -142,11 +142,7 @@ impl Pool {
             crate::config::Hedge::Off => None,
             crate::config::Hedge::AfterMs(ms) => Some(ms),
             crate::config::Hedge::Auto => {
-                let delay = self
-                    .live(target)
-                    .hedge_ttft_ms
-                    .or_else(|| self.pool_ttft(hedge_quantile(&self.cfg)))
-                    .unwrap_or(2000.0);
+                let delay = self.hedge_ttft_ms(target).unwrap_or(2000.0);
                 Some(delay.clamp(50.0, 2000.0) as u64)
             }
         }
@@ -186,11 +182,9 @@ impl Pool {
         let pricing = keel_core::p2c::Pricing {
             preference: Default::default(),
             answer_tokens: self.answer_tokens(None),
-            fastest_gap_ms: targets
-                .iter()
-                .filter_map(|(_, live)| live.est.gap_ms.get())
-                .filter(|g| *g > 0.0)
-                .min_by(f64::total_cmp),
+            fastest_gap_ms: keel_core::p2c::fastest_gap_ms(
+                targets.iter().map(|(_, live)| live.est.gap_ms.get()),
+            ),
         };
         targets
             .iter()
@@ -241,11 +235,15 @@ impl Pool {
     /// continuation whose variant hung before its first token held the stream until
     /// `first_token_ms` (15 s) while the stalled original had nothing more to give.
     pub fn continuation_patience_ms(&self, target: usize) -> u64 {
-        let quantile = self
-            .live(target)
+        self.hedge_ttft_ms(target)
+            .map_or(4000, |q| (2.0 * q).clamp(100.0, 4000.0) as u64)
+    }
+    /// The TTFT quantile the auto hedge delay uses for `target` ([`hedge_quantile`]): its
+    /// own, else the pool's; `None` before any sample.
+    fn hedge_ttft_ms(&self, target: usize) -> Option<f64> {
+        self.live(target)
             .hedge_ttft_ms
-            .or_else(|| self.pool_ttft(hedge_quantile(&self.cfg)));
-        quantile.map_or(4000, |q| (2.0 * q).clamp(100.0, 4000.0) as u64)
+            .or_else(|| self.pool_ttft(hedge_quantile(&self.cfg)))
     }
     /// The median TTFT a hedge on `target` would likely take (its own, or the pool's).
     pub fn median_ttft_ms(&self, target: usize) -> Option<f64> {
