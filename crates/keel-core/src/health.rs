@@ -232,6 +232,10 @@ pub struct TtftWindow {
 }
 
 const WINDOW_SAMPLES: usize = 64;
+
+/// Samples a window needs above a quantile before [`TtftWindow::supported_quantile`] gives
+/// it: 40 for a P95, fewer than the 64 a busy variant holds.
+pub const TAIL_SUPPORT: usize = 2;
 const WINDOW_MS: u64 = 60_000;
 
 impl Default for TtftWindow {
@@ -267,6 +271,18 @@ impl TtftWindow {
     /// The nearest-rank `q` quantile of the recent samples.
     pub fn quantile(&self, q: f64) -> Option<f64> {
         nearest_rank(&self.sorted, q)
+    }
+
+    /// [`TtftWindow::quantile`], once at least [`TAIL_SUPPORT`] samples lie above it; `None`
+    /// before. A tail quantile of a few samples is their slowest one: a window of seven holds
+    /// its P95 at its maximum, so one long prompt or one draw from a heavy tail sets it, and a
+    /// hedge delay read from it waits three or four times the usual first token.
+    pub fn supported_quantile(&self, q: f64) -> Option<f64> {
+        let n = self.sorted.len();
+        let rank = (n as f64 * q.clamp(0.0, 1.0)).ceil() as usize;
+        (n.saturating_sub(rank) >= TAIL_SUPPORT)
+            .then(|| nearest_rank(&self.sorted, q))
+            .flatten()
     }
 
     /// The nearest-rank `q` quantile of several windows' samples together, those of the last
@@ -758,6 +774,12 @@ impl VariantHealth {
         self.window.quantile(q)
     }
 
+    /// [`VariantHealth::ttft_quantile_ms`] once enough samples lie above it to place it (see
+    /// [`TtftWindow::supported_quantile`]).
+    pub fn supported_ttft_quantile_ms(&self, q: f64) -> Option<f64> {
+        self.window.supported_quantile(q)
+    }
+
     /// Recent P95 of TTFT (60 s window, last 64 samples).
     pub fn p95_ttft_ms(&self) -> Option<f64> {
         self.window.quantile(0.95)
@@ -1173,6 +1195,32 @@ mod tests {
         // Samples older than the window no longer count.
         h.record_ttft(100 + WINDOW_MS + 1, 500.0, &c);
         assert_eq!(h.ttft_quantile_ms(0.5), Some(500.0));
+    }
+
+    /// A tail quantile is the window's own only once two samples lie above it: seven samples,
+    /// one of them a heavy draw, hold a P95 at that draw; forty hold it below both of their
+    /// two slowest.
+    #[test]
+    fn a_tail_quantile_needs_samples_above_it() {
+        let c = cfg();
+        let mut h = VariantHealth::new(0);
+        h.record_ttft(0, 600.0, &c);
+        for i in 1..7 {
+            h.record_ttft(i, 60.0, &c);
+        }
+        assert_eq!(h.ttft_quantile_ms(0.95), Some(600.0));
+        assert_eq!(h.supported_ttft_quantile_ms(0.95), None);
+        // The median of seven has three above it.
+        assert_eq!(h.supported_ttft_quantile_ms(0.5), Some(60.0));
+        for i in 7..39 {
+            h.record_ttft(i, 60.0 + i as f64, &c);
+        }
+        // 39 samples: rank 38, one above.
+        assert_eq!(h.supported_ttft_quantile_ms(0.95), None);
+        h.record_ttft(39, 60.0, &c);
+        // 40: rank 38 (97 ms), 98 and 600 above.
+        assert_eq!(h.supported_ttft_quantile_ms(0.95), Some(97.0));
+        assert_eq!(h.ttft_quantile_ms(0.95), Some(97.0));
     }
 
     #[test]

@@ -345,3 +345,34 @@ fn a_hedge_goes_to_a_variant_that_decodes_at_its_peers_pace() {
     p.update(1, |st| st.health.record_probe_gaps(now, &gaps(8.0), &hc));
     assert_eq!(p.hedge_target(&[1, 2]), Some(1));
 }
+
+/// A variant's first answers do not set its hedge delay: seven samples, one of them a heavy
+/// draw, hold their P95 at that draw, so the pool's P95 stands in until the variant's own
+/// samples place its quantile.
+#[test]
+fn a_hedge_delay_waits_for_the_samples_that_place_it() {
+    let p = pool_of(3, 8);
+    let hc = p.cfg.health;
+    let now = p.now_ms();
+    // The pool's answers so far: 60–99 ms, 80 of them.
+    for i in 0..80 {
+        p.record_pool_ttft(now, 60.0 + (i % 40) as f64);
+    }
+    p.update(1, |st| {
+        st.health = keel_core::health::VariantHealth::new(0);
+        st.health.record_ttft(now, 600.0, &hc);
+        for _ in 0..6 {
+            st.health.record_ttft(now, 60.0, &hc);
+        }
+    });
+    let pool_p95 = p.pool_ttft(0.95).unwrap();
+    assert_eq!(pool_p95, 97.0);
+    assert_eq!(p.hedge_delay_ms(1), Some(97), "not its one heavy draw");
+    // Forty samples of its own place its P95 below its two slowest: from now on its own.
+    p.update(1, |st| {
+        for _ in 0..33 {
+            st.health.record_ttft(now, 120.0, &hc);
+        }
+    });
+    assert_eq!(p.hedge_delay_ms(1), Some(120));
+}

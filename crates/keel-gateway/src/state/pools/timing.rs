@@ -129,14 +129,19 @@ impl Pool {
     }
     /// The hedge delay when `target` would take the hedge, or `None` when hedging is off: the
     /// configured delay, or (auto) the target's recent TTFT quantile at 1 − hedge_budget/2 (the
-    /// whole pool's before the target has samples), clamped to 50 ms–2 s (2 s before any sample).
+    /// whole pool's until the target has the samples to place it: 40 for a P95), clamped to
+    /// 50 ms–2 s (2 s before any sample).
     ///
     /// Why that quantile: hedging after it races about half the budget's share of requests, so
     /// the budget is there for the slow first tokens instead of running out on ordinary ones.
     /// Why the target's: the question is whether the hedge would likely answer sooner, so a
     /// primary that is slow by nature (a far zone, a degraded replica) is raced as soon as the
     /// target would usually have answered, not once it is late by its own slow standard, and a
-    /// pool-wide figure would carry the slow zone's samples.
+    /// pool-wide figure would carry the slow zone's samples. Why the pool's until then: a tail
+    /// quantile of a few samples is their slowest one, and a pool whose variants all started
+    /// together (a start, a reload) hedged its slowest requests of the first seconds at three or
+    /// four times the usual first token (one long prompt or one heavy draw in a variant's first
+    /// handful of answers set its delay), while the pool's samples together placed it well.
     pub fn hedge_delay_ms(&self, target: usize) -> Option<u64> {
         match self.cfg.hedge {
             crate::config::Hedge::Off => None,
@@ -239,7 +244,7 @@ impl Pool {
             .map_or(4000, |q| (2.0 * q).clamp(100.0, 4000.0) as u64)
     }
     /// The TTFT quantile the auto hedge delay uses for `target` ([`hedge_quantile`]): its
-    /// own, else the pool's; `None` before any sample.
+    /// own once its samples place it, else the pool's; `None` before any sample.
     fn hedge_ttft_ms(&self, target: usize) -> Option<f64> {
         self.live(target)
             .hedge_ttft_ms

@@ -45,7 +45,8 @@ pub(crate) struct Published {
     pub(crate) availability: Availability,
     pub(crate) p50_ttft_ms: Option<f64>,
     pub(crate) p95_ttft_ms: Option<f64>,
-    /// The quantile the auto hedge delay uses (see [`Pool::hedge_delay_ms`]).
+    /// The quantile the auto hedge delay uses, once the variant's samples place it (see
+    /// [`Pool::hedge_delay_ms`]).
     pub(crate) hedge_ttft_ms: Option<f64>,
     /// Refusing connections within its restart grace (see [`Pool::mark_restarting`]).
     pub(crate) restarting: bool,
@@ -107,7 +108,7 @@ impl Published {
             availability: st.availability,
             p50_ttft_ms: h.ttft_quantile_ms(0.5),
             p95_ttft_ms: h.p95_ttft_ms(),
-            hedge_ttft_ms: h.ttft_quantile_ms(hedge_q),
+            hedge_ttft_ms: h.supported_ttft_quantile_ms(hedge_q),
             restarting: st.restarting_since.is_some(),
             steady,
         }
