@@ -77,11 +77,19 @@ impl RetryBudget {
     /// `others` are the other parts' [`RetryBudget::totals`]; a granted retry is counted here.
     /// The parts together decide exactly as one budget would.
     pub fn try_retry_with(&mut self, now_ms: u64, others: (u64, u64)) -> bool {
+        self.try_retry_keeping(now_ms, others, 0.0)
+    }
+
+    /// [`RetryBudget::try_retry_with`] for a retry that may not spend the last `reserve` of
+    /// the budget's share of requests (0–1; the floor is never reserved): what is kept is
+    /// there for retries the caller values more, which ask with a smaller reserve.
+    pub fn try_retry_keeping(&mut self, now_ms: u64, others: (u64, u64), reserve: f64) -> bool {
         let (requests, retries) = self.totals(now_ms);
         let (requests, retries) = (requests + others.0, retries + others.1);
         let floor = self.cfg.min_retries_per_sec * self.cfg.window_ms / 1000;
+        let share = requests as f64 * self.cfg.ratio * (1.0 - reserve.clamp(0.0, 1.0));
         // Rounded up, so that a quiet pool may retry (or hedge) its first request.
-        let allowed = (requests as f64 * self.cfg.ratio).ceil() as u64 + floor;
+        let allowed = share.ceil() as u64 + floor;
         if retries < allowed {
             self.bucket(now_ms).2 += 1;
             true
@@ -114,6 +122,27 @@ mod tests {
         }
         let granted = (0..50).filter(|_| b.try_retry(600)).count();
         assert_eq!(granted, 20);
+    }
+
+    /// A retry asked with a reserve stops where the reserve begins; one asked without it may
+    /// still spend the rest.
+    #[test]
+    fn a_reserve_is_left_to_retries_asked_without_it() {
+        let cfg = RetryBudgetConfig {
+            ratio: 0.1,
+            window_ms: 10_000,
+            min_retries_per_sec: 0,
+        };
+        let mut b = RetryBudget::new(cfg);
+        for _ in 0..200 {
+            b.record_request(0);
+        }
+        let kept = (0..40)
+            .filter(|_| b.try_retry_keeping(100, (0, 0), 0.25))
+            .count();
+        assert_eq!(kept, 15, "three quarters of 20");
+        let rest = (0..40).filter(|_| b.try_retry(100)).count();
+        assert_eq!(rest, 5);
     }
 
     #[test]

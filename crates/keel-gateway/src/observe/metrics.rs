@@ -12,7 +12,7 @@
 //! | `keel_variant_credential_broken_total` | pool, variant | upstream 401/403 answers to keel's own requests (the credential marked broken) |
 //! | `keel_variant_credential_unconfirmed_total` | pool, variant | upstream 401/403 answers to client requests (failed over; keel's own request confirms or clears) |
 //! | `keel_migrations_total` | pool, reason, outcome | continuations after the first byte |
-//! | `keel_hedges_total` | pool, outcome | hedges started (`won`, `lost`, `failed`), or not (`withheld`: would not pay; `over_budget`; `no_variant`) |
+//! | `keel_hedges_total` | pool, outcome | hedges started (`won`, `lost`, `failed`), or not (`withheld`: would not pay; `deferred`: to 1.5 delays, the budget's reserve kept; `over_budget`; `no_variant`) |
 //! | `keel_queue_wait_seconds` | pool | time a served request waited in the line of a full pool |
 //! | `keel_queue_refused_total` | pool, reason | requests the line refused: `full`, `displaced` (429), `deadline`, `timeout` (503) |
 //! | `keel_queue_depth` | pool, priority | requests waiting in the line now, by `x-keel-priority` |

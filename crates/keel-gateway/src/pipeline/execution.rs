@@ -315,6 +315,8 @@ async fn race(
     };
     let mut very_late = false;
     let mut next_hedge = Some(lesson.start + delay).filter(|at| *at < ctx.deadline);
+    let very_late_at =
+        Some(lesson.start + delay.mul_f64(VERY_LATE)).filter(|at| *at < ctx.deadline);
     loop {
         tokio::select! {
             Some((slot, r)) = running.next() => {
@@ -379,14 +381,26 @@ async fn race(
                     if tier == Tier::AtDelay {
                         label("withheld");
                         very_late = true;
-                        next_hedge = Some(lesson.start + delay.mul_f64(VERY_LATE))
-                            .filter(|at| *at < ctx.deadline);
+                        next_hedge = very_late_at;
                     }
                     continue;
                 }
                 lesson.still_waiting(pool);
-                if !pool.hedge_budget_allows() {
-                    label("over_budget");
+                // A first hedge at the delay leaves the budget's reserve to the primaries still
+                // waiting at the very late moment (the true tail, whose hedges win most): one
+                // that would dip into it is asked for again then, and its tier learns meanwhile
+                // what it would have done.
+                let at_delay = tier == Some(Tier::AtDelay);
+                let reserve = if at_delay { keel_core::hedge::RESERVE } else { 0.0 };
+                if !pool.hedge_budget_allows(reserve) {
+                    if at_delay {
+                        label("deferred");
+                        lesson.withhold(Tier::AtDelay, delay_ms, median);
+                        very_late = true;
+                        next_hedge = very_late_at;
+                    } else {
+                        label("over_budget");
+                    }
                     continue;
                 }
                 let Ok(hedge) = attempts.enter(h, AttemptKind::Hedge, ctx.deadline).await else {

@@ -34,6 +34,12 @@ impl ShardedBudget {
 
     /// Asks for one retry; true (and counted) when the whole budget allows it.
     pub fn try_retry(&self, now_ms: u64) -> bool {
+        self.try_retry_keeping(now_ms, 0.0)
+    }
+
+    /// [`ShardedBudget::try_retry`] leaving `reserve` of the budget untouched (see
+    /// `RetryBudget::try_retry_keeping`).
+    pub fn try_retry_keeping(&self, now_ms: u64, reserve: f64) -> bool {
         let own = self.shards.own_index();
         let mut guards = self.shards.all();
         let others =
@@ -45,7 +51,7 @@ impl ShardedBudget {
                     let (gr, gt) = g.totals(now_ms);
                     (r + gr, t + gt)
                 });
-        guards[own].try_retry_with(now_ms, others)
+        guards[own].try_retry_keeping(now_ms, others, reserve)
     }
 }
 

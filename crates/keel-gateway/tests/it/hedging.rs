@@ -314,3 +314,68 @@ async fn very_late_hedges_stop_once_the_pool_shows_they_lose() {
     forced_batch(&h, 4).await;
     assert_eq!(h.server(1).state.stats().requests, sim1);
 }
+
+/// The budget's last eighth is kept for primaries still waiting at 1.5 delays: once hedges at
+/// the delay have spent the rest, a late primary is hedged at 1.5 delays instead of not at
+/// all. One request in four is slow (1 s) on sim-0, under a budget of a quarter of the
+/// requests: every slow one is hedged, the eighth to the tenth at the very late moment (the
+/// budget's 10 s window holds the whole test: short answers).
+#[tokio::test]
+async fn a_hedge_the_reserve_would_pay_for_waits_for_the_very_late_moment() {
+    let h = Harness::openai(
+        2,
+        1,
+        "allow_force_variant = true",
+        "hedge = 150\nhedge_budget = 0.25",
+    )
+    .await;
+    let body = |prompt: &str| json!({"model": "p", "max_tokens": 2, "messages": [{"role": "user", "content": prompt}]});
+    let slow = 10;
+    for i in 0..slow {
+        for _ in 0..3 {
+            let resp = forced_sim0(&h, &body("fast")).await;
+            assert_eq!(resp.status(), 200);
+        }
+        add_fault(
+            h.server(0),
+            json!({"kind": "delay", "ms": 1000, "count": 1}),
+        )
+        .await;
+        let resp = forced_sim0(&h, &body("slow")).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            header(resp.headers(), "x-keel-route"),
+            "hedged",
+            "slow request {i}"
+        );
+    }
+    assert_eq!(
+        h.server(1).state.stats().requests,
+        slow,
+        "every slow one hedged"
+    );
+    let metrics = h.metrics().await;
+    let count = |outcome| {
+        parse_metric(
+            &metrics,
+            "keel_hedges_total",
+            &[("pool", "p"), ("outcome", outcome)],
+        )
+    };
+    // By the budget: hedges at the delay may spend ⌈7/8 × ¼ × requests⌉, so the slow requests
+    // after the 28th request (the 7th slow one) find that spent.
+    assert_eq!(count("deferred"), 3.0);
+    assert_eq!(count("over_budget"), 0.0);
+    // The deferred ones went out at 1.5 delays, named as very late in their records.
+    let records = h.get_json("/keel/decisions").await;
+    let very_late: Vec<f64> = records
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["hedges"].as_array().cloned().unwrap_or_default())
+        .filter(|x| x["reason"] == "first_token_very_late")
+        .map(|x| x["at_ms"].as_f64().unwrap())
+        .collect();
+    assert_eq!(very_late.len(), 3);
+    assert!(very_late.iter().all(|at| *at >= 225.0), "{very_late:?}");
+}

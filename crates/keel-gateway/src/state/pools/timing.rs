@@ -210,11 +210,12 @@ impl Pool {
     /// more (then counted).
     pub fn try_hedge(&self, candidates: &[usize]) -> Option<usize> {
         let target = self.hedge_target(candidates)?;
-        self.hedge_budget_allows().then_some(target)
+        self.hedge_budget_allows(0.0).then_some(target)
     }
-    /// Whether the hedge budget allows one more hedge now (then counted).
-    pub fn hedge_budget_allows(&self) -> bool {
-        self.hedges.try_retry(self.now_ms())
+    /// Whether the hedge budget allows one more hedge now (then counted), leaving `reserve`
+    /// (a share of the budget) untouched.
+    pub fn hedge_budget_allows(&self, reserve: f64) -> bool {
+        self.hedges.try_retry_keeping(self.now_ms(), reserve)
     }
     /// Whether a first hedge of `tier` goes out in this pool now (`keel_core::hedge`): always
     /// for a configured delay (`hedge = <ms>`: the operator's choice); for `auto`, as the
