@@ -232,11 +232,11 @@ pub struct TtftWindow {
 }
 
 const WINDOW_SAMPLES: usize = 64;
+const WINDOW_MS: u64 = 60_000;
 
 /// Samples a window needs above a quantile before [`TtftWindow::supported_quantile`] gives
 /// it: 40 for a P95, fewer than the 64 a busy variant holds.
 pub const TAIL_SUPPORT: usize = 2;
-const WINDOW_MS: u64 = 60_000;
 
 impl Default for TtftWindow {
     fn default() -> Self {
