@@ -1,23 +1,22 @@
 //! keel's own keep-alive pool of HTTP/1.1 connections to plain-`http://` upstreams.
 //!
-//! Each connection is hyper's client connection, but nobody spawns a task for it: the request
-//! using it drives it. While the response head is awaited, the request's future polls the
-//! connection and the response together; while the body is read, [`DrivenBody`] polls the
-//! connection whenever the body has nothing ready. Compared with a pooled client whose
+//! A connection is a socket and its read buffer, and nobody spawns a task for it: the request
+//! using it writes the request and reads the response ([`exchange`]), and while the body is
+//! read, [`DrivenBody`] decodes it straight from the socket. Compared with a pooled client whose
 //! connections run as tasks of their own (reqwest over hyper-util), a chunk is read from the
 //! socket by the task that relays it, with no wake-up of another task and no hand-over
 //! between threads; checking a connection out and in takes only the calling thread's shard
-//! of the idle list ([`PerThread`]), not a lock all requests share; and each connection's
-//! read buffer is [`READ_BUF`] bytes exactly instead of hyper's adaptive 8 KiB or more (a
-//! streamed chunk is a few hundred bytes, and a stream holds its buffer for its whole life).
+//! of the idle list ([`PerThread`]), not a lock all requests share; and a live stream's
+//! upstream connection holds its [`exchange::READ_BUF`] bytes and little else (see [`exchange`] for
+//! what hyper's client connection would hold besides).
 //!
-//! An idle connection is not watched by anyone. Before one is reused, its connection is
-//! polled once (with a no-op waker): that reads the socket, so a connection the server has
-//! closed meanwhile (a keep-alive timeout: uvicorn's is 5 s) is found closed and dropped.
-//! A request hyper could not start writing on a reused connection is sent again on a new one.
-//! A small task looks at every idle connection the same way every [`SWEEP_EVERY`], so a
-//! connection its server closed does not wait in `CLOSE_WAIT`, holding a descriptor, until
-//! the next request or [`IDLE_TIMEOUT`].
+//! An idle connection is not watched by anyone. Before one is reused, its socket is read once
+//! without waiting, so a connection the server has closed meanwhile (a keep-alive timeout:
+//! uvicorn's is 5 s) is found closed and dropped. A request on a reused connection that gets
+//! no byte of an answer before the connection fails (the server closed it just as it was
+//! reused) is sent again on a new one. A small task looks at every idle connection the same way
+//! every [`SWEEP_EVERY`], so a connection its server closed does not wait in `CLOSE_WAIT`,
+//! holding a descriptor, until the next request or [`IDLE_TIMEOUT`].
 //!
 //! **Connection caps.** A variant with `max_connections` has a [`Cap`]: every connection to it,
 //! busy or idle, holds one of the cap's slots from its opening to its close, so keel never
@@ -31,21 +30,19 @@
 //! counted by the new cap, and close with the old pool. Sharing the cap instead could leave the
 //! new generation waiting for slots held by idle connections only the old pool can reuse.
 
+mod exchange;
+
 use std::collections::VecDeque;
-use std::future::{poll_fn, Future};
+use std::future::poll_fn;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
-use http::{HeaderMap, HeaderValue, Method, Uri};
-use http_body_util::Full;
-use hyper::body::{Body as _, Incoming};
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use http::{HeaderMap, HeaderValue, Uri};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -63,17 +60,11 @@ const MAX_IDLE_PER_SHARD: usize = 256;
 /// idle connection after 5 s).
 pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
-/// Bytes read from an upstream connection at a time. Holds a response head and a streamed
-/// event with room to spare; a larger body is read in several steps. hyper also takes it as
-/// the largest response head it accepts: a pool whose upstream sends a larger one (a proxy in
-/// between adding headers) is switched to hyper's adaptive buffers, which grow as needed.
-pub const READ_BUF: usize = 4096;
+use exchange::{Decoded, Framing, MAX_HEAD};
 
 /// A request waiting for a capped connection looks at the idle list again this often even
 /// without a check-in: a connection checked in to a shard busy at its last look is found so.
 const CAP_RECHECK: Duration = Duration::from_millis(50);
-
-type Driver = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
 
 /// A variant's cap on the connections keel holds open to it (`max_connections`).
 pub struct Cap {
@@ -138,11 +129,10 @@ fn same_cap(a: Option<&Arc<Cap>>, b: Option<&Arc<Cap>>) -> bool {
     }
 }
 
-/// One connection: the handle requests are sent on, and the connection itself (a future that
-/// does its reading and writing when polled).
+/// One connection: its socket, and what was read from it and not yet taken.
 struct Conn {
-    send: http1::SendRequest<Full<Bytes>>,
-    driver: Driver,
+    stream: TcpStream,
+    buf: BytesMut,
     /// Its variant's cap's slot, if the variant has a cap.
     slot: Option<Slot>,
 }
@@ -154,14 +144,12 @@ impl Conn {
 }
 
 impl Conn {
-    /// Whether an idle connection can take a request: polling it reads the socket, so a close
-    /// by the server is seen here.
+    /// Whether an idle connection can take a request: its socket is read without waiting, so
+    /// a close by the server (or anything it sent unasked) is seen here.
     fn usable(&mut self) -> bool {
-        let mut cx = Context::from_waker(Waker::noop());
-        if Pin::new(&mut self.driver).poll(&mut cx).is_ready() {
-            return false;
-        }
-        self.send.is_ready()
+        self.buf.is_empty()
+            && matches!(self.stream.try_read(&mut [0u8; 1]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 }
 
@@ -183,7 +171,8 @@ impl Idle {
 pub struct Target {
     authority: Arc<str>,
     host: HeaderValue,
-    path: Uri,
+    /// The path and query, checked by `Uri`'s parser (no space or control byte in it).
+    path: Box<str>,
 }
 
 impl Target {
@@ -202,10 +191,10 @@ impl Target {
             None => Arc::from(format!("{}:80", auth.host())),
         };
         let host = HeaderValue::from_str(auth.as_str()).ok()?;
-        let path = uri.path_and_query().map_or_else(
-            || Uri::from_static("/"),
-            |p| Uri::try_from(p.as_str()).unwrap_or_else(|_| Uri::from_static("/")),
-        );
+        let path = match uri.path_and_query().map(|p| p.as_str()) {
+            Some(p) if p.starts_with('/') => p.into(),
+            _ => "/".into(),
+        };
         Some(Target {
             authority,
             host,
@@ -221,9 +210,6 @@ pub struct Direct {
     /// Connections opened (`keel_upstream_connections_opened_total`): a count that grows with
     /// the requests rather than with the concurrency means connections are not reused.
     opened: metrics::Counter,
-    /// An upstream of this pool sent a response head over [`READ_BUF`]: new connections use
-    /// adaptive read buffers.
-    large_heads: AtomicBool,
     /// How often idle connections are swept, and whether the sweeping task is started (by the
     /// first check-in, which runs on the runtime).
     sweep_every: Duration,
@@ -244,7 +230,6 @@ impl Direct {
             idle: PerThread::new(VecDeque::new),
             connect_timeout,
             opened,
-            large_heads: AtomicBool::new(false),
             sweep_every,
             sweeping: AtomicBool::new(false),
         }
@@ -256,14 +241,11 @@ impl Direct {
         self: &Arc<Self>,
         target: Target,
         cap: Option<&Arc<Cap>>,
-        mut headers: HeaderMap,
+        headers: HeaderMap,
         body: Bytes,
     ) -> Result<Response, GatewayError> {
-        headers.insert(http::header::HOST, target.host.clone());
-        let mut req = http::Request::new(Full::new(body));
-        *req.method_mut() = Method::POST;
-        *req.uri_mut() = target.path.clone();
-        *req.headers_mut() = headers;
+        let head = exchange::request_head(&target.path, &target.host, &headers, body.len());
+        drop(headers);
         let mut fresh_only = false;
         loop {
             let reused = if fresh_only {
@@ -281,10 +263,8 @@ impl Direct {
                     c
                 }
             };
-            let sent = conn.send.try_send_request(req);
-            match drive(&mut conn.driver, sent).await {
-                Ok(resp) => {
-                    let (head, body) = resp.into_parts();
+            match conn.exchange(&head, &body).await {
+                Ok(head) => {
                     return Ok(Response {
                         status: head.status,
                         headers: head.headers,
@@ -294,33 +274,20 @@ impl Direct {
                                 pool: Arc::clone(self),
                                 authority: target.authority,
                                 conn,
-                                body,
-                                driver_done: false,
+                                framing: head.framing,
+                                keep_alive: head.keep_alive,
                             }),
                             at_end: false,
                         }),
                     });
                 }
-                // Not written at all: a reused connection that turned out closed. Once more,
-                // on a new connection.
-                Err(Sent::NotWritten(e, r)) if was_reused => {
+                // No answer at all on a reused connection: its server closed it as it was
+                // reused. Once more, on a new connection.
+                Err(Failed::Unanswered(e)) if was_reused => {
                     tracing::debug!(error = %e.message, "a reused upstream connection was closed; reconnecting");
-                    req = *r;
                     fresh_only = true;
                 }
-                Err(Sent::HeadTooLarge) => {
-                    // The request was written and its generation started: not sent again here
-                    // (the connection's close cancels it); the attempt fails, and keel's retry
-                    // finds connections that read the head.
-                    if !self.large_heads.swap(true, Ordering::Relaxed) {
-                        // Idle connections have the small buffer: not kept.
-                        self.idle.all().iter_mut().for_each(|q| q.clear());
-                    }
-                    return Err(GatewayError::new(ErrorKind::Io, format!(
-                            "the upstream's response head is larger than {READ_BUF} bytes; this pool's connections read larger heads from now on"
-                        )));
-                }
-                Err(Sent::NotWritten(e, _)) | Err(Sent::Failed(e)) => return Err(e),
+                Err(Failed::Unanswered(e)) | Err(Failed::Answered(e)) => return Err(e),
             }
         }
     }
@@ -484,73 +451,67 @@ impl Direct {
                 Ok(Ok(s)) => s,
             };
         let _ = stream.set_nodelay(true);
-        let mut builder = http1::Builder::new();
-        if !self.large_heads.load(Ordering::Relaxed) {
-            builder.read_buf_exact_size(Some(READ_BUF));
-        }
-        let (send, driver) = builder
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| GatewayError::upstream(ErrorKind::Connect, &e))?;
         self.opened.increment(1);
-        Ok(Conn { send, driver, slot })
+        Ok(Conn {
+            stream,
+            buf: BytesMut::new(),
+            slot,
+        })
     }
 }
 
-/// How sending a request failed.
-enum Sent {
-    /// Before hyper wrote any of it: the request, to send elsewhere.
-    NotWritten(GatewayError, Box<http::Request<Full<Bytes>>>),
-    /// The response head did not fit the read buffer.
-    HeadTooLarge,
-    Failed(GatewayError),
+/// How an exchange failed.
+enum Failed {
+    /// Before any byte of an answer came.
+    Unanswered(GatewayError),
+    /// After some of one.
+    Answered(GatewayError),
 }
 
-/// Drives `driver` until the response head of `sent` is in.
-async fn drive<F>(driver: &mut Driver, sent: F) -> Result<http::Response<Incoming>, Sent>
-where
-    F: Future<
-        Output = Result<
-            http::Response<Incoming>,
-            hyper::client::conn::TrySendError<http::Request<Full<Bytes>>>,
-        >,
-    >,
-{
-    let mut sent = pin!(sent);
-    let mut closed: Option<Result<(), hyper::Error>> = None;
-    let out = poll_fn(|cx| {
-        if let Poll::Ready(r) = sent.as_mut().poll(cx) {
-            return Poll::Ready(Some(r));
-        }
-        let Poll::Ready(end) = Pin::new(&mut *driver).poll(cx) else {
-            return Poll::Pending;
+impl Conn {
+    /// Writes the request and reads the response's head.
+    async fn exchange(&mut self, head: &[u8], body: &[u8]) -> Result<exchange::Head, Failed> {
+        let io = |e: std::io::Error| {
+            GatewayError::new(ErrorKind::Io, format!("upstream connection: {e}"))
         };
-        // The connection answers a request it could not complete when it ends; it is not
-        // polled again either way.
-        closed = Some(end);
-        Poll::Ready(match sent.as_mut().poll(cx) {
-            Poll::Ready(r) => Some(r),
-            Poll::Pending => None,
-        })
-    })
-    .await;
-    match out {
-        Some(Ok(resp)) => Ok(resp),
-        Some(Err(e)) if e.error().is_parse_too_large() => Err(Sent::HeadTooLarge),
-        Some(Err(mut e)) => {
-            let error = GatewayError::upstream(ErrorKind::Io, e.error());
-            match e.take_message() {
-                Some(req) => Err(Sent::NotWritten(error, Box::new(req))),
-                None => Err(Sent::Failed(error)),
+        exchange::write_request(&mut self.stream, head, body)
+            .await
+            .map_err(|e| Failed::Unanswered(io(e)))?;
+        let mut answered = false;
+        poll_fn(|cx| loop {
+            match exchange::parse_head(&mut self.buf) {
+                Ok(Some(head)) => return Poll::Ready(Ok(head)),
+                Ok(None) => {}
+                Err(e) => {
+                    return Poll::Ready(Err(Failed::Answered(GatewayError::new(ErrorKind::Io, e))))
+                }
             }
-        }
-        None => Err(Sent::Failed(match closed {
-            Some(Err(e)) => GatewayError::upstream(ErrorKind::Io, &e),
-            _ => GatewayError::new(
-                ErrorKind::Io,
-                "the upstream connection closed before the response",
-            ),
-        })),
+            if self.buf.len() >= MAX_HEAD {
+                return Poll::Ready(Err(Failed::Answered(GatewayError::new(
+                    ErrorKind::Io,
+                    format!("the upstream's response head is larger than {MAX_HEAD} bytes"),
+                ))));
+            }
+            let failed = |e| {
+                if answered {
+                    Failed::Answered(e)
+                } else {
+                    Failed::Unanswered(e)
+                }
+            };
+            match exchange::poll_fill(&self.stream, &mut self.buf, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(failed(GatewayError::new(
+                        ErrorKind::Io,
+                        "the upstream connection closed before the response",
+                    ))))
+                }
+                Poll::Ready(Ok(_)) => answered = true,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(failed(io(e)))),
+            }
+        })
+        .await
     }
 }
 
@@ -581,62 +542,44 @@ struct Reading {
     pool: Arc<Direct>,
     authority: Arc<str>,
     conn: Conn,
-    body: Incoming,
-    driver_done: bool,
+    framing: Framing,
+    /// Whether the connection may be reused after the body's end.
+    keep_alive: bool,
 }
 
 /// A body's next step.
 type Next = Poll<Option<Result<Bytes, GatewayError>>>;
 
 impl Reading {
-    /// The next data frame, if the body has one ready (trailers are skipped).
-    fn poll_body(&mut self, cx: &mut Context<'_>) -> Next {
-        loop {
-            return match Pin::new(&mut self.body).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) if !data.is_empty() => Poll::Ready(Some(Ok(data))),
-                    _ => continue,
-                },
-                Poll::Ready(Some(Err(e))) => {
-                    Poll::Ready(Some(Err(GatewayError::upstream(ErrorKind::Io, &e))))
-                }
-                Poll::Ready(None) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            };
-        }
-    }
-
-    /// The next chunk: the body's, driving the connection when the body has nothing ready.
+    /// The next chunk: from what is buffered, reading the socket when that holds none.
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Next {
+        let error = |m: String| Poll::Ready(Some(Err(GatewayError::new(ErrorKind::Io, m))));
         loop {
-            if let Poll::Ready(next) = self.poll_body(cx) {
-                return Poll::Ready(next);
+            match self.framing.decode(&mut self.conn.buf) {
+                Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(data))),
+                Ok(Decoded::End) => return Poll::Ready(None),
+                Ok(Decoded::More) => {}
+                Err(e) => return error(e),
             }
-            if self.driver_done {
-                // The connection ended and left the body unfinished.
-                return Poll::Ready(Some(Err(GatewayError::new(
-                    ErrorKind::Io,
-                    "the upstream connection ended inside the body",
-                ))));
-            }
-            // The body's request for more was just made, so the connection reads now.
-            match Pin::new(&mut self.conn.driver).poll(cx) {
-                // Ended: whatever the body got before is still to be read.
-                Poll::Ready(_) => self.driver_done = true,
-                Poll::Pending => return self.poll_body(cx),
+            match exchange::poll_fill(&self.conn.stream, &mut self.conn.buf, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) if self.framing.ends_at_close() => {
+                    self.keep_alive = false;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Ok(0)) => {
+                    return error("the upstream connection ended inside the body".into())
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return error(format!("upstream connection: {e}")),
             }
         }
     }
 
-    /// The body ended: the connection goes back to the pool if it can take another request.
-    fn release(mut self) {
-        // One more turn lets the connection finish the response and ask for the next (with no
-        // waker: nobody waits on an idle connection; check-out polls it again).
-        let mut cx = Context::from_waker(Waker::noop());
-        if self.driver_done || Pin::new(&mut self.conn.driver).poll(&mut cx).is_ready() {
-            return;
-        }
-        if self.conn.send.is_ready() {
+    /// The body ended: the connection goes back to the pool if it can take another request
+    /// (nothing was sent after the response).
+    fn release(self) {
+        if self.keep_alive && self.conn.buf.is_empty() {
             self.pool.checkin(self.authority, self.conn);
         }
     }

@@ -144,11 +144,11 @@ async fn read_all(mut body: super::super::Body) -> Vec<u8> {
 fn only_plain_http_without_credentials_is_direct() {
     let t = Target::of("http://127.0.0.1:8000/v1/chat/completions").unwrap();
     assert_eq!(&*t.authority, "127.0.0.1:8000");
-    assert_eq!(t.path, "/v1/chat/completions");
+    assert_eq!(&*t.path, "/v1/chat/completions");
     let t = Target::of("http://vllm.internal/v1/messages?beta=true").unwrap();
     assert_eq!(&*t.authority, "vllm.internal:80");
     assert_eq!(t.host, "vllm.internal");
-    assert_eq!(t.path, "/v1/messages?beta=true");
+    assert_eq!(&*t.path, "/v1/messages?beta=true");
     assert!(Target::of("https://api.openai.com/v1/chat/completions").is_none());
     assert!(Target::of("http://user:secret@host:8000/v1").is_none());
 }
@@ -388,44 +388,101 @@ async fn a_body_cut_short_is_an_error() {
     assert!(body.next().await.is_none(), "fused after the error");
 }
 
-/// A response head larger than the read buffer fails that one attempt with a clear message,
-/// and the pool's next connections read it.
+/// A response head larger than the read buffer grows it; one over the limit fails the attempt
+/// with a clear message.
 #[tokio::test]
-async fn a_response_head_over_the_read_buffer_switches_the_pool_to_larger_buffers() {
+async fn a_response_head_over_the_read_buffer_is_read_up_to_the_limit() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
     tokio::spawn(async move {
         loop {
             let (mut sock, _) = listener.accept().await.unwrap();
             tokio::spawn(async move {
+                let mut size = exchange::READ_BUF * 3;
                 while read_request(&mut sock).await.is_some() {
-                    let big = "x".repeat(READ_BUF * 2);
+                    let big = "x".repeat(size);
                     let head = format!(
                         "HTTP/1.1 200 OK\r\nx-big: {big}\r\ncontent-length: 5\r\n\r\nhello"
                     );
                     if sock.write_all(head.as_bytes()).await.is_err() {
                         return;
                     }
+                    size = exchange::MAX_HEAD;
                 }
             });
         }
     });
     let pool = pool();
+    let resp = post(&pool, &url).await.unwrap();
+    assert_eq!(resp.headers["x-big"].len(), exchange::READ_BUF * 3);
+    assert_eq!(read_all(resp.body).await, b"hello");
     let e = post(&pool, &url)
         .await
         .err()
-        .expect("the first head does not fit");
+        .expect("the second head is over the limit");
     assert_eq!(e.kind, ErrorKind::Io);
     assert!(
-        e.message.contains("larger than 4096 bytes"),
+        e.message.contains("larger than 65536 bytes"),
         "{}",
         e.message
     );
-    for _ in 0..2 {
+}
+
+/// A connection's server closing it just as it is reused (the request written, no answer):
+/// the request goes again on a new connection, with no error.
+#[tokio::test]
+async fn a_reused_connection_closed_without_an_answer_is_retried_on_a_new_one() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        loop {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                // Answers one request, then reads the next and closes without a word.
+                read_request(&mut sock).await.unwrap();
+                sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello")
+                    .await
+                    .unwrap();
+                read_request(&mut sock).await;
+            });
+        }
+    });
+    let pool = pool();
+    for _ in 0..3 {
         let resp = post(&pool, &url).await.unwrap();
-        assert_eq!(resp.headers["x-big"].len(), READ_BUF * 2);
         assert_eq!(read_all(resp.body).await, b"hello");
     }
+    // The second and third went first on the connection kept, then on a new one.
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
+}
+
+/// A body without a length or chunks ends at the close, and its connection is not kept.
+#[tokio::test]
+async fn a_body_ended_by_the_close_is_whole_and_its_connection_not_kept() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                read_request(&mut sock).await.unwrap();
+                let _ = sock
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: 1\n\n",
+                    )
+                    .await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let _ = sock.write_all(b"data: [DONE]\n\n").await;
+            });
+        }
+    });
+    let pool = pool();
+    let resp = post(&pool, &url).await.unwrap();
+    assert_eq!(read_all(resp.body).await, b"data: 1\n\ndata: [DONE]\n\n");
+    assert_eq!(idle(&pool), 0);
 }
 
 /// A burst of streams at a variant with a cap of two opens two connections; the rest wait for
