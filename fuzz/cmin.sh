@@ -8,7 +8,7 @@ cd "$(dirname "$0")"
 t=$1
 work=${2:-/tmp/keel-fuzz/$t}
 feat=()
-[ "$t" = config_parse ] && feat=(--features gateway)
+case $t in config_parse | upstream_response) feat=(--features gateway) ;; esac
 keep=$(mktemp -d)
 cp corpus/"$t"/seed-* corpus/"$t"/regression-* "$keep"/ 2>/dev/null || true
 cp "$work"/* corpus/"$t"/ 2>/dev/null || true

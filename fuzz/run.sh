@@ -17,6 +17,10 @@ config_parse)
     dict=config.dict
     feat=(--features gateway)
     ;;
+upstream_response)
+    dict=http.dict
+    feat=(--features gateway)
+    ;;
 esac
 mkdir -p "$work"
 exec nice -n 15 cargo +nightly fuzz run --sanitizer none "${feat[@]}" "$t" "$work" "corpus/$t" -- \

@@ -1,5 +1,6 @@
-//! Fuzz harness for configuration text (see `keel_core::fuzzing` for the others): the cargo-fuzz
-//! target `config_parse` calls it, and `tests/it/fuzz_corpus.rs` replays its corpus on stable.
+//! Fuzz harnesses for what the gateway alone parses (see `keel_core::fuzzing` for the others):
+//! configuration text and upstream HTTP/1.1 answers. The cargo-fuzz targets `config_parse` and
+//! `upstream_response` call them, and `tests/it/fuzz_corpus.rs` replays their corpora on stable.
 
 use std::collections::HashMap;
 
@@ -14,4 +15,10 @@ pub fn config_parse(data: &[u8]) {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
     let _ = crate::config::Config::parse(text, "fuzz.toml", &env);
+}
+
+/// `upstream_response`: the bytes as an upstream's HTTP/1.1 answer to the direct pool, fed in
+/// pieces; see `upstream::direct::exchange::fuzz_response`.
+pub fn upstream_response(data: &[u8]) {
+    crate::upstream::fuzz_response(data);
 }

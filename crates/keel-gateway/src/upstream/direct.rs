@@ -32,6 +32,8 @@
 
 mod exchange;
 
+pub use exchange::fuzz_response;
+
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::pin::{pin, Pin};

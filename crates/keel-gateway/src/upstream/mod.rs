@@ -12,6 +12,7 @@
 
 pub mod cloud;
 mod direct;
+pub(crate) use direct::fuzz_response;
 pub mod translation;
 
 use std::pin::Pin;

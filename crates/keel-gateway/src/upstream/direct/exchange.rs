@@ -318,6 +318,56 @@ fn decode_chunked(state: &mut Chunk, buf: &mut BytesMut) -> Result<Decoded, Stri
     }
 }
 
+/// Fuzz harness (`upstream_response`): the bytes after the first as an upstream's answer, fed
+/// to the parser in pieces of 1 to 64 bytes (the first byte sets the size): its head, then its
+/// body to the end or an error. Any result is fine; a panic is not, nor a body longer than what
+/// was sent or than its declared length.
+pub fn fuzz_response(data: &[u8]) {
+    let Some((&step, wire)) = data.split_first() else {
+        return;
+    };
+    let step = usize::from(step % 64) + 1;
+    let mut fed = 0;
+    let mut feed = |buf: &mut BytesMut| -> bool {
+        if fed >= wire.len() {
+            return false;
+        }
+        let to = (fed + step).min(wire.len());
+        buf.extend_from_slice(&wire[fed..to]);
+        fed = to;
+        true
+    };
+    let mut buf = BytesMut::new();
+    let head = loop {
+        match parse_head(&mut buf) {
+            Ok(Some(head)) => break head,
+            Ok(None) if buf.len() < MAX_HEAD && feed(&mut buf) => {}
+            _ => return,
+        }
+    };
+    let declared = match head.framing {
+        Framing::Length(n) => Some(n),
+        _ => None,
+    };
+    let mut framing = head.framing;
+    let mut body = 0u64;
+    loop {
+        match framing.decode(&mut buf) {
+            Ok(Decoded::Data(d)) => {
+                assert!(!d.is_empty(), "an empty piece of body");
+                body += d.len() as u64;
+                assert!(body <= wire.len() as u64, "more body than bytes sent");
+                assert!(
+                    declared.is_none_or(|n| body <= n),
+                    "more body than declared"
+                );
+            }
+            Ok(Decoded::More) if feed(&mut buf) => {}
+            _ => return,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
