@@ -115,6 +115,27 @@ async fn read_request(sock: &mut TcpStream) -> Option<String> {
     Some(head)
 }
 
+/// A server on a fresh loopback port that runs `conn` on each connection it accepts: its URL,
+/// and how many connections it has accepted.
+async fn serve_each<F, Fut>(conn: F) -> (String, Arc<AtomicUsize>)
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        loop {
+            let (sock, _) = listener.accept().await.unwrap();
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(conn(sock));
+        }
+    });
+    (url, accepted)
+}
+
 fn pool() -> Arc<Direct> {
     Arc::new(Direct::new(
         Duration::from_secs(2),
@@ -219,24 +240,15 @@ async fn streamed_chunks_arrive_before_the_end_and_the_connection_is_reused() {
 /// end has been read: when that end is already received, the connection is kept.
 #[tokio::test]
 async fn a_body_dropped_with_its_end_received_keeps_its_connection() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = Arc::clone(&accepted);
-    tokio::spawn(async move {
-        loop {
-            let (mut sock, _) = listener.accept().await.unwrap();
-            count.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                while read_request(&mut sock).await.is_some() {
-                    let all = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n6\r\nsecond\r\n0\r\n\r\n";
-                    if sock.write_all(all).await.is_err() {
-                        return;
-                    }
-                }
-            });
+    let (url, accepted) = serve_each(|mut sock| async move {
+        while read_request(&mut sock).await.is_some() {
+            let all = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n6\r\nsecond\r\n0\r\n\r\n";
+            if sock.write_all(all).await.is_err() {
+                return;
+            }
         }
-    });
+    })
+    .await;
     let pool = pool();
     for _ in 0..3 {
         let mut body = post(&pool, &url).await.unwrap().body;
@@ -392,26 +404,18 @@ async fn a_body_cut_short_is_an_error() {
 /// with a clear message.
 #[tokio::test]
 async fn a_response_head_over_the_read_buffer_is_read_up_to_the_limit() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        loop {
-            let (mut sock, _) = listener.accept().await.unwrap();
-            tokio::spawn(async move {
-                let mut size = exchange::READ_BUF * 3;
-                while read_request(&mut sock).await.is_some() {
-                    let big = "x".repeat(size);
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\nx-big: {big}\r\ncontent-length: 5\r\n\r\nhello"
-                    );
-                    if sock.write_all(head.as_bytes()).await.is_err() {
-                        return;
-                    }
-                    size = exchange::MAX_HEAD;
-                }
-            });
+    let (url, _) = serve_each(|mut sock| async move {
+        let mut size = exchange::READ_BUF * 3;
+        while read_request(&mut sock).await.is_some() {
+            let big = "x".repeat(size);
+            let head = format!("HTTP/1.1 200 OK\r\nx-big: {big}\r\ncontent-length: 5\r\n\r\nhello");
+            if sock.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            size = exchange::MAX_HEAD;
         }
-    });
+    })
+    .await;
     let pool = pool();
     let resp = post(&pool, &url).await.unwrap();
     assert_eq!(resp.headers["x-big"].len(), exchange::READ_BUF * 3);
@@ -432,24 +436,15 @@ async fn a_response_head_over_the_read_buffer_is_read_up_to_the_limit() {
 /// the request goes again on a new connection, with no error.
 #[tokio::test]
 async fn a_reused_connection_closed_without_an_answer_is_retried_on_a_new_one() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = Arc::clone(&accepted);
-    tokio::spawn(async move {
-        loop {
-            let (mut sock, _) = listener.accept().await.unwrap();
-            count.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                // Answers one request, then reads the next and closes without a word.
-                read_request(&mut sock).await.unwrap();
-                sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello")
-                    .await
-                    .unwrap();
-                read_request(&mut sock).await;
-            });
-        }
-    });
+    let (url, accepted) = serve_each(|mut sock| async move {
+        // Answers one request, then reads the next and closes without a word.
+        read_request(&mut sock).await.unwrap();
+        sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello")
+            .await
+            .unwrap();
+        read_request(&mut sock).await;
+    })
+    .await;
     let pool = pool();
     for _ in 0..3 {
         let resp = post(&pool, &url).await.unwrap();
@@ -462,23 +457,15 @@ async fn a_reused_connection_closed_without_an_answer_is_retried_on_a_new_one() 
 /// A body without a length or chunks ends at the close, and its connection is not kept.
 #[tokio::test]
 async fn a_body_ended_by_the_close_is_whole_and_its_connection_not_kept() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        loop {
-            let (mut sock, _) = listener.accept().await.unwrap();
-            tokio::spawn(async move {
-                read_request(&mut sock).await.unwrap();
-                let _ = sock
-                    .write_all(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: 1\n\n",
-                    )
-                    .await;
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                let _ = sock.write_all(b"data: [DONE]\n\n").await;
-            });
-        }
-    });
+    let (url, _) = serve_each(|mut sock| async move {
+        read_request(&mut sock).await.unwrap();
+        let _ = sock
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: 1\n\n")
+            .await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let _ = sock.write_all(b"data: [DONE]\n\n").await;
+    })
+    .await;
     let pool = pool();
     let resp = post(&pool, &url).await.unwrap();
     assert_eq!(read_all(resp.body).await, b"data: 1\n\ndata: [DONE]\n\n");
