@@ -70,19 +70,15 @@ impl RetryBudget {
 
     /// Asks for one retry; true (and counted) when the budget allows it.
     pub fn try_retry(&mut self, now_ms: u64) -> bool {
-        self.try_retry_with(now_ms, (0, 0))
+        self.try_retry_keeping(now_ms, (0, 0), 0.0)
     }
 
-    /// [`RetryBudget::try_retry`] for one part of a budget split into parts (one per thread):
-    /// `others` are the other parts' [`RetryBudget::totals`]; a granted retry is counted here.
-    /// The parts together decide exactly as one budget would.
-    pub fn try_retry_with(&mut self, now_ms: u64, others: (u64, u64)) -> bool {
-        self.try_retry_keeping(now_ms, others, 0.0)
-    }
-
-    /// [`RetryBudget::try_retry_with`] for a retry that may not spend the last `reserve` of
-    /// the budget's share of requests (0–1; the floor is never reserved): what is kept is
-    /// there for retries the caller values more, which ask with a smaller reserve.
+    /// [`RetryBudget::try_retry`] for one part of a budget split into parts (one per thread),
+    /// for a retry that may not spend the last `reserve` of the budget's share of requests (0–1;
+    /// the floor is never reserved): what is kept is there for retries the caller values more,
+    /// which ask with a smaller reserve. `others` are the other parts' [`RetryBudget::totals`]
+    /// (`(0, 0)` for a budget in one part); a granted retry is counted here. The parts together
+    /// decide exactly as one budget would.
     pub fn try_retry_keeping(&mut self, now_ms: u64, others: (u64, u64), reserve: f64) -> bool {
         let (requests, retries) = self.totals(now_ms);
         let (requests, retries) = (requests + others.0, retries + others.1);

@@ -51,6 +51,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use super::{BodyStream, Response};
 use crate::per_thread::PerThread;
 use crate::wire::errors::{ErrorKind, GatewayError};
+use exchange::{Decoded, Framing, MAX_HEAD};
 
 /// How long an idle connection is kept.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -61,8 +62,6 @@ const MAX_IDLE_PER_SHARD: usize = 256;
 /// How often idle connections are looked at for a close by their server (uvicorn closes an
 /// idle connection after 5 s).
 pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
-
-use exchange::{Decoded, Framing, MAX_HEAD};
 
 /// A request waiting for a capped connection looks at the idle list again this often even
 /// without a check-in: a connection checked in to a shard busy at its last look is found so.
@@ -143,9 +142,7 @@ impl Conn {
     fn cap(&self) -> Option<&Arc<Cap>> {
         self.slot.as_ref().map(|s| &s.cap)
     }
-}
 
-impl Conn {
     /// Whether an idle connection can take a request: its socket is read without waiting, so
     /// a close by the server (or anything it sent unasked) is seen here.
     fn usable(&mut self) -> bool {
@@ -462,6 +459,11 @@ impl Direct {
     }
 }
 
+/// A failed read or write on an upstream connection.
+fn io_error(e: &std::io::Error) -> GatewayError {
+    GatewayError::new(ErrorKind::Io, format!("upstream connection: {e}"))
+}
+
 /// How an exchange failed.
 enum Failed {
     /// Before any byte of an answer came.
@@ -473,12 +475,9 @@ enum Failed {
 impl Conn {
     /// Writes the request and reads the response's head.
     async fn exchange(&mut self, head: &[u8], body: &[u8]) -> Result<exchange::Head, Failed> {
-        let io = |e: std::io::Error| {
-            GatewayError::new(ErrorKind::Io, format!("upstream connection: {e}"))
-        };
         exchange::write_request(&mut self.stream, head, body)
             .await
-            .map_err(|e| Failed::Unanswered(io(e)))?;
+            .map_err(|e| Failed::Unanswered(io_error(&e)))?;
         let mut answered = false;
         poll_fn(|cx| loop {
             match exchange::parse_head(&mut self.buf) {
@@ -510,7 +509,7 @@ impl Conn {
                     ))))
                 }
                 Poll::Ready(Ok(_)) => answered = true,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(failed(io(e)))),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(failed(io_error(&e)))),
             }
         })
         .await
@@ -573,7 +572,7 @@ impl Reading {
                     return error("the upstream connection ended inside the body".into())
                 }
                 Poll::Ready(Ok(_)) => {}
-                Poll::Ready(Err(e)) => return error(format!("upstream connection: {e}")),
+                Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(io_error(&e)))),
             }
         }
     }

@@ -5,10 +5,11 @@
 //! the same network: the latency-critical case) go through keel's own keep-alive pool of
 //! HTTP/1.1 connections, each read and written by the task of the request using it
 //! ([`direct`]): no connection task, no hop between tasks per chunk, no shared lock, and a
-//! connection that holds only its socket and a small read buffer. `https://` variants (hosted APIs, HTTP/2 by ALPN), URLs with credentials in them, and
-//! every variant when an HTTP proxy is configured (`HTTP_PROXY` / `ALL_PROXY`) go through
-//! reqwest (rustls, `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY`). A variant with a private CA
-//! or a client certificate of its own gets its own reqwest client (see [`Client`]).
+//! connection that holds only its socket and a small read buffer. `https://` variants (hosted
+//! APIs, HTTP/2 by ALPN), URLs with credentials in them, and every variant when an HTTP proxy
+//! is configured (`HTTP_PROXY` / `ALL_PROXY`) go through reqwest (rustls, `HTTPS_PROXY` /
+//! `HTTP_PROXY` / `NO_PROXY`). A variant with a private CA or a client certificate of its own
+//! gets its own reqwest client (see [`Client`]).
 
 pub mod cloud;
 mod direct;

@@ -17,7 +17,7 @@
 //! 304 have none. A connection is kept only after an HTTP/1.1 response without
 //! `Connection: close`, framed by a length or by chunks, with nothing after its end.
 
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, Write as _};
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -68,9 +68,8 @@ pub fn request_head(
         head.extend_from_slice(value.as_bytes());
         head.extend_from_slice(b"\r\n");
     }
-    head.extend_from_slice(b"content-length: ");
-    head.extend_from_slice(body_len.to_string().as_bytes());
-    head.extend_from_slice(b"\r\n\r\n");
+    // Writing into a Vec cannot fail.
+    let _ = write!(head, "content-length: {body_len}\r\n\r\n");
     head
 }
 
