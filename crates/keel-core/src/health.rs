@@ -46,8 +46,10 @@ impl Band {
     }
 }
 
-/// Refresh intervals without any sample after which estimates relax (see `refresh_after_ms`).
-pub const STALE_GRACE: u64 = 5;
+/// Refresh intervals without any sample after which estimates relax (see `refresh_after_ms`):
+/// beyond the longest wait between refresh probes that keep confirming the estimate (see
+/// [`REFRESH_SPREAD`]), so that a variant re-measured that seldom never relaxes between them.
+pub const STALE_GRACE: u64 = (1 << REFRESH_SPREAD) + 2;
 
 /// The lowest weight of a variant that is degraded but not ejected.
 pub const FLOOR: f64 = 0.1;
@@ -401,10 +403,12 @@ pub struct VariantHealth {
 pub const REFRESH_AGREES: f64 = 1.25;
 
 /// The most doublings of `refresh_after_ms` between refresh probes that keep confirming the
-/// estimate: a variant left out of the draw (a slow zone) is re-measured every 4 s instead of
-/// every second, which is still within the grace ([`STALE_GRACE`] intervals) after which its
-/// estimate would relax; a probe that disagrees, or fails, brings the interval back to one.
-pub const REFRESH_SPREAD: u32 = 2;
+/// estimate: a variant left out of the draw (a slow zone) is re-measured after 1, 2, 4, then
+/// every 8 s instead of every second (within the grace, [`STALE_GRACE`] intervals, after which
+/// its estimate would relax); a probe that disagrees, or fails, brings the interval back to
+/// one. A zone that recovers is found within 8 s, while clients are served by the variants
+/// that are fast now.
+pub const REFRESH_SPREAD: u32 = 3;
 
 /// The read side of a variant's health: its estimates and lifecycle state, without the sample
 /// windows and streaks that only updates need. It is `Copy`, so the pool publishes one per
@@ -904,12 +908,11 @@ impl VariantHealth {
         if let Some(t) = ttft_ms {
             self.est.ttft_ms.record(now_ms, t, cfg.decay_ms, true);
         }
-        self.est.state = if cfg.prewarm_requests > 0 {
-            State::Warming {
-                remaining: cfg.prewarm_requests,
-            }
-        } else {
-            State::SlowStart { since_ms: now_ms }
+        // The probes were the warm-up's own request (the same small generation), answered in
+        // a row: they count toward it, and only what the warm-up asks beyond them is sent.
+        self.est.state = match cfg.prewarm_requests.saturating_sub(PROBES_TO_RETURN) {
+            0 => State::SlowStart { since_ms: now_ms },
+            remaining => State::Warming { remaining },
         };
     }
 
@@ -1166,6 +1169,30 @@ mod tests {
         assert_eq!(h.weight(t1 + 11_100, &c), 1.0);
     }
 
+    /// The probes that return an ejected variant are the warm-up's own request: they count
+    /// toward it, so a returning variant is not asked the same thing twice over.
+    #[test]
+    fn the_probes_that_return_a_variant_count_toward_its_warm_up() {
+        for (prewarm, after) in [
+            (0, State::SlowStart { since_ms: 2_100 }),
+            (2, State::SlowStart { since_ms: 2_100 }),
+            (3, State::Warming { remaining: 1 }),
+        ] {
+            let c = HealthConfig {
+                prewarm_requests: prewarm,
+                ..cfg()
+            };
+            let mut h = VariantHealth::new(0);
+            h.est.state = State::Ejected {
+                since_ms: 0,
+                last_probe_ms: 0,
+            };
+            h.probe_result(1_000, true, Some(100.0), &c);
+            h.probe_result(2_100, true, Some(100.0), &c);
+            assert_eq!(h.est.state, after, "prewarm {prewarm}");
+        }
+    }
+
     #[test]
     fn warm_up_takes_requests_before_traffic() {
         let c = HealthConfig {
@@ -1308,7 +1335,7 @@ mod tests {
     }
 
     /// A variant out of the draw (a slow zone) whose refresh probes keep finding the same
-    /// level is re-measured less often: 1 s, 2 s, then every 4 s; a probe that finds it
+    /// level is re-measured less often: 1 s, 2 s, 4 s, then every 8 s; a probe that finds it
     /// changed (or fails) brings the interval back to a second.
     #[test]
     fn refresh_probes_that_confirm_the_estimate_spread_out() {
@@ -1317,16 +1344,17 @@ mod tests {
         let mut h = VariantHealth::new(0);
         h.record_ttft(0, 360.0, &c);
         let mut at = 0;
-        for wait in [r, 2 * r, 4 * r, 4 * r] {
+        for wait in [r, 2 * r, 4 * r, 8 * r, 8 * r] {
             assert!(!h.needs_refresh(at + wait - 1, &c), "{wait}");
             assert!(h.needs_refresh(at + wait, &c), "{wait}");
             at += wait;
             h.refresh_result(at, Some(380.0), &c);
         }
         assert!(
-            4 * r < STALE_GRACE * r,
+            8 * r < STALE_GRACE * r,
             "spread within the grace: the estimate never relaxes"
         );
+        assert_eq!(h.predicted_ttft_ms(at + 8 * r, &c), h.est.ttft_ms.get().unwrap());
         // The zone recovered: the probe disagrees, the next one is due a second later.
         h.refresh_result(at, Some(60.0), &c);
         assert!(h.needs_refresh(at + r, &c));
