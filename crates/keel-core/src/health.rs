@@ -1354,7 +1354,10 @@ mod tests {
             8 * r < STALE_GRACE * r,
             "spread within the grace: the estimate never relaxes"
         );
-        assert_eq!(h.predicted_ttft_ms(at + 8 * r, &c), h.est.ttft_ms.get().unwrap());
+        assert_eq!(
+            h.predicted_ttft_ms(at + 8 * r, &c),
+            h.est.ttft_ms.get().unwrap()
+        );
         // The zone recovered: the probe disagrees, the next one is due a second later.
         h.refresh_result(at, Some(60.0), &c);
         assert!(h.needs_refresh(at + r, &c));

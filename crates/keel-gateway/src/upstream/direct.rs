@@ -473,15 +473,23 @@ enum Failed {
 }
 
 impl Conn {
-    /// Writes the request and reads the response's head.
+    /// Sends the request and reads the response's head. An answer that comes before the whole
+    /// request was sent (a 413 for a body over the server's limit, from a server that then stops
+    /// reading it, or closes) is the response; a failed write is reported only when no answer
+    /// came before it.
     async fn exchange(&mut self, head: &[u8], body: &[u8]) -> Result<exchange::Head, Failed> {
-        exchange::write_request(&mut self.stream, head, body)
-            .await
-            .map_err(|e| Failed::Unanswered(io_error(&e)))?;
+        let mut unsent = exchange::Unsent::new(head, body);
+        // A failed write ends the sending, not the exchange: the answer may be here already.
+        let mut send_error: Option<std::io::Error> = None;
         let mut answered = false;
         poll_fn(|cx| loop {
             match exchange::parse_head(&mut self.buf) {
-                Ok(Some(head)) => return Poll::Ready(Ok(head)),
+                Ok(Some(mut head)) => {
+                    // Answered before the whole request was sent: the connection's state is
+                    // unknown, so it is not kept.
+                    head.keep_alive &= unsent.is_empty();
+                    return Poll::Ready(Ok(head));
+                }
                 Ok(None) => {}
                 Err(e) => {
                     return Poll::Ready(Err(Failed::Answered(GatewayError::new(ErrorKind::Io, e))))
@@ -500,7 +508,24 @@ impl Conn {
                     Failed::Unanswered(e)
                 }
             };
-            match exchange::poll_fill(&self.stream, &mut self.buf, cx) {
+            if send_error.is_none() && !unsent.is_empty() {
+                match unsent.poll_send(&self.stream, cx) {
+                    Poll::Ready(Ok(())) => continue,
+                    Poll::Ready(Err(e)) => send_error = Some(e),
+                    // The socket takes no more for now: meanwhile, has the server answered?
+                    Poll::Pending => {}
+                }
+            }
+            let read = exchange::poll_fill(&self.stream, &mut self.buf, cx);
+            if let Some(e) = &send_error {
+                // After a failed write, only what the server sent before it counts.
+                match read {
+                    Poll::Ready(Ok(n)) if n > 0 => answered = true,
+                    _ => return Poll::Ready(Err(failed(io_error(e)))),
+                }
+                continue;
+            }
+            match read {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(0)) => {
                     return Poll::Ready(Err(failed(GatewayError::new(

@@ -1,5 +1,5 @@
 //! One HTTP/1.1 exchange on a connection of the direct pool: the request written in one
-//! vectored write, the response head parsed with `httparse` (hyper's own parser), and the
+//! vectored write (when the socket takes it at once), the response head parsed with `httparse` (hyper's own parser), and the
 //! body's framing (a length, chunked, or up to the close) decoded in place, in the
 //! connection's one read buffer.
 //!
@@ -23,7 +23,6 @@ use std::task::{ready, Context, Poll};
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 /// Bytes read from an upstream connection at a time, and the read buffer's size. Holds a
@@ -73,21 +72,41 @@ pub fn request_head(
     head
 }
 
-/// Writes `head` and `body`, in one system call when the socket takes them at once.
-pub async fn write_request(stream: &mut TcpStream, head: &[u8], body: &[u8]) -> io::Result<()> {
-    let (mut head, mut body) = (head, body);
-    while !head.is_empty() || !body.is_empty() {
-        let n = stream
-            .write_vectored(&[IoSlice::new(head), IoSlice::new(body)])
-            .await?;
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        let from_head = n.min(head.len());
-        head = &head[from_head..];
-        body = &body[n - from_head..];
+/// What of a request is still to be sent: its head, then its body.
+pub struct Unsent<'a> {
+    head: &'a [u8],
+    body: &'a [u8],
+}
+
+impl<'a> Unsent<'a> {
+    pub fn new(head: &'a [u8], body: &'a [u8]) -> Self {
+        Unsent { head, body }
     }
-    Ok(())
+
+    pub fn is_empty(&self) -> bool {
+        self.head.is_empty() && self.body.is_empty()
+    }
+
+    /// Sends what the socket takes now, head and body in one vectored write: `Ready(Ok)` once
+    /// some was sent, `Pending` while the socket takes nothing (woken when it can take more).
+    pub fn poll_send(&mut self, stream: &TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            match stream.try_write_vectored(&[IoSlice::new(self.head), IoSlice::new(self.body)]) {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(n) => {
+                    let from_head = n.min(self.head.len());
+                    self.head = &self.head[from_head..];
+                    self.body = &self.body[n - from_head..];
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    ready!(stream.poll_write_ready(cx))?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
 }
 
 /// Reads what the socket has into `buf` (growing it to [`READ_BUF`] free bytes when it has

@@ -518,3 +518,81 @@ async fn a_capped_variant_never_holds_more_connections_than_its_cap() {
     assert_eq!(read_all(resp.body).await, b"firstsecond");
     assert_eq!(s.accepted.load(Ordering::SeqCst), 3);
 }
+
+/// A body larger than any socket buffer, so that the server can answer before it has all of it.
+fn large_body() -> Bytes {
+    Bytes::from(vec![b'x'; 32 << 20])
+}
+
+async fn post_large(pool: &Arc<Direct>, url: &str) -> Result<Response, GatewayError> {
+    pool.send(
+        Target::of(url).unwrap(),
+        None,
+        HeaderMap::new(),
+        large_body(),
+    )
+    .await
+}
+
+/// The server's head only: what a server with a body limit reads before refusing.
+async fn read_head(sock: &mut TcpStream) {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        assert_eq!(sock.read(&mut byte).await.unwrap(), 1);
+        buf.push(byte[0]);
+    }
+}
+
+const TOO_LARGE: &[u8] =
+    b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 9\r\nconnection: close\r\n\r\ntoo large";
+
+/// A server that refuses a body over its limit and closes without reading it (the close of a
+/// socket with unread bytes resets the connection, so the rest of the write fails): its 413
+/// is the answer, not the failed write.
+#[tokio::test]
+async fn an_answer_before_the_body_was_taken_is_the_response_when_the_server_then_resets() {
+    let (url, _) = serve_each(|mut sock| async move {
+        read_head(&mut sock).await;
+        sock.write_all(TOO_LARGE).await.unwrap();
+        drop(sock);
+    })
+    .await;
+    let pool = pool();
+    let resp = post_large(&pool, &url).await.unwrap();
+    assert_eq!(resp.status, http::StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(read_all(resp.body).await, b"too large");
+    assert_eq!(idle(&pool), 0);
+}
+
+/// A server that answers early and then neither reads nor closes: the answer comes at once,
+/// rather than a write waiting for a reader that never comes, and the connection is not kept
+/// (the request was not sent whole).
+#[tokio::test]
+async fn an_answer_before_the_body_was_taken_is_the_response_while_the_server_stops_reading() {
+    let (release, held) = tokio::sync::oneshot::channel::<()>();
+    let held = Arc::new(tokio::sync::Mutex::new(Some(held)));
+    let (url, _) = serve_each(move |mut sock| {
+        let held = Arc::clone(&held);
+        async move {
+            read_head(&mut sock).await;
+            sock.write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 9\r\n\r\ntoo large")
+                .await
+                .unwrap();
+            // Held open, unread, until the test ends.
+            if let Some(held) = held.lock().await.take() {
+                let _ = held.await;
+            }
+        }
+    })
+    .await;
+    let pool = pool();
+    let resp = tokio::time::timeout(Duration::from_secs(10), post_large(&pool, &url))
+        .await
+        .expect("the early answer, without waiting for the write")
+        .unwrap();
+    assert_eq!(resp.status, http::StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(read_all(resp.body).await, b"too large");
+    assert_eq!(idle(&pool), 0);
+    drop(release);
+}
