@@ -113,7 +113,13 @@ impl ToolCallHold {
     /// Whether [`ToolCallHold::push`] would pass `ev` through unchanged: no call is being held,
     /// and `ev` starts none.
     pub fn passes(&self, protocol: Protocol, ev: &SseEvent) -> bool {
-        !self.holding && !starts_tool_call(protocol, ev)
+        self.passes_read(starts_tool_call(protocol, ev))
+    }
+
+    /// [`ToolCallHold::passes`] for an event already read: `starts_call` is its
+    /// [`EventFacts::starts_call`].
+    pub fn passes_read(&self, starts_call: bool) -> bool {
+        !self.holding && !starts_call
     }
 
     /// Whether a call is being held (its events have not reached the client).
@@ -194,6 +200,8 @@ pub struct EventFacts<'a> {
     pub plain: bool,
     /// The first index above [`MAX_OUTPUT_INDEX`] ([`oversized_index`]).
     pub oversized: Option<u64>,
+    /// It starts a tool call ([`starts_tool_call`]), which a [`ToolCallHold`] holds.
+    pub starts_call: bool,
 }
 
 /// Reads an event's [`EventFacts`].
@@ -214,6 +222,7 @@ pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts<'_> {
                 text: view.into_text().filter(|_| output),
                 plain,
                 oversized: oversized_index(protocol, ev),
+                starts_call: starts_tool_call(protocol, ev),
             };
         }
     }
@@ -233,6 +242,7 @@ pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts<'_> {
         role,
         plain: false,
         oversized: oversized_index(protocol, ev),
+        starts_call: starts_tool_call(protocol, ev),
     }
 }
 
@@ -262,6 +272,7 @@ fn read_anthropic(ev: &SseEvent) -> Option<EventFacts<'_>> {
         text: if delta { view.into_text() } else { None },
         plain: false,
         oversized,
+        starts_call: starts_tool_call(Protocol::Anthropic, ev),
     })
 }
 
@@ -279,6 +290,11 @@ pub struct ChunkTemplate {
     before: String,
     /// From its text's closing quote, included, to the end.
     after: String,
+    /// `before` or `after` names `tool_calls` ([`mentions_tool_calls`]): a chunk of this shape
+    /// is searched whole for tool calls, as a parsed one is. Otherwise only its text could
+    /// name them (the name holds no quote, so it cannot span the text's quotes), and a text
+    /// that does not is a chunk without them: no scan of the whole chunk for every token.
+    mentions: bool,
 }
 
 impl ChunkTemplate {
@@ -295,6 +311,7 @@ impl ChunkTemplate {
         self.before.push_str(before);
         self.after.clear();
         self.after.push_str(after);
+        self.mentions = mentions_tool_calls(before) || mentions_tool_calls(after);
     }
 
     /// The text of a chunk shaped like the template; `None` (parse it) when it is not, or its
@@ -328,6 +345,10 @@ pub fn read_event_in<'a>(
         };
     if alike {
         if let Some(text) = template.text(&ev.data) {
+            // Where neither the template nor the text names tool calls, the chunk names none,
+            // and both readers below find nothing without searching it.
+            let calls =
+                protocol == Protocol::OpenAi && (template.mentions || mentions_tool_calls(text));
             return EventFacts {
                 role: EventRole::Output,
                 tokens: true,
@@ -335,10 +356,8 @@ pub fn read_event_in<'a>(
                 plain: protocol == Protocol::OpenAi,
                 // An Anthropic delta's index is the one the template was learned from, which
                 // was within bounds.
-                oversized: match protocol {
-                    Protocol::OpenAi => oversized_index(protocol, ev),
-                    Protocol::Anthropic => None,
-                },
+                oversized: calls.then(|| oversized_index(protocol, ev)).flatten(),
+                starts_call: calls && starts_tool_call(protocol, ev),
             };
         }
     }
@@ -573,6 +592,7 @@ mod tests {
             role,
             plain,
             oversized: oversized_from_tree(p, ev),
+            starts_call: starts_tool_call(p, ev),
         }
     }
 
@@ -900,10 +920,10 @@ mod tests {
         }
 
         /// Whatever a stream's chunks are, reading them through a template gives what parsing
-        /// each gives.
+        /// each gives, texts and ids that name `tool_calls` included.
         #[test]
         fn reading_through_a_template_agrees_with_parsing(
-            steps in proptest::collection::vec((0u8..8, "\\PC{0,6}|[\"\\\\\n\t]{1,3}|.{0,4}"), 1..24)
+            steps in proptest::collection::vec((0u8..9, "\\PC{0,6}|[\"\\\\\n\t]{1,3}|.{0,4}|x?tool_calls"), 1..24)
         ) {
             let mut t = ChunkTemplate::default();
             for (kind, text) in &steps {
@@ -912,6 +932,7 @@ mod tests {
                     4 => chunk_with("c1", r#"{"role":"assistant","content":""}"#, "null"),
                     5 => chunk_with("c1", r#"{}"#, r#""length""#),
                     6 => text_chunk_of("c9", text),
+                    7 => text_chunk_of("tool_calls", text),
                     _ => chunk_with("c1", r#"{"tool_calls":[{"index":0,"id":"t","function":{"name":"f","arguments":""}}]}"#, "null"),
                 };
                 let parsed = read_event(Protocol::OpenAi, &ev);

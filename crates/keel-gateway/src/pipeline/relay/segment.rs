@@ -233,6 +233,7 @@ impl Relay {
             text,
             plain,
             oversized,
+            starts_call,
         } = read_event_in(self.protocol, &ev, &mut w.template);
         // The request's usage, per attempt: the access log's and the trace's tokens, and a
         // keyed request's reconciliation (see `keys`).
@@ -274,7 +275,7 @@ impl Relay {
         // The common case, an event the tool-call hold would pass through (no call being held,
         // and this event starts none) and no integrity checks: the event goes straight into the
         // batch, stitched with what was read of it above.
-        let passes_hold = !self.pool.cfg.hold_tool_calls || w.hold.passes(self.protocol, &ev);
+        let passes_hold = !self.pool.cfg.hold_tool_calls || w.hold.passes_read(starts_call);
         if passes_hold && w.truncation.is_none() {
             let mark = batch.len();
             st.process_known(&ev, text.as_deref(), trim, batch);
