@@ -281,6 +281,9 @@ impl<'de> serde::Deserialize<'de> for Member {
     }
 }
 
+/// The room the delivered text starts with: a short answer's text.
+const DELIVERED_ROOM: usize = 256;
+
 /// Keeps one client-visible stream across segments.
 #[derive(Debug, Clone)]
 pub struct Stitcher {
@@ -373,6 +376,12 @@ impl Stitcher {
         if self.segment == 0 && !ev.comment_only {
             self.observe_original(ev);
             if let Some(t) = text {
+                if self.delivered.capacity() == 0 {
+                    // Room for a short answer at once, rather than the growth from 8 bytes
+                    // by doubling that token-sized pieces would take (an allocation and a copy
+                    // at each step).
+                    self.delivered.reserve(t.len().max(DELIVERED_ROOM));
+                }
                 self.delivered.push_str(t);
             }
             out.extend_from_slice(&ev.raw);

@@ -264,9 +264,11 @@ impl SseDecoder {
     }
 
     fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
-        // The next block starts with room for one like this one (events of a stream are much
-        // alike): one allocation per event instead of a series of regrowths.
-        let room = self.block.len().min(TYPICAL_EVENT_ROOM);
+        // The next block starts with room for one like this one and a little more (events of
+        // a stream are much alike, but the next token's text may be longer): one allocation
+        // per event instead of a series of regrowths.
+        let len = self.block.len();
+        let room = (len + len / 4 + 32).min(TYPICAL_EVENT_ROOM);
         let raw = std::mem::replace(&mut self.block, Vec::with_capacity(room));
         self.line_start = 0;
         let only_blank = raw.iter().all(|b| *b == b'\n' || *b == b'\r');
