@@ -212,6 +212,8 @@ pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts<'_> {
             let tokens =
                 output && (view.text().is_some_and(|t| !t.is_empty()) || view.starts_tool_call());
             let plain = view.is_plain_text();
+            // What `starts_tool_call` reads, from the view already parsed.
+            let starts_call = mentions_tool_calls(&ev.data) && view.starts_tool_call();
             return EventFacts {
                 role: if output {
                     EventRole::Output
@@ -222,7 +224,7 @@ pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts<'_> {
                 text: view.into_text().filter(|_| output),
                 plain,
                 oversized: oversized_index(protocol, ev),
-                starts_call: starts_tool_call(protocol, ev),
+                starts_call,
             };
         }
     }

@@ -1,7 +1,7 @@
 //! One HTTP/1.1 exchange on a connection of the direct pool: the request written in one
-//! vectored write (when the socket takes it at once), the response head parsed with `httparse` (hyper's own parser), and the
-//! body's framing (a length, chunked, or up to the close) decoded in place, in the
-//! connection's one read buffer.
+//! vectored write (when the socket takes it at once), the response head parsed with `httparse`
+//! (hyper's own parser), and the body's framing (a length, chunked, or up to the close) decoded
+//! in place, in the connection's one read buffer.
 //!
 //! Why not hyper's client connection: a live stream holds its upstream connection for its
 //! whole life, and hyper's holds, besides the socket, a fixed 8 KiB write buffer (kept after
