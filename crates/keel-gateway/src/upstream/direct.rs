@@ -264,6 +264,8 @@ impl Direct {
             };
             match conn.exchange(&head, &body).await {
                 Ok(head) => {
+                    // The head's read may have filled the buffer with the body's start.
+                    let filled = conn.buf.len() == conn.buf.capacity();
                     return Ok(Response {
                         status: head.status,
                         headers: head.headers,
@@ -275,6 +277,7 @@ impl Direct {
                                 conn,
                                 framing: head.framing,
                                 keep_alive: head.keep_alive,
+                                filled,
                             }),
                             at_end: false,
                         }),
@@ -571,24 +574,106 @@ struct Reading {
     framing: Framing,
     /// Whether the connection may be reused after the body's end.
     keep_alive: bool,
+    /// The last read filled the buffer: more is probably waiting in the socket.
+    filled: bool,
+}
+
+/// The most body bytes handed over at once: what one piece may gather of a burst.
+const MAX_GATHER: usize = 64 * 1024;
+
+/// Pieces of a body decoded from one buffer, joined into one: the first as the slice of the
+/// buffer it is, a copy only when a second follows.
+#[derive(Default)]
+struct Gathered {
+    first: Option<Bytes>,
+    joined: Option<BytesMut>,
+}
+
+impl Gathered {
+    /// Adds `data`; `more` is what the buffer still holds (room for it, when a copy starts).
+    fn push(&mut self, data: Bytes, more: usize) {
+        if let Some(joined) = &mut self.joined {
+            joined.extend_from_slice(&data);
+        } else if let Some(first) = self.first.take() {
+            let mut joined = BytesMut::with_capacity(first.len() + data.len() + more);
+            joined.extend_from_slice(&first);
+            joined.extend_from_slice(&data);
+            self.joined = Some(joined);
+        } else {
+            self.first = Some(data);
+        }
+    }
+
+    fn len(&self) -> usize {
+        match (&self.joined, &self.first) {
+            (Some(j), _) => j.len(),
+            (None, Some(f)) => f.len(),
+            (None, None) => 0,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn ready(self) -> Next {
+        let data = match (self.joined, self.first) {
+            (Some(j), _) => j.freeze(),
+            (None, Some(f)) => f,
+            (None, None) => Bytes::new(),
+        };
+        Poll::Ready(Some(Ok(data)))
+    }
 }
 
 /// A body's next step.
 type Next = Poll<Option<Result<Bytes, GatewayError>>>;
 
 impl Reading {
-    /// The next chunk: from what is buffered, reading the socket when that holds none.
+    /// The next piece of the body: everything the buffer holds of it, read from the socket
+    /// when it holds none.
+    ///
+    /// A server that frames every event as a chunk of its own sends many chunks in one
+    /// segment; handed over one at a time, each went through the relay's read, its batch and a
+    /// body frame of its own, and the client got its answer in several writes. Gathered, what
+    /// one read brought is relayed at once — and when that read filled the buffer, the socket
+    /// is read once more without waiting, since the rest of a burst is usually there.
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Next {
         let error = |m: String| Poll::Ready(Some(Err(GatewayError::new(ErrorKind::Io, m))));
+        let mut gathered = Gathered::default();
         loop {
-            match self.framing.decode(&mut self.conn.buf) {
-                Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(data))),
-                Ok(Decoded::End) => return Poll::Ready(None),
-                Ok(Decoded::More) => {}
-                Err(e) => return error(e),
+            loop {
+                match self.framing.decode(&mut self.conn.buf) {
+                    Ok(Decoded::Data(data)) => {
+                        gathered.push(data, self.conn.buf.len());
+                        if gathered.len() >= MAX_GATHER {
+                            return gathered.ready();
+                        }
+                    }
+                    // An end or an error after gathered data is met again on the next call
+                    // (decoding stands still at it).
+                    Ok(Decoded::End) if gathered.is_empty() => return Poll::Ready(None),
+                    Err(e) if gathered.is_empty() => return error(e),
+                    Ok(Decoded::End) | Err(_) => return gathered.ready(),
+                    Ok(Decoded::More) => break,
+                }
+            }
+            // The buffer is used up. Gathered data waits for no further read unless the last
+            // one filled the buffer.
+            if !gathered.is_empty() && !self.filled {
+                return gathered.ready();
             }
             match exchange::poll_fill(&self.conn.stream, &mut self.conn.buf, cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending if gathered.is_empty() => return Poll::Pending,
+                Poll::Pending => {
+                    self.filled = false;
+                    return gathered.ready();
+                }
+                // The connection's end, like an error, is met on the next call.
+                Poll::Ready(Ok(0) | Err(_)) if !gathered.is_empty() => {
+                    self.filled = false;
+                    return gathered.ready();
+                }
                 Poll::Ready(Ok(0)) if self.framing.ends_at_close() => {
                     self.keep_alive = false;
                     return Poll::Ready(None);
@@ -596,7 +681,9 @@ impl Reading {
                 Poll::Ready(Ok(0)) => {
                     return error("the upstream connection ended inside the body".into())
                 }
-                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Ok(_)) => {
+                    self.filled = self.conn.buf.len() == self.conn.buf.capacity();
+                }
                 Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(io_error(&e)))),
             }
         }

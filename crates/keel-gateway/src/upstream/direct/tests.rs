@@ -258,7 +258,8 @@ async fn a_body_dropped_with_its_end_received_keeps_its_connection() {
     let pool = pool();
     for _ in 0..3 {
         let mut body = post(&pool, &url).await.unwrap().body;
-        assert_eq!(&body.next().await.unwrap().unwrap()[..], b"first");
+        // Both chunks arrived together, and are handed over together.
+        assert_eq!(&body.next().await.unwrap().unwrap()[..], b"firstsecond");
         drop(body);
         assert_eq!(idle(&pool), 1);
     }
@@ -404,6 +405,66 @@ async fn a_body_cut_short_is_an_error() {
     let e = end.expect("an error, not a clean end");
     assert_eq!(e.kind, ErrorKind::Io);
     assert!(body.next().await.is_none(), "fused after the error");
+}
+
+/// A chunked response whose chunks arrive together (a fast server frames every event as a
+/// chunk of its own) is handed over in a few pieces, not a piece a chunk: what one read brought
+/// at once, and the rest of a burst that filled the buffer with it.
+#[tokio::test]
+async fn chunks_that_arrive_together_are_handed_over_together() {
+    let event = format!("data: {}\n\n", "x".repeat(150));
+    let mut wire = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..60 {
+        wire.extend_from_slice(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
+    }
+    wire.extend_from_slice(b"0\r\n\r\n");
+    let wire = Arc::new(wire);
+    let (url, _) = serve_each(move |mut sock| {
+        let wire = Arc::clone(&wire);
+        async move {
+            read_request(&mut sock).await.unwrap();
+            sock.write_all(&wire).await.unwrap();
+            // Held open: the body ends by its framing, not by the close.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+    })
+    .await;
+    let mut body = post(&pool(), &url).await.unwrap().body;
+    let mut pieces = Vec::new();
+    while let Some(piece) = body.next().await {
+        pieces.push(piece.unwrap());
+    }
+    let got: Vec<u8> = pieces.concat();
+    assert_eq!(got, event.repeat(60).into_bytes());
+    // 60 chunks, 9.5 KB: three 4 KiB reads at most, each handed over whole.
+    assert!(pieces.len() <= 4, "{} pieces", pieces.len());
+}
+
+/// Chunks decoded before a framing error reach the reader first; the error follows.
+#[tokio::test]
+async fn chunks_before_a_framing_error_are_handed_over_then_the_error() {
+    let (url, _) = serve_each(|mut sock| async move {
+        read_request(&mut sock).await.unwrap();
+        sock.write_all(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n6\r\nsecond\r\nzz\r\n",
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    })
+    .await;
+    let mut body = post(&pool(), &url).await.unwrap().body;
+    let mut got = Vec::new();
+    let end = loop {
+        match body.next().await {
+            Some(Ok(c)) => got.extend_from_slice(&c),
+            Some(Err(e)) => break Some(e),
+            None => break None,
+        }
+    };
+    assert_eq!(got, b"firstsecond");
+    let e = end.expect("the framing error, not a clean end");
+    assert!(e.message.contains("bad chunk size"), "{}", e.message);
 }
 
 /// A response head larger than the read buffer grows it; one over the limit fails the attempt
