@@ -11,6 +11,11 @@
 //! and a field line without a known name is reported rather than silently dropped.
 
 use std::fmt;
+use std::ops::Range;
+
+mod model_name;
+
+pub use model_name::{model_member, ModelName};
 
 /// One dispatched event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -110,6 +115,10 @@ pub struct SseDecoder {
     after_cr: bool,
     /// A blank line ended in `\r`: dispatch once the next byte shows whether `\n` follows.
     dispatch_pending: bool,
+    /// The name each event's `model` member is given as it is decoded, if any.
+    model: Option<Box<ModelName>>,
+    /// The current event's `model` has been given it (only its first is).
+    model_named: bool,
 }
 
 impl Default for SseDecoder {
@@ -134,7 +143,16 @@ impl SseDecoder {
             saw_field: false,
             after_cr: false,
             dispatch_pending: false,
+            model: None,
+            model_named: false,
         }
+    }
+
+    /// A decoder that gives each event's `model` member this name: in the event's data and,
+    /// in the same place, in its raw bytes (which are otherwise kept as received).
+    pub fn renaming_model(mut self, name: ModelName) -> Self {
+        self.model = Some(Box::new(name));
+        self
     }
 
     /// Feeds bytes and appends every event they complete to `out`.
@@ -193,7 +211,13 @@ impl SseDecoder {
                     .map_err(|_| SseError::NotUtf8)
                     .and_then(|line| self.field(line));
                 self.block = block;
-                parsed?;
+                if let (Some(span), Some(name)) = (parsed?, &self.model) {
+                    // The line's `model`, renamed in the raw bytes as in the data: the line is
+                    // the block's last, so only its own few bytes after the name move.
+                    self.block
+                        .splice(start + span.start..start + span.end, name.encoded().bytes());
+                    self.line_start = self.block.len();
+                }
             }
         }
         Ok(())
@@ -235,9 +259,11 @@ impl SseDecoder {
         }
     }
 
-    fn field(&mut self, line: &str) -> Result<(), SseError> {
+    /// Takes one field line; `Some` with where in the line a `model` member was renamed in the
+    /// data (see [`SseDecoder::renaming_model`]).
+    fn field(&mut self, line: &str) -> Result<Option<Range<usize>>, SseError> {
         if line.starts_with(':') {
-            return Ok(());
+            return Ok(None);
         }
         let (name, value) = match line.split_once(':') {
             Some((n, v)) => (n, v.strip_prefix(' ').unwrap_or(v)),
@@ -245,13 +271,10 @@ impl SseDecoder {
         };
         match name {
             "event" => self.event = Some(value.to_owned()),
-            "data" => match &mut self.data {
-                Some(d) => {
-                    d.push('\n');
-                    d.push_str(value);
-                }
-                None => self.data = Some(value.to_owned()),
-            },
+            "data" => {
+                self.saw_field = true;
+                return Ok(self.data_line(line, value));
+            }
             "id" | "retry" => {}
             _ => {
                 return Err(SseError::UnknownField {
@@ -260,7 +283,36 @@ impl SseDecoder {
             }
         }
         self.saw_field = true;
-        Ok(())
+        Ok(None)
+    }
+
+    /// Adds a `data` line's value (a suffix of `line`) to the event's data, with its `model`
+    /// renamed when the decoder renames one: where in `line` that name was.
+    fn data_line(&mut self, line: &str, value: &str) -> Option<Range<usize>> {
+        let span = match &self.model {
+            Some(name) if !self.model_named => name.span(self.event.as_deref(), value),
+            _ => None,
+        };
+        let name = self.model.as_deref().map_or("", |n| n.encoded());
+        let d = match &mut self.data {
+            Some(d) => {
+                d.push('\n');
+                d
+            }
+            None => self
+                .data
+                .insert(String::with_capacity(value.len() + name.len())),
+        };
+        let Some(span) = span else {
+            d.push_str(value);
+            return None;
+        };
+        d.push_str(&value[..span.start]);
+        d.push_str(name);
+        d.push_str(&value[span.end..]);
+        self.model_named = true;
+        let at = line.len() - value.len();
+        Some(at + span.start..at + span.end)
     }
 
     fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
@@ -271,6 +323,7 @@ impl SseDecoder {
         let room = (len + len / 4 + 32).min(TYPICAL_EVENT_ROOM);
         let raw = std::mem::replace(&mut self.block, Vec::with_capacity(room));
         self.line_start = 0;
+        self.model_named = false;
         let only_blank = raw.iter().all(|b| *b == b'\n' || *b == b'\r');
         if only_blank {
             // Extra blank lines between events carry nothing.

@@ -143,8 +143,6 @@ pub struct Source {
     upstream: UpstreamBytes,
     decoder: SseDecoder,
     translator: Option<StreamTranslator>,
-    /// For a same-protocol stream: the `model` its events are given.
-    rename: Option<Box<ModelRename>>,
     raw: Vec<SseEvent>,
 }
 
@@ -158,14 +156,17 @@ impl Source {
             upstream,
             decoder,
             translator,
-            rename: None,
             raw: Vec::new(),
         }
     }
 
-    /// Gives the stream's events the `model` of `rename`.
+    /// Gives the stream's events the `model` of `rename` (a same-protocol stream's: a
+    /// translated one's events are built with the client's name).
     pub fn renaming(mut self, rename: Option<ModelRename>) -> Source {
-        self.rename = rename.map(Box::new);
+        if let (Some(r), None) = (rename, &self.translator) {
+            let decoder = std::mem::take(&mut self.decoder);
+            self.decoder = decoder.renaming_model(r.stream());
+        }
         self
     }
 
@@ -192,12 +193,7 @@ impl Source {
         out: &mut Vec<SseEvent>,
     ) -> Result<(), ReadEnd> {
         let Some(t) = &mut self.translator else {
-            let before = out.len();
-            next_events(&mut self.upstream, &mut self.decoder, deadline, out).await?;
-            if let Some(r) = &self.rename {
-                out[before..].iter_mut().for_each(|ev| r.event(ev));
-            }
-            return Ok(());
+            return next_events(&mut self.upstream, &mut self.decoder, deadline, out).await;
         };
         self.raw.clear();
         next_events(

@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 
 use keel_core::protocol::{Endpoint, Protocol};
 use keel_core::request::{apply_variant, CanonicalRequest, RequestError};
-use keel_core::sse::SseEvent;
+use keel_core::sse::{ModelName, SseEvent};
 use keel_core::translate::{
     chat_completion_to_message, chat_to_messages, error_body_to_protocol,
     message_to_chat_completion, messages_to_chat, AnthropicToChatStream, ChatToAnthropicStream,
@@ -239,8 +239,8 @@ pub fn fix_header(fixes: &[String]) -> Option<http::HeaderValue> {
 
 /// Renames the `model` of a same-protocol answer to the name the client asked for
 /// (`response_model = "public"`). Whole bodies are re-encoded only when the name differs;
-/// stream events are rewritten in place at the byte level (see [`model_member`]), so a
-/// stream stays byte-exact apart from the name.
+/// stream events are renamed by their decoder, at the byte level ([`ModelName`]), so a stream
+/// stays byte-exact apart from the name.
 #[derive(Debug, Clone)]
 pub struct ModelRename {
     protocol: Protocol,
@@ -269,186 +269,14 @@ impl ModelRename {
         }
     }
 
-    /// One stream event: every OpenAI chunk carries `model`; Anthropic only `message_start`
-    /// (in `message.model`, before the empty `content`).
-    pub fn event(&self, ev: &mut SseEvent) {
-        let carries = match self.protocol {
-            Protocol::OpenAi => ev.data != "[DONE]",
+    /// The name a same-protocol stream's decoder gives its events' `model`: every OpenAI
+    /// chunk carries one; Anthropic only `message_start` (in `message.model`).
+    pub fn stream(&self) -> ModelName {
+        match self.protocol {
+            Protocol::OpenAi => ModelName::in_every_event(self.encoded.clone()),
             Protocol::Anthropic => {
-                ev.event.as_deref() == Some("message_start")
-                    || (ev.event.is_none() && ev.data.contains("\"message_start\""))
-            }
-        };
-        if !carries || ev.comment_only {
-            return;
-        }
-        // Both spans found first, then the raw bytes spliced in place and the data rebuilt
-        // from its slices (a span starts and ends at a quote, so they are whole characters);
-        // `String::replace_range` moved the bytes one at a time, at 1% of keel's CPU.
-        let Some(in_data) = model_member(ev.data.as_bytes(), &self.encoded) else {
-            return;
-        };
-        let in_raw = match data_offset(&ev.raw, &ev.data) {
-            Some(at) => Some(in_data.start + at..in_data.end + at),
-            None => model_member(&ev.raw, &self.encoded),
-        };
-        if let Some(in_raw) = in_raw {
-            let mut data = String::with_capacity(ev.data.len() + self.encoded.len());
-            data.push_str(&ev.data[..in_data.start]);
-            data.push_str(&self.encoded);
-            data.push_str(&ev.data[in_data.end..]);
-            ev.data = data;
-            ev.raw.splice(in_raw, self.encoded.bytes());
-        }
-    }
-}
-
-/// `"model"`, searched for with a searcher built once: every chunk of every renamed stream
-/// passes through here, and a window-by-window compare was 2% of keel's CPU.
-static MODEL_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"model\""));
-
-/// Where an event's `data` starts in its `raw` bytes, when the event ends with one `data:` line
-/// holding all of it (nearly every event) and nothing before that line names `"model"`: then
-/// [`model_member`] finds in `raw` what it finds in `data`, that far along, and the second
-/// search is not needed.
-fn data_offset(raw: &[u8], data: &str) -> Option<usize> {
-    let line = raw.strip_suffix(b"\n\n")?;
-    let at = line.len().checked_sub(data.len())?;
-    let before = &line[..at];
-    let starts_line = [&b"data:"[..], b"data: "].iter().any(|field| {
-        before
-            .strip_suffix(*field)
-            .is_some_and(|b| b.is_empty() || b.ends_with(b"\n"))
-    });
-    let whole = starts_line
-        && &line[at..] == data.as_bytes()
-        && memchr::memchr(b'\n', data.as_bytes()).is_none();
-    (whole && MODEL_KEY.find(before).is_none()).then_some(at)
-}
-
-/// Where the string of the first `"model": "<string>"` member of a JSON text lies (quotes
-/// included), for replacing it with `encoded` (a JSON string, quotes included); `None` when
-/// there is none or it already holds that string. A literal `"` inside a JSON string is always
-/// escaped, so the bytes `"model"` followed by `:` can only be an object key.
-pub fn model_member(json: &[u8], encoded: &str) -> Option<std::ops::Range<usize>> {
-    const KEY: &[u8] = b"\"model\"";
-    let is_ws = |b: u8| b == b' ' || b == b'\t';
-    let mut from = 0;
-    while let Some(at) = MODEL_KEY.find(&json[from..]) {
-        let key_end = from + at + KEY.len();
-        from = key_end;
-        let mut i = key_end;
-        while i < json.len() && is_ws(json[i]) {
-            i += 1;
-        }
-        if json.get(i) != Some(&b':') {
-            continue;
-        }
-        i += 1;
-        while i < json.len() && is_ws(json[i]) {
-            i += 1;
-        }
-        if json.get(i) != Some(&b'"') {
-            return None;
-        }
-        // The string's end: the next quote not escaped.
-        let start = i;
-        let mut j = i + 1;
-        loop {
-            match json.get(j)? {
-                b'\\' => j += 2,
-                b'"' => break,
-                _ => j += 1,
+                ModelName::in_events_named(self.encoded.clone(), "message_start")
             }
         }
-        let end = j + 1;
-        if &json[start..end] == encoded.as_bytes() {
-            return None;
-        }
-        return Some(start..end);
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rename_model_member(json: &[u8], encoded: &str) -> Option<Vec<u8>> {
-        let span = model_member(json, encoded)?;
-        let mut out = json.to_vec();
-        out.splice(span, encoded.bytes());
-        Some(out)
-    }
-
-    #[test]
-    fn renames_the_model_member_only() {
-        let enc = Value::String("pub\"lic".into()).to_string();
-        let got = rename_model_member(
-            br#"{"id":"x","content":"say \"model\": \"no\"","model" : "si\"m","n":1}"#,
-            &enc,
-        )
-        .unwrap();
-        assert_eq!(
-            String::from_utf8(got).unwrap(),
-            r#"{"id":"x","content":"say \"model\": \"no\"","model" : "pub\"lic","n":1}"#
-        );
-        assert!(rename_model_member(br#"{"model":"pub\"lic"}"#, &enc).is_none());
-        assert!(rename_model_member(br#"{"model":null}"#, &enc).is_none());
-        assert!(rename_model_member(br#"{"model":"unterminated"#, &enc).is_none());
-    }
-
-    proptest::proptest! {
-        /// Whatever an event's lines are, its raw bytes are renamed where a search of them
-        /// would rename them, whether or not the second search was skipped.
-        #[test]
-        fn renaming_raw_bytes_agrees_with_searching_them(
-            fields in proptest::collection::vec(0usize..4, 0..3),
-            space in proptest::bool::ANY,
-            pieces in proptest::collection::vec(0usize..7, 0..6),
-            end in 0usize..3,
-        ) {
-            const FIELDS: [&str; 4] = ["event: message_start\n", "id: \"model\":\"x\"\n", ": \"model\"\n", "data: {\"model\":\"first\"}\n"];
-            const PIECES: [&str; 7] = [r#""model":"sim""#, r#""model" : "gpt""#, r#""x":1"#, r#""t":"say \"model\": \"no\"""#, r#""model":null"#, "\"m\u{e9}\":\"\u{e9}\"", r#""model":"si\"m""#];
-            const ENDS: [&str; 3] = ["\n\n", "\r\n\r\n", "\n\r\n"];
-            let data = format!("{{{}}}", pieces.iter().map(|i| PIECES[*i]).collect::<Vec<_>>().join(","));
-            let mut raw = fields.iter().map(|i| FIELDS[*i]).collect::<String>();
-            raw.push_str(if space { "data: " } else { "data:" });
-            raw.push_str(&data);
-            raw.push_str(ENDS[end]);
-            let Ok(mut evs) = keel_core::sse::decode_all(raw.as_bytes()) else {
-                return Ok(());
-            };
-            let Some(mut ev) = evs.pop() else {
-                return Ok(());
-            };
-            let r = ModelRename::new(Protocol::OpenAi, "pub");
-            let expected = model_member(ev.data.as_bytes(), &r.encoded).and_then(|_| {
-                rename_model_member(&ev.raw, &r.encoded)
-            });
-            let before = ev.raw.clone();
-            r.event(&mut ev);
-            proptest::prop_assert_eq!(ev.raw, expected.unwrap_or(before));
-        }
-    }
-
-    #[test]
-    fn renames_events_keeping_their_framing() {
-        let r = ModelRename::new(Protocol::OpenAi, "gpt");
-        let mut ev = keel_core::sse::decode_all(b"data: {\"model\":\"sim\",\"x\":1}\r\n\r\n")
-            .unwrap()
-            .remove(0);
-        r.event(&mut ev);
-        assert_eq!(ev.data, r#"{"model":"gpt","x":1}"#);
-        assert_eq!(ev.raw, b"data: {\"model\":\"gpt\",\"x\":1}\r\n\r\n");
-        let r = ModelRename::new(Protocol::Anthropic, "claude");
-        let mut ev = SseEvent::new(
-            Some("message_start"),
-            r#"{"type":"message_start","message":{"id":"m","model":"sim","content":[]}}"#,
-        );
-        r.event(&mut ev);
-        assert!(ev.data.contains(r#""model":"claude""#));
-        assert_eq!(keel_core::sse::decode_all(&ev.raw).unwrap()[0], ev);
     }
 }
