@@ -634,10 +634,11 @@ impl Reading {
     /// when it holds none.
     ///
     /// A server that frames every event as a chunk of its own sends many chunks in one
-    /// segment; handed over one at a time, each went through the relay's read, its batch and a
-    /// body frame of its own, and the client got its answer in several writes. Gathered, what
-    /// one read brought is relayed at once — and when that read filled the buffer, the socket
-    /// is read once more without waiting, since the rest of a burst is usually there.
+    /// segment; handed over one at a time, each would go through the relay's read, its batch
+    /// and a body frame of its own, and the client would get its answer in several writes.
+    /// Gathered, what one read brought is relayed at once — and when that read filled the
+    /// buffer, the socket is read once more without waiting, since the rest of a burst is
+    /// usually there.
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Next {
         let error = |m: String| Poll::Ready(Some(Err(GatewayError::new(ErrorKind::Io, m))));
         let mut gathered = Gathered::default();
