@@ -666,15 +666,10 @@ impl Reading {
             }
             match exchange::poll_fill(&self.conn.stream, &mut self.conn.buf, cx) {
                 Poll::Pending if gathered.is_empty() => return Poll::Pending,
-                Poll::Pending => {
-                    self.filled = false;
-                    return gathered.ready();
-                }
-                // The connection's end, like an error, is met on the next call.
-                Poll::Ready(Ok(0) | Err(_)) if !gathered.is_empty() => {
-                    self.filled = false;
-                    return gathered.ready();
-                }
+                Poll::Pending => return gathered.ready(),
+                // The connection's end, like an error, is met on the next call (which reads
+                // again: the buffer is empty).
+                Poll::Ready(Ok(0) | Err(_)) if !gathered.is_empty() => return gathered.ready(),
                 Poll::Ready(Ok(0)) if self.framing.ends_at_close() => {
                     self.keep_alive = false;
                     return Poll::Ready(None);

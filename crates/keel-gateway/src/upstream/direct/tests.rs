@@ -379,6 +379,18 @@ async fn a_refused_connection_is_reported_as_refused() {
     assert_eq!(e.kind, ErrorKind::Refused, "{}", e.message);
 }
 
+/// A body's pieces, joined, up to its end: `Some` with the error it ended in.
+async fn read_until_end(body: &mut super::super::Body) -> (Vec<u8>, Option<GatewayError>) {
+    let mut got = Vec::new();
+    while let Some(piece) = body.next().await {
+        match piece {
+            Ok(c) => got.extend_from_slice(&c),
+            Err(e) => return (got, Some(e)),
+        }
+    }
+    (got, None)
+}
+
 /// A server that closes in the middle of a response: the reader gets an error, not a clean end.
 #[tokio::test]
 async fn a_body_cut_short_is_an_error() {
@@ -393,14 +405,7 @@ async fn a_body_cut_short_is_an_error() {
     });
     let resp = post(&pool(), &url).await.unwrap();
     let mut body = resp.body;
-    let mut got = Vec::new();
-    let end = loop {
-        match body.next().await {
-            Some(Ok(c)) => got.extend_from_slice(&c),
-            Some(Err(e)) => break Some(e),
-            None => break None,
-        }
-    };
+    let (got, end) = read_until_end(&mut body).await;
     assert_eq!(got, b"part");
     let e = end.expect("an error, not a clean end");
     assert_eq!(e.kind, ErrorKind::Io);
@@ -454,14 +459,7 @@ async fn chunks_before_a_framing_error_are_handed_over_then_the_error() {
     })
     .await;
     let mut body = post(&pool(), &url).await.unwrap().body;
-    let mut got = Vec::new();
-    let end = loop {
-        match body.next().await {
-            Some(Ok(c)) => got.extend_from_slice(&c),
-            Some(Err(e)) => break Some(e),
-            None => break None,
-        }
-    };
+    let (got, end) = read_until_end(&mut body).await;
     assert_eq!(got, b"firstsecond");
     let e = end.expect("the framing error, not a clean end");
     assert!(e.message.contains("bad chunk size"), "{}", e.message);
