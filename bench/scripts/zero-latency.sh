@@ -1,4 +1,5 @@
-# Sourced by the CPU-per-request scripts: writes keel.toml (one worker thread, access log off,
+# Sourced by the CPU-per-request scripts: writes keel.toml (one worker thread, access log off
+# unless ACCESS_LOG names a destination: stdout, stderr or a file,
 # pool `bench` on 127.0.0.1:19400) and sim.toml (one zero-latency keel-sim server on 19401) into
 # the current directory. GAP_MS sets the server's gap between tokens (default 0: zero latency). With PROTOCOL=anthropic the variant speaks Anthropic's Messages API
 # (clients then use `--endpoint messages` and the base URL without `/v1`).
@@ -9,7 +10,7 @@ zero_latency_configs() {
 worker_threads = 1
 listen = "127.0.0.1:19400"
 [log]
-access = "off"
+access = "${ACCESS_LOG:-off}"
 [[pools]]
 name = "bench"
 [[pools.variants]]

@@ -621,6 +621,12 @@ impl VariantHealth {
         } else {
             0
         };
+        // A sample the estimate jumps to is news: the variant is re-measured a refresh
+        // interval from now, however long probes had been confirming the level before, so that
+        // an outlier which keeps clients away is corrected within a second.
+        if self.est.ttft_ms.get().is_some_and(|v| ms >= v * PEAK_JUMP) {
+            self.refresh_agreed = 0;
+        }
         self.est.ttft_ms.record(now_ms, ms, cfg.decay_ms, true);
         Self::record_baseline(&mut self.est.baseline_ttft_ms, now_ms, ms, cfg);
         self.window.record(now_ms, ms);
@@ -1367,6 +1373,35 @@ mod tests {
         assert!(
             h.needs_refresh(at + 4 * r, &c),
             "a failure resets the spread"
+        );
+    }
+
+    /// A client sample the estimate jumps to resets the spread: an idle variant whose probes
+    /// had confirmed its level for a while, then answers a client at twice it, is probed again
+    /// a second later, not eight.
+    #[test]
+    fn a_peak_brings_the_next_refresh_probe_back_to_a_second() {
+        let c = cfg();
+        let r = c.refresh_after_ms;
+        let mut h = VariantHealth::new(0);
+        h.record_ttft(0, 40.0, &c);
+        let mut at = 0;
+        for wait in [r, 2 * r, 4 * r] {
+            at += wait;
+            h.refresh_result(at, Some(41.0), &c);
+        }
+        assert!(!h.needs_refresh(at + 4 * r, &c), "the spread holds");
+        h.record_ttft(at + 100, 45.0, &c);
+        assert!(
+            !h.needs_refresh(at + 100 + 4 * r, &c),
+            "an ordinary sample keeps the spread"
+        );
+        at += 200;
+        h.record_ttft(at, 120.0, &c);
+        assert!(!h.needs_refresh(at + r - 1, &c));
+        assert!(
+            h.needs_refresh(at + r, &c),
+            "a peak is re-measured a second later"
         );
     }
 
