@@ -67,6 +67,43 @@ async fn one_json_line_per_request_with_decisions_and_no_secrets() {
     assert!(!text.contains('\u{1b}'), "colour codes in a file: {text}");
 
     let served: Value = serde_json::from_str(&lines(&path)[0]).unwrap();
+    let keys: Vec<&str> = served
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "ts",
+            "request_id",
+            "tenant",
+            "key_id",
+            "api",
+            "pool",
+            "variant",
+            "variants_tried",
+            "route",
+            "attempts",
+            "hedges",
+            "migrations",
+            "prompt_fixes",
+            "guard",
+            "status",
+            "outcome",
+            "detail",
+            "ttft_ms",
+            "total_ms",
+            "tokens_in",
+            "tokens_out",
+            "overhead_us",
+            "cache",
+            "cached_from",
+            "trace_id",
+        ],
+        "the documented fields, in their order"
+    );
     let ts = served["ts"].as_str().unwrap();
     assert!(
         ts.len() == 24 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T',

@@ -113,8 +113,11 @@ fn upstream_traceparent(h: &Harness, i: usize) -> String {
 async fn request_and_attempt_spans_carry_genai_attributes_and_the_client_trace() {
     let (otlp, received) = receiver().await;
     let fleet = Fleet::start_n(2, ServerConfig::fast("s")).await.unwrap();
+    let log = std::env::temp_dir().join(format!("keel-traced-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
     let cfg = format!(
-        "[telemetry]\notlp_endpoint = \"http://{otlp}\"\nservice_name = \"keel-test\"\n{}",
+        "[log]\naccess = {:?}\n[telemetry]\notlp_endpoint = \"http://{otlp}\"\nservice_name = \"keel-test\"\n{}",
+        log.display().to_string(),
         pool_over(&fleet, "p", "openai", 1000, "")
     );
     let h = Harness::start(fleet, &cfg).await;
@@ -200,6 +203,14 @@ async fn request_and_attempt_spans_carry_genai_attributes_and_the_client_trace()
             "{variant}"
         );
     }
+    // The request's access line names its trace.
+    wait_for!(
+        "the access line",
+        std::fs::read_to_string(&log).is_ok_and(|t| t.lines().count() == 1)
+    );
+    let line: Value = serde_json::from_str(&std::fs::read_to_string(&log).unwrap()).unwrap();
+    assert_eq!(line["request_id"], id.as_str());
+    assert_eq!(line["trace_id"], TRACE_ID, "{line}");
     assert_ne!(attrs(attempts[0])["keel.attempt.outcome"], "ok");
     assert_eq!(attrs(attempts[1])["keel.attempt.outcome"], "ok");
     assert!(
