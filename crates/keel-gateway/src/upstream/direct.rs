@@ -519,7 +519,7 @@ impl Conn {
                     Poll::Pending => {}
                 }
             }
-            let read = exchange::poll_fill(&self.stream, &mut self.buf, cx);
+            let read = exchange::poll_fill(&mut self.stream, &mut self.buf, cx);
             if let Some(e) = &send_error {
                 // After a failed write, only what the server sent before it counts.
                 match read {
@@ -664,7 +664,7 @@ impl Reading {
             if !gathered.is_empty() && !self.filled {
                 return gathered.ready();
             }
-            match exchange::poll_fill(&self.conn.stream, &mut self.conn.buf, cx) {
+            match exchange::poll_fill(&mut self.conn.stream, &mut self.conn.buf, cx) {
                 Poll::Pending if gathered.is_empty() => return Poll::Pending,
                 Poll::Pending => return gathered.ready(),
                 // The connection's end, like an error, is met on the next call (which reads

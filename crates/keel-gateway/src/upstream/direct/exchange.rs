@@ -18,6 +18,7 @@
 //! `Connection: close`, framed by a length or by chunks, with nothing after its end.
 
 use std::io::{self, IoSlice, Write as _};
+use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -111,8 +112,14 @@ impl<'a> Unsent<'a> {
 
 /// Reads what the socket has into `buf` (growing it to [`READ_BUF`] free bytes when it has
 /// little room left): the count read, 0 at the connection's end.
+///
+/// Read through tokio's `AsyncRead`, which takes a read that leaves room in the buffer as the
+/// socket drained and waits for the next readiness event before reading again. Reading with
+/// `try_read` kept the readiness until a read failed with `WouldBlock`: after a response head
+/// that came alone, the body's first read was a system call that found nothing, every
+/// request.
 pub fn poll_fill(
-    stream: &TcpStream,
+    stream: &mut TcpStream,
     buf: &mut BytesMut,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {
@@ -120,13 +127,9 @@ pub fn poll_fill(
         buf.reserve(READ_BUF);
     }
     loop {
-        match stream.try_read_buf(buf) {
-            Ok(n) => return Poll::Ready(Ok(n)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                ready!(stream.poll_read_ready(cx))?;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Poll::Ready(Err(e)),
+        match tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, buf) {
+            Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+            other => return other,
         }
     }
 }
