@@ -506,6 +506,20 @@ impl Answer {
         let status = resp.status;
         let protocol = ctx.endpoint.protocol();
         let body = read_body(resp, pool.limits.max_body_bytes, ctx.deadline, self.started).await?;
+        let rename = self
+            .rename
+            .as_ref()
+            .filter(|_| ctx.endpoint != Endpoint::CountTokens);
+        if !streaming && self.back.is_none() {
+            // Passed through as it came: checked and renamed on its bytes.
+            if let Some(body) = translation::checked_whole(&body, rename) {
+                return Ok(AttemptResult::Served(Served::Whole {
+                    status,
+                    headers: self.headers,
+                    body,
+                }));
+            }
+        }
         let mut value: serde_json::Value = serde_json::from_slice(&body)
             .map_err(|e| AttemptFailure::Malformed(format!("response body is not JSON: {e}")))?;
         let mut body = body;
@@ -514,11 +528,7 @@ impl Answer {
                 AttemptFailure::Malformed(format!("cannot translate the response: {e}"))
             })?;
             body = Bytes::from(value.to_string());
-        } else if let Some(r) = self
-            .rename
-            .as_ref()
-            .filter(|_| ctx.endpoint != Endpoint::CountTokens)
-        {
+        } else if let Some(r) = rename {
             if r.whole(&mut value) {
                 body = Bytes::from(value.to_string());
             }

@@ -237,6 +237,51 @@ pub fn fix_header(fixes: &[String]) -> Option<http::HeaderValue> {
     http::HeaderValue::from_str(&fixes.join(",")).ok()
 }
 
+/// A same-protocol whole body checked to be one JSON object and, with `rename`, its top-level
+/// `model` string given the public name, in one pass over its bytes and without a tree: the
+/// same body when nothing changes, one copy when the name does. `None` when the quick reading
+/// cannot tell (not an object; a name with escapes, not a string, or `null`; `model` given
+/// twice); the caller then parses the body into a tree. Parsing every passed-through answer
+/// into a tree and writing it out again was the largest part of keel's work on it.
+pub fn checked_whole(body: &Bytes, rename: Option<&ModelRename>) -> Option<Bytes> {
+    /// The top level of an answer: `model` only (other members are checked and skipped), a
+    /// slice of the body itself.
+    #[derive(serde::Deserialize)]
+    struct Top<'a> {
+        #[serde(borrow, default)]
+        model: Option<&'a str>,
+    }
+    // Only an object (a derived struct also takes an array of its members in order).
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return None;
+    }
+    let top: Top<'_> = serde_json::from_slice(body).ok()?;
+    let Some(r) = rename else {
+        return Some(body.clone());
+    };
+    let Some(model) = top.model else {
+        // No name, or a `null` one, which the tree renames: left to it when a `model` key is
+        // anywhere in the body.
+        return memchr::memmem::find(body, b"\"model\"")
+            .is_none()
+            .then(|| body.clone());
+    };
+    if model == r.name {
+        return Some(body.clone());
+    }
+    // The borrowed string lies inside the body, between its quotes.
+    let start = (model.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start + model.len();
+    if start == 0 || body.get(start - 1) != Some(&b'"') || body.get(end) != Some(&b'"') {
+        return None;
+    }
+    let mut out = Vec::with_capacity(body.len() + r.encoded.len());
+    out.extend_from_slice(&body[..start - 1]);
+    out.extend_from_slice(r.encoded.as_bytes());
+    out.extend_from_slice(&body[end + 1..]);
+    Some(Bytes::from(out))
+}
+
 /// Renames the `model` of a same-protocol answer to the name the client asked for
 /// (`response_model = "public"`). Whole bodies are re-encoded only when the name differs;
 /// stream events are renamed by their decoder, at the byte level ([`ModelName`]), so a stream
@@ -278,5 +323,64 @@ impl ModelRename {
                 ModelName::in_events_named(self.encoded.clone(), "message_start")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(body: &str, to: &str) -> Option<String> {
+        let rename = ModelRename::new(Protocol::OpenAi, to);
+        let out = checked_whole(&Bytes::from(body.to_owned()), Some(&rename))?;
+        Some(String::from_utf8(out.to_vec()).unwrap())
+    }
+
+    /// The quick reading gives what parsing the body into a tree and renaming it gives, or
+    /// leaves the body to that.
+    #[test]
+    fn whole_bodies_are_checked_and_renamed_on_their_bytes() {
+        let body = r#"{"id":"x","choices":[{"message":{"content":"a \"model\": b"}}],"model" : "sim","usage":{}}"#;
+        let renamed = check(body, "pub\"lic").unwrap();
+        assert_eq!(
+            renamed,
+            r#"{"id":"x","choices":[{"message":{"content":"a \"model\": b"}}],"model" : "pub\"lic","usage":{}}"#
+        );
+        let mut tree: Value = serde_json::from_str(body).unwrap();
+        assert!(ModelRename::new(Protocol::OpenAi, "pub\"lic").whole(&mut tree));
+        assert_eq!(serde_json::from_str::<Value>(&renamed).unwrap(), tree);
+        // A nested `model` before the top-level one is left alone.
+        assert_eq!(
+            check(
+                r#"{"content":[{"input":{"model":"m"}}],"model":"sim"}"#,
+                "p"
+            )
+            .unwrap(),
+            r#"{"content":[{"input":{"model":"m"}}],"model":"p"}"#
+        );
+        // Unchanged: the same bytes, not a copy.
+        let same = Bytes::from_static(br#"{"model":"p","n":1}"#);
+        let rename = ModelRename::new(Protocol::OpenAi, "p");
+        let out = checked_whole(&same, Some(&rename)).unwrap();
+        assert_eq!(out.as_ptr(), same.as_ptr());
+        assert_eq!(check(r#" {"n":1} "#, "p").unwrap(), r#" {"n":1} "#);
+        // Left to the tree: a name with escapes, a name that is not a string, a repeated
+        // member, an array, and anything that is not JSON.
+        for undecided in [
+            r#"{"model":"s\u0069m"}"#,
+            r#"{"model":7}"#,
+            r#"{"model":null}"#,
+            r#"{"model":"a","model":"b"}"#,
+            r#"["sim"]"#,
+            r#"{"model":"sim"} trailing"#,
+            r#"{"model":"sim""#,
+            "",
+        ] {
+            assert_eq!(check(undecided, "p"), None, "{undecided}");
+        }
+        // Without a rename, a body is only checked.
+        let plain = Bytes::from_static(br#"{"model":"sim"}"#);
+        assert_eq!(checked_whole(&plain, None).unwrap(), plain);
+        assert_eq!(checked_whole(&Bytes::from_static(b"not json"), None), None);
     }
 }
