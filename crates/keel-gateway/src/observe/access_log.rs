@@ -66,8 +66,9 @@ impl AccessLog {
 
     /// Queues one line (see [`crate::observe::log_writer`]: never blocks; a line the full queue cannot
     /// take is dropped and counted). A JSON line is serialized straight from the borrowed
-    /// fields: built as a map of owned values first, it cost a sixth of a fast stream's
-    /// instructions (a key and a value allocated per field, a hash per key, the map dropped).
+    /// fields: built as a map of owned values first, a line would cost a sixth of a fast
+    /// stream's instructions (a key and a value allocated per field, a hash per key, the map
+    /// dropped).
     fn write(&self, line: &Line<'_>) {
         let Some(out) = &self.out else { return };
         let mut bytes = match self.format {

@@ -114,9 +114,9 @@ impl<'a> Unsent<'a> {
 /// little room left): the count read, 0 at the connection's end.
 ///
 /// Read through tokio's `AsyncRead`, which takes a read that leaves room in the buffer as the
-/// socket drained and waits for the next readiness event before reading again. Reading with
-/// `try_read` kept the readiness until a read failed with `WouldBlock`: after a response head
-/// that came alone, the body's first read was a system call that found nothing, every
+/// socket drained and waits for the next readiness event before reading again. `try_read`
+/// keeps the readiness until a read fails with `WouldBlock`: after a response head that
+/// comes alone, the body's first read would be a system call that finds nothing, every
 /// request.
 pub fn poll_fill(
     stream: &mut TcpStream,
