@@ -168,10 +168,13 @@ impl Ewma {
         }
     }
 
-    pub fn record(&mut self, now_ms: u64, sample: f64, decay_ms: f64, peak: bool) {
+    /// Records a sample; `true` when it jumped the value to itself (a peak), rather than
+    /// blending in or being the first.
+    pub fn record(&mut self, now_ms: u64, sample: f64, decay_ms: f64, peak: bool) -> bool {
+        let jumped = peak && self.value.is_some_and(|v| sample >= v * PEAK_JUMP);
         let (value, evidence) = match self.value {
             None => (sample, 1.0),
-            Some(v) if peak && sample >= v * PEAK_JUMP => (sample, 1.0),
+            Some(_) if jumped => (sample, 1.0),
             Some(v) => {
                 let dt = now_ms.saturating_sub(self.at_ms) as f64;
                 // At least a small step per sample, so bursts within one millisecond still count.
@@ -184,6 +187,7 @@ impl Ewma {
         self.value = Some(value);
         self.evidence = evidence;
         self.at_ms = now_ms;
+        jumped
     }
 
     /// As [`Ewma::record`] without a peak, moved by the time weight alone and adding nothing
@@ -624,10 +628,9 @@ impl VariantHealth {
         // A sample the estimate jumps to is news: the variant is re-measured a refresh
         // interval from now, however long probes had been confirming the level before, so that
         // an outlier which keeps clients away is corrected within a second.
-        if self.est.ttft_ms.get().is_some_and(|v| ms >= v * PEAK_JUMP) {
+        if self.est.ttft_ms.record(now_ms, ms, cfg.decay_ms, true) {
             self.refresh_agreed = 0;
         }
-        self.est.ttft_ms.record(now_ms, ms, cfg.decay_ms, true);
         Self::record_baseline(&mut self.est.baseline_ttft_ms, now_ms, ms, cfg);
         self.window.record(now_ms, ms);
         self.last_sample_ms = Some(now_ms);
