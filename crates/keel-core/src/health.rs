@@ -327,7 +327,8 @@ pub enum State {
         since_ms: u64,
     },
     Healthy,
-    /// No client traffic; probed every `probe_interval_ms`.
+    /// No client traffic; probed every `probe_interval_ms` (by the gateway, once any cooldown
+    /// its server asked for is over).
     Ejected {
         since_ms: u64,
         last_probe_ms: u64,

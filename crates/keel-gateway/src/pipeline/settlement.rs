@@ -297,9 +297,12 @@ impl Attempts {
     ) -> Result<Entered, Refused> {
         let pool = &self.pool;
         let synthetic = matches!(kind, AttemptKind::Probe | AttemptKind::WarmUp);
-        // Probing an ejected variant is the point of a probe; finding out whether a loading
-        // variant is ready is the point of a warm-up. No client request goes to either.
-        if kind != AttemptKind::Probe && !pool.available(vi, self.gw.now_ms()) {
+        // A cooling variant takes nothing, not even keel's own requests: its cooldown is a
+        // server's `retry-after` (or a refused connection's short hold), and the monitor probes
+        // it once that is over. Ejection and loading are another matter: probing an ejected
+        // variant is the point of a probe, finding out whether a loading variant is ready the
+        // point of a warm-up, and no client request goes to either.
+        if !pool.available(vi, self.gw.now_ms()) {
             return Err(Refused::Unavailable);
         }
         if !synthetic && pool.loading(vi) {

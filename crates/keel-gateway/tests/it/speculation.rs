@@ -46,11 +46,16 @@ async fn fleet_with_known_gaps() -> Harness {
     let fleet = keel_sim::Fleet::start_n(2, cfg).await.unwrap();
     let pool = pool_over(&fleet, "p", "openai", 1, "hedge = \"off\"");
     let h = Harness::start(fleet, &format!("allow_force_variant = true\n{pool}")).await;
-    for _ in 0..3 {
-        let events = read_stream(forced_sim0(&h, &stream_body("warm up")).await).await;
-        assert_eq!(events.last().unwrap().data, "[DONE]");
-    }
+    warm_sim0(&h).await;
     h
+}
+
+/// Three complete streams from sim-0, so that keel knows its gaps.
+async fn warm_sim0(h: &Harness) {
+    for _ in 0..3 {
+        let r = forced_sim0(h, &stream_body("warm up")).await;
+        assert_eq!(read_stream(r).await.last().unwrap().data, "[DONE]");
+    }
 }
 
 fn migration_note(events: &[SseEvent]) -> Option<String> {
@@ -215,10 +220,7 @@ async fn a_slow_stream_with_nowhere_to_go_goes_on_where_it_is() {
     // Found by the soak: a migration for slowness that could not start ended the stream with
     // an error although the slow stream was still producing.
     let h = long_reply_fleet(&[1, 1], "policy = \"round_robin\"").await;
-    for _ in 0..3 {
-        let r = forced_sim0(&h, &stream_body("warm up")).await;
-        assert_eq!(read_stream(r).await.last().unwrap().data, "[DONE]");
-    }
+    warm_sim0(&h).await;
     add_fault(h.server(0), json!({"kind": "slowdown", "factor": 4})).await;
     add_fault(h.server(1), json!({"kind": "error", "status": 503})).await;
     let body = stream_body("tell me a long story about the sea");
@@ -239,6 +241,65 @@ async fn a_slow_stream_with_nowhere_to_go_goes_on_where_it_is() {
     assert_eq!(h.metric("keel_attempts_total", &tried).await, 1.0);
     let failed = [("reason", "slow"), ("outcome", "failed")];
     assert_eq!(h.metric("keel_migrations_total", &failed).await, 1.0);
+}
+
+/// A pause longer than the variant's gaps explain (its adaptive stall threshold, 500 ms here)
+/// but shorter than `stall_ms` is a stall only if the stream can go on elsewhere: with nowhere
+/// to go, the stream waits where it is, and the client gets the whole answer, not an error.
+/// (An overloaded fleet pauses every stream so; ending them for want of a migration turned
+/// slowness into errors.)
+#[tokio::test]
+async fn a_pause_with_nowhere_to_go_waits_where_it_is() {
+    let h = long_reply_fleet(&[1, 1], "policy = \"round_robin\"").await;
+    warm_sim0(&h).await;
+    add_fault(
+        h.server(0),
+        json!({"kind": "stall", "after_tokens": 6, "ms": 1200, "count": 1}),
+    )
+    .await;
+    add_fault(h.server(1), json!({"kind": "error", "status": 503})).await;
+    let body = stream_body("tell me a long story about the sea");
+    let events = read_stream(forced_sim0(&h, &body).await).await;
+    assert_eq!(events.last().unwrap().data, "[DONE]", "{events:?}");
+    assert_eq!(migration_note(&events), None);
+    // sim-0 serves the same answer again without the pause: the one the client got.
+    let want = want_text(&reference(&h, 0, "/v1/chat/completions", &body).await);
+    assert_eq!(openai_stream_text(&events), want);
+    let failed = [("reason", "stall"), ("outcome", "failed")];
+    assert!(h.metric("keel_migrations_total", &failed).await >= 1.0);
+    let stalled = [("variant", "sim-0"), ("outcome", "stall")];
+    assert_eq!(h.metric("keel_attempts_total", &stalled).await, 0.0);
+}
+
+/// A stream silent for all of `stall_ms` has stalled, whether or not it can go on elsewhere:
+/// with nowhere to go, the client gets an error event once that silence is over.
+#[tokio::test]
+async fn a_silence_of_stall_ms_with_nowhere_to_go_ends_with_an_error() {
+    let h = long_reply_fleet(
+        &[1, 1],
+        "policy = \"round_robin\"\ntimeouts = { stall_ms = 1500 }",
+    )
+    .await;
+    warm_sim0(&h).await;
+    add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 6})).await;
+    add_fault(h.server(1), json!({"kind": "error", "status": 503})).await;
+    let started = std::time::Instant::now();
+    let events = read_stream(forced_sim0(&h, &stream_body("tell me a story")).await).await;
+    let waited = started.elapsed();
+    assert_ne!(events.last().unwrap().data, "[DONE]");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.data.contains("the response is incomplete")),
+        "{events:?}"
+    );
+    println!("the error came after {waited:?}");
+    assert!(
+        waited >= std::time::Duration::from_millis(1500),
+        "{waited:?}"
+    );
+    let stalled = [("variant", "sim-0"), ("outcome", "stall")];
+    assert_eq!(h.metric("keel_attempts_total", &stalled).await, 1.0);
 }
 
 /// A continuation whose variant hangs before its first token is given up once it is later than

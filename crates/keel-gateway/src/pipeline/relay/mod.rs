@@ -15,7 +15,9 @@
 //! * this module: the decision between them. On a failure, while `max_migrations` allows, the
 //!   failed segment is settled, a continuation is started, and its stream is spliced in after an
 //!   SSE comment `: keel migrated from=<a> to=<b> reason=<stall|slow|error> after_tokens=<n>`.
-//!   When nothing can continue, the stream ends with an explicit error event.
+//!   When nothing can continue, the stream ends with an explicit error event; except after a
+//!   slowdown, or a silence at the adaptive stall threshold (shorter than `stall_ms`), which may
+//!   be a stream that is only slow: that one goes on where it is.
 //!
 //! The client's body ends cleanly only through [`Sink::end`], called after a terminal event
 //! (the upstream's or keel's error event); if the relay disappears any other way (it panics,
@@ -329,6 +331,11 @@ impl Relay {
         if matches!(failure, AttemptFailure::Slow(_)) {
             return self.after_slow(c, seg, failure).await;
         }
+        if let AttemptFailure::Stall { silent_ms } = failure {
+            if silent_ms < self.pool.cfg.timeouts.stall_ms {
+                return self.after_early_stall(c, seg, failure).await;
+            }
+        }
         self.after_failure(c, seg, failure).await
     }
 
@@ -405,6 +412,33 @@ impl Relay {
                 ControlFlow::Continue(seg)
             }
         }
+    }
+
+    /// After a silence at the variant's adaptive stall threshold, shorter than the configured
+    /// `stall_ms`: a silence the variant's own gaps do not explain, which may still be a
+    /// stream that is only slow (when the whole fleet is overloaded, every stream is). It is
+    /// continued elsewhere, the original retired once the continuation has its first token,
+    /// as a failure migration; when no continuation can be had (no migration left, safe mode,
+    /// no candidate, the retry budget spent), it goes on where it is, and only `stall_ms` of
+    /// silence fails it, when one more migration is tried. A stream that was alive is never
+    /// ended with an error for want of somewhere else to go.
+    async fn after_early_stall(
+        &mut self,
+        c: &mut Course,
+        mut seg: Segment,
+        failure: AttemptFailure,
+    ) -> ControlFlow<Ending, Segment> {
+        if !self.pool.safety.active() && c.migrations < c.max_migrations {
+            match Box::pin(self.migrate(&c.stitcher, &mut c.tried, false)).await {
+                Ok((next, mode)) => {
+                    c.migrations += 1;
+                    return Box::pin(self.switch(c, seg, *next, failure, mode)).await;
+                }
+                Err(_) => self.count_migration(failure.migration_reason(), "failed"),
+            }
+        }
+        seg.watch.patient = true;
+        ControlFlow::Continue(seg)
     }
 
     /// After a segment that failed: settled as failed, then a continuation spliced in, or an

@@ -38,6 +38,10 @@ pub(super) struct Watch {
     pub(super) truncation: Option<TruncationWatch>,
     /// Tokens delivered before this segment began.
     pub(super) tokens_before: u64,
+    /// A silence at the variant's adaptive stall threshold found nowhere to continue: from then
+    /// on only the configured `stall_ms` of silence fails the segment (see
+    /// `Relay::after_early_stall`).
+    pub(super) patient: bool,
 }
 
 impl Segment {
@@ -54,6 +58,7 @@ impl Segment {
                 gaps: Gaps::default(),
                 truncation: None,
                 tokens_before: 0,
+                patient: false,
             },
             committed,
             start,
@@ -68,6 +73,17 @@ impl Segment {
 }
 
 impl Relay {
+    /// How long `seg` may go silent before it has stalled: its variant's adaptive threshold
+    /// (see `Pool::stall_threshold_ms`), or the configured `stall_ms` once the segment is
+    /// patient.
+    fn stall_after(&self, seg: &Segment) -> Duration {
+        Duration::from_millis(if seg.watch.patient {
+            self.pool.cfg.timeouts.stall_ms
+        } else {
+            self.pool.stall_threshold_ms(seg.committed.vi)
+        })
+    }
+
     fn stall_failure(&self, seg: &Segment) -> SegmentEnd {
         SegmentEnd::Failed(AttemptFailure::Stall {
             silent_ms: seg.silent_ms(),
@@ -86,7 +102,7 @@ impl Relay {
         quiet_ms: Option<u64>,
     ) -> SegmentEnd {
         let vi = seg.committed.vi;
-        let stall = Duration::from_millis(self.pool.stall_threshold_ms(vi));
+        let stall = self.stall_after(seg);
         if !seg.watch.slow_checked {
             seg.watch.slow_checked = true;
             seg.watch.slow = slow_allowed
@@ -185,7 +201,7 @@ impl Relay {
     /// future (the continuation won) loses nothing and sends nothing. Returns `Resumed` with the
     /// events kept for the pump, or how the segment ended.
     pub(super) async fn wait_for_more(&self, seg: &mut Segment) -> SegmentEnd {
-        let stall = Duration::from_millis(self.pool.stall_threshold_ms(seg.committed.vi));
+        let stall = self.stall_after(seg);
         let mut events = Vec::new();
         loop {
             let stall_at = (seg.watch.last_output + stall).min(self.ctx.deadline);

@@ -10,6 +10,11 @@ fn pool(max_concurrency: u32) -> Arc<Pool> {
 
 /// A pool of `variants` variants (`v0`, `v1`, …), each with `max_concurrency`.
 fn pool_of(variants: usize, max_concurrency: u32) -> Arc<Pool> {
+    pool_since(variants, max_concurrency, Instant::now())
+}
+
+/// [`pool_of`] whose clock began at `origin` (its `now_ms` is the time since).
+fn pool_since(variants: usize, max_concurrency: u32, origin: Instant) -> Arc<Pool> {
     let mut text = String::from("[[pools]]\nname = \"p\"\n");
     for i in 0..variants {
         text.push_str(&format!(
@@ -27,7 +32,7 @@ fn pool_of(variants: usize, max_concurrency: u32) -> Arc<Pool> {
             &|_| None,
             &cfg.pools[0].variants,
         ),
-        Instant::now(),
+        origin,
         Metrics::new(),
         UpstreamLimits {
             max_body_bytes: 1 << 20,
@@ -132,6 +137,36 @@ fn failed_warm_ups_back_off() {
     assert!(warm_up(&p), "due again once the backoff is over");
     p.maintenance_done(Maintenance::WarmUp(0), true, Some(50.0), None);
     assert_eq!(p.variant_state(0).warm_up_failures, 0);
+}
+
+/// An ejected variant that asked for time (`retry-after`) is probed when that time is over,
+/// not each probe interval meanwhile: the probe would only be refused.
+#[test]
+fn an_ejected_variant_is_probed_once_its_retry_after_is_over() {
+    // A clock a minute old: the variant's last probe (at 0) is long past its interval.
+    let p = pool_since(1, 4, Instant::now() - std::time::Duration::from_secs(60));
+    let probed = |p: &Pool| {
+        p.maintenance()
+            .into_iter()
+            .filter(|m| matches!(m, Maintenance::Probe(0)))
+            .inspect(|m| p.maintenance_skipped(*m))
+            .count()
+    };
+    let now = p.now_ms();
+    p.update(0, |st| {
+        st.health.est.state = State::Ejected {
+            since_ms: 0,
+            last_probe_ms: 0,
+        }
+    });
+    // The server's 429 said two minutes: nothing is due while they last, however long the
+    // variant has gone without a probe.
+    p.cool_down(0, now, 120_000);
+    assert_eq!(probed(&p), 0);
+    assert!(!p.available(0, p.now_ms()));
+    // Its cooldown over (dated back, so the test does not depend on how fast it runs): probed.
+    p.update(0, |st| st.availability.cooldown_until_ms = 0);
+    assert_eq!(probed(&p), 1);
 }
 
 /// Requests read the published views, never the state: every kind of update must publish.
