@@ -254,7 +254,7 @@ async fn a_pause_with_nowhere_to_go_waits_where_it_is() {
     warm_sim0(&h).await;
     add_fault(
         h.server(0),
-        json!({"kind": "stall", "after_tokens": 6, "ms": 1200, "count": 1}),
+        json!({"kind": "stall", "after_tokens": 6, "ms": 2500, "count": 1}),
     )
     .await;
     add_fault(h.server(1), json!({"kind": "error", "status": 503})).await;
