@@ -402,7 +402,17 @@ pub struct VariantHealth {
     /// Refresh probes in a row that found the estimate right (see [`REFRESH_AGREES`]): each
     /// doubles the wait before the next, up to [`REFRESH_SPREAD`] doublings.
     refresh_agreed: u32,
+    /// The last client sample jumped the TTFT estimate (see [`PEAK_JUMP`]) and no evidence has
+    /// come since: the next refresh probe is due after [`JUMP_RECHECK`] of the interval.
+    jumped: bool,
 }
+
+/// The share of `refresh_after_ms` after which a variant whose estimate one client sample
+/// jumped is re-measured. The jump prices it out, so until that probe it gets no client
+/// request: a second of that for every outlier (a heavy-tail first token, or a few
+/// milliseconds of a busy host's scheduling on a fast variant) starved it of its share. One
+/// probe either way (none when a client's sample comes first): it only comes sooner.
+pub const JUMP_RECHECK: u64 = 8;
 
 /// A refresh probe whose answer is within this ratio of the estimate (either way) confirms it.
 pub const REFRESH_AGREES: f64 = 1.25;
@@ -595,6 +605,7 @@ impl VariantHealth {
             probe_successes: 0,
             last_sample_ms: None,
             refresh_agreed: 0,
+            jumped: false,
         }
     }
 
@@ -629,7 +640,8 @@ impl VariantHealth {
         // A sample the estimate jumps to is news: the variant is re-measured a refresh
         // interval from now, however long probes had been confirming the level before, so that
         // an outlier which keeps clients away is corrected within a second.
-        if self.est.ttft_ms.record(now_ms, ms, cfg.decay_ms, true) {
+        self.jumped = self.est.ttft_ms.record(now_ms, ms, cfg.decay_ms, true);
+        if self.jumped {
             self.refresh_agreed = 0;
         }
         Self::record_baseline(&mut self.est.baseline_ttft_ms, now_ms, ms, cfg);
@@ -647,6 +659,7 @@ impl VariantHealth {
     pub fn record_late_ttft(&mut self, now_ms: u64, ms: f64, cfg: &HealthConfig) {
         self.est.ttft_ms.record_timed(now_ms, ms, cfg.decay_ms);
         self.last_sample_ms = Some(now_ms);
+        self.jumped = false;
     }
 
     /// Whether a refresh probe should re-measure this variant now: it is serving (healthy or in
@@ -654,7 +667,11 @@ impl VariantHealth {
     /// doubled for each refresh in a row that confirmed the estimate (see [`REFRESH_SPREAD`]).
     /// Ejected and warming variants have their own probes and warm-ups.
     pub fn needs_refresh(&self, now_ms: u64, cfg: &HealthConfig) -> bool {
-        let after = cfg.refresh_after_ms << self.refresh_agreed.min(REFRESH_SPREAD);
+        let after = if self.jumped {
+            cfg.refresh_after_ms / JUMP_RECHECK
+        } else {
+            cfg.refresh_after_ms << self.refresh_agreed.min(REFRESH_SPREAD)
+        };
         cfg.refresh_after_ms > 0
             && matches!(self.est.state, State::Healthy | State::SlowStart { .. })
             && self
@@ -673,6 +690,7 @@ impl VariantHealth {
     /// probe was sent because that outlier keeps clients away; blended at the EWMA's pace it
     /// would keep them away for several `decay_ms`, re-measured every second for nothing.
     pub fn refresh_result(&mut self, now_ms: u64, ttft_ms: Option<f64>, cfg: &HealthConfig) {
+        self.jumped = false;
         let agrees = match (ttft_ms, self.est.ttft_ms.get()) {
             (Some(t), Some(v)) if v > 0.0 => (t / v).max(v / t) <= REFRESH_AGREES,
             _ => false,
@@ -1384,9 +1402,10 @@ mod tests {
     /// had confirmed its level for a while, then answers a client at twice it, is probed again
     /// a second later, not eight.
     #[test]
-    fn a_peak_brings_the_next_refresh_probe_back_to_a_second() {
+    fn a_peak_is_re_measured_within_an_eighth_of_the_interval() {
         let c = cfg();
         let r = c.refresh_after_ms;
+        let soon = r / JUMP_RECHECK;
         let mut h = VariantHealth::new(0);
         h.record_ttft(0, 40.0, &c);
         let mut at = 0;
@@ -1402,11 +1421,19 @@ mod tests {
         );
         at += 200;
         h.record_ttft(at, 120.0, &c);
+        assert!(!h.needs_refresh(at + soon - 1, &c));
+        assert!(h.needs_refresh(at + soon, &c), "a peak is re-measured soon");
+        // The probe finds the old level: the estimate is back, and the next probe a whole
+        // interval later (the spread starts again, the peak having broken it).
+        at += soon;
+        h.refresh_result(at, Some(42.0), &c);
+        assert_eq!(h.est.ttft_ms.get(), Some(42.0));
         assert!(!h.needs_refresh(at + r - 1, &c));
-        assert!(
-            h.needs_refresh(at + r, &c),
-            "a peak is re-measured a second later"
-        );
+        assert!(h.needs_refresh(at + r, &c));
+        // A client's sample after a peak is evidence as good as a probe's.
+        h.record_ttft(at + r, 130.0, &c);
+        h.record_ttft(at + r + 10, 128.0, &c);
+        assert!(!h.needs_refresh(at + r + 10 + soon, &c));
     }
 
     fn gaps_of(ms: f64, n: usize) -> crate::stream_watch::Gaps {
