@@ -409,9 +409,9 @@ pub struct VariantHealth {
 
 /// The share of `refresh_after_ms` after which a variant whose estimate one client sample
 /// jumped is re-measured. The jump prices it out, so until that probe it gets no client
-/// request: a second of that for every outlier (a heavy-tail first token, or a few
-/// milliseconds of a busy host's scheduling on a fast variant) starved it of its share. One
-/// probe either way (none when a client's sample comes first): it only comes sooner.
+/// request: a whole interval of that for every outlier (a heavy-tail first token, or a busy
+/// host's scheduling delay on a fast variant) would starve it of its share. The probe comes
+/// sooner; none is sent when a client's sample comes first.
 pub const JUMP_RECHECK: u64 = 8;
 
 /// A refresh probe whose answer is within this ratio of the estimate (either way) confirms it.
