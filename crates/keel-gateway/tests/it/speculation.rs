@@ -246,7 +246,7 @@ async fn a_slow_stream_with_nowhere_to_go_goes_on_where_it_is() {
 /// A pause longer than the variant's gaps explain (its adaptive stall threshold, 500 ms here)
 /// but shorter than `stall_ms` is a stall only if the stream can go on elsewhere: with nowhere
 /// to go, the stream waits where it is, and the client gets the whole answer, not an error.
-/// (An overloaded fleet pauses every stream so; ending them for want of a migration turned
+/// (An overloaded fleet pauses every stream so; ending them for want of a migration would turn
 /// slowness into errors.)
 #[tokio::test]
 async fn a_pause_with_nowhere_to_go_waits_where_it_is() {

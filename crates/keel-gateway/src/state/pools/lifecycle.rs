@@ -206,7 +206,7 @@ impl Pool {
                 } else if st.availability.available(now) && st.health.take_probe(now, &hc) {
                     // Probed once its cooldown is over: a `retry-after` is the server's own
                     // word on when to ask again, and a probe before it would only be refused
-                    // (a 429 storm answered each second probe for nothing).
+                    // (in a 429 storm, every second probe).
                     st.maintenance_busy = true;
                     out.push(Maintenance::Probe(i));
                 } else if matches!(st.health.est.state, State::Warming { .. }) {
