@@ -637,9 +637,10 @@ impl VariantHealth {
         } else {
             0
         };
-        // A sample the estimate jumps to is news: the variant is re-measured a refresh
-        // interval from now, however long probes had been confirming the level before, so that
-        // an outlier which keeps clients away is corrected within a second.
+        // A sample the estimate jumps to is news: the variant is re-measured after
+        // [`JUMP_RECHECK`] of a refresh interval, however long probes had been confirming the
+        // level before, so that an outlier which keeps clients away is soon corrected; the
+        // spread then starts again from one interval.
         self.jumped = self.est.ttft_ms.record(now_ms, ms, cfg.decay_ms, true);
         if self.jumped {
             self.refresh_agreed = 0;
@@ -1400,7 +1401,7 @@ mod tests {
 
     /// A client sample the estimate jumps to resets the spread: an idle variant whose probes
     /// had confirmed its level for a while, then answers a client at twice it, is probed again
-    /// a second later, not eight.
+    /// after an eighth of the interval, not eight intervals; then a whole interval later.
     #[test]
     fn a_peak_is_re_measured_within_an_eighth_of_the_interval() {
         let c = cfg();
