@@ -274,6 +274,11 @@ impl TtftWindow {
         self.sorted.insert(i, v);
     }
 
+    /// Recent samples at least `v`.
+    pub fn at_least(&self, v: f64) -> usize {
+        self.sorted.len() - self.sorted.partition_point(|x| x.total_cmp(&v).is_lt())
+    }
+
     /// The nearest-rank `q` quantile of the recent samples.
     pub fn quantile(&self, q: f64) -> Option<f64> {
         nearest_rank(&self.sorted, q)
@@ -413,6 +418,14 @@ pub struct VariantHealth {
 /// host's scheduling delay on a fast variant) would starve it of its share. The probe comes
 /// sooner; none is sent when a client's sample comes first.
 pub const JUMP_RECHECK: u64 = 8;
+
+/// Recent samples (in the variant's TTFT window) at least as slow as a new one that make it
+/// the variant's ordinary tail rather than news: it blends into the estimate instead of
+/// jumping it (see [`PEAK_JUMP`]). On a variant whose first tokens have a heavy tail, one
+/// draw in thirty or so is twice the mean; jumping to each priced the variant out until a
+/// probe re-measured it, a probe for every such draw, and shifted its share to its peers for
+/// nothing. A real slowdown is slower than anything the window holds, and still jumps.
+pub const JUMP_PRECEDENTS: usize = 2;
 
 /// A refresh probe whose answer is within this ratio of the estimate (either way) confirms it.
 pub const REFRESH_AGREES: f64 = 1.25;
@@ -640,8 +653,10 @@ impl VariantHealth {
         // A sample the estimate jumps to is news: the variant is re-measured after
         // [`JUMP_RECHECK`] of a refresh interval, however long probes had been confirming the
         // level before, so that an outlier which keeps clients away is soon corrected; the
-        // spread then starts again from one interval.
-        self.jumped = self.est.ttft_ms.record(now_ms, ms, cfg.decay_ms, true);
+        // spread then starts again from one interval. A sample the variant's recent window
+        // has seen matched (see [`JUMP_PRECEDENTS`]) is its ordinary tail, and blends in.
+        let news = self.window.at_least(ms) < JUMP_PRECEDENTS;
+        self.jumped = self.est.ttft_ms.record(now_ms, ms, cfg.decay_ms, news);
         if self.jumped {
             self.refresh_agreed = 0;
         }
@@ -1435,6 +1450,37 @@ mod tests {
         h.record_ttft(at + r, 130.0, &c);
         h.record_ttft(at + r + 10, 128.0, &c);
         assert!(!h.needs_refresh(at + r + 10 + soon, &c));
+    }
+
+    /// A variant whose recent first tokens include draws as slow as a new one takes it as its
+    /// tail: the estimate blends it in, and no early re-measure is due. A sample slower than
+    /// anything seen, or seen once only, is still a peak.
+    #[test]
+    fn a_draw_from_the_variants_own_tail_blends_in() {
+        let c = cfg();
+        let soon = c.refresh_after_ms / JUMP_RECHECK;
+        let mut h = VariantHealth::new(0);
+        let mut at = 0;
+        for i in 0..30 {
+            at += 100;
+            h.record_ttft(at, if i % 15 == 7 { 130.0 } else { 40.0 }, &c);
+        }
+        // The first 130 ms draw jumped; the second had one precedent and jumped too.
+        let before = h.est.ttft_ms.get().unwrap();
+        assert!(before < 60.0, "{before}");
+        at += 100;
+        h.record_ttft(at, 120.0, &c);
+        let after = h.est.ttft_ms.get().unwrap();
+        assert!(
+            after > before && after < 2.0 * before,
+            "{before} -> {after}"
+        );
+        assert!(!h.needs_refresh(at + soon, &c), "no early re-measure");
+        // Slower than any recent draw: a peak.
+        at += 100;
+        h.record_ttft(at, 400.0, &c);
+        assert_eq!(h.est.ttft_ms.get(), Some(400.0));
+        assert!(h.needs_refresh(at + soon, &c));
     }
 
     fn gaps_of(ms: f64, n: usize) -> crate::stream_watch::Gaps {
