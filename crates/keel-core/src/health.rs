@@ -410,6 +410,8 @@ pub struct VariantHealth {
     /// The last client sample jumped the TTFT estimate (see [`PEAK_JUMP`]) and no evidence has
     /// come since: the next refresh probe is due after [`JUMP_RECHECK`] of the interval.
     jumped: bool,
+    /// Client first tokens against their prompts' sizes: how much longer a long prompt takes.
+    prefill: crate::prefill::PrefillFit,
 }
 
 /// The share of `refresh_after_ms` after which a variant whose estimate one client sample
@@ -619,6 +621,7 @@ impl VariantHealth {
             last_sample_ms: None,
             refresh_agreed: 0,
             jumped: false,
+            prefill: Default::default(),
         }
     }
 
@@ -663,6 +666,17 @@ impl VariantHealth {
         Self::record_baseline(&mut self.est.baseline_ttft_ms, now_ms, ms, cfg);
         self.window.record(now_ms, ms);
         self.last_sample_ms = Some(now_ms);
+    }
+
+    /// A client's first token of a prompt of `tokens` (estimated), for the prefill fit; its
+    /// TTFT sample is [`VariantHealth::record_ttft`]'s.
+    pub fn record_prefill(&mut self, now_ms: u64, tokens: u64, ms: f64) {
+        self.prefill.record(now_ms, tokens, ms);
+    }
+
+    /// The variant's prefill rate, where its recent first tokens show one.
+    pub fn prefill(&self) -> Option<crate::prefill::Prefill> {
+        self.prefill.prefill()
     }
 
     /// A lower bound of a TTFT: an attempt cancelled `ms` after it started (it lost a hedge

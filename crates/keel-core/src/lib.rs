@@ -29,6 +29,7 @@ pub mod integrity;
 pub mod normalize;
 pub mod outcome;
 pub mod p2c;
+pub mod prefill;
 pub mod protocol;
 pub mod queue;
 pub mod quota;

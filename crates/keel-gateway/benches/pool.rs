@@ -54,7 +54,7 @@ fn pool(variants: usize) -> Arc<Pool> {
     // Live statistics on every variant, as after some traffic.
     for round in 0..64 {
         for i in 0..variants {
-            pool.record_attempt(i, true, Some(80.0 + (i * 7 + round) as f64 % 40.0));
+            pool.record_attempt(i, true, Some(80.0 + (i * 7 + round) as f64 % 40.0), None);
             pool.record_stream(i, &[10.0, 12.0, 9.0, 11.0].into_iter().collect());
         }
     }
@@ -78,10 +78,10 @@ fn request(pool: &Arc<Pool>, req: &keel_core::request::CanonicalRequest) {
     };
     let v = order[0];
     black_box(pool.available(v, pool.now_ms()));
-    black_box(pool.hedge_delay_ms(v));
+    black_box(pool.hedge_delay_ms(v, 200));
     black_box(pool.stall_threshold_ms(v));
     let slot = pool.try_enter(v, Priority::Normal).expect("a free slot");
-    pool.record_attempt(v, true, Some(90.0));
+    pool.record_attempt(v, true, Some(90.0), None);
     pool.record_success(v);
     pool.record_stream(v, &[10.0, 11.0, 12.0].into_iter().collect());
     drop(slot);

@@ -478,6 +478,7 @@ fn decision(variants: usize, iterations: usize) -> Result<(), String> {
                 i,
                 rng.next_f64() > 0.02,
                 Some(rng.lognormal(80.0 + i as f64 * 3.0, 0.3)),
+                None,
             );
             pool.record_stream(i, &[10.0, 11.0, 9.0, 12.0, 10.0].into_iter().collect());
         }

@@ -132,7 +132,9 @@ pub async fn execute(
                 Vec::new()
             };
             let delay = hedgeable
-                .then(|| pool.hedge_delay_ms(pool.hedge_target(&others)?))
+                .then(|| {
+                    pool.hedge_delay_ms(pool.hedge_target(&others)?, req.estimated_input_tokens)
+                })
                 .flatten();
             let outcomes = match delay {
                 Some(delay) => {
@@ -420,7 +422,7 @@ async fn race(
                 // If this hedge is late too by its own standard, another may follow.
                 if entered.len() - 1 < pool.cfg.max_hedges as usize {
                     next_hedge = pool
-                        .hedge_delay_ms(h)
+                        .hedge_delay_ms(h, req.estimated_input_tokens)
                         .map(|ms| Instant::now() + Duration::from_millis(ms))
                         .filter(|at| *at < ctx.deadline);
                 }

@@ -309,6 +309,7 @@ impl<'g> Flight<'g> {
         let mut attempts = Attempts::new(self.gw, &pool, Some(draft));
         attempts.priority = self.ctx.priority;
         attempts.trace = self.ctx.trace.clone();
+        attempts.prompt_tokens = Some(self.req.estimated_input_tokens);
         let mut order = self.order_or_answer(selection)?;
         let side = match (&pool.canary, &self.ctx.force_variant) {
             (Some(c), None) => Some(c.side(&self.canary_identity(c.identity()), pool.now_ms())),

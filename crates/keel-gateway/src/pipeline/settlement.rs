@@ -156,6 +156,9 @@ pub struct Attempts {
     pub priority: keel_core::queue::Priority,
     /// The request's span: each attempt gets a child span (tracing on only).
     pub trace: Option<RequestSpan>,
+    /// The client prompt's estimated tokens, for the variants' prefill fits (see
+    /// `keel_core::prefill`); `None` for probes and warm-ups.
+    pub prompt_tokens: Option<u64>,
 }
 
 impl Attempts {
@@ -173,6 +176,7 @@ impl Attempts {
             open: Vec::new(),
             priority: Default::default(),
             trace: None,
+            prompt_tokens: None,
         }
     }
 
@@ -410,7 +414,12 @@ impl Attempts {
                 if whole {
                     end_span(trace.take(), "ok");
                 }
-                pool.record_attempt(vi, true, Some(ttft.as_secs_f64() * 1000.0));
+                // A continuation's prompt is the client's and the text already sent: its size
+                // is not the estimate's.
+                let prompt = self
+                    .prompt_tokens
+                    .filter(|_| kind != AttemptKind::Continuation);
+                pool.record_attempt(vi, true, Some(ttft.as_secs_f64() * 1000.0), prompt);
                 pool.record_success(vi);
                 pool.variants[vi].limit.success();
                 let record = self.push_record(vi, kind, "ok".into(), started, Some(first), whole);
@@ -442,7 +451,7 @@ impl Attempts {
                 end_span(trace, &label);
                 self.push_record(vi, kind, label, started, None, true);
                 self.upstream_done();
-                pool.record_attempt(vi, true, None);
+                pool.record_attempt(vi, true, None, None);
                 Settled::ClientError(s)
             }
             AttemptResult::Failed(f) => {
@@ -617,7 +626,7 @@ impl Attempts {
         }
         let sample = |ok| {
             if client {
-                pool.record_attempt(vi, ok, None);
+                pool.record_attempt(vi, ok, None, None);
             }
         };
         match f.verdict() {

@@ -140,8 +140,15 @@ impl Pool {
         });
     }
     /// Feeds one attempt's outcome to the variant's health: `ok` is false only for backend
-    /// failures; `ttft_ms` is the time to the first token (or whole body).
-    pub fn record_attempt(&self, index: usize, ok: bool, ttft_ms: Option<f64>) {
+    /// failures; `ttft_ms` is the time to the first token (or whole body), of a client prompt
+    /// of `prompt_tokens` (estimated) where it was one.
+    pub fn record_attempt(
+        &self,
+        index: usize,
+        ok: bool,
+        ttft_ms: Option<f64>,
+        prompt_tokens: Option<u64>,
+    ) {
         let now = self.now_ms();
         if let Some(c) = &self.canary {
             c.observe_attempt(index, ok, ttft_ms, now);
@@ -154,6 +161,9 @@ impl Pool {
             let h = &mut st.health;
             if let Some(t) = ttft_ms {
                 h.record_ttft(now, t, &hc);
+                if let Some(tokens) = prompt_tokens {
+                    h.record_prefill(now, tokens, t);
+                }
             }
             h.record_outcome(now, ok, &hc);
             h.tick(now, &hc);

@@ -178,9 +178,12 @@ fn every_update_publishes_the_variants_view() {
     let steps: Vec<(&str, Step)> = vec![
         (
             "attempt",
-            Box::new(|p| p.record_attempt(0, true, Some(120.0))),
+            Box::new(|p| p.record_attempt(0, true, Some(120.0), None)),
         ),
-        ("failure", Box::new(|p| p.record_attempt(0, false, None))),
+        (
+            "failure",
+            Box::new(|p| p.record_attempt(0, false, None, None)),
+        ),
         (
             "stream",
             Box::new(|p| p.record_stream(0, &[10.0, 30.0, 12.0].into_iter().collect())),
@@ -255,7 +258,7 @@ fn concurrent_updates_leave_every_view_current() {
                         panic!("no plan: {sel:?}");
                     };
                     let ttft = 50.0 + f64::from((t * 500 + n) % 97);
-                    p.record_attempt(order[0], n % 50 != 0, Some(ttft));
+                    p.record_attempt(order[0], n % 50 != 0, Some(ttft), None);
                     p.record_stream(order[0], &[10.0, 11.0].into_iter().collect());
                 }
             });
@@ -402,12 +405,49 @@ fn a_hedge_delay_waits_for_the_samples_that_place_it() {
     });
     let pool_p95 = p.pool_ttft(0.95).unwrap();
     assert_eq!(pool_p95, 97.0);
-    assert_eq!(p.hedge_delay_ms(1), Some(97), "not its one heavy draw");
+    assert_eq!(p.hedge_delay_ms(1, 0), Some(97), "not its one heavy draw");
     // Forty samples of its own place its P95 below its two slowest: from now on its own.
     p.update(1, |st| {
         for _ in 0..33 {
             st.health.record_ttft(now, 120.0, &hc);
         }
     });
-    assert_eq!(p.hedge_delay_ms(1), Some(120));
+    assert_eq!(p.hedge_delay_ms(1, 0), Some(120));
+}
+
+/// A long prompt is raced once it is late for a prompt of its size: its hedge delay adds the
+/// longer prefill the target's client samples show; a short prompt's stays the quantile's, and
+/// so does any prompt's on a variant whose samples show no prefill rate.
+#[test]
+fn a_long_prompt_waits_for_its_prefill_before_a_hedge() {
+    let p = pool_of(3, 8);
+    let hc = p.cfg.health;
+    let now = p.now_ms();
+    // Client answers on variant 1: 40 ms plus 0.1 ms a prompt token, prompts of 20 and 2,000.
+    for i in 0..60u64 {
+        let tokens = if i % 6 == 0 { 2000 } else { 20 };
+        let ttft = 40.0 + (i % 5) as f64 + 0.1 * tokens as f64;
+        p.record_attempt(1, true, Some(ttft), Some(tokens));
+    }
+    // Variant 2: the same answers, no prompt sizes (probes, or another pool's view).
+    for i in 0..60u64 {
+        let tokens = if i % 6 == 0 { 2000 } else { 20 };
+        p.update(2, |st| {
+            st.health
+                .record_ttft(now, 40.0 + (i % 5) as f64 + 0.1 * tokens as f64, &hc)
+        });
+    }
+    let short = p.hedge_delay_ms(1, 20).unwrap();
+    let long = p.hedge_delay_ms(1, 2000).unwrap();
+    // The mean prompt is 350 tokens: 1,650 more at 0.1 ms, less the fit's margin.
+    assert!(
+        long > short + 150 && long <= short + 165,
+        "{short} → {long}"
+    );
+    assert_eq!(
+        p.hedge_delay_ms(1, 300),
+        Some(short),
+        "a prompt under the mean"
+    );
+    assert_eq!(p.hedge_delay_ms(2, 2000), p.hedge_delay_ms(2, 20));
 }

@@ -22,6 +22,10 @@ pub const QUIET_FLOOR_MS: u64 = 40;
 /// Weight of each finished stream in the pool's typical answer length.
 const ANSWER_SMOOTHING: f64 = 1.0 / 32.0;
 
+/// The most a long prompt's prefill adds to a hedge delay: a minute (a prompt the size of a
+/// large context window on a slow server); past it the request's deadline decides.
+const MAX_PREFILL_WAIT_MS: f64 = 60_000.0;
+
 impl Pool {
     /// A client TTFT for the pool's window (this thread's shard).
     pub(super) fn record_pool_ttft(&self, now_ms: u64, ms: f64) {
@@ -127,10 +131,16 @@ impl Pool {
         self.hedges.record_request(now);
         self.probes.record_request(now);
     }
-    /// The hedge delay when `target` would take the hedge, or `None` when hedging is off: the
-    /// configured delay, or (auto) the target's recent TTFT quantile at 1 − hedge_budget/2 (the
-    /// whole pool's until the target has the samples to place it: 40 for a P95), clamped to
-    /// 50 ms–2 s (2 s before any sample).
+    /// The hedge delay when `target` would take the hedge for a prompt of `prompt_tokens`
+    /// (estimated), or `None` when hedging is off: the configured delay, or (auto) the target's
+    /// recent TTFT quantile at 1 − hedge_budget/2 (the whole pool's until the target has the
+    /// samples to place it: 40 for a P95), clamped to 50 ms–2 s (2 s before any sample), plus
+    /// the longer prefill a prompt longer than the target's usual one takes there (see
+    /// `keel_core::prefill`).
+    ///
+    /// Why the prefill: the quantile is a figure for the usual prompt, and a long prompt passes
+    /// it by its length alone. Raced then, it loses: the hedge reads the same prompt from the
+    /// start, behind the primary. A long prompt is raced once it is late for its size.
     ///
     /// Why that quantile: hedging after it races about half the budget's share of requests, so
     /// the budget is there for the slow first tokens instead of running out on ordinary ones.
@@ -142,13 +152,17 @@ impl Pool {
     /// together (a start, a reload) hedged its slowest requests of the first seconds at three or
     /// four times the usual first token (one long prompt or one heavy draw in a variant's first
     /// handful of answers set its delay), while the pool's samples together placed it well.
-    pub fn hedge_delay_ms(&self, target: usize) -> Option<u64> {
+    pub fn hedge_delay_ms(&self, target: usize, prompt_tokens: u64) -> Option<u64> {
         match self.cfg.hedge {
             crate::config::Hedge::Off => None,
             crate::config::Hedge::AfterMs(ms) => Some(ms),
             crate::config::Hedge::Auto => {
                 let delay = self.hedge_ttft_ms(target).unwrap_or(2000.0);
-                Some(delay.clamp(50.0, 2000.0) as u64)
+                let longer = self
+                    .live(target)
+                    .prefill
+                    .map_or(0.0, |p| p.extra_ms(prompt_tokens).min(MAX_PREFILL_WAIT_MS));
+                Some((delay.clamp(50.0, 2000.0) + longer) as u64)
             }
         }
     }

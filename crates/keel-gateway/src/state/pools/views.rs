@@ -48,6 +48,9 @@ pub(crate) struct Published {
     /// The quantile the auto hedge delay uses, once the variant's samples place it (see
     /// [`Pool::hedge_delay_ms`]).
     pub(crate) hedge_ttft_ms: Option<f64>,
+    /// How much longer a long prompt takes to its first token here, where its client samples
+    /// show it (see [`Pool::hedge_delay_ms`]).
+    pub(crate) prefill: Option<keel_core::prefill::Prefill>,
     /// Refusing connections within its restart grace (see [`Pool::mark_restarting`]).
     pub(crate) restarting: bool,
     /// The health figures selection reads, computed at publication, while they do not depend
@@ -109,6 +112,7 @@ impl Published {
             p50_ttft_ms: h.ttft_quantile_ms(0.5),
             p95_ttft_ms: h.p95_ttft_ms(),
             hedge_ttft_ms: h.supported_ttft_quantile_ms(hedge_q),
+            prefill: h.prefill(),
             restarting: st.restarting_since.is_some(),
             steady,
         }
