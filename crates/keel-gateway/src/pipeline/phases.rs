@@ -309,7 +309,9 @@ impl<'g> Flight<'g> {
         let mut attempts = Attempts::new(self.gw, &pool, Some(draft));
         attempts.priority = self.ctx.priority;
         attempts.trace = self.ctx.trace.clone();
-        attempts.prompt_tokens = Some(self.req.estimated_input_tokens);
+        attempts.prompt_tokens = std::num::NonZeroU32::new(
+            u32::try_from(self.req.estimated_input_tokens).unwrap_or(u32::MAX),
+        );
         let mut order = self.order_or_answer(selection)?;
         let side = match (&pool.canary, &self.ctx.force_variant) {
             (Some(c), None) => Some(c.side(&self.canary_identity(c.identity()), pool.now_ms())),

@@ -157,8 +157,9 @@ pub struct Attempts {
     /// The request's span: each attempt gets a child span (tracing on only).
     pub trace: Option<RequestSpan>,
     /// The client prompt's estimated tokens, for the variants' prefill fits (see
-    /// `keel_core::prefill`); `None` for probes and warm-ups.
-    pub prompt_tokens: Option<u64>,
+    /// `keel_core::prefill`); `None` for probes and warm-ups (and an empty prompt). Four bytes:
+    /// every live stream's relay holds its request's attempts.
+    pub prompt_tokens: Option<std::num::NonZeroU32>,
 }
 
 impl Attempts {
@@ -418,7 +419,8 @@ impl Attempts {
                 // is not the estimate's.
                 let prompt = self
                     .prompt_tokens
-                    .filter(|_| kind != AttemptKind::Continuation);
+                    .filter(|_| kind != AttemptKind::Continuation)
+                    .map(|t| u64::from(t.get()));
                 pool.record_attempt(vi, true, Some(ttft.as_secs_f64() * 1000.0), prompt);
                 pool.record_success(vi);
                 pool.variants[vi].limit.success();
