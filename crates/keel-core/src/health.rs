@@ -423,8 +423,8 @@ pub const JUMP_RECHECK: u64 = 8;
 
 /// Recent samples (in the variant's TTFT window) at least as slow as a new one that make it
 /// the variant's ordinary tail rather than news: it blends into the estimate instead of
-/// jumping it (see [`PEAK_JUMP`]). On a variant whose first tokens have a heavy tail, one
-/// draw in thirty or so is twice the mean; jumping to each priced the variant out until a
+/// jumping it (see [`PEAK_JUMP`]). On a variant whose first tokens spread as a lognormal of
+/// σ 0.5, one draw in twenty is twice the mean; jumping to each priced the variant out until a
 /// probe re-measured it, a probe for every such draw, and shifted its share to its peers for
 /// nothing. A real slowdown is slower than anything the window holds, and still jumps.
 pub const JUMP_PRECEDENTS: usize = 2;

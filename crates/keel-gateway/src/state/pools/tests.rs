@@ -421,21 +421,17 @@ fn a_hedge_delay_waits_for_the_samples_that_place_it() {
 #[test]
 fn a_long_prompt_waits_for_its_prefill_before_a_hedge() {
     let p = pool_of(3, 8);
-    let hc = p.cfg.health;
-    let now = p.now_ms();
     // Client answers on variant 1: 40 ms plus 0.1 ms a prompt token, prompts of 20 and 2,000.
     for i in 0..60u64 {
         let tokens = if i % 6 == 0 { 2000 } else { 20 };
         let ttft = 40.0 + (i % 5) as f64 + 0.1 * tokens as f64;
         p.record_attempt(1, true, Some(ttft), Some(tokens));
     }
-    // Variant 2: the same answers, no prompt sizes (probes, or another pool's view).
+    // Variant 2: the same answers, without their prompts' sizes (as probes' are recorded).
     for i in 0..60u64 {
         let tokens = if i % 6 == 0 { 2000 } else { 20 };
-        p.update(2, |st| {
-            st.health
-                .record_ttft(now, 40.0 + (i % 5) as f64 + 0.1 * tokens as f64, &hc)
-        });
+        let ttft = 40.0 + (i % 5) as f64 + 0.1 * tokens as f64;
+        p.record_attempt(2, true, Some(ttft), None);
     }
     let short = p.hedge_delay_ms(1, 20).unwrap();
     let long = p.hedge_delay_ms(1, 2000).unwrap();
