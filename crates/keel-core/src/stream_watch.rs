@@ -204,6 +204,21 @@ pub struct EventFacts<'a> {
     pub starts_call: bool,
 }
 
+impl EventFacts<'_> {
+    /// The facts without the borrow of the event they were read from: what travels with an
+    /// event to where it is handled later (only its text can borrow, and only output has any).
+    pub fn into_owned(self) -> EventFacts<'static> {
+        EventFacts {
+            role: self.role,
+            tokens: self.tokens,
+            text: self.text.map(|t| Cow::Owned(t.into_owned())),
+            plain: self.plain,
+            oversized: self.oversized,
+            starts_call: self.starts_call,
+        }
+    }
+}
+
 /// Reads an event's [`EventFacts`].
 pub fn read_event(protocol: Protocol, ev: &SseEvent) -> EventFacts<'_> {
     if protocol == Protocol::OpenAi && !ev.comment_only && ev.data != "[DONE]" {
@@ -564,6 +579,13 @@ mod tests {
             ),
             (
                 Protocol::Anthropic,
+                SseEvent::new(
+                    Some("content_block_start"),
+                    r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}"#,
+                ),
+            ),
+            (
+                Protocol::Anthropic,
                 SseEvent::new(Some("ping"), r#"{"type":"ping"}"#),
             ),
             (
@@ -576,6 +598,8 @@ mod tests {
         ];
         for (p, ev) in events {
             assert_eq!(read_event(p, &ev), separately(p, &ev), "{:?}", ev.data);
+            // What the commit point hands the relay instead of the event's second reading.
+            assert_eq!(read_event(p, &ev).into_owned(), read_event(p, &ev));
         }
     }
 

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use keel_core::protocol::{Endpoint, EventRole, Protocol};
-use keel_core::sse::SseEvent;
 use keel_core::stream_watch::{read_event_in, Gaps};
 
 use crate::pipeline::attempt::{attempt, AttemptResult, Served, StreamStart};
@@ -179,8 +178,7 @@ async fn read_to_end(
     protocol: Protocol,
     deadline: tokio::time::Instant,
 ) -> Option<Gaps> {
-    let mut events: Vec<SseEvent> = start.head.drain(..).collect();
-    events.append(&mut start.pending);
+    let mut events = std::mem::take(&mut start.pending);
     let mut gaps = Gaps::default();
     let mut last_token: Option<Instant> = None;
     loop {

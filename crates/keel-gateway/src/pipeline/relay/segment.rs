@@ -117,12 +117,10 @@ impl Relay {
         let Segment { start, watch, .. } = seg;
         // One buffer of events for the whole segment: each read appends to it and
         // `handle_all` drains it, so its capacity is reused rather than grown anew per read.
-        let mut events = std::mem::take(&mut start.head);
-        events.append(&mut start.pending);
-        if let Some(end) = self
-            .handle_all(&mut events, st, trim, watch, start, vi)
-            .await
-        {
+        let mut events = std::mem::take(&mut start.pending);
+        let read = std::mem::take(&mut start.read);
+        let (batch, end) = self.handle_all(&mut events, read, st, trim, watch, start, vi);
+        if let Some(end) = self.send_released(batch, end).await {
             return end;
         }
         loop {
@@ -152,10 +150,8 @@ impl Relay {
                     return SegmentEnd::Failed(other.failure("before the stream was complete"))
                 }
             }
-            if let Some(end) = self
-                .handle_all(&mut events, st, trim, watch, start, vi)
-                .await
-            {
+            let (batch, end) = self.handle_all(&mut events, Vec::new(), st, trim, watch, start, vi);
+            if let Some(end) = self.send_released(batch, end).await {
                 return end;
             }
         }
@@ -163,32 +159,40 @@ impl Relay {
 
     /// Handles events in order until one ends the segment; the events after it are kept for
     /// the segment's next pump call (a slow stream that has nowhere to go goes on with them).
+    /// `read` holds what was read already of the first events (see `StreamStart::read`).
     ///
     /// What the events of one upstream read release for the client goes out as one write
-    /// (one body frame, one syscall) after the last of them, or before the segment ends: the
-    /// events are already here, so batching them delays nothing, and a write per event was a
-    /// fifth of keel's CPU per stream.
-    async fn handle_all(
+    /// (one body frame, one syscall) after the last of them, or before the segment ends (see
+    /// [`Relay::send_released`]): the events are already here, so batching them delays
+    /// nothing, and a write per event was a fifth of keel's CPU per stream. Not async: what it
+    /// holds while it works is not kept in every live stream's future.
+    #[allow(clippy::too_many_arguments)]
+    fn handle_all(
         &self,
         events: &mut Vec<SseEvent>,
+        read: Vec<EventFacts<'static>>,
         st: &mut Stitcher,
         trim: &mut bool,
         watch: &mut Watch,
         start: &mut StreamStart,
         vi: usize,
-    ) -> Option<SegmentEnd> {
+    ) -> (Vec<u8>, Option<SegmentEnd>) {
         let mut batch = Vec::with_capacity(events.iter().map(|e| e.raw.len()).sum());
-        let mut end = None;
+        let mut read = read.into_iter();
         let mut events = events.drain(..);
         while let Some(ev) = events.next() {
-            end = self.handle(ev, st, trim, watch, vi, &mut batch);
+            let end = self.handle(ev, read.next(), st, trim, watch, vi, &mut batch);
             if end.is_some() {
                 start.pending.extend(events.by_ref());
-                break;
+                return (batch, end);
             }
         }
-        drop(events);
-        // Everything released before the segment ended reaches the client first.
+        (batch, None)
+    }
+
+    /// Sends what [`Relay::handle_all`] released; everything released before the segment
+    /// ended reaches the client first.
+    async fn send_released(&self, batch: Vec<u8>, end: Option<SegmentEnd>) -> Option<SegmentEnd> {
         match self.deliver(batch).await {
             Sent::Ok => end,
             Sent::ClientGone => Some(SegmentEnd::ClientGone),
@@ -233,9 +237,12 @@ impl Relay {
     }
 
     /// The per-event policy; what the event releases for the client is appended to `batch`.
+    /// `read`: what was read of it already, if anything.
+    #[allow(clippy::too_many_arguments)]
     fn handle(
         &self,
         ev: SseEvent,
+        read: Option<EventFacts<'static>>,
         st: &mut Stitcher,
         trim: &mut bool,
         w: &mut Watch,
@@ -250,7 +257,10 @@ impl Relay {
             plain,
             oversized,
             starts_call,
-        } = read_event_in(self.protocol, &ev, &mut w.template);
+        } = match read {
+            Some(facts) => facts,
+            None => read_event_in(self.protocol, &ev, &mut w.template),
+        };
         // The request's usage, per attempt: the access log's and the trace's tokens, and a
         // keyed request's reconciliation (see `keys`).
         self.ctx
