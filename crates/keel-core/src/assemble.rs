@@ -153,11 +153,17 @@ impl Assembler {
             Protocol::OpenAi => self.push_openai(&ev.data),
             Protocol::Anthropic => {
                 let name = ev.event.as_deref().unwrap_or("");
-                // Most events are text deltas: read without a JSON tree.
-                if name == "content_block_delta" {
-                    if let Ok(delta) = BlockDelta::parse(&ev.data) {
-                        return self.read_block_delta(&delta);
+                match name {
+                    // Most events are text deltas: read without a JSON tree.
+                    "content_block_delta" => {
+                        if let Ok(delta) = BlockDelta::parse(&ev.data) {
+                            return self.read_block_delta(&delta);
+                        }
                     }
+                    "message_start" | "content_block_start" | "message_delta" => {}
+                    // Nothing else adds to the answer (a block's stop, the message's stop,
+                    // pings): not parsed for nothing.
+                    _ => return Ok(()),
                 }
                 let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
                     return Ok(());

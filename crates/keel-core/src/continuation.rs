@@ -407,10 +407,15 @@ impl Stitcher {
             }
             Protocol::Anthropic => match ev.event.as_deref() {
                 Some("content_block_start") => {
-                    let i = serde_json::from_str::<Value>(&ev.data)
-                        .ok()
-                        .and_then(|v| v.get("index").and_then(Value::as_u64))
-                        .unwrap_or(self.next_block);
+                    // Read without a tree where the event view can read it, as the relay's
+                    // reading of the same event does.
+                    let i = match crate::protocol::EventView::parse(&ev.data) {
+                        Some(view) => view.index(),
+                        None => serde_json::from_str::<Value>(&ev.data)
+                            .ok()
+                            .and_then(|v| v.get("index").and_then(Value::as_u64)),
+                    }
+                    .unwrap_or(self.next_block);
                     self.open_block = Some(i);
                     // Saturating: an index is the upstream's number, `u64::MAX` included.
                     self.next_block = i.saturating_add(1);
