@@ -307,7 +307,8 @@ impl<'de: 'a, 'a> ReadChoices<'de> for Choices<'a> {
 }
 
 /// The parts of an Anthropic stream event keel reads on every event, deserialized without a
-/// JSON tree: its `type`, its content block's `index` and its delta's `text`. Each event was
+/// JSON tree: its `type`, its content block's `index` and `type` (a block's start), and its
+/// delta's `text`. Each event was
 /// parsed into a tree three times (its role, its index, its text), half of what an Anthropic
 /// stream cost keel. An event of another shape (a member of an unexpected type, a duplicated
 /// member) is not read by this view; callers read its tree as before.
@@ -319,6 +320,14 @@ pub struct EventView<'a> {
     index: Option<u64>,
     #[serde(default, borrow)]
     delta: Option<MapOnly<DeltaTextView<'a>>>,
+    #[serde(default, borrow)]
+    content_block: Option<MapOnly<BlockKindView<'a>>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct BlockKindView<'a> {
+    #[serde(default, borrow, rename = "type", deserialize_with = "borrowed_text")]
+    kind: Option<Cow<'a, str>>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -341,6 +350,13 @@ impl<'a> EventView<'a> {
     /// The content block's index.
     pub fn index(&self) -> Option<u64> {
         self.index
+    }
+
+    /// The `type` of the content block a `content_block_start` opens.
+    pub fn block_type(&self) -> Option<&str> {
+        self.content_block
+            .as_ref()
+            .and_then(|b| b.0.kind.as_deref())
     }
 
     /// The delta's text, borrowed from the event unless it holds an escape.

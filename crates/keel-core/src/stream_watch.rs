@@ -274,6 +274,8 @@ fn read_anthropic(ev: &SseEvent) -> Option<EventFacts<'_>> {
     let view = EventView::parse(&ev.data).filter(|v| !v.is_error())?;
     let output = matches!(name, "content_block_delta" | "message_delta");
     let delta = name == "content_block_delta";
+    // What `starts_tool_call` reads from the tree, from the view.
+    let starts_call = name == "content_block_start" && view.block_type() == Some("tool_use");
     let oversized = name
         .starts_with("content_block")
         .then(|| view.index())
@@ -289,7 +291,7 @@ fn read_anthropic(ev: &SseEvent) -> Option<EventFacts<'_>> {
         text: if delta { view.into_text() } else { None },
         plain: false,
         oversized,
-        starts_call: starts_tool_call(Protocol::Anthropic, ev),
+        starts_call,
     })
 }
 
@@ -642,16 +644,17 @@ mod tests {
         #[test]
         fn an_anthropic_event_read_once_agrees_with_the_separate_readings(
             name in 0usize..9,
-            members in proptest::collection::vec((0usize..4, 0usize..10), 0..4),
+            members in proptest::collection::vec((0usize..5, 0usize..13), 0..4),
         ) {
             const NAMES: [Option<&str>; 9] = [
                 None, Some("message_start"), Some("content_block_start"), Some("content_block_delta"),
                 Some("content_block_stop"), Some("message_delta"), Some("message_stop"), Some("ping"), Some("error"),
             ];
-            const KEYS: [&str; 4] = ["type", "index", "delta", "other"];
-            const VALUES: [&str; 10] = [
+            const KEYS: [&str; 5] = ["type", "index", "delta", "other", "content_block"];
+            const VALUES: [&str; 13] = [
                 "null", "3", "1023", "1024", "-1", r#""error""#, r#""content_block_delta""#,
                 r#"{"type":"text_delta","text":"h\u00e9 \"x\""}"#, r#"{"text":7}"#, r#"[{"text":"x"}]"#,
+                r#"{"type":"tool_use","id":"t","input":{}}"#, r#"{"type":"text","text":""}"#, r#"{"type":7}"#,
             ];
             let data = format!(
                 "{{{}}}",
