@@ -318,25 +318,30 @@ pub struct ChunkTemplate {
 
 impl ChunkTemplate {
     /// Learns the template from `data`, a chunk read as plain output whose `text` the view
-    /// borrowed from it (nothing unescaped): it must lie within `data`.
-    fn learn(&mut self, data: &str, text: &str) {
+    /// borrowed from it (nothing unescaped): it must lie within `data`. `false` (the template
+    /// unchanged) when `text` is empty or does not (a text unescaped into a string of its own).
+    pub(crate) fn learn(&mut self, data: &str, text: &str) -> bool {
         let start = (text.as_ptr() as usize).wrapping_sub(data.as_ptr() as usize);
         let end = start.saturating_add(text.len());
         // Checked, not indexed: a text from anywhere else leaves the template as it was.
         let (Some(before), Some(after)) = (data.get(..start), data.get(end..)) else {
-            return;
+            return false;
         };
+        if text.is_empty() {
+            return false;
+        }
         self.before.clear();
         self.before.push_str(before);
         self.after.clear();
         self.after.push_str(after);
         self.mentions = mentions_tool_calls(before) || mentions_tool_calls(after);
+        true
     }
 
     /// The text of a chunk shaped like the template; `None` (parse it) when it is not, or its
     /// text is empty or holds anything a JSON string would escape (`"`, `\`, control
     /// characters).
-    fn text<'a>(&self, data: &'a str) -> Option<&'a str> {
+    pub(crate) fn text<'a>(&self, data: &'a str) -> Option<&'a str> {
         if self.before.is_empty() {
             return None;
         }
