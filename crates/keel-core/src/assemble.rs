@@ -71,7 +71,7 @@ pub struct Assembler {
     model: Option<Value>,
     /// The bytes around the text of the last Anthropic text delta parsed, and its block: a
     /// delta written alike is that JSON with only its text changed, appended without parsing
-    /// it (a parse was ≈ 1,700 instructions a delta, 8% of an assembled Anthropic answer).
+    /// it (a parse costs ≈ 1,700 instructions a delta, 8% of an assembled Anthropic answer).
     delta_template: ChunkTemplate,
     delta_block: usize,
 }

@@ -50,8 +50,8 @@ pub struct StreamStart {
     pub pending: Vec<SseEvent>,
     /// What the commit point read of the first of `pending`, the events before the first
     /// output (a preamble, keep-alives), in order: the relay takes them as read instead of
-    /// parsing them again (an OpenAI stream's role chunk was read twice, ≈ 3,900 instructions
-    /// a stream).
+    /// parsing them again (a second parse of an OpenAI stream's role chunk costs ≈ 3,900
+    /// instructions a stream).
     pub read: Vec<EventFacts<'static>>,
     /// The rest of the stream, in the client's protocol.
     pub source: Source,
