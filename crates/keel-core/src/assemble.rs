@@ -169,7 +169,7 @@ impl Assembler {
                             return Ok(());
                         }
                         if let Ok(delta) = BlockDelta::parse(&ev.data) {
-                            return self.read_block_delta(&delta, &ev.data);
+                            return self.read_block_delta(&delta, Some(&ev.data));
                         }
                     }
                     "message_start" | "content_block_start" | "message_delta" => {}
@@ -301,7 +301,7 @@ impl Assembler {
                 self.block_text[i].clear();
                 self.partial_json[i].clear();
             }
-            "content_block_delta" => self.read_block_delta(&BlockDelta::from_tree(&v), "")?,
+            "content_block_delta" => self.read_block_delta(&BlockDelta::from_tree(&v), None)?,
             "message_delta" => {
                 self.stop_reason = v
                     .pointer("/delta/stop_reason")
@@ -327,9 +327,13 @@ impl Assembler {
     }
 
     /// Adds a content block delta's text or tool-input JSON to its block. `data`: the delta's
-    /// JSON text when `delta` was read from it (empty when read from a tree), so that a delta
-    /// of text alone becomes the template of those written alike.
-    fn read_block_delta(&mut self, delta: &BlockDelta<'_>, data: &str) -> Result<(), String> {
+    /// JSON text when `delta` was read from it (not from a tree), so that a delta of text
+    /// alone becomes the template of those written alike.
+    fn read_block_delta(
+        &mut self,
+        delta: &BlockDelta<'_>,
+        data: Option<&str>,
+    ) -> Result<(), String> {
         // A delta for a block that never started has nowhere to go (dropped, as before).
         let Some(i) = bounded(delta.index, MAX_CONTENT_BLOCKS, "content block")
             .ok()
@@ -338,7 +342,7 @@ impl Assembler {
             return Ok(());
         };
         let (text, json) = delta.pieces();
-        if let (Some(t), None, false) = (text, json, data.is_empty()) {
+        if let (Some(t), None, Some(data)) = (text, json, data) {
             // Only a text borrowed from `data` (nothing unescaped) can be learned from.
             if self.delta_template.learn(data, t) {
                 self.delta_block = i;

@@ -157,9 +157,10 @@ impl Pool {
             crate::config::Hedge::Off => None,
             crate::config::Hedge::AfterMs(ms) => Some(ms),
             crate::config::Hedge::Auto => {
-                let delay = self.hedge_ttft_ms(target).unwrap_or(2000.0);
-                let longer = self
-                    .live(target)
+                // One read of the target's view for both figures.
+                let view = self.live(target);
+                let delay = self.hedge_ttft_ms(&view).unwrap_or(2000.0);
+                let longer = view
                     .prefill
                     .map_or(0.0, |p| p.extra_ms(prompt_tokens).min(MAX_PREFILL_WAIT_MS));
                 Some((delay.clamp(50.0, 2000.0) + longer) as u64)
@@ -255,13 +256,14 @@ impl Pool {
     /// continuation whose variant hung before its first token held the stream until
     /// `first_token_ms` (15 s) while the stalled original had nothing more to give.
     pub fn continuation_patience_ms(&self, target: usize) -> u64 {
-        self.hedge_ttft_ms(target)
+        self.hedge_ttft_ms(&self.live(target))
             .map_or(4000, |q| (2.0 * q).clamp(100.0, 4000.0) as u64)
     }
-    /// The TTFT quantile the auto hedge delay uses for `target` ([`hedge_quantile`]): its
-    /// own once its samples place it, else the pool's; `None` before any sample.
-    fn hedge_ttft_ms(&self, target: usize) -> Option<f64> {
-        self.live(target)
+    /// The TTFT quantile the auto hedge delay uses for the target whose view is `target`
+    /// ([`hedge_quantile`]): its own once its samples place it, else the pool's; `None` before
+    /// any sample.
+    fn hedge_ttft_ms(&self, target: &Published) -> Option<f64> {
+        target
             .hedge_ttft_ms
             .or_else(|| self.pool_ttft(hedge_quantile(&self.cfg)))
     }
