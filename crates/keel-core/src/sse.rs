@@ -214,8 +214,11 @@ impl SseDecoder {
                 if let (Some(span), Some(name)) = (parsed?, &self.model) {
                     // The line's `model`, renamed in the raw bytes as in the data: the line is
                     // the block's last, so only its own few bytes after the name move.
-                    self.block
-                        .splice(start + span.start..start + span.end, name.encoded().bytes());
+                    replace_range(
+                        &mut self.block,
+                        start + span.start..start + span.end,
+                        name.encoded().as_bytes(),
+                    );
                     self.line_start = self.block.len();
                 }
             }
@@ -265,8 +268,13 @@ impl SseDecoder {
         if line.starts_with(':') {
             return Ok(None);
         }
-        let (name, value) = match line.split_once(':') {
-            Some((n, v)) => (n, v.strip_prefix(' ').unwrap_or(v)),
+        // A byte search: `:` is ASCII, so its index is a char boundary (`split_once` with a
+        // char pattern cost more than the rest of the line's parse).
+        let (name, value) = match memchr::memchr(b':', line.as_bytes()) {
+            Some(at) => {
+                let v = &line[at + 1..];
+                (&line[..at], v.strip_prefix(' ').unwrap_or(v))
+            }
             None => (line, ""),
         };
         match name {
@@ -340,6 +348,19 @@ impl SseDecoder {
     }
 }
 
+/// Replaces `range` of `block` with `with`, moving only the bytes after the range (`Vec::splice`
+/// goes through an iterator and, for a longer replacement, a temporary buffer).
+fn replace_range(block: &mut Vec<u8>, range: Range<usize>, with: &[u8]) {
+    let tail = block.len() - range.end;
+    let new_end = range.start + with.len();
+    if with.len() > range.len() {
+        block.resize(new_end + tail, 0);
+    }
+    block.copy_within(range.end..range.end + tail, new_end);
+    block[range.start..new_end].copy_from_slice(with);
+    block.truncate(new_end + tail);
+}
+
 /// Decodes a complete SSE body strictly (used by tests and by the load generator).
 pub fn decode_all(body: &[u8]) -> Result<Vec<SseEvent>, SseError> {
     let mut dec = SseDecoder::new();
@@ -352,6 +373,25 @@ pub fn decode_all(body: &[u8]) -> Result<Vec<SseEvent>, SseError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_is_replaced_by_shorter_equal_and_longer_bytes() {
+        for (with, expected) in [
+            ("", "ab|ef"),
+            ("X", "ab|X|ef"),
+            ("XY", "ab|XY|ef"),
+            ("XYZW", "ab|XYZW|ef"),
+        ] {
+            let mut block = b"ab|cd|ef".to_vec();
+            let with = if with.is_empty() {
+                String::new()
+            } else {
+                format!("{with}|")
+            };
+            replace_range(&mut block, 3..6, with.as_bytes());
+            assert_eq!(String::from_utf8(block).unwrap(), expected);
+        }
+    }
 
     #[test]
     fn splits_across_arbitrary_chunk_boundaries() {

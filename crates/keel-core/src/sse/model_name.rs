@@ -188,6 +188,7 @@ mod tests {
             space in proptest::bool::ANY,
             pieces in proptest::collection::vec(0usize..7, 0..6),
             end in 0usize..3,
+            public in 0usize..3,
         ) {
             const FIELDS: [&str; 4] = ["event: message_start\n", "id: \"model\":\"x\"\n", ": \"model\"\n", "data: {\"model\":\"first\"}\n"];
             const PIECES: [&str; 7] = [r#""model":"sim""#, r#""model" : "gpt""#, r#""x":1"#, r#""t":"say \"model\": \"no\"""#, r#""model":null"#, "\"m\u{e9}\":\"\u{e9}\"", r#""model":"si\"m""#];
@@ -200,7 +201,8 @@ mod tests {
             let Ok(plain) = decode_all(raw.as_bytes()) else {
                 return Ok(());
             };
-            let encoded = json("pub");
+            // Shorter, as long as and longer than the names in the pieces.
+            let encoded = json(["p", "pub", "a-public-name-longer-than-any"][public]);
             let renamed = decode_renaming(ModelName::in_every_event(encoded.clone()), raw.as_bytes());
             proptest::prop_assert_eq!(plain.len(), renamed.len());
             for (p, r) in plain.iter().zip(&renamed) {

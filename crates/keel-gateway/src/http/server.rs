@@ -219,7 +219,9 @@ pub async fn handle(
 
 /// The protocol a client speaks, by path (or `anthropic-version` for shared paths).
 fn client_protocol(req: &Request<Incoming>) -> Protocol {
-    let anthropic_client = req.headers().contains_key("anthropic-version");
+    let anthropic_client = req
+        .headers()
+        .contains_key(crate::wire::ANTHROPIC_VERSION_HEADER);
     Endpoint::from_path(req.uri().path())
         .map(Endpoint::protocol)
         .unwrap_or(if anthropic_client {
@@ -232,7 +234,9 @@ fn client_protocol(req: &Request<Incoming>) -> Protocol {
 async fn route(gw: Arc<Gateway>, req: Request<Incoming>, serves: Serves) -> Response<Body> {
     let started = Instant::now();
     let path = req.uri().path().to_owned();
-    let anthropic_client = req.headers().contains_key("anthropic-version");
+    let anthropic_client = req
+        .headers()
+        .contains_key(crate::wire::ANTHROPIC_VERSION_HEADER);
     let protocol = client_protocol(&req);
     let _json = |body: String| full_body(StatusCode::OK, "application/json", Bytes::from(body));
     let resolved = match routes::resolve(req.method(), &path) {

@@ -255,7 +255,7 @@ impl RequestLog {
         endpoint: &'static str,
         pool: &str,
     ) -> Self {
-        metrics.gauge("keel_requests_in_flight", &[]).increment(1.0);
+        metrics.requests_in_flight().increment(1.0);
         RequestLog {
             access_log,
             metrics,
@@ -371,7 +371,7 @@ impl RequestLog {
         let m = &self.metrics;
         // The dashboard's recent route mix and TTFT window.
         m.recent.record(&self.pool, self.route, self.ttft);
-        m.gauge("keel_requests_in_flight", &[]).decrement(1.0);
+        m.requests_in_flight().decrement(1.0);
         let (pool, endpoint) = (self.pool.as_str(), self.endpoint);
         m.counter(
             "keel_requests_total",

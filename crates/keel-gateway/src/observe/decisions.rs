@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 use tokio::time::Instant;
 
 use crate::observe::access_log::RequestLog;
@@ -36,7 +36,7 @@ use crate::observe::record::DecisionRecord;
 use crate::upstream::translation::PROMPT_FIX_HEADER;
 
 /// The response header with keel's own time for the request, in microseconds.
-pub const OVERHEAD_HEADER: &str = "x-keel-overhead-us";
+pub const OVERHEAD_HEADER: http::HeaderName = http::HeaderName::from_static("x-keel-overhead-us");
 
 /// The most records one query returns, and how many it returns by default.
 pub const QUERY_MAX: usize = 1000;
@@ -316,8 +316,7 @@ impl OverheadStamp {
             )
             .record(overhead.as_secs_f64());
         let us = overhead.as_micros() as u64;
-        const NAME: HeaderName = HeaderName::from_static(OVERHEAD_HEADER);
-        h.insert(NAME, HeaderValue::from(us));
+        h.insert(OVERHEAD_HEADER, HeaderValue::from(us));
         if let Some(d) = &self.decision {
             let fixes: Vec<String> = h
                 .get(PROMPT_FIX_HEADER)

@@ -97,6 +97,8 @@ pub struct Metrics {
     counters: Handles<Counter>,
     gauges: Handles<Gauge>,
     histograms: Handles<Histogram>,
+    /// `keel_requests_in_flight`, moved twice a request: held rather than looked up.
+    in_flight: Gauge,
     /// The last minutes of requests (route mix, TTFT percentiles) for the dashboard.
     pub recent: crate::observe::window::Recent,
 }
@@ -202,12 +204,17 @@ impl Metrics {
         };
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
+        let gauges = Handles::default();
+        let in_flight = gauges.get("keel_requests_in_flight", &[], || {
+            recorder.register_gauge(&key("keel_requests_in_flight", &[]), &META)
+        });
         Arc::new(Metrics {
             recorder,
             handle,
             counters: Handles::default(),
-            gauges: Handles::default(),
+            gauges,
             histograms: Handles::default(),
+            in_flight,
             recent: Default::default(),
         })
     }
@@ -228,6 +235,11 @@ impl Metrics {
         self.histograms.get(name, labels, || {
             self.recorder.register_histogram(&key(name, labels), &META)
         })
+    }
+
+    /// `keel_requests_in_flight`: requests admitted and not yet ended.
+    pub fn requests_in_flight(&self) -> &Gauge {
+        &self.in_flight
     }
 
     /// The exposition text.

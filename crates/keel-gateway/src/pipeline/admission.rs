@@ -22,6 +22,7 @@ use keel_core::selection::Preference;
 use crate::config::KeyConfig;
 use crate::pipeline::context::{ClientApi, Priority, RequestCtx};
 use crate::state::pools::Pool;
+use crate::wire::control;
 use crate::wire::errors::GatewayError;
 use crate::{upstream, Gateway};
 
@@ -34,7 +35,7 @@ pub struct Admitted {
     pub fingerprint: Option<keel_core::analyze::Fingerprint>,
 }
 
-fn header<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
+fn header(parts: &Parts, name: http::HeaderName) -> Option<&str> {
     parts.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
@@ -46,21 +47,15 @@ pub async fn read_body(
     limit: usize,
     timeout: Duration,
 ) -> Result<bytes::Bytes, GatewayError> {
-    if let Some(ct) = header(parts, "content-type") {
-        let essence = ct
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        if essence != "application/json" && !essence.ends_with("+json") {
+    if let Some(ct) = header(parts, http::header::CONTENT_TYPE) {
+        if !is_json(ct) {
             return Err(GatewayError::new(
                 ErrorKind::UnsupportedMediaType,
                 format!("unsupported content-type `{ct}`; send `application/json`"),
             ));
         }
     }
-    let declared = header(parts, "content-length").and_then(|v| v.parse::<u64>().ok());
+    let declared = header(parts, http::header::CONTENT_LENGTH).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64 + DRAIN_MAX_BYTES) {
         // Far too large to be worth reading: refuse at once (the connection closes).
         return Err(too_large(limit));
@@ -85,6 +80,19 @@ pub async fn read_body(
             ),
         )),
     }
+}
+
+/// Whether a `content-type` names JSON: `application/json` or a `+json` type, in any case,
+/// with any parameters.
+fn is_json(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .as_bytes();
+    let suffix = essence.len() >= 5 && essence[essence.len() - 5..].eq_ignore_ascii_case(b"+json");
+    suffix || essence.eq_ignore_ascii_case(b"application/json")
 }
 
 /// How much more than the limit keel still reads, and discards, before answering 413. A client
@@ -152,7 +160,7 @@ pub async fn admit(
         }
         ClientApi::Endpoint(e) => (request::parse(e, &bytes)?, None),
     };
-    if let Some(s) = header(parts, "x-keel-session") {
+    if let Some(s) = header(parts, control::SESSION) {
         req.session = Some(s.to_owned());
     }
     let pool = resolve(gw, &req, key.as_deref())?;
@@ -308,7 +316,7 @@ impl HeaderControls {
     ) -> Result<HeaderControls, GatewayError> {
         let invalid = |message: String| GatewayError::new(ErrorKind::InvalidRequest, message);
         let mut total = Duration::from_millis(pool.cfg.timeouts.total_ms);
-        if let Some(v) = header(parts, "x-keel-timeout-ms") {
+        if let Some(v) = header(parts, control::TIMEOUT_MS) {
             let ms: u64 = v.trim().parse().ok().filter(|ms| *ms > 0).ok_or_else(|| {
                 invalid(format!(
                     "x-keel-timeout-ms must be a positive integer of milliseconds, got `{v}`"
@@ -316,7 +324,7 @@ impl HeaderControls {
             })?;
             total = total.min(Duration::from_millis(ms));
         }
-        let force_variant = match header(parts, "x-keel-force-variant") {
+        let force_variant = match header(parts, control::FORCE_VARIANT) {
             Some(_) if !gw.cfg.allow_force_variant => {
                 return Err(invalid(
                     "x-keel-force-variant is disabled on this gateway (set allow_force_variant = true to enable it)".into(),
@@ -325,7 +333,7 @@ impl HeaderControls {
             Some(v) => Some(v.to_owned()),
             None => None,
         };
-        let preference = match header(parts, "x-keel-preference") {
+        let preference = match header(parts, control::PREFERENCE) {
             None => Preference::default(),
             Some(v) => Preference::parse(v.trim()).ok_or_else(|| {
                 invalid(format!(
@@ -334,7 +342,7 @@ impl HeaderControls {
             })?,
         };
         let min_tier =
-            match header(parts, "x-keel-min-tier") {
+            match header(parts, control::MIN_TIER) {
                 None => None,
                 Some(v) => Some(v.trim().parse::<u8>().ok().filter(|t| *t >= 1).ok_or_else(
                     || {
@@ -351,7 +359,7 @@ impl HeaderControls {
         };
         // `x-keel-priority` may lower a request's rank, never raise it above its key's (without
         // keys it is taken as sent).
-        let asked = match header(parts, "x-keel-priority") {
+        let asked = match header(parts, control::PRIORITY) {
             None => None,
             Some(v) => Some(Priority::parse(v).ok_or_else(|| {
                 invalid(format!(
@@ -371,5 +379,34 @@ impl HeaderControls {
             min_tier,
             priority,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_json;
+
+    #[test]
+    fn json_is_told_by_its_essence_in_any_case() {
+        for json in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            " application/json ;charset=UTF-8",
+            "application/vnd.api+json",
+            "application/problem+JSON",
+        ] {
+            assert!(is_json(json), "{json}");
+        }
+        for other in [
+            "text/plain",
+            "",
+            "json",
+            "application/jsonx",
+            "+jso",
+            "é+jsoné",
+            "application/json5",
+        ] {
+            assert!(!is_json(other), "{other}");
+        }
     }
 }

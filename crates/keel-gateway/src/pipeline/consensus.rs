@@ -46,7 +46,7 @@ use crate::wire::body::Body;
 use crate::wire::errors::GatewayError;
 
 /// The request header.
-pub const HEADER: &str = "x-keel-consensus";
+pub const HEADER: http::HeaderName = http::HeaderName::from_static("x-keel-consensus");
 
 /// The consensus a request asks for (`None` without the header), or the client's 400.
 pub fn requested(

@@ -35,7 +35,8 @@ pub const BLOCKING_BYTES: usize = 256 * 1024;
 pub const MIDDLE_OUT_FIX: &str = "middle_out_trimmed";
 
 /// The header that says how many messages middle-out dropped.
-pub const TRIMMED_HEADER: &str = "x-keel-trimmed-messages";
+pub const TRIMMED_HEADER: http::HeaderName =
+    http::HeaderName::from_static("x-keel-trimmed-messages");
 
 /// The prompt's estimate by the most conservative of `tokenizers`, counting stopped past `cap`.
 fn estimate(body: &serde_json::Map<String, Value>, tokenizers: &[Tokenizer], cap: u64) -> Estimate {

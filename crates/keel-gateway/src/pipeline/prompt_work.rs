@@ -106,7 +106,7 @@ pub fn plan(
 ) -> Result<Plan, GatewayError> {
     let configured = key.and_then(|k| k.normalize).unwrap_or(pool.cfg.normalize);
     let keep_edits = gw.cfg.decision_prompt_edits;
-    let Some(raw) = parts.headers.get("x-keel-normalize") else {
+    let Some(raw) = parts.headers.get(crate::wire::control::NORMALIZE) else {
         return Ok(Plan {
             mode: configured,
             keep_edits,

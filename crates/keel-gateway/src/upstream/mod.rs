@@ -389,10 +389,10 @@ pub fn request(
         }
     }
     if variant.dialect == crate::config::cloud::Dialect::Anthropic
-        && !headers.contains_key("anthropic-version")
+        && !headers.contains_key(crate::wire::ANTHROPIC_VERSION_HEADER)
     {
         headers.insert(
-            HeaderName::from_static("anthropic-version"),
+            crate::wire::ANTHROPIC_VERSION_HEADER,
             HeaderValue::from_static(ANTHROPIC_VERSION),
         );
     }

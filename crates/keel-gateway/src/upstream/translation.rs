@@ -30,7 +30,7 @@ use crate::wire::errors::{ErrorKind, GatewayError};
 use keel_core::continuation::ResumeMode;
 
 /// The response header that lists the translation's fix codes.
-pub const PROMPT_FIX_HEADER: &str = "x-keel-prompt-fix";
+pub const PROMPT_FIX_HEADER: http::HeaderName = http::HeaderName::from_static("x-keel-prompt-fix");
 
 /// A request translated for one variant of the other protocol.
 pub struct Translated {

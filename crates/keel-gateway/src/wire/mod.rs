@@ -10,4 +10,23 @@ pub mod responses;
 pub mod routes;
 
 /// The response header naming what a pool's guard found in the request and did about it.
-pub const GUARD_HEADER: &str = "x-keel-guard";
+pub const GUARD_HEADER: http::HeaderName = http::HeaderName::from_static("x-keel-guard");
+
+/// `anthropic-version`: on a shared path it marks an Anthropic client; keel sends it upstream.
+pub const ANTHROPIC_VERSION_HEADER: http::HeaderName =
+    http::HeaderName::from_static("anthropic-version");
+
+/// The headers a client may send to steer its own request (admission reads them and narrows
+/// them by the client's key), as names built at compile time: a lookup by a `&str` name parses
+/// the name first, and every request looks for each of these.
+pub mod control {
+    use http::HeaderName;
+
+    pub const SESSION: HeaderName = HeaderName::from_static("x-keel-session");
+    pub const TIMEOUT_MS: HeaderName = HeaderName::from_static("x-keel-timeout-ms");
+    pub const FORCE_VARIANT: HeaderName = HeaderName::from_static("x-keel-force-variant");
+    pub const PREFERENCE: HeaderName = HeaderName::from_static("x-keel-preference");
+    pub const MIN_TIER: HeaderName = HeaderName::from_static("x-keel-min-tier");
+    pub const PRIORITY: HeaderName = HeaderName::from_static("x-keel-priority");
+    pub const NORMALIZE: HeaderName = HeaderName::from_static("x-keel-normalize");
+}

@@ -45,7 +45,7 @@ use crate::Gateway;
 use flight::{Flight, Follower, Joined, LeaderWriter};
 
 /// The response header that says what the cache did.
-pub const HEADER: &str = "x-keel-cache";
+pub const HEADER: http::HeaderName = http::HeaderName::from_static("x-keel-cache");
 
 /// What the client's headers allow: `cache-control: no-cache` (do not answer from the cache;
 /// the fresh answer is stored), `cache-control: no-store` (do not store this answer), and

@@ -178,10 +178,12 @@ impl Relay {
         vi: usize,
     ) -> (Vec<u8>, Option<SegmentEnd>) {
         let mut batch = Vec::with_capacity(events.iter().map(|e| e.raw.len()).sum());
+        // The events of one read arrived together: one clock reading stamps them all.
+        let now = Instant::now();
         let mut read = read.into_iter();
         let mut events = events.drain(..);
         while let Some(ev) = events.next() {
-            let end = self.handle(ev, read.next(), st, trim, watch, vi, &mut batch);
+            let end = self.handle(ev, read.next(), now, st, trim, watch, vi, &mut batch);
             if end.is_some() {
                 start.pending.extend(events.by_ref());
                 return (batch, end);
@@ -237,12 +239,13 @@ impl Relay {
     }
 
     /// The per-event policy; what the event releases for the client is appended to `batch`.
-    /// `read`: what was read of it already, if anything.
+    /// `read`: what was read of it already, if anything; `now`: when it was read.
     #[allow(clippy::too_many_arguments)]
     fn handle(
         &self,
         ev: SseEvent,
         read: Option<EventFacts<'static>>,
+        now: Instant,
         st: &mut Stitcher,
         trim: &mut bool,
         w: &mut Watch,
@@ -278,7 +281,6 @@ impl Relay {
             }
             EventRole::Error(m) => return Some(SegmentEnd::Failed(AttemptFailure::ErrorEvent(m))),
             EventRole::Output => {
-                let now = Instant::now();
                 w.last_output = now;
                 if !tokens {
                     // A finish or usage chunk: no gap to measure.

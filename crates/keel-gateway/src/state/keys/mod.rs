@@ -33,6 +33,8 @@ fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+
 /// The key a client presented: `Authorization: Bearer …` or `x-api-key`.
 pub fn presented(headers: &HeaderMap) -> Option<&str> {
     let bearer = headers
@@ -43,7 +45,7 @@ pub fn presented(headers: &HeaderMap) -> Option<&str> {
             scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
         });
     bearer
-        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .or_else(|| headers.get(X_API_KEY).and_then(|v| v.to_str().ok()))
         .map(str::trim)
         .filter(|k| !k.is_empty())
 }

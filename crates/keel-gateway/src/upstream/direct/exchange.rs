@@ -147,9 +147,17 @@ pub struct Head {
 /// consumes it: `Ok(None)` while it is incomplete.
 pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, String> {
     loop {
-        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut slots);
-        let len = match resp.parse(buf) {
+        // Nothing to parse yet (the exchange asks before its first read): no head can be here.
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        // Slots left uninitialized: the parser writes those it fills, and zeroing a hundred
+        // of them on every try cost more than parsing a whole head.
+        let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut []);
+        let parsed = httparse::ParserConfig::default()
+            .parse_response_with_uninit_headers(&mut resp, buf, &mut slots);
+        let len = match parsed {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(httparse::Error::TooManyHeaders) => {
