@@ -231,70 +231,81 @@ fn client_protocol(req: &Request<Incoming>) -> Protocol {
         })
 }
 
-async fn route(gw: Arc<Gateway>, req: Request<Incoming>, serves: Serves) -> Response<Body> {
-    let started = Instant::now();
-    let path = req.uri().path().to_owned();
-    let anthropic_client = req
-        .headers()
-        .contains_key(crate::wire::ANTHROPIC_VERSION_HEADER);
-    let protocol = client_protocol(&req);
-    let _json = |body: String| full_body(StatusCode::OK, "application/json", Bytes::from(body));
-    let resolved = match routes::resolve(req.method(), &path) {
-        // The other listener's routes do not exist on this one.
-        Resolved::Route(t, _) if !serves.serves(t.plane()) => Resolved::NotFound,
-        r => r,
-    };
-    if let Resolved::Route(target, _) = resolved {
-        if let Err(e) = gw.keys.authorize(target.access(), req.headers(), req.uri()) {
-            return own_answer(e.to_response(protocol));
+/// An async block capturing the request once: an async fn keeps a by-value argument twice in
+/// its state, and the state is copied into its box once a request.
+#[allow(clippy::manual_async_fn)] // an async fn would hold its arguments twice
+fn route(
+    gw: Arc<Gateway>,
+    req: Request<Incoming>,
+    serves: Serves,
+) -> impl std::future::Future<Output = Response<Body>> {
+    async move {
+        let started = Instant::now();
+        let path = req.uri().path().to_owned();
+        let anthropic_client = req
+            .headers()
+            .contains_key(crate::wire::ANTHROPIC_VERSION_HEADER);
+        let protocol = client_protocol(&req);
+        let _json = |body: String| full_body(StatusCode::OK, "application/json", Bytes::from(body));
+        let resolved = match routes::resolve(req.method(), &path) {
+            // The other listener's routes do not exist on this one.
+            Resolved::Route(t, _) if !serves.serves(t.plane()) => Resolved::NotFound,
+            r => r,
+        };
+        if let Resolved::Route(target, _) = resolved {
+            if let Err(e) = gw.keys.authorize(target.access(), req.headers(), req.uri()) {
+                return own_answer(e.to_response(protocol));
+            }
         }
-    }
-    if let Resolved::Route(Target::Generation(api), _) = resolved {
-        if gw.process.draining() {
-            // A request on a connection still open after shutdown began.
-            return GatewayError::new(
-                ErrorKind::Overloaded,
-                "keel is shutting down: send the request again (another replica will take it)",
+        if let Resolved::Route(Target::Generation(api), _) = resolved {
+            if gw.process.draining() {
+                // A request on a connection still open after shutdown began.
+                return GatewayError::new(
+                    ErrorKind::Overloaded,
+                    "keel is shutting down: send the request again (another replica will take it)",
+                )
+                .with_retry_after(1000)
+                .to_response(protocol);
+            }
+            return crate::pipeline::phases::run(&gw, api, req, started).await;
+        }
+        let resp = match resolved {
+            Resolved::Route(Target::Generation(_), _) => unreachable!("handled above"),
+            Resolved::Route(Target::Models, _) => match gw.keys.authenticate(req.headers()) {
+                Ok(key) => crate::http::models::list(&gw, key.as_deref(), anthropic_client),
+                Err(e) => e.to_response(protocol),
+            },
+            Resolved::Route(Target::Model, id) => match gw.keys.authenticate(req.headers()) {
+                Ok(key) => crate::http::models::one(
+                    &gw,
+                    key.as_deref(),
+                    anthropic_client,
+                    id.unwrap_or_default(),
+                    protocol,
+                ),
+                Err(e) => e.to_response(protocol),
+            },
+            // Everything else is the operations plane's (authorized above).
+            Resolved::Route(target, arg) => {
+                crate::admin::answer(&gw, target, arg, req, protocol).await
+            }
+            Resolved::MethodNotAllowed => {
+                let mut r = GatewayError::new(
+                    ErrorKind::InvalidRequest,
+                    format!("method {} is not allowed on {path}", req.method()),
+                )
+                .to_response(protocol);
+                *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+                r
+            }
+            Resolved::NotFound => GatewayError::new(
+                ErrorKind::NotFound,
+                format!("no route for {} {path}", req.method()),
             )
-            .with_retry_after(1000)
-            .to_response(protocol);
-        }
-        return crate::pipeline::phases::run(&gw, api, req, started).await;
+            .to_response(protocol),
+        };
+        own_answer(resp)
     }
-    let resp = match resolved {
-        Resolved::Route(Target::Generation(_), _) => unreachable!("handled above"),
-        Resolved::Route(Target::Models, _) => match gw.keys.authenticate(req.headers()) {
-            Ok(key) => crate::http::models::list(&gw, key.as_deref(), anthropic_client),
-            Err(e) => e.to_response(protocol),
-        },
-        Resolved::Route(Target::Model, id) => match gw.keys.authenticate(req.headers()) {
-            Ok(key) => crate::http::models::one(
-                &gw,
-                key.as_deref(),
-                anthropic_client,
-                id.unwrap_or_default(),
-                protocol,
-            ),
-            Err(e) => e.to_response(protocol),
-        },
-        // Everything else is the operations plane's (authorized above).
-        Resolved::Route(target, arg) => crate::admin::answer(&gw, target, arg, req, protocol).await,
-        Resolved::MethodNotAllowed => {
-            let mut r = GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!("method {} is not allowed on {path}", req.method()),
-            )
-            .to_response(protocol);
-            *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
-            r
-        }
-        Resolved::NotFound => GatewayError::new(
-            ErrorKind::NotFound,
-            format!("no route for {} {path}", req.method()),
-        )
-        .to_response(protocol),
-    };
-    own_answer(resp)
 }
 
 /// keel's own answers carry a request id and a route too.

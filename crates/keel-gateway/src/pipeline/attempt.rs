@@ -307,17 +307,18 @@ pub fn transport_error(e: GatewayError) -> AttemptFailure {
 
 /// Runs one attempt on variant `vi` until its first token, its whole body, or its failure.
 /// `traceparent` is the attempt span's, sent upstream in place of the client's (tracing on).
-pub async fn attempt(
-    pool: &Pool,
+///
+/// A plain fn mapping `run`'s future rather than an async fn awaiting it: no second future
+/// around the first, whose state every move would copy again.
+pub fn attempt<'a>(
+    pool: &'a Pool,
     vi: usize,
-    req: &CanonicalRequest,
-    ctx: &RequestCtx,
+    req: &'a CanonicalRequest,
+    ctx: &'a RequestCtx,
     traceparent: Option<HeaderValue>,
-) -> AttemptResult {
-    match run(pool, vi, req, ctx, traceparent).await {
-        Ok(r) => r,
-        Err(f) => AttemptResult::Failed(f),
-    }
+) -> impl std::future::Future<Output = AttemptResult> + 'a {
+    use futures_util::FutureExt;
+    run(pool, vi, req, ctx, traceparent).map(|r| r.unwrap_or_else(AttemptResult::Failed))
 }
 
 async fn run(

@@ -5,6 +5,7 @@
 //! assembler.
 //! Every request is accounted for once, by its `access_log::RequestLog`.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
@@ -212,17 +213,57 @@ struct CommittedStream {
     attempts: Attempts,
 }
 
-impl Flight<'_> {
+/// What delivery decided before any await: the response, or a whole answer still to assemble
+/// from a committed stream. Held by value in the delivery's future, which is what it would
+/// otherwise hold in locals: boxing the larger variant would cost an allocation a request.
+#[allow(clippy::large_enum_variant)]
+enum Decided<'g> {
+    Now(Response<Body>),
+    Assemble {
+        flight: Flight<'g>,
+        stream: CommittedStream,
+        capture: Option<Capture>,
+    },
+}
+
+impl<'g> Flight<'g> {
     /// Turns stage 2's result into the client's response. A stream may be continued on another
     /// variant of `order` (see `relay`); when the client asked for a whole response the relayed
     /// events are assembled into one body. A cache miss's `capture` stores the complete answer
     /// the client was given (see `cache`); dropped on any other end.
-    pub(super) async fn deliver(
+    ///
+    /// Everything but the assembly is done before the future is made: its state is then only
+    /// what assembling needs, not every local of the decision (an async fn's state holds them
+    /// all, and every request's future holds this one's).
+    pub(super) fn deliver(
+        self,
+        executed: Executed,
+        order: Vec<usize>,
+        capture: Option<Capture>,
+    ) -> impl Future<Output = Response<Body>> + use<'g> {
+        let decided = self.respond(executed, order, capture);
+        async move {
+            match decided {
+                Decided::Now(resp) => resp,
+                // Boxed: inline, the relay run to the end would make every request's handler
+                // that much larger, streams' included, and it is copied into its box once a
+                // request.
+                Decided::Assemble {
+                    flight,
+                    stream,
+                    capture,
+                } => Box::pin(flight.assembled(stream, capture)).await,
+            }
+        }
+    }
+
+    /// The response now, or the assembly a whole answer waits for.
+    fn respond(
         mut self,
         executed: Executed,
         order: Vec<usize>,
         capture: Option<Capture>,
-    ) -> Response<Body> {
+    ) -> Decided<'g> {
         let protocol = self.protocol();
         let Executed {
             outcome,
@@ -247,13 +288,13 @@ impl Flight<'_> {
                     .records()
                     .last()
                     .map_or("none".into(), |r| r.variant.clone());
-                return whole(self.log, &self.ctx, status, headers, body);
+                return Decided::Now(whole(self.log, &self.ctx, status, headers, body));
             }
             Outcome::ClientError(Served::Stream(_)) => {
                 let e = GatewayError::new(ErrorKind::BadGateway, "upstream rejected the request");
-                return error_response(self.log, protocol, &e);
+                return Decided::Now(error_response(self.log, protocol, &e));
             }
-            Outcome::Failed(e) => return error_response(self.log, protocol, &e),
+            Outcome::Failed(e) => return Decided::Now(error_response(self.log, protocol, &e)),
         };
         log.serving(&self.pool.variants[committed.vi].cfg);
         let start = match served {
@@ -266,7 +307,7 @@ impl Flight<'_> {
                     .meter
                     .whole(&self.pool.variants[committed.vi].cfg, &body);
                 drop(committed);
-                return self.whole_answer(status, headers, body, capture);
+                return Decided::Now(self.whole_answer(status, headers, body, capture));
             }
             Served::Stream(start) => start,
         };
@@ -279,12 +320,13 @@ impl Flight<'_> {
             attempts,
         };
         if self.ctx.client_stream {
-            self.streamed(stream, capture)
+            Decided::Now(self.streamed(stream, capture))
         } else {
-            // Boxed: assembling is this future's only await, and inline its state (the relay
-            // run to the end) would make every request's handler that much larger, streams'
-            // included, which is copied into its box once a request.
-            Box::pin(self.assembled(stream, capture)).await
+            Decided::Assemble {
+                flight: self,
+                stream,
+                capture,
+            }
         }
     }
 

@@ -57,144 +57,150 @@ pub struct Executed {
 }
 
 /// Runs attempts over `order` (primary first) until one serves.
-pub async fn execute(
-    pool: &Arc<Pool>,
-    req: &CanonicalRequest,
-    ctx: &RequestCtx,
-    order: &[usize],
+///
+/// An async block capturing `attempts` once (an async fn keeps a by-value argument twice in
+/// its state).
+#[allow(clippy::manual_async_fn)] // an async fn would hold its arguments twice
+pub fn execute<'a>(
+    pool: &'a Arc<Pool>,
+    req: &'a CanonicalRequest,
+    ctx: &'a RequestCtx,
+    order: &'a [usize],
     mut attempts: Attempts,
-) -> Executed {
-    let max_attempts = pool.cfg.max_attempts as usize;
-    // Set by a race whose winner is being settled.
-    let mut route = None;
-    pool.count_request();
+) -> impl Future<Output = Executed> + 'a {
+    async move {
+        let max_attempts = pool.cfg.max_attempts as usize;
+        // Set by a race whose winner is being settled.
+        let mut route = None;
+        pool.count_request();
 
-    // A variant of the other protocol that cannot be given this request (a field its protocol
-    // cannot express) is left out of the plan; when that leaves nothing, the client hears why.
-    let mut untranslatable = None;
-    let order: Vec<usize> = order
-        .iter()
-        .copied()
-        .filter(
-            |&vi| match translation::check(&pool.variants[vi].cfg, req) {
-                Ok(()) => true,
-                Err(e) => {
-                    untranslatable.get_or_insert(e);
-                    false
+        // A variant of the other protocol that cannot be given this request (a field its protocol
+        // cannot express) is left out of the plan; when that leaves nothing, the client hears why.
+        let mut untranslatable = None;
+        let order: Vec<usize> = order
+            .iter()
+            .copied()
+            .filter(
+                |&vi| match translation::check(&pool.variants[vi].cfg, req) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        untranslatable.get_or_insert(e);
+                        false
+                    }
+                },
+            )
+            .collect();
+        if let (true, Some(e)) = (order.is_empty(), untranslatable) {
+            return Executed {
+                outcome: Outcome::Failed(GatewayError::from(e)),
+                attempts,
+                route: None,
+            };
+        }
+        let order = &order[..];
+
+        // Walk the plan; when it is exhausted with attempts left, come back to variants that are
+        // still available (a one-variant pool can retry a transient 503), after a short backoff.
+        let mut round = 0;
+        'rounds: while attempts.counted() < max_attempts {
+            let mut tried_this_round = false;
+            for &vi in order {
+                if attempts.counted() >= max_attempts || Instant::now() >= ctx.deadline {
+                    break 'rounds;
                 }
-            },
-        )
-        .collect();
-    if let (true, Some(e)) = (order.is_empty(), untranslatable) {
-        return Executed {
-            outcome: Outcome::Failed(GatewayError::from(e)),
-            attempts,
-            route: None,
-        };
-    }
-    let order = &order[..];
-
-    // Walk the plan; when it is exhausted with attempts left, come back to variants that are
-    // still available (a one-variant pool can retry a transient 503), after a short backoff.
-    let mut round = 0;
-    'rounds: while attempts.counted() < max_attempts {
-        let mut tried_this_round = false;
-        for &vi in order {
-            if attempts.counted() >= max_attempts || Instant::now() >= ctx.deadline {
-                break 'rounds;
-            }
-            if attempts.tried(vi) > round {
-                continue; // already tried in this round (e.g. as a hedge)
-            }
-            if round > 0 {
-                let backoff = Duration::from_millis(50 << round.min(4));
-                tokio::time::sleep_until((Instant::now() + backoff).min(ctx.deadline)).await;
-                if Instant::now() >= ctx.deadline {
+                if attempts.tried(vi) > round {
+                    continue; // already tried in this round (e.g. as a hedge)
+                }
+                if round > 0 {
+                    let backoff = Duration::from_millis(50 << round.min(4));
+                    tokio::time::sleep_until((Instant::now() + backoff).min(ctx.deadline)).await;
+                    if Instant::now() >= ctx.deadline {
+                        break 'rounds;
+                    }
+                }
+                let kind = if attempts.is_empty() {
+                    AttemptKind::First
+                } else {
+                    AttemptKind::Fallback
+                };
+                let entered = match attempts.enter(vi, kind, ctx.deadline).await {
+                    Ok(e) => e,
+                    Err(Refused::Budget) => break 'rounds,
+                    Err(_) => continue,
+                };
+                tried_this_round = true;
+                // The first attempt may be hedged by the best other variant of the plan.
+                let hedgeable = kind == AttemptKind::First && max_attempts > 1 && pool.hedging();
+                let others: Vec<usize> = if hedgeable {
+                    order.iter().copied().filter(|&j| j != vi).collect()
+                } else {
+                    Vec::new()
+                };
+                let delay = hedgeable
+                    .then(|| {
+                        pool.hedge_delay_ms(pool.hedge_target(&others)?, req.estimated_input_tokens)
+                    })
+                    .flatten();
+                let outcomes = match delay {
+                    Some(delay) => {
+                        let race = race(
+                            &mut attempts,
+                            pool,
+                            entered,
+                            &others,
+                            req,
+                            ctx,
+                            Duration::from_millis(delay),
+                        )
+                        .await;
+                        route = race
+                            .hedge_won
+                            .map(|won| if won { "hedged" } else { "direct" });
+                        for loser in race.cancelled {
+                            attempts.cancelled(loser);
+                        }
+                        race.finished
+                    }
+                    None => {
+                        let r = attempt(pool, vi, req, ctx, entered.traceparent()).await;
+                        vec![(entered, r)]
+                    }
+                };
+                for (entered, result) in outcomes {
+                    let outcome = match attempts.settle(entered, result) {
+                        Settled::Served(c, s) => Outcome::Served(c, s),
+                        Settled::ClientError(s) => Outcome::ClientError(s),
+                        Settled::Failed => continue,
+                    };
+                    return Executed {
+                        outcome,
+                        attempts,
+                        route,
+                    };
+                }
+                // Nothing served: the attempts from here on are fallbacks.
+                route = None;
+                if attempts.gave_up() {
                     break 'rounds;
                 }
             }
-            let kind = if attempts.is_empty() {
-                AttemptKind::First
-            } else {
-                AttemptKind::Fallback
-            };
-            let entered = match attempts.enter(vi, kind, ctx.deadline).await {
-                Ok(e) => e,
-                Err(Refused::Budget) => break 'rounds,
-                Err(_) => continue,
-            };
-            tried_this_round = true;
-            // The first attempt may be hedged by the best other variant of the plan.
-            let hedgeable = kind == AttemptKind::First && max_attempts > 1 && pool.hedging();
-            let others: Vec<usize> = if hedgeable {
-                order.iter().copied().filter(|&j| j != vi).collect()
-            } else {
-                Vec::new()
-            };
-            let delay = hedgeable
-                .then(|| {
-                    pool.hedge_delay_ms(pool.hedge_target(&others)?, req.estimated_input_tokens)
-                })
-                .flatten();
-            let outcomes = match delay {
-                Some(delay) => {
-                    let race = race(
-                        &mut attempts,
-                        pool,
-                        entered,
-                        &others,
-                        req,
-                        ctx,
-                        Duration::from_millis(delay),
-                    )
-                    .await;
-                    route = race
-                        .hedge_won
-                        .map(|won| if won { "hedged" } else { "direct" });
-                    for loser in race.cancelled {
-                        attempts.cancelled(loser);
-                    }
-                    race.finished
+            if !tried_this_round {
+                // Every variant of the plan refused the round (cooling down after a failure, or
+                // full): wait for the first one back from a short cooldown, as selection does
+                // before the first attempt — a one-variant pool whose connection timed out once
+                // would otherwise answer 502 while its server is healthy.
+                match back_soon(pool, order, ctx.deadline, pool.now_ms()) {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => break,
                 }
-                None => {
-                    let r = attempt(pool, vi, req, ctx, entered.traceparent()).await;
-                    vec![(entered, r)]
-                }
-            };
-            for (entered, result) in outcomes {
-                let outcome = match attempts.settle(entered, result) {
-                    Settled::Served(c, s) => Outcome::Served(c, s),
-                    Settled::ClientError(s) => Outcome::ClientError(s),
-                    Settled::Failed => continue,
-                };
-                return Executed {
-                    outcome,
-                    attempts,
-                    route,
-                };
             }
-            // Nothing served: the attempts from here on are fallbacks.
-            route = None;
-            if attempts.gave_up() {
-                break 'rounds;
-            }
+            round += 1;
         }
-        if !tried_this_round {
-            // Every variant of the plan refused the round (cooling down after a failure, or
-            // full): wait for the first one back from a short cooldown, as selection does
-            // before the first attempt — a one-variant pool whose connection timed out once
-            // would otherwise answer 502 while its server is healthy.
-            match back_soon(pool, order, ctx.deadline, pool.now_ms()) {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => break,
-            }
+        Executed {
+            outcome: Outcome::Failed(attempts.give_up_error(ctx)),
+            attempts,
+            route: None,
         }
-        round += 1;
-    }
-    Executed {
-        outcome: Outcome::Failed(attempts.give_up_error(ctx)),
-        attempts,
-        route: None,
     }
 }
 
