@@ -336,19 +336,20 @@ impl<'g> Flight<'g> {
         }
     }
 
+    /// Selection for this request, waiting in the pool's line within its deadline.
+    fn select<'s>(
+        &'s self,
+        pool: &'s Arc<Pool>,
+    ) -> impl Future<Output = (Selection, Option<DecisionRecord>)> + 's {
+        select_or_wait(pool, &self.req, self.controls(), self.id, self.ctx.deadline)
+    }
+
     /// Selection (waiting in the pool's line when every variant is full), the decision record
     /// begun, and the canary's side put first (a forced variant stays first).
     async fn plan(&mut self) -> Phase<Plan> {
         let pool = self.pool.clone();
         pool.note_priority(self.ctx.priority, pool.now_ms());
-        let (selection, record) = select_or_wait(
-            &pool,
-            &self.req,
-            self.controls(),
-            self.id,
-            self.ctx.deadline,
-        )
-        .await;
+        let (selection, record) = self.select(&pool).await;
         // The record is completed by the attempts and the log, and kept when both are done
         // (see `decisions`).
         let mut record = record.unwrap_or_else(|| DecisionRecord::bare(self.id, &pool.cfg.name));
@@ -463,14 +464,7 @@ impl<'g> Flight<'g> {
                     return Ok((executed, order));
                 }
                 attempts = executed.attempts;
-                let (selection, _) = select_or_wait(
-                    &pool,
-                    &self.req,
-                    self.controls(),
-                    self.id,
-                    self.ctx.deadline,
-                )
-                .await;
+                let (selection, _) = self.select(&pool).await;
                 order = self.order_or_answer(selection)?;
                 if let (Some(c), Some(side)) = (&pool.canary, side) {
                     crate::state::canary::steer(c, side, &mut order);
