@@ -231,6 +231,9 @@ fn client_protocol(req: &Request<Incoming>) -> Protocol {
         })
 }
 
+/// Answers one request by its route: authorized for its plane, then the generation pipeline
+/// (`phases::run`) or one of keel's own endpoints.
+///
 /// An async block capturing the request once: an async fn keeps a by-value argument twice in
 /// its state, and the state is copied into its box once a request.
 #[allow(clippy::manual_async_fn)] // an async fn would hold its arguments twice
