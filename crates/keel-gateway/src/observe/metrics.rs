@@ -204,15 +204,13 @@ impl Metrics {
         };
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
-        let gauges = Handles::default();
-        let in_flight = gauges.get("keel_requests_in_flight", &[], || {
-            recorder.register_gauge(&key("keel_requests_in_flight", &[]), &META)
-        });
+        // The registry hands any later lookup of the same series this same gauge.
+        let in_flight = recorder.register_gauge(&key("keel_requests_in_flight", &[]), &META);
         Arc::new(Metrics {
             recorder,
             handle,
             counters: Handles::default(),
-            gauges,
+            gauges: Handles::default(),
             histograms: Handles::default(),
             in_flight,
             recent: Default::default(),

@@ -240,9 +240,10 @@ impl<'g> Flight<'g> {
             }
             // The lookup's state (4.7 KB) is boxed, and only for a pool with a cache: inline, it
             // would be in every flight's state.
-            let looked_up = match self.pool.cfg.cache.enabled {
-                true => Box::pin(self.cache(control)).await,
-                false => Ok(None),
+            let looked_up = if self.pool.cfg.cache.enabled {
+                Box::pin(self.cache(control)).await
+            } else {
+                Ok(None)
             };
             let capture = match looked_up {
                 Ok(capture) => capture,

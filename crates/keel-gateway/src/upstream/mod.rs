@@ -383,7 +383,7 @@ pub fn request(
             Protocol::Anthropic => {
                 if let Ok(mut v) = HeaderValue::from_str(key) {
                     v.set_sensitive(true);
-                    headers.insert(HeaderName::from_static("x-api-key"), v);
+                    headers.insert(crate::wire::X_API_KEY, v);
                 }
             }
         }

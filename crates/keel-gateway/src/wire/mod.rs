@@ -16,6 +16,9 @@ pub const GUARD_HEADER: http::HeaderName = http::HeaderName::from_static("x-keel
 pub const ANTHROPIC_VERSION_HEADER: http::HeaderName =
     http::HeaderName::from_static("anthropic-version");
 
+/// Anthropic's key header: a client may present its key in it, and keel presents a variant's.
+pub const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+
 /// The headers a client may send to steer its own request (admission reads them and narrows
 /// them by the client's key), as names built at compile time: a lookup by a `&str` name parses
 /// the name first, and every request looks for each of these.

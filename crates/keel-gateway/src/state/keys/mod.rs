@@ -33,8 +33,6 @@ fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
-
 /// The key a client presented: `Authorization: Bearer …` or `x-api-key`.
 pub fn presented(headers: &HeaderMap) -> Option<&str> {
     let bearer = headers
@@ -45,7 +43,11 @@ pub fn presented(headers: &HeaderMap) -> Option<&str> {
             scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
         });
     bearer
-        .or_else(|| headers.get(X_API_KEY).and_then(|v| v.to_str().ok()))
+        .or_else(|| {
+            headers
+                .get(crate::wire::X_API_KEY)
+                .and_then(|v| v.to_str().ok())
+        })
         .map(str::trim)
         .filter(|k| !k.is_empty())
 }
