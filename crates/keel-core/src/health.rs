@@ -7,7 +7,8 @@
 //! their share of the samples behind the estimate, so that a first or stale value is averaged
 //! away within a few samples whatever it was: see [`Ewma`]); EWMA of inter-token gaps;
 //! token-gap variance (TGSV: standard deviation of the last 10 inter-chunk gaps of each stream,
-//! blended per variant); EWMA error rate; a windowed P95 of TTFT; scraped KV-cache usage and
+//! blended per variant); EWMA error rate; the share of its client streams that broke after their
+//! first token (over about a minute, see [`BREAK_DECAY_MS`]); a windowed P95 of TTFT; scraped KV-cache usage and
 //! waiting requests (vLLM / llama.cpp metrics).
 //!
 //! **Weights.** Each signal maps to a factor by a piecewise curve relative to the variant's own
@@ -69,6 +70,14 @@ pub struct HealthConfig {
     pub tgsv_ratio: Band,
     /// Error rate (EWMA of 0/1 outcomes).
     pub error_rate: Band,
+    /// The share of client streams that broke after their first token (stalled, or failed
+    /// with an error): each costs its client a pause and a continuation elsewhere (an upstream
+    /// request more, its prompt and the text so far prefilled again). Default 0.02 / 0.2: full
+    /// weight up to one stream in fifty (a single break among a variant's first streams reads
+    /// under 5%, see [`BREAK_PRIOR`], and costs less than [`crate::p2c::EQUIVALENT`], so one
+    /// unlucky stream does not keep a variant from its share), 0.64 at one in ten (1.6× the
+    /// cost of a peer whose streams do not break), the floor from one in five.
+    pub break_rate: Band,
     /// Scraped KV-cache usage (0..1).
     pub kv_usage: Band,
     /// Scraped waiting requests.
@@ -102,6 +111,10 @@ impl Default for HealthConfig {
                 warn: 0.05,
                 severe: 0.3,
             },
+            break_rate: Band {
+                warn: 0.02,
+                severe: 0.2,
+            },
             kv_usage: Band {
                 warn: 0.85,
                 severe: 0.98,
@@ -118,6 +131,16 @@ impl Default for HealthConfig {
         }
     }
 }
+
+/// The decay of a variant's break rate: streams break rarely, so the rate is read over about a
+/// minute of them (at five streams a second, 300), where a single break is a third of a percent
+/// and a variant breaking one in twenty reads 5% ± 1%.
+pub const BREAK_DECAY_MS: f64 = 60_000.0;
+
+/// Unbroken streams a variant's break rate starts from: its first break reads 1 in 21 (5%),
+/// not 100%, and a few lucky streams do not make a variant that breaks look better than its
+/// peers.
+pub const BREAK_PRIOR: f64 = 20.0;
 
 /// A sample at least this multiple of a peak-EWMA's value replaces it at once.
 ///
@@ -211,6 +234,15 @@ impl Ewma {
         self.value = None;
     }
 
+    /// A value as if `evidence` samples of `value` had been recorded at `at_ms` (a prior).
+    pub fn seeded(at_ms: u64, value: f64, evidence: f64) -> Self {
+        Ewma {
+            value: Some(value),
+            at_ms,
+            evidence,
+        }
+    }
+
     /// The value as of `now_ms`, relaxed toward `target` for the time without samples: a peak
     /// fades even when the variant gets little traffic (as it does when its weight is low).
     pub fn relaxed(&self, now_ms: u64, target: f64, decay_ms: f64) -> Option<f64> {
@@ -296,6 +328,20 @@ impl TtftWindow {
             .flatten()
     }
 
+    /// Samples of the last 60 s as of `now_ms` at least `v`, over several windows together
+    /// (see [`TtftWindow::quantile_of`]).
+    pub fn at_least_of<W: std::ops::Deref<Target = TtftWindow>>(
+        windows: &[W],
+        now_ms: u64,
+        v: f64,
+    ) -> usize {
+        windows
+            .iter()
+            .flat_map(|w| w.arrivals.iter())
+            .filter(|(t, x)| now_ms.saturating_sub(*t) <= WINDOW_MS && *x >= v)
+            .count()
+    }
+
     /// The nearest-rank `q` quantile of several windows' samples together, those of the last
     /// 60 s as of `now_ms` (one series counted apart, e.g. per thread: a window expires its
     /// samples only as it records, and one may have been idle).
@@ -367,6 +413,8 @@ pub struct Factors {
     pub ttft: f64,
     pub tgsv: f64,
     pub errors: f64,
+    /// From the break rate (see [`HealthConfig::break_rate`]).
+    pub breaks: f64,
     pub kv: f64,
     pub waiting: f64,
     pub ramp: f64,
@@ -380,7 +428,7 @@ impl Factors {
     /// The product of the factors that judge how the variant serves: all but the slow-start
     /// ramp, which says only how recently it joined.
     pub fn health(&self) -> f64 {
-        self.ttft * self.tgsv * self.errors * self.kv * self.waiting
+        self.ttft * self.tgsv * self.errors * self.breaks * self.kv * self.waiting
     }
 }
 
@@ -401,6 +449,9 @@ pub struct VariantHealth {
     outcome_next: usize,
     /// Consecutive successful probes while ejected.
     probe_successes: u32,
+    /// The first token of the last successful probe while ejected: the probe that returns the
+    /// variant confirms the level when it agrees with it.
+    probe_ttft_ms: Option<f64>,
     /// The last TTFT evidence (an answered first token, a lower bound from a lost race, or a
     /// refresh probe's answer or failure).
     pub last_sample_ms: Option<u64>,
@@ -453,6 +504,9 @@ pub struct Estimates {
     baseline_gap_ms: Ewma,
     pub tgsv_ms: Ewma,
     pub error_rate: Ewma,
+    /// The share of client streams that broke after their first token (see
+    /// [`HealthConfig::break_rate`]); `None` before the first stream ended.
+    pub break_rate: Ewma,
     pub kv_usage: Option<f64>,
     pub waiting: Option<f64>,
     pub state: State,
@@ -523,6 +577,12 @@ impl Estimates {
             .error_rate
             .relaxed(relax_now, 0.0, cfg.decay_ms)
             .unwrap_or(0.0);
+        // Relaxed alike: a variant floored for its breaks gets no client stream that could
+        // show it mended, so without any for longer than the grace it is tried again.
+        let breaks = self
+            .break_rate
+            .relaxed(relax_now, 0.0, BREAK_DECAY_MS)
+            .unwrap_or(0.0);
         let ramp = self.ramp(now_ms, cfg);
         Factors {
             ttft: cfg
@@ -532,6 +592,7 @@ impl Estimates {
                 .tgsv_ratio
                 .factor(ratio(&self.tgsv_ms, &self.baseline_gap_ms, cfg.decay_ms)),
             errors: cfg.error_rate.factor(errors),
+            breaks: cfg.break_rate.factor(breaks),
             kv: self.kv_usage.map(|k| cfg.kv_usage.factor(k)).unwrap_or(1.0),
             waiting: self.waiting.map(|w| cfg.waiting.factor(w)).unwrap_or(1.0),
             ramp,
@@ -549,13 +610,19 @@ impl Estimates {
         let grace = STALE_GRACE * cfg.refresh_after_ms;
         // The estimates `factors`, `predicted_ttft_ms` and `gap_trust` relax (see
         // `relax_clock`).
-        [&self.ttft_ms, &self.tgsv_ms, &self.error_rate, &self.gap_ms]
-            .iter()
-            .map(|e| match e.value {
-                Some(_) => e.at_ms.saturating_add(grace),
-                None => u64::MAX,
-            })
-            .min()
+        [
+            &self.ttft_ms,
+            &self.tgsv_ms,
+            &self.error_rate,
+            &self.break_rate,
+            &self.gap_ms,
+        ]
+        .iter()
+        .map(|e| match e.value {
+            Some(_) => e.at_ms.saturating_add(grace),
+            None => u64::MAX,
+        })
+        .min()
     }
 
     /// The selection weight in 0..=1 (0 while warming or ejected).
@@ -602,6 +669,7 @@ impl VariantHealth {
                 baseline_gap_ms: Ewma::default(),
                 tgsv_ms: Ewma::default(),
                 error_rate: Ewma::default(),
+                break_rate: Ewma::default(),
                 kv_usage: None,
                 waiting: None,
                 state: if prewarm > 0 {
@@ -618,6 +686,7 @@ impl VariantHealth {
             outcomes: Vec::with_capacity(OUTCOMES_KEPT),
             outcome_next: 0,
             probe_successes: 0,
+            probe_ttft_ms: None,
             last_sample_ms: None,
             refresh_agreed: 0,
             jumped: false,
@@ -643,6 +712,25 @@ impl VariantHealth {
     }
 
     pub fn record_ttft(&mut self, now_ms: u64, ms: f64, cfg: &HealthConfig) {
+        self.record_ttft_among(now_ms, ms, 0, cfg);
+    }
+
+    /// [`VariantHealth::record_ttft`] for a first token the pool's other recent first tokens
+    /// can put in context: `pool_precedents` of them (every variant's, see
+    /// [`TtftWindow::at_least_of`]) were at least as slow. A draw the pool's tail has matched
+    /// is that tail, whichever variant it fell on, and blends in instead of jumping (see
+    /// [`JUMP_PRECEDENTS`]). A variant's own window sees a tail one fifth as often as a pool of
+    /// five does: on first tokens spread as a lognormal of σ 0.5, one draw in twenty is twice
+    /// the mean, and most of them jumped their variant out of the draw until a refresh probe
+    /// re-measured it (a probe for about 4% of the requests, tail or no tail). A variant that
+    /// really slows down answers slower than the pool's recent first tokens, and still jumps.
+    pub fn record_ttft_among(
+        &mut self,
+        now_ms: u64,
+        ms: f64,
+        pool_precedents: usize,
+        cfg: &HealthConfig,
+    ) {
         let severe = self
             .est
             .baseline_ttft_ms
@@ -658,7 +746,7 @@ impl VariantHealth {
         // level before, so that an outlier which keeps clients away is soon corrected; the
         // spread then starts again from one interval. A sample the variant's recent window
         // has seen matched (see [`JUMP_PRECEDENTS`]) is its ordinary tail, and blends in.
-        let news = self.window.at_least(ms) < JUMP_PRECEDENTS;
+        let news = self.window.at_least(ms).max(pool_precedents) < JUMP_PRECEDENTS;
         self.jumped = self.est.ttft_ms.record(now_ms, ms, cfg.decay_ms, news);
         if self.jumped {
             self.refresh_agreed = 0;
@@ -721,15 +809,7 @@ impl VariantHealth {
     /// would keep them away for several `decay_ms`, re-measured every second for nothing.
     pub fn refresh_result(&mut self, now_ms: u64, ttft_ms: Option<f64>, cfg: &HealthConfig) {
         self.jumped = false;
-        let agrees = match (ttft_ms, self.est.ttft_ms.get()) {
-            (Some(t), Some(v)) if v > 0.0 => (t / v).max(v / t) <= REFRESH_AGREES,
-            _ => false,
-        };
-        self.refresh_agreed = if agrees {
-            self.refresh_agreed.saturating_add(1)
-        } else {
-            0
-        };
+        self.count_agreement(ttft_ms.zip(self.est.ttft_ms.get()));
         if let (Some(t), Some(v)) = (ttft_ms, self.est.ttft_ms.get()) {
             if t * PEAK_JUMP <= v {
                 self.est.ttft_ms.reset();
@@ -741,6 +821,38 @@ impl VariantHealth {
         }
         self.record_outcome(now_ms, ttft_ms.is_some(), cfg);
         self.tick(now_ms, cfg);
+    }
+
+    /// A client stream ended: it reached its end (`broke` false), or broke after its first
+    /// token (a stall, an error), for the break rate. A stream moved for its slow pace, or left
+    /// by its client, is neither.
+    pub fn record_stream_end(&mut self, now_ms: u64, broke: bool) {
+        let rate = &mut self.est.break_rate;
+        if rate.get().is_none() {
+            *rate = Ewma::seeded(now_ms, 0.0, BREAK_PRIOR);
+        }
+        rate.record(now_ms, if broke { 1.0 } else { 0.0 }, BREAK_DECAY_MS, false);
+    }
+
+    /// A warm-up's first token. Warm-ups are the same small request as refresh probes, and a
+    /// second one that agrees with the first confirms the level as a refresh probe does: a
+    /// variant left out of the draw from its start (a slow zone) is first re-measured after two
+    /// intervals, not one.
+    pub fn record_warm_up(&mut self, now_ms: u64, ms: f64, cfg: &HealthConfig) {
+        self.count_agreement(self.est.ttft_ms.get().map(|v| (ms, v)));
+        self.record_ttft(now_ms, ms, cfg);
+    }
+
+    /// A sample of keel's own (refresh probe, warm-up, returning probe) against the estimate it
+    /// was taken to check, `(sample, estimate)`: within [`REFRESH_AGREES`] it confirms the
+    /// level once more (see [`REFRESH_SPREAD`]); otherwise, or without one, the count restarts.
+    fn count_agreement(&mut self, pair: Option<(f64, f64)>) {
+        let agrees = pair.is_some_and(|(t, v)| v > 0.0 && (t / v).max(v / t) <= REFRESH_AGREES);
+        self.refresh_agreed = if agrees {
+            self.refresh_agreed.saturating_add(1)
+        } else {
+            0
+        };
     }
 
     /// Inter-token gaps of one stream: their mean, and its TGSV over the last 10.
@@ -949,23 +1061,34 @@ impl VariantHealth {
         let slow = matches!((ttft_ms, self.est.baseline_ttft_ms.get()), (Some(t), Some(b)) if cfg.ttft_ratio.is_severe(t / b));
         if !ok || slow {
             self.probe_successes = 0; // still sick: stay ejected
+            self.probe_ttft_ms = None;
             return;
         }
         self.probe_successes += 1;
+        let previous = std::mem::replace(&mut self.probe_ttft_ms, ttft_ms);
         if self.probe_successes < PROBES_TO_RETURN {
             return;
         }
         self.probe_successes = 0;
+        self.probe_ttft_ms = None;
         self.outcomes.clear();
         self.outcome_next = 0;
         self.est.ttft_ms.reset();
         self.est.error_rate.reset();
+        self.est.break_rate.reset();
         self.est.tgsv_ms.reset();
         self.ttft_severe_streak = 0;
         self.tgsv_severe_streak = 0;
         if let Some(t) = ttft_ms {
             self.est.ttft_ms.record(now_ms, t, cfg.decay_ms, true);
         }
+        // The returning probe is fresh evidence: no refresh is due at once.
+        self.last_sample_ms = Some(now_ms);
+        // Probes that agree with each other confirm the level the variant returns at, as
+        // refresh probes would: a returning variant takes little client traffic while its
+        // ramp is low, and is re-measured after two intervals rather than one.
+        self.refresh_agreed = 0;
+        self.count_agreement(ttft_ms.zip(previous));
         // The probes were the warm-up's own request (the same small generation), answered in
         // a row: they count toward it, and only what the warm-up asks beyond them is sent.
         self.est.state = match cfg.prewarm_requests.saturating_sub(PROBES_TO_RETURN) {
@@ -1495,6 +1618,111 @@ mod tests {
         h.record_ttft(at, 400.0, &c);
         assert_eq!(h.est.ttft_ms.get(), Some(400.0));
         assert!(h.needs_refresh(at + soon, &c));
+    }
+
+    /// A draw the pool's other variants have matched is the pool's tail, whichever variant it
+    /// fell on: it blends in although the variant's own window has never seen one like it. A
+    /// draw slower than the pool's recent first tokens is still a peak.
+    #[test]
+    fn a_draw_the_pool_has_matched_blends_in() {
+        let c = cfg();
+        let soon = c.refresh_after_ms / JUMP_RECHECK;
+        let mut h = VariantHealth::new(0);
+        let mut at = 0;
+        for _ in 0..20 {
+            at += 100;
+            h.record_ttft(at, 40.0, &c);
+        }
+        at += 100;
+        h.record_ttft_among(at, 130.0, JUMP_PRECEDENTS, &c);
+        let blended = h.est.ttft_ms.get().unwrap();
+        assert!(blended < 80.0, "{blended}");
+        assert!(!h.needs_refresh(at + soon, &c), "no early re-measure");
+        at += 100;
+        h.record_ttft_among(at, 400.0, JUMP_PRECEDENTS - 1, &c);
+        assert_eq!(h.est.ttft_ms.get(), Some(400.0), "a peak");
+        assert!(h.needs_refresh(at + soon, &c));
+    }
+
+    /// Several windows' samples of the last 60 s at least a value, counted together.
+    #[test]
+    fn samples_at_least_a_value_are_counted_over_windows_and_time() {
+        let (mut a, mut b) = (TtftWindow::default(), TtftWindow::default());
+        a.record(0, 500.0);
+        a.record(1_000, 100.0);
+        b.record(2_000, 300.0);
+        b.record(3_000, 50.0);
+        let both = [&a, &b];
+        assert_eq!(TtftWindow::at_least_of(&both, 3_000, 100.0), 3);
+        assert_eq!(TtftWindow::at_least_of(&both, 3_000, 301.0), 1);
+        // The 500 ms sample is over 60 s old.
+        assert_eq!(TtftWindow::at_least_of(&both, WINDOW_MS + 1, 100.0), 2);
+    }
+
+    /// Warm-ups that agree confirm the level as refresh probes do: a variant out of the draw
+    /// from its start is first re-measured after two intervals. Warm-ups that disagree (a cold
+    /// first one) leave it at one.
+    #[test]
+    fn agreeing_warm_ups_spread_the_first_refresh() {
+        let c = cfg();
+        let r = c.refresh_after_ms;
+        for (second, wait) in [(370.0, 2 * r), (200.0, r)] {
+            let mut h = VariantHealth::new(0);
+            h.record_warm_up(0, 360.0, &c);
+            h.record_warm_up(100, second, &c);
+            assert!(!h.needs_refresh(100 + wait - 1, &c), "{second}");
+            assert!(h.needs_refresh(100 + wait, &c), "{second}");
+        }
+    }
+
+    /// The probes that return an ejected variant confirm its level when they agree with each
+    /// other: its first refresh is two intervals later.
+    #[test]
+    fn returning_probes_that_agree_spread_the_first_refresh() {
+        let c = cfg();
+        let r = c.refresh_after_ms;
+        for (first, wait) in [(61.0, 2 * r), (150.0, r)] {
+            let mut h = VariantHealth::new(0);
+            h.est.state = State::Ejected {
+                since_ms: 0,
+                last_probe_ms: 0,
+            };
+            h.probe_result(1_000, true, Some(first), &c);
+            h.probe_result(2_000, true, Some(60.0), &c);
+            assert!(matches!(h.est.state, State::SlowStart { .. }));
+            assert!(!h.needs_refresh(2_000 + wait - 1, &c), "{first}");
+            assert!(h.needs_refresh(2_000 + wait, &c), "{first}");
+        }
+    }
+
+    /// The break rate starts from a prior of unbroken streams: one break among a variant's
+    /// first streams reads under 5% and costs less than the equivalence band, while a variant
+    /// that keeps breaking one stream in ten reaches 10% and loses a third of its weight. It
+    /// relaxes once no stream has ended for longer than the grace.
+    #[test]
+    fn the_break_rate_prices_streams_that_break_not_one_unlucky_stream() {
+        let c = cfg();
+        let mut h = VariantHealth::new(0);
+        h.record_stream_end(0, true);
+        let f = h.est.factors(0, &c).breaks;
+        assert!(f > 1.0 / crate::p2c::EQUIVALENT, "one break: {f}");
+        let mut at = 0;
+        for i in 0..600 {
+            at += 200;
+            h.record_stream_end(at, i % 10 == 0);
+        }
+        let rate = h.est.break_rate.get().unwrap();
+        assert!((rate - 0.1).abs() < 0.02, "{rate}");
+        let f = h.est.factors(at, &c).breaks;
+        assert!((0.55..0.72).contains(&f), "{f}");
+        let later = at + STALE_GRACE * c.refresh_after_ms + 60_000;
+        assert!(h.est.factors(later, &c).breaks > f, "relaxes");
+        // A variant whose streams do not break keeps its full weight.
+        let mut ok = VariantHealth::new(0);
+        for i in 0..100 {
+            ok.record_stream_end(i * 200, false);
+        }
+        assert_eq!(ok.est.factors(20_000, &c).breaks, 1.0);
     }
 
     fn gaps_of(ms: f64, n: usize) -> crate::stream_watch::Gaps {

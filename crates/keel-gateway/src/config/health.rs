@@ -44,6 +44,12 @@ pub(super) fn read(t: Option<Table>, issues: &mut Issues) -> (HealthConfig, u64,
             d.error_rate,
             issues,
         ),
+        break_rate: band(
+            &mut t,
+            ("break_rate_warn", "break_rate_severe"),
+            d.break_rate,
+            issues,
+        ),
         kv_usage: band(
             &mut t,
             ("kv_usage_warn", "kv_usage_severe"),

@@ -517,7 +517,13 @@ impl Attempts {
         }
         match end {
             StreamEnd::Complete { gaps } => self.pool.record_stream(vi, &gaps),
-            StreamEnd::Failed(f) => self.fail(vi, f, record),
+            StreamEnd::Failed(f) => {
+                // A stream moved for its pace was not broken: its decode factor prices that.
+                if !matches!(f, AttemptFailure::Slow(_)) {
+                    self.pool.record_break(vi);
+                }
+                self.fail(vi, f, record)
+            }
             StreamEnd::ClientGone | StreamEnd::Deadline => {}
         }
         drop(guard);

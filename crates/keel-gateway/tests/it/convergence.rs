@@ -204,3 +204,51 @@ async fn a_slow_decoder_gets_its_share_back_once_it_is_fast_again() {
         "v2 started {share:.3} of the streams: {back:?}"
     );
 }
+
+/// Pool `p` over `urls` as [`pool`] does, with `health` lines in its `[pools.health]`.
+fn pool_with_health(urls: &[String], health: &str) -> String {
+    pool(urls).replacen(
+        "[pools.health]\n",
+        &format!("[pools.health]\n{health}\n"),
+        1,
+    )
+}
+
+/// Three variants, the third cutting one stream in five after a few tokens: once all three
+/// are healthy, sequential streams for 8 s (while the variants' rates are learned), then the
+/// streams each variant starts over the next 8 s (every stream reaches its client whole: the
+/// cut ones are continued elsewhere).
+async fn with_one_that_breaks(health: &str) -> HashMap<String, u32> {
+    let fleet = Fleet::start_n(3, paced(2.0)).await.unwrap();
+    add_fault(
+        &fleet.servers[2],
+        serde_json::json!({"kind": "close", "after_tokens": 5, "rate": 0.2}),
+    )
+    .await;
+    let urls: Vec<String> = fleet.servers.iter().map(|s| s.openai_base()).collect();
+    let h = Harness::start(fleet, &pool_with_health(&urls, health)).await;
+    wait_for!("three variants healthy", states(&h).await == ["healthy"; 3]);
+    stream_shares(&h, Duration::from_secs(8)).await;
+    stream_shares(&h, Duration::from_secs(8)).await
+}
+
+/// A variant whose streams keep breaking starts few of them once its break rate shows it:
+/// each break costs its client a pause and an upstream request more for the continuation.
+/// With the break rate priced out of the weight (its band past 100%), the same variant keeps
+/// a far larger share: only the fast error rate, which forgets a break within seconds, holds
+/// it back.
+#[tokio::test]
+async fn a_variant_whose_streams_keep_breaking_starts_few_of_them() {
+    let priced = with_one_that_breaks("").await;
+    let unpriced = with_one_that_breaks("break_rate_warn = 2.0\nbreak_rate_severe = 3.0").await;
+    eprintln!("one in five cut: break rate priced {priced:?}, not priced {unpriced:?}");
+    let (with, without) = (share_of(&priced, "v2"), share_of(&unpriced, "v2"));
+    assert!(
+        with <= 0.08,
+        "it started {with:.3} of the streams: {priced:?}"
+    );
+    assert!(
+        with <= without / 2.0,
+        "priced {with:.3} against {without:.3} unpriced: {priced:?} {unpriced:?}"
+    );
+}

@@ -363,3 +363,41 @@ async fn a_continuation_that_hangs_is_given_up_for_the_next_candidate() {
     assert_eq!(on("sim-1"), Some("race_cancelled"), "{attempts:?}");
     assert_eq!(on("sim-2"), Some("ok"), "{attempts:?}");
 }
+
+/// A raced continuation that fails before its first token (its variant just died: the
+/// connection is reset) gives way to the next candidate at once: the stream is continued
+/// after a few gaps of silence, not after the hard stall threshold.
+#[tokio::test]
+async fn a_continuation_that_fails_gives_way_to_the_next_candidate() {
+    // sim-1 is by far the cheapest, so a stream forced onto sim-0 continues there first.
+    let h = long_reply_fleet(&[1, 10, 1], "").await;
+    for i in 0..3 {
+        for n in 0..3 {
+            let body = stream_body(&format!("warm up {n}"));
+            let resp = h
+                .post_with(
+                    "/v1/chat/completions",
+                    &[("x-keel-force-variant", &format!("sim-{i}"))],
+                    &body,
+                )
+                .await;
+            read_stream(resp).await;
+        }
+    }
+    add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 6})).await;
+    add_fault(h.server(1), json!({"kind": "reset"})).await;
+    let body = stream_body("tell me a long story about the mountain");
+    let want = want_text(&reference(&h, 2, "/v1/chat/completions", &body).await);
+    let events = read_stream(forced_sim0(&h, &body).await).await;
+    assert_eq!(openai_stream_text(&events), want, "byte for byte");
+    let note = migration_note(&events).expect("a migration");
+    assert!(note.contains("from=sim-0 to=sim-2 reason=stall"), "{note}");
+    let silent = silent_ms(&note);
+    // The hard stall threshold is at least 500 ms (the test waited it out before).
+    assert!(
+        silent < 250,
+        "continued after {silent} ms of silence: {note}"
+    );
+    let failed = [("variant", "sim-1"), ("kind", "continuation")];
+    assert_eq!(h.metric("keel_attempts_total", &failed).await, 1.0);
+}

@@ -12,8 +12,9 @@
 //! exactly the text the client has. One race per segment; it is a continuation attempt like any
 //! other (it enters its variant and spends the retry budget through `settlement`). A
 //! continuation later to its first token than its variant's first tokens usually are (twice the
-//! quantile the hedge delay uses) is cancelled, and the next candidate races instead (two at
-//! most); so is one still silent when the original fails, and the migration goes on elsewhere.
+//! quantile the hedge delay uses), or one that fails before its first token, gives way to the next
+//! candidate (two at most); one still silent when the original fails is cancelled, and the
+//! migration goes on elsewhere.
 
 use std::time::Duration;
 
@@ -25,8 +26,8 @@ use crate::pipeline::attempt::{attempt, AttemptResult};
 
 /// How a race ended.
 pub(super) enum Speculated {
-    /// Nothing could race (no candidate, no budget, or the continuation failed): the original
-    /// carries on, under the hard stall threshold.
+    /// Nothing could race (no candidate, no budget, or every continuation tried failed): the
+    /// original carries on, under the hard stall threshold.
     NotRaced,
     /// The original produced more first; the continuation was cancelled.
     Resumed,
@@ -39,8 +40,8 @@ pub(super) enum Speculated {
     Ended(SegmentEnd),
 }
 
-/// Continuations one race may try: a continuation that does not answer within its patience
-/// (see `Pool::continuation_patience_ms`) is cancelled for the next candidate, once.
+/// Continuations one race may try: a continuation that fails, or does not answer within its
+/// patience (see `Pool::continuation_patience_ms`), gives way to the next candidate, once.
 const RACED_CONTINUATIONS: usize = 2;
 
 enum First {
@@ -97,10 +98,13 @@ impl Relay {
                 // original waiting meanwhile (it is not read; nothing of it is lost).
                 First::Continuation(result) => {
                     tried.push(vi);
-                    return match self.finish(stitcher, c, *result).await {
-                        (Ok(next), resume) => Speculated::Won(Box::new(next), resume),
-                        (Err(_), _) => Speculated::NotRaced,
-                    };
+                    match self.finish(stitcher, c, *result).await {
+                        (Ok(next), resume) => return Speculated::Won(Box::new(next), resume),
+                        // It failed before its first token (a variant just dead, refusing,
+                        // throttled): the next candidate races instead. Given up here, the
+                        // stream waited out the hard stall threshold for nothing.
+                        (Err(_), _) => {}
+                    }
                 }
                 First::Original(SegmentEnd::Failed(f)) => {
                     // The original is gone: the continuation already under way is its

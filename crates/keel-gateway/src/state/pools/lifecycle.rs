@@ -2,7 +2,7 @@
 //! attempt recorded into its health, and the maintenance the monitor does (probes, warm-ups,
 //! refreshes, scrapes).
 
-use keel_core::health::State;
+use keel_core::health::{State, PEAK_JUMP};
 
 use super::*;
 
@@ -154,13 +154,19 @@ impl Pool {
             c.observe_attempt(index, ok, ttft_ms, now);
         }
         let hc = self.cfg.health;
+        let mut precedents = 0;
         if let Some(t) = ttft_ms {
+            // Only a first token that could jump the estimate needs the pool's context.
+            let jump_at = self.live(index).est.ttft_ms.get().map(|v| v * PEAK_JUMP);
+            if jump_at.is_some_and(|j| t >= j) {
+                precedents = self.pool_ttft_at_least(now, t);
+            }
             self.record_pool_ttft(now, t);
         }
         self.update(index, |st| {
             let h = &mut st.health;
             if let Some(t) = ttft_ms {
-                h.record_ttft(now, t, &hc);
+                h.record_ttft_among(now, t, precedents, &hc);
                 if let Some(tokens) = prompt_tokens {
                     h.record_prefill(now, tokens, t);
                 }
@@ -187,8 +193,14 @@ impl Pool {
         let hc = self.cfg.health;
         self.update(index, |st| {
             st.health.record_stream_gaps(now, gaps, &hc);
+            st.health.record_stream_end(now, false);
             st.health.tick(now, &hc);
         });
+    }
+    /// A client stream broke after its first token (it stalled, or failed with an error).
+    pub fn record_break(&self, index: usize) {
+        let now = self.now_ms();
+        self.update(index, |st| st.health.record_stream_end(now, true));
     }
     pub fn record_scrape(&self, index: usize, kv_usage: Option<f64>, waiting: Option<f64>) {
         self.update(index, |st| st.health.record_scrape(kv_usage, waiting));
@@ -305,7 +317,7 @@ impl Pool {
                 if ok {
                     st.warm_up_failures = 0;
                     if let Some(t) = ttft_ms {
-                        st.health.record_ttft(now, t, &hc);
+                        st.health.record_warm_up(now, t, &hc);
                     }
                     st.health.record_outcome(now, true, &hc);
                     st.restarting_since = None;

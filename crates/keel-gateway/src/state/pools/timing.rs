@@ -65,6 +65,10 @@ impl Pool {
                 Some(next.to_bits())
             });
     }
+    /// The pool's first tokens of the last 60 s at least `ms`.
+    pub(super) fn pool_ttft_at_least(&self, now_ms: u64, ms: f64) -> usize {
+        TtftWindow::at_least_of(&self.ttft.all(), now_ms, ms)
+    }
     /// The pool-wide TTFT quantile `q` over the last 60 s.
     pub(super) fn pool_ttft(&self, q: f64) -> Option<f64> {
         TtftWindow::quantile_of(&self.ttft.all(), self.now_ms(), q)

@@ -157,6 +157,9 @@ pub struct VariantSnapshot {
     pub gap_ms: Option<f64>,
     pub tgsv_ms: Option<f64>,
     pub error_rate: Option<f64>,
+    /// The share of its client streams that broke after their first token (see
+    /// `keel_core::health::HealthConfig::break_rate`).
+    pub break_rate: Option<f64>,
     pub kv_usage: Option<f64>,
     pub waiting: Option<f64>,
     pub in_flight: u32,
@@ -228,6 +231,7 @@ impl Pool {
                     gap_ms: h.est.gap_ms.get(),
                     tgsv_ms: h.est.tgsv_ms.get(),
                     error_rate: h.est.error_rate.get(),
+                    break_rate: h.est.break_rate.get(),
                     kv_usage: h.est.kv_usage,
                     waiting: h.est.waiting,
                     in_flight: v.in_flight.load(Ordering::Relaxed),
