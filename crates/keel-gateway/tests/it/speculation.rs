@@ -58,6 +58,24 @@ async fn warm_sim0(h: &Harness) {
     }
 }
 
+/// Three complete streams on each of the `n` variants: gap statistics and first-token times
+/// for every one of them.
+async fn warm_all(h: &Harness, n: usize) {
+    for i in 0..n {
+        for k in 0..3 {
+            let body = stream_body(&format!("warm up {k}"));
+            let resp = h
+                .post_with(
+                    "/v1/chat/completions",
+                    &[("x-keel-force-variant", &format!("sim-{i}"))],
+                    &body,
+                )
+                .await;
+            read_stream(resp).await;
+        }
+    }
+}
+
 fn migration_note(events: &[SseEvent]) -> Option<String> {
     events
         .iter()
@@ -310,20 +328,7 @@ async fn a_silence_of_stall_ms_with_nowhere_to_go_ends_with_an_error() {
 async fn a_continuation_that_hangs_is_given_up_for_the_next_candidate() {
     // sim-1 is by far the cheapest, so a stream forced onto sim-0 continues there first.
     let h = long_reply_fleet(&[1, 10, 1], "").await;
-    // Streams on each variant: gap statistics and first-token times for every one of them.
-    for i in 0..3 {
-        for n in 0..3 {
-            let body = stream_body(&format!("warm up {n}"));
-            let resp = h
-                .post_with(
-                    "/v1/chat/completions",
-                    &[("x-keel-force-variant", &format!("sim-{i}"))],
-                    &body,
-                )
-                .await;
-            read_stream(resp).await;
-        }
-    }
+    warm_all(&h, 3).await;
     add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 6})).await;
     add_fault(h.server(1), json!({"kind": "hang"})).await;
     let body = stream_body("tell me a long story about the river");
@@ -371,19 +376,7 @@ async fn a_continuation_that_hangs_is_given_up_for_the_next_candidate() {
 async fn a_continuation_that_fails_gives_way_to_the_next_candidate() {
     // sim-1 is by far the cheapest, so a stream forced onto sim-0 continues there first.
     let h = long_reply_fleet(&[1, 10, 1], "").await;
-    for i in 0..3 {
-        for n in 0..3 {
-            let body = stream_body(&format!("warm up {n}"));
-            let resp = h
-                .post_with(
-                    "/v1/chat/completions",
-                    &[("x-keel-force-variant", &format!("sim-{i}"))],
-                    &body,
-                )
-                .await;
-            read_stream(resp).await;
-        }
-    }
+    warm_all(&h, 3).await;
     add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 6})).await;
     add_fault(h.server(1), json!({"kind": "reset"})).await;
     let body = stream_body("tell me a long story about the mountain");
