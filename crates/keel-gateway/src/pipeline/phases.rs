@@ -418,15 +418,19 @@ impl<'g> Flight<'g> {
     }
 
     /// The request as it goes upstream. A non-streaming generation is streamed upstream (and
-    /// assembled in delivery) so that migration protects it too; count_tokens and embeddings
-    /// are whole answers, only ever failed over before the response.
+    /// assembled in delivery) so that migration protects it too, where one can happen: a pool
+    /// of one variant has nowhere to continue a generation (a migration never returns to the
+    /// variant it left), so there the whole answer is passed through, and neither the server
+    /// nor keel pays for a stream that protects nothing. count_tokens and embeddings are whole
+    /// answers, only ever failed over before the response.
     fn stream_upstream(&mut self) {
         let pool = &self.pool;
         let r = &mut self.req;
+        let can_migrate = pool.max_migrations() > 0 && pool.variants.len() > 1;
         if !r.stream
             && self.endpoint.generates()
             && pool.cfg.assemble_non_streaming
-            && (pool.max_migrations() > 0 || pool.cfg.integrity.is_some())
+            && (can_migrate || pool.cfg.integrity.is_some())
         {
             r.stream = true;
             r.body

@@ -292,8 +292,9 @@ async fn a_relay_that_panics_never_ends_the_stream_cleanly() {
 
 #[tokio::test]
 async fn a_handler_that_panics_answers_500_in_the_clients_protocol() {
-    // A non-streaming request is relayed inside its handler: the panic unwinds through it.
-    let h = Harness::openai(1, 1, "", "hedge = \"off\"").await;
+    // A non-streaming request is relayed inside its handler (streamed upstream and assembled:
+    // a pool of two, where it could migrate): the panic unwinds through it.
+    let h = Harness::openai(2, 1, "", "hedge = \"off\"").await;
     h.gw.hooks
         .relay_panic_after_events
         .store(1, Ordering::Relaxed);
