@@ -722,7 +722,8 @@ impl VariantHealth {
     /// [`JUMP_PRECEDENTS`]). A variant's own window sees a tail one fifth as often as a pool of
     /// five does: on first tokens spread as a lognormal of σ 0.5, one draw in twenty is twice
     /// the mean, and most of them jumped their variant out of the draw until a refresh probe
-    /// re-measured it (a probe for about 4% of the requests, tail or no tail). A variant that
+    /// re-measured it (a probe for 3% of the requests of `keel bench heavy-tail`'s fault-free
+    /// twin). A variant that
     /// really slows down answers slower than the pool's recent first tokens, and still jumps.
     pub fn record_ttft_among(
         &mut self,

@@ -76,6 +76,19 @@ async fn warm_all(h: &Harness, n: usize) {
     }
 }
 
+/// Three warmed variants: sim-0 stalls after 6 tokens, sim-1 (by far the cheapest, so a stream
+/// forced onto sim-0 continues there first) has `fault`, sim-2 is healthy. The pool, a stream
+/// request about `topic`, and the text sim-2 answers it with.
+async fn stalled_with_cheapest_failing(fault: Value, topic: &str) -> (Harness, Value, String) {
+    let h = long_reply_fleet(&[1, 10, 1], "").await;
+    warm_all(&h, 3).await;
+    add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 6})).await;
+    add_fault(h.server(1), fault).await;
+    let body = stream_body(&format!("tell me a long story about the {topic}"));
+    let want = want_text(&reference(&h, 2, "/v1/chat/completions", &body).await);
+    (h, body, want)
+}
+
 fn migration_note(events: &[SseEvent]) -> Option<String> {
     events
         .iter()
@@ -326,13 +339,7 @@ async fn a_silence_of_stall_ms_with_nowhere_to_go_ends_with_an_error() {
 /// nothing more to give.
 #[tokio::test]
 async fn a_continuation_that_hangs_is_given_up_for_the_next_candidate() {
-    // sim-1 is by far the cheapest, so a stream forced onto sim-0 continues there first.
-    let h = long_reply_fleet(&[1, 10, 1], "").await;
-    warm_all(&h, 3).await;
-    add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 6})).await;
-    add_fault(h.server(1), json!({"kind": "hang"})).await;
-    let body = stream_body("tell me a long story about the river");
-    let want = want_text(&reference(&h, 2, "/v1/chat/completions", &body).await);
+    let (h, body, want) = stalled_with_cheapest_failing(json!({"kind": "hang"}), "river").await;
     let resp = forced_sim0(&h, &body).await;
     let id = header(resp.headers(), "x-keel-request-id").to_owned();
     let events = read_stream(resp).await;
@@ -374,13 +381,7 @@ async fn a_continuation_that_hangs_is_given_up_for_the_next_candidate() {
 /// after a few gaps of silence, not after the hard stall threshold.
 #[tokio::test]
 async fn a_continuation_that_fails_gives_way_to_the_next_candidate() {
-    // sim-1 is by far the cheapest, so a stream forced onto sim-0 continues there first.
-    let h = long_reply_fleet(&[1, 10, 1], "").await;
-    warm_all(&h, 3).await;
-    add_fault(h.server(0), json!({"kind": "stall", "after_tokens": 6})).await;
-    add_fault(h.server(1), json!({"kind": "reset"})).await;
-    let body = stream_body("tell me a long story about the mountain");
-    let want = want_text(&reference(&h, 2, "/v1/chat/completions", &body).await);
+    let (h, body, want) = stalled_with_cheapest_failing(json!({"kind": "reset"}), "mountain").await;
     let events = read_stream(forced_sim0(&h, &body).await).await;
     assert_eq!(openai_stream_text(&events), want, "byte for byte");
     let note = migration_note(&events).expect("a migration");
