@@ -41,3 +41,4 @@ pub mod stream_watch;
 pub mod synthesize;
 pub mod tokens;
 pub mod translate;
+pub mod usage;

@@ -7,12 +7,9 @@
 
 use std::sync::{LazyLock, Mutex};
 
-use memchr::memmem;
-use serde::Deserialize;
-use serde_json::Value;
-
-use keel_core::protocol::MapOnly;
 use keel_core::sse::SseEvent;
+use keel_core::usage::{self, Reported};
+use memchr::memmem;
 
 use crate::config::VariantConfig;
 
@@ -43,82 +40,6 @@ pub struct Meter {
     uses: Mutex<Vec<Use>>,
 }
 
-/// A `usage` object of either protocol: OpenAI's prompt and completion tokens, Anthropic's
-/// input (with cache reads and writes) and output tokens.
-#[derive(Debug, Default, PartialEq, Deserialize)]
-struct Usage {
-    #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-    #[serde(default)]
-    input_tokens: Option<u64>,
-    #[serde(default)]
-    cache_read_input_tokens: Option<u64>,
-    #[serde(default)]
-    cache_creation_input_tokens: Option<u64>,
-    #[serde(default)]
-    output_tokens: Option<u64>,
-}
-
-/// Where an event or body carries its usage: at the top, or in Anthropic's `message`.
-#[derive(Deserialize)]
-struct Carrier {
-    #[serde(default)]
-    usage: Option<MapOnly<Usage>>,
-    #[serde(default)]
-    message: Option<MapOnly<Message>>,
-}
-
-#[derive(Deserialize)]
-struct Message {
-    #[serde(default)]
-    usage: Option<MapOnly<Usage>>,
-}
-
-impl Usage {
-    /// A `usage` object's tree; a count that is not a whole number reads as absent.
-    fn from_tree(u: &Value) -> Self {
-        let n = |key: &str| u.get(key).and_then(Value::as_u64);
-        Usage {
-            prompt_tokens: n("prompt_tokens"),
-            completion_tokens: n("completion_tokens"),
-            input_tokens: n("input_tokens"),
-            cache_read_input_tokens: n("cache_read_input_tokens"),
-            cache_creation_input_tokens: n("cache_creation_input_tokens"),
-            output_tokens: n("output_tokens"),
-        }
-    }
-
-    /// (input, output).
-    fn read(&self) -> (Option<u64>, Option<u64>) {
-        if let Some(prompt) = self.prompt_tokens {
-            return (Some(prompt), self.completion_tokens);
-        }
-        let input = self.input_tokens.map(|i| {
-            i.saturating_add(self.cache_read_input_tokens.unwrap_or(0))
-                .saturating_add(self.cache_creation_input_tokens.unwrap_or(0))
-        });
-        (input, self.output_tokens)
-    }
-}
-
-/// The usage an event or body reports, as (input, output); `Err` when it is not JSON. Read
-/// without a JSON tree where it has the expected shape (a tree of each stream's usage chunk was
-/// half of what metering a request cost); any other shape is read from its tree, where a member
-/// of the wrong type is absent, so both readings agree wherever the first succeeds.
-type Reported = Option<(Option<u64>, Option<u64>)>;
-fn usage_of(data: &[u8]) -> serde_json::Result<Reported> {
-    if let Ok(MapOnly(c)) = serde_json::from_slice::<MapOnly<Carrier>>(data) {
-        let usage = c.usage.or_else(|| c.message.and_then(|m| m.0.usage));
-        return Ok(usage.map(|u| u.0.read()));
-    }
-    let v = serde_json::from_slice::<Value>(data)?;
-    Ok(usage_in(&v).map(|u| Usage::from_tree(u).read()))
-}
-
-/// The `usage` in a JSON object: at the top (OpenAI chunks and bodies, Anthropic bodies and
-/// `message_delta`) or in `message` (Anthropic `message_start`).
 /// Whether an event may report usage, without parsing it: it names `"usage"`, and not only as
 /// the `"usage":null` that every chunk carries when the client asked for
 /// `stream_options.include_usage` (parsing each of those into a JSON tree cost more than
@@ -142,13 +63,6 @@ fn may_carry_usage(data: &str) -> bool {
         return true;
     };
     !value.trim_start().starts_with("null")
-}
-
-fn usage_in(v: &Value) -> Option<&Value> {
-    v.get("usage")
-        .filter(|u| u.is_object())
-        .or_else(|| v.get("message").and_then(|m| m.get("usage")))
-        .filter(|u| u.is_object())
 }
 
 impl Meter {
@@ -183,7 +97,7 @@ impl Meter {
     /// which has no usage, so its data is not searched for one.
     pub fn event(&self, variant: &VariantConfig, ev: &SseEvent, tokens: bool, plain: bool) {
         let usage = (!plain && may_carry_usage(&ev.data))
-            .then(|| usage_of(ev.data.as_bytes()).ok().flatten())
+            .then(|| usage::of(ev.data.as_bytes()).ok().flatten())
             .flatten();
         if !tokens && usage.is_none() {
             return;
@@ -199,9 +113,10 @@ impl Meter {
         });
     }
 
-    /// A whole answer's body from an attempt on `variant`.
-    pub fn whole(&self, variant: &VariantConfig, body: &[u8]) {
-        let Ok(usage) = usage_of(body) else {
+    /// A whole answer from an attempt on `variant`: its usage as read already where its body
+    /// was checked (`read`), or else read from `body`.
+    pub fn whole_or_read(&self, variant: &VariantConfig, read: Option<Reported>, body: &[u8]) {
+        let Some(usage) = read.or_else(|| usage::of(body).ok()) else {
             return;
         };
         let (input, output) = usage.unwrap_or_default();
@@ -260,36 +175,6 @@ mod tests {
         assert!(may_carry_usage(
             r#"{"choices":[{"delta":{"content":"say \"usage\":null"}}],"usage":{"completion_tokens":2}}"#
         ));
-    }
-
-    proptest::proptest! {
-        /// Whatever an event's usage holds, reading it without a tree gives what its tree
-        /// gives.
-        #[test]
-        fn usage_read_without_a_tree_agrees_with_the_tree(
-            fields in proptest::collection::vec((0usize..7, 0usize..9), 0..6),
-            place in 0usize..4,
-        ) {
-            const KEYS: [&str; 7] = ["prompt_tokens", "completion_tokens", "input_tokens",
-                "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens", "total_tokens"];
-            const VALUES: [&str; 9] = ["3", "0", "18446744073709551615", "null", "-1", "2.5", "\"7\"", "{}", "[1]"];
-            let mut seen = std::collections::HashSet::new();
-            let members: Vec<String> = fields
-                .iter()
-                .filter(|(k, _)| seen.insert(*k))
-                .map(|(k, v)| format!("\"{}\":{}", KEYS[*k], VALUES[*v]))
-                .collect();
-            let usage = format!("{{{}}}", members.join(","));
-            let data = match place {
-                0 => format!(r#"{{"id":"c","choices":[],"usage":{usage}}}"#),
-                1 => format!(r#"{{"type":"message_start","message":{{"id":"m","usage":{usage}}}}}"#),
-                2 => format!(r#"{{"usage":null,"message":{{"usage":{usage}}}}}"#),
-                _ => format!(r#"{{"usage":[{usage}]}}"#),
-            };
-            let tree: Value = serde_json::from_str(&data).unwrap();
-            let from_tree = usage_in(&tree).map(|u| Usage::from_tree(u).read());
-            proptest::prop_assert_eq!(usage_of(data.as_bytes()).unwrap(), from_tree);
-        }
     }
 
     fn variant(name: &str, pin: f64, pout: f64) -> VariantConfig {
@@ -360,8 +245,8 @@ mod tests {
         let m = Meter::default();
         let max = u64::MAX;
         let body = format!(r#"{{"usage":{{"prompt_tokens":{max},"completion_tokens":{max}}}}}"#);
-        m.whole(&a, body.as_bytes());
-        m.whole(&b, body.as_bytes());
+        m.whole_or_read(&a, None, body.as_bytes());
+        m.whole_or_read(&b, None, body.as_bytes());
         let t = m.totals(0);
         assert_eq!((t.input, t.output, t.spend_micros), (max, max, max));
     }
@@ -391,7 +276,11 @@ mod tests {
         assert_eq!(m.totals(100).input, 6);
         assert_eq!(m.totals(100).output, 9);
         let w = Meter::default();
-        w.whole(&a, br#"{"usage":{"input_tokens":3,"output_tokens":2}}"#);
+        w.whole_or_read(
+            &a,
+            None,
+            br#"{"usage":{"input_tokens":3,"output_tokens":2}}"#,
+        );
         assert_eq!((w.totals(0).input, w.totals(0).output), (3, 2));
     }
 }

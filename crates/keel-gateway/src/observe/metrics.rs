@@ -74,7 +74,6 @@
 //! `client_write_timeout` (the client took no response bytes for `client_write_timeout_ms`).
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -137,15 +136,21 @@ struct Registered<H> {
     handle: H,
 }
 
+/// Two `'static` names: the same literal (the usual case, decided without reading them), or
+/// equal text.
+fn same_name(a: &'static str, b: &'static str) -> bool {
+    std::ptr::eq(a, b) || a == b
+}
+
 impl<H> Registered<H> {
-    fn is(&self, name: &str, labels: &[(&'static str, &str)]) -> bool {
-        self.name == name
+    fn is(&self, name: &'static str, labels: &[(&'static str, &str)]) -> bool {
+        same_name(self.name, name)
             && self.labels.len() == labels.len()
             && self
                 .labels
                 .iter()
                 .zip(labels)
-                .all(|((k, v), (key, value))| k == key && **v == **value)
+                .all(|((k, v), (key, value))| same_name(k, key) && **v == **value)
     }
 }
 
@@ -159,13 +164,29 @@ impl<H> Default for Handles<H> {
 }
 
 impl<H: Clone> Handles<H> {
+    /// A lookup's hash. The metric's name and the label keys are `'static` literals: their
+    /// addresses stand for them (hashing their text was most of a lookup, which ran seven times
+    /// a request). A name reached through another copy of its literal hashes elsewhere and is
+    /// registered there too: the registry hands back the same series, so it only costs an entry.
+    /// Label values are hashed as text; `is` settles any collision.
+    fn hash(&self, name: &'static str, labels: &[(&'static str, &str)]) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = self.hasher.build_hasher();
+        h.write_usize(name.as_ptr() as usize);
+        for (k, v) in labels {
+            h.write_usize(k.as_ptr() as usize);
+            h.write(v.as_bytes());
+        }
+        h.finish()
+    }
+
     fn get(
         &self,
         name: &'static str,
         labels: &[(&'static str, &str)],
         register: impl FnOnce() -> H,
     ) -> H {
-        let hash = self.hasher.hash_one((name, labels));
+        let hash = self.hash(name, labels);
         if let Some(known) = self
             .by_hash
             .load()

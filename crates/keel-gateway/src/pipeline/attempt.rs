@@ -27,6 +27,7 @@ use keel_core::stream_watch::{
     oversized_index, read_event_in, ChunkTemplate, EventFacts, MAX_OUTPUT_INDEX,
 };
 use keel_core::synthesize::stream_from_whole;
+use keel_core::usage::Reported;
 
 use crate::config::ResponseModel;
 use crate::pipeline::context::RequestCtx;
@@ -73,6 +74,9 @@ pub enum Served {
         status: StatusCode,
         headers: HeaderMap,
         body: Bytes,
+        /// The usage the body reports where it was read already (where the body was checked);
+        /// `None`: the meter reads it from the body.
+        usage: Option<Reported>,
     },
     Stream(StreamStart),
 }
@@ -496,6 +500,7 @@ impl Answer {
                     None => body,
                 },
                 headers: self.headers,
+                usage: None,
             }),
             _ => AttemptResult::Failed(failure),
         }
@@ -519,11 +524,12 @@ impl Answer {
             .filter(|_| ctx.endpoint != Endpoint::CountTokens);
         if !streaming && self.back.is_none() {
             // Passed through as it came: checked and renamed on its bytes.
-            if let Some(body) = translation::checked_whole(&body, rename) {
+            if let Some(checked) = translation::checked_whole(&body, rename) {
                 return Ok(AttemptResult::Served(Served::Whole {
                     status,
                     headers: self.headers,
-                    body,
+                    body: checked.body,
+                    usage: checked.usage,
                 }));
             }
         }
@@ -551,6 +557,7 @@ impl Answer {
                 status,
                 headers: self.headers,
                 body,
+                usage: None,
             }));
         }
         let pending =

@@ -139,9 +139,11 @@ pub async fn run(
                     status,
                     headers,
                     body,
+                    usage,
                 },
             ) => {
-                ctx.meter.whole(&pool.variants[c.vi].cfg, &body);
+                ctx.meter
+                    .whole_or_read(&pool.variants[c.vi].cfg, usage, &body);
                 answers.push(Answer {
                     vi: c.vi,
                     status,
@@ -186,6 +188,7 @@ pub async fn run(
             status,
             headers,
             body,
+            ..
         }) = client_error
         {
             return crate::pipeline::delivery::whole(log, ctx, status, headers, body);

@@ -283,6 +283,7 @@ impl<'g> Flight<'g> {
                 status,
                 headers,
                 body,
+                ..
             }) => {
                 log.variant = attempts
                     .records()
@@ -302,10 +303,10 @@ impl<'g> Flight<'g> {
                 status,
                 headers,
                 body,
+                usage,
             } => {
-                self.ctx
-                    .meter
-                    .whole(&self.pool.variants[committed.vi].cfg, &body);
+                let variant = &self.pool.variants[committed.vi].cfg;
+                self.ctx.meter.whole_or_read(variant, usage, &body);
                 drop(committed);
                 return Decided::Now(self.whole_answer(status, headers, body, capture));
             }

@@ -167,12 +167,16 @@ impl Idle {
 
 /// Where a plain-HTTP request goes: the address to connect to (`host:port`), and the request
 /// target and `Host` header.
+#[derive(Clone)]
 pub struct Target {
     authority: Arc<str>,
     host: HeaderValue,
     /// The path and query, checked by `Uri`'s parser (no space or control byte in it).
-    path: Box<str>,
+    path: Arc<str>,
 }
+
+/// URLs whose reading as a [`Target`] each thread keeps: a pool's variants and endpoints.
+const TARGETS_KEPT: usize = 32;
 
 impl Target {
     /// `url` as a direct target: plain `http://` without credentials in it, else `None`.
@@ -205,6 +209,10 @@ impl Target {
 /// The pool: idle connections per thread.
 pub struct Direct {
     idle: PerThread<VecDeque<Idle>>,
+    /// The last URLs read as targets (or found not to be plain HTTP), per thread: every request
+    /// to a variant names the same few URLs, and reading one (a `Uri` parse, the `Host` value,
+    /// two copies) cost ten times the lookup.
+    targets: PerThread<Vec<(Box<str>, Option<Target>)>>,
     connect_timeout: Duration,
     /// Connections opened (`keel_upstream_connections_opened_total`): a count that grows with
     /// the requests rather than with the concurrency means connections are not reused.
@@ -227,11 +235,26 @@ impl Direct {
     ) -> Direct {
         Direct {
             idle: PerThread::new(VecDeque::new),
+            targets: PerThread::new(Vec::new),
             connect_timeout,
             opened,
             sweep_every,
             sweeping: AtomicBool::new(false),
         }
+    }
+
+    /// `url` as a direct target (see [`Target::of`]), read once per thread.
+    pub fn target(&self, url: &str) -> Option<Target> {
+        let mut kept = self.targets.own();
+        if let Some((_, t)) = kept.iter().find(|(u, _)| **u == *url) {
+            return t.clone();
+        }
+        let t = Target::of(url);
+        if kept.len() >= TARGETS_KEPT {
+            kept.remove(0);
+        }
+        kept.push((url.into(), t.clone()));
+        t
     }
 
     /// Sends a POST of `body` to `target`, on an idle connection when one is usable; `cap`:

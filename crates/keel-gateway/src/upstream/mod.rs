@@ -257,7 +257,7 @@ impl Client {
 
     async fn transport(&self, variant: &str, req: Request) -> Result<Response, GatewayError> {
         if let Some(direct) = &self.direct {
-            if let Some(target) = direct::Target::of(&req.url) {
+            if let Some(target) = direct.target(&req.url) {
                 return direct
                     .send(target, self.cap(variant), req.headers, req.body)
                     .await;

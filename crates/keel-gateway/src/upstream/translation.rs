@@ -16,7 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use keel_core::protocol::{Endpoint, Protocol};
+use keel_core::protocol::{Endpoint, MapOnly, Protocol};
 use keel_core::request::{apply_variant, CanonicalRequest, RequestError};
 use keel_core::sse::{ModelName, SseEvent};
 use keel_core::translate::{
@@ -24,6 +24,7 @@ use keel_core::translate::{
     message_to_chat_completion, messages_to_chat, AnthropicToChatStream, ChatToAnthropicStream,
     ResponseContext,
 };
+use keel_core::usage::{Carrier, Message, Reported, Usage};
 
 use crate::config::VariantConfig;
 use crate::wire::errors::{ErrorKind, GatewayError};
@@ -237,17 +238,38 @@ pub fn fix_header(fixes: &[String]) -> Option<http::HeaderValue> {
     http::HeaderValue::from_str(&fixes.join(",")).ok()
 }
 
+/// A same-protocol whole body checked, and renamed where asked (see [`checked_whole`]).
+#[derive(Debug)]
+pub struct Checked {
+    pub body: Bytes,
+    /// The usage the body reports, read in the same pass; `None` where its usage members have
+    /// a shape the quick reading does not take (the meter then reads them from a tree).
+    pub usage: Option<Reported>,
+}
+
 /// A same-protocol whole body checked to be one JSON object and, with `rename`, its top-level
 /// `model` string given the public name, in one pass over its bytes and without a tree: the
-/// same body when nothing changes, one copy when the name does. `None` when the quick reading
-/// cannot tell (not an object; a name with escapes, not a string, or `null`; `model` given
-/// twice); the caller then parses the body into a tree. Parsing every passed-through answer
-/// into a tree and writing it out again would be about a fifth of keel's work on it.
-pub fn checked_whole(body: &Bytes, rename: Option<&ModelRename>) -> Option<Bytes> {
-    /// The top level of an answer: `model` only (other members are checked and skipped), a
-    /// slice of the body itself.
+/// same body when nothing changes, one copy when the name does. The same pass reads the usage
+/// the body reports, for the meter. `None` when the quick reading cannot tell (not an object; a
+/// name with escapes, not a string, or `null`; `model` given twice); the caller then parses the
+/// body into a tree. Parsing every passed-through answer into a tree and writing it out again
+/// would be about a fifth of keel's work on it; reading it a second time for its usage, a
+/// twentieth.
+pub fn checked_whole(body: &Bytes, rename: Option<&ModelRename>) -> Option<Checked> {
+    /// The top level of an answer: `model`, and the members that carry usage (other members
+    /// are checked and skipped); `model` is a slice of the body itself.
     #[derive(serde::Deserialize)]
     struct Top<'a> {
+        #[serde(borrow, default)]
+        model: Option<&'a str>,
+        #[serde(default)]
+        usage: Option<MapOnly<Usage>>,
+        #[serde(default)]
+        message: Option<MapOnly<Message>>,
+    }
+    /// `model` alone, for a body whose usage members have another shape.
+    #[derive(serde::Deserialize)]
+    struct ModelOnly<'a> {
         #[serde(borrow, default)]
         model: Option<&'a str>,
     }
@@ -255,19 +277,33 @@ pub fn checked_whole(body: &Bytes, rename: Option<&ModelRename>) -> Option<Bytes
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return None;
     }
-    let top: Top<'_> = serde_json::from_slice(body).ok()?;
-    let Some(r) = rename else {
-        return Some(body.clone());
+    let (model, usage) = match serde_json::from_slice::<Top<'_>>(body) {
+        Ok(top) => {
+            let usage = Carrier {
+                usage: top.usage,
+                message: top.message,
+            };
+            (top.model, Some(usage.reported()))
+        }
+        Err(_) => (
+            serde_json::from_slice::<ModelOnly<'_>>(body).ok()?.model,
+            None,
+        ),
     };
-    let Some(model) = top.model else {
+    let checked = |body: Bytes| Some(Checked { body, usage });
+    let Some(r) = rename else {
+        return checked(body.clone());
+    };
+    let Some(model) = model else {
         // No name, or a `null` one, which the tree renames: left to it when a `model` key is
         // anywhere in the body.
-        return memchr::memmem::find(body, b"\"model\"")
-            .is_none()
-            .then(|| body.clone());
+        if memchr::memmem::find(body, b"\"model\"").is_some() {
+            return None;
+        }
+        return checked(body.clone());
     };
     if model == r.name {
-        return Some(body.clone());
+        return checked(body.clone());
     }
     // The borrowed string lies inside the body, between its quotes.
     let start = (model.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
@@ -279,7 +315,7 @@ pub fn checked_whole(body: &Bytes, rename: Option<&ModelRename>) -> Option<Bytes
     out.extend_from_slice(&body[..start - 1]);
     out.extend_from_slice(r.encoded.as_bytes());
     out.extend_from_slice(&body[end + 1..]);
-    Some(Bytes::from(out))
+    checked(Bytes::from(out))
 }
 
 /// Renames the `model` of a same-protocol answer to the name the client asked for
@@ -333,7 +369,7 @@ mod tests {
     fn check(body: &str, to: &str) -> Option<String> {
         let rename = ModelRename::new(Protocol::OpenAi, to);
         let out = checked_whole(&Bytes::from(body.to_owned()), Some(&rename))?;
-        Some(String::from_utf8(out.to_vec()).unwrap())
+        Some(String::from_utf8(out.body.to_vec()).unwrap())
     }
 
     /// The quick reading gives what parsing the body into a tree and renaming it gives, or
@@ -362,7 +398,7 @@ mod tests {
         let same = Bytes::from_static(br#"{"model":"p","n":1}"#);
         let rename = ModelRename::new(Protocol::OpenAi, "p");
         let out = checked_whole(&same, Some(&rename)).unwrap();
-        assert_eq!(out.as_ptr(), same.as_ptr());
+        assert_eq!(out.body.as_ptr(), same.as_ptr());
         assert_eq!(check(r#" {"n":1} "#, "p").unwrap(), r#" {"n":1} "#);
         // Left to the tree: a name with escapes, a name that is not a string, a repeated
         // member, an array, and anything that is not JSON.
@@ -380,7 +416,28 @@ mod tests {
         }
         // Without a rename, a body is only checked.
         let plain = Bytes::from_static(br#"{"model":"sim"}"#);
-        assert_eq!(checked_whole(&plain, None).unwrap(), plain);
-        assert_eq!(checked_whole(&Bytes::from_static(b"not json"), None), None);
+        assert_eq!(checked_whole(&plain, None).unwrap().body, plain);
+        assert!(checked_whole(&Bytes::from_static(b"not json"), None).is_none());
+    }
+
+    /// The usage read in the checking pass is the one the meter reads from the body alone; a
+    /// usage member of another shape leaves it to the meter, and the body is still checked.
+    #[test]
+    fn the_checking_pass_reads_the_usage_the_meter_would() {
+        for body in [
+            r#"{"id":"x","model":"sim","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2}}"#,
+            r#"{"model":"sim","usage":{"input_tokens":3,"cache_read_input_tokens":1,"output_tokens":5}}"#,
+            r#"{"type":"message","message":{"usage":{"input_tokens":2}},"model":"sim"}"#,
+            r#"{"model":"sim","usage":null}"#,
+            r#"{"model":"sim"}"#,
+        ] {
+            let out = checked_whole(&Bytes::from(body.to_owned()), None).unwrap();
+            let alone = keel_core::usage::of(body.as_bytes()).unwrap();
+            assert_eq!(out.usage, Some(alone), "{body}");
+        }
+        let odd = Bytes::from_static(br#"{"model":"sim","usage":[1]}"#);
+        let out = checked_whole(&odd, Some(&ModelRename::new(Protocol::OpenAi, "p"))).unwrap();
+        assert_eq!(out.usage, None);
+        assert_eq!(&out.body[..], br#"{"model":"p","usage":[1]}"#);
     }
 }

@@ -180,6 +180,30 @@ fn only_plain_http_without_credentials_is_direct() {
     assert!(Target::of("http://user:secret@host:8000/v1").is_none());
 }
 
+/// A thread keeps the URLs it read: the same reading every time, the refusals too, and no more
+/// than it keeps room for.
+#[test]
+fn a_url_is_read_as_a_target_once_per_thread() {
+    let d = Direct::new(Duration::from_secs(1), metrics::Counter::noop());
+    for _ in 0..2 {
+        let t = d
+            .target("http://127.0.0.1:8000/v1/chat/completions")
+            .unwrap();
+        assert_eq!(
+            (&*t.authority, &*t.path),
+            ("127.0.0.1:8000", "/v1/chat/completions")
+        );
+        assert!(d
+            .target("https://api.openai.com/v1/chat/completions")
+            .is_none());
+    }
+    for i in 0..(2 * TARGETS_KEPT) {
+        let t = d.target(&format!("http://h{i}/v1")).unwrap();
+        assert_eq!(t.host, format!("h{i}").as_str());
+    }
+    assert_eq!(d.targets.own().len(), TARGETS_KEPT);
+}
+
 #[tokio::test]
 async fn requests_read_to_their_end_share_one_connection() {
     let mut s = server(Answer::Whole).await;
