@@ -57,7 +57,13 @@
 //! cost (and a well-measured one, more than [`EQUIVALENT`] ×) for the sake of measuring it, so
 //! a variant twice as slow as its peers gets none. Costs include the requests in flight, and one
 //! in flight (a quarter, [`IN_FLIGHT_COST`]) is more than the band: under load a busier
-//! well-measured variant is never chosen for having waited longer.
+//! well-measured variant is never chosen for having waited longer. The band is for estimates'
+//! noise only: a costlier variant in worse condition than the cheaper one (a health factor
+//! below it: errors, breaks, a first token slow against its own baseline, a full cache or
+//! queue; not the slow-start ramp) is not its equal. A variant cutting one stream in five
+//! reads a break rate of about 5% while few of its streams are counted, 1.18× the cost of a
+//! peer whose streams do not break, inside the band: it took a round robin's turns, a third of
+//! the streams, as often as its rate dipped below that.
 //!
 //! **Affinity.** With a key (a session, or a prompt-prefix hash), candidates are ranked by
 //! weighted rendezvous hashing (highest `−w / ln(u)`, `u` from the key and the variant's name
@@ -508,8 +514,9 @@ impl Selector for PowerOfTwo {
                     }
                     std::cmp::Ordering::Equal => (pick_from[b], pick_from[a]),
                 };
-                let equal =
-                    cost_of(hi.index) <= cost_of(lo.index) * equivalent_band(hi.ttft_samples);
+                let equal = cost_of(hi.index)
+                    <= cost_of(lo.index) * equivalent_band(hi.ttft_samples)
+                    && hi.condition >= lo.condition;
                 let pick = if equal && self.last_chosen_of(hi.index) < self.last_chosen_of(lo.index)
                 {
                     hi
@@ -625,6 +632,15 @@ mod tests {
         assert_eq!(v, [0, 255]);
     }
 
+    /// How often each of three candidates is the primary over 300 decisions.
+    fn primaries_of(p: &PowerOfTwo, c: &[Candidate]) -> [u32; 3] {
+        let mut wins = [0; 3];
+        for _ in 0..300 {
+            wins[p.plan(c, &RequestSignals::default()).order[0]] += 1;
+        }
+        wins
+    }
+
     fn cands(n: usize) -> Vec<Candidate> {
         (0..n).map(|i| Candidate::plain(i, 1, true)).collect()
     }
@@ -702,13 +718,7 @@ mod tests {
         let mut c = cands(3);
         c[2].predicted_ttft_ms = 135.0;
         let p = PowerOfTwo::new(Rng::new(9), 3);
-        let primaries = |c: &[Candidate]| {
-            let mut wins = [0; 3];
-            for _ in 0..300 {
-                wins[p.plan(c, &RequestSignals::default()).order[0]] += 1;
-            }
-            wins
-        };
+        let primaries = |c: &[Candidate]| primaries_of(&p, c);
         c[2].ttft_samples = 2.0;
         assert!(primaries(&c)[2] > 50, "{:?}", primaries(&c));
         c[2].ttft_samples = 8.0;
@@ -729,6 +739,34 @@ mod tests {
                 assert_ne!(p.plan(&c, &RequestSignals::default()).order[0], 2);
             }
         }
+    }
+
+    /// The band absorbs estimates' noise, not a known fault: a variant within the band of its
+    /// peers' cost for its lower health (a break rate of 5%: 0.85) gets no round-robin turn,
+    /// while one as close for its estimate alone takes its turns; a ramp in slow start is not
+    /// a fault either.
+    #[test]
+    fn a_variant_in_worse_condition_is_not_an_equal() {
+        let p = PowerOfTwo::new(Rng::new(5), 3);
+        let wins = |c: &[Candidate]| primaries_of(&p, c);
+        let mut c = cands(3);
+        c[2].health = 0.85;
+        c[2].condition = 0.85;
+        assert_eq!(wins(&c)[2], 0, "{:?}", wins(&c));
+        let mut c = cands(3);
+        c[2].predicted_ttft_ms = 100.0 / 0.85;
+        assert!(wins(&c)[2] > 60, "{:?}", wins(&c));
+        let mut c = cands(3);
+        c[2].health = 0.85;
+        assert!(wins(&c)[2] > 60, "a ramp: {:?}", wins(&c));
+        // Both in the same condition: equals again.
+        let mut c = cands(3);
+        for x in &mut c {
+            x.condition = 0.85;
+            x.health = 0.85;
+        }
+        c[2].predicted_ttft_ms = 110.0;
+        assert!(wins(&c)[2] > 60, "{:?}", wins(&c));
     }
 
     /// The draw is never empty. The cheapest candidate (idle) costs over three times the

@@ -28,6 +28,11 @@ pub struct Candidate {
     pub available: bool,
     /// Live health weight in 0..=1 (see [`crate::health`]).
     pub health: f64,
+    /// The part of `health` that judges how the variant serves (errors, breaks, a first token
+    /// slow against its own baseline, a full cache or queue: [`crate::health::Factors::health`]),
+    /// without the slow-start ramp; 1 when nothing is wrong. Two costs close enough to count as
+    /// equal are not, when the costlier is in worse condition (see [`crate::p2c`]).
+    pub condition: f64,
     /// Predicted time to first token (peak-EWMA), ms.
     pub predicted_ttft_ms: f64,
     /// The samples behind `predicted_ttft_ms` (see [`crate::health::Ewma::evidence`]): how far
@@ -60,6 +65,7 @@ impl Candidate {
             weight,
             available,
             health: 1.0,
+            condition: 1.0,
             predicted_ttft_ms: 100.0,
             ttft_samples: f64::INFINITY,
             gap_ms: None,

@@ -125,6 +125,7 @@ mod tests {
             weight: 1,
             available,
             health: 1.0,
+            condition: 1.0,
             predicted_ttft_ms: 10.0,
             ttft_samples: f64::INFINITY,
             gap_ms: None,

@@ -218,6 +218,11 @@ impl Deciding<'_> {
                     } else {
                         health.weight
                     },
+                    condition: if warming {
+                        keel_core::health::FLOOR
+                    } else {
+                        health.factors.health()
+                    },
                     predicted_ttft_ms: health.predicted_ttft_ms,
                     ttft_samples: health.ttft_samples,
                     gap_ms: health.gap_ms,
