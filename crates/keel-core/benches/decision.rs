@@ -48,7 +48,7 @@ fn decide(
             weight: 1,
             available: true,
             health: h.weight(now, cfg),
-            condition: h.est.factors(now, cfg).health(),
+            condition: h.est.factors(now, cfg).condition(),
             predicted_ttft_ms: h.predicted_ttft_ms(now, cfg),
             ttft_samples: h.est.ttft_ms.evidence(),
             gap_ms: h.est.gap_ms.get(),

@@ -430,6 +430,14 @@ impl Factors {
     pub fn health(&self) -> f64 {
         self.ttft * self.tgsv * self.errors * self.breaks * self.kv * self.waiting
     }
+
+    /// The product of the factors that count a known fault: errors, breaks, a full KV cache or
+    /// queue. Not the TTFT and TGSV ratios to the variant's own baselines, which move with its
+    /// estimates' noise (under a heavy tail a healthy variant's TTFT factor wanders between
+    /// 0.8 and 1), nor the ramp.
+    pub fn condition(&self) -> f64 {
+        self.errors * self.breaks * self.kv * self.waiting
+    }
 }
 
 /// Live statistics and lifecycle of one variant.

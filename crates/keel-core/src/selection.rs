@@ -28,10 +28,9 @@ pub struct Candidate {
     pub available: bool,
     /// Live health weight in 0..=1 (see [`crate::health`]).
     pub health: f64,
-    /// The part of `health` that judges how the variant serves (errors, breaks, a first token
-    /// slow against its own baseline, a full cache or queue: [`crate::health::Factors::health`]),
-    /// without the slow-start ramp; 1 when nothing is wrong. Two costs close enough to count as
-    /// equal are not, when the costlier is in worse condition (see [`crate::p2c`]).
+    /// The part of `health` that counts a known fault (errors, breaks, a full cache or queue:
+    /// [`crate::health::Factors::condition`]); 1 when nothing is wrong. Two costs close enough
+    /// to count as equal are not, when the costlier is in worse condition (see [`crate::p2c`]).
     pub condition: f64,
     /// Predicted time to first token (peak-EWMA), ms.
     pub predicted_ttft_ms: f64,

@@ -221,7 +221,7 @@ impl Deciding<'_> {
                     condition: if warming {
                         keel_core::health::FLOOR
                     } else {
-                        health.factors.health()
+                        health.factors.condition()
                     },
                     predicted_ttft_ms: health.predicted_ttft_ms,
                     ttft_samples: health.ttft_samples,
