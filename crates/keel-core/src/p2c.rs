@@ -60,10 +60,10 @@
 //! well-measured variant is never chosen for having waited longer. The band is for estimates'
 //! noise only: a costlier variant in worse condition than the cheaper one (a fault factor
 //! below it: errors, breaks, a full cache or queue; not the TTFT and TGSV ratios to its own
-//! baselines, which wander with the estimates, nor the slow-start ramp) is not its equal. A variant cutting one stream in five
-//! reads a break rate of about 5% while few of its streams are counted, 1.18× the cost of a
-//! peer whose streams do not break, inside the band: it took a round robin's turns, a third of
-//! the streams, as often as its rate dipped below that.
+//! baselines, which wander with the estimates, nor the slow-start ramp) is not its equal. A
+//! variant cutting one stream in five reads a break rate of about 5% while few of its streams
+//! are counted, 1.18× the cost of a peer whose streams do not break, inside the band: it took a
+//! round robin's turns, a third of the streams, as often as its rate dipped below that.
 //!
 //! **Affinity.** With a key (a session, or a prompt-prefix hash), candidates are ranked by
 //! weighted rendezvous hashing (highest `−w / ln(u)`, `u` from the key and the variant's name

@@ -211,7 +211,7 @@ pub struct Direct {
     idle: PerThread<VecDeque<Idle>>,
     /// The last URLs read as targets (or found not to be plain HTTP), per thread: every request
     /// to a variant names the same few URLs, and reading one (a `Uri` parse, the `Host` value,
-    /// two copies) cost ten times the lookup.
+    /// two copies: 1,900 instructions) cost fifteen times the lookup (callgrind).
     targets: PerThread<Vec<(Box<str>, Option<Target>)>>,
     connect_timeout: Duration,
     /// Connections opened (`keel_upstream_connections_opened_total`): a count that grows with
