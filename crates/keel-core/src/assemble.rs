@@ -22,6 +22,7 @@ use serde_json::{json, Map, Value};
 pub use answer::Answer;
 use chunk::{BlockDelta, Chunk};
 
+use crate::members::Members;
 use crate::protocol::{Endpoint, MapOnly, Protocol};
 use crate::sse::SseEvent;
 use crate::stream_watch::ChunkTemplate;
@@ -108,7 +109,7 @@ impl Identity {
 
 /// An upstream-supplied index, if it is within `max` slots.
 fn bounded_index(v: &Value, max: usize, what: &str) -> Result<usize, String> {
-    bounded(v.get("index").and_then(Value::as_u64), max, what)
+    bounded(v.member("index").and_then(Value::as_u64), max, what)
 }
 
 /// An index (0 when absent), if it is within `max` slots.
@@ -288,7 +289,7 @@ impl Assembler {
     fn push_anthropic(&mut self, name: &str, v: Value) -> Result<(), String> {
         match name {
             "message_start" => {
-                self.message = Some(v.get("message").cloned().unwrap_or(Value::Null))
+                self.message = Some(v.member("message").cloned().unwrap_or(Value::Null))
             }
             "content_block_start" => {
                 let i = bounded_index(&v, MAX_CONTENT_BLOCKS, "content block")?;
@@ -297,7 +298,7 @@ impl Assembler {
                     self.block_text.resize(i + 1, String::new());
                     self.partial_json.resize(i + 1, String::new());
                 }
-                self.blocks[i] = v.get("content_block").cloned().unwrap_or(Value::Null);
+                self.blocks[i] = v.member("content_block").cloned().unwrap_or(Value::Null);
                 self.block_text[i].clear();
                 self.partial_json[i].clear();
             }
@@ -315,7 +316,7 @@ impl Assembler {
                     .pointer("/usage/output_tokens")
                     .cloned()
                     .unwrap_or(Value::Null);
-                if let Some(Value::Object(u)) = v.get("usage") {
+                if let Some(Value::Object(u)) = v.member("usage") {
                     for (key, n) in u.iter().filter(|(_, n)| n.is_u64()) {
                         self.delta_usage.insert(key.clone(), n.clone());
                     }
@@ -376,18 +377,18 @@ impl Assembler {
                             return None;
                         };
                         if !text.is_empty() {
-                            let before = b.get("text").and_then(Value::as_str).unwrap_or("");
+                            let before = b.member("text").and_then(Value::as_str).unwrap_or("");
                             let whole = before.to_owned() + &text;
                             b.insert("text".into(), Value::String(whole));
                         }
-                        if b.get("type").and_then(Value::as_str) == Some("tool_use") {
+                        if b.member("type").and_then(Value::as_str) == Some("tool_use") {
                             let input = serde_json::from_str(&json).unwrap_or_else(|_| json!({}));
                             b.insert("input".into(), input);
                         }
                         Some(Value::Object(b))
                     })
                     .collect();
-                let mut usage = match first.get("usage") {
+                let mut usage = match first.member("usage") {
                     Some(Value::Object(u)) => u.clone(),
                     _ => Map::new(),
                 };

@@ -24,6 +24,7 @@
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use crate::members::Members;
 use crate::protocol::Endpoint;
 
 /// Request fields that do not change the answer: left out of the fingerprint.
@@ -61,17 +62,21 @@ pub fn bypass_reason(
         return Some("endpoint");
     }
     let temperature = body
-        .get("temperature")
+        .member("temperature")
         .and_then(Value::as_f64)
         .unwrap_or(DEFAULT_TEMPERATURE);
     if temperature > policy.max_temperature {
         return Some("temperature");
     }
-    if body.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
+    if body
+        .member("n")
+        .and_then(Value::as_u64)
+        .is_some_and(|n| n > 1)
+    {
         return Some("n");
     }
     let has_tools = body
-        .get("tools")
+        .member("tools")
         .and_then(Value::as_array)
         .is_some_and(|t| !t.is_empty());
     if has_tools && !policy.allow_tools {
@@ -186,7 +191,7 @@ pub fn prompt_text(body: &Map<String, Value>) -> String {
             Value::String(s) => out.push_str(s),
             Value::Array(parts) => {
                 for p in parts {
-                    if let Some(t) = p.get("text").and_then(Value::as_str).or(p.as_str()) {
+                    if let Some(t) = p.member("text").and_then(Value::as_str).or(p.as_str()) {
                         out.push_str(t);
                         out.push('\n');
                     }
@@ -196,25 +201,25 @@ pub fn prompt_text(body: &Map<String, Value>) -> String {
         }
     }
     let mut out = String::new();
-    if let Some(system) = body.get("system") {
+    if let Some(system) = body.member("system") {
         out.push_str("system: ");
         text(system, &mut out);
         out.push('\n');
     }
     for m in body
-        .get("messages")
+        .member("messages")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
     {
-        out.push_str(m.get("role").and_then(Value::as_str).unwrap_or(""));
+        out.push_str(m.member("role").and_then(Value::as_str).unwrap_or(""));
         out.push_str(": ");
-        if let Some(c) = m.get("content") {
+        if let Some(c) = m.member("content") {
             text(c, &mut out);
         }
         out.push('\n');
     }
-    if let Some(p) = body.get("prompt") {
+    if let Some(p) = body.member("prompt") {
         text(p, &mut out);
     }
     out
@@ -265,29 +270,29 @@ fn view(endpoint: Endpoint, answer: &Value) -> AnswerView<'_> {
     match endpoint {
         Endpoint::Messages => {
             let text = answer
-                .get("content")
+                .member("content")
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten()
-                .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
-                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .filter(|b| b.member("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|b| b.member("text").and_then(Value::as_str))
                 .collect();
             AnswerView {
                 text,
-                finish: answer.get("stop_reason").and_then(Value::as_str),
+                finish: answer.member("stop_reason").and_then(Value::as_str),
             }
         }
         _ => {
             let choice = answer.pointer("/choices/0");
             let text = choice
-                .and_then(|c| c.pointer("/message/content").or_else(|| c.get("text")))
+                .and_then(|c| c.pointer("/message/content").or_else(|| c.member("text")))
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_owned();
             AnswerView {
                 text,
                 finish: choice
-                    .and_then(|c| c.get("finish_reason"))
+                    .and_then(|c| c.member("finish_reason"))
                     .and_then(Value::as_str),
             }
         }
@@ -299,14 +304,14 @@ fn view(endpoint: Endpoint, answer: &Value) -> AnswerView<'_> {
 /// for free text.
 fn structured(request: &Map<String, Value>) -> Option<Option<&Value>> {
     let format = request
-        .get("response_format")
-        .or_else(|| request.get("output_format"))?;
-    match format.get("type").and_then(Value::as_str) {
+        .member("response_format")
+        .or_else(|| request.member("output_format"))?;
+    match format.member("type").and_then(Value::as_str) {
         Some("json_object") => Some(None),
         Some("json_schema") => Some(
             format
                 .pointer("/json_schema/schema")
-                .or_else(|| format.get("schema")),
+                .or_else(|| format.member("schema")),
         ),
         _ => None,
     }
@@ -352,12 +357,12 @@ pub fn unstorable(
     let Some(schema) = schema else {
         return (!parsed.is_object()).then(|| "the structured output is not a JSON object".into());
     };
-    if !has_type(&parsed, schema.get("type")) {
+    if !has_type(&parsed, schema.member("type")) {
         return Some("the structured output is not of the schema's type".into());
     }
-    let props = schema.get("properties").and_then(Value::as_object);
+    let props = schema.member("properties").and_then(Value::as_object);
     for key in schema
-        .get("required")
+        .member("required")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
@@ -368,7 +373,9 @@ pub fn unstorable(
                 "the structured output lacks the required key `{key}`"
             ));
         };
-        let ty = props.and_then(|p| p.get(key)).and_then(|p| p.get("type"));
+        let ty = props
+            .and_then(|p| p.get(key))
+            .and_then(|p| p.member("type"));
         if !has_type(v, ty) {
             return Some(format!(
                 "the structured output's `{key}` has the wrong type"

@@ -24,6 +24,7 @@
 
 use serde_json::{json, Map, Value};
 
+use crate::members::Members;
 use crate::protocol::{event_role, Endpoint, EventRole, Protocol};
 use crate::request::CanonicalRequest;
 use crate::sse::SseEvent;
@@ -110,7 +111,7 @@ pub fn continuation(
         (ResumeMode::Completion, Endpoint::Completions)
         | (ResumeMode::Prefill, Endpoint::Completions)
         | (ResumeMode::Instruction, Endpoint::Completions) => {
-            let prompt = match body.get("prompt") {
+            let prompt = match body.member("prompt") {
                 Some(Value::String(p)) => p.clone(),
                 Some(Value::Array(a)) if a.len() == 1 => {
                     a[0].as_str().unwrap_or_default().to_owned()
@@ -131,13 +132,13 @@ pub fn continuation(
             "`completion` resume needs a /v1/completions request",
         )),
         (ResumeMode::Prefill, ep) | (ResumeMode::Instruction, ep) => {
-            let Some(Value::Array(messages)) = body.get_mut("messages") else {
+            let Some(Value::Array(messages)) = body.member_mut("messages") else {
                 return Err(NotPossible::ModeMismatch("no messages"));
             };
             // A client prefill (final assistant message) is extended, not duplicated.
             let last_is_assistant = messages
                 .last()
-                .and_then(|m| m.get("role"))
+                .and_then(|m| m.member("role"))
                 .and_then(Value::as_str)
                 == Some("assistant");
             if last_is_assistant && mode == ResumeMode::Prefill {
@@ -145,11 +146,11 @@ pub fn continuation(
                     .last_mut()
                     .and_then(Value::as_object_mut)
                     .ok_or(NotPossible::ModeMismatch("bad message"))?;
-                let before = match last.get("content") {
+                let before = match last.member("content") {
                     Some(Value::String(s)) => s.clone(),
                     Some(Value::Array(parts)) => parts
                         .iter()
-                        .filter_map(|p| p.get("text").and_then(Value::as_str))
+                        .filter_map(|p| p.member("text").and_then(Value::as_str))
                         .collect(),
                     _ => String::new(),
                 };
@@ -198,7 +199,7 @@ pub fn event_text(protocol: Protocol, ev: &SseEvent) -> Option<String> {
     let v: Value = serde_json::from_str(&ev.data).ok()?;
     match protocol {
         Protocol::OpenAi => {
-            let c = v.get("choices")?.get(0)?;
+            let c = v.member("choices")?.get(0)?;
             crate::protocol::openai_choice_text(c).map(str::to_owned)
         }
         Protocol::Anthropic => {
@@ -413,7 +414,7 @@ impl Stitcher {
                         Some(view) => view.index(),
                         None => serde_json::from_str::<Value>(&ev.data)
                             .ok()
-                            .and_then(|v| v.get("index").and_then(Value::as_u64)),
+                            .and_then(|v| v.member("index").and_then(Value::as_u64)),
                     }
                     .unwrap_or(self.next_block);
                     self.open_block = Some(i);
@@ -461,25 +462,25 @@ impl Stitcher {
             let text = self.trim(&text, trim_overlap);
             self.delivered.push_str(&text);
             let choice = v
-                .get_mut("choices")
+                .member_mut("choices")
                 .and_then(|c| c.get_mut(0))
                 .and_then(Value::as_object_mut);
             if let Some(c) = choice {
                 // The field `event_text` read the text from (see `openai_choice_text`).
                 let in_delta = c
-                    .get("delta")
-                    .and_then(|d| d.get("content"))
+                    .member("delta")
+                    .and_then(|d| d.member("content"))
                     .is_some_and(Value::is_string);
                 if in_delta {
-                    if let Some(d) = c.get_mut("delta").and_then(Value::as_object_mut) {
+                    if let Some(d) = c.member_mut("delta").and_then(Value::as_object_mut) {
                         d.insert("content".into(), Value::String(text));
                     }
-                } else if c.get("text").is_some_and(Value::is_string) {
+                } else if c.member("text").is_some_and(Value::is_string) {
                     c.insert("text".into(), Value::String(text));
                 }
             }
         }
-        if let Some(u) = v.get_mut("usage").and_then(Value::as_object_mut) {
+        if let Some(u) = v.member_mut("usage").and_then(Value::as_object_mut) {
             let before = self.tokens_before_segment;
             let read = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
             let prompt = read("prompt_tokens").saturating_sub(before);
@@ -511,7 +512,7 @@ impl Stitcher {
         };
         let offset = self.block_offset;
         // Indexes are the upstream's numbers: shifted with saturation, never overflowing.
-        let index = |v: &Map<String, Value>| v.get("index").and_then(Value::as_u64).unwrap_or(0);
+        let index = |v: &Map<String, Value>| v.member("index").and_then(Value::as_u64).unwrap_or(0);
         match name {
             "content_block_start" => {
                 let i = index(&v);
@@ -531,7 +532,7 @@ impl Stitcher {
                         let text = self.trim(&text, trim_overlap);
                         self.delivered.push_str(&text);
                         // `event_text` found `/delta/text`, so `delta` is an object.
-                        if let Some(d) = v.get_mut("delta").and_then(Value::as_object_mut) {
+                        if let Some(d) = v.member_mut("delta").and_then(Value::as_object_mut) {
                             d.insert("text".into(), Value::String(text));
                         }
                     }
@@ -541,8 +542,8 @@ impl Stitcher {
             }
             "message_delta" => {
                 let before = self.tokens_before_segment;
-                if let Some(u) = v.get_mut("usage").and_then(Value::as_object_mut) {
-                    if let Some(out) = u.get("output_tokens").and_then(Value::as_u64) {
+                if let Some(u) = v.member_mut("usage").and_then(Value::as_object_mut) {
+                    if let Some(out) = u.member("output_tokens").and_then(Value::as_u64) {
                         u.insert(
                             "output_tokens".into(),
                             Value::from(out.saturating_add(before)),
@@ -600,7 +601,7 @@ mod tests {
             "the client's prefill is extended"
         );
         assert_eq!(b["messages"][1]["content"], "Sure: one two");
-        assert!(b.get("continue_final_message").is_none());
+        assert!(b.member("continue_final_message").is_none());
         assert_eq!(
             continuation(&a, ResumeMode::Prefill, &default_prefill_fields(), "x", 10).unwrap_err(),
             NotPossible::LimitReached

@@ -5,6 +5,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::members::Members;
 use crate::request::RequestError;
 use crate::tokens;
 
@@ -57,7 +58,7 @@ impl EmbeddingsRequest<'_> {
 
 /// Reads `input`, `encoding_format` and `dimensions` from a request body.
 pub fn parse(body: &Map<String, Value>) -> Result<EmbeddingsRequest<'_>, RequestError> {
-    let inputs = match body.get("input") {
+    let inputs = match body.member("input") {
         None | Some(Value::Null) => {
             return Err(RequestError::invalid("missing required field `input`"))
         }
@@ -69,7 +70,7 @@ pub fn parse(body: &Map<String, Value>) -> Result<EmbeddingsRequest<'_>, Request
             ))
         }
     };
-    let encoding = match body.get("encoding_format") {
+    let encoding = match body.member("encoding_format") {
         None | Some(Value::Null) => Encoding::Float,
         Some(Value::String(s)) if s == "float" => Encoding::Float,
         Some(Value::String(s)) if s == "base64" => Encoding::Base64,
@@ -79,7 +80,7 @@ pub fn parse(body: &Map<String, Value>) -> Result<EmbeddingsRequest<'_>, Request
             )))
         }
     };
-    let dimensions = match body.get("dimensions") {
+    let dimensions = match body.member("dimensions") {
         None | Some(Value::Null) => None,
         Some(v) => Some(
             v.as_u64()
@@ -92,7 +93,7 @@ pub fn parse(body: &Map<String, Value>) -> Result<EmbeddingsRequest<'_>, Request
         ),
     };
     if body
-        .get("stream")
+        .member("stream")
         .is_some_and(|s| s != &Value::Bool(false) && !s.is_null())
     {
         return Err(RequestError::invalid(

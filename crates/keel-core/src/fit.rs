@@ -17,6 +17,7 @@
 
 use serde_json::Value;
 
+use crate::members::Members;
 use crate::tokens::{Estimate, Tally, Tokenizer};
 
 /// Tokens a chat template adds per message (role markers, separators): OpenAI documents 3 for
@@ -31,13 +32,13 @@ pub fn for_each_text(content: &Value, f: &mut impl FnMut(&str)) {
         Value::String(s) => f(s),
         Value::Array(parts) => {
             for p in parts {
-                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                if let Some(t) = p.member("text").and_then(Value::as_str) {
                     f(t);
                 }
-                if let Some(c) = p.get("content") {
+                if let Some(c) = p.member("content") {
                     for_each_text(c, f);
                 }
-                if let Some(input) = p.get("input").filter(|i| i.is_object()) {
+                if let Some(input) = p.member("input").filter(|i| i.is_object()) {
                     f(&input.to_string());
                 }
             }
@@ -49,11 +50,11 @@ pub fn for_each_text(content: &Value, f: &mut impl FnMut(&str)) {
 /// Adds one chat message (content, tool-call arguments, framing) to a tally.
 pub fn add_message(msg: &Value, tally: &mut Tally) {
     tally.add_tokens(MESSAGE_OVERHEAD_TOKENS);
-    if let Some(c) = msg.get("content") {
+    if let Some(c) = msg.member("content") {
         for_each_text(c, &mut |t| tally.add(t));
     }
     for call in msg
-        .get("tool_calls")
+        .member("tool_calls")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
@@ -81,14 +82,14 @@ pub fn prompt_tokens(
     let mut t = Tally::new(tokenizer, cap);
     add_system(body, &mut t);
     for m in body
-        .get("messages")
+        .member("messages")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
     {
         add_message(m, &mut t);
     }
-    match body.get("prompt") {
+    match body.member("prompt") {
         Some(Value::String(p)) => t.add(p),
         Some(Value::Array(parts)) => parts
             .iter()
@@ -101,7 +102,7 @@ pub fn prompt_tokens(
 
 /// Adds Anthropic's top-level `system` to a tally.
 fn add_system(body: &serde_json::Map<String, Value>, tally: &mut Tally) {
-    if let Some(system) = body.get("system") {
+    if let Some(system) = body.member("system") {
         for_each_text(system, &mut |s| tally.add(s));
     }
 }
@@ -114,17 +115,17 @@ pub fn system_tokens(body: &serde_json::Map<String, Value>, tokenizer: Tokenizer
 }
 
 fn role(m: &Value) -> &str {
-    m.get("role").and_then(Value::as_str).unwrap_or("")
+    m.member("role").and_then(Value::as_str).unwrap_or("")
 }
 
 /// Whether a message holds a content block of `kind` (`tool_use`, `tool_result`).
 fn has_block(m: &Value, kind: &str) -> bool {
-    m.get("content")
+    m.member("content")
         .and_then(Value::as_array)
         .is_some_and(|parts| {
             parts
                 .iter()
-                .any(|p| p.get("type").and_then(Value::as_str) == Some(kind))
+                .any(|p| p.member("type").and_then(Value::as_str) == Some(kind))
         })
 }
 
@@ -132,7 +133,7 @@ fn has_block(m: &Value, kind: &str) -> bool {
 fn calls_tools(m: &Value) -> bool {
     role(m) == "assistant"
         && (m
-            .get("tool_calls")
+            .member("tool_calls")
             .and_then(Value::as_array)
             .is_some_and(|c| !c.is_empty())
             || has_block(m, "tool_use"))

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 
 use serde_json::{json, Value};
 
+use crate::members::Members;
 use crate::sse::SseEvent;
 
 /// A wire protocol.
@@ -224,7 +225,7 @@ pub fn event_role(protocol: Protocol, ev: &SseEvent) -> EventRole {
                 };
             }
             match serde_json::from_str::<Value>(&ev.data) {
-                Ok(v) => match v.get("error") {
+                Ok(v) => match v.member("error") {
                     Some(e) if !e.is_null() => EventRole::Error(error_summary(&v)),
                     _ if openai_chunk_has_output(&v) => EventRole::Output,
                     _ => EventRole::Preamble,
@@ -240,7 +241,7 @@ pub fn event_role(protocol: Protocol, ev: &SseEvent) -> EventRole {
                 _ => match serde_json::from_str::<Value>(&ev.data) {
                     Ok(v)
                         if name == "error"
-                            || v.get("type").and_then(Value::as_str) == Some("error") =>
+                            || v.member("type").and_then(Value::as_str) == Some("error") =>
                     {
                         EventRole::Error(error_summary(&v))
                     }
@@ -564,32 +565,32 @@ impl ChoiceView<'_> {
 /// Generated text of one OpenAI choice in `Value` form (the tree form of [`ChunkView::text`],
 /// read the same way: `delta.content` when it is a string, else completions `text`).
 pub(crate) fn openai_choice_text(c: &Value) -> Option<&str> {
-    c.get("delta")
-        .and_then(|d| d.get("content"))
+    c.member("delta")
+        .and_then(|d| d.member("content"))
         .and_then(Value::as_str)
-        .or_else(|| c.get("text").and_then(Value::as_str))
+        .or_else(|| c.member("text").and_then(Value::as_str))
 }
 
 /// Whether an OpenAI chunk carries output (the `Value` form of [`ChunkView::has_output`], for
 /// chunks the view cannot read).
 pub(crate) fn openai_chunk_has_output(v: &Value) -> bool {
-    let Some(choices) = v.get("choices").and_then(Value::as_array) else {
+    let Some(choices) = v.member("choices").and_then(Value::as_array) else {
         return false;
     };
     if choices.is_empty() {
-        return v.get("usage").is_some_and(|u| !u.is_null());
+        return v.member("usage").is_some_and(|u| !u.is_null());
     }
     let non_empty = |x: Option<&Value>| x.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
     choices.iter().any(|c| {
-        let d = c.get("delta");
-        non_empty(c.get("text"))
-            || c.get("finish_reason").is_some_and(|f| !f.is_null())
+        let d = c.member("delta");
+        non_empty(c.member("text"))
+            || c.member("finish_reason").is_some_and(|f| !f.is_null())
             || d.is_some_and(|d| {
-                non_empty(d.get("content"))
-                    || non_empty(d.get("refusal"))
-                    || non_empty(d.get("reasoning_content"))
-                    || d.get("tool_calls").is_some_and(|t| !t.is_null())
-                    || d.get("function_call").is_some_and(|t| !t.is_null())
+                non_empty(d.member("content"))
+                    || non_empty(d.member("refusal"))
+                    || non_empty(d.member("reasoning_content"))
+                    || d.member("tool_calls").is_some_and(|t| !t.is_null())
+                    || d.member("function_call").is_some_and(|t| !t.is_null())
             })
     })
 }
@@ -608,7 +609,7 @@ pub fn error_message(v: &Value) -> String {
 /// the upstream account, an organisation or a fragment of a credential ("Incorrect API key
 /// provided: sk-…"), and it would reach a client or a log beside other tenants' traffic.
 pub fn error_summary(v: &Value) -> String {
-    let error = v.get("error").filter(|e| e.is_object()).unwrap_or(v);
+    let error = v.member("error").filter(|e| e.is_object()).unwrap_or(v);
     let mut parts = Vec::new();
     for field in ["type", "code"] {
         let value = match error.get(field) {

@@ -8,6 +8,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::members::Members;
 use crate::protocol::{Endpoint, ErrorKind};
 use crate::tokens;
 
@@ -91,13 +92,13 @@ pub fn from_object(
     endpoint: Endpoint,
     body: Map<String, Value>,
 ) -> Result<CanonicalRequest, RequestError> {
-    let model = match body.get("model") {
+    let model = match body.member("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
         Some(Value::String(_)) => return Err(RequestError::invalid("`model` must not be empty")),
         Some(_) => return Err(RequestError::invalid("`model` must be a string")),
         None => return Err(RequestError::invalid("missing required field `model`")),
     };
-    let stream = match body.get("stream") {
+    let stream = match body.member("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(RequestError::invalid("`stream` must be a boolean")),
@@ -109,7 +110,7 @@ pub fn from_object(
     match endpoint {
         Endpoint::Embeddings => counted_tokens = crate::embeddings::parse(&body)?.tokens(),
         Endpoint::ChatCompletions | Endpoint::Messages | Endpoint::CountTokens => {
-            match body.get("messages") {
+            match body.member("messages") {
                 Some(Value::Array(msgs)) if !msgs.is_empty() => {
                     for (i, m) in msgs.iter().enumerate() {
                         let Some(obj) = m.as_object() else {
@@ -117,12 +118,12 @@ pub fn from_object(
                                 "`messages[{i}]` must be an object"
                             )));
                         };
-                        if !obj.get("role").is_some_and(Value::is_string) {
+                        if !obj.member("role").is_some_and(Value::is_string) {
                             return Err(RequestError::invalid(format!(
                                 "missing required field `messages[{i}].role`"
                             )));
                         }
-                        if let Some(c) = obj.get("content") {
+                        if let Some(c) = obj.member("content") {
                             push_content_text(c, &mut input_text);
                         }
                     }
@@ -133,11 +134,11 @@ pub fn from_object(
                 Some(_) => return Err(RequestError::invalid("`messages` must be an array")),
                 None => return Err(RequestError::invalid("missing required field `messages`")),
             }
-            if let Some(system) = body.get("system") {
+            if let Some(system) = body.member("system") {
                 push_content_text(system, &mut input_text);
             }
         }
-        Endpoint::Completions => match body.get("prompt") {
+        Endpoint::Completions => match body.member("prompt") {
             Some(Value::String(p)) => input_text.push_str(p),
             Some(Value::Array(parts)) if parts.iter().all(Value::is_string) => {
                 for p in parts {
@@ -154,7 +155,7 @@ pub fn from_object(
     }
 
     let max_tokens = match endpoint {
-        Endpoint::Messages => match body.get("max_tokens") {
+        Endpoint::Messages => match body.member("max_tokens") {
             Some(v) => Some(v.as_u64().ok_or_else(|| {
                 RequestError::invalid("`max_tokens` must be a non-negative integer")
             })?),
@@ -162,8 +163,8 @@ pub fn from_object(
         },
         _ => {
             let v = body
-                .get("max_completion_tokens")
-                .or_else(|| body.get("max_tokens"));
+                .member("max_completion_tokens")
+                .or_else(|| body.member("max_tokens"));
             match v {
                 None | Some(Value::Null) => None,
                 Some(v) => Some(v.as_u64().ok_or_else(|| {
@@ -180,11 +181,11 @@ pub fn from_object(
     };
 
     let session = body
-        .get("user")
+        .member("user")
         .and_then(Value::as_str)
         .or_else(|| {
-            body.get("metadata")
-                .and_then(|m| m.get("user_id"))
+            body.member("metadata")
+                .and_then(|m| m.member("user_id"))
                 .and_then(Value::as_str)
         })
         .map(str::to_owned);
@@ -219,7 +220,7 @@ fn push_content_text(content: &Value, out: &mut String) {
         Value::String(s) => push_text(s, out),
         Value::Array(parts) => {
             for p in parts {
-                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                if let Some(t) = p.member("text").and_then(Value::as_str) {
                     push_text(t, out);
                 }
             }
@@ -255,11 +256,11 @@ impl CanonicalRequest {
     /// is shorter than that: short prompts gain nothing from a warm cache.
     pub fn prefix_key(&self) -> Option<u64> {
         let mut text = String::new();
-        if let Some(system) = self.body.get("system") {
+        if let Some(system) = self.body.member("system") {
             push_content_text(system, &mut text);
         }
         match self.endpoint {
-            Endpoint::Completions => match self.body.get("prompt") {
+            Endpoint::Completions => match self.body.member("prompt") {
                 Some(Value::String(p)) => push_text(p, &mut text),
                 Some(Value::Array(a)) => a
                     .iter()
@@ -270,12 +271,12 @@ impl CanonicalRequest {
             _ => {
                 for m in self
                     .body
-                    .get("messages")
+                    .member("messages")
                     .and_then(Value::as_array)
                     .into_iter()
                     .flatten()
                 {
-                    if let Some(c) = m.get("content") {
+                    if let Some(c) = m.member("content") {
                         push_content_text(c, &mut text);
                     }
                     if tokens::count(&text) >= PREFIX_KEY_TOKENS {

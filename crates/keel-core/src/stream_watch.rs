@@ -12,6 +12,7 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
+use crate::members::Members;
 use crate::protocol::{event_role, ChunkView, EventRole, EventView, Protocol};
 use crate::sse::SseEvent;
 
@@ -144,13 +145,13 @@ pub fn oversized_index(protocol: Protocol, ev: &SseEvent) -> Option<u64> {
                 return None;
             }
             let v: Value = serde_json::from_str(&ev.data).ok()?;
-            let choices = v.get("choices")?.as_array()?;
+            let choices = v.member("choices")?.as_array()?;
             choices.iter().find_map(|c| {
-                over(c.get("index").and_then(Value::as_u64)).or_else(|| {
-                    let calls = c.get("delta")?.get("tool_calls")?.as_array()?;
+                over(c.member("index").and_then(Value::as_u64)).or_else(|| {
+                    let calls = c.member("delta")?.member("tool_calls")?.as_array()?;
                     calls
                         .iter()
-                        .find_map(|t| over(t.get("index").and_then(Value::as_u64)))
+                        .find_map(|t| over(t.member("index").and_then(Value::as_u64)))
                 })
             })
         }
@@ -164,7 +165,7 @@ pub fn oversized_index(protocol: Protocol, ev: &SseEvent) -> Option<u64> {
                 Some(view) => view.index(),
                 None => serde_json::from_str::<Value>(&ev.data)
                     .ok()?
-                    .get("index")
+                    .member("index")
                     .and_then(Value::as_u64),
             };
             over(index)
@@ -638,7 +639,7 @@ mod tests {
             return None;
         }
         let v: Value = serde_json::from_str(&ev.data).ok()?;
-        v.get("index")
+        v.member("index")
             .and_then(Value::as_u64)
             .filter(|i| *i > MAX_OUTPUT_INDEX)
     }

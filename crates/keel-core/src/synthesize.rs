@@ -9,6 +9,7 @@
 
 use serde_json::{json, Map, Value};
 
+use crate::members::Members;
 use crate::protocol::{Endpoint, Protocol};
 use crate::sse::SseEvent;
 
@@ -21,7 +22,9 @@ pub fn stream_from_whole(
     let obj = body
         .as_object()
         .ok_or("the whole response is not a JSON object")?;
-    if obj.get("error").is_some_and(|e| !e.is_null()) || obj.get("type") == Some(&json!("error")) {
+    if obj.member("error").is_some_and(|e| !e.is_null())
+        || obj.member("type") == Some(&json!("error"))
+    {
         return Err("the whole response is an error body".into());
     }
     match (protocol, endpoint) {
@@ -57,17 +60,17 @@ fn openai(obj: &Map<String, Value>, completions: bool) -> Vec<SseEvent> {
         )
     };
     let mut out = Vec::new();
-    let choices = obj.get("choices").and_then(Value::as_array);
+    let choices = obj.member("choices").and_then(Value::as_array);
     for (n, c) in choices.into_iter().flatten().enumerate() {
         let Some(c) = c.as_object() else { continue };
-        let index = c.get("index").cloned().unwrap_or(json!(n));
+        let index = c.member("index").cloned().unwrap_or(json!(n));
         if completions {
-            let text = c.get("text").and_then(Value::as_str).unwrap_or("");
+            let text = c.member("text").and_then(Value::as_str).unwrap_or("");
             out.push(chunk(
                 json!({"index": index, "text": text, "logprobs": null, "finish_reason": null}),
             ));
         } else {
-            let msg = c.get("message").and_then(Value::as_object);
+            let msg = c.member("message").and_then(Value::as_object);
             let get = |k: &str| msg.and_then(|m| m.get(k)).cloned().unwrap_or(Value::Null);
             let mut delta = Map::new();
             delta.insert("role".into(), json!("assistant"));
@@ -93,7 +96,7 @@ fn openai(obj: &Map<String, Value>, completions: bool) -> Vec<SseEvent> {
             }
         }
         let finish = c
-            .get("finish_reason")
+            .member("finish_reason")
             .cloned()
             .filter(|f| !f.is_null())
             .unwrap_or(json!("stop"));
@@ -104,7 +107,7 @@ fn openai(obj: &Map<String, Value>, completions: bool) -> Vec<SseEvent> {
         };
         out.push(chunk(end));
     }
-    if let Some(usage) = obj.get("usage").filter(|u| !u.is_null()) {
+    if let Some(usage) = obj.member("usage").filter(|u| !u.is_null()) {
         out.push(data(
             json!({"id": field("id"), "object": object, "created": field("created"),
                 "model": field("model"), "choices": [], "usage": usage}),
@@ -116,7 +119,7 @@ fn openai(obj: &Map<String, Value>, completions: bool) -> Vec<SseEvent> {
 
 fn anthropic(obj: &Map<String, Value>) -> Result<Vec<SseEvent>, String> {
     let field = |k: &str| obj.get(k).cloned().unwrap_or(Value::Null);
-    let usage = obj.get("usage").and_then(Value::as_object);
+    let usage = obj.member("usage").and_then(Value::as_object);
     let mut start_usage = usage.cloned().unwrap_or_default();
     start_usage.insert("output_tokens".into(), json!(0));
     let mut out = vec![named(
@@ -126,25 +129,25 @@ fn anthropic(obj: &Map<String, Value>) -> Result<Vec<SseEvent>, String> {
             "stop_sequence": null, "usage": start_usage}}),
     )];
     let blocks = obj
-        .get("content")
+        .member("content")
         .and_then(Value::as_array)
         .ok_or("the whole message has no content array")?;
     for (i, block) in blocks.iter().enumerate() {
         let Some(b) = block.as_object() else {
             return Err(format!("content block {i} is not an object"));
         };
-        let kind = b.get("type").and_then(Value::as_str).unwrap_or("");
+        let kind = b.member("type").and_then(Value::as_str).unwrap_or("");
         let (start, delta) = match kind {
             "text" => (
                 json!({"type": "text", "text": ""}),
                 Some(
-                    json!({"type": "text_delta", "text": b.get("text").and_then(Value::as_str).unwrap_or("")}),
+                    json!({"type": "text_delta", "text": b.member("text").and_then(Value::as_str).unwrap_or("")}),
                 ),
             ),
             "tool_use" => {
                 let mut s = b.clone();
                 s.insert("input".into(), json!({}));
-                let input = b.get("input").cloned().unwrap_or(json!({}));
+                let input = b.member("input").cloned().unwrap_or(json!({}));
                 (
                     Value::Object(s),
                     Some(json!({"type": "input_json_delta", "partial_json": input.to_string()})),
@@ -153,7 +156,7 @@ fn anthropic(obj: &Map<String, Value>) -> Result<Vec<SseEvent>, String> {
             "thinking" => (
                 json!({"type": "thinking", "thinking": ""}),
                 Some(
-                    json!({"type": "thinking_delta", "thinking": b.get("thinking").and_then(Value::as_str).unwrap_or("")}),
+                    json!({"type": "thinking_delta", "thinking": b.member("thinking").and_then(Value::as_str).unwrap_or("")}),
                 ),
             ),
             // Anything else (redacted thinking, server tool results) arrives whole in its start.
@@ -175,7 +178,7 @@ fn anthropic(obj: &Map<String, Value>) -> Result<Vec<SseEvent>, String> {
         ));
     }
     let output_tokens = usage
-        .and_then(|u| u.get("output_tokens"))
+        .and_then(|u| u.member("output_tokens"))
         .cloned()
         .unwrap_or(json!(0));
     out.push(named(

@@ -12,6 +12,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::members::Members;
 use crate::protocol::MapOnly;
 
 /// A `usage` object of either protocol.
@@ -100,9 +101,9 @@ pub fn of(data: &[u8]) -> serde_json::Result<Reported> {
 /// `message_delta`) or in `message` (Anthropic `message_start`).
 pub fn of_tree(v: &Value) -> Reported {
     let usage = v
-        .get("usage")
+        .member("usage")
         .filter(|u| u.is_object())
-        .or_else(|| v.get("message").and_then(|m| m.get("usage")))
+        .or_else(|| v.member("message").and_then(|m| m.member("usage")))
         .filter(|u| u.is_object())?;
     Some(Usage::from_tree(usage).read())
 }

@@ -47,7 +47,10 @@ pub use wire::body::{full_body, Body};
 pub struct Gateway {
     pub cfg: Config,
     pools: Vec<Arc<Pool>>,
-    by_name: HashMap<String, usize>,
+    /// Pools by public name and alias. foldhash: a model name is looked up on every request
+    /// (SipHash, the default, cost more than the rest of the lookup), and the map is built from
+    /// the config alone, so a client's names cannot fill it.
+    by_name: HashMap<String, usize, foldhash::fast::RandomState>,
     budget: state::retry_budget::ShardedBudget,
     /// Origin of `now_ms`: the core's clock is milliseconds since the gateway started.
     epoch: Instant,
@@ -86,7 +89,7 @@ impl Gateway {
     pub(crate) fn build(cfg: Config, prev: Option<&Gateway>) -> Arc<Gateway> {
         // One clock for every generation: variant state carried over holds times on it.
         let epoch = prev.map_or_else(Instant::now, |g| g.epoch);
-        let mut by_name = HashMap::new();
+        let mut by_name = HashMap::default();
         let mut pools = Vec::new();
         let metrics = prev.map_or_else(observe::metrics::Metrics::new, |g| g.metrics.clone());
         let limits = UpstreamLimits {

@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::members::Members;
 use crate::protocol::{borrowed_text, read_choices, MapOnly, ReadChoices};
 
 #[derive(Debug, Default, PartialEq, Deserialize)]
@@ -103,7 +104,7 @@ impl<'a> Chunk<'a> {
         let some = |v: &Value, key: &str| v.get(key).filter(|x| !x.is_null()).cloned();
         let object = |v: &'a Value, key: &str| v.get(key).filter(|x| x.is_object());
         let call = |c: &'a Value| Call {
-            index: c.get("index").and_then(Value::as_u64),
+            index: c.member("index").and_then(Value::as_u64),
             id: some(c, "id"),
             function: object(c, "function").map(|f| {
                 MapOnly(Function {
@@ -118,20 +119,23 @@ impl<'a> Chunk<'a> {
             reasoning_content: text(d, "reasoning_content"),
             reasoning: text(d, "reasoning"),
             tool_calls: d
-                .get("tool_calls")
+                .member("tool_calls")
                 .and_then(Value::as_array)
                 .map(|calls| calls.iter().map(|c| MapOnly(call(c))).collect()),
         };
-        let first = v.get("choices").and_then(Value::as_array).map(|choices| {
-            FirstChoice(choices.first().map(|c| Choice {
-                text: text(c, "text"),
-                finish_reason: some(c, "finish_reason"),
-                delta: object(c, "delta").map(|d| MapOnly(delta(d))),
-            }))
-        });
+        let first = v
+            .member("choices")
+            .and_then(Value::as_array)
+            .map(|choices| {
+                FirstChoice(choices.first().map(|c| Choice {
+                    text: text(c, "text"),
+                    finish_reason: some(c, "finish_reason"),
+                    delta: object(c, "delta").map(|d| MapOnly(delta(d))),
+                }))
+            });
         Chunk {
             error: v
-                .get("error")
+                .member("error")
                 .filter(|e| !e.is_null())
                 .map(|_| serde::de::IgnoredAny),
             id: some(v, "id"),
@@ -196,8 +200,8 @@ impl<'a> BlockDelta<'a> {
     pub fn from_tree(v: &'a Value) -> Self {
         let text = |d: &'a Value, key: &str| d.get(key).and_then(Value::as_str).map(Cow::Borrowed);
         BlockDelta {
-            index: v.get("index").and_then(Value::as_u64),
-            delta: v.get("delta").filter(|d| d.is_object()).map(|d| {
+            index: v.member("index").and_then(Value::as_u64),
+            delta: v.member("delta").filter(|d| d.is_object()).map(|d| {
                 MapOnly(DeltaPieces {
                     kind: text(d, "type"),
                     text: text(d, "text"),

@@ -20,6 +20,7 @@ use super::answer::Redactor;
 use super::mask::{Counts, Masker, Restorer};
 use super::policy::Policy;
 use super::Guard;
+use crate::members::Members;
 use crate::protocol::Protocol;
 use crate::sse::SseEvent;
 
@@ -126,22 +127,22 @@ impl StreamRestorer {
             return;
         };
         let Some(choice) = v
-            .get_mut("choices")
+            .member_mut("choices")
             .and_then(|c| c.get_mut(0))
             .and_then(Value::as_object_mut)
         else {
             out.extend_from_slice(&ev.raw);
             return;
         };
-        let finishing = choice.get("finish_reason").is_some_and(|f| !f.is_null());
+        let finishing = choice.member("finish_reason").is_some_and(|f| !f.is_null());
         // Each choice (`n` > 1) is a channel of its own.
-        let ci = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
-        let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut) else {
+        let ci = choice.member("index").and_then(Value::as_u64).unwrap_or(0);
+        let Some(delta) = choice.member_mut("delta").and_then(Value::as_object_mut) else {
             out.extend_from_slice(&ev.raw);
             return;
         };
         let mut changed = false;
-        if let Some(Value::String(t)) = delta.get_mut("content") {
+        if let Some(Value::String(t)) = delta.member_mut("content") {
             let r = self.text.entry(ci).or_default();
             let mut s = r.push(a, t);
             if finishing {
@@ -156,12 +157,12 @@ impl StreamRestorer {
                 changed = true;
             }
         }
-        if let Some(Value::Array(calls)) = delta.get_mut("tool_calls") {
+        if let Some(Value::Array(calls)) = delta.member_mut("tool_calls") {
             for call in calls.iter_mut() {
-                let i = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+                let i = call.member("index").and_then(Value::as_u64).unwrap_or(0);
                 let args = call
-                    .get_mut("function")
-                    .and_then(|f| f.get_mut("arguments"));
+                    .member_mut("function")
+                    .and_then(|f| f.member_mut("arguments"));
                 if let Some(Value::String(args)) = args {
                     let r = self
                         .args
@@ -209,7 +210,7 @@ impl StreamRestorer {
         if extra.is_empty() {
             return false;
         }
-        match delta.get_mut("tool_calls") {
+        match delta.member_mut("tool_calls") {
             Some(Value::Array(calls)) => calls.extend(extra),
             _ => {
                 delta.insert("tool_calls".into(), Value::Array(extra));
@@ -265,12 +266,12 @@ impl StreamRestorer {
             out.extend_from_slice(&ev.raw);
             return;
         };
-        let i = v.get("index").and_then(Value::as_u64).unwrap_or(0);
-        let Some(delta) = v.get_mut("delta").and_then(Value::as_object_mut) else {
+        let i = v.member("index").and_then(Value::as_u64).unwrap_or(0);
+        let Some(delta) = v.member_mut("delta").and_then(Value::as_object_mut) else {
             out.extend_from_slice(&ev.raw);
             return;
         };
-        let (field, r) = match delta.get("type").and_then(Value::as_str) {
+        let (field, r) = match delta.member("type").and_then(Value::as_str) {
             Some("text_delta") => ("text", self.text.entry(i).or_default()),
             Some("input_json_delta") => (
                 "partial_json",
@@ -327,6 +328,6 @@ fn call_key(ci: u64, i: u64) -> u64 {
 fn block_index(data: &str) -> Option<u64> {
     serde_json::from_str::<Value>(data)
         .ok()?
-        .get("index")
+        .member("index")
         .and_then(Value::as_u64)
 }

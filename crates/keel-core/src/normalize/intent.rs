@@ -38,6 +38,7 @@ use serde_json::{Map, Value};
 use super::prose::sentences;
 use super::text::{is_json, split_code, Segment};
 use super::{is_prompt_role, messages, texts_mut, Edits, Fixes, FullConfig};
+use crate::members::Members;
 use crate::protocol::Endpoint;
 
 /// Prompts shorter than this are left as they are: too little to classify reliably.
@@ -126,10 +127,10 @@ pub(super) fn complete(
     let Some((index, last)) = messages(body).enumerate().last() else {
         return;
     };
-    if last.get("role").and_then(Value::as_str) != Some("user") {
+    if last.member("role").and_then(Value::as_str) != Some("user") {
         return;
     }
-    let Some(content) = last.get_mut("content") else {
+    let Some(content) = last.member_mut("content") else {
         return;
     };
     let mut texts = texts_mut(content);
@@ -165,13 +166,13 @@ fn for_each_prompt_text(
     mut f: impl FnMut(&str),
 ) {
     if endpoint != Endpoint::ChatCompletions {
-        if let Some(system) = body.get_mut("system") {
+        if let Some(system) = body.member_mut("system") {
             texts_mut(system).into_iter().for_each(|s| f(s));
         }
     }
     for msg in messages(body) {
-        if is_prompt_role(msg.get("role").and_then(Value::as_str)) {
-            if let Some(content) = msg.get_mut("content") {
+        if is_prompt_role(msg.member("role").and_then(Value::as_str)) {
+            if let Some(content) = msg.member_mut("content") {
                 texts_mut(content).into_iter().for_each(|s| f(s));
             }
         }

@@ -31,6 +31,7 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value};
 
+use crate::members::Members;
 use crate::protocol::Endpoint;
 pub use edits::{Edit, Edits};
 pub use full::{
@@ -134,27 +135,27 @@ pub fn normalize_request_within(
     match endpoint {
         Endpoint::ChatCompletions => {
             for (i, msg) in messages(body).enumerate() {
-                let role = msg.get("role").and_then(Value::as_str);
+                let role = msg.member("role").and_then(Value::as_str);
                 // A tool message's content is a tool result: data, not prose.
                 if role == Some("tool") {
                     continue;
                 }
                 let prompt = full.filter(|_| is_prompt_role(role));
-                if let Some(content) = msg.get_mut("content") {
+                if let Some(content) = msg.member_mut("content") {
                     let at = || format!("messages[{i}]");
                     normalize_content(content, prompt, &mut fixes, edits, budget, at);
                 }
             }
         }
         Endpoint::Messages | Endpoint::CountTokens => {
-            if let Some(system) = body.get_mut("system") {
+            if let Some(system) = body.member_mut("system") {
                 let at = || "system".to_owned();
                 normalize_content(system, full, &mut fixes, edits, budget, at);
             }
             for (i, msg) in messages(body).enumerate() {
                 let prompt =
-                    full.filter(|_| is_prompt_role(msg.get("role").and_then(Value::as_str)));
-                if let Some(content) = msg.get_mut("content") {
+                    full.filter(|_| is_prompt_role(msg.member("role").and_then(Value::as_str)));
+                if let Some(content) = msg.member_mut("content") {
                     let at = || format!("messages[{i}]");
                     normalize_content(content, prompt, &mut fixes, edits, budget, at);
                 }
@@ -185,18 +186,18 @@ pub fn take_opt_out(endpoint: Endpoint, body: &mut Map<String, Value>) -> bool {
         Endpoint::ChatCompletions => messages(body)
             .find(|m| {
                 matches!(
-                    m.get("role").and_then(Value::as_str),
+                    m.member("role").and_then(Value::as_str),
                     Some("system" | "developer" | "user")
                 )
             })
-            .and_then(|m| m.get_mut("content")),
+            .and_then(|m| m.member_mut("content")),
         Endpoint::Messages | Endpoint::CountTokens => {
             if body.contains_key("system") {
-                body.get_mut("system")
+                body.member_mut("system")
             } else {
                 messages(body)
-                    .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-                    .and_then(|m| m.get_mut("content"))
+                    .find(|m| m.member("role").and_then(Value::as_str) == Some("user"))
+                    .and_then(|m| m.member_mut("content"))
             }
         }
         Endpoint::Completions | Endpoint::Embeddings => None,
@@ -226,7 +227,7 @@ fn first_text(content: &mut Value) -> Option<&mut String> {
 }
 
 fn messages(body: &mut Map<String, Value>) -> impl Iterator<Item = &mut Map<String, Value>> {
-    body.get_mut("messages")
+    body.member_mut("messages")
         .and_then(Value::as_array_mut)
         .into_iter()
         .flatten()
@@ -241,8 +242,8 @@ fn texts_mut(content: &mut Value) -> Vec<&mut String> {
         Value::Array(parts) => parts
             .iter_mut()
             .filter_map(Value::as_object_mut)
-            .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
-            .filter_map(|p| match p.get_mut("text") {
+            .filter(|p| p.member("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|p| match p.member_mut("text") {
                 Some(Value::String(s)) => Some(s),
                 _ => None,
             })

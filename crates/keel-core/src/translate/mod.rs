@@ -71,6 +71,7 @@ mod tools;
 
 use serde_json::{Map, Value};
 
+use crate::members::Members;
 use crate::request::RequestError;
 use crate::sse::SseEvent;
 
@@ -190,7 +191,7 @@ pub fn usage_to_openai(usage: &Value) -> Value {
     out.insert("completion_tokens".into(), completion.into());
     out.insert("total_tokens".into(), (prompt + completion).into());
     if usage
-        .get("cache_read_input_tokens")
+        .member("cache_read_input_tokens")
         .is_some_and(|v| !v.is_null())
     {
         out.insert(

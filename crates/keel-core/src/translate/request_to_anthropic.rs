@@ -4,6 +4,7 @@ use serde_json::{json, Map, Value};
 
 use super::tools::{json_tool, tool_choice_to_anthropic, tools_to_anthropic};
 use super::{parse_data_url, unsupported, Fixes, RequestTranslation, ResponseContext};
+use crate::members::Members;
 use crate::protocol::Protocol;
 use crate::request::RequestError;
 
@@ -33,24 +34,24 @@ pub fn chat_to_messages(
 
     refuse_unsupported(&present)?;
 
-    let messages = match body.get("messages") {
+    let messages = match body.member("messages") {
         Some(Value::Array(m)) => m,
         _ => return Err(RequestError::invalid("`messages` must be an array")),
     };
     let (system, mut out_messages) = convert_messages(messages, &mut fixes)?;
     let ends_in_tool_turn = messages
         .last()
-        .and_then(|m| m.get("role"))
+        .and_then(|m| m.member("role"))
         .and_then(Value::as_str)
         == Some("tool");
 
     let mut out = Map::new();
-    if let Some(m) = body.get("model") {
+    if let Some(m) = body.member("model") {
         out.insert("model".into(), m.clone());
     }
     match system.len() {
         0 => {}
-        1 if system[0].get("cache_control").is_none() => {
+        1 if system[0].member("cache_control").is_none() => {
             out.insert("system".into(), system[0]["text"].clone());
         }
         _ => {
@@ -88,8 +89,8 @@ pub fn chat_to_messages(
         out.insert("stream".into(), s.clone());
     }
     ctx.include_usage = body
-        .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
+        .member("stream_options")
+        .and_then(|o| o.member("include_usage"))
         .and_then(Value::as_bool)
         .unwrap_or(false);
     if let Some(u) = present("user") {
@@ -173,7 +174,7 @@ fn tools_to(
     }
     if parallel_off {
         match &mut tool_choice {
-            Some(Value::Object(tc)) if tc.get("type") != Some(&json!("none")) => {
+            Some(Value::Object(tc)) if tc.member("type") != Some(&json!("none")) => {
                 tc.insert("disable_parallel_tool_use".into(), true.into());
             }
             Some(_) => {}
@@ -185,7 +186,7 @@ fn tools_to(
     }
     let forced_tool = tool_choice
         .as_ref()
-        .and_then(|tc| tc.get("type"))
+        .and_then(|tc| tc.member("type"))
         .and_then(Value::as_str)
         .is_some_and(|t| t == "any" || t == "tool");
     if let Some(tc) = tool_choice {
@@ -310,11 +311,11 @@ fn convert_messages(
         let Some(obj) = m.as_object() else {
             return Err(RequestError::invalid(format!("`{path}` must be an object")));
         };
-        let role = obj.get("role").and_then(Value::as_str).unwrap_or("");
-        if obj.get("name").is_some_and(|n| !n.is_null()) {
+        let role = obj.member("role").and_then(Value::as_str).unwrap_or("");
+        if obj.member("name").is_some_and(|n| !n.is_null()) {
             fixes.dropped("name");
         }
-        let content = obj.get("content").unwrap_or(&Value::Null);
+        let content = obj.member("content").unwrap_or(&Value::Null);
         match role {
             "system" | "developer" => {
                 if !out.is_empty() {
@@ -350,7 +351,7 @@ fn convert_messages(
             }
             "tool" => {
                 let id = obj
-                    .get("tool_call_id")
+                    .member("tool_call_id")
                     .and_then(Value::as_str)
                     .ok_or_else(|| {
                         RequestError::invalid(format!(
@@ -363,7 +364,7 @@ fn convert_messages(
                 };
                 let block =
                     json!({"type": "tool_result", "tool_use_id": id, "content": result_content});
-                match out.last_mut().and_then(|m| m.get_mut("content")) {
+                match out.last_mut().and_then(|m| m.member_mut("content")) {
                     Some(Value::Array(blocks)) if open_tool_turn => blocks.push(block),
                     _ => out.push(json!({"role": "user", "content": [block]})),
                 }
@@ -394,12 +395,12 @@ fn text_blocks(content: &Value, path: &str, what: &str) -> Result<Vec<Value>, Re
             .iter()
             .enumerate()
             .map(|(j, p)| {
-                let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
-                let text = p.get("text").and_then(Value::as_str);
+                let kind = p.member("type").and_then(Value::as_str).unwrap_or("");
+                let text = p.member("text").and_then(Value::as_str);
                 match (kind, text) {
                     ("text", Some(t)) => {
                         let mut b = json!({"type": "text", "text": t});
-                        if let Some(cc) = p.get("cache_control") {
+                        if let Some(cc) = p.member("cache_control") {
                             b["cache_control"] = cc.clone();
                         }
                         Ok(b)
@@ -421,24 +422,24 @@ fn text_blocks(content: &Value, path: &str, what: &str) -> Result<Vec<Value>, Re
 
 /// One part of a user message as an Anthropic content block.
 fn user_part(p: &Value, path: &str, fixes: &mut Fixes) -> Result<Value, RequestError> {
-    let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+    let kind = p.member("type").and_then(Value::as_str).unwrap_or("");
     let mut block = match kind {
         "text" => {
-            let t = p.get("text").and_then(Value::as_str).ok_or_else(|| {
+            let t = p.member("text").and_then(Value::as_str).ok_or_else(|| {
                 RequestError::invalid(format!("missing required field `{path}.text`"))
             })?;
             json!({"type": "text", "text": t})
         }
         "image_url" => {
-            let image = p.get("image_url");
+            let image = p.member("image_url");
             let url = image
-                .and_then(|i| i.get("url").or(Some(i)))
+                .and_then(|i| i.member("url").or(Some(i)))
                 .and_then(Value::as_str)
                 .ok_or_else(|| {
                     RequestError::invalid(format!("missing required field `{path}.image_url.url`"))
                 })?;
             if image
-                .and_then(|i| i.get("detail"))
+                .and_then(|i| i.member("detail"))
                 .and_then(Value::as_str)
                 .is_some_and(|d| d != "auto")
             {
@@ -456,9 +457,9 @@ fn user_part(p: &Value, path: &str, fixes: &mut Fixes) -> Result<Value, RequestE
             json!({"type": "image", "source": source})
         }
         "file" => {
-            let file = p.get("file");
+            let file = p.member("file");
             if file
-                .and_then(|f| f.get("file_id"))
+                .and_then(|f| f.member("file_id"))
                 .is_some_and(|v| !v.is_null())
             {
                 return Err(unsupported(
@@ -468,7 +469,7 @@ fn user_part(p: &Value, path: &str, fixes: &mut Fixes) -> Result<Value, RequestE
                 ));
             }
             let data_url = file
-                .and_then(|f| f.get("file_data"))
+                .and_then(|f| f.member("file_data"))
                 .and_then(Value::as_str)
                 .ok_or_else(|| {
                     RequestError::invalid(format!("missing required field `{path}.file.file_data`"))
@@ -482,7 +483,7 @@ fn user_part(p: &Value, path: &str, fixes: &mut Fixes) -> Result<Value, RequestE
             };
             let mut b = json!({"type": "document", "source": {"type": "base64", "media_type": media_type, "data": data}});
             if let Some(name) = file
-                .and_then(|f| f.get("filename"))
+                .and_then(|f| f.member("filename"))
                 .filter(|n| n.is_string())
             {
                 b["title"] = name.clone();
@@ -496,7 +497,7 @@ fn user_part(p: &Value, path: &str, fixes: &mut Fixes) -> Result<Value, RequestE
         }
         other => return Err(unsupported(path, other, TARGET)),
     };
-    if let Some(cc) = p.get("cache_control") {
+    if let Some(cc) = p.member("cache_control") {
         block["cache_control"] = cc.clone();
     }
     Ok(block)
@@ -519,11 +520,11 @@ fn assistant_message(
             fixes.add("thinking_dropped");
         }
     }
-    if obj.get("refusal").is_some_and(|v| !v.is_null()) {
+    if obj.member("refusal").is_some_and(|v| !v.is_null()) {
         fixes.dropped("refusal");
     }
-    let calls = obj.get("tool_calls").and_then(Value::as_array);
-    let content = obj.get("content").unwrap_or(&Value::Null);
+    let calls = obj.member("tool_calls").and_then(Value::as_array);
+    let content = obj.member("content").unwrap_or(&Value::Null);
     let no_calls = calls.is_none_or(|c| c.is_empty());
     // A plain text turn keeps its string form.
     if let (Value::String(s), true) = (content, no_calls) {
@@ -538,10 +539,10 @@ fn assistant_message(
         Value::String(s) if !s.is_empty() => blocks.push(json!({"type": "text", "text": s})),
         Value::Array(parts) => {
             for (j, p) in parts.iter().enumerate() {
-                let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+                let kind = p.member("type").and_then(Value::as_str).unwrap_or("");
                 let text = match kind {
-                    "text" => p.get("text"),
-                    "refusal" => p.get("refusal"),
+                    "text" => p.member("text"),
+                    "refusal" => p.member("refusal"),
                     _ => None,
                 };
                 match text.and_then(Value::as_str) {
@@ -562,7 +563,7 @@ fn assistant_message(
     for (j, call) in calls.into_iter().flatten().enumerate() {
         let cpath = format!("{path}.tool_calls[{j}]");
         let kind = call
-            .get("type")
+            .member("type")
             .and_then(Value::as_str)
             .unwrap_or("function");
         if kind != "function" {
@@ -573,7 +574,7 @@ fn assistant_message(
             ));
         }
         let id = call
-            .get("id")
+            .member("id")
             .and_then(Value::as_str)
             .ok_or_else(|| RequestError::invalid(format!("missing required field `{cpath}.id`")))?;
         let name = call

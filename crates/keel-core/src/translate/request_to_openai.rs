@@ -4,6 +4,7 @@ use serde_json::{json, Map, Value};
 
 use super::tools::{tool_choice_to_openai, tools_to_openai};
 use super::{unsupported, Fixes, RequestTranslation, ResponseContext};
+use crate::members::Members;
 use crate::protocol::Protocol;
 use crate::request::RequestError;
 
@@ -35,7 +36,7 @@ pub fn messages_to_chat(body: &Map<String, Value>) -> Result<RequestTranslation,
         Some(Value::Array(blocks)) => {
             for (j, b) in blocks.iter().enumerate() {
                 let text = text_of(b, &format!("system[{j}]"), "a system prompt")?;
-                if b.get("cache_control").is_some() {
+                if b.member("cache_control").is_some() {
                     fixes.add("cache_control_dropped");
                 }
                 messages.push(json!({"role": "system", "content": text}));
@@ -48,7 +49,7 @@ pub fn messages_to_chat(body: &Map<String, Value>) -> Result<RequestTranslation,
         }
         None => {}
     }
-    let input = match body.get("messages") {
+    let input = match body.member("messages") {
         Some(Value::Array(m)) => m,
         _ => return Err(RequestError::invalid("`messages` must be an array")),
     };
@@ -57,22 +58,25 @@ pub fn messages_to_chat(body: &Map<String, Value>) -> Result<RequestTranslation,
     }
 
     let mut out = Map::new();
-    if let Some(m) = body.get("model") {
+    if let Some(m) = body.member("model") {
         out.insert("model".into(), m.clone());
     }
     out.insert("messages".into(), Value::Array(messages));
 
     let mut reasoning_effort = None;
     if let Some(t) = present("thinking") {
-        match t.get("type").and_then(Value::as_str) {
+        match t.member("type").and_then(Value::as_str) {
             Some("enabled") => {
-                let budget = t.get("budget_tokens").and_then(Value::as_u64).unwrap_or(0);
+                let budget = t
+                    .member("budget_tokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
                 reasoning_effort = Some(effort_for_budget(budget).to_owned());
             }
             Some("adaptive") => {
                 let effort = body
-                    .get("output_config")
-                    .and_then(|o| o.get("effort"))
+                    .member("output_config")
+                    .and_then(|o| o.member("effort"))
                     .and_then(Value::as_str)
                     .map(|e| if e == "max" { "high" } else { e })
                     .unwrap_or("medium");
@@ -115,7 +119,7 @@ pub fn messages_to_chat(body: &Map<String, Value>) -> Result<RequestTranslation,
         }
     }
     if let Some(u) = present("metadata")
-        .and_then(|m| m.get("user_id"))
+        .and_then(|m| m.member("user_id"))
         .filter(|u| !u.is_null())
     {
         out.insert("user".into(), u.clone());
@@ -172,8 +176,8 @@ pub fn messages_to_chat(body: &Map<String, Value>) -> Result<RequestTranslation,
 
 /// The text of a text block; any other block is refused (`what` names where it was).
 fn text_of<'a>(b: &'a Value, path: &str, what: &str) -> Result<&'a str, RequestError> {
-    let kind = b.get("type").and_then(Value::as_str).unwrap_or("");
-    match (kind, b.get("text").and_then(Value::as_str)) {
+    let kind = b.member("type").and_then(Value::as_str).unwrap_or("");
+    match (kind, b.member("text").and_then(Value::as_str)) {
         ("text", Some(t)) => Ok(t),
         _ => Err(unsupported(
             path,
@@ -190,7 +194,7 @@ fn convert_message(
     out: &mut Vec<Value>,
     fixes: &mut Fixes,
 ) -> Result<(), RequestError> {
-    let role = match m.get("role").and_then(Value::as_str) {
+    let role = match m.member("role").and_then(Value::as_str) {
         Some(r @ ("user" | "assistant")) => r,
         Some(other) => {
             return Err(RequestError::invalid(format!(
@@ -203,7 +207,7 @@ fn convert_message(
             )))
         }
     };
-    let content = m.get("content").unwrap_or(&Value::Null);
+    let content = m.member("content").unwrap_or(&Value::Null);
     let blocks = match content {
         Value::String(s) => {
             out.push(json!({"role": role, "content": s}));
@@ -217,7 +221,7 @@ fn convert_message(
         }
     };
     for b in blocks {
-        if b.get("cache_control").is_some() {
+        if b.member("cache_control").is_some() {
             fixes.add("cache_control_dropped");
         }
     }
@@ -226,7 +230,7 @@ fn convert_message(
             let mut parts = Vec::new();
             for (j, b) in blocks.iter().enumerate() {
                 let bpath = format!("{path}.content[{j}]");
-                match b.get("type").and_then(Value::as_str).unwrap_or("") {
+                match b.member("type").and_then(Value::as_str).unwrap_or("") {
                     "tool_result" => out.push(tool_message(b, &bpath, fixes)?),
                     "text" => parts
                         .push(json!({"type": "text", "text": text_of(b, &bpath, "a message")?})),
@@ -247,16 +251,16 @@ fn convert_message(
             let mut calls = Vec::new();
             for (j, b) in blocks.iter().enumerate() {
                 let bpath = format!("{path}.content[{j}]");
-                match b.get("type").and_then(Value::as_str).unwrap_or("") {
+                match b.member("type").and_then(Value::as_str).unwrap_or("") {
                     "text" => texts.push(text_of(b, &bpath, "a message")?),
                     "tool_use" => {
-                        let id = b.get("id").and_then(Value::as_str).ok_or_else(|| {
+                        let id = b.member("id").and_then(Value::as_str).ok_or_else(|| {
                             RequestError::invalid(format!("missing required field `{bpath}.id`"))
                         })?;
-                        let name = b.get("name").and_then(Value::as_str).ok_or_else(|| {
+                        let name = b.member("name").and_then(Value::as_str).ok_or_else(|| {
                             RequestError::invalid(format!("missing required field `{bpath}.name`"))
                         })?;
-                        let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
+                        let input = b.member("input").cloned().unwrap_or_else(|| json!({}));
                         calls.push(json!({"id": id, "type": "function",
                             "function": {"name": name, "arguments": input.to_string()}}));
                     }
@@ -295,15 +299,15 @@ fn convert_message(
 
 fn tool_message(b: &Value, path: &str, fixes: &mut Fixes) -> Result<Value, RequestError> {
     let id = b
-        .get("tool_use_id")
+        .member("tool_use_id")
         .and_then(Value::as_str)
         .ok_or_else(|| {
             RequestError::invalid(format!("missing required field `{path}.tool_use_id`"))
         })?;
-    if b.get("is_error").and_then(Value::as_bool) == Some(true) {
+    if b.member("is_error").and_then(Value::as_bool) == Some(true) {
         fixes.add("tool_result_is_error_dropped");
     }
-    let content = match b.get("content").unwrap_or(&Value::Null) {
+    let content = match b.member("content").unwrap_or(&Value::Null) {
         Value::String(s) => Value::String(s.clone()),
         Value::Null => Value::String(String::new()),
         Value::Array(parts) => {
@@ -324,18 +328,18 @@ fn tool_message(b: &Value, path: &str, fixes: &mut Fixes) -> Result<Value, Reque
 }
 
 fn image_part(b: &Value, path: &str) -> Result<Value, RequestError> {
-    let source = b.get("source").unwrap_or(&Value::Null);
-    let url = match source.get("type").and_then(Value::as_str) {
+    let source = b.member("source").unwrap_or(&Value::Null);
+    let url = match source.member("type").and_then(Value::as_str) {
         Some("base64") => {
             let media_type = source
-                .get("media_type")
+                .member("media_type")
                 .and_then(Value::as_str)
                 .unwrap_or("");
-            let data = source.get("data").and_then(Value::as_str).unwrap_or("");
+            let data = source.member("data").and_then(Value::as_str).unwrap_or("");
             format!("data:{media_type};base64,{data}")
         }
         Some("url") => source
-            .get("url")
+            .member("url")
             .and_then(Value::as_str)
             .ok_or_else(|| {
                 RequestError::invalid(format!("missing required field `{path}.source.url`"))
@@ -353,13 +357,13 @@ fn image_part(b: &Value, path: &str) -> Result<Value, RequestError> {
 }
 
 fn document_part(b: &Value, path: &str) -> Result<Value, RequestError> {
-    let source = b.get("source").unwrap_or(&Value::Null);
-    let media_type = source.get("media_type").and_then(Value::as_str);
-    match (source.get("type").and_then(Value::as_str), media_type) {
+    let source = b.member("source").unwrap_or(&Value::Null);
+    let media_type = source.member("media_type").and_then(Value::as_str);
+    match (source.member("type").and_then(Value::as_str), media_type) {
         (Some("base64"), Some(mt @ "application/pdf")) => {
-            let data = source.get("data").and_then(Value::as_str).unwrap_or("");
+            let data = source.member("data").and_then(Value::as_str).unwrap_or("");
             let mut file = json!({"file_data": format!("data:{mt};base64,{data}")});
-            if let Some(t) = b.get("title").filter(|t| t.is_string()) {
+            if let Some(t) = b.member("title").filter(|t| t.is_string()) {
                 file["filename"] = t.clone();
             }
             Ok(json!({"type": "file", "file": file}))

@@ -5,11 +5,12 @@ use serde_json::{json, Map, Value};
 use super::{
     finish_reason_of, stop_reason_of, usage_to_anthropic, usage_to_openai, ResponseContext,
 };
+use crate::members::Members;
 use crate::protocol::{error_body, error_message, ErrorKind, Protocol};
 
 fn is_error_body(v: &Value) -> bool {
-    v.get("type").and_then(Value::as_str) == Some("error")
-        || v.get("error").is_some_and(|e| !e.is_null())
+    v.member("type").and_then(Value::as_str) == Some("error")
+        || v.member("error").is_some_and(|e| !e.is_null())
 }
 
 /// An Anthropic `message` as an OpenAI `chat.completion`, under the public model name and
@@ -24,7 +25,7 @@ pub fn message_to_chat_completion(
         return Err("the upstream answer is an error body".into());
     }
     let blocks = msg
-        .get("content")
+        .member("content")
         .and_then(Value::as_array)
         .ok_or("the upstream message has no content array")?;
     let mut text = String::new();
@@ -32,19 +33,19 @@ pub fn message_to_chat_completion(
     let mut calls = Vec::new();
     let mut answered_by_json_tool = false;
     for b in blocks {
-        match b.get("type").and_then(Value::as_str).unwrap_or("") {
-            "text" => text.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
+        match b.member("type").and_then(Value::as_str).unwrap_or("") {
+            "text" => text.push_str(b.member("text").and_then(Value::as_str).unwrap_or("")),
             "thinking" => {
-                reasoning.push_str(b.get("thinking").and_then(Value::as_str).unwrap_or(""))
+                reasoning.push_str(b.member("thinking").and_then(Value::as_str).unwrap_or(""))
             }
             "tool_use" => {
-                let name = b.get("name").and_then(Value::as_str).unwrap_or("");
-                let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
+                let name = b.member("name").and_then(Value::as_str).unwrap_or("");
+                let input = b.member("input").cloned().unwrap_or_else(|| json!({}));
                 if ctx.json_tool.as_deref() == Some(name) {
                     text.push_str(&input.to_string());
                     answered_by_json_tool = true;
                 } else {
-                    calls.push(json!({"id": b.get("id").cloned().unwrap_or(Value::Null),
+                    calls.push(json!({"id": b.member("id").cloned().unwrap_or(Value::Null),
                         "type": "function", "function": {"name": name, "arguments": input.to_string()}}));
                 }
             }
@@ -53,7 +54,7 @@ pub fn message_to_chat_completion(
         }
     }
     let stop = msg
-        .get("stop_reason")
+        .member("stop_reason")
         .and_then(Value::as_str)
         .unwrap_or("end_turn");
     let finish = if answered_by_json_tool && stop == "tool_use" {
@@ -77,13 +78,13 @@ pub fn message_to_chat_completion(
         message.insert("tool_calls".into(), Value::Array(calls));
     }
     let mut out = json!({
-        "id": msg.get("id").cloned().unwrap_or(Value::Null),
+        "id": msg.member("id").cloned().unwrap_or(Value::Null),
         "object": "chat.completion",
         "created": created_s,
         "model": public_model,
         "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
     });
-    if let Some(u) = msg.get("usage").filter(|u| u.is_object()) {
+    if let Some(u) = msg.member("usage").filter(|u| u.is_object()) {
         out["usage"] = usage_to_openai(u);
     }
     Ok(out)
@@ -97,24 +98,24 @@ pub fn chat_completion_to_message(body: &Value, public_model: &str) -> Result<Va
         return Err("the upstream answer is an error body".into());
     }
     let choice = body
-        .get("choices")
+        .member("choices")
         .and_then(|c| c.get(0))
         .ok_or("the upstream completion has no choices")?;
-    let message = choice.get("message").unwrap_or(&Value::Null);
+    let message = choice.member("message").unwrap_or(&Value::Null);
     let mut content = Vec::new();
     if let Some(r) = message
-        .get("reasoning_content")
+        .member("reasoning_content")
         .and_then(Value::as_str)
         .filter(|r| !r.is_empty())
     {
         content.push(json!({"type": "thinking", "thinking": r, "signature": ""}));
     }
-    match message.get("content") {
+    match message.member("content") {
         Some(Value::String(s)) if !s.is_empty() => content.push(json!({"type": "text", "text": s})),
         Some(Value::Array(parts)) => {
             for p in parts {
                 if let Some(t) = p
-                    .get("text")
+                    .member("text")
                     .and_then(Value::as_str)
                     .filter(|t| !t.is_empty())
                 {
@@ -125,13 +126,13 @@ pub fn chat_completion_to_message(body: &Value, public_model: &str) -> Result<Va
         _ => {}
     }
     let refusal = message
-        .get("refusal")
+        .member("refusal")
         .and_then(Value::as_str)
         .filter(|r| !r.is_empty());
     if let Some(r) = refusal {
         content.push(json!({"type": "text", "text": r}));
     }
-    let calls = message.get("tool_calls").and_then(Value::as_array);
+    let calls = message.member("tool_calls").and_then(Value::as_array);
     for (j, call) in calls.into_iter().flatten().enumerate() {
         let args = call
             .pointer("/function/arguments")
@@ -146,7 +147,7 @@ pub fn chat_completion_to_message(body: &Value, public_model: &str) -> Result<Va
             }
         };
         content.push(json!({"type": "tool_use",
-            "id": call.get("id").cloned().unwrap_or(Value::Null),
+            "id": call.member("id").cloned().unwrap_or(Value::Null),
             "name": call.pointer("/function/name").cloned().unwrap_or(Value::Null),
             "input": input}));
     }
@@ -155,18 +156,18 @@ pub fn chat_completion_to_message(body: &Value, public_model: &str) -> Result<Va
     } else {
         stop_reason_of(
             choice
-                .get("finish_reason")
+                .member("finish_reason")
                 .and_then(Value::as_str)
                 .unwrap_or("stop"),
         )
     };
     let usage = body
-        .get("usage")
+        .member("usage")
         .filter(|u| u.is_object())
         .map(usage_to_anthropic)
         .unwrap_or_else(|| json!({"input_tokens": 0, "output_tokens": 0}));
     Ok(json!({
-        "id": body.get("id").cloned().unwrap_or(Value::Null),
+        "id": body.member("id").cloned().unwrap_or(Value::Null),
         "type": "message",
         "role": "assistant",
         "model": public_model,

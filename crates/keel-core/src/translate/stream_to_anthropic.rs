@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use super::{passes_untranslated, stop_reason_of, usage_to_anthropic};
 use crate::assemble::chunk::{Call, Chunk};
 use crate::assemble::{MAX_ASSEMBLED_BYTES, MAX_TOOL_CALLS};
+use crate::members::Members;
 use crate::protocol::MapOnly;
 use crate::protocol::Protocol;
 use crate::sse::SseEvent;
@@ -92,7 +93,7 @@ impl ChatToAnthropicStream {
             _ => {
                 tree = serde_json::from_str(&ev.data)
                     .map_err(|e| format!("invalid JSON in an OpenAI stream chunk: {e}"))?;
-                if tree.get("error").is_some_and(|e| !e.is_null()) {
+                if tree.member("error").is_some_and(|e| !e.is_null()) {
                     out.push(error_event_to_protocol(&tree, Protocol::Anthropic));
                     self.done = true;
                     return Ok(());

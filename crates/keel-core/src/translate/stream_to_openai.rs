@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 use super::{finish_reason_of, passes_untranslated, usage_to_openai, ResponseContext};
 use crate::assemble::chunk::BlockDelta;
 use crate::assemble::MAX_CONTENT_BLOCKS;
+use crate::members::Members;
 use crate::protocol::Protocol;
 use crate::sse::SseEvent;
 use crate::translate::response::error_event_to_protocol;
@@ -84,36 +85,36 @@ impl AnthropicToChatStream {
         let name = ev
             .event
             .as_deref()
-            .or_else(|| v.get("type").and_then(Value::as_str))
+            .or_else(|| v.member("type").and_then(Value::as_str))
             .unwrap_or("");
         match name {
             "ping" => out.push(comment("ping")),
             "message_start" => {
-                let msg = v.get("message").unwrap_or(&Value::Null);
-                self.id = msg.get("id").cloned().unwrap_or(Value::Null);
-                self.merge_usage(msg.get("usage"));
+                let msg = v.member("message").unwrap_or(&Value::Null);
+                self.id = msg.member("id").cloned().unwrap_or(Value::Null);
+                self.merge_usage(msg.member("usage"));
                 self.start(out);
             }
             "content_block_start" => {
                 self.start(out);
-                let i = block_index(v.get("index").and_then(Value::as_u64))?;
-                let block = v.get("content_block").unwrap_or(&Value::Null);
-                let kind = match block.get("type").and_then(Value::as_str).unwrap_or("") {
+                let i = block_index(v.member("index").and_then(Value::as_u64))?;
+                let block = v.member("content_block").unwrap_or(&Value::Null);
+                let kind = match block.member("type").and_then(Value::as_str).unwrap_or("") {
                     "text" => {
-                        let t = block.get("text").and_then(Value::as_str).unwrap_or("");
+                        let t = block.member("text").and_then(Value::as_str).unwrap_or("");
                         self.emit_delta(ChatDelta::Content { content: t }, t, out);
                         Block::Text
                     }
                     "thinking" => Block::Thinking,
                     "tool_use" => {
-                        let name = block.get("name").and_then(Value::as_str).unwrap_or("");
+                        let name = block.member("name").and_then(Value::as_str).unwrap_or("");
                         if self.ctx.json_tool.as_deref() == Some(name) {
                             self.answered_by_json_tool = true;
                             Block::JsonAnswer
                         } else {
                             let k = self.tool_calls;
                             self.tool_calls += 1;
-                            let call = json!({"index": k, "id": block.get("id").cloned().unwrap_or(Value::Null),
+                            let call = json!({"index": k, "id": block.member("id").cloned().unwrap_or(Value::Null),
                                 "type": "function", "function": {"name": name, "arguments": ""}});
                             out.push(self.chunk(
                                 ChatDelta::Tree(json!({"tool_calls": [call]})),
@@ -132,7 +133,7 @@ impl AnthropicToChatStream {
             "content_block_delta" => self.block_delta(&BlockDelta::from_tree(&v), out)?,
             "message_delta" => {
                 self.start(out);
-                self.merge_usage(v.get("usage"));
+                self.merge_usage(v.member("usage"));
                 if let Some(stop) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
                     let finish = if self.answered_by_json_tool && stop == "tool_use" {
                         "stop"

@@ -3,6 +3,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{unsupported, Fixes};
+use crate::members::Members;
 use crate::protocol::Protocol;
 use crate::request::RequestError;
 
@@ -15,7 +16,7 @@ pub(super) fn tools_to_anthropic(tools: &Value, fixes: &mut Fixes) -> Result<Val
     let mut out = Vec::with_capacity(tools.len());
     for (j, t) in tools.iter().enumerate() {
         let path = format!("tools[{j}]");
-        let kind = t.get("type").and_then(Value::as_str).unwrap_or("");
+        let kind = t.member("type").and_then(Value::as_str).unwrap_or("");
         if kind != "function" {
             return Err(unsupported(
                 &format!("{path}.type"),
@@ -23,22 +24,22 @@ pub(super) fn tools_to_anthropic(tools: &Value, fixes: &mut Fixes) -> Result<Val
                 Protocol::Anthropic,
             ));
         }
-        let f = t.get("function").unwrap_or(&Value::Null);
-        let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
+        let f = t.member("function").unwrap_or(&Value::Null);
+        let name = f.member("name").and_then(Value::as_str).ok_or_else(|| {
             RequestError::invalid(format!("missing required field `{path}.function.name`"))
         })?;
         let mut tool = Map::new();
         tool.insert("name".into(), name.into());
-        if let Some(d) = f.get("description").filter(|d| !d.is_null()) {
+        if let Some(d) = f.member("description").filter(|d| !d.is_null()) {
             tool.insert("description".into(), d.clone());
         }
         let schema = f
-            .get("parameters")
+            .member("parameters")
             .filter(|p| !p.is_null())
             .cloned()
             .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
         tool.insert("input_schema".into(), schema);
-        if f.get("strict").and_then(Value::as_bool) == Some(true) {
+        if f.member("strict").and_then(Value::as_bool) == Some(true) {
             fixes.dropped("strict");
         }
         out.push(Value::Object(tool));
@@ -56,7 +57,7 @@ pub(super) fn tool_choice_to_anthropic(tc: &Value) -> Result<Value, RequestError
                 "`tool_choice`: unknown value `{other}`"
             ))),
         },
-        Value::Object(o) => match o.get("type").and_then(Value::as_str) {
+        Value::Object(o) => match o.member("type").and_then(Value::as_str) {
             Some("function") => {
                 let name = tc
                     .pointer("/function/name")
@@ -80,7 +81,7 @@ pub(super) fn tool_choice_to_anthropic(tc: &Value) -> Result<Value, RequestError
 
 /// The forced tool for a JSON `response_format`, and its name; `None` for plain text.
 pub(super) fn json_tool(rf: &Value) -> Result<Option<(Value, String)>, RequestError> {
-    match rf.get("type").and_then(Value::as_str) {
+    match rf.member("type").and_then(Value::as_str) {
         Some("text") => Ok(None),
         Some("json_object") => Ok(Some((
             json!({"name": JSON_OBJECT_TOOL, "description": "Respond with a JSON object.",
@@ -88,17 +89,17 @@ pub(super) fn json_tool(rf: &Value) -> Result<Option<(Value, String)>, RequestEr
             JSON_OBJECT_TOOL.to_owned(),
         ))),
         Some("json_schema") => {
-            let js = rf.get("json_schema").unwrap_or(&Value::Null);
+            let js = rf.member("json_schema").unwrap_or(&Value::Null);
             let name = js
-                .get("name")
+                .member("name")
                 .and_then(Value::as_str)
                 .unwrap_or(JSON_OBJECT_TOOL)
                 .to_owned();
             let schema = js
-                .get("schema")
+                .member("schema")
                 .cloned()
                 .unwrap_or(json!({"type": "object"}));
-            if schema.get("type").and_then(Value::as_str) != Some("object") {
+            if schema.member("type").and_then(Value::as_str) != Some("object") {
                 return Err(unsupported(
                     "response_format.json_schema.schema",
                     "a schema whose root is not an object",
@@ -106,7 +107,7 @@ pub(super) fn json_tool(rf: &Value) -> Result<Option<(Value, String)>, RequestEr
                 ));
             }
             let description = js
-                .get("description")
+                .member("description")
                 .and_then(Value::as_str)
                 .unwrap_or("Respond with JSON that matches this schema.");
             Ok(Some((
@@ -128,7 +129,7 @@ pub(super) fn tools_to_openai(tools: &Value, fixes: &mut Fixes) -> Result<Value,
     let mut out = Vec::with_capacity(tools.len());
     for (j, t) in tools.iter().enumerate() {
         let path = format!("tools[{j}]");
-        match t.get("type").and_then(Value::as_str) {
+        match t.member("type").and_then(Value::as_str) {
             None | Some("custom") => {}
             Some(other) => {
                 return Err(unsupported(
@@ -138,18 +139,18 @@ pub(super) fn tools_to_openai(tools: &Value, fixes: &mut Fixes) -> Result<Value,
                 ))
             }
         }
-        if t.get("cache_control").is_some() {
+        if t.member("cache_control").is_some() {
             fixes.add("cache_control_dropped");
         }
-        let name = t.get("name").and_then(Value::as_str).ok_or_else(|| {
+        let name = t.member("name").and_then(Value::as_str).ok_or_else(|| {
             RequestError::invalid(format!("missing required field `{path}.name`"))
         })?;
         let mut f = Map::new();
         f.insert("name".into(), name.into());
-        if let Some(d) = t.get("description").filter(|d| !d.is_null()) {
+        if let Some(d) = t.member("description").filter(|d| !d.is_null()) {
             f.insert("description".into(), d.clone());
         }
-        if let Some(s) = t.get("input_schema") {
+        if let Some(s) = t.member("input_schema") {
             f.insert("parameters".into(), s.clone());
         }
         out.push(json!({"type": "function", "function": f}));
@@ -159,13 +160,16 @@ pub(super) fn tools_to_openai(tools: &Value, fixes: &mut Fixes) -> Result<Value,
 
 /// The Chat `tool_choice`, and whether parallel tool calls are switched off.
 pub(super) fn tool_choice_to_openai(tc: &Value) -> Result<(Value, bool), RequestError> {
-    let parallel_off = tc.get("disable_parallel_tool_use").and_then(Value::as_bool) == Some(true);
-    let choice = match tc.get("type").and_then(Value::as_str) {
+    let parallel_off = tc
+        .member("disable_parallel_tool_use")
+        .and_then(Value::as_bool)
+        == Some(true);
+    let choice = match tc.member("type").and_then(Value::as_str) {
         Some("auto") => json!("auto"),
         Some("none") => json!("none"),
         Some("any") => json!("required"),
         Some("tool") => {
-            let name = tc.get("name").and_then(Value::as_str).ok_or_else(|| {
+            let name = tc.member("name").and_then(Value::as_str).ok_or_else(|| {
                 RequestError::invalid("missing required field `tool_choice.name`")
             })?;
             json!({"type": "function", "function": {"name": name}})

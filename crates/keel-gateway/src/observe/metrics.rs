@@ -74,6 +74,7 @@
 //! `client_write_timeout` (the client took no response bytes for `client_write_timeout_ms`).
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -126,7 +127,29 @@ fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {
 /// recorder: one that removed idle series would leave handles here recording into removed ones.)
 struct Handles<H> {
     hasher: foldhash::fast::RandomState,
-    by_hash: ArcSwap<HashMap<u64, Vec<Registered<H>>>>,
+    by_hash: ArcSwap<HashMap<u64, Vec<Registered<H>>, BuildHasherDefault<Prehashed>>>,
+}
+
+/// The map of [`Handles`] is keyed by a hash already taken: it is its own hash (the map's
+/// default, SipHash, hashed it again on every lookup).
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl std::hash::Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys are hashed here; any other input is folded in rather than lost.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
 #[derive(Clone)]

@@ -18,6 +18,7 @@
 //! requests' IO.
 
 use keel_core::fit;
+use keel_core::members::Members;
 use keel_core::request::CanonicalRequest;
 use keel_core::tokens::{Estimate, Tokenizer};
 use serde_json::Value;
@@ -86,7 +87,7 @@ fn middle_out(req: &mut CanonicalRequest, tokenizers: &[Tokenizer], budget: u64)
         .map(|t| fit::system_tokens(&req.body, *t, budget.saturating_add(1)))
         .max()
         .unwrap_or(0);
-    let Some(Value::Array(messages)) = req.body.get_mut("messages") else {
+    let Some(Value::Array(messages)) = req.body.member_mut("messages") else {
         return 0;
     };
     let per_message_cap = budget.saturating_add(1);

@@ -30,6 +30,7 @@ use hyper::body::Incoming;
 use serde_json::json;
 use tokio::time::Instant;
 
+use keel_core::members::Members;
 use keel_core::protocol::{Endpoint, ErrorKind, Protocol};
 use keel_core::request::CanonicalRequest;
 
@@ -396,8 +397,12 @@ impl<'g> Flight<'g> {
             Identity::Tenant => ctx.grant.as_ref().map(|g| g.key.tenant.clone()),
             Identity::User => req
                 .body
-                .get("user")
-                .or_else(|| req.body.get("metadata").and_then(|m| m.get("user_id")))
+                .member("user")
+                .or_else(|| {
+                    req.body
+                        .member("metadata")
+                        .and_then(|m| m.member("user_id"))
+                })
                 .and_then(serde_json::Value::as_str)
                 .map(str::to_owned),
             Identity::Header(h) => ctx

@@ -16,6 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
+use keel_core::members::Members;
 use keel_core::protocol::{Endpoint, MapOnly, Protocol};
 use keel_core::request::{apply_variant, CanonicalRequest, RequestError};
 use keel_core::sse::{ModelName, SseEvent};
@@ -71,10 +72,10 @@ pub fn translate_request(
             // the variant's prefill fields.
             let assistant_final = t
                 .body
-                .get("messages")
+                .member("messages")
                 .and_then(Value::as_array)
                 .and_then(|m| m.last())
-                .and_then(|m| m.get("role"))
+                .and_then(|m| m.member("role"))
                 .and_then(Value::as_str)
                 == Some("assistant");
             if assistant_final && variant.resume == ResumeMode::Prefill {
@@ -341,7 +342,7 @@ impl ModelRename {
 
     /// A whole body: its top-level `model` set to the name (`true` when it changed).
     pub fn whole(&self, v: &mut Value) -> bool {
-        match v.get_mut("model") {
+        match v.member_mut("model") {
             Some(m) if m.as_str() != Some(self.name.as_str()) => {
                 *m = Value::String(self.name.clone());
                 true

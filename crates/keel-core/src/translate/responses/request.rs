@@ -3,6 +3,7 @@
 use serde_json::{json, Map, Value};
 
 use super::ResponsesContext;
+use crate::members::Members;
 use crate::request::RequestError;
 use crate::translate::Fixes;
 
@@ -80,7 +81,7 @@ pub fn responses_to_chat(body: &Map<String, Value>) -> Result<ResponsesTranslati
         Some(Value::String(s)) => messages.push(json!({"role": "system", "content": s})),
         Some(_) => return Err(invalid("`instructions` must be a string".into())),
     }
-    match body.get("input") {
+    match body.member("input") {
         Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
         Some(Value::Array(items)) if !items.is_empty() => {
             for (i, item) in items.iter().enumerate() {
@@ -118,21 +119,21 @@ pub fn responses_to_chat(body: &Map<String, Value>) -> Result<ResponsesTranslati
     if let Some(choice) = present("tool_choice") {
         out.insert("tool_choice".into(), tool_choice_to_chat(choice)?);
     }
-    if let Some(format) = body.get("text").and_then(|t| t.get("format")) {
+    if let Some(format) = body.member("text").and_then(|t| t.member("format")) {
         if let Some(rf) = format_to_chat(format)? {
             out.insert("response_format".into(), rf);
         }
     }
-    if let Some(v) = body.get("text").and_then(|t| t.get("verbosity")) {
+    if let Some(v) = body.member("text").and_then(|t| t.member("verbosity")) {
         out.insert("verbosity".into(), v.clone());
     }
     let mut reasoning = false;
     if let Some(r) = present("reasoning") {
-        if let Some(effort) = r.get("effort").filter(|e| !e.is_null()) {
+        if let Some(effort) = r.member("effort").filter(|e| !e.is_null()) {
             out.insert("reasoning_effort".into(), effort.clone());
             reasoning = true;
         }
-        if r.get("summary").is_some_and(|s| !s.is_null()) {
+        if r.member("summary").is_some_and(|s| !s.is_null()) {
             fixes.add("reasoning_summary_dropped");
         }
     }
@@ -150,7 +151,7 @@ pub fn responses_to_chat(body: &Map<String, Value>) -> Result<ResponsesTranslati
         };
         out.insert(key.into(), m.clone());
     }
-    if out.get("stream") == Some(&Value::Bool(true)) {
+    if out.member("stream") == Some(&Value::Bool(true)) {
         // Responses streams always end with usage.
         out.insert("stream_options".into(), json!({"include_usage": true}));
     }
@@ -199,7 +200,7 @@ fn convert_item(
     let obj = item
         .as_object()
         .ok_or_else(|| invalid(format!("`{path}` must be an object")))?;
-    let kind = obj.get("type").and_then(Value::as_str);
+    let kind = obj.member("type").and_then(Value::as_str);
     match kind {
         None | Some("message") => convert_message(obj, path, messages, fixes),
         Some("function_call") => {
@@ -232,10 +233,10 @@ fn convert_item(
         }
         Some("function_call_output") => {
             let call_id = obj
-                .get("call_id")
+                .member("call_id")
                 .and_then(Value::as_str)
                 .ok_or_else(|| invalid(format!("missing string field `{path}.call_id`")))?;
-            let content = match obj.get("output") {
+            let content = match obj.member("output") {
                 Some(Value::String(s)) => Value::String(s.clone()),
                 Some(Value::Array(parts)) => {
                     let parts = parts
@@ -274,7 +275,7 @@ fn convert_message(
     fixes: &mut Fixes,
 ) -> Result<(), RequestError> {
     let role = obj
-        .get("role")
+        .member("role")
         .and_then(Value::as_str)
         .ok_or_else(|| invalid(format!("missing required field `{path}.role`")))?;
     let role = match role {
@@ -286,14 +287,14 @@ fn convert_message(
             )))
         }
     };
-    let content = match obj.get("content") {
+    let content = match obj.member("content") {
         Some(Value::String(s)) => Value::String(s.clone()),
         Some(Value::Array(parts)) => {
             let assistant = role == "assistant";
             let mut converted = Vec::with_capacity(parts.len());
             for (j, p) in parts.iter().enumerate() {
                 let p_path = format!("{path}.content[{j}]");
-                if p.get("type").and_then(Value::as_str) == Some("refusal") {
+                if p.member("type").and_then(Value::as_str) == Some("refusal") {
                     fixes.add("refusal_as_text");
                 }
                 converted.push(part_to_chat(p, &p_path, !assistant)?);
@@ -302,7 +303,7 @@ fn convert_message(
             if assistant {
                 let text: String = converted
                     .iter()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                    .filter_map(|p| p.member("text").and_then(Value::as_str))
                     .collect();
                 Value::String(text)
             } else {
@@ -322,7 +323,7 @@ fn convert_message(
 /// A Responses content part → a Chat content part. `inputs`: images and files are allowed.
 fn part_to_chat(part: &Value, path: &str, inputs: bool) -> Result<Value, RequestError> {
     let kind = part
-        .get("type")
+        .member("type")
         .and_then(Value::as_str)
         .ok_or_else(|| invalid(format!("missing required field `{path}.type`")))?;
     let text = |k: &str| {
@@ -334,27 +335,29 @@ fn part_to_chat(part: &Value, path: &str, inputs: bool) -> Result<Value, Request
         "input_text" | "output_text" | "text" => Ok(json!({"type": "text", "text": text("text")?})),
         "refusal" => Ok(json!({"type": "text", "text": text("refusal")?})),
         "input_image" if inputs => {
-            if part.get("file_id").is_some_and(|v| !v.is_null()) {
+            if part.member("file_id").is_some_and(|v| !v.is_null()) {
                 return Err(invalid(format!(
                     "`{path}.file_id`: uploaded files are not supported; send the image as a URL or a data: URL"
                 )));
             }
             let mut image = Map::new();
             image.insert("url".into(), text("image_url")?.into());
-            if let Some(d) = part.get("detail").filter(|d| !d.is_null()) {
+            if let Some(d) = part.member("detail").filter(|d| !d.is_null()) {
                 image.insert("detail".into(), d.clone());
             }
             Ok(json!({"type": "image_url", "image_url": image}))
         }
         "input_file" if inputs => {
-            if part.get("file_id").is_some_and(|v| !v.is_null()) || part.get("file_url").is_some() {
+            if part.member("file_id").is_some_and(|v| !v.is_null())
+                || part.member("file_url").is_some()
+            {
                 return Err(invalid(format!(
                     "`{path}`: files by id or URL are not supported; send `file_data`"
                 )));
             }
             let mut file = Map::new();
             file.insert("file_data".into(), text("file_data")?.into());
-            if let Some(name) = part.get("filename").filter(|n| !n.is_null()) {
+            if let Some(name) = part.member("filename").filter(|n| !n.is_null()) {
                 file.insert("filename".into(), name.clone());
             }
             Ok(json!({"type": "file", "file": file}))
@@ -367,10 +370,10 @@ fn part_to_chat(part: &Value, path: &str, inputs: bool) -> Result<Value, Request
 
 /// A Responses tool (flat) → a Chat tool (nested under `function`).
 fn tool_to_chat(tool: &Value, path: &str) -> Result<Value, RequestError> {
-    match tool.get("type").and_then(Value::as_str) {
+    match tool.member("type").and_then(Value::as_str) {
         Some("function") => {
             let name = tool
-                .get("name")
+                .member("name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| invalid(format!("missing string field `{path}.name`")))?;
             let mut function = Map::new();
@@ -394,9 +397,9 @@ fn tool_choice_to_chat(choice: &Value) -> Result<Value, RequestError> {
         Value::String(s) if ["auto", "none", "required"].contains(&s.as_str()) => {
             Ok(choice.clone())
         }
-        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
+        Value::Object(o) if o.member("type").and_then(Value::as_str) == Some("function") => {
             let name = o
-                .get("name")
+                .member("name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| invalid("missing string field `tool_choice.name`".into()))?;
             Ok(json!({"type": "function", "function": {"name": name}}))
@@ -410,16 +413,16 @@ fn tool_choice_to_chat(choice: &Value) -> Result<Value, RequestError> {
 
 /// `text.format` → `response_format` (`None` for plain text).
 fn format_to_chat(format: &Value) -> Result<Option<Value>, RequestError> {
-    match format.get("type").and_then(Value::as_str) {
+    match format.member("type").and_then(Value::as_str) {
         Some("text") => Ok(None),
         Some("json_object") => Ok(Some(json!({"type": "json_object"}))),
         Some("json_schema") => {
             let name = format
-                .get("name")
+                .member("name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| invalid("missing string field `text.format.name`".into()))?;
             let schema = format
-                .get("schema")
+                .member("schema")
                 .filter(|s| s.is_object())
                 .ok_or_else(|| {
                     invalid("`text.format.schema` must be a JSON schema object".into())

@@ -1,5 +1,6 @@
 //! A whole Chat completion → a Response object.
 
+use crate::members::Members;
 use serde_json::{json, Value};
 
 use super::{
@@ -24,7 +25,7 @@ pub fn chat_completion_to_response(
         ids
     };
     let choice = chat.pointer("/choices/0");
-    let message = choice.and_then(|c| c.get("message"));
+    let message = choice.and_then(|c| c.member("message"));
     let str_at = |k: &str| message.and_then(|m| m.get(k)).and_then(Value::as_str);
     let mut output = Vec::new();
     if let Some(r) = str_at("reasoning_content").filter(|r| !r.is_empty()) {
@@ -45,7 +46,7 @@ pub fn chat_completion_to_response(
         ));
     }
     let calls = message
-        .and_then(|m| m.get("tool_calls"))
+        .and_then(|m| m.member("tool_calls"))
         .and_then(Value::as_array);
     for call in calls.into_iter().flatten() {
         let s = |p: &str| call.pointer(p).and_then(Value::as_str).unwrap_or("");
@@ -58,13 +59,13 @@ pub fn chat_completion_to_response(
         ));
     }
     let finish = choice
-        .and_then(|c| c.get("finish_reason"))
+        .and_then(|c| c.member("finish_reason"))
         .and_then(Value::as_str);
     response_object(
         ctx,
         ids,
         Some(Ending::of_finish(finish)),
         output,
-        chat.get("usage").filter(|u| u.is_object()),
+        chat.member("usage").filter(|u| u.is_object()),
     )
 }

@@ -13,6 +13,7 @@ use super::{
     ResponseIds, ResponsesContext,
 };
 use crate::assemble::MAX_TOOL_CALLS;
+use crate::members::Members;
 use crate::sse::SseEvent;
 use crate::translate::passes_untranslated;
 
@@ -103,23 +104,23 @@ impl ChatToResponsesStream {
         }
         let chunk: Value = serde_json::from_str(&ev.data)
             .map_err(|e| format!("a chat stream event is not JSON: {e}"))?;
-        if let Some(error) = chunk.get("error") {
+        if let Some(error) = chunk.member("error") {
             self.fail(error, out);
             return Ok(());
         }
         if self.ids.model.is_empty() {
-            if let Some(m) = chunk.get("model").and_then(Value::as_str) {
+            if let Some(m) = chunk.member("model").and_then(Value::as_str) {
                 self.ids.model = m.to_owned();
             }
         }
         self.start(out);
-        if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
+        if let Some(u) = chunk.member("usage").filter(|u| u.is_object()) {
             self.usage = Some(u.clone());
         }
         let Some(choice) = chunk.pointer("/choices/0") else {
             return Ok(());
         };
-        if let Some(delta) = choice.get("delta") {
+        if let Some(delta) = choice.member("delta") {
             let text = |k: &str| {
                 delta
                     .get(k)
@@ -135,13 +136,13 @@ impl ChatToResponsesStream {
             if let Some(t) = text("refusal") {
                 self.text_delta(t, true, out);
             }
-            if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+            if let Some(calls) = delta.member("tool_calls").and_then(Value::as_array) {
                 for c in calls {
                     self.call_delta(c, out)?;
                 }
             }
         }
-        if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
+        if let Some(f) = choice.member("finish_reason").and_then(Value::as_str) {
             self.finish = Some(f.to_owned());
             self.close(out);
         }
@@ -295,7 +296,7 @@ impl ChatToResponsesStream {
     }
 
     fn call_delta(&mut self, c: &Value, out: &mut Vec<SseEvent>) -> Result<(), String> {
-        let index = c.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+        let index = c.member("index").and_then(Value::as_u64).unwrap_or(0) as usize;
         if index >= MAX_TOOL_CALLS {
             return Err(format!("tool call index {index} is out of range"));
         }
@@ -303,7 +304,7 @@ impl ChatToResponsesStream {
             self.calls.resize(index + 1, Call::default());
         }
         let call = &mut self.calls[index];
-        if let Some(id) = c.get("id").and_then(Value::as_str) {
+        if let Some(id) = c.member("id").and_then(Value::as_str) {
             call.id.get_or_insert_with(|| id.to_owned());
         }
         if let Some(n) = c.pointer("/function/name").and_then(Value::as_str) {

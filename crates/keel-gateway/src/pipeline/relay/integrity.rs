@@ -23,6 +23,7 @@
 use crate::observe::record::AttemptKind;
 use keel_core::continuation::{ResumeMode, Stitcher};
 use keel_core::integrity::{self, json, truncation, Flag};
+use keel_core::members::Members;
 use keel_core::sse::SseEvent;
 use tokio::time::Instant;
 
@@ -292,7 +293,7 @@ pub fn whole_flags(
         .pointer("/choices/0/finish_reason")
         .and_then(|r| r.as_str())
         == Some("length")
-        || v.get("stop_reason").and_then(|r| r.as_str()) == Some("max_tokens");
+        || v.member("stop_reason").and_then(|r| r.as_str()) == Some("max_tokens");
     let generated = v
         .pointer("/usage/completion_tokens")
         .or_else(|| v.pointer("/usage/output_tokens"))
