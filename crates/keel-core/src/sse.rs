@@ -297,7 +297,7 @@ impl SseDecoder {
     /// Adds a `data` line's value (a suffix of `line`) to the event's data, with its `model`
     /// renamed when the decoder renames one: where in `line` that name was.
     fn data_line(&mut self, line: &str, value: &str) -> Option<Range<usize>> {
-        let span = match &self.model {
+        let span = match &mut self.model {
             Some(name) if !self.model_named => name.span(self.event.as_deref(), value),
             _ => None,
         };

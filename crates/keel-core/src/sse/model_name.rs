@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 /// A name for the `model` member of the events a decoder reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ModelName {
     /// The name JSON-encoded, quotes included.
     encoded: String,
@@ -15,6 +15,11 @@ pub struct ModelName {
     /// the name as a JSON string (for an unnamed event, whose data names its type); `None`:
     /// every event does (an OpenAI stream's chunks).
     only: Option<(&'static str, String)>,
+    /// The last event's data up to its model string (the member's name included), when it
+    /// had one. A stream's events repeat it (they differ in their text, which comes after):
+    /// where the next event starts with the same bytes, its model string starts at the same
+    /// place, and no search is needed (the search was most of what renaming cost an event).
+    before: Vec<u8>,
 }
 
 impl ModelName {
@@ -23,6 +28,7 @@ impl ModelName {
         ModelName {
             encoded,
             only: None,
+            before: Vec::new(),
         }
     }
 
@@ -31,6 +37,7 @@ impl ModelName {
         ModelName {
             encoded,
             only: Some((event, format!("\"{event}\""))),
+            before: Vec::new(),
         }
     }
 
@@ -40,7 +47,7 @@ impl ModelName {
 
     /// Where in a `data` line's value the member to rewrite lies, for an event named `event`
     /// (so far: SSE fields may come in any order).
-    pub(super) fn span(&self, event: Option<&str>, value: &str) -> Option<Range<usize>> {
+    pub(super) fn span(&mut self, event: Option<&str>, value: &str) -> Option<Range<usize>> {
         if let Some((name, quoted)) = &self.only {
             let named = match event {
                 Some(e) => e == *name,
@@ -50,7 +57,20 @@ impl ModelName {
                 return None;
             }
         }
-        model_member(value.as_bytes(), &self.encoded)
+        let json = value.as_bytes();
+        let at = self.before.len();
+        let found = if at > 0 && json.get(..at) == Some(&self.before[..]) {
+            // The same bytes before it: the first `"model":` member is where it was.
+            string_at(json, at)
+        } else {
+            let found = model_string(json);
+            self.before.clear();
+            if let Some(r) = &found {
+                self.before.extend_from_slice(&json[..r.start]);
+            }
+            found
+        };
+        found.filter(|r| json[r.clone()] != *self.encoded.as_bytes())
     }
 }
 
@@ -64,6 +84,12 @@ static MODEL_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
 /// there is none or it already holds that string. A literal `"` inside a JSON string is always
 /// escaped, so the bytes `"model"` followed by `:` can only be an object key.
 pub fn model_member(json: &[u8], encoded: &str) -> Option<Range<usize>> {
+    model_string(json).filter(|r| json[r.clone()] != *encoded.as_bytes())
+}
+
+/// Where the string of the first `"model": "<string>"` member lies, quotes included; `None`
+/// when there is none, or the first `"model":` member's value is not a string.
+fn model_string(json: &[u8]) -> Option<Range<usize>> {
     const KEY: &[u8] = b"\"model\"";
     let is_ws = |b: u8| b == b' ' || b == b'\t';
     let mut from = 0;
@@ -81,26 +107,27 @@ pub fn model_member(json: &[u8], encoded: &str) -> Option<Range<usize>> {
         while i < json.len() && is_ws(json[i]) {
             i += 1;
         }
-        if json.get(i) != Some(&b'"') {
-            return None;
-        }
-        // The string's end: the next quote not escaped.
-        let start = i;
-        let mut j = i + 1;
-        loop {
-            match json.get(j)? {
-                b'\\' => j += 2,
-                b'"' => break,
-                _ => j += 1,
-            }
-        }
-        let end = j + 1;
-        if &json[start..end] == encoded.as_bytes() {
-            return None;
-        }
-        return Some(start..end);
+        return string_at(json, i);
     }
     None
+}
+
+/// The JSON string starting at `start`, quotes included; `None` when none starts there or it
+/// does not end.
+fn string_at(json: &[u8], start: usize) -> Option<Range<usize>> {
+    if json.get(start) != Some(&b'"') {
+        return None;
+    }
+    // The string's end: the next quote not escaped.
+    let mut j = start + 1;
+    loop {
+        match json.get(j)? {
+            b'\\' => j += 2,
+            b'"' => break,
+            _ => j += 1,
+        }
+    }
+    Some(start..j + 1)
 }
 
 #[cfg(test)]
@@ -180,6 +207,28 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// A stream's events, decoded one after another by one decoder (which looks for each
+        /// event's model where the event before had it, when the bytes before it repeat), are
+        /// each renamed as it would be alone.
+        #[test]
+        fn events_in_a_row_are_each_renamed_as_alone(
+            events in proptest::collection::vec(proptest::collection::vec(0usize..6, 1..4), 1..6),
+        ) {
+            const PIECES: [&str; 6] = [r#""id":"c1""#, r#""model":"sim""#, r#""model":"public""#, r#""model":7"#, r#""model":"si"m""#, r#""t":"x""#];
+            let encoded = json("public");
+            let datas: Vec<String> = events
+                .iter()
+                .map(|e| format!("{{{}}}", e.iter().map(|i| PIECES[*i]).collect::<Vec<_>>().join(",")))
+                .collect();
+            let wire: Vec<u8> = datas.iter().flat_map(|d| SseEvent::new(None, d).raw).collect();
+            let renamed = decode_renaming(ModelName::in_every_event(encoded.clone()), &wire);
+            proptest::prop_assert_eq!(renamed.len(), datas.len());
+            for (d, r) in datas.iter().zip(&renamed) {
+                let alone = rename_member(d, &encoded).unwrap_or_else(|| d.clone());
+                proptest::prop_assert_eq!(&r.data, &alone);
+            }
+        }
+
         /// Whatever an event's lines are, it decodes renamed as it decodes plain with the first
         /// `model` member of its data renamed, and its raw bytes decode to the renamed event.
         #[test]
