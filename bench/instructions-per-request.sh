@@ -11,11 +11,13 @@
 # calls, no kernel), and a `rep movsb` copy counts one instruction a byte, so large memcpys
 # weigh more here than on the CPU.
 #
-#   [PROTOCOL=anthropic] [CLIENT=openai] bench/instructions-per-request.sh <keel binary> <out dir> [N=400] [tokens=16] [who="keel hyper nginx"]
+#   [PROTOCOL=anthropic] [CLIENT=openai] [PROMPT_WORDS=n] bench/instructions-per-request.sh <keel binary> <out dir> [N=400] [tokens=16] [who="keel hyper nginx"]
 #
 # PROTOCOL=anthropic: clients and the upstream speak Anthropic's Messages API instead of OpenAI's.
 # CLIENT=openai|anthropic: the clients' protocol, when it differs from the upstream's (keel
 # translates; only keel can run that).
+# PROMPT_WORDS=n: prompts of n words (`keel sim load --prompt-words`) instead of one short line:
+# what a gateway's work on the prompt (parsing, normalizing, counting, re-encoding) costs.
 #
 # Prints "<gateway> <stream|whole> <instructions a request>"; the callgrind files stay in <out
 # dir> for `callgrind_annotate` (per function, with --inclusive=yes or --tree=caller).
@@ -32,7 +34,8 @@ sleep 1
 api=(--url "http://127.0.0.1:PORT/v1"); upstream=http://127.0.0.1:19401/v1
 [ "${PROTOCOL:-openai}" = anthropic ] && upstream=http://127.0.0.1:19401
 [ "${CLIENT:-${PROTOCOL:-openai}}" = anthropic ] && api=(--url "http://127.0.0.1:PORT" --endpoint messages)
-load() { taskset -c 0 "$K" sim load "${api[@]/PORT/$1}" --model bench --max-tokens "$T" --rps "$2" --duration "$3" $4 2>&1 | head -1; }
+words=(); [ -n "${PROMPT_WORDS:-}" ] && words=(--prompt-words "$PROMPT_WORDS")
+load() { taskset -c 0 "$K" sim load "${api[@]/PORT/$1}" --model bench --max-tokens "$T" --rps "$2" --duration "$3" "${words[@]}" $4 2>&1 | head -1; }
 measure() { # name port command...
   local name=$1 port=$2; shift 2
   rm -f "cg.$name".*

@@ -104,7 +104,8 @@ pub fn from_object(
         Some(_) => return Err(RequestError::invalid("`stream` must be a boolean")),
     };
 
-    let mut input_text = String::new();
+    // The prompt's texts, counted as if joined (by newlines) without joining them.
+    let mut input_text = tokens::Counter::default();
     // Embeddings input is counted per item (token-id arrays have no text).
     let mut counted_tokens = 0;
     match endpoint {
@@ -139,10 +140,10 @@ pub fn from_object(
             }
         }
         Endpoint::Completions => match body.member("prompt") {
-            Some(Value::String(p)) => input_text.push_str(p),
+            Some(Value::String(p)) => input_text.feed(p),
             Some(Value::Array(parts)) if parts.iter().all(Value::is_string) => {
                 for p in parts {
-                    input_text.push_str(p.as_str().unwrap_or_default());
+                    input_text.feed(p.as_str().unwrap_or_default());
                 }
             }
             Some(_) => {
@@ -197,7 +198,7 @@ pub fn from_object(
         session,
         max_tokens,
         answers,
-        estimated_input_tokens: (tokens::count(&input_text) as u64).saturating_add(counted_tokens),
+        estimated_input_tokens: (input_text.finish() as u64).saturating_add(counted_tokens),
         estimate_is_lower_bound: false,
         body,
     })
@@ -215,7 +216,33 @@ fn count_param(body: &Map<String, Value>, name: &str) -> Result<u64, RequestErro
 }
 
 /// Appends the text of a message `content` (a string, or an array of typed parts).
-fn push_content_text(content: &Value, out: &mut String) {
+/// Where a prompt's texts go: joined into a string, or counted as if joined.
+trait Texts {
+    fn is_empty(&self) -> bool;
+    fn push(&mut self, text: &str);
+}
+
+impl Texts for String {
+    fn is_empty(&self) -> bool {
+        str::is_empty(self)
+    }
+
+    fn push(&mut self, text: &str) {
+        self.push_str(text);
+    }
+}
+
+impl Texts for tokens::Counter {
+    fn is_empty(&self) -> bool {
+        tokens::Counter::is_empty(self)
+    }
+
+    fn push(&mut self, text: &str) {
+        self.feed(text);
+    }
+}
+
+fn push_content_text(content: &Value, out: &mut impl Texts) {
     match content {
         Value::String(s) => push_text(s, out),
         Value::Array(parts) => {
@@ -229,12 +256,12 @@ fn push_content_text(content: &Value, out: &mut String) {
     }
 }
 
-/// Appends one text, separated from the previous one by a newline.
-fn push_text(t: &str, out: &mut String) {
+/// Adds one text, separated from the previous one by a newline.
+fn push_text(t: &str, out: &mut impl Texts) {
     if !out.is_empty() {
-        out.push('\n');
+        out.push("\n");
     }
-    out.push_str(t);
+    out.push(t);
 }
 
 fn describe_json_error(e: &serde_json::Error) -> String {

@@ -52,6 +52,23 @@ pub struct LoadConfig {
     pub ca_pem: Option<Vec<u8>>,
 }
 
+/// A prompt of `words` words of keel-sim's vocabulary, in sentences (a realistic prompt's size
+/// for what parsing, normalizing and counting it costs a gateway); `seed` varies the text, so
+/// prompts in rotation differ from their first words.
+pub fn prompt_of_words(words: usize, seed: u64) -> String {
+    let mut out = String::with_capacity(words * 8);
+    for i in 0..words as u64 {
+        if i > 0 {
+            out.push_str(if i % 12 == 0 { ". " } else { " " });
+        }
+        out.push_str(crate::text::word_for(
+            seed.wrapping_mul(1_000_003).wrapping_add(i),
+        ));
+    }
+    out.push('.');
+    out
+}
+
 impl LoadConfig {
     pub fn new(url: &str, model: &str) -> Self {
         LoadConfig {
@@ -371,4 +388,19 @@ async fn one(
         gaps_us: gaps,
         tokens,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prompt_of_words;
+
+    #[test]
+    fn a_prompt_has_the_words_asked_for_and_seeds_vary_it() {
+        for words in [1, 12, 13, 500] {
+            let p = prompt_of_words(words, 3);
+            assert_eq!(p.split_whitespace().count(), words, "{p}");
+            assert_eq!(p, prompt_of_words(words, 3));
+        }
+        assert_ne!(prompt_of_words(50, 1), prompt_of_words(50, 2));
+    }
 }

@@ -138,6 +138,10 @@ struct LoadArgs {
     /// `max_tokens` of each request.
     #[arg(long, default_value_t = 32)]
     max_tokens: u64,
+    /// Prompts of this many words (sixteen in rotation, generated text), instead of one short
+    /// line: what a gateway's work on a realistic prompt costs (parsing, normalizing, counting).
+    #[arg(long)]
+    prompt_words: Option<usize>,
     /// Seconds one request may take to its last byte before it is abandoned and counted as a
     /// `timeout` error.
     #[arg(long, default_value_t = 60.0)]
@@ -486,6 +490,11 @@ async fn load(l: LoadArgs) -> Result<(), String> {
     cfg.stream = l.stream;
     cfg.concurrency_limit = l.concurrency_limit;
     cfg.max_tokens = l.max_tokens;
+    if let Some(words) = l.prompt_words {
+        cfg.prompts = (0..16)
+            .map(|seed| keel_sim::load::prompt_of_words(words, seed))
+            .collect();
+    }
     cfg.request_timeout = Duration::from_secs_f64(l.timeout);
     cfg.http1_only = l.http1;
     if let Some(p) = &l.ca_file {
