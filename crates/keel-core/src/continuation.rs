@@ -411,7 +411,8 @@ impl Stitcher {
     fn observe_original(&mut self, ev: &SseEvent) {
         match self.protocol {
             Protocol::OpenAi => {
-                if self.first_chunk.is_none() && self.identity.is_none() {
+                // Only the first segment is observed; its identity is read when a continuation begins.
+                if self.first_chunk.is_none() {
                     self.first_chunk = Some(ev.data.clone());
                 }
             }
