@@ -1,6 +1,7 @@
 # Sourced by the CPU-per-request scripts: writes keel.toml (one worker thread, access log off
 # unless ACCESS_LOG names a destination: stdout, stderr or a file; KEEL_POOL: extra lines for
-# the pool table, e.g. "assemble_non_streaming = false"),
+# the pool table, e.g. "assemble_non_streaming = false"; KEEL_VARIANT: extra lines for the
+# variant, e.g. 'tokenizer = "o200k"'),
 # pool `bench` on 127.0.0.1:19400) and sim.toml (one zero-latency keel-sim server on 19401) into
 # the current directory. GAP_MS sets the server's gap between tokens (default 0: zero latency). With PROTOCOL=anthropic the variant speaks Anthropic's Messages API
 # (clients then use `--endpoint messages` and the base URL without `/v1`).
@@ -20,6 +21,7 @@ name = "fast"
 url = "$url"
 protocol = "${PROTOCOL:-openai}"
 upstream_model = "sim"
+${KEEL_VARIANT:-}
 TOML
   cat > sim.toml <<TOML
 [[servers]]

@@ -18,7 +18,7 @@
 use serde_json::Value;
 
 use crate::members::Members;
-use crate::tokens::{Estimate, Tally, Tokenizer};
+use crate::tokens::{Estimate, Memo, Tally, Tokenizer};
 
 /// Tokens a chat template adds per message (role markers, separators): OpenAI documents 3 for
 /// its models; one more covers the other templates keel has seen.
@@ -65,21 +65,23 @@ pub fn add_message(msg: &Value, tally: &mut Tally) {
     }
 }
 
-/// One message's tokens by `tokenizer`, counting stopped past `cap`.
-pub fn message_tokens(msg: &Value, tokenizer: Tokenizer, cap: u64) -> u64 {
-    let mut t = Tally::new(tokenizer, cap);
+/// One message's tokens by `tokenizer`, counting stopped past `cap` (long texts looked up in
+/// `memo` first: see [`Memo`]).
+pub fn message_tokens(msg: &Value, tokenizer: Tokenizer, cap: u64, memo: Option<&dyn Memo>) -> u64 {
+    let mut t = Tally::remembering(tokenizer, cap, memo);
     add_message(msg, &mut t);
     t.estimate().tokens
 }
 
 /// The prompt of a request body (chat `messages` and `system`, or a completion `prompt`) by
-/// `tokenizer`, counting stopped past `cap`.
+/// `tokenizer`, counting stopped past `cap` (long texts looked up in `memo` first).
 pub fn prompt_tokens(
     body: &serde_json::Map<String, Value>,
     tokenizer: Tokenizer,
     cap: u64,
+    memo: Option<&dyn Memo>,
 ) -> Estimate {
-    let mut t = Tally::new(tokenizer, cap);
+    let mut t = Tally::remembering(tokenizer, cap, memo);
     add_system(body, &mut t);
     for m in body
         .member("messages")
@@ -108,8 +110,13 @@ fn add_system(body: &serde_json::Map<String, Value>, tally: &mut Tally) {
 }
 
 /// The tokens of Anthropic's top-level `system` (0 without one), counting stopped past `cap`.
-pub fn system_tokens(body: &serde_json::Map<String, Value>, tokenizer: Tokenizer, cap: u64) -> u64 {
-    let mut t = Tally::new(tokenizer, cap);
+pub fn system_tokens(
+    body: &serde_json::Map<String, Value>,
+    tokenizer: Tokenizer,
+    cap: u64,
+    memo: Option<&dyn Memo>,
+) -> u64 {
+    let mut t = Tally::remembering(tokenizer, cap, memo);
     add_system(body, &mut t);
     t.estimate().tokens
 }

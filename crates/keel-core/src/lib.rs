@@ -26,6 +26,7 @@ pub mod health;
 pub mod health_colour;
 pub mod hedge;
 pub mod integrity;
+pub mod json_out;
 pub mod members;
 pub mod normalize;
 pub mod outcome;

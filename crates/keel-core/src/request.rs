@@ -8,6 +8,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::json_out;
 use crate::members::Members;
 use crate::protocol::{Endpoint, ErrorKind};
 use crate::tokens;
@@ -45,19 +46,27 @@ pub struct CanonicalRequest {
     /// generates `best_of` and returns the best `n`); 1 otherwise. Quotas reserve for all (the
     /// gateway multiplies it for a consensus of several variants).
     pub answers: u64,
-    /// Input tokens by keel's tokenizer rule (see [`crate::tokens`]); the gateway replaces it
-    /// with the estimate by its pool's tokenizers (see [`crate::fit`]).
+    /// Input tokens. An embeddings input is counted at parsing (item by item: token-id arrays
+    /// have no text); a prompt by [`CanonicalRequest::estimate_by_rule`] (which [`parse`]
+    /// calls) or, in the gateway, by its pool's tokenizers (see [`crate::fit`]), which is why
+    /// [`from_object`] leaves it at 0: a long prompt is read once, not twice.
     pub estimated_input_tokens: u64,
     /// True when counting stopped at a cap: the prompt has at least that many tokens (enough
     /// to know that it fits no context window).
     pub estimate_is_lower_bound: bool,
     /// The client's body, untouched.
     pub body: Map<String, Value>,
+    /// How many bytes the client sent, where the request was read from bytes (0 otherwise): the
+    /// size the upstream body is written into.
+    pub received_bytes: usize,
 }
 
-/// Parses and validates a request body for `endpoint`.
+/// Parses and validates a request body for `endpoint`, its prompt estimated by keel's rule.
 pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<CanonicalRequest, RequestError> {
-    from_object(endpoint, parse_object(bytes)?)
+    let mut req = from_object(endpoint, parse_object(bytes)?)?;
+    req.received_bytes = bytes.len();
+    req.estimate_by_rule();
+    Ok(req)
 }
 
 /// Reads a request body as a JSON object (precise errors for every other kind of body).
@@ -87,7 +96,8 @@ pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, RequestError> {
     }
 }
 
-/// Validates a request body (already a JSON object) for `endpoint`.
+/// Validates a request body (already a JSON object) for `endpoint`. A prompt's tokens are
+/// left to the caller (see [`CanonicalRequest::estimated_input_tokens`]).
 pub fn from_object(
     endpoint: Endpoint,
     body: Map<String, Value>,
@@ -104,8 +114,6 @@ pub fn from_object(
         Some(_) => return Err(RequestError::invalid("`stream` must be a boolean")),
     };
 
-    // The prompt's texts, counted as if joined (by newlines) without joining them.
-    let mut input_text = tokens::Counter::default();
     // Embeddings input is counted per item (token-id arrays have no text).
     let mut counted_tokens = 0;
     match endpoint {
@@ -124,9 +132,6 @@ pub fn from_object(
                                 "missing required field `messages[{i}].role`"
                             )));
                         }
-                        if let Some(c) = obj.member("content") {
-                            push_content_text(c, &mut input_text);
-                        }
                     }
                 }
                 Some(Value::Array(_)) => {
@@ -135,17 +140,10 @@ pub fn from_object(
                 Some(_) => return Err(RequestError::invalid("`messages` must be an array")),
                 None => return Err(RequestError::invalid("missing required field `messages`")),
             }
-            if let Some(system) = body.member("system") {
-                push_content_text(system, &mut input_text);
-            }
         }
         Endpoint::Completions => match body.member("prompt") {
-            Some(Value::String(p)) => input_text.feed(p),
-            Some(Value::Array(parts)) if parts.iter().all(Value::is_string) => {
-                for p in parts {
-                    input_text.feed(p.as_str().unwrap_or_default());
-                }
-            }
+            Some(Value::String(_)) => {}
+            Some(Value::Array(parts)) if parts.iter().all(Value::is_string) => {}
             Some(_) => {
                 return Err(RequestError::invalid(
                     "`prompt` must be a string or an array of strings",
@@ -198,9 +196,10 @@ pub fn from_object(
         session,
         max_tokens,
         answers,
-        estimated_input_tokens: (input_text.finish() as u64).saturating_add(counted_tokens),
+        estimated_input_tokens: counted_tokens,
         estimate_is_lower_bound: false,
         body,
+        received_bytes: 0,
     })
 }
 
@@ -242,6 +241,23 @@ impl Texts for tokens::Counter {
     }
 }
 
+/// The prompt's texts joined, each cut after its first [`PREFIX_KEY_TOKENS`]: the join's first
+/// that many tokens are the same as the whole texts' (a text's token ends where its next begins,
+/// so no cut at a token's end changes the tokens before it), without copying a long text whole.
+#[derive(Default)]
+struct Head(String);
+
+impl Texts for Head {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn push(&mut self, text: &str) {
+        let cut = tokens::prefix_len(text, PREFIX_KEY_TOKENS).unwrap_or(text.len());
+        self.0.push_str(&text[..cut]);
+    }
+}
+
 fn push_content_text(content: &Value, out: &mut impl Texts) {
     match content {
         Value::String(s) => push_text(s, out),
@@ -278,47 +294,74 @@ fn describe_json_error(e: &serde_json::Error) -> String {
 pub const PREFIX_KEY_TOKENS: usize = 64;
 
 impl CanonicalRequest {
+    /// Sets [`CanonicalRequest::estimated_input_tokens`] to the prompt's tokens by keel's rule
+    /// (see [`crate::tokens`]): its texts counted as if joined by newlines, without joining
+    /// them. An embeddings input keeps its count from parsing.
+    pub fn estimate_by_rule(&mut self) {
+        let mut text = tokens::Counter::default();
+        match self.endpoint {
+            Endpoint::Embeddings => return,
+            Endpoint::Completions => match self.body.member("prompt") {
+                Some(Value::String(p)) => text.feed(p),
+                // A batch of prompts: each counted alone.
+                Some(Value::Array(parts)) => {
+                    let each = parts.iter().filter_map(Value::as_str).map(tokens::count);
+                    self.estimated_input_tokens = each.sum::<usize>() as u64;
+                    return;
+                }
+                _ => {}
+            },
+            Endpoint::ChatCompletions | Endpoint::Messages | Endpoint::CountTokens => {
+                for c in self.message_contents() {
+                    push_content_text(c, &mut text);
+                }
+                if let Some(system) = self.body.member("system") {
+                    push_content_text(system, &mut text);
+                }
+            }
+        }
+        self.estimated_input_tokens = text.finish() as u64;
+    }
+
+    /// The `content` of each message that has one, in order.
+    fn message_contents(&self) -> impl Iterator<Item = &Value> {
+        let messages = self.body.member("messages").and_then(Value::as_array);
+        messages
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m.member("content"))
+    }
+
     /// Prefix-affinity key: a hash of the first [`PREFIX_KEY_TOKENS`] tokens of the canonical
     /// prompt (system, then messages in order; or the completion prompt). `None` when the prompt
     /// is shorter than that: short prompts gain nothing from a warm cache.
     pub fn prefix_key(&self) -> Option<u64> {
-        let mut text = String::new();
+        let mut head = Head::default();
         if let Some(system) = self.body.member("system") {
-            push_content_text(system, &mut text);
+            push_content_text(system, &mut head);
         }
         match self.endpoint {
             Endpoint::Completions => match self.body.member("prompt") {
-                Some(Value::String(p)) => push_text(p, &mut text),
+                Some(Value::String(p)) => push_text(p, &mut head),
                 Some(Value::Array(a)) => a
                     .iter()
                     .filter_map(Value::as_str)
-                    .for_each(|p| push_text(p, &mut text)),
+                    .for_each(|p| push_text(p, &mut head)),
                 _ => {}
             },
             _ => {
-                for m in self
-                    .body
-                    .member("messages")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    if let Some(c) = m.member("content") {
-                        push_content_text(c, &mut text);
-                    }
-                    if tokens::count(&text) >= PREFIX_KEY_TOKENS {
+                for c in self.message_contents() {
+                    push_content_text(c, &mut head);
+                    if tokens::prefix_len(&head.0, PREFIX_KEY_TOKENS).is_some() {
                         break;
                     }
                 }
             }
         }
-        let pieces = tokens::split(&text);
-        if pieces.len() < PREFIX_KEY_TOKENS {
-            return None;
-        }
+        let end = tokens::prefix_len(&head.0, PREFIX_KEY_TOKENS)?;
         Some(crate::rng::hash_bytes(
             0x7072_6566,
-            pieces[..PREFIX_KEY_TOKENS].concat().as_bytes(),
+            &head.0.as_bytes()[..end],
         ))
     }
 
@@ -343,39 +386,45 @@ pub struct UpstreamBody<'a> {
     params: &'a Map<String, Value>,
 }
 
-impl serde::Serialize for UpstreamBody<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(None)?;
-        let override_for = |k: &str, cur: &Value| -> Option<Value> {
-            let v = self.params.get(k)?;
-            if CAPPED_PARAMS.contains(&k) {
-                if let (Some(cap), Some(c)) = (v.as_u64(), cur.as_u64()) {
-                    return Some(Value::from(c.min(cap)));
-                }
-            }
-            Some(v.clone())
-        };
+impl UpstreamBody<'_> {
+    /// The body's JSON (as `serde_json` writes it: see [`crate::json_out`]).
+    pub fn to_vec(&self) -> Vec<u8> {
+        // Room for the client's body and a longer model name, so that a long prompt is not
+        // copied again as the buffer grows.
+        let mut out = Vec::with_capacity(self.req.received_bytes + 64);
+        let mut o = json_out::Object::begin(&mut out);
         for (k, v) in &self.req.body {
             if k == "model" {
-                m.serialize_entry(k, self.upstream_model)?;
-            } else if let Some(o) = override_for(k, v) {
-                m.serialize_entry(k, &o)?;
+                o.member_str(k, self.upstream_model);
+            } else if let Some(over) = self.override_for(k, v) {
+                o.member(k, &over);
             } else {
-                m.serialize_entry(k, v)?;
+                o.member(k, v);
             }
         }
         for (k, v) in self.params {
             if !self.req.body.contains_key(k) {
-                m.serialize_entry(k, v)?;
+                o.member(k, v);
             }
         }
-        m.end()
+        o.end();
+        out
+    }
+
+    /// The variant's value for the client's member `key` (now `current`), if it overrides it.
+    fn override_for(&self, key: &str, current: &Value) -> Option<Value> {
+        let v = self.params.get(key)?;
+        if CAPPED_PARAMS.contains(&key) {
+            if let (Some(cap), Some(c)) = (v.as_u64(), current.as_u64()) {
+                return Some(Value::from(c.min(cap)));
+            }
+        }
+        Some(v.clone())
     }
 }
 
 impl CanonicalRequest {
-    /// A serializable view of the body for one variant (see [`UpstreamBody`]).
+    /// The body for one variant, written without copying it (see [`UpstreamBody`]).
     pub fn upstream_view<'a>(
         &'a self,
         upstream_model: &'a str,
@@ -509,6 +558,64 @@ mod tests {
         assert_eq!(short.prefix_key(), None);
     }
 
+    /// The key as the whole texts joined and split give it (up to the message that brings
+    /// the count to the key's tokens: text after it would join a trailing space to its token).
+    fn prefix_key_of_whole_texts(system: &str, messages: &[String]) -> Option<u64> {
+        let mut text = system.to_owned();
+        for m in messages {
+            push_text(m, &mut text);
+            if tokens::count(&text) >= PREFIX_KEY_TOKENS {
+                break;
+            }
+        }
+        let pieces = tokens::split(&text);
+        (pieces.len() >= PREFIX_KEY_TOKENS).then(|| {
+            let head = pieces[..PREFIX_KEY_TOKENS].concat();
+            crate::rng::hash_bytes(0x7072_6566, head.as_bytes())
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn prefix_key_reads_only_the_head_of_each_text(
+            system in "[a-z ,\n]{0,300}",
+            messages in proptest::collection::vec("[a-z ,.\n]{0,400}|[ \n]{0,90}", 1..6),
+        ) {
+            let chat: Vec<Value> = messages
+                .iter()
+                .map(|m| json!({"role": "user", "content": m}))
+                .collect();
+            let body = json!({"model": "m", "max_tokens": 1, "system": system, "messages": chat});
+            let req = parse(Endpoint::Messages, body.to_string().as_bytes()).unwrap();
+            // Anthropic's `system` comes first in the key.
+            let expected = prefix_key_of_whole_texts(&system, &messages);
+            proptest::prop_assert_eq!(req.prefix_key(), expected);
+        }
+    }
+
+    #[test]
+    fn a_prompt_is_estimated_by_the_rule_only_when_asked() {
+        let body = br#"{"model":"m","system":"Be brief.","max_tokens":5,"messages":[
+            {"role":"user","content":"Hello, world."},
+            {"role":"assistant","content":[{"type":"text","text":"Hi"}]}]}"#;
+        let r = from_object(Endpoint::Messages, parse_object(body).unwrap()).unwrap();
+        assert_eq!(r.estimated_input_tokens, 0);
+        // "Hello, world.\nHi\nBe brief.": Hello , ␣world . ⏎Hi ⏎Be ␣brief .
+        assert_eq!(
+            parse(Endpoint::Messages, body)
+                .unwrap()
+                .estimated_input_tokens,
+            8
+        );
+        let completion = br#"{"model":"m","prompt":["one two","three"]}"#;
+        assert_eq!(
+            parse(Endpoint::Completions, completion)
+                .unwrap()
+                .estimated_input_tokens,
+            3
+        );
+    }
+
     #[test]
     fn estimates_embeddings_input() {
         let r = parse(
@@ -550,8 +657,8 @@ mod tests {
         assert_eq!(b["max_tokens"], 100);
         assert_eq!(b["temperature"], 0);
         assert_eq!(b["x_custom"], json!({"a":1}));
-        let view = serde_json::to_value(r.upstream_view("real-model", &params)).unwrap();
-        assert_eq!(view, Value::Object(b));
+        let view = r.upstream_view("real-model", &params).to_vec();
+        assert_eq!(view, serde_json::to_vec(&b).unwrap());
     }
 }
 

@@ -74,16 +74,16 @@ fn a_tool_call_goes_with_its_results() {
 fn counts_every_text_and_the_framing() {
     let m = json!({"role": "user", "content": [{"type": "text", "text": "Hello, world!"}, {"type": "image_url"}]});
     assert_eq!(
-        message_tokens(&m, Tokenizer::O200k, u64::MAX),
+        message_tokens(&m, Tokenizer::O200k, u64::MAX, None),
         4 + MESSAGE_OVERHEAD_TOKENS
     );
     let call = json!({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "Hello, world!"}}]});
     assert_eq!(
-        message_tokens(&call, Tokenizer::O200k, u64::MAX),
+        message_tokens(&call, Tokenizer::O200k, u64::MAX, None),
         4 + MESSAGE_OVERHEAD_TOKENS
     );
     let body = json!({"system": "Hello, world!", "messages": [m]});
-    let e = prompt_tokens(body.as_object().unwrap(), Tokenizer::O200k, u64::MAX);
+    let e = prompt_tokens(body.as_object().unwrap(), Tokenizer::O200k, u64::MAX, None);
     assert_eq!(
         e,
         Estimate {

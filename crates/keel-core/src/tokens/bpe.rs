@@ -148,21 +148,62 @@ pub struct Estimate {
     pub lower_bound: bool,
 }
 
+/// Texts shorter than this are counted, never looked up in a [`Memo`] (hashing them would cost
+/// about what counting does).
+pub const MEMO_MIN_BYTES: usize = 512;
+
+/// The counts of texts counted before, by key. A byte-pair encoding costs about 250
+/// instructions a byte (a 2,000-word prompt, 3 million: a millisecond), and most of a request's
+/// prompt came with the requests before it: a system prompt, a document asked about again, a
+/// conversation's earlier turns. A [`Tally`] given a memo looks each long text up by a key (a
+/// seeded hash of the tokenizer and the text, which costs under a byte's instruction) before
+/// counting it, and keeps what it counted. The gateway keeps one per pool; keel-core keeps no
+/// state of its own.
+pub trait Memo {
+    /// The key of `text` counted by `tokenizer`.
+    fn key(&self, tokenizer: Tokenizer, text: &str) -> u64;
+    /// The count kept under `key`, if any.
+    fn recall(&self, key: u64) -> Option<u64>;
+    /// Keeps `tokens` under `key` (it may forget it later, for another).
+    fn remember(&self, key: u64, tokens: u64);
+}
+
 /// Counts the pieces of a prompt (message texts) one after another, stopping once the total
 /// passes `cap`.
-#[derive(Debug, Clone)]
-pub struct Tally {
+#[derive(Clone)]
+pub struct Tally<'m> {
     tokenizer: Tokenizer,
     cap: u64,
     est: Estimate,
+    memo: Option<&'m dyn Memo>,
 }
 
-impl Tally {
+impl std::fmt::Debug for Tally<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tally")
+            .field("tokenizer", &self.tokenizer)
+            .field("cap", &self.cap)
+            .field("est", &self.est)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'m> Tally<'m> {
     pub fn new(tokenizer: Tokenizer, cap: u64) -> Self {
         Tally {
             tokenizer,
             cap,
             est: Estimate::default(),
+            memo: None,
+        }
+    }
+
+    /// A tally that looks long texts counted by a byte-pair encoding up in `memo` (see
+    /// [`Memo`]); the rule is counted, never looked up (it costs less than the hash).
+    pub fn remembering(tokenizer: Tokenizer, cap: u64, memo: Option<&'m dyn Memo>) -> Self {
+        Tally {
+            memo: memo.filter(|_| tokenizer != Tokenizer::Approx),
+            ..Tally::new(tokenizer, cap)
         }
     }
 
@@ -178,12 +219,25 @@ impl Tally {
             self.est.lower_bound = true;
             return;
         }
+        let memo = self.memo.filter(|_| text.len() >= MEMO_MIN_BYTES);
+        let key = memo.map(|m| m.key(self.tokenizer, text));
+        if let (Some(m), Some(key)) = (memo, key) {
+            if let Some(tokens) = m.recall(key) {
+                self.add_tokens(tokens);
+                return;
+            }
+        }
+        let before = self.est.tokens;
         for chunk in chunks(text, CHUNK_BYTES) {
             self.est.tokens += self.tokenizer.count(chunk);
             if self.est.tokens > self.cap {
+                // Stopped short of the text's end: its count is not known, so not kept.
                 self.est.lower_bound = true;
                 return;
             }
+        }
+        if let (Some(m), Some(key)) = (memo, key) {
+            m.remember(key, self.est.tokens - before);
         }
     }
 
@@ -273,6 +327,64 @@ mod tests {
             let (a, o) = (Tokenizer::Approx.count(text), Tokenizer::O200k.count(text));
             assert!(a >= o, "approx {a} < o200k {o}");
         }
+    }
+
+    /// A memo that keeps everything and says how it was used.
+    #[derive(Default)]
+    struct Kept {
+        counts: std::cell::RefCell<std::collections::HashMap<u64, u64>>,
+        recalled: std::cell::Cell<usize>,
+    }
+
+    impl Memo for Kept {
+        fn key(&self, tokenizer: Tokenizer, text: &str) -> u64 {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (tokenizer, text).hash(&mut h);
+            h.finish()
+        }
+        fn recall(&self, key: u64) -> Option<u64> {
+            let found = self.counts.borrow().get(&key).copied();
+            self.recalled
+                .set(self.recalled.get() + usize::from(found.is_some()));
+            found
+        }
+        fn remember(&self, key: u64, tokens: u64) {
+            self.counts.borrow_mut().insert(key, tokens);
+        }
+    }
+
+    #[test]
+    fn a_memo_gives_back_what_was_counted_and_keeps_no_partial_count() {
+        let memo = Kept::default();
+        let system = &PROSE[..4_000];
+        let question = "And what does it cost?";
+        let tally = |cap| {
+            let mut t = Tally::remembering(Tokenizer::O200k, cap, Some(&memo));
+            t.add(system);
+            t.add(question);
+            t.estimate()
+        };
+        let mut plain = Tally::new(Tokenizer::O200k, u64::MAX);
+        plain.add(system);
+        plain.add(question);
+        assert_eq!(tally(u64::MAX), plain.estimate());
+        // The long text is kept, the short one never looked up.
+        assert_eq!((memo.counts.borrow().len(), memo.recalled.get()), (1, 0));
+        assert_eq!(tally(u64::MAX), plain.estimate());
+        assert_eq!(memo.recalled.get(), 1);
+        // A count stopped at the cap is not kept; a kept count over the cap is a lower bound.
+        let other = &PROSE[4_000..9_000];
+        let mut capped = Tally::remembering(Tokenizer::O200k, 10, Some(&memo));
+        capped.add(other);
+        assert!(capped.estimate().lower_bound);
+        assert_eq!(memo.counts.borrow().len(), 1);
+        let recalled = tally(10);
+        assert!(recalled.lower_bound && recalled.tokens > 10);
+        // The rule is counted, never looked up.
+        let mut rule = Tally::remembering(Tokenizer::Approx, u64::MAX, Some(&memo));
+        rule.add(other);
+        assert_eq!(memo.counts.borrow().len(), 1);
     }
 
     #[test]

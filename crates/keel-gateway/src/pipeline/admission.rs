@@ -158,8 +158,13 @@ pub async fn admit(
             let (req, front) = crate::wire::responses::admit(&bytes)?;
             (req, Some(front))
         }
-        ClientApi::Endpoint(e) => (request::parse(e, &bytes)?, None),
+        // The prompt is estimated once, by the pool's tokenizers (`prompt_work`).
+        ClientApi::Endpoint(e) => (
+            request::from_object(e, request::parse_object(&bytes)?)?,
+            None,
+        ),
     };
+    req.received_bytes = bytes.len();
     if let Some(s) = header(parts, control::SESSION) {
         req.session = Some(s.to_owned());
     }

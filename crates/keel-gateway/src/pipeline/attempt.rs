@@ -19,6 +19,7 @@ use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::time::{timeout_at, Instant};
 
+use keel_core::json_out;
 use keel_core::outcome::{parse_retry_after, AttemptFailure, Verdict};
 use keel_core::protocol::{error_summary, Endpoint, EventRole};
 use keel_core::request::CanonicalRequest;
@@ -428,19 +429,18 @@ impl Prepared {
         let (endpoint, body, mut back, fixes) = match translated {
             None => (
                 ctx.endpoint,
-                serde_json::to_vec(&req.upstream_view(&variant.upstream_model, &variant.params)),
+                req.upstream_view(&variant.upstream_model, &variant.params)
+                    .to_vec(),
                 None,
                 Vec::new(),
             ),
             Some(t) => (
                 t.endpoint,
-                serde_json::to_vec(&t.body),
+                json_out::object_to_vec(&t.body),
                 Some(t.response),
                 t.fixes,
             ),
         };
-        let body =
-            body.map_err(|e| AttemptFailure::Malformed(format!("cannot encode request: {e}")))?;
         // The answer's `model`: the name the client asked for (translation already answers
         // with it), unless the pool keeps the upstream's.
         let protocol = ctx.endpoint.protocol();

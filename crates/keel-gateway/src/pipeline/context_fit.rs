@@ -14,13 +14,19 @@
 //! variant has one (a 9 MB prompt is refused after reading about as much text as the window
 //! holds, or at once from its byte length), else past [`ESTIMATE_CAP_TOKENS`]. Admission runs
 //! it with normalization (`prompt_work`), after the key's request limits, on tokio's blocking
-//! pool for bodies larger than [`BLOCKING_BYTES`] so that the count does not hold up other
-//! requests' IO.
+//! pool for bodies larger than [`BLOCKING_BYTES`] (or [`BPE_BLOCKING_BYTES`] where a variant
+//! counts by a byte-pair encoding: 32 KiB of it takes about 3 ms) so that the count does not
+//! hold up other requests' IO.
+//!
+//! **Kept counts.** A long text counted by a byte-pair encoding is kept by its hash in the
+//! pool's [`TokenCounts`](crate::state::token_counts::TokenCounts) and looked up there the next
+//! time it comes (a system prompt, a conversation's earlier turns): such a request's estimate
+//! costs a hash of its prompt and a count of what is new in it.
 
 use keel_core::fit;
 use keel_core::members::Members;
 use keel_core::request::CanonicalRequest;
-use keel_core::tokens::{Estimate, Tokenizer};
+use keel_core::tokens::{Estimate, Memo, Tokenizer};
 use serde_json::Value;
 
 use crate::state::pools::Pool;
@@ -32,6 +38,17 @@ pub const ESTIMATE_CAP_TOKENS: u64 = 1 << 20;
 /// Request bodies larger than this are counted on the blocking pool.
 pub const BLOCKING_BYTES: usize = 256 * 1024;
 
+/// [`BLOCKING_BYTES`] for a pool where some variant counts by a byte-pair encoding.
+pub const BPE_BLOCKING_BYTES: usize = 32 * 1024;
+
+/// The body size beyond which `pool`'s prompt work runs on the blocking pool.
+pub fn blocking_bytes(pool: &Pool) -> usize {
+    match pool.counts_by_bpe() {
+        true => BPE_BLOCKING_BYTES,
+        false => BLOCKING_BYTES,
+    }
+}
+
 /// The `x-keel-prompt-fix` code of a middle-out trim.
 pub const MIDDLE_OUT_FIX: &str = "middle_out_trimmed";
 
@@ -40,10 +57,15 @@ pub const TRIMMED_HEADER: http::HeaderName =
     http::HeaderName::from_static("x-keel-trimmed-messages");
 
 /// The prompt's estimate by the most conservative of `tokenizers`, counting stopped past `cap`.
-fn estimate(body: &serde_json::Map<String, Value>, tokenizers: &[Tokenizer], cap: u64) -> Estimate {
+fn estimate(
+    body: &serde_json::Map<String, Value>,
+    tokenizers: &[Tokenizer],
+    cap: u64,
+    memo: &dyn Memo,
+) -> Estimate {
     tokenizers
         .iter()
-        .map(|t| fit::prompt_tokens(body, *t, cap))
+        .map(|t| fit::prompt_tokens(body, *t, cap, Some(memo)))
         .max_by_key(|e| e.tokens)
         .unwrap_or_default()
 }
@@ -58,7 +80,7 @@ pub fn apply(pool: &Pool, req: &mut CanonicalRequest) -> usize {
     let tokenizers = pool.tokenizers();
     let window = pool.largest_window();
     let cap = window.unwrap_or(ESTIMATE_CAP_TOKENS);
-    let est = estimate(&req.body, &tokenizers, cap);
+    let est = estimate(&req.body, &tokenizers, cap, &pool.token_counts);
     set(req, est);
     let output = req.max_tokens.unwrap_or(0);
     let Some(window) = window.filter(|w| {
@@ -66,9 +88,12 @@ pub fn apply(pool: &Pool, req: &mut CanonicalRequest) -> usize {
     }) else {
         return 0;
     };
-    let trimmed = middle_out(req, &tokenizers, window.saturating_sub(output));
+    let trimmed = middle_out(pool, req, &tokenizers, window.saturating_sub(output));
     if trimmed > 0 {
-        set(req, estimate(&req.body, &tokenizers, cap));
+        set(
+            req,
+            estimate(&req.body, &tokenizers, cap, &pool.token_counts),
+        );
     }
     trimmed
 }
@@ -80,11 +105,17 @@ fn set(req: &mut CanonicalRequest, est: Estimate) {
 
 /// Drops messages so that the prompt fits `budget` tokens; returns how many were dropped (0
 /// when even the messages always kept do not fit: selection then refuses with the sizes).
-fn middle_out(req: &mut CanonicalRequest, tokenizers: &[Tokenizer], budget: u64) -> usize {
+fn middle_out(
+    pool: &Pool,
+    req: &mut CanonicalRequest,
+    tokenizers: &[Tokenizer],
+    budget: u64,
+) -> usize {
+    let memo: &dyn Memo = &pool.token_counts;
     // What is not a message (Anthropic `system`) is always kept: it comes off the budget.
     let fixed = tokenizers
         .iter()
-        .map(|t| fit::system_tokens(&req.body, *t, budget.saturating_add(1)))
+        .map(|t| fit::system_tokens(&req.body, *t, budget.saturating_add(1), Some(memo)))
         .max()
         .unwrap_or(0);
     let Some(Value::Array(messages)) = req.body.member_mut("messages") else {
@@ -96,7 +127,7 @@ fn middle_out(req: &mut CanonicalRequest, tokenizers: &[Tokenizer], budget: u64)
         .map(|m| {
             tokenizers
                 .iter()
-                .map(|t| fit::message_tokens(m, *t, per_message_cap))
+                .map(|t| fit::message_tokens(m, *t, per_message_cap, Some(memo)))
                 .max()
                 .unwrap_or(0)
         })
@@ -107,5 +138,43 @@ fn middle_out(req: &mut CanonicalRequest, tokenizers: &[Tokenizer], budget: u64)
             dropped.len()
         }
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_core::protocol::Endpoint;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn a_long_text_counted_by_a_byte_pair_encoding_is_kept_for_the_next_request() {
+        let text = "[[pools]]\nname = \"p\"\n[[pools.variants]]\nname = \"v\"\n\
+            url = \"http://127.0.0.1:9/v1\"\nprotocol = \"openai\"\nupstream_model = \"gpt-4o\"\n";
+        crate::config::install_crypto();
+        let cfg = crate::Config::parse(text, "t.toml", &Default::default()).unwrap();
+        let gw = crate::Gateway::new(cfg);
+        let pool = gw.pool("p").unwrap();
+        assert!(pool.counts_by_bpe());
+        let system = "You answer questions about routing, briefly and exactly. ".repeat(40);
+        let request = |question: &str| {
+            let body = json!({"model": "p", "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": question}]});
+            keel_core::request::parse(Endpoint::ChatCompletions, body.to_string().as_bytes())
+                .unwrap()
+        };
+        let counts = &pool.token_counts;
+        let key = counts.key(Tokenizer::O200k, &system);
+        assert_eq!(counts.recall(key), None);
+        let mut first = request("What is a pool?");
+        apply(pool, &mut first);
+        assert_eq!(counts.recall(key), Some(Tokenizer::O200k.count(&system)));
+        // The next request's estimate, with the kept count, is the one counting gives.
+        let mut next = request("And a variant?");
+        apply(pool, &mut next);
+        let counted = fit::prompt_tokens(&next.body, Tokenizer::O200k, u64::MAX, None);
+        assert_eq!(next.estimated_input_tokens, counted.tokens);
+        assert_ne!(next.estimated_input_tokens, first.estimated_input_tokens);
     }
 }

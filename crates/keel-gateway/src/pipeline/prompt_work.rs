@@ -40,7 +40,7 @@
 //! `keel_prompt_repair_exhausted_total{pool}`.
 //!
 //! **Where.** Work linear in the body runs on the async worker up to
-//! [`context_fit::BLOCKING_BYTES`] of body, and on tokio's blocking pool beyond, so that it
+//! [`context_fit::blocking_bytes`] of body, and on tokio's blocking pool beyond, so that it
 //! does not hold up other requests' IO. `full` may do its whole repair budget even on a small
 //! body (a few hundred bytes can hold an example with 64 candidate positions), so a `full`
 //! request's work always runs on the blocking pool. keel-core stays pure: the gateway decides
@@ -158,7 +158,7 @@ pub async fn prepare(
     body_bytes: usize,
     namespace: String,
 ) -> Result<Prepared, GatewayError> {
-    let prepared = if plan.mode != Mode::Full && body_bytes <= context_fit::BLOCKING_BYTES {
+    let prepared = if plan.mode != Mode::Full && body_bytes <= context_fit::blocking_bytes(pool) {
         work(pool, plan, endpoint, req, &namespace)
     } else {
         let pool = pool.clone();

@@ -149,6 +149,8 @@ pub struct Pool {
     answer_tokens: AtomicU64,
     /// The pool's health colour and safe mode (see `safe_mode`); kept across a config reload.
     pub safety: Arc<crate::state::safe_mode::Safety>,
+    /// The counts of long prompt texts, for context fit (see `state::token_counts`).
+    pub token_counts: crate::state::token_counts::TokenCounts,
     /// `[pools.canary]`'s split and its state (see `canary`).
     pub canary: Option<crate::state::canary::CanaryRuntime>,
     /// `[pools.shadow]`'s variants and their comparisons (see `shadow`).
@@ -226,6 +228,14 @@ impl Pool {
         ts.sort_unstable();
         ts.dedup();
         ts
+    }
+
+    /// Whether some variant counts prompts by a byte-pair encoding (a few hundred
+    /// instructions a byte, where the rule costs two).
+    pub fn counts_by_bpe(&self) -> bool {
+        self.variants
+            .iter()
+            .any(|v| v.cfg.tokenizer != keel_core::tokens::Tokenizer::Approx)
     }
 
     /// The largest context window, when every variant has one (a variant without one may take
@@ -318,6 +328,7 @@ impl Pool {
             ),
             shadow: crate::state::shadow::Shadow::new(cfg.shadow.as_ref()),
             analysis: cfg.fingerprint.then(Default::default),
+            token_counts: Default::default(),
             protocol,
             variants,
             client,
