@@ -11,13 +11,15 @@
 # calls, no kernel), and a `rep movsb` copy counts one instruction a byte, so large memcpys
 # weigh more here than on the CPU.
 #
-#   [PROTOCOL=anthropic] [CLIENT=openai] [PROMPT_WORDS=n] bench/instructions-per-request.sh <keel binary> <out dir> [N=400] [tokens=16] [who="keel hyper nginx"]
+#   [PROTOCOL=anthropic] [CLIENT=openai] [PROMPT_WORDS=n] [KEEL_VARIANT=lines] bench/instructions-per-request.sh <keel binary> <out dir> [N=400] [tokens=16] [who="keel hyper nginx"]
 #
 # PROTOCOL=anthropic: clients and the upstream speak Anthropic's Messages API instead of OpenAI's.
 # CLIENT=openai|anthropic: the clients' protocol, when it differs from the upstream's (keel
 # translates; only keel can run that).
 # PROMPT_WORDS=n: prompts of n words (`keel sim load --prompt-words`) instead of one short line:
 # what a gateway's work on the prompt (parsing, normalizing, counting, re-encoding) costs.
+# KEEL_VARIANT=lines: more lines for keel's variant, e.g. 'tokenizer = "o200k"' (the prompt
+# counted by OpenAI's tokenizer, as for a pool of OpenAI's models).
 #
 # Prints "<gateway> <stream|whole> <instructions a request>"; the callgrind files stay in <out
 # dir> for `callgrind_annotate` (per function, with --inclusive=yes or --tree=caller).
