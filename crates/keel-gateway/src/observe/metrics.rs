@@ -20,6 +20,7 @@
 //! | `keel_prompt_fixes_total` | pool, fix | prompt normalization's fixes, by code (`quotes_ascii`, `invisible_removed`, …, `opt_out`) |
 //! | `keel_prompt_repair_bytes_total` | pool | bytes `full` normalization's JSON-example repair examined (its work, counted against a budget per request) |
 //! | `keel_prompt_repair_exhausted_total` | pool | requests whose JSON-example repair ran out of its budget (the examples left were forwarded as sent) |
+//! | `keel_bpe_texts_total` | pool, count | long prompt texts (512 bytes and up) a pool with a BPE tokenizer estimated: `counted`, or `kept` (the count of the same text from an earlier request, found by its hash) |
 //! | `keel_guard_findings_total` | pool, entity, action, direction | what the PII and secret guard found (`email`, `card`, `secret`, an operator pattern's name …) and did (`detect`, `mask`, `redact`, `block`), `direction` `request` or `answer`; types and counts only |
 //! | `keel_overhead_seconds` | pool, endpoint | keel's own time per generation request: arrival to response head, upstream waits excluded (`x-keel-overhead-us`) |
 //! | `keel_health_state` | pool | the pool's health colour: 0 green, 1 yellow, 2 red (see `safe_mode`) |

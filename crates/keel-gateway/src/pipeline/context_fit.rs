@@ -21,7 +21,8 @@
 //! **Kept counts.** A long text counted by a byte-pair encoding is kept by its hash in the
 //! pool's [`TokenCounts`](crate::state::token_counts::TokenCounts) and looked up there the next
 //! time it comes (a system prompt, a conversation's earlier turns): such a request's estimate
-//! costs a hash of its prompt and a count of what is new in it.
+//! costs a hash of its prompt and a count of what is new in it (`keel_bpe_texts_total{pool,count}`:
+//! `counted` and `kept`).
 
 use keel_core::fit;
 use keel_core::members::Members;
@@ -176,5 +177,12 @@ mod tests {
         let counted = fit::prompt_tokens(&next.body, Tokenizer::O200k, u64::MAX, None);
         assert_eq!(next.estimated_input_tokens, counted.tokens);
         assert_ne!(next.estimated_input_tokens, first.estimated_input_tokens);
+        // Counted once, then found kept by the assertion above and by the next request (the
+        // questions are too short to be looked up).
+        let text = gw.metrics.render();
+        for (count, n) in [("counted", 1), ("kept", 2)] {
+            let line = format!("keel_bpe_texts_total{{pool=\"p\",count=\"{count}\"}} {n}");
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
     }
 }

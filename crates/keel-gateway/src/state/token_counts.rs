@@ -28,6 +28,29 @@ const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 pub struct TokenCounts {
     seed: foldhash::quality::RandomState,
     slots: OnceLock<Box<[AtomicU64]>>,
+    /// `keel_bpe_texts_total{count="kept"}` and `{count="counted"}`, for a pool that counts by
+    /// a byte-pair encoding.
+    texts: Option<(metrics::Counter, metrics::Counter)>,
+}
+
+impl TokenCounts {
+    /// The counts of pool `pool`, counted in `keel_bpe_texts_total` where the pool `counts_by_bpe`.
+    pub fn new(
+        metrics: &crate::observe::metrics::Metrics,
+        pool: &str,
+        counts_by_bpe: bool,
+    ) -> Self {
+        let texts = counts_by_bpe.then(|| {
+            let by = |count| {
+                metrics.counter("keel_bpe_texts_total", &[("pool", pool), ("count", count)])
+            };
+            (by("kept"), by("counted"))
+        });
+        TokenCounts {
+            texts,
+            ..TokenCounts::default()
+        }
+    }
 }
 
 impl std::fmt::Debug for TokenCounts {
@@ -52,10 +75,18 @@ impl Memo for TokenCounts {
         let slots = self.slots.get()?;
         let word = slots[slot(key)].load(Ordering::Relaxed);
         // An empty slot is 0; a kept count is never 0 (a kept text is long).
-        (word != 0 && word >> COUNT_BITS == key >> COUNT_BITS).then_some(word & COUNT_MASK)
+        let kept =
+            (word != 0 && word >> COUNT_BITS == key >> COUNT_BITS).then_some(word & COUNT_MASK);
+        if let (Some(_), Some((found, _))) = (kept, &self.texts) {
+            found.increment(1);
+        }
+        kept
     }
 
     fn remember(&self, key: u64, tokens: u64) {
+        if let Some((_, counted)) = &self.texts {
+            counted.increment(1);
+        }
         if tokens == 0 || tokens > COUNT_MASK {
             return;
         }

@@ -39,6 +39,7 @@ use keel_core::queue::Priority;
 use keel_core::request::CanonicalRequest;
 use keel_core::rng::hash_bytes;
 use keel_core::selection::{self, Availability, Selector};
+use keel_core::tokens::Tokenizer;
 
 use crate::config::{Affinity, PoolConfig, VariantConfig};
 use crate::observe::metrics::Metrics;
@@ -235,7 +236,7 @@ impl Pool {
     pub fn counts_by_bpe(&self) -> bool {
         self.variants
             .iter()
-            .any(|v| v.cfg.tokenizer != keel_core::tokens::Tokenizer::Approx)
+            .any(|v| v.cfg.tokenizer != Tokenizer::Approx)
     }
 
     /// The largest context window, when every variant has one (a variant without one may take
@@ -328,7 +329,13 @@ impl Pool {
             ),
             shadow: crate::state::shadow::Shadow::new(cfg.shadow.as_ref()),
             analysis: cfg.fingerprint.then(Default::default),
-            token_counts: Default::default(),
+            token_counts: crate::state::token_counts::TokenCounts::new(
+                &metrics,
+                &cfg.name,
+                cfg.variants
+                    .iter()
+                    .any(|v| v.tokenizer != Tokenizer::Approx),
+            ),
             protocol,
             variants,
             client,
