@@ -61,13 +61,13 @@ pub async fn read_body(
         return Err(too_large(limit));
     }
     let mut seen = 0u64;
-    let mut kept = bytes::BytesMut::new();
+    let mut kept = Kept::default();
     let read = tokio::time::timeout(timeout, read_within(body, limit, &mut seen, &mut kept)).await;
     if seen > limit as u64 || declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large(limit));
     }
     match read {
-        Ok(Ok(())) => Ok(kept.freeze()),
+        Ok(Ok(())) => Ok(kept.into_bytes()),
         Ok(Err(e)) => Err(GatewayError::new(
             ErrorKind::InvalidRequest,
             format!("could not read the request body: {e}"),
@@ -104,11 +104,42 @@ pub const DRAIN_MAX_BYTES: u64 = 64 << 20;
 /// Reads the body to its end, keeping it in `kept` while it fits in `limit`; `seen` counts
 /// every byte, so the caller knows, even after a timeout, whether the body was too large.
 /// Past `limit + DRAIN_MAX_BYTES` it stops reading.
+/// A body as it is read: its first frame as it came (most bodies arrive in one), copied into
+/// one buffer only when another follows.
+#[derive(Default)]
+struct Kept {
+    first: Option<bytes::Bytes>,
+    joined: bytes::BytesMut,
+}
+
+impl Kept {
+    fn push(&mut self, data: bytes::Bytes) {
+        match self.first.take() {
+            None if self.joined.is_empty() => self.first = Some(data),
+            first => {
+                if let Some(first) = first {
+                    self.joined.extend_from_slice(&first);
+                }
+                self.joined.extend_from_slice(&data);
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.first = None;
+        self.joined.clear();
+    }
+
+    fn into_bytes(self) -> bytes::Bytes {
+        self.first.unwrap_or_else(|| self.joined.freeze())
+    }
+}
+
 async fn read_within(
     mut body: Incoming,
     limit: usize,
     seen: &mut u64,
-    kept: &mut bytes::BytesMut,
+    kept: &mut Kept,
 ) -> Result<(), hyper::Error> {
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame?.into_data() else {
@@ -116,7 +147,7 @@ async fn read_within(
         };
         *seen += data.len() as u64;
         if *seen <= limit as u64 {
-            kept.extend_from_slice(&data);
+            kept.push(data);
         } else {
             kept.clear();
             if *seen > limit as u64 + DRAIN_MAX_BYTES {
@@ -389,6 +420,26 @@ impl HeaderControls {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_body_in_one_frame_is_kept_as_it_came_and_frames_after_it_are_joined() {
+        use bytes::Bytes;
+        let one = Bytes::from_static(b"{\"model\":\"m\"}");
+        let mut kept = super::Kept::default();
+        kept.push(one.clone());
+        let body = kept.into_bytes();
+        assert_eq!(body, one);
+        assert_eq!(body.as_ptr(), one.as_ptr(), "one frame is not copied");
+        let mut kept = super::Kept::default();
+        for part in ["{\"model\"", "", ":\"m\"}"] {
+            kept.push(Bytes::from_static(part.as_bytes()));
+        }
+        assert_eq!(kept.into_bytes(), one);
+        let mut kept = super::Kept::default();
+        kept.push(Bytes::from_static(b"{"));
+        kept.clear();
+        assert!(kept.into_bytes().is_empty());
+    }
+
     use super::is_json;
 
     #[test]
