@@ -2,8 +2,8 @@
 //! their order), with a string checked sixteen bytes at a time for what it must escape.
 //!
 //! serde_json looks every byte of a string up in a table before copying a run of it: about nine
-//! instructions a byte, which made re-encoding a long prompt for the upstream the largest part
-//! of what a gateway's admitting it cost (a 2,000-word prompt: 98,000 instructions). Here a
+//! instructions a byte, which would make re-encoding a long prompt for the upstream the largest
+//! part of admitting it (a 2,000-word prompt: 98,000 instructions). Here a
 //! prompt costs under two instructions a byte without escapes and about three with a newline
 //! every 70 bytes. The property tests below hold every value, string and escape to serde_json's
 //! bytes.
