@@ -24,6 +24,7 @@
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use crate::json_out::write_str;
 use crate::members::Members;
 use crate::protocol::Endpoint;
 
@@ -98,10 +99,10 @@ pub fn canonical_bytes(pool: &str, body: &Map<String, Value>) -> Vec<u8> {
         if i > 0 {
             out.push(b',');
         }
-        write_string(&mut out, k);
+        write_str(&mut out, k);
         out.push(b':');
         if k == "model" {
-            write_string(&mut out, pool);
+            write_str(&mut out, pool);
         } else {
             write_value(&mut out, &body[k.as_str()]);
         }
@@ -127,11 +128,6 @@ pub fn fingerprint(
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn write_string(out: &mut Vec<u8>, s: &str) {
-    // serde_json's own escaping: one spelling per string.
-    out.extend_from_slice(Value::String(s.to_owned()).to_string().as_bytes());
-}
-
 fn write_value(out: &mut Vec<u8>, v: &Value) {
     match v {
         Value::Object(m) => {
@@ -142,7 +138,7 @@ fn write_value(out: &mut Vec<u8>, v: &Value) {
                 if i > 0 {
                     out.push(b',');
                 }
-                write_string(out, k);
+                write_str(out, k);
                 out.push(b':');
                 write_value(out, &m[k.as_str()]);
             }
@@ -159,7 +155,8 @@ fn write_value(out: &mut Vec<u8>, v: &Value) {
             out.push(b']');
         }
         Value::Number(n) => out.extend_from_slice(canonical_number(n).as_bytes()),
-        Value::String(s) => write_string(out, s),
+        // serde_json's own escaping: one spelling per string.
+        Value::String(s) => write_str(out, s),
         other => out.extend_from_slice(other.to_string().as_bytes()),
     }
 }

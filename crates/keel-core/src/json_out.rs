@@ -3,29 +3,25 @@
 //!
 //! serde_json looks every byte of a string up in a table before copying a run of it: about nine
 //! instructions a byte, which would make re-encoding a long prompt for the upstream the largest
-//! part of admitting it (a 2,000-word prompt: 98,000 instructions). Here a
-//! prompt costs under two instructions a byte without escapes and about three with a newline
-//! every 70 bytes. The property tests below hold every value, string and escape to serde_json's
-//! bytes.
+//! part of admitting it (a 2,000-word prompt: 98,000 instructions). Here a prompt costs under
+//! two instructions a byte without escapes and about three with a newline every 70 bytes. The
+//! property tests below hold every value, string and escape to serde_json's bytes.
 
 use serde_json::{Map, Value};
-
-/// `value` as JSON.
-pub fn to_vec(value: &Value) -> Vec<u8> {
-    let mut out = Vec::new();
-    write_value(&mut out, value);
-    out
-}
 
 /// `object` as JSON.
 pub fn object_to_vec(object: &Map<String, Value>) -> Vec<u8> {
     let mut out = Vec::new();
-    let mut o = Object::begin(&mut out);
-    for (k, v) in object {
+    write_object(&mut out, object);
+    out
+}
+
+fn write_object(out: &mut Vec<u8>, members: &Map<String, Value>) {
+    let mut o = Object::begin(out);
+    for (k, v) in members {
         o.member(k, v);
     }
     o.end();
-    out
 }
 
 /// Appends `value` as JSON.
@@ -50,13 +46,7 @@ pub fn write_value(out: &mut Vec<u8>, value: &Value) {
             }
             out.push(b']');
         }
-        Value::Object(members) => {
-            let mut o = Object::begin(out);
-            for (k, v) in members {
-                o.member(k, v);
-            }
-            o.end();
-        }
+        Value::Object(members) => write_object(out, members),
     }
 }
 
@@ -234,7 +224,9 @@ mod tests {
 
         #[test]
         fn a_value_is_written_as_serde_json_writes_it(v in value()) {
-            prop_assert_eq!(to_vec(&v), serde_json::to_vec(&v).unwrap());
+            let mut out = Vec::new();
+            write_value(&mut out, &v);
+            prop_assert_eq!(out, serde_json::to_vec(&v).unwrap());
         }
     }
 

@@ -214,7 +214,6 @@ fn count_param(body: &Map<String, Value>, name: &str) -> Result<u64, RequestErro
     }
 }
 
-/// Appends the text of a message `content` (a string, or an array of typed parts).
 /// Where a prompt's texts go: joined into a string, or counted as if joined.
 trait Texts {
     fn is_empty(&self) -> bool;
@@ -258,6 +257,7 @@ impl Texts for Head {
     }
 }
 
+/// Adds the text of a message `content` (a string, or an array of typed parts).
 fn push_content_text(content: &Value, out: &mut impl Texts) {
     match content {
         Value::String(s) => push_text(s, out),

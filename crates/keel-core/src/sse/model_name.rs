@@ -18,7 +18,7 @@ pub struct ModelName {
     /// The last event's data up to its model string (the member's name included), when it
     /// had one. A stream's events repeat it (they differ in their text, which comes after):
     /// where the next event starts with the same bytes, its model string starts at the same
-    /// place, and no search is needed (the search was half of what renaming cost an event).
+    /// place, and no search is needed (the search is half of what renaming an event costs).
     before: Vec<u8>,
 }
 

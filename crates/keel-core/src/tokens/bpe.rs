@@ -86,6 +86,12 @@ impl Tokenizer {
         }
     }
 
+    /// Whether this is a byte-pair encoding (o200k, cl100k): a few hundred instructions a byte,
+    /// where the rule costs two.
+    pub fn is_bpe(self) -> bool {
+        self != Tokenizer::Approx
+    }
+
     /// The tokenizer of an upstream model name, by prefix (see the module docs).
     pub fn for_model(upstream_model: &str) -> Tokenizer {
         let name = upstream_model.to_ascii_lowercase();
@@ -202,7 +208,7 @@ impl<'m> Tally<'m> {
     /// [`Memo`]); the rule is counted, never looked up (it costs less than the hash).
     pub fn remembering(tokenizer: Tokenizer, cap: u64, memo: Option<&'m dyn Memo>) -> Self {
         Tally {
-            memo: memo.filter(|_| tokenizer != Tokenizer::Approx),
+            memo: memo.filter(|_| tokenizer.is_bpe()),
             ..Tally::new(tokenizer, cap)
         }
     }

@@ -16,49 +16,39 @@ pub use bpe::{
     chunks, Estimate, Memo, Tally, Tokenizer, APPROX_FACTOR, MAX_TOKEN_BYTES, MEMO_MIN_BYTES,
 };
 
-/// Splits `text` into tokens by the rule above. Pieces borrow from `text`.
-pub fn split(text: &str) -> Vec<&str> {
-    let mut out = Vec::new();
+/// The tokens of `text` by the rule above, in order, read as they are taken. Pieces borrow
+/// from `text`.
+fn pieces(text: &str) -> impl Iterator<Item = &str> {
     let mut chars = text.char_indices().peekable();
     let mut start = 0;
-    while chars.peek().is_some() {
+    std::iter::from_fn(move || {
+        chars.peek()?;
         // Optional whitespace run.
-        while chars.next_if(|&(_, c)| c.is_whitespace()).is_some() {}
-        match chars.next() {
-            None => {}
-            Some((_, c)) if c.is_alphanumeric() => {
-                while chars.next_if(|&(_, d)| d.is_alphanumeric()).is_some() {}
-            }
-            Some(_) => {}
-        }
-        let end = chars.peek().map(|&(j, _)| j).unwrap_or(text.len());
-        out.push(&text[start..end]);
-        start = end;
-    }
-    out
-}
-
-/// The length in bytes of `text`'s first `n` tokens by the rule (`split(text)[..n]` joined),
-/// read no further than they go; `None` when the text has fewer.
-pub fn prefix_len(text: &str, n: usize) -> Option<usize> {
-    if n == 0 {
-        return Some(0);
-    }
-    let mut chars = text.char_indices().peekable();
-    let mut tokens = 0;
-    while chars.peek().is_some() {
         while chars.next_if(|&(_, c)| c.is_whitespace()).is_some() {}
         if let Some((_, c)) = chars.next() {
             if c.is_alphanumeric() {
                 while chars.next_if(|&(_, d)| d.is_alphanumeric()).is_some() {}
             }
         }
-        tokens += 1;
-        if tokens == n {
-            return Some(chars.peek().map_or(text.len(), |&(j, _)| j));
-        }
-    }
-    None
+        let end = chars.peek().map_or(text.len(), |&(j, _)| j);
+        let piece = &text[start..end];
+        start = end;
+        Some(piece)
+    })
+}
+
+/// Splits `text` into tokens by the rule above. Pieces borrow from `text`.
+pub fn split(text: &str) -> Vec<&str> {
+    pieces(text).collect()
+}
+
+/// The length in bytes of `text`'s first `n` tokens by the rule (`split(text)[..n]` joined),
+/// read no further than they go; `None` when the text has fewer.
+pub fn prefix_len(text: &str, n: usize) -> Option<usize> {
+    let (taken, len) = pieces(text)
+        .take(n)
+        .fold((0, 0), |(k, len), p| (k + 1, len + p.len()));
+    (taken == n).then_some(len)
 }
 
 /// Counts tokens by the rule without allocating.

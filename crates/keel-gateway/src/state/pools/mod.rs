@@ -39,7 +39,6 @@ use keel_core::queue::Priority;
 use keel_core::request::CanonicalRequest;
 use keel_core::rng::hash_bytes;
 use keel_core::selection::{self, Availability, Selector};
-use keel_core::tokens::Tokenizer;
 
 use crate::config::{Affinity, PoolConfig, VariantConfig};
 use crate::observe::metrics::Metrics;
@@ -231,12 +230,9 @@ impl Pool {
         ts
     }
 
-    /// Whether some variant counts prompts by a byte-pair encoding (a few hundred
-    /// instructions a byte, where the rule costs two).
+    /// Whether some variant counts prompts by a byte-pair encoding.
     pub fn counts_by_bpe(&self) -> bool {
-        self.variants
-            .iter()
-            .any(|v| v.cfg.tokenizer != Tokenizer::Approx)
+        self.variants.iter().any(|v| v.cfg.tokenizer.is_bpe())
     }
 
     /// The largest context window, when every variant has one (a variant without one may take
@@ -332,9 +328,7 @@ impl Pool {
             token_counts: crate::state::token_counts::TokenCounts::new(
                 &metrics,
                 &cfg.name,
-                cfg.variants
-                    .iter()
-                    .any(|v| v.tokenizer != Tokenizer::Approx),
+                cfg.variants.iter().any(|v| v.tokenizer.is_bpe()),
             ),
             protocol,
             variants,
