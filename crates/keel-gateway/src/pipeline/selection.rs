@@ -99,6 +99,11 @@ pub fn select(
         // Failover and the retry budget still bound what a failing one costs.
         candidates = deciding.candidates(true);
         plan = pool.selector.plan(&candidates, &signals);
+    } else {
+        // The variants held back only because they are still warming up or ejected come after
+        // every variant the policy chose: when those all fail (a 429 storm on the one variant
+        // warm at start-up), a variant that can answer beats an error.
+        plan.order.extend(deciding.held_back(&plan.order));
     }
     let refusal = deciding.refusal(&plan.order);
     let mut record = deciding.record(request_id, &candidates, &plan);
@@ -235,6 +240,27 @@ impl Deciding<'_> {
                     name_hash: v.name_hash,
                 }
             })
+            .collect()
+    }
+
+    /// The variants that are out of `order` only because they are warming (their model loaded)
+    /// or ejected, and could otherwise serve this request, by index. None in a settled pool,
+    /// where this reads each variant's state once and builds nothing.
+    fn held_back(&self, order: &[usize]) -> Vec<usize> {
+        let now_ms = self.now_ms;
+        let settling = self.views.iter().any(|view| {
+            matches!(
+                view.est.state,
+                State::Warming { .. } | State::Ejected { .. }
+            ) || view.availability.shared_ejected(now_ms)
+        });
+        if !settling {
+            return Vec::new();
+        }
+        self.candidates(true)
+            .iter()
+            .filter(|c| c.available && c.weight > 0 && !order.contains(&c.index))
+            .map(|c| c.index)
             .collect()
     }
 

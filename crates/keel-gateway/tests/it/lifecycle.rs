@@ -360,3 +360,42 @@ async fn a_stream_cut_by_a_whole_fleet_restart_waits_and_is_continued() {
         "the stream was continued after the restart"
     );
 }
+
+#[tokio::test]
+async fn a_variant_still_warming_takes_the_request_the_warm_one_refuses() {
+    // The second server answers its first request (keel's warm-up) after 5 s: it stays warming
+    // that long, while the first is warm at once and then refuses everything with a 429.
+    let fleet = keel_sim::Fleet::start_n(2, keel_sim::ServerConfig::fast("s"))
+        .await
+        .unwrap();
+    add_fault(
+        &fleet.servers[1],
+        json!({"kind": "delay", "ms": 5000, "count": 1}),
+    )
+    .await;
+    let cfg = pool_over(
+        &fleet,
+        "p",
+        "openai",
+        1,
+        "[pools.health]\nprewarm_requests = 1",
+    );
+    let h = Harness::start(fleet, &cfg).await;
+    wait_for!("the first variant to be warm", {
+        let states = variant_states(&h.get_json("/keel/health").await);
+        states[0] != "warming" && states[1] == "warming"
+    });
+    add_fault(
+        h.server(0),
+        json!({"kind": "error", "status": 429, "retry_after_s": 30}),
+    )
+    .await;
+    let (status, headers, body) = h.chat(&chat_body("hello")).await;
+    assert_eq!(status, 200, "{body}");
+    let health = h.get_json("/keel/health").await;
+    assert_eq!(
+        header(&headers, "x-keel-variant"),
+        health["pools"][0]["variants"][1]["name"].as_str().unwrap()
+    );
+    assert_eq!(header(&headers, "x-keel-attempts"), "2");
+}
