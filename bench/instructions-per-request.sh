@@ -11,13 +11,15 @@
 # calls, no kernel), and a `rep movsb` copy counts one instruction a byte, so large memcpys
 # weigh more here than on the CPU.
 #
-#   [PROTOCOL=anthropic] [CLIENT=openai] [PROMPT_WORDS=n] [KEEL_VARIANT=lines] bench/instructions-per-request.sh <keel binary> <out dir> [N=400] [tokens=16] [who="keel hyper nginx"]
+#   [PROTOCOL=anthropic] [CLIENT=openai] [PROMPT_WORDS=n [PROMPTS=n]] [KEEL_VARIANT=lines] bench/instructions-per-request.sh <keel binary> <out dir> [N=400] [tokens=16] [who="keel hyper nginx"]
 #
 # PROTOCOL=anthropic: clients and the upstream speak Anthropic's Messages API instead of OpenAI's.
 # CLIENT=openai|anthropic: the clients' protocol, when it differs from the upstream's (keel
 # translates; only keel can run that).
 # PROMPT_WORDS=n: prompts of n words (`keel sim load --prompt-words`) instead of one short line:
 # what a gateway's work on the prompt (parsing, normalizing, counting, re-encoding) costs.
+# PROMPTS=n: how many such prompts take turns (16; one per request makes each prompt new to keel,
+# which keeps the token counts of the prompts it has seen).
 # KEEL_VARIANT=lines: more lines for keel's variant, e.g. 'tokenizer = "o200k"' (the prompt
 # counted by OpenAI's tokenizer, as for a pool of OpenAI's models).
 #
@@ -36,20 +38,27 @@ sleep 1
 api=(--url "http://127.0.0.1:PORT/v1"); upstream=http://127.0.0.1:19401/v1
 [ "${PROTOCOL:-openai}" = anthropic ] && upstream=http://127.0.0.1:19401
 [ "${CLIENT:-${PROTOCOL:-openai}}" = anthropic ] && api=(--url "http://127.0.0.1:PORT" --endpoint messages)
-words=(); [ -n "${PROMPT_WORDS:-}" ] && words=(--prompt-words "$PROMPT_WORDS")
-load() { taskset -c 0 "$K" sim load "${api[@]/PORT/$1}" --model bench --max-tokens "$T" --rps "$2" --duration "$3" "${words[@]}" $4 2>&1 | head -1; }
+words=(); [ -n "${PROMPT_WORDS:-}" ] && words=(--prompt-words "$PROMPT_WORDS" --prompts "${PROMPTS:-16}")
+# Each run of the load generator sends prompts of its own seeds (1,000,000 apart: `runs` counts
+# the runs, bumped by the caller as `load` may run in a subshell), so that with PROMPTS above 16
+# the measured runs meet no prompt of the warm-up or of each other.
+runs=0
+load() {
+  local seed=(); [ -n "${PROMPT_WORDS:-}" ] && seed=(--prompt-seed $((runs * 1000000)))
+  taskset -c 0 "$K" sim load "${api[@]/PORT/$1}" --model bench --max-tokens "$T" --rps "$2" --duration "$3" "${words[@]}" "${seed[@]}" $4 2>&1 | head -1
+}
 measure() { # name port command...
   local name=$1 port=$2; shift 2
   rm -f "cg.$name".*
   taskset -c 1 valgrind --tool=callgrind --callgrind-out-file="$O/cg.$name.%p" "$@" > "$name.log" 2>&1 &
   local vp=$!
   for _ in $(seq 1 200); do curl -s -o /dev/null -m 1 "http://127.0.0.1:$port/" && break; sleep 0.3; done
-  load "$port" 20 3 --stream > /dev/null
-  load "$port" 20 2 "" > /dev/null
+  load "$port" 20 3 --stream > /dev/null; runs=$((runs + 1))
+  load "$port" 20 2 "" > /dev/null; runs=$((runs + 1))
   for mode in stream whole; do
     local flag=""; [ "$mode" = stream ] && flag=--stream
     callgrind_control --zero > /dev/null 2>&1
-    local sent; sent=$(load "$port" 40 $((N / 40)) "$flag")
+    local sent; sent=$(load "$port" 40 $((N / 40)) "$flag"); runs=$((runs + 1))
     callgrind_control --dump="$name-$mode" > /dev/null 2>&1
     local ok; ok=$(echo "$sent" | awk '{print $4}')
     local ir; ir=$(grep -h -A0 '^summary:' $(grep -l "dump $name-$mode\$" "cg.$name".*.[0-9]*) | awk '{print $2}')

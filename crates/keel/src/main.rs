@@ -138,10 +138,20 @@ struct LoadArgs {
     /// `max_tokens` of each request.
     #[arg(long, default_value_t = 32)]
     max_tokens: u64,
-    /// Prompts of this many words (sixteen in rotation, generated text), instead of one short
-    /// line: what a gateway's work on a realistic prompt costs (parsing, normalizing, counting).
+    /// Prompts of this many words (generated text, `--prompts` of them in rotation), instead
+    /// of one short line: what a gateway's work on a realistic prompt costs (parsing,
+    /// normalizing, counting).
     #[arg(long)]
     prompt_words: Option<usize>,
+    /// How many different prompts of `--prompt-words` words take turns: a gateway that keeps
+    /// what it learned of a prompt (keel's token counts) meets each again after this many
+    /// requests; as many as the requests sent makes every prompt new.
+    #[arg(long, default_value_t = 16, requires = "prompt_words")]
+    prompts: u64,
+    /// The seed of the first of the `--prompts` (each has its own): runs with seeds far apart
+    /// send prompts the other never sent.
+    #[arg(long, default_value_t = 0, requires = "prompt_words")]
+    prompt_seed: u64,
     /// Seconds one request may take to its last byte before it is abandoned and counted as a
     /// `timeout` error.
     #[arg(long, default_value_t = 60.0)]
@@ -491,7 +501,7 @@ async fn load(l: LoadArgs) -> Result<(), String> {
     cfg.concurrency_limit = l.concurrency_limit;
     cfg.max_tokens = l.max_tokens;
     if let Some(words) = l.prompt_words {
-        cfg.prompts = (0..16)
+        cfg.prompts = (l.prompt_seed..l.prompt_seed.saturating_add(l.prompts.max(1)))
             .map(|seed| keel_sim::load::prompt_of_words(words, seed))
             .collect();
     }

@@ -12,6 +12,8 @@
 //! Estimates by a model family's real tokenizer (OpenAI's BPE tables) live in [`bpe`].
 
 mod bpe;
+mod o200k_split;
+mod table;
 pub use bpe::{
     chunks, Estimate, Memo, Tally, Tokenizer, APPROX_FACTOR, MAX_TOKEN_BYTES, MEMO_MIN_BYTES,
 };
