@@ -28,7 +28,7 @@
 //! **Speed and size.** tiktoken splits a text into pieces by a regular expression that needs a
 //! backtracking engine: about 200 instructions a byte of the 250 its count costs. o200k's split
 //! of ASCII text is written out by hand ([`super::o200k_split`]) and its pieces merged by keel
-//! ([`super::table`]), which keeps only the ranks (15 MB resident where tiktoken's encoder
+//! ([`super::table`]), which keeps only the ranks (8 MB resident where tiktoken's encoder
 //! takes 46): the tests hold every count to tiktoken's. cl100k is tiktoken's throughout.
 //!
 //! The tables are parsed once, on first use ([`OnceLock`]), so a gateway that never meets an
