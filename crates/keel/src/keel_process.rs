@@ -17,7 +17,7 @@ pub struct KeelProcess {
 impl KeelProcess {
     /// Starts the current executable as `keel serve` with `toml` (settings and pools, without
     /// `listen`), its output and log (`KEEL_BENCH_LOG`, default info) written to `log` or
-    /// discarded, and returns once `/keel/health` answers.
+    /// discarded, and returns once `/keel/ready` answers (its variants may still be warming up).
     pub async fn spawn(toml: &str, log: Option<std::fs::File>) -> Result<KeelProcess, String> {
         keel_gateway::Config::parse(toml, "<bench>", &Default::default())
             .map_err(|e| e.to_string())?;
