@@ -244,24 +244,32 @@ impl Deciding<'_> {
     }
 
     /// The variants that are out of `order` only because they are warming (their model loaded)
-    /// or ejected, and could otherwise serve this request, by index. None in a settled pool,
-    /// where this reads each variant's state once and builds nothing.
+    /// or ejected, and could otherwise serve this request: the warming ones first (not yet
+    /// measured, where an ejected one was measured failing), then those ejected by another
+    /// replica, then those ejected here, each in the pool's order. None in a settled pool, where
+    /// this reads each variant's state once and builds nothing.
     fn held_back(&self, order: &[usize]) -> Vec<usize> {
         let now_ms = self.now_ms;
-        let settling = self.views.iter().any(|view| {
-            matches!(
-                view.est.state,
-                State::Warming { .. } | State::Ejected { .. }
-            ) || view.availability.shared_ejected(now_ms)
-        });
-        if !settling {
+        let rank = |i: usize| {
+            let view = self.views[i];
+            match view.est.state {
+                State::Warming { .. } => Some(0),
+                State::Ejected { .. } => Some(2),
+                _ if view.availability.shared_ejected(now_ms) => Some(1),
+                _ => None,
+            }
+        };
+        if (0..self.views.len()).all(|i| rank(i).is_none()) {
             return Vec::new();
         }
-        self.candidates(true)
+        let mut held: Vec<usize> = self
+            .candidates(true)
             .iter()
             .filter(|c| c.available && c.weight > 0 && !order.contains(&c.index))
             .map(|c| c.index)
-            .collect()
+            .collect();
+        held.sort_by_key(|&i| rank(i));
+        held
     }
 
     /// Why an empty plan is empty: every fitting variant full, the fleet loading, or every

@@ -447,3 +447,53 @@ fn a_long_prompt_waits_for_its_prefill_before_a_hedge() {
     );
     assert_eq!(p.hedge_delay_ms(2, 2000), p.hedge_delay_ms(2, 20));
 }
+
+/// The variants held back from the policy (warming, ejected) end the plan as fallbacks, the
+/// warming before the ejected whatever their places in the pool; a settled pool's plan has
+/// only the policy's variants.
+#[test]
+fn a_plan_ends_with_the_warming_variants_then_the_ejected() {
+    let p = pool_of(4, 1_000);
+    let req = request();
+    let plan = || match crate::pipeline::selection::select(
+        &p,
+        &req,
+        crate::pipeline::selection::Controls::default(),
+        "t",
+    )
+    .0
+    {
+        crate::pipeline::selection::Selection::Plan(order) => order,
+        other => panic!("no plan: {other:?}"),
+    };
+    let set = |i: usize, state: State| p.update(i, |st| st.health.est.state = state);
+    set(0, State::Healthy);
+    set(
+        1,
+        State::Ejected {
+            since_ms: 0,
+            last_probe_ms: 0,
+        },
+    );
+    set(2, State::Warming { remaining: 1 });
+    set(3, State::Healthy);
+    let order = plan();
+    assert_eq!(order.len(), 4, "{order:?}");
+    assert_eq!(&order[2..], [2, 1], "{order:?}");
+    set(1, State::Healthy);
+    set(2, State::Healthy);
+    assert_eq!(plan().len(), 4);
+    set(
+        1,
+        State::Ejected {
+            since_ms: 0,
+            last_probe_ms: 0,
+        },
+    );
+    // A variant still loading its model is not even a fallback.
+    p.update(2, |st| {
+        st.health.est.state = State::Warming { remaining: 1 };
+        st.health.est.loading = true;
+    });
+    assert_eq!(&plan()[2..], [1]);
+}
