@@ -81,13 +81,54 @@ impl Ranks {
     /// The rank of the token whose bytes are `bytes`, if there is one.
     fn get(&self, bytes: &[u8]) -> Option<Rank> {
         self.table
-            .find(hash(bytes), |r| self.token(*r) == bytes)
+            .find(hash(bytes), |r| same(self.token(*r), bytes))
             .copied()
     }
 }
 
-fn hash(bytes: &[u8]) -> u64 {
-    FxBuildHasher.hash_one(bytes)
+/// `a == b`, for the short strings of a lookup without a call to `memcmp`: two overlapping
+/// loads from each end cover 4 to 16 bytes.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    match n {
+        0..4 => a == b,
+        4..8 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        _ => a == b,
+    }
+}
+
+/// The hash a token is found by. Most lookups are of a piece of two to eight bytes (a word and
+/// its space): those are read as at most two overlapping words and mixed by one wide multiply;
+/// longer ones go through rustc-hash.
+fn hash(s: &[u8]) -> u64 {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let n = s.len();
+    let (lo, hi) = match n {
+        0 => (0, 0),
+        1..4 => (
+            s[0] as u64 | (s[n / 2] as u64) << 8 | (s[n - 1] as u64) << 16,
+            0,
+        ),
+        4..8 => (half(s, 0) as u64, half(s, n - 4) as u64),
+        8..=16 => (word(s, 0), word(s, n - 8)),
+        _ => return FxBuildHasher.hash_one(s),
+    };
+    let m = ((lo ^ K) as u128).wrapping_mul((hi ^ n as u64 ^ K.rotate_left(29)) as u128);
+    (m as u64) ^ ((m >> 64) as u64)
+}
+
+/// The 8 bytes of `s` from `at` (which leaves at least 8).
+fn word(s: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(s[at..at + 8].try_into().unwrap_or([0; 8]))
+}
+
+/// The 4 bytes of `s` from `at` (which leaves at least 4).
+fn half(s: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(s[at..at + 4].try_into().unwrap_or([0; 4]))
 }
 
 pub(super) enum Table {
