@@ -33,7 +33,7 @@ const SHORT_PIECE_BYTES: usize = 100;
 /// Each token's rank by its bytes, compactly: every token's bytes one after another, where each
 /// rank's bytes lie, and a hash table of ranks found by the hash of their bytes (4 bytes an
 /// entry). A map of owned byte strings (24 bytes and an allocation a token) kept 6.5 MB more
-/// resident and looked up a little faster (about 16 instructions a lookup).
+/// resident, and looked up a little faster.
 pub(super) struct Ranks {
     bytes: Vec<u8>,
     /// By rank: the start and end of its bytes in `bytes` (empty for a rank not in the table).
