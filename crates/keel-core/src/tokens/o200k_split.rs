@@ -182,7 +182,13 @@ pub(super) fn segments(text: &str) -> impl Iterator<Item = (&str, bool)> {
         if at >= t.len() {
             return None;
         }
-        let Some(wide) = t[at..].iter().position(|b| !b.is_ascii()).map(|k| at + k) else {
+        // Most prompts are ASCII throughout: checked a word at a time, they are one segment.
+        let rest = &t[at..];
+        let wide = match rest.is_ascii() {
+            true => None,
+            false => rest.iter().position(|b| !b.is_ascii()).map(|k| at + k),
+        };
+        let Some(wide) = wide else {
             let all = &text[at..];
             at = t.len();
             return Some((all, true));

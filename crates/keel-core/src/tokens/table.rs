@@ -164,38 +164,32 @@ impl Table {
             Table::Tiktoken(core) => return core.encode_ordinary(text).len() as u64,
             Table::Split { ranks, pattern } => (ranks, pattern),
         };
-        if text.is_ascii() {
-            // Most prompts: one segment, found a word at a time rather than a byte.
-            return o200k_split::ascii_pieces(text.as_bytes())
-                .map(|piece| piece_tokens(piece, ranks))
-                .sum();
-        }
-        let mut tokens = 0;
-        for (segment, ascii) in o200k_split::segments(text) {
-            if ascii {
-                for piece in o200k_split::ascii_pieces(segment.as_bytes()) {
-                    tokens += piece_tokens(piece, ranks);
-                }
-                continue;
-            }
-            let mut end = 0;
-            for found in pattern.find_iter(segment) {
-                match found {
-                    Ok(m) => {
-                        tokens += piece_tokens(m.as_str().as_bytes(), ranks);
-                        end = m.end();
-                    }
-                    // The engine gave up (its backtracking limit, which this pattern's one
-                    // lookahead does not approach): the rest of the segment by keel's rule.
-                    Err(_) => {
-                        tokens += super::count(&segment[end..]) as u64;
-                        break;
-                    }
-                }
-            }
-        }
-        tokens
+        o200k_split::segments(text)
+            .map(|(segment, ascii)| match ascii {
+                true => o200k_split::ascii_pieces(segment.as_bytes())
+                    .map(|piece| piece_tokens(piece, ranks))
+                    .sum(),
+                false => by_pattern(segment, pattern, ranks),
+            })
+            .sum()
     }
+}
+
+/// The tokens of `segment`, split by the pattern's regular expression.
+fn by_pattern(segment: &str, pattern: &Regex, ranks: &Ranks) -> u64 {
+    let (mut tokens, mut end) = (0, 0);
+    for found in pattern.find_iter(segment) {
+        match found {
+            Ok(m) => {
+                tokens += piece_tokens(m.as_str().as_bytes(), ranks);
+                end = m.end();
+            }
+            // The engine gave up (its backtracking limit, which this pattern's one lookahead
+            // does not approach): the rest of the segment by keel's rule.
+            Err(_) => return tokens + super::count(&segment[end..]) as u64,
+        }
+    }
+    tokens
 }
 
 /// The tokens of one piece of the pattern.

@@ -228,6 +228,15 @@ fn every_update_publishes_the_variants_view() {
 }
 
 /// A request for pool `p`.
+/// The plan `p` makes for `req` now (panics when selection makes none).
+fn plan_of(p: &Pool, req: &CanonicalRequest) -> Vec<usize> {
+    use crate::pipeline::selection::{select, Controls, Selection};
+    match select(p, req, Controls::default(), "t").0 {
+        Selection::Plan(order) => order,
+        other => panic!("no plan: {other:?}"),
+    }
+}
+
 fn request() -> CanonicalRequest {
     keel_core::request::parse(
         keel_core::protocol::Endpoint::ChatCompletions,
@@ -276,17 +285,7 @@ fn concurrent_updates_leave_every_view_current() {
 fn a_decision_reads_views_published_since_its_thread_last_decided() {
     let p = pool_of(3, 1_000);
     let req = request();
-    let plan = || match crate::pipeline::selection::select(
-        &p,
-        &req,
-        crate::pipeline::selection::Controls::default(),
-        "t",
-    )
-    .0
-    {
-        crate::pipeline::selection::Selection::Plan(order) => order,
-        other => panic!("no plan: {other:?}"),
-    };
+    let plan = || plan_of(&p, &req);
     assert_eq!(
         plan().len(),
         3,
@@ -455,26 +454,14 @@ fn a_long_prompt_waits_for_its_prefill_before_a_hedge() {
 fn a_plan_ends_with_the_warming_variants_then_the_ejected() {
     let p = pool_of(4, 1_000);
     let req = request();
-    let plan = || match crate::pipeline::selection::select(
-        &p,
-        &req,
-        crate::pipeline::selection::Controls::default(),
-        "t",
-    )
-    .0
-    {
-        crate::pipeline::selection::Selection::Plan(order) => order,
-        other => panic!("no plan: {other:?}"),
-    };
+    let plan = || plan_of(&p, &req);
     let set = |i: usize, state: State| p.update(i, |st| st.health.est.state = state);
+    let ejected = State::Ejected {
+        since_ms: 0,
+        last_probe_ms: 0,
+    };
     set(0, State::Healthy);
-    set(
-        1,
-        State::Ejected {
-            since_ms: 0,
-            last_probe_ms: 0,
-        },
-    );
+    set(1, ejected);
     set(2, State::Warming { remaining: 1 });
     set(3, State::Healthy);
     let order = plan();
@@ -483,13 +470,7 @@ fn a_plan_ends_with_the_warming_variants_then_the_ejected() {
     set(1, State::Healthy);
     set(2, State::Healthy);
     assert_eq!(plan().len(), 4);
-    set(
-        1,
-        State::Ejected {
-            since_ms: 0,
-            last_probe_ms: 0,
-        },
-    );
+    set(1, ejected);
     // A variant still loading its model is not even a fallback.
     p.update(2, |st| {
         st.health.est.state = State::Warming { remaining: 1 };
