@@ -13,6 +13,7 @@
 
 mod bpe;
 mod o200k_split;
+mod rank_hash;
 mod table;
 pub use bpe::{
     chunks, Estimate, Memo, Tally, Tokenizer, APPROX_FACTOR, MAX_TOKEN_BYTES, MEMO_MIN_BYTES,

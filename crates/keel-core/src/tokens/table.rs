@@ -1,28 +1,24 @@
 //! A byte-pair encoding's table and its count of a text: the text split into pieces by the
 //! encoding's pattern, each piece's bytes merged by rank until no adjacent pair is a token.
 //!
-//! **o200k** keeps only what a count needs: each token's rank by its bytes, and the pattern as
-//! one regular expression for text beyond ASCII (ASCII is split by hand, [`o200k_split`]).
-//! tiktoken's encoder is built once to read the ranks from, then dropped: it also keeps a
-//! decoder, the tokens sorted and a copy of the pattern per thread (46 MB resident; keel's
-//! table, [`Ranks`] and the pattern, about 10). Its pieces are merged here, as tiktoken merges
-//! them (the tests compare every count): tiktoken publishes no merge that takes a piece of any
-//! length. **cl100k** is
-//! tiktoken's encoder as it is (the crate does not publish its pattern).
+//! **o200k** keeps only what a count needs: each token's rank by its bytes, written into the
+//! binary by keel-core's build script from tiktoken's table ([`Ranks`]), and the pattern as one
+//! regular expression for text beyond ASCII (ASCII is split by hand, [`o200k_split`]).
+//! tiktoken's encoder also keeps a decoder, the tokens sorted and a copy of the pattern per
+//! thread (46 MB resident); a table decoded and hashed at start-up took 10 MB of heap. Its
+//! pieces are merged here, as tiktoken merges them (the tests compare every count): tiktoken
+//! publishes no merge that takes a piece of any length. **cl100k** is tiktoken's encoder as it
+//! is (the crate does not publish its pattern).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::OnceLock;
 
 use fancy_regex::Regex;
-use hashbrown::HashTable;
-use rustc_hash::FxBuildHasher;
-use std::hash::BuildHasher;
 use tiktoken_rs::{CoreBPE, Rank};
 
 use super::o200k_split;
-
-/// Every rank of o200k lies below this (its last special token is 200,018).
-const RANKS_BELOW: Rank = 1 << 18;
+use super::rank_hash::{self, half, hash, word, RANKS, SLOTS};
 
 /// Pieces shorter than this are merged in place on the stack ([`short_merged_len`], a scan of
 /// the parts for each merge, as tiktoken does: fastest for the short pieces of most text);
@@ -30,59 +26,51 @@ const RANKS_BELOW: Rank = 1 << 18;
 /// is one piece).
 const SHORT_PIECE_BYTES: usize = 100;
 
-/// Each token's rank by its bytes, compactly: every token's bytes one after another, where each
-/// rank's bytes lie, and a hash table of ranks found by the hash of their bytes (4 bytes an
-/// entry). A map of owned byte strings (24 bytes and an allocation a token) kept 6.5 MB more
-/// resident, and looked up a little faster.
+/// o200k's rank of each token by its bytes, as keel-core's build script wrote it from
+/// tiktoken's table (see `build.rs` for the layout): embedded read-only data, so a gateway
+/// neither decodes nor hashes anything to start counting, and only the pages its lookups touch
+/// become resident (at most about 3.8 MB: 1.3 MB of tokens, 0.8 MB of starts, 2 MB of slots).
+///
+/// The starts and slots are arrays of the sizes `rank_hash` gives them, so a build that wrote
+/// other sizes does not compile, and no lookup checks a bound of either.
 pub(super) struct Ranks {
-    bytes: Vec<u8>,
-    /// By rank: the start and end of its bytes in `bytes` (empty for a rank not in the table).
-    spans: Vec<(u32, u32)>,
-    table: HashTable<Rank>,
+    bytes: &'static [u8],
+    starts: &'static [u8; 4 * (RANKS + 1)],
+    slots: &'static [u8; 4 * SLOTS],
 }
 
-impl Ranks {
-    fn new(tokens: impl Iterator<Item = (Rank, Vec<u8>)>) -> Ranks {
-        let (mut bytes, mut spans) = (Vec::new(), Vec::new());
-        for (rank, token) in tokens {
-            let start = bytes.len() as u32;
-            bytes.extend_from_slice(&token);
-            let r = rank as usize;
-            if spans.len() <= r {
-                spans.resize(r + 1, (0, 0));
-            }
-            spans[r] = (start, bytes.len() as u32);
-        }
-        bytes.shrink_to_fit();
-        spans.shrink_to_fit();
-        let token_of = |r: &Rank| {
-            let (a, b) = spans[*r as usize];
-            &bytes[a as usize..b as usize]
-        };
-        let mut table = HashTable::with_capacity(spans.len());
-        for (rank, &(a, b)) in spans.iter().enumerate() {
-            if a < b {
-                let token = &bytes[a as usize..b as usize];
-                table.insert_unique(hash(token), rank as Rank, |r| hash(token_of(r)));
-            }
-        }
-        Ranks {
-            bytes,
-            spans,
-            table,
-        }
-    }
+static O200K: Ranks = Ranks {
+    bytes: include_bytes!(concat!(env!("OUT_DIR"), "/o200k_bytes.bin")),
+    starts: include_bytes!(concat!(env!("OUT_DIR"), "/o200k_starts.bin")),
+    slots: include_bytes!(concat!(env!("OUT_DIR"), "/o200k_slots.bin")),
+};
 
-    fn token(&self, rank: Rank) -> &[u8] {
-        let (a, b) = self.spans[rank as usize];
-        &self.bytes[a as usize..b as usize]
+impl Ranks {
+    fn token(&self, rank: Rank) -> &'static [u8] {
+        let r = (rank as usize & (RANKS - 1)) * 4;
+        let (a, b) = (
+            half(self.starts, r) as usize,
+            half(self.starts, r + 4) as usize,
+        );
+        self.bytes.get(a..b).unwrap_or_default()
     }
 
     /// The rank of the token whose bytes are `bytes`, if there is one.
     fn get(&self, bytes: &[u8]) -> Option<Rank> {
-        self.table
-            .find(hash(bytes), |r| same(self.token(*r), bytes))
-            .copied()
+        const RANK: u32 = RANKS as u32 - 1;
+        let h = hash(bytes);
+        let tag = rank_hash::tag(h);
+        let mut at = rank_hash::home(h);
+        loop {
+            let slot = half(self.slots, at * 4);
+            if slot == rank_hash::EMPTY {
+                return None;
+            }
+            if slot >> rank_hash::RANK_BITS == tag && same(self.token(slot & RANK), bytes) {
+                return Some(slot & RANK);
+            }
+            at = (at + 1) & (SLOTS - 1);
+        }
     }
 }
 
@@ -101,57 +89,25 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     }
 }
 
-/// The hash a token is found by. Most lookups are of a piece of two to eight bytes (a word and
-/// its space): those are read as at most two overlapping words and mixed by one wide multiply;
-/// longer ones go through rustc-hash.
-fn hash(s: &[u8]) -> u64 {
-    const K: u64 = 0x9E37_79B9_7F4A_7C15;
-    let n = s.len();
-    let (lo, hi) = match n {
-        0 => (0, 0),
-        1..4 => (
-            s[0] as u64 | (s[n / 2] as u64) << 8 | (s[n - 1] as u64) << 16,
-            0,
-        ),
-        4..8 => (half(s, 0) as u64, half(s, n - 4) as u64),
-        8..=16 => (word(s, 0), word(s, n - 8)),
-        _ => return FxBuildHasher.hash_one(s),
-    };
-    let m = ((lo ^ K) as u128).wrapping_mul((hi ^ n as u64 ^ K.rotate_left(29)) as u128);
-    (m as u64) ^ ((m >> 64) as u64)
-}
-
-/// The 8 bytes of `s` from `at` (which leaves at least 8).
-fn word(s: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(s[at..at + 8].try_into().unwrap_or([0; 8]))
-}
-
-/// The 4 bytes of `s` from `at` (which leaves at least 4).
-fn half(s: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(s[at..at + 4].try_into().unwrap_or([0; 4]))
-}
-
 pub(super) enum Table {
-    /// o200k: ranks by bytes, and the pattern for text beyond ASCII.
-    Split { ranks: Ranks, pattern: Regex },
+    /// o200k: the embedded ranks, and the pattern for text beyond ASCII, compiled when such
+    /// text first comes: about 3 ms, once, for 1.3 MB of heap that a gateway whose prompts are
+    /// all ASCII never holds.
+    Split {
+        ranks: &'static Ranks,
+        pattern: OnceLock<Option<Regex>>,
+    },
     /// tiktoken's own encoder.
     Tiktoken(CoreBPE),
 }
 
 impl Table {
-    /// o200k's table, `None` should the embedded table or its pattern fail to parse.
+    /// o200k's table: always there (its ranks are embedded).
     pub(super) fn o200k() -> Option<Table> {
-        let core = tiktoken_rs::o200k_base().ok()?;
-        let specials = core.special_tokens();
-        let tokens = (0..RANKS_BELOW).filter_map(|rank| {
-            let bytes = core.decode_bytes(&[rank]).ok()?;
-            // A special token is never part of a text's pieces.
-            let special = std::str::from_utf8(&bytes).is_ok_and(|s| specials.contains(s));
-            (!special).then_some((rank, bytes))
-        });
-        let ranks = Ranks::new(tokens);
-        let pattern = Regex::new(tiktoken_rs::O200K_BASE_PAT_STR).ok()?;
-        Some(Table::Split { ranks, pattern })
+        Some(Table::Split {
+            ranks: &O200K,
+            pattern: OnceLock::new(),
+        })
     }
 
     pub(super) fn cl100k() -> Option<Table> {
@@ -169,7 +125,13 @@ impl Table {
                 true => o200k_split::ascii_pieces(segment.as_bytes())
                     .map(|piece| piece_tokens(piece, ranks))
                     .sum(),
-                false => by_pattern(segment, pattern, ranks),
+                false => {
+                    match pattern.get_or_init(|| Regex::new(tiktoken_rs::O200K_BASE_PAT_STR).ok()) {
+                        Some(pattern) => by_pattern(segment, pattern, ranks),
+                        // tiktoken's pattern did not compile (a fault of the build): keel's rule.
+                        None => super::count(segment) as u64,
+                    }
+                }
             })
             .sum()
     }
@@ -288,4 +250,35 @@ fn merged_len(piece: &[u8], ranks: &Ranks) -> usize {
         }
     }
     parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every token of tiktoken's o200k is found at its own rank in the embedded table, and a
+    /// string that is none is not found.
+    #[test]
+    fn every_token_is_found_at_its_rank() {
+        let core = tiktoken_rs::o200k_base().expect("o200k parses");
+        let specials = core.special_tokens();
+        let mut found = 0;
+        for rank in 0..RANKS as Rank {
+            let Ok(token) = core.decode_bytes(&[rank]) else {
+                assert_eq!(O200K.token(rank), b"", "rank {rank}");
+                continue;
+            };
+            if std::str::from_utf8(&token).is_ok_and(|s| specials.contains(s)) {
+                assert_eq!(O200K.get(&token), None, "special rank {rank}");
+                continue;
+            }
+            assert_eq!(O200K.token(rank), &token[..], "rank {rank}");
+            assert_eq!(O200K.get(&token), Some(rank), "rank {rank}");
+            found += 1;
+        }
+        assert_eq!(found, 199_998);
+        for absent in [&b"keel gateway keel"[..], b"\xff\xfe\xfd", b""] {
+            assert_eq!(O200K.get(absent), None);
+        }
+    }
 }
