@@ -197,10 +197,11 @@ async fn a_slow_decoder_gets_its_share_back_once_it_is_fast_again() {
     shares(&h, Duration::from_secs(5)).await;
     let back = stream_shares(&h, Duration::from_secs(10)).await;
     eprintln!("once it is fast again: {back:?}");
-    // About a third; less than a fifth would be a share still withheld.
+    // About a third of some 30 streams, drawn among equals: a tenth lies three standard
+    // deviations below that, and a share still withheld is the 5% at most seen above.
     let share = share_of(&back, "v2");
     assert!(
-        share >= 0.2,
+        share >= 0.1,
         "v2 started {share:.3} of the streams: {back:?}"
     );
 }
