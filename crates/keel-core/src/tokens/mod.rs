@@ -12,8 +12,10 @@
 //! Estimates by a model family's real tokenizer (OpenAI's BPE tables) live in [`bpe`].
 
 mod bpe;
+mod cl100k_split;
+mod classes;
+mod embedded;
 mod o200k_split;
-mod rank_hash;
 mod table;
 pub use bpe::{
     chunks, Estimate, Memo, Tally, Tokenizer, APPROX_FACTOR, MAX_TOKEN_BYTES, MEMO_MIN_BYTES,

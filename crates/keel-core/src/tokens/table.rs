@@ -1,24 +1,26 @@
-//! A byte-pair encoding's table and its count of a text: the text split into pieces by the
+//! OpenAI's byte-pair encodings and their count of a text: the text split into pieces by the
 //! encoding's pattern, each piece's bytes merged by rank until no adjacent pair is a token.
 //!
-//! **o200k** keeps only what a count needs: each token's rank by its bytes, written into the
-//! binary by keel-core's build script from tiktoken's table ([`Ranks`]), and the pattern as one
-//! regular expression for text beyond ASCII (ASCII is split by hand, [`o200k_split`]).
-//! tiktoken's encoder also keeps a decoder, the tokens sorted and a copy of the pattern per
-//! thread (46 MB resident); a table decoded and hashed at start-up took 10 MB of heap. Its
-//! pieces are merged here, as tiktoken merges them (the tests compare every count): tiktoken
-//! publishes no merge that takes a piece of any length. **cl100k** is tiktoken's encoder as it
-//! is (the crate does not publish its pattern).
+//! Each encoding keeps only what a count needs: each token's rank by its bytes, written into the
+//! binary by keel-core's build script from tiktoken's table ([`Ranks`]). tiktoken's encoders
+//! also keep a decoder, the tokens sorted and a copy of the pattern per thread, built at
+//! start-up: 46 MB of heap for o200k, 16 MB for cl100k. The pieces are merged here, as tiktoken
+//! merges them (the tests compare every count): tiktoken publishes no merge that takes a piece
+//! of any length.
+//!
+//! **The split.** Both patterns are written out by hand over all of Unicode
+//! ([`super::o200k_split`], [`super::cl100k_split`]): no regular expression is compiled or run.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::OnceLock;
 
-use fancy_regex::Regex;
-use tiktoken_rs::{CoreBPE, Rank};
+use super::cl100k_split::Cl100k;
+use super::classes;
+use super::embedded::{self, half, hash, word};
+use super::o200k_split::O200k;
 
-use super::o200k_split;
-use super::rank_hash::{self, half, hash, word, RANKS, SLOTS};
+/// A token's rank: its place in the encoding's table, lower merging first.
+type Rank = u32;
 
 /// Pieces shorter than this are merged in place on the stack ([`short_merged_len`], a scan of
 /// the parts for each merge, as tiktoken does: fastest for the short pieces of most text);
@@ -26,50 +28,77 @@ use super::rank_hash::{self, half, hash, word, RANKS, SLOTS};
 /// is one piece).
 const SHORT_PIECE_BYTES: usize = 100;
 
-/// o200k's rank of each token by its bytes, as keel-core's build script wrote it from
+/// An encoding's rank of each token by its bytes, as keel-core's build script wrote it from
 /// tiktoken's table (see `build.rs` for the layout): embedded read-only data, so a gateway
 /// neither decodes nor hashes anything to start counting, and only the pages its lookups touch
-/// become resident (at most about 3.8 MB: 1.3 MB of tokens, 0.8 MB of starts, 2 MB of slots).
+/// become resident (o200k at most about 4.4 MB: 1.4 MB of tokens, 1 MB of starts, 2 MB of
+/// slots; cl100k about half that).
 ///
-/// The starts and slots are arrays of the sizes `rank_hash` gives them, so a build that wrote
-/// other sizes does not compile, and no lookup checks a bound of either.
-pub(super) struct Ranks {
+/// `STARTS` and `SLOTS` are the byte sizes of the starts and slots, from the encoding's
+/// [`embedded::Layout`]: a build that wrote other sizes does not compile, and no lookup checks
+/// a bound of either.
+pub(super) struct Ranks<const STARTS: usize, const SLOTS: usize> {
     bytes: &'static [u8],
-    starts: &'static [u8; 4 * (RANKS + 1)],
-    slots: &'static [u8; 4 * SLOTS],
+    starts: &'static [u8; STARTS],
+    slots: &'static [u8; SLOTS],
 }
 
-static O200K: Ranks = Ranks {
+/// The byte sizes of a layout's starts and slots.
+const fn sizes(layout: embedded::Layout) -> (usize, usize) {
+    (4 * (layout.ranks + 1), 4 * layout.slots)
+}
+
+const O200K_SIZES: (usize, usize) = sizes(embedded::O200K);
+const CL100K_SIZES: (usize, usize) = sizes(embedded::CL100K);
+
+static O200K: Ranks<{ O200K_SIZES.0 }, { O200K_SIZES.1 }> = Ranks {
     bytes: include_bytes!(concat!(env!("OUT_DIR"), "/o200k_bytes.bin")),
     starts: include_bytes!(concat!(env!("OUT_DIR"), "/o200k_starts.bin")),
     slots: include_bytes!(concat!(env!("OUT_DIR"), "/o200k_slots.bin")),
 };
 
-impl Ranks {
+static CL100K: Ranks<{ CL100K_SIZES.0 }, { CL100K_SIZES.1 }> = Ranks {
+    bytes: include_bytes!(concat!(env!("OUT_DIR"), "/cl100k_bytes.bin")),
+    starts: include_bytes!(concat!(env!("OUT_DIR"), "/cl100k_starts.bin")),
+    slots: include_bytes!(concat!(env!("OUT_DIR"), "/cl100k_slots.bin")),
+};
+
+/// A rank table as the merges use it.
+trait Lookup {
+    /// The rank of the token whose bytes are `bytes`, if there is one.
+    fn get(&self, bytes: &[u8]) -> Option<Rank>;
+}
+
+impl<const STARTS: usize, const SLOTS: usize> Ranks<STARTS, SLOTS> {
+    /// Ranks below this have a start.
+    const RANKS: usize = STARTS / 4 - 1;
+
     fn token(&self, rank: Rank) -> &'static [u8] {
-        let r = (rank as usize & (RANKS - 1)) * 4;
+        let r = (rank as usize % Self::RANKS) * 4;
         let (a, b) = (
             half(self.starts, r) as usize,
             half(self.starts, r + 4) as usize,
         );
         self.bytes.get(a..b).unwrap_or_default()
     }
+}
 
-    /// The rank of the token whose bytes are `bytes`, if there is one.
+impl<const STARTS: usize, const SLOTS: usize> Lookup for Ranks<STARTS, SLOTS> {
     fn get(&self, bytes: &[u8]) -> Option<Rank> {
-        const RANK: u32 = RANKS as u32 - 1;
+        const RANK: u32 = (1 << embedded::RANK_BITS) - 1;
+        let slots = SLOTS / 4;
         let h = hash(bytes);
-        let tag = rank_hash::tag(h);
-        let mut at = rank_hash::home(h);
+        let tag = embedded::tag(h);
+        let mut at = embedded::home(h, slots);
         loop {
             let slot = half(self.slots, at * 4);
-            if slot == rank_hash::EMPTY {
+            if slot == embedded::EMPTY {
                 return None;
             }
-            if slot >> rank_hash::RANK_BITS == tag && same(self.token(slot & RANK), bytes) {
+            if slot >> embedded::RANK_BITS == tag && same(self.token(slot & RANK), bytes) {
                 return Some(slot & RANK);
             }
-            at = (at + 1) & (SLOTS - 1);
+            at = (at + 1) & (slots - 1);
         }
     }
 }
@@ -89,73 +118,22 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     }
 }
 
-pub(super) enum Table {
-    /// o200k: the embedded ranks, and the pattern for text beyond ASCII, compiled when such
-    /// text first comes: about 3 ms, once, for 1.3 MB of heap that a gateway whose prompts are
-    /// all ASCII never holds.
-    Split {
-        ranks: &'static Ranks,
-        pattern: OnceLock<Option<Regex>>,
-    },
-    /// tiktoken's own encoder.
-    Tiktoken(CoreBPE),
+/// The tokens of `text` by o200k.
+pub(super) fn o200k(text: &str) -> u64 {
+    classes::pieces::<O200k>(text)
+        .map(|piece| piece_tokens(piece, &O200K))
+        .sum()
 }
 
-impl Table {
-    /// o200k's table: always there (its ranks are embedded).
-    pub(super) fn o200k() -> Option<Table> {
-        Some(Table::Split {
-            ranks: &O200K,
-            pattern: OnceLock::new(),
-        })
-    }
-
-    pub(super) fn cl100k() -> Option<Table> {
-        tiktoken_rs::cl100k_base().ok().map(Table::Tiktoken)
-    }
-
-    /// The tokens of `text`.
-    pub(super) fn count(&self, text: &str) -> u64 {
-        let (ranks, pattern) = match self {
-            Table::Tiktoken(core) => return core.encode_ordinary(text).len() as u64,
-            Table::Split { ranks, pattern } => (ranks, pattern),
-        };
-        o200k_split::segments(text)
-            .map(|(segment, ascii)| match ascii {
-                true => o200k_split::ascii_pieces(segment.as_bytes())
-                    .map(|piece| piece_tokens(piece, ranks))
-                    .sum(),
-                false => {
-                    match pattern.get_or_init(|| Regex::new(tiktoken_rs::O200K_BASE_PAT_STR).ok()) {
-                        Some(pattern) => by_pattern(segment, pattern, ranks),
-                        // tiktoken's pattern did not compile (a fault of the build): keel's rule.
-                        None => super::count(segment) as u64,
-                    }
-                }
-            })
-            .sum()
-    }
-}
-
-/// The tokens of `segment`, split by the pattern's regular expression.
-fn by_pattern(segment: &str, pattern: &Regex, ranks: &Ranks) -> u64 {
-    let (mut tokens, mut end) = (0, 0);
-    for found in pattern.find_iter(segment) {
-        match found {
-            Ok(m) => {
-                tokens += piece_tokens(m.as_str().as_bytes(), ranks);
-                end = m.end();
-            }
-            // The engine gave up (its backtracking limit, which this pattern's one lookahead
-            // does not approach): the rest of the segment by keel's rule.
-            Err(_) => return tokens + super::count(&segment[end..]) as u64,
-        }
-    }
-    tokens
+/// The tokens of `text` by cl100k.
+pub(super) fn cl100k(text: &str) -> u64 {
+    classes::pieces::<Cl100k>(text)
+        .map(|piece| piece_tokens(piece, &CL100K))
+        .sum()
 }
 
 /// The tokens of one piece of the pattern.
-fn piece_tokens(piece: &[u8], ranks: &Ranks) -> u64 {
+fn piece_tokens(piece: &[u8], ranks: &impl Lookup) -> u64 {
     let tokens = match piece.len() {
         0 => 0,
         1 => 1,
@@ -169,7 +147,7 @@ fn piece_tokens(piece: &[u8], ranks: &Ranks) -> u64 {
 /// [`merged_len`] for a piece shorter than [`SHORT_PIECE_BYTES`], without allocating: the
 /// parts' starts and the ranks of each part joined with the next, in arrays scanned for the
 /// lowest rank (the leftmost of equals) before each merge.
-fn short_merged_len(piece: &[u8], ranks: &Ranks) -> usize {
+fn short_merged_len(piece: &[u8], ranks: &impl Lookup) -> usize {
     let n = piece.len();
     // Part `k` is `piece[start[k]..start[k + 1]]`; the last start is the piece's end.
     let mut start = [0usize; SHORT_PIECE_BYTES + 1];
@@ -215,7 +193,7 @@ fn short_merged_len(piece: &[u8], ranks: &Ranks) -> usize {
 /// leftmost of equals), as tiktoken does, with a heap of the pairs so that each merge costs
 /// log n. A pair's entry is stale once either side has merged since it was pushed; it is
 /// recognised by its rank, which names one byte string.
-fn merged_len(piece: &[u8], ranks: &Ranks) -> usize {
+fn merged_len(piece: &[u8], ranks: &impl Lookup) -> usize {
     let n = piece.len();
     // Parts are named by their first byte; `next[i]` is where the part after part `i` starts.
     let mut next: Vec<usize> = (1..=n).collect();
@@ -256,29 +234,41 @@ fn merged_len(piece: &[u8], ranks: &Ranks) -> usize {
 mod tests {
     use super::*;
 
-    /// Every token of tiktoken's o200k is found at its own rank in the embedded table, and a
+    /// Every token of tiktoken's `core` is found at its own rank in the embedded table, and a
     /// string that is none is not found.
-    #[test]
-    fn every_token_is_found_at_its_rank() {
-        let core = tiktoken_rs::o200k_base().expect("o200k parses");
+    fn every_token_found_at_its_rank<const A: usize, const B: usize>(
+        core: &tiktoken_rs::CoreBPE,
+        ranks: &Ranks<A, B>,
+        tokens: usize,
+    ) {
         let specials = core.special_tokens();
         let mut found = 0;
-        for rank in 0..RANKS as Rank {
+        for rank in 0..Ranks::<A, B>::RANKS as Rank {
             let Ok(token) = core.decode_bytes(&[rank]) else {
-                assert_eq!(O200K.token(rank), b"", "rank {rank}");
+                assert_eq!(ranks.token(rank), b"", "rank {rank}");
                 continue;
             };
             if std::str::from_utf8(&token).is_ok_and(|s| specials.contains(s)) {
-                assert_eq!(O200K.get(&token), None, "special rank {rank}");
+                assert_eq!(ranks.get(&token), None, "special rank {rank}");
                 continue;
             }
-            assert_eq!(O200K.token(rank), &token[..], "rank {rank}");
-            assert_eq!(O200K.get(&token), Some(rank), "rank {rank}");
+            assert_eq!(ranks.token(rank), &token[..], "rank {rank}");
+            assert_eq!(ranks.get(&token), Some(rank), "rank {rank}");
             found += 1;
         }
-        assert_eq!(found, 199_998);
+        assert_eq!(found, tokens);
         for absent in [&b"keel gateway keel"[..], b"\xff\xfe\xfd", b""] {
-            assert_eq!(O200K.get(absent), None);
+            assert_eq!(ranks.get(absent), None);
         }
+    }
+
+    #[test]
+    fn every_o200k_token_is_found_at_its_rank() {
+        every_token_found_at_its_rank(&tiktoken_rs::o200k_base().unwrap(), &O200K, 199_998);
+    }
+
+    #[test]
+    fn every_cl100k_token_is_found_at_its_rank() {
+        every_token_found_at_its_rank(&tiktoken_rs::cl100k_base().unwrap(), &CL100K, 100_256);
     }
 }

@@ -15,7 +15,7 @@
 //! holds, or at once from its byte length), else past [`ESTIMATE_CAP_TOKENS`]. Admission runs
 //! it with normalization (`prompt_work`), after the key's request limits, on tokio's blocking
 //! pool for bodies larger than [`BLOCKING_BYTES`] (or [`BPE_BLOCKING_BYTES`] where a variant
-//! counts by a byte-pair encoding: 32 KiB of it takes about 0.3 ms by o200k, 2 ms by cl100k)
+//! counts by a byte-pair encoding: 32 KiB of it takes about 0.3 ms by o200k or cl100k)
 //! so that the count does not hold up other requests' IO.
 //!
 //! **Kept counts.** A long text counted by a byte-pair encoding is kept by its hash in the

@@ -296,13 +296,8 @@ fn guard_auth(old: &Config, new: &Config) -> Result<(), ReloadError> {
     })
 }
 
-/// The monitor and events tasks of `gw`, and the tokenizers its pools count with parsed off
-/// the request path (see `context_fit`).
+/// The monitor and events tasks of `gw`.
 fn spawn_tasks(gw: &Arc<Gateway>) -> Vec<JoinHandle<()>> {
-    let mut tokenizers: Vec<_> = gw.pools().iter().flat_map(|p| p.tokenizers()).collect();
-    tokenizers.sort_unstable();
-    tokenizers.dedup();
-    tokio::task::spawn_blocking(move || tokenizers.into_iter().for_each(|t| t.preload()));
     let mut tasks = vec![
         tokio::spawn(crate::pipeline::monitor::run(gw.clone())),
         tokio::spawn(crate::admin::events::run(gw.clone())),
