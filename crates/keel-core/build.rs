@@ -14,7 +14,8 @@
 //! And `unicode_classes.bin`: the code points beyond ASCII that are letters, marks, numbers or
 //! whitespace, as sorted ranges of three `u32`s: first, last, and the class's bits
 //! ([`embedded::class`]). They are read from regex-syntax, the tables tiktoken's own patterns
-//! are matched by.
+//! are matched by. `bmp_classes.bin` holds the same for each code point below U+10000, a byte
+//! each: one read instead of a search for nearly all text.
 
 #[path = "src/tokens/embedded.rs"]
 mod embedded;
@@ -35,7 +36,9 @@ fn main() {
     drop(o200k);
     let cl100k = tiktoken_rs::cl100k_base().expect("tiktoken-rs's cl100k table parses");
     tables(&cl100k, embedded::CL100K, &out.join("cl100k"));
-    write(&out.join("unicode_classes.bin"), &le(&unicode_classes()));
+    let ranges = unicode_classes();
+    write(&out.join("bmp_classes.bin"), &bmp_classes(&ranges));
+    write(&out.join("unicode_classes.bin"), &le(&ranges));
 }
 
 /// Writes `core`'s three tables, named `<stem>_bytes.bin` and so on.
@@ -115,6 +118,20 @@ fn unicode_classes() -> Vec<u32> {
         assert!(pair[0][1] < pair[1][0], "the classes overlap");
     }
     ranges.concat()
+}
+
+/// The classes of every code point below U+10000 (the Basic Multilingual Plane, where nearly
+/// all text lies), one byte each, from `ranges` as [`unicode_classes`] gives them (ASCII's
+/// entries stay 0: ASCII has a table of its own).
+fn bmp_classes(ranges: &[u32]) -> Vec<u8> {
+    let mut table = vec![0u8; 0x10000];
+    for range in ranges.chunks_exact(3) {
+        let (first, last, bits) = (range[0] as usize, range[1] as usize, range[2] as u8);
+        for entry in table.iter_mut().take(last + 1).skip(first) {
+            *entry = bits;
+        }
+    }
+    table
 }
 
 fn le(words: &[u32]) -> Vec<u8> {

@@ -34,9 +34,16 @@ static CLASSES: [u8; 128] = {
 /// three little-endian `u32`s (first, last, bits).
 static UNICODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/unicode_classes.bin"));
 
+/// The classes of each code point below U+10000, a byte each (64 KiB of the binary, resident
+/// only where text reaches): one read for nearly every character.
+static BMP: &[u8; 0x10000] = include_bytes!(concat!(env!("OUT_DIR"), "/bmp_classes.bin"));
+
 /// The classes of a character beyond ASCII.
 fn unicode(c: char) -> u8 {
     let c = c as u32;
+    if c < 0x10000 {
+        return BMP[c as usize];
+    }
     let field = |range: usize, k: usize| {
         let at = range * 12 + k * 4;
         UNICODE
