@@ -255,7 +255,8 @@ mod tests {
                 i
             }
         }
-        let split: Vec<&[u8]> = pieces::<Stuck>("aé").collect();
+        // At most three pieces: without the guard, empty ones would come without end.
+        let split: Vec<&[u8]> = pieces::<Stuck>("aé").take(3).collect();
         assert_eq!(split, [&b"a"[..], "é".as_bytes()]);
     }
 
